@@ -1,0 +1,75 @@
+"""anarchon: leaderless distributed cron. Every slot of every job runs on exactly one instance.
+
+Example::
+
+    from anarchon import Scheduler
+
+    scheduler = Scheduler()          # SQLite in ./anarchon.db: several processes on one host
+
+    @scheduler.job("report", "0 6 * * MON-FRI", timezone="Europe/Athens")
+    async def report(ctx):
+        ...
+
+    scheduler.run()                  # until SIGINT/SIGTERM
+"""
+
+from __future__ import annotations
+
+from ._context import RunContext
+from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
+from ._schedule import CronSchedule
+from ._scheduler import Scheduler
+from ._urls import backend_from_url
+from .backend import Backend, Capability, LeaseBackend
+from .backends.memory import MemoryBackend
+from .backends.sqlite import SQLiteBackend
+from .errors import (
+    AnarchonError,
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    DuplicateJob,
+    InvalidJobName,
+    InvalidOption,
+    InvalidSchedule,
+    InvalidTimezone,
+    JobNotFound,
+    LeaseLost,
+    MissingDependency,
+    SchedulerStateError,
+    UnsupportedFeature,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnarchonError",
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "Capability",
+    "CatchUp",
+    "ConfigurationError",
+    "CronSchedule",
+    "DuplicateJob",
+    "InvalidJobName",
+    "InvalidOption",
+    "InvalidSchedule",
+    "InvalidTimezone",
+    "JobNotFound",
+    "LeaseBackend",
+    "LeaseLost",
+    "MemoryBackend",
+    "MissingDependency",
+    "Overlap",
+    "Run",
+    "RunContext",
+    "RunStatus",
+    "SQLiteBackend",
+    "Scheduler",
+    "SchedulerStateError",
+    "Trigger",
+    "UnsupportedFeature",
+    "__version__",
+    "backend_from_url",
+]

@@ -1,0 +1,96 @@
+"""The records anarchon keeps and passes around: runs, triggers, statuses and policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from ._schedule import slot_to_datetime
+
+__all__ = ["CatchUp", "Overlap", "Run", "RunStatus", "Trigger", "ms_to_datetime"]
+
+
+class Trigger(StrEnum):
+    """Why a run started."""
+
+    SCHEDULE = "schedule"
+    """A scheduled slot, claimed at its time."""
+    MANUAL = "manual"
+    """``Scheduler.run_now()``."""
+    CATCH_UP = "catch-up"
+    """A slot missed while no instance ran, claimed when an instance started."""
+
+
+class RunStatus(StrEnum):
+    """Where a run stands."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    @property
+    def finished(self) -> bool:
+        """True for every status but ``running``."""
+        return self is not RunStatus.RUNNING
+
+
+class Overlap(StrEnum):
+    """What a slot does while the job's previous run still holds its lease."""
+
+    SKIP = "skip"
+    """Record the slot once as ``skipped`` (lease backends only; their default)."""
+    ALLOW = "allow"
+    """Run it concurrently."""
+
+
+class CatchUp(StrEnum):
+    """Which slots, missed while no instance ran, an instance runs when it starts."""
+
+    NONE = "none"
+    LATEST = "latest"
+    ALL = "all"
+
+
+def ms_to_datetime(value: int | None) -> datetime | None:
+    """Return the aware UTC datetime of epoch milliseconds, or None."""
+    return None if value is None else slot_to_datetime(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One attempt at running a job, as the backend records it. Immutable.
+
+    A slot taken over by a backup has one ``Run`` per attempt: the superseded attempt ends
+    ``failed`` with its ``reason`` (for example ``lease lost``), the new one has ``attempt + 1``
+    and a higher ``fence``.
+    """
+
+    job: str
+    slot: datetime | None
+    """The scheduled time (aware, UTC); None for a manual run."""
+    run_id: str
+    instance: str
+    trigger: Trigger
+    attempt: int
+    status: RunStatus
+    started_at: datetime
+    finished_at: datetime | None = None
+    error: str | None = None
+    fence: int | None = None
+    """The fencing token this attempt ran under; it only rises per job."""
+    reason: str | None = None
+    """Why a run was skipped or superseded (``overlap``, ``too late``, ``lease lost`` ...)."""
+
+    @property
+    def slot_ms(self) -> int | None:
+        """The slot as epoch milliseconds, or None for a manual run."""
+        return None if self.slot is None else round(self.slot.timestamp() * 1000)
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to finish, or None while running."""
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()

@@ -1,0 +1,356 @@
+"""The contract between the scheduler core and a backend.
+
+The core computes slots, keeps one timer, fires, runs handlers and records; every decision about
+who runs a slot is the backend's. A backend implements :class:`Backend` (brokers such as NATS stop
+there) and, when it can keep a renewable lease, :class:`LeaseBackend` as well. Each abstract
+method's docstring is the specification an implementer follows: what must be atomic, what to
+return, what to raise. ``tests/conformance`` checks every backend against it.
+
+Vocabulary:
+
+* **slot key**: ``str(slot)`` for a scheduled or catch-up slot (epoch ms), ``manual-<run_id>`` for
+  a manual run. ``(job, slot_key)`` names one run everywhere; its attempts are numbered from 1.
+* **token**: a random string an instance generates per claim or takeover. Only the holder of the
+  current attempt's token may renew, release or finish it.
+* **fence**: an integer that rises with every claim and takeover of a job (per job, never reused),
+  handed to the handler as ``ctx.fence`` so it can guard its own writes.
+* **backend clock**: lease expiry is measured on the backend's clock, never an instance's.
+
+Errors: a backend raises :class:`~anarchon.errors.BackendUnavailable` for anything transient
+(connection refused or lost, timeouts, failover in progress) after translating its driver's
+exceptions in one place, and :class:`~anarchon.errors.LeaseLost` when a token is no longer the
+current one. Any other :class:`~anarchon.errors.BackendError` is treated as permanent.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Final
+
+from ._models import Overlap, Run, Trigger
+
+__all__ = [
+    "Backend",
+    "Capability",
+    "ClaimOutcome",
+    "ClaimRequest",
+    "ClaimStatus",
+    "JobPolicy",
+    "LeaseBackend",
+    "TakeoverOutcome",
+    "TakeoverRequest",
+    "TakeoverStatus",
+    "Ticket",
+    "slot_key_of",
+]
+
+LEASE_BACKENDS: Final = "Redis, PostgreSQL or SQLite"
+
+
+class Capability(StrEnum):
+    """A lease feature a backend may have. Brokers have none of them."""
+
+    BACKUP = "leases and backup runners (lease_ms, max_attempts > 1)"
+    OVERLAP = "overlap protection (overlap='skip')"
+    CATCH_UP = "catch-up (catch_up='latest' or 'all')"
+    HANDOVER = "hand-over on graceful stop (handover=True)"
+    HISTORY_TTL = "history trimmed by age (history_ttl_ms)"
+
+
+def slot_key_of(slot: int | None, run_id: str) -> str:
+    """Return the slot key: the slot in epoch ms, or ``manual-<run_id>`` for a manual run."""
+    return str(slot) if slot is not None else f"manual-{run_id}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPolicy:
+    """What a backend needs to know about a job to validate it and keep its records.
+
+    Options are resolved: a lease backend sees its defaults filled in, a broker sees ``lease_ms``
+    0 and no lease features.
+    """
+
+    name: str
+    jitter_ms: int
+    max_late_ms: int
+    lease_ms: int
+    max_attempts: int
+    overlap: Overlap
+    catch_up: str
+    catch_up_window_ms: int
+    handover: bool
+    history_ttl_ms: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """An instance's attempt to become the runner of one slot (or of a manual run)."""
+
+    job: str
+    slot: int | None
+    """Epoch ms of the slot; None for a manual run."""
+    run_id: str
+    token: str
+    instance: str
+    trigger: Trigger
+    lease_ms: int = 0
+    """Length of the lease to take; 0 on a broker."""
+    overlap: Overlap = Overlap.ALLOW
+    history_ttl_ms: int | None = None
+    """Records of this job older than this may be pruned (lease backends)."""
+    skip_reason: str | None = None
+    """If set, record the slot as ``skipped`` with this reason instead of running it (used for a
+    slot that became too late), unless somebody already holds it."""
+
+    @property
+    def slot_key(self) -> str:
+        """See :func:`slot_key_of`."""
+        return slot_key_of(self.slot, self.run_id)
+
+
+class ClaimStatus(StrEnum):
+    """The answer to a claim."""
+
+    WON = "won"
+    """This request created attempt 1: the caller runs the handler."""
+    LOST = "lost"
+    """Another request got there first (or the slot was pruned): the caller does not run."""
+    SKIPPED = "skipped"
+    """The slot is recorded as ``skipped`` (overlap, too late), by this caller or another."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket:
+    """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
+
+    job: str
+    slot: int | None
+    slot_key: str
+    run_id: str
+    token: str
+    instance: str
+    trigger: Trigger
+    attempt: int
+    fence: int | None
+    started_at_ms: int
+    lease_ms: int = 0
+    lease_expires_at_ms: int | None = None
+    """Backend clock; None on a broker."""
+    backend_now_ms: int | None = None
+    """The backend's clock when it answered, to relate its expiry to the local clock."""
+    history_ttl_ms: int | None = None
+
+    def renewed(self, expires_at_ms: int, backend_now_ms: int) -> Ticket:
+        """Return this ticket with a new lease expiry."""
+        return replace(self, lease_expires_at_ms=expires_at_ms, backend_now_ms=backend_now_ms)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimOutcome:
+    """A backend's answer to one :class:`ClaimRequest`."""
+
+    status: ClaimStatus
+    run: Run
+    """The record as stored: ours when won, the holder's when lost, the skip record if skipped."""
+    ticket: Ticket | None = None
+    """Set when won."""
+    lease_expires_at_ms: int | None = None
+    """When lost to a running attempt on a lease backend: that attempt's lease expiry."""
+    backend_now_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TakeoverRequest:
+    """A backup's request to take over ``(job, slot_key)`` if its lease has expired."""
+
+    job: str
+    slot_key: str
+    run_id: str
+    """The new attempt's run id."""
+    token: str
+    instance: str
+    lease_ms: int
+    max_attempts: int
+    history_ttl_ms: int | None = None
+
+
+class TakeoverStatus(StrEnum):
+    """The answer to a takeover."""
+
+    TAKEN = "taken"
+    """The caller now holds attempt ``n + 1``: it runs the handler."""
+    HELD = "held"
+    """The current attempt's lease is still live: check again at its expiry."""
+    ENDED = "ended"
+    """The run finished (or was taken by someone else who finished): stop watching."""
+    EXHAUSTED = "exhausted"
+    """The lease expired on the last allowed attempt: the backend recorded it ``failed``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TakeoverOutcome:
+    """A backend's answer to a :class:`TakeoverRequest`."""
+
+    status: TakeoverStatus
+    run: Run | None = None
+    """The current attempt after the call (the new one when taken)."""
+    ticket: Ticket | None = None
+    lease_expires_at_ms: int | None = None
+    backend_now_ms: int | None = None
+
+
+class Backend(abc.ABC):
+    """Decides, slot by slot, which instance runs, and keeps the history of runs.
+
+    Implementations must be safe for many instances (processes, hosts) sharing one store and for
+    many concurrent calls from one event loop.
+    """
+
+    #: Short name used in messages and logs ("sqlite", "nats" ...).
+    name: str = "backend"
+    #: The lease features this backend has; brokers have none.
+    capabilities: frozenset[Capability] = frozenset()
+
+    @property
+    def is_lease_backend(self) -> bool:
+        """True if this backend keeps renewable leases (implements :class:`LeaseBackend`)."""
+        return isinstance(self, LeaseBackend)
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect and prepare storage (create tables, streams, scripts). Idempotent.
+
+        Raise a :class:`~anarchon.errors.BackendError` whose message says what is wrong and how to
+        fix it; never hang for minutes.
+        """
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Release what :meth:`start` opened. Never close a client the caller passed in."""
+
+    def check_job(self, policy: JobPolicy) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`~anarchon.errors.ConfigurationError` if this backend cannot serve the job.
+
+        Called when a job is added, after the core's own checks (a broker checks its duplicate
+        window here). Capability checks are done by the core from :attr:`capabilities`.
+        """
+
+    def skew_budget_ms(self, policy: JobPolicy) -> int | None:
+        """How far an instance's clock may drift from the backend's before a slot could run twice.
+
+        For a lease backend that is the history TTL (records outlive any late claim); a broker
+        answers with its de-duplication window less ``jitter_ms + max_late_ms``. None: unbounded.
+        """
+        return policy.history_ttl_ms
+
+    @abc.abstractmethod
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """Try to become the runner of each request's slot; one outcome per request, in order.
+
+        For each request, atomically (one winner among every instance, however they interleave):
+
+        * if ``(job, slot_key)`` has no record and the slot has not been pruned: when
+          ``skip_reason`` is set, record a ``skipped`` run with that reason and answer SKIPPED;
+          when ``overlap`` is SKIP and another run of the job is ``running`` with a live lease,
+          record this slot ``skipped`` with a reason naming that run and answer SKIPPED;
+          otherwise record attempt 1 ``running`` (lease ``lease_ms`` from the backend's now, a
+          new fence above every earlier fence of the job) and answer WON with a :class:`Ticket`.
+        * if a record exists and its token is this request's token (a retried claim), answer WON
+          with the stored ticket again: claims must be idempotent per token.
+        * if a record exists otherwise: answer SKIPPED when it is a skip record, else LOST with
+          the current attempt and, if running on a lease, its expiry.
+
+        A batch need not be atomic as a whole. Raise :class:`~anarchon.errors.BackendUnavailable`
+        if the backend cannot be reached; the caller then fails closed and retries with the same
+        tokens.
+        """
+
+    @abc.abstractmethod
+    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+        """Record the end of the attempt ``ticket`` holds (``succeeded``, ``failed``), return it.
+
+        Atomically accept only if the attempt is still the current one for ``(job, slot_key)``,
+        is ``running`` and its token is ``ticket.token``; otherwise raise
+        :class:`~anarchon.errors.LeaseLost` (a backup took over: the late result is refused).
+        Lease backends prune the job's history here (older than ``ticket.history_ttl_ms``,
+        beyond the backend's count cap), never dropping a record another instance may still
+        need to refuse a claim.
+        """
+
+    @abc.abstractmethod
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        """Return up to ``limit`` runs of ``job``, newest first (by start, then attempt).
+
+        Works for any job the backend has records of, registered or not; unknown jobs give ``[]``.
+        """
+
+    async def last_run(self, job: str) -> Run | None:
+        """Return the newest run of ``job`` (running or finished), or None."""
+        runs = await self.history(job, limit=1)
+        return runs[0] if runs else None
+
+    async def server_time_ms(self) -> int | None:
+        """Return the backend's clock (epoch ms) now, or None if it cannot tell at the moment.
+
+        The core compares it with the local clock to warn about skew.
+        """
+        return None
+
+
+class LeaseBackend(Backend):
+    """A backend that keeps a renewable lease per running attempt, on its own clock.
+
+    Adds backup runners (takeover), overlap protection, catch-up and hand-over.
+    """
+
+    capabilities = frozenset(Capability)
+
+    #: When the backend cannot push release notifications, backups re-check a watched run at
+    #: least this often (ms), so a hand-over is noticed without waiting for lease expiry.
+    release_poll_ms: int | None = None
+
+    @abc.abstractmethod
+    async def renew(self, ticket: Ticket) -> Ticket:
+        """Extend the lease of ``ticket`` to ``ticket.lease_ms`` from the backend's now.
+
+        Atomically accept only if the attempt is current, ``running``, not released and holds
+        ``ticket.token`` (an expired lease nobody took over may still be renewed); return the
+        ticket with the new expiry. Otherwise raise :class:`~anarchon.errors.LeaseLost`.
+        """
+
+    @abc.abstractmethod
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        """Take over ``(job, slot_key)`` if its current attempt's lease has expired or was released.
+
+        Atomically (compare-and-set, one winner among all backups):
+
+        * current attempt not ``running``: ENDED with it.
+        * lease live and not released: HELD with its expiry and the backend's now.
+        * expired or released, ``attempt < max_attempts``: mark the current attempt ``failed``
+          with reason ``lease lost`` (or ``handed over`` if released), record attempt + 1
+          ``running`` for the caller with a new token, a new lease and a fence above every
+          earlier fence of the job; answer TAKEN with the new ticket.
+        * expired or released on the last attempt: mark it ``failed`` with an error saying the
+          lease expired on attempt n of ``max_attempts``; answer EXHAUSTED.
+        """
+
+    @abc.abstractmethod
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """Hand the attempt over: end its lease now and mark it released, status still ``running``.
+
+        A backup's next :meth:`take_over` succeeds at once. Raise
+        :class:`~anarchon.errors.LeaseLost` if ``ticket`` is no longer the current holder.
+        """
+
+    @abc.abstractmethod
+    async def last_slot(self, job: str) -> int | None:
+        """Return the newest scheduled or catch-up slot of ``job`` (any status), or None."""
+
+    async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
+        """Call ``on_change(job, slot_key)`` when a run is released or finishes, if the backend can.
+
+        Optional: a backend that can push notifications (pub/sub, LISTEN/NOTIFY) wakes backups
+        with it; others leave it and set :attr:`release_poll_ms`. Losing a notification must be
+        harmless: backups still check at lease expiry.
+        """

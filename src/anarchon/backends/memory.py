@@ -1,0 +1,158 @@
+"""An in-process lease backend: the reference implementation, and a tool for testing your jobs.
+
+Everything lives in dictionaries of one process, so it gives no protection between processes.
+Several :class:`~anarchon.Scheduler` objects in one event loop may share one instance, which is
+how anarchon's own tests simulate many instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from .._clock import Clock, SystemClock
+from .._models import Run, RunStatus
+from ..backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    LeaseBackend,
+    TakeoverOutcome,
+    TakeoverRequest,
+    Ticket,
+)
+from . import _lease_rules as rules
+from ._lease_rules import RunRow
+
+__all__ = ["MemoryBackend"]
+
+
+class _MemoryRows:
+    """The :class:`~anarchon.backends._lease_rules.RowStore` over dictionaries."""
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], list[RunRow]] = {}
+        self.by_job: dict[str, dict[str, None]] = {}
+        self.fences: dict[str, int] = {}
+        self.pruned: dict[str, int] = {}
+        self.order = itertools.count()
+        self.seq: dict[tuple[str, str, int], int] = {}
+
+    def current(self, job: str, slot_key: str) -> RunRow | None:
+        attempts = self.runs.get((job, slot_key))
+        return attempts[-1] if attempts else None
+
+    def live_holder(self, job: str, now: int) -> RunRow | None:
+        for key in self.by_job.get(job, {}):
+            row = self.runs[(job, key)][-1]
+            if row.live(now):
+                return row
+        return None
+
+    def insert(self, row: RunRow) -> None:
+        self.runs.setdefault((row.job, row.slot_key), []).append(row)
+        self.by_job.setdefault(row.job, {})[row.slot_key] = None
+        self.seq[(row.job, row.slot_key, row.attempt)] = next(self.order)
+
+    def update(self, row: RunRow) -> None:
+        """Rows are mutated in place; nothing to write back."""
+
+    def next_fence(self, job: str) -> int:
+        self.fences[job] = self.fences.get(job, 0) + 1
+        return self.fences[job]
+
+    def pruned_through(self, job: str) -> int | None:
+        return self.pruned.get(job)
+
+    def rows(self, job: str) -> list[RunRow]:
+        out = [row for key in self.by_job.get(job, {}) for row in self.runs[(job, key)]]
+        out.sort(key=lambda r: (r.started_at, self.seq[(r.job, r.slot_key, r.attempt)]))
+        return out
+
+    def prune(self, job: str, cutoff: int | None, keep: int) -> None:
+        keys = self.by_job.get(job, {})
+        if cutoff is None and len(keys) <= keep:
+            return
+        # Slot keys in insertion order are oldest first; a key goes with all its attempts.
+        excess = len(keys) - keep
+        for key in list(keys):
+            attempts = self.runs[(job, key)]
+            too_old = cutoff is not None and attempts[-1].started_at < cutoff
+            if not (too_old or excess > 0):
+                break
+            if attempts[-1].status == RunStatus.RUNNING:
+                continue
+            del self.runs[(job, key)]
+            del keys[key]
+            excess -= 1
+            slot = attempts[0].slot
+            if slot is not None:
+                self.pruned[job] = max(self.pruned.get(job, slot), slot)
+
+
+class MemoryBackend(LeaseBackend):
+    """Keeps claims, leases and history in this process's memory; every lease feature.
+
+    :param clock: where "now" comes from; pass :class:`anarchon.testing.FakeClock` to test jobs
+        with a controllable clock.
+    :param history_size: at most this many runs are kept per job.
+    """
+
+    name = "memory"
+
+    def __init__(self, *, clock: Clock | None = None, history_size: int = 1000) -> None:
+        self._clock: Clock = clock or SystemClock()
+        self._rows = _MemoryRows()
+        self._history_size = history_size
+        self._listeners: list[Callable[[str, str], None]] = []
+
+    def _now(self) -> int:
+        return self._clock.now_ms()
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """See :meth:`anarchon.backend.Backend.claim`."""
+        now = self._now()
+        return [rules.claim(self._rows, req, now) for req in requests]
+
+    async def renew(self, ticket: Ticket) -> Ticket:
+        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
+        return rules.renew(self._rows, ticket, self._now())
+
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
+        return rules.take_over(self._rows, request, self._now())
+
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """See :meth:`anarchon.backend.LeaseBackend.release`."""
+        rules.release(self._rows, ticket, self._now())
+        self._notify(ticket.job, ticket.slot_key)
+
+    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+        """See :meth:`anarchon.backend.Backend.finish`."""
+        now = self._now()
+        run = rules.finish(self._rows, ticket, status, error, now)
+        cutoff = now - ticket.history_ttl_ms if ticket.history_ttl_ms else None
+        self._rows.prune(ticket.job, cutoff, self._history_size)
+        self._notify(ticket.job, ticket.slot_key)
+        return run
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        """See :meth:`anarchon.backend.Backend.history`."""
+        rows = self._rows.rows(job)
+        return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
+
+    async def last_slot(self, job: str) -> int | None:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
+        slots = [row.slot for row in self._rows.rows(job) if row.slot is not None]
+        return max(slots, default=None)
+
+    async def server_time_ms(self) -> int | None:
+        """The clock this backend uses."""
+        return self._now()
+
+    async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
+        """Call ``on_change`` synchronously on every release and finish."""
+        self._listeners.append(on_change)
+
+    def _notify(self, job: str, slot_key: str) -> None:
+        for listener in self._listeners:
+            listener(job, slot_key)

@@ -1,0 +1,330 @@
+"""SQLite: the embedded default, for several processes on one host sharing one file.
+
+The file is opened in WAL mode with a busy timeout; every decision is one short
+``BEGIN IMMEDIATE`` transaction, so exactly one process wins each slot. Leases use the host's
+clock, which every process on the host shares. SQLite has no notifications, so backups poll a
+watched run every :attr:`SQLiteBackend.release_poll_ms` to notice a hand-over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from ..._models import Run
+from ...backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    LeaseBackend,
+    TakeoverOutcome,
+    TakeoverRequest,
+    Ticket,
+)
+from ...errors import BackendError, BackendUnavailable, InvalidOption
+from .. import _lease_rules as rules
+from .._lease_rules import RunRow
+from .._sql import load_queries
+
+__all__ = ["SQLiteBackend"]
+
+Q: Final = load_queries(__name__, "queries.sql")
+SCHEMA_VERSION: Final = 1
+MIGRATIONS: Final = {1: Q["migration_1"]}
+ENV_PATH: Final = "ANARCHON_DB"
+DEFAULT_PATH: Final = "anarchon.db"
+# Prune a job's history by count at most this often per process; age pruning is cheap.
+PRUNE_EVERY_MS: Final = 10_000
+
+T = TypeVar("T")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _SQLiteRows:
+    """The :class:`~anarchon.backends._lease_rules.RowStore` over one open transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def current(self, job: str, slot_key: str) -> RunRow | None:
+        return _row(self.conn.execute(Q["current"], (job, slot_key)).fetchone())
+
+    def live_holder(self, job: str, now: int) -> RunRow | None:
+        return _row(self.conn.execute(Q["live_holder"], (job, now)).fetchone())
+
+    def insert(self, row: RunRow) -> None:
+        self.conn.execute(Q["insert"], _params(row))
+
+    def update(self, row: RunRow) -> None:
+        self.conn.execute(Q["update"], _params(row))
+
+    def next_fence(self, job: str) -> int:
+        return int(self.conn.execute(Q["next_fence"], (job,)).fetchone()[0])
+
+    def pruned_through(self, job: str) -> int | None:
+        found = self.conn.execute(Q["pruned_through"], (job,)).fetchone()
+        return None if found is None or found[0] is None else int(found[0])
+
+
+def _row(values: tuple[Any, ...] | None) -> RunRow | None:
+    if values is None:
+        return None
+    (
+        job,
+        slot_key,
+        slot,
+        attempt,
+        run_id,
+        token,
+        instance,
+        trigger,
+        status,
+        fence,
+        started_at,
+        finished_at,
+        lease_expires_at,
+        released,
+        error,
+        reason,
+    ) = values
+    return RunRow(
+        job=job,
+        slot_key=slot_key,
+        slot=slot,
+        attempt=attempt,
+        run_id=run_id,
+        token=token,
+        instance=instance,
+        trigger=trigger,
+        status=status,
+        fence=fence,
+        started_at=started_at,
+        finished_at=finished_at,
+        lease_expires_at=lease_expires_at,
+        released=bool(released),
+        error=error,
+        reason=reason,
+    )
+
+
+def _params(row: RunRow) -> dict[str, Any]:
+    return {
+        "job": row.job,
+        "slot_key": row.slot_key,
+        "slot": row.slot,
+        "attempt": row.attempt,
+        "run_id": row.run_id,
+        "token": row.token,
+        "instance": row.instance,
+        "trigger": str(row.trigger),
+        "status": str(row.status),
+        "fence": row.fence,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "lease_expires_at": row.lease_expires_at,
+        "released": int(row.released),
+        "error": row.error,
+        "reason": row.reason,
+    }
+
+
+class SQLiteBackend(LeaseBackend):
+    """Claims, leases and history in one SQLite file shared by processes on one host.
+
+    :param path: the database file; default ``$ANARCHON_DB`` or ``anarchon.db`` in the working
+        directory. Every process that should share slots must use the same file, on a local
+        disk (SQLite locking is unreliable on network file systems).
+    :param history_size: at most about this many runs are kept per job.
+    :param busy_timeout_ms: how long a write waits for another process's transaction.
+    """
+
+    name = "sqlite"
+    release_poll_ms = 250
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        history_size: int = 1000,
+        busy_timeout_ms: int = 10_000,
+    ) -> None:
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise InvalidOption(f"history_size={history_size!r} must be an integer >= 1")
+        if (
+            isinstance(busy_timeout_ms, bool)
+            or not isinstance(busy_timeout_ms, int)
+            or busy_timeout_ms < 0
+        ):
+            raise InvalidOption(f"busy_timeout_ms={busy_timeout_ms!r} must be an integer >= 0")
+        self.path = Path(path if path is not None else os.environ.get(ENV_PATH) or DEFAULT_PATH)
+        self.history_size = history_size
+        self._busy_timeout_s = busy_timeout_ms / 1000
+        self._conn: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._pruned_at: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"SQLiteBackend({str(self.path)!r})"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._thread is None or self._conn is None:
+            raise BackendError(f"{self!r} is not started; start the scheduler first")
+        conn = self._conn
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, fn, conn)
+        except sqlite3.OperationalError as exc:
+            # "database is locked" past the busy timeout, I/O errors: transient.
+            raise BackendUnavailable(f"SQLite {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise BackendError(f"SQLite {self.path}: {exc}") from exc
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, fn: Callable[[_SQLiteRows, int], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(_SQLiteRows(conn), _now_ms())
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path.parent and not self.path.parent.exists():
+            raise BackendError(f"SQLite database directory {self.path.parent} does not exist")
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a claim the backend confirmed survives a power cut, not only a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+        self._migrate(conn)
+        return conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(Q["create_schema_table"])
+            version = conn.execute(Q["schema_version"]).fetchone()[0] or 0
+            if version > SCHEMA_VERSION:
+                raise BackendError(
+                    f"database schema version {version} is newer than this anarchon "
+                    f"understands ({SCHEMA_VERSION}); upgrade anarchon"
+                )
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(Q["set_schema_version"], (number,))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the file (WAL, busy timeout) and migrate the schema. Idempotent."""
+        if self._conn is not None:
+            return
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="anarchon-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            self._conn = await loop.run_in_executor(self._thread, self._open)
+        except sqlite3.Error as exc:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+            raise BackendError(f"cannot open SQLite database {self.path}: {exc}") from exc
+
+    async def stop(self) -> None:
+        """Close the file."""
+        conn, thread = self._conn, self._thread
+        self._conn = self._thread = None
+        if conn is not None and thread is not None:
+            await asyncio.get_running_loop().run_in_executor(thread, conn.close)
+            thread.shutdown(wait=True)
+
+    # -- the contract -----------------------------------------------------------------------
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """See :meth:`anarchon.backend.Backend.claim`; the whole batch is one transaction."""
+        reqs = list(requests)
+
+        def work(conn: sqlite3.Connection) -> list[ClaimOutcome]:
+            return self._write(conn, lambda rows, now: [rules.claim(rows, r, now) for r in reqs])
+
+        return await self._call(work)
+
+    async def renew(self, ticket: Ticket) -> Ticket:
+        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
+        return await self._call(lambda c: self._write(c, lambda r, n: rules.renew(r, ticket, n)))
+
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
+        return await self._call(
+            lambda c: self._write(c, lambda r, n: rules.take_over(r, request, n))
+        )
+
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """See :meth:`anarchon.backend.LeaseBackend.release`."""
+        await self._call(lambda c: self._write(c, lambda r, n: rules.release(r, ticket, n)))
+
+    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+        """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history too."""
+
+        def work(rows: _SQLiteRows, now: int) -> Run:
+            run = rules.finish(rows, ticket, status, error, now)
+            self._prune(rows.conn, ticket, now)
+            return run
+
+        return await self._call(lambda c: self._write(c, work))
+
+    def _prune(self, conn: sqlite3.Connection, ticket: Ticket, now: int) -> None:
+        slots: list[int] = []
+        if ticket.history_ttl_ms:
+            cutoff = now - ticket.history_ttl_ms
+            slots += [s for (s,) in conn.execute(Q["prune_by_age"], (ticket.job, cutoff)) if s]
+        if now - self._pruned_at.get(ticket.job, 0) >= PRUNE_EVERY_MS:
+            self._pruned_at[ticket.job] = now
+            slots += [
+                s
+                for (s,) in conn.execute(Q["prune_by_count"], (ticket.job, self.history_size))
+                if s is not None
+            ]
+        if slots:
+            conn.execute(Q["raise_pruned_through"], {"job": ticket.job, "slot": max(slots)})
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        """See :meth:`anarchon.backend.Backend.history`."""
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            rows = conn.execute(Q["history"], (job, limit)).fetchall()
+            return [r.to_run() for r in map(_row, rows) if r is not None]
+
+        return await self._call(read)
+
+    async def last_slot(self, job: str) -> int | None:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
+
+        def read(conn: sqlite3.Connection) -> int | None:
+            value = conn.execute(Q["last_slot"], (job,)).fetchone()[0]
+            return None if value is None else int(value)
+
+        return await self._call(read)
+
+    async def server_time_ms(self) -> int | None:
+        """The host clock, which every process on the host shares."""
+        return _now_ms()

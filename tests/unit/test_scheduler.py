@@ -1,0 +1,233 @@
+"""The scheduler core on the in-memory backend with a clock moved by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+from anarchon import BackendUnavailable, RunContext, RunStatus, Scheduler, Trigger
+from anarchon.backend import ClaimOutcome, ClaimRequest, Ticket
+from anarchon.testing import FakeClock, MemoryBackend
+
+START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+MINUTE = 60_000
+
+
+class FlakyBackend(MemoryBackend):
+    """A memory backend that can be switched off, and can refuse renewals."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.down = False
+        self.renew_down = False
+        self.claims = 0
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        self.claims += 1
+        if self.down:
+            raise BackendUnavailable("switched off by the test")
+        return await super().claim(requests)
+
+    async def renew(self, ticket: Ticket) -> Ticket:
+        if self.down or self.renew_down:
+            raise BackendUnavailable("switched off by the test")
+        return await super().renew(ticket)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+async def test_each_slot_fires_once_within_its_jitter(clock: FakeClock) -> None:
+    backend = MemoryBackend(clock=clock)
+    fired: list[tuple[int, int, str]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        fired.append((int(ctx.slot.timestamp() * 1000), clock.now_ms(), ctx.instance))
+
+    fleet = [Scheduler(backend, clock=clock, instance_id=f"i{n}") for n in range(3)]
+    for scheduler in fleet:
+        scheduler.add("tick", "* * * * *", handler, jitter_ms=2_000)
+        await scheduler.start()
+    await clock.advance(5 * MINUTE + 5_000)
+    for scheduler in fleet:
+        await scheduler.stop()
+    assert [slot for slot, _, _ in fired] == [START + n * MINUTE for n in range(1, 6)]
+    assert all(0 <= at - slot <= 2_100 for slot, at, _ in fired), fired
+
+
+async def test_a_late_instance_records_the_slot_as_too_late(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = MemoryBackend(clock=clock)
+    ran: list[int] = []
+
+    async def handler(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        ran.append(int(ctx.slot.timestamp() * 1000))
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "* * * * *", handler, jitter_ms=0, max_late_ms=10_000)
+    async with scheduler:
+        caplog.set_level(logging.WARNING, "anarchon")
+        # The process is frozen for 3.5 minutes: the timer wakes long after four slots.
+        await clock.advance(3 * MINUTE + 30_000, step_ms=3 * MINUTE + 30_000)
+        await clock.advance(MINUTE, step_ms=500)
+        history = await scheduler.history("tick")
+    assert ran == [START + 4 * MINUTE]
+    late = [r for r in history if r.status is RunStatus.SKIPPED]
+    assert [r.slot_ms for r in late] == [START + MINUTE]
+    assert late[0].reason and "too late" in late[0].reason and "max_late_ms=10000" in late[0].reason
+    assert any(getattr(r, "action", None) == "too_late" for r in caplog.records)
+    assert scheduler.metrics()["too_late"] == 1
+
+
+async def test_claims_fail_closed_and_recover(clock: FakeClock) -> None:
+    backend = FlakyBackend(clock)
+    ran: list[int] = []
+
+    async def handler(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        ran.append(int(ctx.slot.timestamp() * 1000))
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "* * * * * *", handler, jitter_ms=0, max_late_ms=2_000)
+    async with scheduler:
+        await clock.advance(3_000)
+        assert len(ran) == 3
+        backend.down = True
+        await clock.advance(10_000)
+        assert len(ran) == 3, "a slot ran while the backend was down"
+        attempts = backend.claims
+        backend.down = False
+        await clock.advance(3_000)
+    assert len(ran) >= 5, "the scheduler did not recover"
+    assert attempts > 10, "claims were not retried"
+    assert (scheduler.metrics()["claim_errors"] or 0) > 0
+
+
+async def test_a_runner_that_cannot_renew_stops_and_a_backup_takes_over(clock: FakeClock) -> None:
+    backend = FlakyBackend(clock)
+    contexts: list[RunContext] = []
+    release = asyncio.Event()
+
+    async def long(ctx: RunContext) -> None:
+        contexts.append(ctx)
+        if ctx.attempt == 1:
+            await ctx.wait_lease_lost()
+            await asyncio.sleep(3600)
+        await release.wait()
+
+    runner = Scheduler(backend, clock=clock, instance_id="runner")
+    backup = Scheduler(MemoryBackendView(backend), clock=clock, instance_id="backup")
+    for scheduler in (runner, backup):
+        scheduler.add("long", "0 * * * *", long, jitter_ms=0, lease_ms=3_000)
+        await scheduler.start()
+    await clock.advance(60 * MINUTE + 100)
+    assert [c.instance for c in contexts] == [contexts[0].instance]
+    backend.renew_down = True  # the runner's renewals fail; the backup's claim path still works
+    await clock.advance(5_000)
+    assert contexts[0].lease_lost
+    assert [c.attempt for c in contexts] == [1, 2]
+    assert contexts[1].fence is not None and contexts[0].fence is not None
+    assert contexts[1].fence > contexts[0].fence
+    assert contexts[1].instance != contexts[0].instance
+    backend.renew_down = False
+    release.set()
+    await clock.advance(1_000)
+    history = await backup.history("long")
+    for scheduler in (runner, backup):
+        await scheduler.stop()
+    assert [(r.attempt, r.status, r.reason) for r in history] == [
+        (2, RunStatus.SUCCEEDED, None),
+        (1, RunStatus.FAILED, "lease lost"),
+    ]
+
+
+class MemoryBackendView(MemoryBackend):
+    """Another instance's view of the same store, whose renewals bypass FlakyBackend."""
+
+    def __init__(self, shared: MemoryBackend) -> None:
+        self.__dict__ = shared.__dict__
+
+
+async def test_stop_hands_running_work_over(clock: FakeClock) -> None:
+    backend = MemoryBackend(clock=clock)
+    attempts: list[tuple[int, str]] = []
+    done = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        attempts.append((ctx.attempt, ctx.instance))
+        if ctx.instance == "leaving":
+            await asyncio.sleep(3600)
+        done.set()
+
+    leaving = Scheduler(backend, clock=clock, instance_id="leaving", grace_ms=0)
+    staying = Scheduler(backend, clock=clock, instance_id="staying")
+    leaving.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=60_000)
+    staying.add("work", "0 * * * *", work, jitter_ms=5_000, lease_ms=60_000)
+    await leaving.start()
+    await staying.start()
+    await clock.advance(60 * MINUTE + 6_000)
+    assert attempts == [(1, "leaving")]
+    await leaving.stop()
+    await clock.advance(200)
+    assert attempts == [(1, "leaving"), (2, "staying")], "hand-over waited for lease expiry"
+    assert done.is_set()
+    history = await staying.history("work")
+    await staying.stop()
+    assert [(r.attempt, r.reason) for r in history] == [(2, None), (1, "handed over")]
+
+
+async def test_ten_thousand_jobs_keep_one_timer(clock: FakeClock) -> None:
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    async def tasks_while_idle(jobs: int) -> int:
+        scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
+        for n in range(jobs):
+            scheduler.add(f"job{n}", f"{n % 60} {n % 24} * * *", handler)
+        async with scheduler:
+            await clock.advance(1_000)
+            assert len(scheduler._timer) == jobs
+            return len(asyncio.all_tasks())
+
+    assert await tasks_while_idle(10_000) == await tasks_while_idle(1), "tasks grow with jobs"
+
+
+async def test_clock_skew_is_measured_and_warned(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Skewed(MemoryBackend):
+        async def server_time_ms(self) -> int | None:
+            return clock.now_ms() + 45_000
+
+    scheduler = Scheduler(Skewed(clock=clock), clock=clock)
+    scheduler.add("tick", "* * * * *", lambda ctx: None)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(100)
+        assert scheduler.metrics()["clock_offset_ms"] == 45_000
+    assert any(getattr(r, "action", None) == "clock_skew" for r in caplog.records)
+
+
+async def test_manual_run_and_context(clock: FakeClock) -> None:
+    seen: list[RunContext] = []
+
+    def plain(ctx: RunContext) -> None:
+        seen.append(ctx)
+        ctx.logger.info("working")
+        ctx.check_lease()
+
+    scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock, instance_id="me")
+    scheduler.add("plain", "@daily", plain)
+    async with scheduler:
+        run = await scheduler.run_now("plain")
+    assert run.trigger is Trigger.MANUAL and run.status is RunStatus.SUCCEEDED
+    assert seen[0].run_id == run.run_id and seen[0].slot is None and seen[0].instance == "me"
+    assert not seen[0].lease_lost
