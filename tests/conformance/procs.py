@@ -1,0 +1,114 @@
+"""Start worker processes (real application instances) and read what they recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Worker:
+    """One instance process."""
+
+    proc: subprocess.Popen[bytes]
+    out: Path
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Fleet:
+    """Several worker processes sharing one backend namespace."""
+
+    url: str
+    tmp: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    def spawn(self, count: int = 1, **options: Any) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            n = len(self.workers)
+            out, log, ready = (
+                self.tmp / f"w{n}.jsonl",
+                self.tmp / f"w{n}.log",
+                self.tmp / f"w{n}.ready",
+            )
+            args = [
+                sys.executable,
+                "-m",
+                "tests.conformance.worker",
+                "--url",
+                self.url,
+                "--out",
+                str(out),
+                "--ready",
+                str(ready),
+                "--instance",
+                f"w{n}",
+            ]
+            for key, value in options.items():
+                args += [f"--{key.replace('_', '-')}", str(value)]
+            with log.open("wb") as handle:
+                proc = subprocess.Popen(args, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+            worker = Worker(proc, out, log)
+            worker.ready = ready  # type: ignore[attr-defined]
+            self.workers.append(worker)
+            started.append(worker)
+        return started
+
+    def wait_ready(self, workers: list[Worker], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        for worker in workers:
+            while not worker.ready.exists():  # type: ignore[attr-defined]
+                if worker.proc.poll() is not None:
+                    raise AssertionError(f"worker exited early:\n{worker.log.read_text()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"worker not ready:\n{worker.log.read_text()}")
+                time.sleep(0.05)
+
+    def stop_all(self, timeout: float = 60) -> None:
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.kill(signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                worker.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill(signal.SIGKILL)
+                worker.wait(10)
+
+    def records(self, event: str | None = None) -> list[dict[str, Any]]:
+        out = [r for w in self.workers for r in w.records()]
+        return [r for r in out if event is None or r["event"] == event]
+
+    def starts_per_slot(self) -> Counter[int]:
+        return Counter(r["slot"] for r in self.records("start") if r["slot"] is not None)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {w.log.name}\n{w.log.read_text()}" for w in self.workers if w.log.exists()
+        )

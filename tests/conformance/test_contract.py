@@ -1,0 +1,257 @@
+"""The backend contract, call by call (anarchon/backend.py), on every backend's real service."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from anarchon import Backend, LeaseBackend, LeaseLost, Overlap, RunStatus, Trigger
+from anarchon.backend import (
+    ClaimRequest,
+    ClaimStatus,
+    TakeoverRequest,
+    TakeoverStatus,
+)
+from tests.harness import Harness
+
+SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+LEASE_MS = 600
+
+
+def request(job: str = "job", slot: int | None = SLOT, token: str | None = None, **kw: object):
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=token or uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "i1")),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def lease(backend: Backend, **kw: Any) -> dict[str, Any]:
+    return {"lease_ms": LEASE_MS, **kw} if isinstance(backend, LeaseBackend) else dict(kw)
+
+
+def takeover(job: str, slot_key: str, **kw: object) -> TakeoverRequest:
+    return TakeoverRequest(
+        job=job,
+        slot_key=slot_key,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "backup")),
+        lease_ms=int(kw.pop("lease_ms", LEASE_MS)),  # type: ignore[call-overload]
+        max_attempts=int(kw.pop("max_attempts", 3)),  # type: ignore[call-overload]
+    )
+
+
+async def test_one_winner_per_slot(backend: Backend) -> None:
+    first, second = request(**lease(backend)), request(instance="i2", **lease(backend))
+    [won] = await backend.claim([first])
+    [lost] = await backend.claim([second])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    assert won.ticket.token == first.token
+    assert won.run.status is RunStatus.RUNNING and won.run.instance == "i1"
+    assert lost.status is ClaimStatus.LOST and lost.ticket is None
+    assert lost.run.run_id == first.run_id and lost.run.instance == "i1"
+
+
+async def test_claim_is_idempotent_per_token(backend: Backend) -> None:
+    req = request(**lease(backend))
+    [first] = await backend.claim([req])
+    [again] = await backend.claim([req])
+    assert first.status is again.status is ClaimStatus.WON
+    assert first.ticket and again.ticket and first.ticket.fence == again.ticket.fence
+
+
+async def test_concurrent_claims_have_one_winner(backend: Backend, harness: Harness) -> None:
+    reqs = [request(instance=f"i{n}", **lease(backend)) for n in range(8)]
+    outcomes = await asyncio.gather(*(backend.claim([r]) for r in reqs))
+    statuses = [o[0].status for o in outcomes]
+    assert statuses.count(ClaimStatus.WON) == 1, statuses
+
+
+async def test_batch_claims_answer_in_order(backend: Backend) -> None:
+    reqs = [request(job=f"job{n}", **lease(backend)) for n in range(5)]
+    outcomes = await backend.claim(reqs)
+    assert [o.run.job for o in outcomes] == [f"job{n}" for n in range(5)]
+    assert all(o.status is ClaimStatus.WON for o in outcomes)
+
+
+async def test_fence_rises_per_job(backend: Backend) -> None:
+    fences = []
+    for n in range(3):
+        [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+        assert won.ticket is not None and won.ticket.fence is not None
+        fences.append(won.ticket.fence)
+    assert fences == sorted(fences) and len(set(fences)) == 3
+
+
+async def test_finish_records_result_and_history_is_newest_first(backend: Backend) -> None:
+    for n in range(3):
+        [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+        assert won.ticket is not None
+        status = RunStatus.FAILED if n == 1 else RunStatus.SUCCEEDED
+        run = await backend.finish(won.ticket, status, "boom" if n == 1 else None)
+        assert run.status is status and run.finished_at is not None
+    history = await backend.history("job", limit=10)
+    assert [r.slot_ms for r in history] == [SLOT + 2000, SLOT + 1000, SLOT]
+    assert history[1].error == "boom" and history[1].status is RunStatus.FAILED
+    assert await backend.last_run("job") == history[0]
+    assert len(await backend.history("job", limit=2)) == 2
+    assert await backend.history("nobody", limit=5) == []
+
+
+async def test_manual_runs_have_slot_keys_of_their_own(backend: Backend) -> None:
+    a = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
+    b = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
+    outcomes = await backend.claim([a, b])
+    assert [o.status for o in outcomes] == [ClaimStatus.WON, ClaimStatus.WON]
+    assert outcomes[0].run.slot is None and outcomes[0].run.trigger is Trigger.MANUAL
+
+
+async def test_skip_reason_records_a_skip_unless_claimed(backend: Backend) -> None:
+    [won] = await backend.claim([request(**lease(backend))])
+    [late] = await backend.claim([request(skip_reason="too late: test", **lease(backend))])
+    assert won.status is ClaimStatus.WON and late.status is ClaimStatus.LOST
+    other = SLOT + 60_000
+    [skip] = await backend.claim([request(slot=other, skip_reason="too late: t", **lease(backend))])
+    assert skip.status is ClaimStatus.SKIPPED and skip.run.reason == "too late: t"
+    [after] = await backend.claim([request(slot=other, **lease(backend))])
+    assert after.status is ClaimStatus.SKIPPED
+    runs = {r.slot_ms: r for r in await backend.history("job")}
+    assert runs[other].status is RunStatus.SKIPPED
+
+
+# -- lease backends --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lease_backend(backend: Backend, lease_harness: Harness) -> LeaseBackend:
+    assert isinstance(backend, LeaseBackend)
+    return backend
+
+
+async def test_renew_extends_on_the_backend_clock(lease_backend: LeaseBackend) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+    assert won.ticket is not None and won.ticket.lease_expires_at_ms is not None
+    await asyncio.sleep(0.2)
+    renewed = await lease_backend.renew(won.ticket)
+    assert renewed.lease_expires_at_ms is not None and renewed.backend_now_ms is not None
+    assert renewed.lease_expires_at_ms > won.ticket.lease_expires_at_ms
+    assert renewed.lease_expires_at_ms - renewed.backend_now_ms == LEASE_MS
+
+
+async def test_takeover_waits_for_expiry_then_raises_attempt_and_fence(
+    lease_backend: LeaseBackend,
+) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+    assert won.ticket is not None
+    key = won.ticket.slot_key
+    held = await lease_backend.take_over(takeover("job", key))
+    assert held.status is TakeoverStatus.HELD and held.lease_expires_at_ms is not None
+    await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+    taken = await lease_backend.take_over(takeover("job", key))
+    assert taken.status is TakeoverStatus.TAKEN and taken.ticket is not None
+    assert taken.ticket.attempt == 2
+    assert taken.ticket.fence is not None and won.ticket.fence is not None
+    assert taken.ticket.fence > won.ticket.fence
+    # Only one backup wins the compare-and-set.
+    again = await lease_backend.take_over(takeover("job", key))
+    assert again.status is TakeoverStatus.HELD
+    # The stale runner is fenced off: no renew, no result.
+    with pytest.raises(LeaseLost):
+        await lease_backend.renew(won.ticket)
+    with pytest.raises(LeaseLost):
+        await lease_backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    await lease_backend.finish(taken.ticket, RunStatus.SUCCEEDED, None)
+    history = await lease_backend.history("job")
+    assert [(r.attempt, r.status) for r in history] == [
+        (2, RunStatus.SUCCEEDED),
+        (1, RunStatus.FAILED),
+    ]
+    assert history[1].reason == "lease lost" and history[1].fence == won.ticket.fence
+    assert history[0].fence == taken.ticket.fence
+    ended = await lease_backend.take_over(takeover("job", key))
+    assert ended.status is TakeoverStatus.ENDED
+
+
+async def test_concurrent_takeovers_have_one_winner(lease_backend: LeaseBackend) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+    assert won.ticket is not None
+    await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+    outcomes = await asyncio.gather(
+        *(lease_backend.take_over(takeover("job", won.ticket.slot_key)) for _ in range(6))
+    )
+    assert [o.status for o in outcomes].count(TakeoverStatus.TAKEN) == 1
+
+
+async def test_release_hands_over_at_once(lease_backend: LeaseBackend) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=60_000)])
+    assert won.ticket is not None
+    await lease_backend.release(won.ticket, "handed over")
+    taken = await lease_backend.take_over(takeover("job", won.ticket.slot_key, lease_ms=60_000))
+    assert taken.status is TakeoverStatus.TAKEN
+    history = await lease_backend.history("job")
+    assert history[1].reason == "handed over"
+    with pytest.raises(LeaseLost):
+        await lease_backend.release(won.ticket, "handed over")
+
+
+async def test_attempts_are_bounded(lease_backend: LeaseBackend) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+    assert won.ticket is not None
+    await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+    out = await lease_backend.take_over(takeover("job", won.ticket.slot_key, max_attempts=1))
+    assert out.status is TakeoverStatus.EXHAUSTED
+    [last] = await lease_backend.history("job")
+    assert last.status is RunStatus.FAILED and last.error is not None
+    assert "max_attempts=1" in last.error
+
+
+async def test_renewed_lease_is_not_taken_over(lease_backend: LeaseBackend) -> None:
+    [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+    ticket = won.ticket
+    assert ticket is not None
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        ticket = await lease_backend.renew(ticket)
+        out = await lease_backend.take_over(takeover("job", ticket.slot_key))
+        assert out.status is TakeoverStatus.HELD
+        await asyncio.sleep(LEASE_MS / 3000)
+
+
+async def test_overlap_skip_is_recorded_once(lease_backend: LeaseBackend) -> None:
+    [first] = await lease_backend.claim([request(lease_ms=5_000)])
+    nxt = SLOT + 1000
+    a = request(slot=nxt, lease_ms=5_000, overlap=Overlap.SKIP)
+    b = request(slot=nxt, lease_ms=5_000, overlap=Overlap.SKIP, instance="i2")
+    [skip_a], [skip_b] = await asyncio.gather(lease_backend.claim([a]), lease_backend.claim([b]))
+    assert skip_a.status is skip_b.status is ClaimStatus.SKIPPED
+    assert skip_a.run.run_id == skip_b.run.run_id
+    assert skip_a.run.reason and "overlap" in skip_a.run.reason
+    assert first.run.run_id in skip_a.run.reason
+    allowed = request(slot=SLOT + 2000, lease_ms=5_000)
+    [won] = await lease_backend.claim([allowed])
+    assert won.status is ClaimStatus.WON, "overlap='allow' runs concurrently"
+    history = await lease_backend.history("job")
+    assert sum(1 for r in history if r.slot_ms == nxt) == 1
+
+
+async def test_last_slot(lease_backend: LeaseBackend) -> None:
+    assert await lease_backend.last_slot("job") is None
+    await lease_backend.claim([request(slot=SLOT + 5000, lease_ms=LEASE_MS)])
+    await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
+    await lease_backend.claim([request(slot=None, trigger=Trigger.MANUAL, lease_ms=LEASE_MS)])
+    assert await lease_backend.last_slot("job") == SLOT + 5000
+
+
+async def test_server_time_is_close_to_ours(backend: Backend) -> None:
+    server = await backend.server_time_ms()
+    if server is not None:
+        assert abs(server - time.time() * 1000) < 5_000

@@ -1,0 +1,55 @@
+"""Exactly one run per slot, with several real processes contending for every slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from anarchon import RunStatus, Scheduler
+from tests.conformance.procs import Fleet
+from tests.harness import Namespace
+
+pytestmark = pytest.mark.slow
+
+
+def test_three_processes_one_run_per_slot(fleet: Fleet, ns: Namespace) -> None:
+    workers = fleet.spawn(3, seconds=30, jitter_ms=300)
+    fleet.wait_ready(workers)
+    began = time.time()
+    time.sleep(9)
+    ended = time.time()
+    fleet.stop_all()
+
+    starts = fleet.starts_per_slot()
+    # Every slot from a second after all were ready to a second before the stop ran.
+    expected = {s * 1000 for s in range(int(began) + 1, int(ended) - 1)}
+    assert len(expected) >= 6
+    duplicates = {slot: n for slot, n in starts.items() if n > 1}
+    missed = sorted(expected - set(starts))
+    assert duplicates == {}, fleet.logs()
+    assert missed == [], fleet.logs()
+    runners = {r["instance"] for r in fleet.records("start")}
+    assert len(runners) >= 2, f"one instance won every slot: {runners}"
+
+
+async def test_history_agrees_with_what_ran(fleet: Fleet, ns: Namespace) -> None:
+    workers = fleet.spawn(3, seconds=30, jitter_ms=200)
+    fleet.wait_ready(workers)
+    await asyncio.sleep(5)
+    fleet.stop_all()
+    ran = {(r["slot"], r["run_id"]) for r in fleet.records("end")}
+    assert len(ran) >= 3
+
+    scheduler = Scheduler(ns.make())
+    async with scheduler:
+        history = await scheduler.history("tick", limit=1000)
+        last = await scheduler.last_run("tick")
+    recorded = {(r.slot_ms, r.run_id) for r in history if r.status is RunStatus.SUCCEEDED}
+    assert ran <= recorded
+    assert len({r.slot_ms for r in history}) == len(history), "two records for one slot"
+    assert last == history[0]
+    assert [r.started_at for r in history] == sorted((r.started_at for r in history), reverse=True)
+    fences = [r.fence or 0 for r in sorted(history, key=lambda r: r.started_at)]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences), fences

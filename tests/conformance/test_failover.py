@@ -1,0 +1,143 @@
+"""Backups, fencing and hand-over with real processes: kill -9, SIGSTOP/SIGCONT, SIGTERM.
+
+Each test schedules one slot a few seconds ahead (a fixed time of day, 6 fields, UTC), lets three
+instances contend for it, then does something to whichever instance won.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from anarchon import RunStatus, Scheduler
+from tests.conformance.procs import Fleet, Worker
+from tests.harness import Harness, Namespace
+
+pytestmark = pytest.mark.slow
+
+LEASE_MS = 3_000
+
+
+def one_slot(lead_s: float = 6.0) -> tuple[str, int]:
+    """A 6-field expression that fires once, ``lead_s`` from now (rounded up), and its slot."""
+    moment = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=int(lead_s) + 1)
+    return f"{moment.second} {moment.minute} {moment.hour} * * *", int(moment.timestamp() * 1000)
+
+
+def wait_for(fleet: Fleet, predicate: Any, timeout: float, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in fleet.records():
+            if predicate(record):
+                return record
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}\n{fleet.logs()}")
+
+
+def runner_of(fleet: Fleet, record: dict[str, Any]) -> Worker:
+    return next(w for w in fleet.workers if w.pid == record["pid"])
+
+
+def start_three(fleet: Fleet, sleep_ms: int, **options: Any) -> tuple[int, dict[str, Any]]:
+    schedule, slot = one_slot()
+    workers = fleet.spawn(
+        3, schedule=schedule, seconds=60, sleep_ms=sleep_ms, jitter_ms=0, **options
+    )
+    fleet.wait_ready(workers)
+    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "a start")
+    return slot, first
+
+
+async def history_of(ns: Namespace, job: str = "tick") -> list[Any]:
+    async with Scheduler(ns.make()) as scheduler:
+        return await scheduler.history(job, limit=50)
+
+
+async def test_kill_9_runner_is_taken_over(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    slot, first = start_three(fleet, sleep_ms=4_000, lease_ms=LEASE_MS)
+    killed_at = time.time()
+    runner_of(fleet, first).kill(signal.SIGKILL)
+    second = wait_for(
+        fleet,
+        lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == 2,
+        LEASE_MS / 1000 + 15,
+        "the takeover",
+    )
+    delay = second["t"] - killed_at
+    print(f"\n{lease_harness.name}: takeover {delay:.2f}s after kill -9 (lease {LEASE_MS} ms)")
+    assert delay <= LEASE_MS / 1000 + 2, f"takeover took {delay:.2f}s"
+    assert second["fence"] > first["fence"] and second["pid"] != first["pid"]
+    wait_for(fleet, lambda r: r["event"] == "end" and r["attempt"] == 2, 15, "attempt 2's end")
+    fleet.stop_all()
+    runs = [r for r in await history_of(ns) if r.slot_ms == slot]
+    assert [(r.attempt, r.status, r.reason) for r in runs] == [
+        (2, RunStatus.SUCCEEDED, None),
+        (1, RunStatus.FAILED, "lease lost"),
+    ]
+    assert runs[0].fence is not None and runs[1].fence is not None
+    assert runs[0].fence > runs[1].fence
+    starts = [r for r in fleet.records("start") if r["slot"] == slot]
+    assert len(starts) == 2, starts
+
+
+async def test_stale_runner_is_fenced_off(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    slot, first = start_three(fleet, sleep_ms=5_000, lease_ms=LEASE_MS)
+    stale = runner_of(fleet, first)
+    stale.kill(signal.SIGSTOP)
+    try:
+        second = wait_for(
+            fleet,
+            lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == 2,
+            LEASE_MS / 1000 + 15,
+            "the takeover",
+        )
+    finally:
+        stale.kill(signal.SIGCONT)
+    wait_for(fleet, lambda r: r["event"] == "end" and r["attempt"] == 2, 20, "attempt 2's end")
+    await asyncio.sleep(1.0)  # the stale runner's renewal and result reach the backend: refused
+    fleet.stop_all()
+    runs = [r for r in await history_of(ns) if r.slot_ms == slot]
+    assert [(r.attempt, r.status) for r in runs] == [
+        (2, RunStatus.SUCCEEDED),
+        (1, RunStatus.FAILED),
+    ], runs
+    assert runs[1].reason == "lease lost" and runs[1].run_id == first["run_id"]
+    assert runs[0].run_id == second["run_id"]
+    assert second["fence"] > first["fence"]
+    stale_end = [r for r in stale.records() if r["event"] == "end" and r["slot"] == slot]
+    assert all(r["lost"] for r in stale_end), "the stale runner was not told it lost its lease"
+
+
+async def test_graceful_stop_hands_over(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    # A long lease: a takeover that waited for expiry would take 20 s; hand-over must not.
+    slot, first = start_three(fleet, sleep_ms=6_000, lease_ms=20_000, grace_ms=300)
+    stopped_at = time.time()
+    runner_of(fleet, first).kill(signal.SIGTERM)
+    second = wait_for(
+        fleet,
+        lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == 2,
+        15,
+        "the hand-over",
+    )
+    delay = second["t"] - stopped_at
+    print(f"\n{lease_harness.name}: hand-over {delay:.2f}s after SIGTERM (grace 0.3 s)")
+    assert delay < 3.0, f"hand-over took {delay:.2f}s"
+    wait_for(fleet, lambda r: r["event"] == "end" and r["attempt"] == 2, 20, "attempt 2's end")
+    fleet.stop_all()
+    runs = [r for r in await history_of(ns) if r.slot_ms == slot]
+    assert [(r.attempt, r.status, r.reason) for r in runs] == [
+        (2, RunStatus.SUCCEEDED, None),
+        (1, RunStatus.FAILED, "handed over"),
+    ]

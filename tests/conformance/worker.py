@@ -1,0 +1,122 @@
+"""One application instance for multi-process tests: a scheduler with one job on a backend URL.
+
+Each handler start and end is appended as a JSON line to ``--out`` (one file per process), so
+the test can count runs per slot after the processes are gone, including processes it killed.
+
+    python -m tests.conformance.worker --url sqlite:////tmp/x.db --out /tmp/a.jsonl \
+        --job tick --schedule "* * * * * *" --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from anarchon import RunContext, Scheduler, backend_from_url
+
+
+def _write(path: str, record: dict[str, Any]) -> None:
+    line = json.dumps(record) + "\n"
+    # One write per line on an O_APPEND descriptor: lines of concurrent writers never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    names = (
+        "jitter_ms",
+        "max_late_ms",
+        "lease_ms",
+        "max_attempts",
+        "overlap",
+        "catch_up",
+        "catch_up_window_ms",
+        "timeout_ms",
+    )
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+async def main(args: argparse.Namespace) -> None:
+    backend = backend_from_url(args.url)
+    scheduler = Scheduler(
+        backend, instance_id=args.instance or f"w{os.getpid()}", grace_ms=args.grace_ms
+    )
+
+    async def handler(ctx: RunContext) -> None:
+        base = {
+            "slot": int(ctx.slot.timestamp() * 1000) if ctx.slot else None,
+            "run_id": ctx.run_id,
+            "attempt": ctx.attempt,
+            "fence": ctx.fence,
+            "instance": ctx.instance,
+            "pid": os.getpid(),
+            "trigger": ctx.trigger.value,
+        }
+        _write(args.out, {"event": "start", "t": time.time(), **base})
+        try:
+            await asyncio.sleep(args.sleep_ms / 1000)
+        except asyncio.CancelledError:
+            _write(args.out, {"event": "cancelled", "t": time.time(), **base})
+            raise
+        _write(args.out, {"event": "end", "t": time.time(), "lost": ctx.lease_lost, **base})
+
+    scheduler.add(args.job, args.schedule, handler, **_options(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await scheduler.start()
+    if args.ready:
+        _write(args.ready, {"pid": os.getpid(), "t": time.time()})
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), args.seconds)
+    await scheduler.stop()
+    _write(
+        args.out,
+        {"event": "exit", "t": time.time(), "pid": os.getpid(), "metrics": scheduler.metrics()},
+    )
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--ready")
+    p.add_argument("--job", default="tick")
+    p.add_argument("--schedule", default="* * * * * *")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--sleep-ms", type=int, default=0)
+    p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--instance")
+    for name in (
+        "jitter-ms",
+        "max-late-ms",
+        "lease-ms",
+        "max-attempts",
+        "catch-up-window-ms",
+        "timeout-ms",
+    ):
+        p.add_argument(f"--{name}", type=int)
+    p.add_argument("--overlap")
+    p.add_argument("--catch-up")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    logging.basicConfig(
+        level=arguments.log_level,
+        format=f"%(asctime)s {os.getpid()} %(name)s %(levelname)s %(message)s",
+    )
+    asyncio.run(main(arguments))
