@@ -255,3 +255,25 @@ async def test_server_time_is_close_to_ours(backend: Backend) -> None:
     server = await backend.server_time_ms()
     if server is not None:
         assert abs(server - time.time() * 1000) < 5_000
+
+
+async def test_history_is_pruned_by_age_and_pruned_slots_stay_claimed(
+    lease_backend: LeaseBackend,
+) -> None:
+    ttl = 400
+    for n in range(3):
+        [won] = await lease_backend.claim(
+            [request(slot=SLOT + n * 1000, lease_ms=LEASE_MS, history_ttl_ms=ttl)]
+        )
+        assert won.ticket is not None
+        await lease_backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    await asyncio.sleep(ttl / 1000 + 0.3)
+    [fresh] = await lease_backend.claim(
+        [request(slot=SLOT + 10_000, lease_ms=LEASE_MS, history_ttl_ms=ttl)]
+    )
+    assert fresh.ticket is not None
+    await lease_backend.finish(fresh.ticket, RunStatus.SUCCEEDED, None)
+    assert [r.slot_ms for r in await lease_backend.history("job")] == [SLOT + 10_000]
+    # A very late instance claiming a slot whose record was pruned must not run it again.
+    [late] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
+    assert late.status is not ClaimStatus.WON

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from collections import Counter
 
 import pytest
 
 from anarchon import RunStatus, Scheduler
 from tests.conformance.procs import Fleet
-from tests.harness import Namespace
+from tests.harness import Harness, Namespace
 
 pytestmark = pytest.mark.slow
 
@@ -53,3 +55,27 @@ async def test_history_agrees_with_what_ran(fleet: Fleet, ns: Namespace) -> None
     assert [r.started_at for r in history] == sorted((r.started_at for r in history), reverse=True)
     fences = [r.fence or 0 for r in sorted(history, key=lambda r: r.started_at)]
     assert fences == sorted(fences) and len(set(fences)) == len(fences), fences
+
+
+def test_instances_starting_together_catch_up_once(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    [seed] = fleet.spawn(1, seconds=30, jitter_ms=0, catch_up="none")
+    fleet.wait_ready([seed])
+    time.sleep(2.5)
+    seed.kill(signal.SIGTERM)  # a graceful stop
+    seed.wait()
+    last_seeded = max(r["slot"] for r in seed.records() if r["event"] == "start")
+    time.sleep(4.0)  # nobody runs: about four slots are missed
+    restarted = time.time()
+    workers = fleet.spawn(3, seconds=30, jitter_ms=200, catch_up="all")
+    fleet.wait_ready(workers)
+    time.sleep(3.0)
+    fleet.stop_all()
+
+    records = [r for w in workers for r in w.records() if r["event"] == "start"]
+    caught = sorted(r["slot"] for r in records if r["trigger"] == "catch-up")
+    assert Counter(r["slot"] for r in records).most_common(1)[0][1] == 1, records
+    missed = {s * 1000 for s in range(last_seeded // 1000 + 1, int(restarted) - 1)}
+    assert missed <= set(caught), (sorted(missed), caught)
+    assert all(slot > last_seeded for slot in caught)

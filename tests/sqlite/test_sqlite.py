@@ -1,0 +1,88 @@
+"""SQLite specifics: the file, its schema version, pruning by count, and the default path."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from anarchon import BackendError, InvalidOption, RunStatus, Scheduler, SQLiteBackend, Trigger
+from anarchon.backend import ClaimRequest
+from anarchon.backends import sqlite as sqlite_module
+
+SLOT = 1_800_000_000_000
+
+
+def request(slot: int) -> ClaimRequest:
+    return ClaimRequest(
+        job="job",
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance="i",
+        trigger=Trigger.SCHEDULE,
+        lease_ms=5_000,
+    )
+
+
+async def test_wal_and_schema_version(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path / "a.db")
+    await backend.start()
+    await backend.start()  # idempotent
+    await backend.stop()
+    conn = sqlite3.connect(tmp_path / "a.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 1
+    conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(BackendError, match="schema version 99 is newer"):
+        await SQLiteBackend(tmp_path / "a.db").start()
+
+
+async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
+    backends = [SQLiteBackend(tmp_path / "b.db") for _ in range(6)]
+    await asyncio.gather(*(b.start() for b in backends))
+    outcomes = await asyncio.gather(*(b.claim([request(SLOT)]) for b in backends))
+    assert sum(o[0].status == "won" for o in outcomes) == 1
+    for backend in backends:
+        await backend.stop()
+    conn = sqlite3.connect(tmp_path / "b.db")
+    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 1
+
+
+async def test_history_is_capped_by_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_module, "PRUNE_EVERY_MS", 0)
+    backend = SQLiteBackend(tmp_path / "c.db", history_size=5)
+    await backend.start()
+    for n in range(12):
+        [won] = await backend.claim([request(SLOT + n * 1000)])
+        assert won.ticket is not None
+        await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    history = await backend.history("job", limit=100)
+    assert [r.slot_ms for r in history] == [SLOT + n * 1000 for n in range(11, 6, -1)]
+    [again] = await backend.claim([request(SLOT + 3000)])
+    assert again.status == "lost", "a pruned slot was claimed a second time"
+    await backend.stop()
+
+
+async def test_default_path_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANARCHON_DB", raising=False)
+    assert Scheduler().backend.path == Path("anarchon.db")  # type: ignore[attr-defined]
+    monkeypatch.setenv("ANARCHON_DB", str(tmp_path / "env.db"))
+    assert SQLiteBackend().path == tmp_path / "env.db"
+
+
+async def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(InvalidOption, match="history_size=0"):
+        SQLiteBackend(tmp_path / "d.db", history_size=0)
+    with pytest.raises(BackendError, match="does not exist"):
+        await SQLiteBackend(tmp_path / "missing" / "d.db").start()
+    with pytest.raises(BackendError, match="not started"):
+        await SQLiteBackend(tmp_path / "e.db").history("job")
