@@ -37,6 +37,7 @@ class ActiveRun:
     handler_task: asyncio.Future[Any] | None = None
     cancel_reason: str | None = None
     result: asyncio.Future[Run | None] = field(default_factory=asyncio.Future)
+    task: asyncio.Future[None] | None = None
 
 
 class RunExecutor:
@@ -70,8 +71,8 @@ class RunExecutor:
         )
         active = ActiveRun(job=job, ticket=ticket, ctx=ctx)
         self.active[ticket.run_id] = active
-        task = asyncio.get_running_loop().create_task(self._execute(active))
-        task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
+        active.task = asyncio.get_running_loop().create_task(self._execute(active))
+        active.task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
         return active
 
     async def _execute(self, active: ActiveRun) -> None:
@@ -292,8 +293,13 @@ class RunExecutor:
         for active in leftover:
             self._cancel(active, HANDED_OVER)
         if leftover:
-            # Give the cancelled handlers and the release/finish calls a bounded time.
+            # Give the cancelled handlers and the release/finish calls a bounded time; a call
+            # still stuck after that (an unreachable backend) is abandoned: the lease expires
+            # and a backup takes the run over.
             await asyncio.wait([a.result for a in leftover], timeout=10)
+            for active in leftover:
+                if active.task is not None and not active.task.done():
+                    active.task.cancel()
 
 
 def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:

@@ -205,7 +205,7 @@ class Scheduler:
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:
             self._schedule_next(job, self._clock.now_ms())
-            self._spawn(self._catch_up(job))
+            self._spawn(self._catch_up([job]))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -246,8 +246,7 @@ class Scheduler:
             self._schedule_next(job, now)
         self._loops.append(asyncio.ensure_future(self._timer.run()))
         self._loops.append(asyncio.ensure_future(self._watch_clock()))
-        for job in list(self._jobs.values()):
-            self._spawn(self._catch_up(job))
+        self._spawn(self._catch_up(list(self._jobs.values())))
         logger.info(
             "scheduler %s started with %d jobs on %s",
             self.instance_id,
@@ -531,34 +530,41 @@ class Scheduler:
         if self._state is _State.RUNNING:
             self._executor.start(job, ticket)
 
-    async def _catch_up(self, job: Job) -> None:
-        policy = job.policy
-        if policy.catch_up == CatchUp.NONE or not isinstance(self.backend, LeaseBackend):
+    async def _catch_up(self, jobs: list[Job]) -> None:
+        """Look up the last recorded slot of every job that catches up, in one backend call, and
+        start a catch-up for each job that missed slots."""
+        backend = self.backend
+        wanted = [j for j in jobs if j.policy.catch_up != CatchUp.NONE]
+        if not wanted or not isinstance(backend, LeaseBackend):
             return
         try:
-            last = await self.backend.last_slot(job.name)
+            last_slots = await backend.last_slots([j.name for j in wanted])
         except BackendUnavailable as exc:
-            logger.warning(
-                "catch-up of %s skipped: %s",
-                job.name,
-                exc,
-                extra={"job": job.name, "action": "catch_up_failed"},
-            )
+            logger.warning("catch-up skipped: %s", exc, extra={"action": "catch_up_failed"})
             return
         now = self._clock.now_ms()
-        slots, left_out = missed_slots(
-            job.schedule, last, now, policy.catch_up_window_ms, CatchUp(policy.catch_up)
-        )
-        if not slots:
-            return
-        logger.info(
-            "catching up %d missed slot(s) of %s (%d older left out, catch_up=%s)",
-            len(slots),
-            job.name,
-            left_out,
-            policy.catch_up,
-            extra={"job": job.name, "action": "catch_up"},
-        )
+        for job in wanted:
+            policy = job.policy
+            slots, left_out = missed_slots(
+                job.schedule,
+                last_slots.get(job.name),
+                now,
+                policy.catch_up_window_ms,
+                CatchUp(policy.catch_up),
+            )
+            if slots:
+                logger.info(
+                    "catching up %d missed slot(s) of %s (%d older left out, catch_up=%s)",
+                    len(slots),
+                    job.name,
+                    left_out,
+                    policy.catch_up,
+                    extra={"job": job.name, "action": "catch_up"},
+                )
+                self._spawn(self._catch_up_slots(job, slots))
+
+    async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
+        policy = job.policy
         # One slot at a time, oldest first. Before each claim an instance waits until no run of
         # the job is going (instances that start together may have read different last slots),
         # so catch-up runs do not overlap; the claim itself allows overlap, because a missed

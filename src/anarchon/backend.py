@@ -347,6 +347,11 @@ class LeaseBackend(Backend):
     async def last_slot(self, job: str) -> int | None:
         """Return the newest scheduled or catch-up slot of ``job`` (any status), or None."""
 
+    async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """Return :meth:`last_slot` for each job. Override to answer in one round trip: a
+        scheduler with thousands of jobs asks for all of them when it starts."""
+        return {job: await self.last_slot(job) for job in jobs}
+
     async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
         """Call ``on_change(job, slot_key)`` when a run is released or finishes, if the backend can.
 

@@ -277,3 +277,12 @@ async def test_history_is_pruned_by_age_and_pruned_slots_stay_claimed(
     # A very late instance claiming a slot whose record was pruned must not run it again.
     [late] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
     assert late.status is not ClaimStatus.WON
+
+
+async def test_last_slots_answers_for_many_jobs(lease_backend: LeaseBackend) -> None:
+    jobs = [f"job{n}" for n in range(1200)]
+    await lease_backend.claim(
+        [request(job=j, slot=SLOT + n, lease_ms=LEASE_MS) for n, j in enumerate(jobs[:700])]
+    )
+    found = await lease_backend.last_slots(jobs)
+    assert found == {j: (SLOT + n if n < 700 else None) for n, j in enumerate(jobs)}

@@ -186,8 +186,11 @@ def _answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     )
 
 
-def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome:
-    """Decide one takeover (see :meth:`anarchon.backend.LeaseBackend.take_over`)."""
+def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome | None:
+    """Answer a takeover that needs no write (ENDED, HELD), or None when it does.
+
+    Lets a backend answer the common case, a backup checking a live lease, without a write lock.
+    """
     row = store.current(req.job, req.slot_key)
     if row is None or row.status != RunStatus.RUNNING:
         return TakeoverOutcome(
@@ -200,6 +203,16 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
             lease_expires_at_ms=row.lease_expires_at,
             backend_now_ms=now,
         )
+    return None
+
+
+def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome:
+    """Decide one takeover (see :meth:`anarchon.backend.LeaseBackend.take_over`)."""
+    answer = peek_takeover(store, req, now)
+    if answer is not None:
+        return answer
+    row = store.current(req.job, req.slot_key)
+    assert row is not None
     why = HANDED_OVER if row.released else LEASE_LOST
     row.status = RunStatus.FAILED
     row.finished_at = now

@@ -273,10 +273,19 @@ class SQLiteBackend(LeaseBackend):
         return await self._call(lambda c: self._write(c, lambda r, n: rules.renew(r, ticket, n)))
 
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
-        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
-        return await self._call(
-            lambda c: self._write(c, lambda r, n: rules.take_over(r, request, n))
-        )
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`.
+
+        Backups poll this every :attr:`release_poll_ms`; while the lease is live the answer
+        comes from a read, without taking the database's write lock.
+        """
+
+        def work(conn: sqlite3.Connection) -> TakeoverOutcome:
+            peeked = rules.peek_takeover(_SQLiteRows(conn), request, _now_ms())
+            if peeked is not None:
+                return peeked
+            return self._write(conn, lambda r, n: rules.take_over(r, request, n))
+
+        return await self._call(work)
 
     async def release(self, ticket: Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`."""
@@ -322,6 +331,20 @@ class SQLiteBackend(LeaseBackend):
         def read(conn: sqlite3.Connection) -> int | None:
             value = conn.execute(Q["last_slot"], (job,)).fetchone()[0]
             return None if value is None else int(value)
+
+        return await self._call(read)
+
+    async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slots`; one query per 500 jobs."""
+        names = list(jobs)
+
+        def read(conn: sqlite3.Connection) -> dict[str, int | None]:
+            found: dict[str, int | None] = dict.fromkeys(names)
+            for start in range(0, len(names), 500):
+                chunk = names[start : start + 500]
+                query = Q["last_slots"].replace("?jobs", ", ".join("?" * len(chunk)))
+                found.update(conn.execute(query, chunk).fetchall())
+            return found
 
         return await self._call(read)
 

@@ -79,6 +79,11 @@ FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, attempt DESC LIMIT ?;
 -- name: last_slot
 SELECT max(slot) FROM anarchon_runs WHERE job = ? AND slot IS NOT NULL;
 
+-- name: last_slots
+SELECT job, max(slot) FROM anarchon_runs
+WHERE job IN (?jobs) AND slot IS NOT NULL
+GROUP BY job;
+
 -- name: prune_by_age
 DELETE FROM anarchon_runs
 WHERE job = ? AND started_at < ? AND status != 'running'
