@@ -22,6 +22,7 @@ from ._scheduler import Scheduler
 from ._urls import backend_from_url
 from .backend import Backend, Capability, LeaseBackend
 from .backends.memory import MemoryBackend
+from .backends.nats import NatsBackend
 from .backends.sqlite import SQLiteBackend
 from .errors import (
     AnarchonError,
@@ -61,6 +62,7 @@ __all__ = [
     "LeaseLost",
     "MemoryBackend",
     "MissingDependency",
+    "NatsBackend",
     "Overlap",
     "Run",
     "RunContext",

@@ -226,6 +226,11 @@ class Backend(abc.ABC):
         fix it; never hang for minutes.
         """
 
+    async def start_reader(self) -> None:
+        """Connect only to read history (the ``anarchon history`` command): change nothing
+        about the store, such as a stream's limits. Default: :meth:`start`."""
+        await self.start()
+
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release what :meth:`start` opened. Never close a client the caller passed in."""
 

@@ -74,7 +74,7 @@ def _row(run: Run) -> list[str]:
 
 async def _history(args: argparse.Namespace) -> int:
     backend = _backend(args.backend)
-    await backend.start()
+    await backend.start_reader()
     try:
         runs = await backend.history(args.job, limit=args.n)
     finally:

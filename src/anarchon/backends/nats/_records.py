@@ -1,0 +1,290 @@
+"""What the NATS backend stores in a message, and how stored messages become runs.
+
+A claim's payload carries the claim request (job, slot, run id, token, instance, trigger; plus
+``status`` and ``reason`` for a skip record). A result's payload repeats the run's identity, fence
+and start, so a result whose claim was already trimmed still shows in history. Times are never in
+payloads: a run starts at its claim's stream timestamp and ends at its result's, both stamped by
+the stream leader (the backend's clock).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final
+
+from ..._models import Run, RunStatus, Trigger, ms_to_datetime
+from ...backend import ClaimRequest, Ticket
+from . import _subjects as subjects
+
+VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One message as JetStream keeps it."""
+
+    seq: int
+    subject: str
+    time_ms: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """A claim message, decoded."""
+
+    job: str
+    slot: int | None
+    slot_key: str
+    run_id: str
+    token: str
+    instance: str
+    trigger: Trigger
+    seq: int
+    time_ms: int
+    reason: str | None = None
+    """Set for a skip record."""
+
+    @property
+    def skipped(self) -> bool:
+        """True for a skip record (a too-late instance recorded the slot as skipped)."""
+        return self.reason is not None
+
+    def run(self) -> Run:
+        """The run this claim started (``running``; a skip record is ``skipped``)."""
+        started = ms_to_datetime(self.time_ms)
+        assert started is not None
+        return Run(
+            job=self.job,
+            slot=ms_to_datetime(self.slot),
+            run_id=self.run_id,
+            instance=self.instance,
+            trigger=self.trigger,
+            attempt=1,
+            status=RunStatus.SKIPPED if self.skipped else RunStatus.RUNNING,
+            started_at=started,
+            finished_at=started if self.skipped else None,
+            fence=None if self.skipped else self.seq,
+            reason=self.reason,
+        )
+
+    def ticket(self) -> Ticket:
+        """The winner's ticket: the fence is the claim's stream sequence."""
+        return Ticket(
+            job=self.job,
+            slot=self.slot,
+            slot_key=self.slot_key,
+            run_id=self.run_id,
+            token=self.token,
+            instance=self.instance,
+            trigger=self.trigger,
+            attempt=1,
+            fence=self.seq,
+            started_at_ms=self.time_ms,
+            backend_now_ms=self.time_ms,
+        )
+
+
+def encode_claim(req: ClaimRequest) -> bytes:
+    """The payload of a claim message."""
+    body: dict[str, Any] = {
+        "v": VERSION,
+        "job": req.job,
+        "slot": req.slot,
+        "slot_key": req.slot_key,
+        "run_id": req.run_id,
+        "token": req.token,
+        "instance": req.instance,
+        "trigger": str(req.trigger),
+    }
+    if req.skip_reason is not None:
+        body["status"] = str(RunStatus.SKIPPED)
+        body["reason"] = req.skip_reason
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_claim(msg: Stored) -> Claim | None:
+    """The claim in ``msg``, or None if it is not one of anarchon's."""
+    body = _load(msg.data)
+    try:
+        slot = body["slot"]
+        return Claim(
+            job=str(body["job"]),
+            slot=None if slot is None else int(slot),
+            slot_key=str(body["slot_key"]),
+            run_id=str(body["run_id"]),
+            token=str(body["token"]),
+            instance=str(body["instance"]),
+            trigger=Trigger(body["trigger"]),
+            seq=msg.seq,
+            time_ms=msg.time_ms,
+            reason=str(body["reason"]) if body.get("status") == RunStatus.SKIPPED else None,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
+    """The claim a request would store, for answers built without reading it back."""
+    return Claim(
+        job=req.job,
+        slot=req.slot,
+        slot_key=req.slot_key,
+        run_id=req.run_id,
+        token=req.token,
+        instance=req.instance,
+        trigger=req.trigger,
+        seq=seq,
+        time_ms=time_ms,
+        reason=req.skip_reason,
+    )
+
+
+def encode_result(ticket: Ticket, status: RunStatus, error: str | None) -> bytes:
+    """The payload of a result message."""
+    body = {
+        "v": VERSION,
+        "job": ticket.job,
+        "slot": ticket.slot,
+        "slot_key": ticket.slot_key,
+        "run_id": ticket.run_id,
+        "token": ticket.token,
+        "instance": ticket.instance,
+        "trigger": str(ticket.trigger),
+        "fence": ticket.fence,
+        "started_at": ticket.started_at_ms,
+        "status": str(status),
+        "error": error,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """A result message, decoded."""
+
+    run: Run
+    """The finished run, complete even without its claim."""
+    token: str
+    seq: int
+
+
+def decode_result(msg: Stored) -> Result | None:
+    """The result in ``msg``, or None if it is not one of anarchon's."""
+    body = _load(msg.data)
+    try:
+        slot = body["slot"]
+        fence = body.get("fence")
+        run = Run(
+            job=str(body["job"]),
+            slot=ms_to_datetime(None if slot is None else int(slot)),
+            run_id=str(body["run_id"]),
+            instance=str(body["instance"]),
+            trigger=Trigger(body["trigger"]),
+            attempt=1,
+            status=RunStatus(body["status"]),
+            started_at=_datetime(int(body["started_at"])),
+            finished_at=_datetime(msg.time_ms),
+            error=None if body.get("error") is None else str(body["error"]),
+            fence=None if fence is None else int(fence),
+        )
+        return Result(run=run, token=str(body["token"]), seq=msg.seq)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def finished(claim_run: Run, result: Run) -> Run:
+    """The claim's run with the result's end."""
+    return replace(
+        claim_run, status=result.status, finished_at=result.finished_at, error=result.error
+    )
+
+
+def merge(messages: Iterable[Stored], prefix: str, job: str) -> list[Run]:
+    """Combine a job's claims and results into runs, newest first (by start, then fence).
+
+    A claim without a result stays ``running``. A skip record stored for a slot that already has
+    a claim (possible only once the de-duplication window has passed) is left out; two real
+    claims for one slot are both shown, since both ran.
+    """
+    claims_subject, results_subject = subjects.claims(prefix, job), subjects.results(prefix, job)
+    runs: dict[str, tuple[int, Run]] = {}
+    slots: set[str] = set()
+    for msg in sorted(messages, key=lambda m: m.seq):
+        if msg.subject == claims_subject:
+            claim = decode_claim(msg)
+            if claim is None or (claim.skipped and claim.slot_key in slots):
+                continue
+            slots.add(claim.slot_key)
+            runs[claim.run_id] = (claim.seq, claim.run())
+        elif msg.subject == results_subject:
+            result = decode_result(msg)
+            if result is None:
+                continue
+            known = runs.get(result.run.run_id)
+            if known is None:
+                runs[result.run.run_id] = (result.run.fence or 0, result.run)
+            else:
+                runs[result.run.run_id] = (known[0], finished(known[1], result.run))
+    ordered = sorted(runs.values(), key=lambda item: (item[1].started_at, item[0]), reverse=True)
+    return [run for _, run in ordered]
+
+
+def _load(data: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _datetime(ms: int) -> datetime:
+    moment = ms_to_datetime(ms)
+    assert moment is not None
+    return moment
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch ms of a JetStream timestamp such as ``2026-12-02T17:51:45.174528297Z``.
+
+    Parsed by hand to keep the nanoseconds' millisecond exact (floor), the same value a
+    consumer's ack subject gives for the message.
+    """
+    body, _, rest = text.partition(".")
+    digits = ""
+    zone = ""
+    if rest:
+        end = len(rest) - len(rest.lstrip("0123456789"))
+        digits, zone = rest[:end], rest[end:]
+    else:
+        for mark in ("Z", "+", "-"):
+            cut = body.rfind(mark)
+            if cut > 10:  # past the date's own dashes
+                body, zone = body[:cut], body[cut:]
+                break
+    zone = "+00:00" if zone in ("Z", "z", "") else zone
+    seconds = int(datetime.fromisoformat(body + zone).timestamp())
+    return seconds * 1000 + int((digits + "000")[:3])
+
+
+def ack_fields(reply: str) -> tuple[int, int, int] | None:
+    """``(stream sequence, timestamp ms, messages left)`` from a consumer message's ack
+    subject, or None.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts-ns>.<pending>`` (9 tokens), or
+    with domain and account hash (``$JS.ACK.<domain>.<hash>.<stream>...``, 11 or 12 tokens).
+    """
+    tokens = reply.split(".")
+    if tokens[:2] != ["$JS", "ACK"]:
+        return None
+    try:
+        if len(tokens) == 9:
+            return int(tokens[5]), int(tokens[7]) // 1_000_000, int(tokens[8])
+        if len(tokens) >= 11:
+            return int(tokens[7]), int(tokens[9]) // 1_000_000, int(tokens[10])
+    except ValueError:
+        return None
+    return None

@@ -1,0 +1,272 @@
+"""nats-server processes for the NATS tests: private servers, a loopback cluster, the shared one.
+
+Private servers listen on loopback ports of the NATS helper's range (14200-14299) with a
+temporary store, and are stopped by their pid. Each is started with PR_SET_PDEATHSIG so it dies
+with the test process even if that is killed. Port sub-ranges: 14200-14219 the session server of
+the ``nats_current`` harness, 14220-14259 single servers of tests, 14260-14299 clusters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SHARED_URL = "nats://127.0.0.1:4222"
+DEBIAN_BINARY = "/usr/sbin/nats-server"
+CURRENT_BINARY = str(Path(sys.executable).parent / "nats-server")
+BINARIES = {"2.9": DEBIAN_BINARY, "current": CURRENT_BINARY}
+
+SESSION_PORTS = range(14200, 14220)
+SINGLE_PORTS = range(14220, 14260)
+CLUSTER_PORTS = range(14260, 14300)
+
+
+def unique_names() -> tuple[str, str]:
+    """A fresh stream name and subject prefix for one test."""
+    token = uuid.uuid4().hex[:12]
+    return f"T_{token}", f"t{token}."
+
+
+def free_ports(count: int, pool: range) -> list[int]:
+    """``count`` loopback ports of ``pool`` that nobody listens on right now."""
+    found: list[int] = []
+    for port in pool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"no {count} free ports in {pool}")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def wait_port(
+    port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on 127.0.0.1:{port}") from None
+            time.sleep(0.05)
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process on a loopback port, started from a config file or flags."""
+
+    binary: str
+    port: int
+    directory: Path
+    jetstream: bool = True
+    config: str | None = None
+    name: str = "n"
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, wait: bool = True) -> NatsServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.config is not None:
+            conf = self.directory / f"{self.name}.conf"
+            conf.write_text(self.config)
+            args = [self.binary, "-c", str(conf)]
+        else:
+            args = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name]
+            if self.jetstream:
+                args += ["-js", "-sd", str(self.directory / "store")]
+        self.starts += 1
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+        if wait:
+            wait_port(self.port, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the process by its pid (SIGKILL after 10 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        self.stop(signal.SIGKILL)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def single_server(directory: Path, binary: str, *, jetstream: bool = True) -> NatsServer:
+    """A private server on a free port of the tests' range (not started)."""
+    [port] = free_ports(1, SINGLE_PORTS)
+    return NatsServer(binary=binary, port=port, directory=directory, jetstream=jetstream)
+
+
+@dataclass
+class Cluster:
+    """Three JetStream servers forming one cluster on loopback (see the research notes, §4)."""
+
+    binary: str
+    directory: Path
+    nodes: list[NatsServer] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, binary: str, directory: Path) -> Cluster:
+        ports = free_ports(6, CLUSTER_PORTS)
+        client, routes = ports[:3], ports[3:]
+        cluster = cls(binary=binary, directory=directory)
+        route_list = ", ".join(f"nats://127.0.0.1:{p}" for p in routes)
+        for n in range(3):
+            name = f"n{n + 1}"
+            store = directory / name
+            config = (
+                f"server_name: {name}\n"
+                f"listen: 127.0.0.1:{client[n]}\n"
+                f'jetstream {{\n  store_dir: "{store}"\n  max_memory_store: 64MB\n'
+                "  max_file_store: 256MB\n}\n"
+                "cluster {\n"
+                "  name: anarchon-test\n"
+                f"  listen: 127.0.0.1:{routes[n]}\n"
+                f"  routes: [ {route_list} ]\n"
+                "}\n"
+            )
+            cluster.nodes.append(
+                NatsServer(
+                    binary=binary, port=client[n], directory=directory, config=config, name=name
+                )
+            )
+        return cluster
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def start(self) -> Cluster:
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            wait_port(node.port, proc=node.proc)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def node(self, name: str) -> NatsServer:
+        return next(n for n in self.nodes if n.name == name)
+
+
+_session: NatsServer | None = None
+
+
+def session_server() -> NatsServer:
+    """The current-version server shared by one test session (started on first use)."""
+    global _session
+    if _session is None or not _session.running:
+        directory = Path(tempfile.mkdtemp(prefix="anarchon-nats-"))
+        [port] = free_ports(1, SESSION_PORTS)
+        server = NatsServer(binary=CURRENT_BINARY, port=port, directory=directory, name="session")
+        server.start()
+        _session = server
+        atexit.register(_stop_session, server)
+    return _session
+
+
+def _stop_session(server: NatsServer) -> None:
+    server.stop()
+    shutil.rmtree(server.directory, ignore_errors=True)
+
+
+async def connect(url: str | list[str], **options: Any) -> Any:
+    """A plain nats-py connection for test set-up and inspection (fails fast, stays quiet)."""
+    import nats
+
+    async def quiet(exc: Exception) -> None:
+        pass
+
+    settings: dict[str, Any] = {
+        "connect_timeout": 2,
+        "max_reconnect_attempts": 2,
+        "reconnect_time_wait": 0.2,
+        "error_cb": quiet,
+    }
+    settings.update(options)
+    return await nats.connect(servers=url if isinstance(url, list) else [url], **settings)
+
+
+async def delete_stream(url: str, stream: str) -> None:
+    """Delete a test's stream, if it exists."""
+    import nats.js.errors
+
+    nc = await connect(url)
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+async def read_subject(url: str | list[str], stream: str, subject: str) -> list[Any]:
+    """Every message on ``subject`` (nats-py ``RawStreamMsg``), oldest first."""
+    import nats.js.errors
+
+    nc = await connect(url)
+    try:
+        js = nc.jetstream()
+        out: list[Any] = []
+        seq = 1
+        while True:
+            try:
+                msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return out
+            out.append(msg)
+            seq = msg.seq + 1
+    finally:
+        await nc.close()

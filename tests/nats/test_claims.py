@@ -1,0 +1,186 @@
+"""The claim protocol on real servers (2.9.10 and current): message ids, the duplicate path,
+results, history and the server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from anarchon import RunStatus, Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.backends.nats import NatsBackend
+from tests.nats.servers import connect, read_subject
+
+SLOT = 1_800_000_000_000
+Make = Callable[..., Any]
+
+
+def request(job: str = "sync", slot: int | None = SLOT, token: str | None = None, **kw: Any):
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=kw.pop("run_id", uuid.uuid4().hex),
+        token=token or uuid.uuid4().hex,
+        instance=kw.pop("instance", "i1"),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE if slot is not None else Trigger.MANUAL),
+        **kw,
+    )
+
+
+async def test_claim_header_is_job_and_slot(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    req = request()
+    [won] = await backend.claim([req])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    [msg] = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
+    assert msg.headers == {"Nats-Msg-Id": f"sync:{SLOT}"}
+    body = json.loads(msg.data)
+    assert body["token"] == req.token and body["run_id"] == req.run_id
+    assert body["instance"] == "i1" and body["trigger"] == "schedule" and body["slot"] == SLOT
+    assert won.ticket.fence == msg.seq, "the fence is the claim's stream sequence"
+    assert abs(won.ticket.started_at_ms - msg.time.timestamp() * 1000) < 1, "stream timestamp"
+
+
+async def test_duplicate_with_our_token_wins_with_another_loses(
+    make: Make, server_url: str
+) -> None:
+    backend: NatsBackend = await make()
+    mine = request()
+    # The first attempt of a publish whose ack was lost: stored, but the client never heard.
+    nc = await connect(server_url)
+    try:
+        from anarchon.backends.nats import _records
+
+        ack = await nc.jetstream().publish(
+            f"{backend.prefix}sync.claims",
+            _records.encode_claim(mine),
+            headers={"Nats-Msg-Id": f"sync:{SLOT}"},
+        )
+    finally:
+        await nc.close()
+    [retried] = await backend.claim([mine])
+    assert retried.status is ClaimStatus.WON, "a retried publish with our token is ours"
+    assert retried.ticket is not None and retried.ticket.fence == ack.seq
+    [other] = await backend.claim([request(instance="i2")])
+    assert other.status is ClaimStatus.LOST
+    assert other.run.run_id == mine.run_id and other.run.instance == "i1"
+    assert other.run.fence == ack.seq and other.run.status is RunStatus.RUNNING
+    claims = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
+    assert len(claims) == 1
+
+
+async def test_duplicate_of_a_trimmed_claim_loses(make: Make) -> None:
+    backend: NatsBackend = await make(history_size=2)
+    [first] = await backend.claim([request()])
+    assert first.status is ClaimStatus.WON
+    for n in (1, 2):
+        [won] = await backend.claim([request(slot=SLOT + n * 1000)])
+        assert won.status is ClaimStatus.WON
+    # The winner of SLOT is gone (2 claims per subject are kept) but its id is remembered.
+    [late] = await backend.claim([request(instance="i2")])
+    assert late.status is ClaimStatus.LOST
+    assert late.run.reason is not None and "trimmed" in late.run.reason
+
+
+async def test_results_are_stored_once_and_merged_into_history(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    [a] = await backend.claim([request(slot=SLOT)])
+    [b] = await backend.claim([request(slot=SLOT + 1000)])
+    [c] = await backend.claim([request(slot=SLOT + 2000)])
+    assert a.ticket and b.ticket and c.ticket
+    # b finishes first, a later (overlapping runs), c never: it stays running.
+    done_b = await backend.finish(b.ticket, RunStatus.SUCCEEDED, None)
+    done_a = await backend.finish(a.ticket, RunStatus.FAILED, "boom")
+    again = await backend.finish(a.ticket, RunStatus.FAILED, "boom")  # a retried finish
+    assert again == done_a
+    results = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.results")
+    assert [json.loads(m.data)["run_id"] for m in results] == [b.run.run_id, a.run.run_id]
+    history = await backend.history("sync")
+    assert [r.slot_ms for r in history] == [SLOT + 2000, SLOT + 1000, SLOT]
+    assert history[0].status is RunStatus.RUNNING and history[0].finished_at is None
+    assert history[1] == done_b and history[2] == done_a
+    assert history[2].error == "boom" and history[2].fence == a.ticket.fence
+    assert await backend.last_run("sync") == history[0]
+    done_c = await backend.finish(c.ticket, RunStatus.SUCCEEDED, None)
+    assert await backend.last_run("sync") == done_c == (await backend.history("sync", 1))[0]
+    assert await backend.history("sync", limit=2) == [done_c, done_b]
+    assert await backend.history("nobody") == [] and await backend.last_run("nobody") is None
+
+
+async def test_manual_runs_claim_under_their_own_id(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    req = request(slot=None, run_id="r1")
+    [won] = await backend.claim([req])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    [msg] = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
+    assert msg.headers == {"Nats-Msg-Id": "sync:manual-r1"}
+    run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    assert run.trigger is Trigger.MANUAL and run.slot is None
+    assert await backend.last_run("sync") == run
+
+
+async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
+    backend: NatsBackend = await make()
+    publish = backend._publish
+    in_flight = peak = 0
+
+    async def counting(*args: Any) -> Any:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await publish(*args)
+        finally:
+            in_flight -= 1
+
+    backend._publish = counting  # type: ignore[method-assign,assignment]
+    reqs = [request(job=f"j{n % 100}", slot=SLOT + (n // 100) * 1000) for n in range(10_000)]
+    began = time.monotonic()
+    outcomes = await backend.claim(reqs)
+    took = time.monotonic() - began
+    assert [o.status for o in outcomes] == [ClaimStatus.WON] * len(reqs)
+    assert [o.run.run_id for o in outcomes] == [r.run_id for r in reqs]
+    assert len({o.ticket.fence for o in outcomes if o.ticket}) == len(reqs)
+    assert peak >= 100, f"at most {peak} publishes were in flight at once"
+    assert took < 30, f"{len(reqs)} claims took {took:.1f} s"
+
+
+async def test_server_time_is_the_servers_and_leaves_nothing_behind(
+    make: Make, server_url: str
+) -> None:
+    backend: NatsBackend = await make()
+    for _ in range(2):
+        server = await backend.server_time_ms()
+        assert server is not None and abs(server - time.time() * 1000) < 2_000
+    probes = await read_subject(server_url, backend.stream, f"{backend.prefix}_clock")
+    assert probes == []
+
+
+async def test_concurrent_instances_one_winner_each_slot(make: Make) -> None:
+    instances: list[NatsBackend] = [await make() for _ in range(3)]
+    slots = [SLOT + n * 1000 for n in range(30)]
+
+    async def contend(n: int, backend: NatsBackend) -> list[ClaimStatus]:
+        outcomes = await backend.claim([request(slot=s, instance=f"i{n}") for s in slots])
+        return [o.status for o in outcomes]
+
+    answers = await asyncio.gather(*(contend(n, b) for n, b in enumerate(instances)))
+    for column in zip(*answers, strict=True):
+        assert sorted(column) == [ClaimStatus.LOST, ClaimStatus.LOST, ClaimStatus.WON]
+    history = await instances[0].history("sync", limit=100)
+    assert sorted(r.slot_ms or 0 for r in history) == slots
+
+
+@pytest.mark.parametrize("version", ["current"])
+async def test_invalid_job_names_are_refused_in_queries(make: Make) -> None:
+    from anarchon import InvalidJobName
+
+    backend: NatsBackend = await make()
+    with pytest.raises(InvalidJobName, match="NATS subjects"):
+        await backend.history("a.*")

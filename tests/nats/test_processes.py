@@ -1,0 +1,332 @@
+"""Real scheduler processes on real servers: one run and one stored claim per slot, through a
+server restart and through the loss of a cluster's stream leader.
+
+Each test prints its slot counts (``pytest -rP`` shows them): slots expected, slots run,
+duplicates, missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon.backends.nats import NatsBackend
+from tests.conformance.procs import Fleet
+from tests.nats.servers import (
+    BINARIES,
+    SHARED_URL,
+    Cluster,
+    NatsServer,
+    connect,
+    delete_stream,
+    read_subject,
+    session_server,
+    single_server,
+    unique_names,
+)
+
+pytestmark = pytest.mark.slow
+
+JOB = "tick"
+
+
+@dataclass
+class Tally:
+    """What ran, per slot, between two moments."""
+
+    expected: set[int]
+    starts: Counter[int]
+
+    @property
+    def duplicates(self) -> dict[int, int]:
+        return {slot: n for slot, n in self.starts.items() if n > 1}
+
+    @property
+    def missed(self) -> list[int]:
+        return sorted(self.expected - set(self.starts))
+
+    def report(self, label: str) -> str:
+        ran = len(self.expected & set(self.starts))
+        return (
+            f"{label}: slots {len(self.expected)}, runs {ran}, "
+            f"duplicates {len(self.duplicates)}, missed {len(self.missed)}"
+        )
+
+
+def tally(fleet: Fleet, began: float, ended: float) -> Tally:
+    """Slots from a second after ``began`` to a second before ``ended``."""
+    expected = {s * 1000 for s in range(int(began) + 1, int(ended) - 1)}
+    return Tally(expected=expected, starts=fleet.starts_per_slot())
+
+
+async def claims_per_slot(url: str | list[str], stream: str, prefix: str) -> Counter[int]:
+    """How many claim messages the stream holds for each slot; checks their header."""
+    found: Counter[int] = Counter()
+    for msg in await read_subject(url, stream, f"{prefix}{JOB}.claims"):
+        slot = json.loads(msg.data)["slot"]
+        assert msg.headers == {"Nats-Msg-Id": f"{JOB}:{slot}"}
+        found[slot] += 1
+    return found
+
+
+@pytest.mark.parametrize("version", ["2.9", "current"])
+async def test_three_processes_store_one_claim_and_run_once_per_slot(
+    version: str, tmp_path: Path
+) -> None:
+    server = SHARED_URL if version == "2.9" else session_server().url
+    stream, prefix = unique_names()
+    fleet = Fleet(f"{server}?stream={stream}&prefix={prefix}", tmp_path)
+    try:
+        fleet.wait_ready(fleet.spawn(3, seconds=60, job=JOB, jitter_ms=300))
+        began = time.time()
+        await asyncio.sleep(7)
+        ended = time.time()
+        fleet.stop_all()
+        result = tally(fleet, began, ended)
+        print(result.report(f"3 processes, nats-server {version}"))
+        assert len(result.expected) >= 4
+        assert result.duplicates == {} and result.missed == [], fleet.logs()
+        claims = await claims_per_slot(server, stream, prefix)
+        assert set(claims.values()) == {1}, "more than one claim stored for a slot"
+        assert set(fleet.starts_per_slot()) == set(claims), "a run without a claim"
+        results = await read_subject(server, stream, f"{prefix}{JOB}.results")
+        assert len(results) == len(fleet.records("end"))
+    finally:
+        fleet.stop_all()
+        await delete_stream(server, stream)
+
+
+@pytest.mark.parametrize("version", ["2.9", "current"])
+async def test_a_server_restart_resumes_without_duplicates(version: str, tmp_path: Path) -> None:
+    server: NatsServer = single_server(tmp_path / "server", BINARIES[version]).start()
+    stream, prefix = unique_names()
+    fleet = Fleet(f"{server.url}?stream={stream}&prefix={prefix}", tmp_path)
+    try:
+        fleet.wait_ready(fleet.spawn(3, seconds=60, job=JOB, jitter_ms=300))
+        began = time.time()
+        await asyncio.sleep(4)
+        down = time.time()
+        server.kill()
+        await asyncio.sleep(2)
+        server.start()  # same port, same store directory
+        back = time.time()
+        await asyncio.sleep(8)
+        ended = time.time()
+        fleet.stop_all()
+        result = tally(fleet, began, ended)
+        print(result.report(f"server restart, nats-server {version}"))
+        assert result.duplicates == {}, fleet.logs()
+        # Reconnected by itself: every slot from 3 s after the restart ran.
+        late = {s for s in result.expected if s >= (back + 3) * 1000}
+        assert len(late) >= 3 and late <= set(result.starts), fleet.logs()
+        claims = await claims_per_slot(server.url, stream, prefix)
+        assert set(claims.values()) == {1}
+        assert min(claims) < down * 1000, "the claims from before the restart were kept"
+        logs = fleet.logs()
+        assert "Traceback" not in logs, logs
+        assert logs.count("disconnected from NATS") <= 3, logs
+    finally:
+        fleet.stop_all()
+        server.stop()
+
+
+async def wait_for_jetstream(urls: list[str], stream: str, prefix: str, within_s: float) -> None:
+    """Until the cluster has a meta leader: start() succeeds (creating the stream, R1)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        backend = NatsBackend(urls, stream=stream, prefix=prefix)
+        try:
+            await backend.start()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+        finally:
+            await backend.stop()
+
+
+async def stream_info(urls: list[str], stream: str) -> dict[str, Any]:
+    nc = await connect(urls)
+    try:
+        for _ in range(40):
+            reply = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=2)
+            info: dict[str, Any] = json.loads(reply.data)
+            if (info.get("cluster") or {}).get("leader"):
+                return info
+            await asyncio.sleep(0.25)
+        raise AssertionError(f"stream {stream} has no leader: {info}")
+    finally:
+        await nc.close()
+
+
+async def start_stop(urls: list[str], stream: str, prefix: str, replicas: int | None) -> None:
+    backend = NatsBackend(urls, stream=stream, prefix=prefix, replicas=replicas)
+    await backend.start()
+    await backend.stop()
+
+
+class Retries(logging.Handler):
+    """Counts the backend's retries of transient failures, by their text."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "action", None) == "nats_retry":
+            text = str(record.args[1]) if isinstance(record.args, tuple) else ""
+            self.seen[
+                "in flight (10158 / seq 0)"
+                if "in process" in text or "seq 0" in text
+                else text.split(" (")[0]
+            ] += 1
+
+
+async def contend_in_process(urls: list[str], stream: str, prefix: str, version: str) -> str:
+    """Three instances claim the same 300 slots at once on the R3 stream: one winner each."""
+    from anarchon import Trigger
+    from anarchon.backend import ClaimRequest, ClaimStatus
+
+    handler = Retries()
+    log = logging.getLogger("anarchon.backends.nats.backend")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    instances = [NatsBackend(urls, stream=stream, prefix=prefix) for _ in range(3)]
+    try:
+        for backend in instances:
+            await backend.start()
+        slots = [1_800_000_000_000 + n * 1000 for n in range(300)]
+
+        async def claim(n: int, backend: NatsBackend) -> list[ClaimStatus]:
+            reqs = [
+                ClaimRequest(
+                    job="contended",
+                    slot=slot,
+                    run_id=uuid.uuid4().hex,
+                    token=uuid.uuid4().hex,
+                    instance=f"i{n}",
+                    trigger=Trigger.SCHEDULE,
+                )
+                for slot in slots
+            ]
+            return [o.status for o in await backend.claim(reqs)]
+
+        answers = await asyncio.gather(*(claim(n, b) for n, b in enumerate(instances)))
+    finally:
+        for backend in instances:
+            await backend.stop()
+        log.removeHandler(handler)
+        log.setLevel(level)
+    for column in zip(*answers, strict=True):
+        assert sorted(column) == [ClaimStatus.LOST, ClaimStatus.LOST, ClaimStatus.WON]
+    return (
+        f"cluster, nats-server {version}: 3 instances x 300 slots, one winner each; "
+        f"retries {dict(handler.seen) or 'none'}"
+    )
+
+
+@pytest.mark.parametrize("version", ["2.9", "current"])
+async def test_a_cluster_survives_the_loss_of_the_stream_leader(
+    version: str, tmp_path: Path
+) -> None:
+    cluster = Cluster.create(BINARIES[version], tmp_path / "cluster").start()
+    stream, prefix = unique_names()
+    hosts = ",".join(url.removeprefix("nats://") for url in cluster.urls)
+    fleet = Fleet(f"nats://{hosts}?stream={stream}&prefix={prefix}&replicas=3", tmp_path)
+    try:
+        await wait_for_jetstream(cluster.urls, stream, prefix, within_s=30)
+        # Replicas change only when given: R1 stays R1, then R3 on request, and stays R3.
+        await start_stop(cluster.urls, stream, prefix, None)
+        assert (await stream_info(cluster.urls, stream))["config"]["num_replicas"] == 1
+        await start_stop(cluster.urls, stream, prefix, 3)
+        assert (await stream_info(cluster.urls, stream))["config"]["num_replicas"] == 3
+        await start_stop(cluster.urls, stream, prefix, None)
+        info = await stream_info(cluster.urls, stream)
+        assert info["config"]["num_replicas"] == 3 and len(info["cluster"]["replicas"]) == 2
+
+        print(await contend_in_process(cluster.urls, stream, prefix, version))
+
+        fleet.wait_ready(fleet.spawn(3, seconds=90, job=JOB, jitter_ms=300))
+        began = time.time()
+        await asyncio.sleep(5)
+        leader = (await stream_info(cluster.urls, stream))["cluster"]["leader"]
+        cluster.node(leader).kill()
+        killed = time.time()
+        await asyncio.sleep(12)
+        ended = time.time()
+        fleet.stop_all()
+        result = tally(fleet, began, ended)
+        survivors = [n.url for n in cluster.nodes if n.running]
+        new_leader = (await stream_info(survivors, stream))["cluster"]["leader"]
+        errors = sum(r["metrics"].get("claim_errors", 0) for r in fleet.records("exit"))
+        print(
+            result.report(f"cluster, nats-server {version}, leader {leader} killed")
+            + f"; new leader {new_leader}; claim batches that failed and were retried by the "
+            f"scheduler: {errors}; missed slots at "
+            + (", ".join(f"{s / 1000 - killed:+.1f}s" for s in result.missed) or "-")
+        )
+        assert new_leader != leader
+        assert result.duplicates == {}, fleet.logs()
+        # Recovered by itself: the last slots after the election all ran.
+        tail = sorted(result.expected)[-4:]
+        assert all(s in result.starts for s in tail), fleet.logs()
+        claims = await claims_per_slot(survivors, stream, prefix)
+        assert set(claims.values()) == {1}, "more than one claim stored for a slot"
+        # History and the clock still work with one of three servers down.
+        reader = NatsBackend(survivors, stream=stream, prefix=prefix)
+        await reader.start()
+        try:
+            history = await reader.history(JOB, limit=1000)
+            assert {r.slot_ms for r in history if r.status == "succeeded"} >= set(result.starts)
+            assert await reader.last_run(JOB) == history[0]
+            server_now = await reader.server_time_ms()
+            assert server_now is not None and abs(server_now - time.time() * 1000) < 2_000
+        finally:
+            await reader.stop()
+    finally:
+        fleet.stop_all()
+        cluster.stop()
+
+
+async def test_a_crashed_run_stays_running_and_nobody_reruns_it(tmp_path: Path) -> None:
+    server = session_server().url
+    stream, prefix = unique_names()
+    fleet = Fleet(f"{server}?stream={stream}&prefix={prefix}", tmp_path)
+    try:
+        workers = fleet.spawn(
+            2, seconds=60, job=JOB, schedule="*/2 * * * * *", sleep_ms=30_000, grace_ms=200
+        )
+        fleet.wait_ready(workers)
+        deadline = time.monotonic() + 10
+        while not fleet.records("start"):
+            assert time.monotonic() < deadline, fleet.logs()
+            await asyncio.sleep(0.05)
+        [first] = fleet.records("start")
+        crashed = next(w for w in workers if w.pid == first["pid"])
+        crashed.kill()  # SIGKILL while its handler runs
+        await asyncio.sleep(3)
+        fleet.stop_all()
+        reruns = [r for r in fleet.records("start") if r["slot"] == first["slot"]]
+        assert len(reruns) == 1, "a broker has no backups: nobody re-runs a crashed run"
+        reader = NatsBackend(server, stream=stream, prefix=prefix)
+        await reader.start()
+        try:
+            [run] = [r for r in await reader.history(JOB) if r.slot_ms == first["slot"]]
+        finally:
+            await reader.stop()
+        assert run.status == "running" and run.run_id == first["run_id"]
+        assert run.fence == first["fence"] and run.finished_at is None
+    finally:
+        fleet.stop_all()
+        await delete_stream(server, stream)

@@ -1,0 +1,49 @@
+"""Pure helpers of the NATS backend: subject coverage and JetStream timestamps."""
+
+from __future__ import annotations
+
+import pytest
+
+from anarchon.backends.nats._records import ack_fields, parse_time_ms
+from anarchon.backends.nats._subjects import covers
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("cron.>", "cron.>", True),
+        (">", "cron.>", True),
+        ("*.>", "cron.>", True),
+        ("cron.>", "cron.sync.claims", True),
+        ("cron.*.claims", "cron.sync.claims", True),
+        ("cron.>", "cron", False),
+        ("cron.sync.claims", "cron.>", False),
+        ("cron.*", "cron.>", False),
+        ("cron.*.claims", "cron.*.results", False),
+        ("billing.>", "cron.>", False),
+        ("cron.sync", "cron.sync.claims", False),
+        ("cron.*.*", "cron.sync.claims", True),
+    ],
+)
+def test_covers(pattern: str, subject: str, expected: bool) -> None:
+    assert covers(pattern, subject) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("2026-12-02T17:51:45.174528297Z", 1796233905174),
+        ("2026-12-02T17:51:45.1Z", 1796233905100),
+        ("2026-12-02T17:51:45Z", 1796233905000),
+        ("2026-12-02T19:51:45.999999999+02:00", 1796233905999),
+    ],
+)
+def test_parse_time_ms(text: str, ms: int) -> None:
+    assert parse_time_ms(text) == ms
+
+
+def test_ack_fields_in_both_formats() -> None:
+    v1 = "$JS.ACK.CRON.c1.1.812.3.1796233905174528297.7"
+    v2 = "$JS.ACK.dom.hash.CRON.c1.1.812.3.1796233905174528297.7.rnd"
+    assert ack_fields(v1) == ack_fields(v2) == (812, 1796233905174, 7)
+    assert ack_fields("_INBOX.x") is None
