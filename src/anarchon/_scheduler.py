@@ -455,27 +455,29 @@ class Scheduler:
                 return await self.backend.claim(pending)
             except BackendUnavailable as exc:
                 self._counters["claim_errors"] += 1
-                now = self._clock.now_ms()
-                keep = [r for r in pending if not self._expired(r, now, started, deadline_s)]
-                for dropped in pending:
-                    if dropped not in keep:
-                        logger.warning(
-                            "job %s slot %s not claimed: %s unavailable (%s); "
-                            "nobody runs it on a guess",
-                            dropped.job,
-                            dropped.slot,
-                            self.backend.name,
-                            exc,
-                            extra={
-                                "job": dropped.job,
-                                "slot": dropped.slot,
-                                "action": "claim_failed",
-                            },
-                        )
-                pending = keep
-                if not pending or self._state is not _State.RUNNING:
-                    return []
-                await self._clock.sleep(delay)
+                error = exc
+            if self._state is not _State.RUNNING:
+                return []
+            await self._clock.sleep(delay)
+            # Re-check after the pause: a slot that became too late meanwhile is not claimed.
+            now = self._clock.now_ms()
+            keep: list[ClaimRequest] = []
+            dropped_now: list[ClaimRequest] = []
+            for request in pending:
+                expired = self._expired(request, now, started, deadline_s)
+                (dropped_now if expired else keep).append(request)
+            for dropped in dropped_now:
+                logger.warning(
+                    "job %s slot %s not claimed: %s unavailable (%s); nobody runs it on a guess",
+                    dropped.job,
+                    dropped.slot,
+                    self.backend.name,
+                    error,
+                    extra={"job": dropped.job, "slot": dropped.slot, "action": "claim_failed"},
+                )
+            pending = keep
+            if not pending:
+                return []
         return []  # pragma: no cover
 
     def _expired(
