@@ -23,6 +23,7 @@ from ._urls import backend_from_url
 from .backend import Backend, Capability, LeaseBackend
 from .backends.memory import MemoryBackend
 from .backends.nats import NatsBackend
+from .backends.postgres import PostgresBackend
 from .backends.sqlite import SQLiteBackend
 from .errors import (
     AnarchonError,
@@ -64,6 +65,7 @@ __all__ = [
     "MissingDependency",
     "NatsBackend",
     "Overlap",
+    "PostgresBackend",
     "Run",
     "RunContext",
     "RunStatus",

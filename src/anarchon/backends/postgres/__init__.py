@@ -1,0 +1,18 @@
+"""PostgreSQL: claims, leases and history in four tables, for instances on any number of hosts.
+
+Every decision is taken by the database, on its clock (``clock_timestamp()``): a batch of
+claims is one short transaction sent in one round trip (lock the jobs' rows, then one statement
+decides every request), and a renewal, takeover, release or result is one statement. Tables are
+created on start by versioned migrations under an advisory lock. Backups hear of hand-overs and
+results by LISTEN/NOTIFY on a dedicated connection, and poll at lease expiry if a notification
+is lost.
+
+psycopg 3 and psycopg_pool are imported when a :class:`PostgresBackend` is built, so the rest of
+anarchon works without them (``pip install 'anarchon[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from ._backend import PostgresBackend
+
+__all__ = ["PostgresBackend"]

@@ -1,0 +1,413 @@
+-- Every statement the PostgreSQL backend runs.
+--
+-- {schema}, {versions}, {jobs}, {pruned}, {runs} and index names are identifiers, substituted with
+-- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
+-- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
+-- Times are epoch milliseconds of the database clock, clock_timestamp(), read once per
+-- statement in the "clock" CTE: never the instance's clock.
+--
+-- Locking. A batch of claims first locks the rows of its jobs in {jobs} (lock_jobs, in one fixed
+-- order), then decides in one statement whose snapshot is taken after the lock: it sees every
+-- earlier claim of those jobs, and no other claim of them can run until it commits. Every other
+-- change is one statement on one run row: take_over locks the current attempt (FOR UPDATE)
+-- before it bumps the job's fence, finish updates its row and then prunes other (finished)
+-- rows and raises {pruned}, renew and release touch their row only. A claim never waits for a
+-- run row (it inserts only keys its snapshot shows absent), so no two of these statements can
+-- wait for each other in a cycle.
+
+-- name: migration_lock
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s);
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS {versions} (
+    version integer PRIMARY KEY,
+    applied_at bigint NOT NULL
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM {versions};
+
+-- name: set_schema_version
+INSERT INTO {versions} (version, applied_at)
+VALUES (%(version)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint);
+
+-- name: migration_1
+CREATE TABLE {jobs} (
+    job text PRIMARY KEY,
+    fence bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE {pruned} (
+    job text PRIMARY KEY,
+    through bigint NOT NULL
+);
+CREATE TABLE {runs} (
+    job text NOT NULL,
+    slot_key text NOT NULL,
+    attempt integer NOT NULL,
+    slot bigint,
+    run_id text NOT NULL,
+    token text NOT NULL,
+    instance text NOT NULL,
+    trigger text NOT NULL,
+    status text NOT NULL CHECK (status IN ('running', 'succeeded', 'failed', 'skipped')),
+    fence bigint NOT NULL,
+    started_at bigint NOT NULL,
+    finished_at bigint,
+    lease_expires_at bigint,
+    released boolean NOT NULL DEFAULT false,
+    error text,
+    reason text,
+    PRIMARY KEY (job, slot_key, attempt)
+);
+CREATE INDEX {runs_newest} ON {runs} (job, started_at DESC, attempt DESC);
+CREATE INDEX {runs_running} ON {runs} (job) WHERE status = 'running';
+CREATE INDEX {runs_slot} ON {runs} (job, slot) WHERE slot IS NOT NULL;
+
+-- name: now
+SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+
+-- name: begin
+BEGIN;
+
+-- name: commit
+COMMIT;
+
+-- name: rollback
+ROLLBACK;
+
+-- name: no_jit
+-- For the rest of the claim's transaction: the planner's estimate for a large batch passes
+-- jit_above_cost, and compiling the statement would cost more than running it (1.5 s against
+-- 0.2 s for 10 000 requests).
+SET LOCAL jit = off;
+
+-- name: lock_jobs
+-- Lock (creating them if new) the rows of these jobs, in one fixed order for every instance.
+-- DO UPDATE ... WHERE false locks an existing row without writing a new version of it.
+INSERT INTO {jobs} AS j (job)
+SELECT DISTINCT name COLLATE "C" FROM unnest(%(jobs)s::text[]) AS u (name) ORDER BY 1
+ON CONFLICT (job) DO UPDATE SET fence = j.fence WHERE false;
+
+-- name: claim
+-- Decides a batch of claims under the job locks (see the rules in anarchon/backend.py).
+-- The batch holds no two requests for one (job, slot_key): the backend splits such a batch.
+-- Requests of one job are decided as if one after the other, in order: a later request with
+-- overlap = 'skip' sees an earlier winner of the batch as the job's live holder.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+),
+req AS (
+    SELECT *
+    FROM unnest(
+        %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
+        %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
+        %(overlap_skip)s::boolean[], %(skip_reason)s::text[]
+    ) WITH ORDINALITY AS r (job, slot_key, slot, run_id, token, instance, trigger, lease_ms,
+                            overlap_skip, skip_reason, ord)
+),
+looked AS (
+    SELECT r.*, clock.now, j.fence AS job_fence, h.run_id AS holder_run_id,
+           h.slot AS holder_slot,
+           CASE
+               WHEN EXISTS (
+                   SELECT 1 FROM {runs} x WHERE x.job = r.job AND x.slot_key = r.slot_key
+               ) THEN 'existing'
+               WHEN r.slot IS NOT NULL AND r.slot <= p.through THEN 'pruned'
+               WHEN r.skip_reason IS NOT NULL THEN 'skip'
+               WHEN h.run_id IS NOT NULL THEN 'overlap'
+               ELSE 'candidate'
+           END AS kind
+    FROM req r
+    CROSS JOIN clock
+    JOIN {jobs} j ON j.job = r.job
+    LEFT JOIN {pruned} p ON p.job = r.job
+    LEFT JOIN LATERAL (
+        SELECT x.run_id, x.slot FROM {runs} x
+        WHERE r.overlap_skip AND x.job = r.job AND x.status = 'running' AND NOT x.released
+          AND x.lease_expires_at > clock.now
+        LIMIT 1
+    ) h ON true
+),
+firsts AS (
+    SELECT l.*,
+           min(l.ord) FILTER (WHERE l.kind = 'candidate') OVER (PARTITION BY l.job) AS first_ord
+    FROM looked l
+),
+decided AS (
+    -- The first candidate of a job always wins; a later one wins unless it skips on overlap,
+    -- and then the first candidate is the live holder it names.
+    SELECT f.*,
+           CASE
+               WHEN f.kind <> 'candidate' THEN f.kind
+               WHEN NOT f.overlap_skip OR f.ord = f.first_ord THEN 'won'
+               ELSE 'overlap_batch'
+           END AS verdict,
+           first.run_id AS first_run_id,
+           first.slot AS first_slot
+    FROM firsts f
+    LEFT JOIN req first ON first.ord = f.first_ord
+),
+numbered AS (
+    SELECT d.*,
+           CASE WHEN d.verdict = 'won' THEN
+               d.job_fence + count(*) FILTER (WHERE d.verdict = 'won')
+                   OVER (PARTITION BY d.job ORDER BY d.ord ROWS UNBOUNDED PRECEDING)
+           END AS new_fence,
+           CASE d.verdict
+               WHEN 'skip' THEN d.skip_reason
+               WHEN 'overlap' THEN 'overlap: run ' || d.holder_run_id || ' ('
+                   || CASE WHEN d.holder_slot IS NULL THEN 'manual' ELSE 'slot '
+                      || to_char(to_timestamp(d.holder_slot / 1000) AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS')
+                      || CASE WHEN mod(d.holder_slot, 1000) = 0 THEN ''
+                              ELSE '.' || lpad((mod(d.holder_slot, 1000) * 1000)::text, 6, '0')
+                         END || '+00:00' END
+                   || ') still holds its lease'
+               WHEN 'overlap_batch' THEN 'overlap: run ' || d.first_run_id || ' ('
+                   || CASE WHEN d.first_slot IS NULL THEN 'manual' ELSE 'slot '
+                      || to_char(to_timestamp(d.first_slot / 1000) AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS')
+                      || CASE WHEN mod(d.first_slot, 1000) = 0 THEN ''
+                              ELSE '.' || lpad((mod(d.first_slot, 1000) * 1000)::text, 6, '0')
+                         END || '+00:00' END
+                   || ') still holds its lease'
+           END AS new_reason
+    FROM decided d
+),
+inserted AS (
+    INSERT INTO {runs} (job, slot_key, attempt, slot, run_id, token, instance, trigger, status,
+                        fence, started_at, finished_at, lease_expires_at, released, error,
+                        reason)
+    SELECT n.job, n.slot_key, 1, n.slot, n.run_id, n.token, n.instance, n.trigger,
+           CASE WHEN n.verdict = 'won' THEN 'running' ELSE 'skipped' END,
+           coalesce(n.new_fence, 0), n.now,
+           CASE WHEN n.verdict = 'won' THEN NULL ELSE n.now END,
+           CASE WHEN n.verdict = 'won' THEN n.now + n.lease_ms END,
+           false, NULL, n.new_reason
+    FROM numbered n
+    WHERE n.verdict IN ('won', 'skip', 'overlap', 'overlap_batch')
+    ON CONFLICT (job, slot_key, attempt) DO NOTHING
+    RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
+              started_at, finished_at, lease_expires_at, released, error, reason
+),
+bumped AS (
+    UPDATE {jobs} j SET fence = j.fence + w.won
+    FROM (SELECT job, count(*) AS won FROM numbered WHERE verdict = 'won' GROUP BY job) w
+    WHERE j.job = w.job
+    RETURNING j.job
+),
+answers AS (
+    SELECT n.ord, i.*
+    FROM inserted i JOIN numbered n ON n.job = i.job AND n.slot_key = i.slot_key
+    UNION ALL
+    SELECT n.ord, x.*
+    FROM numbered n
+    CROSS JOIN LATERAL (
+        SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+               x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+               x.error, x.reason
+        FROM {runs} x WHERE x.job = n.job AND x.slot_key = n.slot_key
+        ORDER BY x.attempt DESC LIMIT 1
+    ) x
+    WHERE n.verdict = 'existing'
+)
+SELECT n.ord, n.verdict, n.now,
+       a.job, a.slot_key, a.slot, a.attempt, a.run_id, a.token, a.instance, a.trigger,
+       a.status, a.fence, a.started_at, a.finished_at, a.lease_expires_at, a.released, a.error,
+       a.reason
+FROM numbered n LEFT JOIN answers a ON a.ord = n.ord
+ORDER BY n.ord;
+
+-- name: take_over
+-- One takeover in one statement: the current attempt is locked (FOR UPDATE returns its newest
+-- version, so a renewal or result committed meanwhile is seen), judged, marked failed and
+-- followed by attempt + 1 with the next fence of the job (the UPDATE of the job row sees its
+-- newest fence too). Only the holder of the row lock can do it: one winner among backups.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+),
+cur AS (
+    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+           x.error, x.reason
+    FROM {runs} x
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+    ORDER BY x.attempt DESC LIMIT 1
+    FOR UPDATE
+),
+judged AS (
+    SELECT c.*, clock.now,
+           CASE
+               WHEN c.status <> 'running' THEN 'ended'
+               WHEN NOT c.released AND c.lease_expires_at > clock.now THEN 'held'
+               WHEN c.attempt >= %(max_attempts)s::integer THEN 'exhausted'
+               ELSE 'taken'
+           END AS verdict,
+           CASE WHEN c.released THEN 'handed over' ELSE 'lease lost' END AS why
+    FROM cur c CROSS JOIN clock
+),
+failed AS (
+    UPDATE {runs} x
+    SET status = 'failed', finished_at = v.now, reason = v.why,
+        error = CASE
+            WHEN v.verdict = 'exhausted' THEN v.why || ' on attempt ' || v.attempt
+                || ' of max_attempts=' || %(max_attempts)s::integer || '; not retried'
+            ELSE v.why || ': attempt ' || (v.attempt + 1) || ' taken over by '
+                || %(instance)s::text
+        END
+    FROM judged v
+    WHERE v.verdict IN ('exhausted', 'taken')
+      AND x.job = v.job AND x.slot_key = v.slot_key AND x.attempt = v.attempt
+    RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+              x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+              x.error, x.reason
+),
+bumped AS (
+    INSERT INTO {jobs} AS j (job, fence)
+    SELECT v.job, 1 FROM judged v WHERE v.verdict = 'taken'
+    ON CONFLICT (job) DO UPDATE SET fence = j.fence + 1
+    RETURNING j.fence
+),
+inserted AS (
+    INSERT INTO {runs} (job, slot_key, attempt, slot, run_id, token, instance, trigger, status,
+                        fence, started_at, finished_at, lease_expires_at, released, error,
+                        reason)
+    SELECT v.job, v.slot_key, v.attempt + 1, v.slot, %(run_id)s, %(token)s, %(instance)s,
+           v.trigger, 'running', b.fence, v.now, NULL, v.now + %(lease_ms)s::bigint, false,
+           NULL, NULL
+    FROM judged v CROSS JOIN bumped b
+    RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
+              started_at, finished_at, lease_expires_at, released, error, reason
+)
+SELECT v.verdict, clock.now, r.*
+FROM clock
+LEFT JOIN judged v ON true
+LEFT JOIN LATERAL (
+    SELECT * FROM inserted
+    UNION ALL
+    SELECT * FROM failed WHERE NOT EXISTS (SELECT 1 FROM inserted)
+    UNION ALL
+    SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
+           started_at, finished_at, lease_expires_at, released, error, reason
+    FROM judged WHERE verdict IN ('ended', 'held')
+) r ON true;
+
+-- name: renew
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+),
+renewed AS (
+    UPDATE {runs} x SET lease_expires_at = clock.now + %(lease_ms)s::bigint
+    FROM clock
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
+      AND x.token = %(token)s AND x.status = 'running' AND NOT x.released
+    RETURNING x.lease_expires_at
+)
+SELECT clock.now, (SELECT lease_expires_at FROM renewed) AS lease_expires_at,
+       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+FROM clock
+LEFT JOIN LATERAL (
+    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+    ORDER BY x.attempt DESC LIMIT 1
+) cur ON true;
+
+-- name: release
+-- Hand the attempt over: its lease ends now; backups are told at commit (NOTIFY).
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+),
+released AS (
+    UPDATE {runs} x SET released = true, lease_expires_at = clock.now
+    FROM clock
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
+      AND x.token = %(token)s AND x.status = 'running'
+    RETURNING x.job, x.slot_key
+)
+SELECT clock.now,
+       (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key)::text) FROM released)
+           AS done,
+       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+FROM clock
+LEFT JOIN LATERAL (
+    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+    ORDER BY x.attempt DESC LIMIT 1
+) cur ON true;
+
+-- name: finish
+-- Record the result, prune the job's history and tell watching backups (NOTIFY, at commit),
+-- in one statement. Pruning drops finished runs older than the TTL and, when ttl_ms or keep
+-- are given, runs beyond the newest "keep"; the newest slot dropped is remembered in
+-- {pruned} in the same statement, so a late claim of a dropped slot is refused instead of
+-- running it again.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+),
+finished AS (
+    UPDATE {runs} x
+    SET status = %(status)s, error = %(error)s, finished_at = clock.now, lease_expires_at = NULL
+    FROM clock
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
+      AND x.token = %(token)s AND x.status = 'running'
+    RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+              x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+              x.error, x.reason
+),
+aged AS (
+    DELETE FROM {runs} x
+    WHERE %(ttl_ms)s::bigint IS NOT NULL AND x.job = %(job)s AND x.status <> 'running'
+      AND x.started_at < (SELECT now FROM clock) - %(ttl_ms)s::bigint
+    RETURNING x.slot
+),
+edge AS (
+    SELECT x.started_at, x.attempt FROM {runs} x
+    WHERE %(keep)s::integer IS NOT NULL AND x.job = %(job)s
+    ORDER BY x.started_at DESC, x.attempt DESC
+    OFFSET %(keep)s::integer LIMIT 1
+),
+capped AS (
+    DELETE FROM {runs} x
+    USING edge
+    WHERE x.job = %(job)s AND x.status <> 'running'
+      AND (x.started_at, x.attempt) <= (edge.started_at, edge.attempt)
+    RETURNING x.slot
+),
+raised AS (
+    INSERT INTO {pruned} AS p (job, through)
+    SELECT %(job)s, max(g.slot)
+    FROM (SELECT slot FROM aged UNION ALL SELECT slot FROM capped) g
+    HAVING max(g.slot) IS NOT NULL
+    ON CONFLICT (job) DO UPDATE SET through = greatest(p.through, EXCLUDED.through)
+)
+SELECT 'finished' AS outcome, f.*,
+       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key))::text AS notified
+FROM finished f
+UNION ALL
+SELECT 'lost', x.*, NULL
+FROM (
+    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+           x.error, x.reason
+    FROM {runs} x
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+    ORDER BY x.attempt DESC LIMIT 1
+) x
+WHERE NOT EXISTS (SELECT 1 FROM finished);
+
+-- name: history
+SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
+       started_at, finished_at, lease_expires_at, released, error, reason
+FROM {runs}
+WHERE job = %(job)s
+ORDER BY started_at DESC, attempt DESC
+LIMIT %(limit)s;
+
+-- name: last_slot
+SELECT max(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL;
