@@ -10,12 +10,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._batch import Coalescer
 from ._clock import Clock
 from ._context import RunContext
 from ._job import Job
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
-from .backend import Backend, LeaseBackend, Ticket
+from .backend import Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
 
 __all__ = ["ActiveRun", "RunExecutor"]
@@ -57,6 +58,9 @@ class RunExecutor:
         self._counters = counters
         self._grace_ms = grace_ms
         self.active: dict[str, ActiveRun] = {}
+        self._results: Coalescer[FinishRequest, Run] = Coalescer(backend.finish_many)
+        if isinstance(backend, LeaseBackend):
+            self._renewals: Coalescer[Ticket, Ticket] = Coalescer(backend.renew_many)
 
     def start(self, job: Job, ticket: Ticket) -> ActiveRun:
         """Begin running ``ticket`` in a task; return its handle."""
@@ -168,7 +172,7 @@ class RunExecutor:
             await self._clock.sleep(interval)
             sent = self._clock.now_ms()
             try:
-                ticket = await backend.renew(ticket)
+                ticket = await self._renewals.submit(ticket)
             except LeaseLost as exc:
                 self._lose(active, f"{LEASE_LOST}: {exc}")
                 return
@@ -213,7 +217,7 @@ class RunExecutor:
         ticket = active.ticket
         for delay in backoff():
             try:
-                run = await self._backend.finish(ticket, status, error)
+                run = await self._results.submit((ticket, status, error))
             except LeaseLost as exc:
                 self._counters["result_refused"] += 1
                 _log(

@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Final
 
 from ._models import Overlap, Run, Trigger
+from .errors import LeaseLost
 
 __all__ = [
     "Backend",
@@ -38,6 +39,7 @@ __all__ = [
     "ClaimOutcome",
     "ClaimRequest",
     "ClaimStatus",
+    "FinishRequest",
     "JobPolicy",
     "LeaseBackend",
     "TakeoverOutcome",
@@ -146,6 +148,10 @@ class Ticket:
     def renewed(self, expires_at_ms: int, backend_now_ms: int) -> Ticket:
         """Return this ticket with a new lease expiry."""
         return replace(self, lease_expires_at_ms=expires_at_ms, backend_now_ms=backend_now_ms)
+
+
+FinishRequest = tuple[Ticket, str, str | None]
+"""``(ticket, status, error)``: one result for :meth:`Backend.finish_many`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,6 +289,22 @@ class Backend(abc.ABC):
         need to refuse a claim.
         """
 
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+        """Record several results: for each ``(ticket, status, error)``, what :meth:`finish`
+        returns, or the :class:`~anarchon.errors.LeaseLost` it would raise (returned, not raised).
+
+        Each item is decided on its own; raise :class:`~anarchon.errors.BackendUnavailable` only
+        if the call as a whole failed. The core gathers results that arrive together (10 000 jobs
+        finishing in one second) into one call; override to answer them in one round trip.
+        """
+        out: list[Run | LeaseLost] = []
+        for ticket, status, error in items:
+            try:
+                out.append(await self.finish(ticket, status, error))
+            except LeaseLost as exc:
+                out.append(exc)
+        return out
+
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """Return up to ``limit`` runs of ``job``, newest first (by start, then attempt).
@@ -323,6 +345,18 @@ class LeaseBackend(Backend):
         ``ticket.token`` (an expired lease nobody took over may still be renewed); return the
         ticket with the new expiry. Otherwise raise :class:`~anarchon.errors.LeaseLost`.
         """
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+        """Renew several leases: for each ticket what :meth:`renew` returns, or the
+        :class:`~anarchon.errors.LeaseLost` it would raise (returned, not raised). Override to
+        answer in one round trip; the core gathers renewals that fall due together."""
+        out: list[Ticket | LeaseLost] = []
+        for ticket in tickets:
+            try:
+                out.append(await self.renew(ticket))
+            except LeaseLost as exc:
+                out.append(exc)
+        return out
 
     @abc.abstractmethod
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:

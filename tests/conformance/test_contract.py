@@ -286,3 +286,39 @@ async def test_last_slots_answers_for_many_jobs(lease_backend: LeaseBackend) -> 
     )
     found = await lease_backend.last_slots(jobs)
     assert found == {j: (SLOT + n if n < 700 else None) for n, j in enumerate(jobs)}
+
+
+async def test_finish_many_decides_each_result(backend: Backend) -> None:
+    won = []
+    for n in range(3):
+        [outcome] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+        assert outcome.ticket is not None
+        won.append(outcome.ticket)
+    results = await backend.finish_many(
+        [
+            (won[0], RunStatus.SUCCEEDED, None),
+            (won[1], RunStatus.FAILED, "boom"),
+            (won[0], RunStatus.SUCCEEDED, None),
+            (won[2], RunStatus.SUCCEEDED, None),
+        ]
+    )
+    statuses = [getattr(r, "status", None) for r in results]
+    assert [statuses[0], statuses[1], statuses[3]] == [
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.SUCCEEDED,
+    ]
+    if backend.is_lease_backend:
+        assert isinstance(results[2], LeaseLost), "a second result for one attempt was accepted"
+    history = {r.slot_ms: r for r in await backend.history("job")}
+    assert history[SLOT + 1000].error == "boom"
+
+
+async def test_renew_many_refuses_only_stale_tickets(lease_backend: LeaseBackend) -> None:
+    [a] = await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
+    [b] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
+    assert a.ticket is not None and b.ticket is not None
+    await lease_backend.release(b.ticket, "handed over")
+    renewed = await lease_backend.renew_many([a.ticket, b.ticket])
+    assert not isinstance(renewed[0], LeaseLost) and isinstance(renewed[1], LeaseLost)
+    assert renewed[0].lease_expires_at_ms is not None

@@ -21,12 +21,13 @@ from ..._models import Run
 from ...backend import (
     ClaimOutcome,
     ClaimRequest,
+    FinishRequest,
     LeaseBackend,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
 )
-from ...errors import BackendError, BackendUnavailable, InvalidOption
+from ...errors import BackendError, BackendUnavailable, InvalidOption, LeaseLost
 from .. import _lease_rules as rules
 from .._lease_rules import RunRow
 from .._sql import load_queries
@@ -298,6 +299,41 @@ class SQLiteBackend(LeaseBackend):
             run = rules.finish(rows, ticket, status, error, now)
             self._prune(rows.conn, ticket, now)
             return run
+
+        return await self._call(lambda c: self._write(c, work))
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+        """See :meth:`anarchon.backend.Backend.finish_many`; the batch is one transaction."""
+        batch = list(items)
+
+        def work(rows: _SQLiteRows, now: int) -> list[Run | LeaseLost]:
+            out: list[Run | LeaseLost] = []
+            pruned: set[str] = set()
+            for ticket, status, error in batch:
+                try:
+                    out.append(rules.finish(rows, ticket, status, error, now))
+                except LeaseLost as exc:
+                    out.append(exc)
+                    continue
+                if ticket.job not in pruned:
+                    pruned.add(ticket.job)
+                    self._prune(rows.conn, ticket, now)
+            return out
+
+        return await self._call(lambda c: self._write(c, work))
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+        """See :meth:`anarchon.backend.LeaseBackend.renew_many`; one transaction."""
+        batch = list(tickets)
+
+        def work(rows: _SQLiteRows, now: int) -> list[Ticket | LeaseLost]:
+            out: list[Ticket | LeaseLost] = []
+            for ticket in batch:
+                try:
+                    out.append(rules.renew(rows, ticket, now))
+                except LeaseLost as exc:
+                    out.append(exc)
+            return out
 
         return await self._call(lambda c: self._write(c, work))
 
