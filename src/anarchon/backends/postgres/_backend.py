@@ -18,6 +18,7 @@ from ...backend import (
     ClaimOutcome,
     ClaimRequest,
     ClaimStatus,
+    FinishRequest,
     LeaseBackend,
     TakeoverOutcome,
     TakeoverRequest,
@@ -581,24 +582,20 @@ class PostgresBackend(LeaseBackend):
 
     async def renew(self, ticket: Ticket) -> Ticket:
         """See :meth:`anarchon.backend.LeaseBackend.renew`."""
+        [answer] = await self.renew_many([ticket])
+        if isinstance(answer, LeaseLost):
+            raise answer
+        return answer
 
-        async def work(conn: AsyncConnection[Any]) -> Ticket:
-            async with self._atomic(conn):
-                cur = await conn.execute(
-                    self._queries["renew"],
-                    {**_ticket_params(ticket), "lease_ms": ticket.lease_ms},
-                    prepare=self._prepare,
-                )
-                row = await cur.fetchone()
-            assert row is not None
-            now, expires, attempt, status, released, ours = row
-            if expires is not None:
-                return ticket.renewed(int(expires), int(now))
-            if ours and status == RunStatus.RUNNING and released:
-                raise LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
-            raise _lease_lost(ticket, attempt, status)
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+        """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one statement per ticket, all
+        sent in one round trip (pipeline mode), each its own transaction."""
+        batch = list(tickets)
+        params = [{**_ticket_params(t), "lease_ms": t.lease_ms} for t in batch]
+        from psycopg.rows import tuple_row
 
-        return await self._call(work)
+        rows = await self._call(lambda conn: self._pipelined(conn, "renew", params, tuple_row))
+        return [_renewed(ticket, row) for ticket, row in zip(batch, rows, strict=True)]
 
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`; one statement."""
@@ -645,35 +642,60 @@ class PostgresBackend(LeaseBackend):
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history and tells
         backups (NOTIFY) in the same statement."""
+        [answer] = await self.finish_many([(ticket, status, error)])
+        if isinstance(answer, LeaseLost):
+            raise answer
+        return answer
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+        """See :meth:`anarchon.backend.Backend.finish_many`: one statement per result (each its
+        own transaction, as :meth:`finish`), all sent in one round trip (pipeline mode)."""
         from psycopg.rows import dict_row
 
-        due = time.monotonic() - self._pruned_at.get(ticket.job, 0.0) >= PRUNE_EVERY_S
-        params = {
-            **_ticket_params(ticket),
-            "status": str(RunStatus(status)),
-            "error": error,
-            "ttl_ms": ticket.history_ttl_ms or None,
-            "keep": self.history_size if due else None,
-            "channel": self._queries.names.channel,
+        batch = list(items)
+        due = {
+            t.job
+            for t, _, _ in batch
+            if time.monotonic() - self._pruned_at.get(t.job, 0.0) >= PRUNE_EVERY_S
         }
+        params = []
+        for ticket, status, error in batch:
+            params.append(
+                {
+                    **_ticket_params(ticket),
+                    "status": str(RunStatus(status)),
+                    "error": error,
+                    "ttl_ms": ticket.history_ttl_ms or None,
+                    # Prune by count once per job per batch (and per PRUNE_EVERY_S).
+                    "keep": self.history_size if ticket.job in due else None,
+                    "channel": self._queries.names.channel,
+                }
+            )
+            due.discard(ticket.job)
+        rows = await self._call(lambda conn: self._pipelined(conn, "finish", params, dict_row))
+        now = time.monotonic()
+        for param in params:
+            if param["keep"] is not None:
+                self._pruned_at[param["job"]] = now
+        return [_finished(ticket, row) for (ticket, _, _), row in zip(batch, rows, strict=True)]
 
-        async def work(conn: AsyncConnection[Any]) -> Run:
-            async with self._atomic(conn):
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(self._queries["finish"], params, prepare=self._prepare)
-                row = await cur.fetchone()
-            if due:
-                self._pruned_at[ticket.job] = time.monotonic()
-            stored = _run_row(row) if row is not None else None
-            if row is None or row["outcome"] != "finished" or stored is None:
-                raise _lease_lost(
-                    ticket,
-                    stored.attempt if stored else None,
-                    stored.status if stored else None,
-                )
-            return stored.to_run()
-
-        return await self._call(work)
+    async def _pipelined(
+        self,
+        conn: AsyncConnection[Any],
+        query: str,
+        params: list[dict[str, Any]],
+        row_factory: Any,
+    ) -> list[Any]:
+        """Run ``query`` once per parameter set, each in its own transaction, in one round trip;
+        return the first row of each."""
+        cursors = []
+        async with conn.pipeline():
+            for values in params:
+                cur = conn.cursor(row_factory=row_factory)
+                async with self._atomic(conn):
+                    await cur.execute(self._queries[query], values, prepare=self._prepare)
+                cursors.append(cur)
+        return [await cur.fetchone() for cur in cursors]
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`; an index scan of ``limit`` rows."""
@@ -750,6 +772,27 @@ def _ticket_params(ticket: Ticket) -> dict[str, Any]:
         "attempt": ticket.attempt,
         "token": ticket.token,
     }
+
+
+def _renewed(ticket: Ticket, row: Any) -> Ticket | LeaseLost:
+    """Interpret the renew statement's row for ``ticket``."""
+    assert row is not None
+    now, expires, attempt, status, released, ours = row
+    if expires is not None:
+        return ticket.renewed(int(expires), int(now))
+    if ours and status == RunStatus.RUNNING and released:
+        return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
+    return _lease_lost(ticket, attempt, status)
+
+
+def _finished(ticket: Ticket, row: dict[str, Any] | None) -> Run | LeaseLost:
+    """Interpret the finish statement's row for ``ticket``."""
+    stored = _run_row(row) if row is not None else None
+    if row is None or row["outcome"] != "finished" or stored is None:
+        return _lease_lost(
+            ticket, stored.attempt if stored else None, stored.status if stored else None
+        )
+    return stored.to_run()
 
 
 def _lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> LeaseLost:
