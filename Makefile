@@ -24,8 +24,8 @@ services:
 	bash scripts/services.sh
 
 lint: install-test
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 typecheck: install-test
 	$(BIN)/mypy
@@ -33,6 +33,23 @@ typecheck: install-test
 ## Everything CI runs: install, services, lint, types, the whole suite.
 test: install-test services lint typecheck
 	$(BIN)/pytest
+
+## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, < 10 min.
+## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the
+## `bench` extra. BENCH_ARGS=--quick for a short run.
+PEERS_VENV ?= bench/.venv-peers
+PEERS_REQS := 'arq>=0.26,<0.27' 'procrastinate>=3,<4' 'apscheduler>=3.11,<4' 'sqlalchemy>=2,<3' \
+	'psycopg[binary]>=3.1,<4'
+BENCH_ARGS ?=
+
+# Installs only what is missing: reinstalling anarchon under running tests would break them.
+bench: $(BIN)/python services
+	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, nats' \
+		2>/dev/null || $(BIN)/pip install -q -e '.[all,bench]'
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -c 'import arq, procrastinate, apscheduler, sqlalchemy, psycopg' \
+		2>/dev/null || $(PEERS_VENV)/bin/pip install -q $(PEERS_REQS)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

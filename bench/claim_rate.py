@@ -1,0 +1,98 @@
+"""3. Claim rate with three contending processes, as a share of the raw primitive's rate.
+
+Three :mod:`bench.probe` processes per backend start together (at one wall-clock time) and,
+for ``rate_seconds`` each, first do the raw primitive over keys 0, 1, 2 ... and then one-request
+``Backend.claim`` calls over slots 0, 1, 2 ... (of 8 jobs in turn). All three walk the same
+keys, so every key is contended three ways. Rate = calls answered per second, all three
+processes together; share = claim rate / primitive rate. Every key must have one winner.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from .context import Context
+from .fleet import poll, spawn, stop
+
+INSTANCES = 3
+START_LEAD_S = 3.0
+
+
+def _summary(answers: list[dict[str, Any]], phase: str, seconds: float) -> dict[str, Any]:
+    ops = sum(a[phase]["ops"] for a in answers)
+    wins: Counter[int] = Counter(k for a in answers for k in a[phase]["won"])
+    reached = max(a[phase]["ops"] for a in answers)
+    # Keys every process got past are decided: each must have exactly one winner.
+    settled = min(a[phase]["ops"] for a in answers)
+    return {
+        "ops": ops,
+        "rate": ops / seconds,
+        "decided": reached,
+        "duplicates": sum(n - 1 for n in wins.values() if n > 1),
+        "unclaimed": sum(1 for k in range(settled) if wins[k] == 0),
+    }
+
+
+async def _one(ctx: Context, name: str) -> dict[str, Any]:
+    target = ctx.targets[name]
+    seconds = ctx.settings.rate_seconds
+    start_at = time.time() + START_LEAD_S
+    run = uuid.uuid4().hex[:8]
+    base = int(time.time()) * 1000
+    url = ctx.services.url(name, "rate")
+    procs = [
+        spawn(
+            f"{name}-{i}",
+            [
+                "bench.probe",
+                "rate",
+                "--backend",
+                name,
+                "--params",
+                json.dumps(target.primitive),
+                "--url",
+                url,
+                "--start-at",
+                str(start_at),
+                "--seconds",
+                str(seconds),
+                "--instance",
+                str(i),
+                "--run",
+                run,
+                "--base",
+                str(base),
+            ],
+            ctx.dir("rate"),
+            ready=False,
+        )
+        for i in range(INSTANCES)
+    ]
+    limit = start_at + 2 * seconds + 30 - time.time()
+    await poll(lambda: not any(p.alive() for p in procs), limit)
+    await stop(procs, limit_s=5)
+    answers = []
+    for proc in procs:
+        if proc.popen.returncode != 0 or not proc.out.exists():
+            return {"error": f"{proc.name} failed: {proc.log_tail(3)}"}
+        answers.append(json.loads(proc.out.read_text()))
+    primitive = _summary(answers, "primitive", seconds)
+    claim = _summary(answers, "claim", seconds)
+    return {
+        "seconds": seconds,
+        "primitive": primitive,
+        "claim": claim,
+        "share": claim["rate"] / primitive["rate"] if primitive["rate"] else None,
+    }
+
+
+async def measure(ctx: Context) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for target in ctx.available():
+        ctx.say(f"claim rate: {target.name}")
+        rows[target.name] = await _one(ctx, target.name)
+    return rows

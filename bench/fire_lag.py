@@ -1,0 +1,125 @@
+"""1. Fire lag: slot to handler start with ``jitter_ms=0``, beside the primitive's round trip.
+
+The floor, per backend, is the round trip of one client doing the raw claim primitive
+(:mod:`bench.primitives`), measured alone just before; the one-request ``Backend.claim`` round
+trip is shown beside it to say where the lag goes.
+
+Fire lag: three instances per backend, every backend at once but staggered: backend ``i`` fires
+at seconds ``i, i + 5, i + 10 ...`` of each minute, so only one backend's instances wake at any
+moment. At each of its instants, ``J`` jobs are due together (``J`` = slots wanted / instants
+in the window) and the core claims them in one backend call. A fifth row, one instance on the
+in-memory backend (no I/O, nobody to contend with), shows what the core itself costs. Lag is
+the winner's handler start (``time.time()`` in the handler) minus the slot, both on this
+host's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+from .context import Context
+from .fleet import Proc, spawn, stop, wait_ready
+from .stats import percentile, tally
+
+FIRE_CYCLE_S = 5
+PHASES = {"sqlite": 0, "redis": 1, "postgres": 2, "nats": 3, "memory": 4}
+INSTANCES = 3
+
+
+async def floors(ctx: Context) -> dict[str, Any]:
+    """Round trips of the primitive and of a one-request claim, per backend, one at a time."""
+    out: dict[str, Any] = {}
+    for target in ctx.available():
+        ctx.say(f"floor: {target.name}")
+        try:
+            answer = await ctx.probe(
+                f"latency-{target.name}",
+                "floor",
+                [
+                    "latency",
+                    "--backend",
+                    target.name,
+                    "--params",
+                    json.dumps(target.primitive),
+                    "--url",
+                    ctx.services.url(target.name, "floor"),
+                    "--n",
+                    str(ctx.settings.floor_ops),
+                ],
+                limit_s=120,
+            )
+        except Exception as exc:
+            out[target.name] = {"error": str(exc)}
+            continue
+        out[target.name] = {
+            "floor_p50": percentile(answer["floor_ms"], 50),
+            "floor_p99": percentile(answer["floor_ms"], 99),
+            "claim_p50": percentile(answer["claim_ms"], 50),
+            "claim_p99": percentile(answer["claim_ms"], 99),
+            "n": len(answer["floor_ms"]),
+        }
+    return out
+
+
+def _expected(phase: int, jobs: int, w0: int, w1: int) -> list[tuple[str, int]]:
+    seconds = [s for s in range(w0, w1) if s % FIRE_CYCLE_S == phase]
+    return [(f"f{n}", s * 1000) for s in seconds for n in range(jobs)]
+
+
+async def measure(ctx: Context) -> dict[str, Any]:
+    settings = ctx.settings
+    instants = settings.fire_window_s // FIRE_CYCLE_S
+    jobs = math.ceil(settings.fire_min_slots / instants)
+    work = ctx.dir("fire")
+    fleets: dict[str, list[Proc]] = {}
+    rows: dict[str, Any] = {"jobs_per_instant": jobs}
+    for name in [t.name for t in ctx.available()] + ["memory"]:
+        phase = PHASES[name]
+        spec = [
+            {
+                "prefix": "f",
+                "count": jobs,
+                "schedule": f"{phase}-59/{FIRE_CYCLE_S} * * * * *",
+                "options": {"jitter_ms": 0},
+            }
+        ]
+        url = ctx.services.url(name, "fire")
+        fleets[name] = [
+            spawn(
+                f"{name}-{n}",
+                ["bench.worker", "--url", url, "--spec", json.dumps(spec), "--instance", f"i{n}"],
+                work,
+            )
+            for n in range(1 if name == "memory" else INSTANCES)
+        ]
+    every = [p for procs in fleets.values() for p in procs]
+    problems = await wait_ready(every, 90)
+    # Count whole cycles only, from a few seconds after the last instance started.
+    w0 = (math.ceil(time.time()) + 2 + FIRE_CYCLE_S) // FIRE_CYCLE_S * FIRE_CYCLE_S
+    w1 = w0 + instants * FIRE_CYCLE_S
+    ctx.say(
+        f"fire lag: {len(fleets)} backends x {INSTANCES} instances, {jobs} jobs per instant, "
+        f"window {w1 - w0} s"
+    )
+    await asyncio.sleep(max(0.0, w1 + 1.5 - time.time()))
+    await stop(every, limit_s=30)
+    rows.update({"window_s": w1 - w0, "problems": problems})
+    for name, procs in fleets.items():
+        starts = [r for p in procs for r in p.starts()]
+        result = tally(_expected(PHASES[name], jobs, w0, w1), starts)
+        rows[name] = {
+            "expected": result.expected,
+            "ran": result.ran,
+            "missed": result.missed,
+            "duplicates": result.duplicates,
+            "p50": result.p(50),
+            "p99": result.p(99),
+            "max": max(result.lags_ms) if result.lags_ms else None,
+            "lags": sorted(result.lags_ms),
+            "winners": sorted(result.by_pid.values(), reverse=True),
+        }
+    return rows

@@ -1,0 +1,167 @@
+"""One measuring process: the raw primitive and anarchon's ``Backend.claim`` on one backend.
+
+    python -m bench.probe latency --backend redis --params '{...}' --url URL --n 500 --out f.json
+    python -m bench.probe batch   --backend redis --params '{...}' --n 10000 --out f.json
+    python -m bench.probe rate    --backend redis --params '{...}' --url URL --start-at T \
+        --seconds 3 --instance 0 --out f.json
+
+``latency``: sequential round trips of one client (each call awaited before the next), first
+the primitive, then a one-request ``claim`` (after a short warm-up each).
+``batch``: the primitive for ``n`` keys in one go (the burst's reference).
+``rate``: from wall time ``start-at`` for ``seconds``, the primitive in a loop over keys
+0, 1, 2 ...; then, after a pause of the same kind, ``claim`` in a loop over slots 0, 1, 2 ...
+Every process of a rate run walks the same keys, so each key is contended by all of them.
+Slots start at ``--base`` (epoch ms, now by default): a broker refuses to claim a slot older
+than its de-duplication window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from .primitives import make_primitive
+
+WARM_UP = 20
+RATE_JOBS = 8
+GAP_S = 1.0
+
+
+def _request(job: str, slot: int, instance: str, lease: bool) -> Any:
+    from anarchon import Overlap, Trigger
+    from anarchon.backend import ClaimRequest
+
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=instance,
+        trigger=Trigger.SCHEDULE,
+        lease_ms=15_000 if lease else 0,
+        overlap=Overlap.ALLOW,
+    )
+
+
+async def _backend(url: str) -> Any:
+    from anarchon import backend_from_url
+
+    backend = backend_from_url(url)
+    await backend.start()
+    return backend
+
+
+async def latency(args: argparse.Namespace) -> dict[str, Any]:
+    prim = make_primitive(args.backend, json.loads(args.params))
+    await prim.open()
+    tag = uuid.uuid4().hex[:8]
+    floor: list[float] = []
+    try:
+        for i in range(WARM_UP + args.n):
+            began = time.perf_counter()
+            await prim.claim(f"lat-{tag}-{i}")
+            if i >= WARM_UP:
+                floor.append((time.perf_counter() - began) * 1000)
+    finally:
+        await prim.close()
+    claim: list[float] = []
+    if args.url:
+        backend = await _backend(args.url)
+        lease = backend.is_lease_backend
+        try:
+            for i in range(WARM_UP + args.n):
+                req = _request(f"lat{i % RATE_JOBS}", args.base + i * 1000, "probe", lease)
+                began = time.perf_counter()
+                await backend.claim([req])
+                if i >= WARM_UP:
+                    claim.append((time.perf_counter() - began) * 1000)
+        finally:
+            await backend.stop()
+    return {"floor_ms": floor, "claim_ms": claim}
+
+
+async def batch(args: argparse.Namespace) -> dict[str, Any]:
+    prim = make_primitive(args.backend, json.loads(args.params))
+    await prim.open()
+    tag = uuid.uuid4().hex[:8]
+    try:
+        keys = [f"batch-{tag}-{i}" for i in range(args.n)]
+        began = time.perf_counter()
+        won = await prim.claim_batch(keys)
+        elapsed = time.perf_counter() - began
+    finally:
+        await prim.close()
+    return {"batch_s": elapsed, "won": won, "n": args.n}
+
+
+async def _until(wall: float) -> None:
+    await asyncio.sleep(max(0.0, wall - time.time()))
+
+
+async def rate(args: argparse.Namespace) -> dict[str, Any]:
+    prim = make_primitive(args.backend, json.loads(args.params))
+    await prim.open()
+    backend = await _backend(args.url)
+    lease = backend.is_lease_backend
+    instance = f"rate{args.instance}"
+    out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
+    try:
+        await _until(args.start_at)
+        ops, won = 0, []
+        end = args.start_at + args.seconds
+        while time.time() < end:
+            if await prim.claim(f"rate-{args.run}-{ops}"):
+                won.append(ops)
+            ops += 1
+        out["primitive"] = {"ops": ops, "won": won}
+        start = end + GAP_S
+        await _until(start)
+        ops, won = 0, []
+        end = start + args.seconds
+        while time.time() < end:
+            req = _request(f"r{ops % RATE_JOBS}", args.base + ops * 1000, instance, lease)
+            outcome = (await backend.claim([req]))[0]
+            if outcome.ticket is not None:
+                won.append(ops)
+            ops += 1
+        out["claim"] = {"ops": ops, "won": won}
+    finally:
+        await prim.close()
+        await backend.stop()
+    return out
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.probe")
+    p.add_argument("mode", choices=("latency", "batch", "rate"))
+    p.add_argument("--backend", required=True)
+    p.add_argument("--params", required=True, help="the primitive's parameters, JSON")
+    p.add_argument("--url", help="anarchon backend URL (latency, rate)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=500)
+    p.add_argument("--start-at", type=float, default=0.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--instance", type=int, default=0)
+    p.add_argument("--run", default="0", help="a tag that keeps this run's keys apart")
+    p.add_argument("--base", type=int, default=0, help="first slot, epoch ms (default: now)")
+    args = p.parse_args(argv)
+    if not args.base:
+        args.base = int(time.time()) * 1000
+    return args
+
+
+def main() -> None:
+    args = parse()
+    modes = {"latency": latency, "batch": batch, "rate": rate}
+    result = asyncio.run(modes[args.mode](args))
+    with open(args.out, "w") as handle:
+        json.dump(result, handle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+# ruff: noqa: RUF001 - the tables use typographic dashes, minus and multiplication signs
+"""Turn one run's results into bench/results.md (tables, each figure beside its reference) and
+the lag plot (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["markdown", "plot"]
+
+FIRE_TARGET_MS = 5.0
+BURST_TARGET_S = 2.0
+RATE_TARGET = 0.5
+IDLE_CPU_TARGET = 1.0
+IDLE_RSS_TARGET = 100.0
+
+
+def ms(value: float | None, digits: int | None = None) -> str:
+    """Milliseconds, with as many decimals as make sense."""
+    if value is None:
+        return "–"
+    if digits is None:
+        digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{digits}f} ms"
+
+
+def secs(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def pct(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value * 100:.{digits}f} %"
+
+
+def verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _unavailable(results: dict[str, Any], name: str) -> str | None:
+    target = results["targets"].get(name)
+    if target is None:
+        return "not selected"
+    return None if target["available"] else f"not available: {target['reason']}"
+
+
+def _names(results: dict[str, Any], lease: bool = False) -> list[str]:
+    return [n for n, t in results["targets"].items() if t["lease"] or not lease]
+
+
+# -- sections -------------------------------------------------------------------------------
+
+
+def fire_section(results: dict[str, Any]) -> list[str]:
+    fire, floor = results.get("fire"), results.get("floor", {})
+    if fire is None:
+        return []
+    out = [
+        "## 1. Fire lag (slot → handler start, `jitter_ms=0`)",
+        "",
+        f"Three instances per backend; {fire['jobs_per_instant']} jobs due at each instant "
+        f"(claimed in one batch), one instant every 5 s per backend, backends staggered by 1 s; "
+        f"{fire['window_s']} s of slots. Floor: the raw primitive's round trip, one client, "
+        "sequential (see `bench/primitives.py`); claim call: one-request `Backend.claim` round "
+        "trip, same conditions. Target: lag p99 ≤ floor p99 + 5 ms.",
+        "",
+    ]
+    rows = []
+    for name in _names(results):
+        why = _unavailable(results, name)
+        if why or name not in fire:
+            rows.append([name, why or "failed", *["–"] * 10])
+            continue
+        f, fl = fire[name], floor.get(name, {})
+        over = (
+            None if f["p99"] is None or fl.get("floor_p99") is None else f["p99"] - fl["floor_p99"]
+        )
+        rel = None if over is None or not fl["floor_p99"] else f["p99"] / fl["floor_p99"]
+        rows.append(
+            [
+                name,
+                f"{f['ran']}/{f['expected']}",
+                f"{f['missed']} / {f['duplicates']}",
+                f"{ms(fl.get('floor_p50'))} / {ms(fl.get('floor_p99'))}",
+                f"{ms(fl.get('claim_p50'))} / {ms(fl.get('claim_p99'))}",
+                ms(f["p50"]),
+                ms(f["p99"]),
+                ms(f["max"]),
+                ms(over),
+                ratio(rel),
+                verdict(
+                    None
+                    if over is None
+                    else over <= FIRE_TARGET_MS and f["missed"] == 0 and f["duplicates"] == 0
+                ),
+            ]
+        )
+    core = fire.get("memory")
+    if isinstance(core, dict) and core.get("expected"):
+        rows.append(
+            [
+                "memory: the core alone (1 instance)",
+                f"{core['ran']}/{core['expected']}",
+                f"{core['missed']} / {core['duplicates']}",
+                "–",
+                "–",
+                ms(core["p50"]),
+                ms(core["p99"]),
+                ms(core["max"]),
+                "–",
+                "–",
+                "reference",
+            ]
+        )
+    out += table(
+        [
+            "backend",
+            "slots ran/due",
+            "missed / dup",
+            "floor p50 / p99",
+            "claim call p50 / p99",
+            "lag p50",
+            "lag p99",
+            "lag max",
+            "p99 − floor p99",
+            "p99 / floor p99",
+            "target",
+        ],
+        rows,
+    )
+    if fire.get("problems"):
+        out += ["", "Start-up problems: " + "; ".join(fire["problems"])]
+    return [*out, ""]
+
+
+def burst_section(results: dict[str, Any]) -> list[str]:
+    burst = results.get("burst")
+    if burst is None:
+        return []
+    jobs = burst["jobs"]
+    out = [
+        f"## 2. Burst: {jobs:,} jobs due in the same second, 3 instances",
+        "",
+        "Reference: the raw primitive for the same number of keys in one batch by one client "
+        "(one transaction / pipeline / statement; NATS: 256 publishes in flight). Target: all "
+        "started within 2 s of the slot, zero duplicates.",
+        "",
+    ]
+    rows = []
+    for name in _names(results):
+        why = _unavailable(results, name)
+        b = burst.get(name)
+        if why or b is None:
+            rows.append([name, why or "failed", *["–"] * 9])
+            continue
+        if "not_ready" in b:
+            rows.append(
+                [name, "instances not ready in time: " + b["not_ready"][0][:80], *["–"] * 9]
+            )
+            continue
+        ref = b["reference"].get("batch_s")
+        done = None if b["all_ms"] is None else b["all_ms"] / 1000
+        rows.append(
+            [
+                name,
+                f"{b['ran']:,}/{b['jobs']:,}",
+                f"{b['missed']} / {b['duplicates']}",
+                secs(None if b["first_ms"] is None else b["first_ms"] / 1000),
+                secs(None if b["p50_ms"] is None else b["p50_ms"] / 1000),
+                secs(done),
+                secs(ref),
+                ratio(None if done is None or not ref else done / ref),
+                " / ".join(f"{n:,}" for n in b["winners"]),
+                _after_burst(b),
+                verdict(
+                    None
+                    if done is None
+                    else done <= BURST_TARGET_S and b["duplicates"] == 0 and b["missed"] == 0
+                ),
+            ]
+        )
+    core = burst.get("memory")
+    if isinstance(core, dict) and core.get("all_ms") is not None:
+        rows.append(
+            [
+                "memory: the core alone (1 instance)",
+                f"{core['ran']:,}/{core['jobs']:,}",
+                f"{core['missed']} / {core['duplicates']}",
+                secs(core["first_ms"] / 1000),
+                secs(core["p50_ms"] / 1000),
+                secs(core["all_ms"] / 1000),
+                "–",
+                "–",
+                " / ".join(f"{n:,}" for n in core["winners"]),
+                _after_burst(core),
+                "reference",
+            ]
+        )
+    out += table(
+        [
+            "backend",
+            "ran/due",
+            "missed / dup",
+            "first start",
+            "p50 start",
+            "all started",
+            "reference batch",
+            "all / reference",
+            "runs per instance",
+            "after the burst: clean stops, warnings logged",
+            "target",
+        ],
+        rows,
+    )
+    return [*out, ""]
+
+
+def _after_burst(b: dict[str, Any]) -> str:
+    text = f"{b.get('clean_exits', '?')}/{b.get('instances', 3)} stopped in {b['stop_s']:.0f} s"
+    if "recorded" in b:
+        # Counters of the instances that exited (a killed one writes none).
+        text += f"; results recorded {b['recorded']:,}"
+        text += f", refused {b['refused']:,}" if b.get("refused") else ""
+        text += f", taken over {b['taken_over']:,}" if b.get("taken_over") else ""
+    if b.get("warnings"):
+        message, count = b["top_warning"]
+        text += f"; {b['warnings']:,} warnings, most: {count:,}× “{message[:90]}”"
+    return text
+
+
+def rate_section(results: dict[str, Any]) -> list[str]:
+    rate = results.get("rate")
+    if rate is None:
+        return []
+    out = [
+        "## 3. Claim rate, 3 contending processes",
+        "",
+        "Each process: the raw primitive in a loop over keys 0, 1, 2 … then one-request "
+        "`Backend.claim` calls over slots 0, 1, 2 …, all three on the same keys (every key "
+        "contended three ways). Rate: calls answered per second, three processes together. "
+        "Target: claims ≥ 50 % of the primitive's rate.",
+        "",
+    ]
+    rows = []
+    for name in _names(results):
+        why = _unavailable(results, name)
+        r = rate.get(name)
+        if why or r is None or "error" in r:
+            rows.append([name, why or (r or {}).get("error", "failed")[:80], *["–"] * 5])
+            continue
+        p, c = r["primitive"], r["claim"]
+        rows.append(
+            [
+                name,
+                f"{p['rate']:,.0f}/s",
+                f"{c['rate']:,.0f}/s",
+                pct(r["share"]),
+                f"{p['duplicates']} / {c['duplicates']}",
+                f"{p['unclaimed']} / {c['unclaimed']}",
+                verdict(None if r["share"] is None else r["share"] >= RATE_TARGET),
+            ]
+        )
+    out += table(
+        [
+            "backend",
+            "primitive",
+            "claim",
+            "claim / primitive",
+            "keys won twice (prim / claim)",
+            "keys nobody won",
+            "target",
+        ],
+        rows,
+    )
+    return [*out, ""]
+
+
+def idle_section(results: dict[str, Any]) -> list[str]:
+    idle = results.get("idle")
+    if idle is None:
+        return []
+    jobs = idle["jobs"]
+    out = [
+        f"## 4. Idle cost: {jobs:,} registered jobs on one instance",
+        "",
+        f"Default options, nothing due while measured; CPU and RSS over {idle['seconds']} s "
+        "idle (psutil, /proc). Start-up: process spawn → `start()` returned → start-up work "
+        "settled (catch-up look-ups on lease backends). Reference: the same instance with no "
+        "job. Target: < 1 % of a core and < 100 MB.",
+        "",
+    ]
+    rows = []
+    for name in _names(results):
+        why = _unavailable(results, name)
+        r = idle.get(name)
+        if why or r is None:
+            rows.append([name, why or "failed", *["–"] * 6])
+            continue
+        full, empty = r.get(str(jobs), {}), r.get("0", {})
+        if "cpu_pct" not in full:
+            rows.append([name, "failed: " + str(full.get("log", ""))[:80], *["–"] * 6])
+            continue
+        ok = full["cpu_pct"] < IDLE_CPU_TARGET and full["rss_mb"] < IDLE_RSS_TARGET
+        rows.append(
+            [
+                name,
+                f"{secs(full.get('started_s'))} / {secs(full.get('settled_s'))}",
+                f"{full['cpu_pct']:.2f} %",
+                f"{full['rss_mb']:.0f} MB",
+                f"{secs(empty.get('started_s'))}, {empty.get('cpu_pct', 0):.2f} %, "
+                f"{empty.get('rss_mb', 0):.0f} MB",
+                f"+{full['rss_mb'] - empty.get('rss_mb', 0):.0f} MB "
+                f"({(full['rss_mb'] - empty.get('rss_mb', 0)) * 1024 / jobs:.1f} kB/job)",
+                verdict(ok),
+            ]
+        )
+    out += table(
+        [
+            "backend",
+            "start-up: started / settled",
+            "CPU (% of a core)",
+            "RSS",
+            "reference, 0 jobs: start, CPU, RSS",
+            "cost of the jobs",
+            "target",
+        ],
+        rows,
+    )
+    return [*out, ""]
+
+
+def failover_section(results: dict[str, Any]) -> list[str]:
+    fo = results.get("failover")
+    if fo is None:
+        return []
+    out = [
+        "## 5. Failover: kill -9 → takeover, SIGTERM → hand-over",
+        "",
+        "Three instances, one job with a sleeping handler; the runner is signalled as soon as "
+        "its handler starts; delay = signal → attempt 2's handler start on another instance. "
+        "kill -9: the backup waits for the lease to expire ('after expiry' = takeover start − "
+        "(attempt 1's start + lease_ms)). SIGTERM with a small `grace_ms` and a long lease: "
+        "the runner releases its lease and a backup takes over at once ('after grace' = delay "
+        "− grace_ms).",
+        "",
+    ]
+    rows = []
+    for name in _names(results):
+        why = _unavailable(results, name)
+        if not results["targets"][name]["lease"]:
+            rows.append(
+                [name, "broker: no lease, no takeover or hand-over (by design)", *["–"] * 5]
+            )
+            continue
+        r = fo.get(name)
+        if why or r is None:
+            rows.append([name, why or "failed", *["–"] * 5])
+            continue
+        kill, term = r.get("kill", {}), r.get("term", {})
+        rows.append(
+            [
+                name,
+                f"{kill.get('tries', 0)} / {term.get('tries', 0)}",
+                f"{ms(kill.get('median_ms'), 0)} ({ms(kill.get('min_ms'), 0)}–"
+                f"{ms(kill.get('max_ms'), 0)}), lease {kill.get('lease_ms')} ms",
+                ratio(
+                    None if kill.get("median_ms") is None else kill["median_ms"] / kill["lease_ms"]
+                ),
+                ms(kill.get("after_ref_median_ms"), 0),
+                f"{ms(term.get('median_ms'), 0)} ({ms(term.get('min_ms'), 0)}–"
+                f"{ms(term.get('max_ms'), 0)}), grace {term.get('grace_ms')} ms, "
+                f"lease {term.get('lease_ms')} ms",
+                ms(term.get("after_ref_median_ms"), 0),
+            ]
+        )
+    out += table(
+        [
+            "backend",
+            "tries (kill / term)",
+            "kill -9 → takeover, median (min–max)",
+            "median / lease_ms",
+            "after expiry (median)",
+            "SIGTERM → hand-over, median (min–max)",
+            "after grace (median)",
+        ],
+        rows,
+    )
+    notes = [
+        f"{name} {kind}: {'; '.join(r[kind]['notes'])}"
+        for name, r in fo.items()
+        for kind in ("kill", "term")
+        if isinstance(r, dict) and r.get(kind, {}).get("notes")
+    ]
+    if notes:
+        out += ["", "Notes: " + " | ".join(notes)]
+    return [*out, ""]
+
+
+PEER_NOTES = {
+    "arq": "every worker enqueues job id `<name>:<unix ms>`; Redis keeps the first; runs at "
+    ":SS.123456 by default and polls every 0.5 s",
+    "procrastinate": "every worker's deferrer inserts `(task, periodic id, timestamp)` under a "
+    "unique constraint; wakes 0.5 s after the due time by design; workers fetch via "
+    "LISTEN/NOTIFY (concurrency 1)",
+    "apscheduler": "each process runs its own scheduler over the shared table; the FAQ says "
+    "this set-up is unsupported",
+    "anarchon-redis": "leaderless per-slot claim (Lua), lease",
+    "anarchon-postgres": "leaderless per-slot claim (one statement per batch), lease",
+    "anarchon-sqlite": "leaderless per-slot claim (one transaction per batch), lease",
+    "anarchon-nats": "leaderless per-slot claim (JetStream de-duplication), no lease",
+}
+
+
+def peers_section(results: dict[str, Any]) -> list[str]:
+    peers = results.get("peers")
+    if peers is None:
+        return []
+    out = [
+        "## 6. Peers side by side: same work, same run",
+        "",
+        f"{peers['jobs']} jobs, each due every {peers['period_s']} s, three processes per "
+        f"system, {peers['window_s']} s window; each system has its own second of the period. "
+        "Defaults everywhere (anarchon with `jitter_ms=0`); peers from `bench/.venv-peers`. "
+        "Lag: first start − due time. CPU: the three processes together, % of one core, over "
+        "the window. Ratio: lag p50 against anarchon on the same backend.",
+        "",
+    ]
+    rows = []
+    reference = {
+        "redis": peers.get("anarchon-redis", {}).get("p50"),
+        "postgres": peers.get("anarchon-postgres", {}).get("p50"),
+    }
+    for system, note in PEER_NOTES.items():
+        r = peers.get(system)
+        if r is None:
+            why = peers["skipped"].get(system) or peers["errors"].get(system) or "failed"
+            rows.append([system, "–", f"not run: {why}", *["–"] * 6, note])
+            continue
+        ref = reference.get(r["backend"])
+        rel = (
+            None
+            if system.startswith("anarchon") or not ref or r["p50"] is None
+            else (r["p50"] / ref)
+        )
+        rows.append(
+            [
+                system,
+                r["backend"],
+                f"{r['ran']}/{r['expected']}",
+                f"{r['missed']} / {r['duplicates']}",
+                ms(r["p50"]),
+                ms(r["p99"]),
+                ratio(rel),
+                f"{r['cpu_pct']:.2f} %",
+                f"{r['rss_mb']:.0f} MB",
+                note,
+            ]
+        )
+    out += table(
+        [
+            "system",
+            "store",
+            "slots ran/due",
+            "missed / dup",
+            "lag p50",
+            "lag p99",
+            "p50 vs anarchon",
+            "CPU (3 procs)",
+            "RSS per proc",
+            "how it decides",
+        ],
+        rows,
+    )
+    events = {s: r["events"] for s, r in peers.items() if isinstance(r, dict) and "events" in r}
+    missed = {s: e for s, e in events.items() if any(e.values())}
+    if missed:
+        out += [
+            "",
+            "Scheduler events: "
+            + "; ".join(
+                f"{s}: {e['missed']} runs reported missed, {e['max_instances']} skipped for "
+                "max_instances"
+                for s, e in missed.items()
+            ),
+        ]
+    if peers.get("problems"):
+        out += ["", "Start-up problems: " + "; ".join(peers["problems"])]
+    return [*out, ""]
+
+
+def header(results: dict[str, Any]) -> list[str]:
+    meta = results["meta"]
+    lines = [
+        "# anarchon benchmarks",
+        "",
+        f"Run `{meta['command']}` ({meta['mode']}) on {meta['date']}: {meta['cpu']}, "
+        f"{meta['cores']} cores, load average {meta['load_start']} at start and "
+        f"{meta.get('load_end', '?')} at the end; took {meta.get('elapsed_s', 0):.0f} s.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
+        "",
+        "How to reproduce and what each figure means: docs/benchmarks.md. Lag distributions: "
+        "[lag.png](lag.png).",
+        "",
+        "Backends: "
+        + "; ".join(
+            f"{n} {'available' if t['available'] else 'not available: ' + str(t['reason'])}"
+            for n, t in results["targets"].items()
+        )
+        + ".",
+        "",
+    ]
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = header(results)
+    for section in (
+        fire_section,
+        burst_section,
+        rate_section,
+        idle_section,
+        failover_section,
+        peers_section,
+    ):
+        lines += section(results)
+    peaks = results.get("footprint") or {}
+    if peaks:
+        lines += [
+            "Footprint (peak connections the bench's processes held, sampled every 0.25 s): "
+            + "; ".join(
+                f"{section}: "
+                + ", ".join(f"{kind.replace('_', ' ')} {n}" for kind, n in sorted(p.items()))
+                for section, p in peaks.items()
+                if p
+            )
+            + ".",
+            "",
+        ]
+    if results.get("cleanup_problems"):
+        lines += ["Clean-up problems: " + "; ".join(results["cleanup_problems"]), ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Write the lag distributions (empirical CDFs, log time axis); False if nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fire, peers, floor = (
+        results.get("fire") or {},
+        results.get("peers") or {},
+        results.get("floor") or {},
+    )
+    series_fire = {n: r["lags"] for n, r in fire.items() if isinstance(r, dict) and r.get("lags")}
+    series_peers = {n: r["lags"] for n, r in peers.items() if isinstance(r, dict) and r.get("lags")}
+    if not series_fire and not series_peers:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # One colour per store, the same in both panels; peers are dashed.
+    colors = dict(zip(["sqlite", "redis", "postgres", "nats", "memory"], palette, strict=False))
+    colors.update(arq=palette[5], procrastinate=palette[6], apscheduler=palette[7])
+    ax = axes[0]
+    for name, lags in series_fire.items():
+        color = colors.get(name, "black")
+        ys = [(k + 1) / len(lags) for k in range(len(lags))]
+        ax.step([max(v, 0.01) for v in lags], ys, where="post", label=name, color=color)
+        p99 = floor.get(name, {}).get("floor_p99")
+        if p99:
+            ax.axvline(p99, color=color, linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("slot → handler start (ms, log scale); dotted: floor p99")
+    ax.set_ylabel("fraction of slots")
+    ax.set_title("1. Fire lag per backend (jitter 0, 3 instances)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax = axes[1]
+    for name, lags in series_peers.items():
+        ys = [(k + 1) / len(lags) for k in range(len(lags))]
+        style = "-" if name.startswith("anarchon") else "--"
+        color = colors.get(name.removeprefix("anarchon-"), "black")
+        ax.step(
+            [max(v, 0.01) for v in lags],
+            ys,
+            where="post",
+            label=name,
+            linestyle=style,
+            color=color,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("due time → handler start (ms, log scale)")
+    ax.set_title("6. Peers, same work (3 processes each)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,78 @@
+"""How much each measurement does: the full run (``make bench``) and ``--quick`` for development."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FULL", "QUICK", "Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and durations of one run."""
+
+    name: str
+    # 1. floor and fire lag
+    floor_ops: int
+    """Sequential round trips of the primitive (and of a one-request claim) per backend."""
+    fire_window_s: int
+    """Seconds of slots counted; every backend fires once per ``FIRE_CYCLE_S``."""
+    fire_min_slots: int
+    """Slots wanted per backend; jobs due at each instant = this / firings in the window."""
+    # 2. burst
+    burst_jobs: int
+    burst_lead_s: float
+    """How far ahead the burst's slot is set: three instances must register and start first."""
+    # 3. claim rate
+    rate_seconds: float
+    # 4. idle cost
+    idle_jobs: int
+    idle_seconds: float
+    # 5. failover
+    failover_tries: int
+    kill_lease_ms: int
+    handover_lease_ms: int
+    handover_grace_ms: int
+    # 6. peers
+    peers_jobs: int
+    peers_period_s: int
+    peers_window_s: int
+
+
+FULL = Settings(
+    name="full",
+    floor_ops=500,
+    fire_window_s=60,
+    fire_min_slots=200,
+    burst_jobs=10_000,
+    burst_lead_s=7.0,
+    rate_seconds=3.0,
+    idle_jobs=10_000,
+    idle_seconds=60.0,
+    failover_tries=5,
+    kill_lease_ms=2_000,
+    handover_lease_ms=20_000,
+    handover_grace_ms=300,
+    peers_jobs=30,
+    peers_period_s=10,
+    peers_window_s=70,
+)
+
+QUICK = Settings(
+    name="quick",
+    floor_ops=100,
+    fire_window_s=12,
+    fire_min_slots=30,
+    burst_jobs=1_000,
+    burst_lead_s=6.0,
+    rate_seconds=1.0,
+    idle_jobs=2_000,
+    idle_seconds=10.0,
+    failover_tries=2,
+    kill_lease_ms=2_000,
+    handover_lease_ms=20_000,
+    handover_grace_ms=300,
+    peers_jobs=5,
+    peers_period_s=10,
+    peers_window_s=30,
+)
