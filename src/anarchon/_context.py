@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import MutableMapping
 from datetime import datetime
 from typing import Any
@@ -37,6 +36,7 @@ class RunContext:
     """
 
     __slots__ = (
+        "_logger",
         "_lost",
         "_lost_async",
         "_lost_reason",
@@ -44,7 +44,6 @@ class RunContext:
         "fence",
         "instance",
         "job",
-        "logger",
         "run_id",
         "slot",
         "trigger",
@@ -69,38 +68,55 @@ class RunContext:
         self.fence = fence
         self.trigger = trigger
         self.instance = instance
-        self.logger: logging.LoggerAdapter = _RunLogger(  # type: ignore[type-arg]
-            logging.getLogger(f"anarchon.job.{job}"),
-            {
-                "job": job,
-                "slot": slot.isoformat() if slot else None,
-                "run_id": run_id,
-                "attempt": attempt,
-                "fence": fence,
-            },
-        )
-        self._lost = threading.Event()
-        self._lost_async = asyncio.Event()
+        # Made on first use: thousands of runs start at once when many jobs share a slot.
+        self._logger: logging.LoggerAdapter | None = None  # type: ignore[type-arg]
+        self._lost = False
+        self._lost_async: asyncio.Event | None = None
         self._lost_reason: str | None = None
 
     @property
+    def logger(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+        """A logger (``anarchon.job.<job>``) whose records carry the run's job, slot, run id,
+        attempt and fence."""
+        if self._logger is None:
+            self._logger = _RunLogger(
+                logging.getLogger(f"anarchon.job.{self.job}"),
+                {
+                    "job": self.job,
+                    "slot": self.slot.isoformat() if self.slot else None,
+                    "run_id": self.run_id,
+                    "attempt": self.attempt,
+                    "fence": self.fence,
+                },
+            )
+        return self._logger
+
+    @property
     def lease_lost(self) -> bool:
-        """True once this run's lease is gone (taken over or expired): stop writing."""
-        return self._lost.is_set()
+        """True once this run's lease is gone (taken over, expired, handed over): stop writing.
+
+        Safe to read from a plain handler's worker thread.
+        """
+        return self._lost
 
     def check_lease(self) -> None:
         """Raise :class:`~anarchon.errors.LeaseLost` if the lease is gone; call between steps."""
-        if self._lost.is_set():
+        if self._lost:
             raise LeaseLost(self._lost_reason or f"run {self.run_id} lost its lease")
 
     async def wait_lease_lost(self) -> None:
         """Wait until the lease is lost (async handlers)."""
+        if self._lost:
+            return
+        if self._lost_async is None:
+            self._lost_async = asyncio.Event()
         await self._lost_async.wait()
 
     def _mark_lost(self, reason: str) -> None:
         self._lost_reason = reason
-        self._lost.set()
-        self._lost_async.set()
+        self._lost = True
+        if self._lost_async is not None:
+            self._lost_async.set()
 
     def __repr__(self) -> str:
         return (

@@ -1,17 +1,23 @@
-"""Running one attempt: the handler, its lease renewal, its timeout, its result and hand-over."""
+"""Running attempts: the handler, its timeout, its result and hand-over; and one lease keeper
+that renews every running attempt's lease.
+
+A run costs one task. Leases are renewed by a single :class:`LeaseKeeper` in batches, so ten
+thousand jobs sharing a slot do not start ten thousand renewal loops.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import functools
+import heapq
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._batch import Coalescer
-from ._clock import Clock
+from ._clock import Clock, sleep_or_wake
 from ._context import RunContext
 from ._job import Job
 from ._models import Run, RunStatus, ms_to_datetime
@@ -19,13 +25,15 @@ from ._retry import backoff
 from .backend import Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
 
-__all__ = ["ActiveRun", "RunExecutor"]
+__all__ = ["ActiveRun", "LeaseKeeper", "RunExecutor"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
 HANDED_OVER = "handed over"
 LEASE_LOST = "lease lost"
 STOPPED = "stopped"
+# While renewals fail, retry at least this often (ms) until the lease is over.
+RENEW_RETRY_MS = 1_000
 
 
 @dataclass(eq=False)
@@ -35,14 +43,17 @@ class ActiveRun:
     job: Job
     ticket: Ticket
     ctx: RunContext
-    handler_task: asyncio.Future[Any] | None = None
+    task: asyncio.Task[None] | None = None
+    in_handler: bool = False
     cancel_reason: str | None = None
     result: asyncio.Future[Run | None] = field(default_factory=asyncio.Future)
-    task: asyncio.Future[None] | None = None
+    # Lease bookkeeping (local clock, ms): when to renew next, and when the lease surely ends.
+    renew_at: int = 0
+    deadline: int = 0
 
 
 class RunExecutor:
-    """Runs won tickets: calls the handler, renews the lease, records the result."""
+    """Runs won tickets: calls the handler, records the result, hands over on stop."""
 
     def __init__(
         self,
@@ -59,8 +70,9 @@ class RunExecutor:
         self._grace_ms = grace_ms
         self.active: dict[str, ActiveRun] = {}
         self._results: Coalescer[FinishRequest, Run] = Coalescer(backend.finish_many)
+        self.keeper: LeaseKeeper | None = None
         if isinstance(backend, LeaseBackend):
-            self._renewals: Coalescer[Ticket, Ticket] = Coalescer(backend.renew_many)
+            self.keeper = LeaseKeeper(backend, clock, self._lose)
 
     def start(self, job: Job, ticket: Ticket) -> ActiveRun:
         """Begin running ``ticket`` in a task; return its handle."""
@@ -91,24 +103,27 @@ class RunExecutor:
 
     async def _execute_inner(self, active: ActiveRun) -> Run | None:
         ticket, job = active.ticket, active.job
-        _log(
-            logging.INFO,
-            "run_started",
-            ticket,
-            "running %s attempt %d (fence %s)",
-            job.name,
-            ticket.attempt,
-            ticket.fence,
-        )
-        active.handler_task = asyncio.ensure_future(self._call(job, active.ctx))
-        renewer = None
-        if isinstance(self._backend, LeaseBackend) and ticket.lease_expires_at_ms is not None:
-            renewer = asyncio.ensure_future(self._renew_loop(active))
+        if logger.isEnabledFor(logging.INFO):
+            _log(
+                logging.INFO,
+                "run_started",
+                ticket,
+                "running %s attempt %d (fence %s)",
+                job.name,
+                ticket.attempt,
+                ticket.fence,
+            )
+        leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
+        if leased:
+            assert self.keeper is not None
+            self.keeper.add(active)
         try:
-            outcome = await self._outcome(active)
+            outcome = await self._run_handler(active)
         finally:
-            if renewer is not None:
-                renewer.cancel()
+            if leased:
+                assert self.keeper is not None
+                self.keeper.discard(active)
+        ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
             return await self._finish(active, *outcome)
         if active.cancel_reason == HANDED_OVER:
@@ -126,73 +141,47 @@ class RunExecutor:
             )
         return None
 
-    async def _call(self, job: Job, ctx: RunContext) -> Any:
-        if job.is_async:
-            return await job.handler(ctx)
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, job.handler, ctx)
-        return await loop.run_in_executor(self._executor, call)
-
-    async def _outcome(self, active: ActiveRun) -> tuple[RunStatus, str | None] | None:
-        """The handler's result as (status, error), or None if we cancelled it."""
-        assert active.handler_task is not None
-        timeout = active.job.timeout_ms
+    async def _run_handler(self, active: ActiveRun) -> tuple[RunStatus, str | None] | None:
+        """Call the handler; return (status, error), or None if we cancelled it ourselves."""
+        job, ctx = active.job, active.ctx
+        timeout = job.timeout_ms
+        active.in_handler = True
         try:
             if timeout is None:
-                await active.handler_task
+                await self._call(job, ctx)
             else:
-                await asyncio.wait_for(active.handler_task, timeout / 1000)
+                async with asyncio.timeout(timeout / 1000):
+                    await self._call(job, ctx)
         except TimeoutError:
-            if active.cancel_reason is not None:
-                return None
             return RunStatus.FAILED, f"timed out after timeout_ms={timeout}"
         except asyncio.CancelledError:
             if active.cancel_reason is None:
-                raise
+                raise  # not ours: the scheduler is abandoning the run
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
             return None
         except Exception as exc:
             logger.warning(
                 "job %s failed: %s",
-                active.job.name,
+                job.name,
                 exc,
                 exc_info=True,
                 extra=_fields("run_failed", active.ticket),
             )
             return RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            active.in_handler = False
         return RunStatus.SUCCEEDED, None
 
-    async def _renew_loop(self, active: ActiveRun) -> None:
-        backend = self._backend
-        assert isinstance(backend, LeaseBackend)
-        ticket = active.ticket
-        # Renew at a third of the lease, so two renewals can fail before it expires.
-        interval = ticket.lease_ms / 3 / 1000
-        deadline = _local_expiry(self._clock.now_ms(), ticket)
-        while True:
-            await self._clock.sleep(interval)
-            sent = self._clock.now_ms()
-            try:
-                ticket = await self._renewals.submit(ticket)
-            except LeaseLost as exc:
-                self._lose(active, f"{LEASE_LOST}: {exc}")
-                return
-            except BackendError as exc:
-                if self._clock.now_ms() >= deadline:
-                    self._lose(active, f"{LEASE_LOST}: could not renew before expiry ({exc})")
-                    return
-                _log(
-                    logging.WARNING,
-                    "renew_failed",
-                    ticket,
-                    "renewing %s failed: %s",
-                    ticket.job,
-                    exc,
-                )
-                interval = min(interval, 1.0)
-                continue
-            active.ticket = ticket
-            deadline = _local_expiry(sent, ticket)
-            interval = ticket.lease_ms / 3 / 1000
+    async def _call(self, job: Job, ctx: RunContext) -> Any:
+        if job.is_async:
+            return await job.handler(ctx)
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, job.handler, ctx)
+        # Cancelling the await leaves the thread running: plain handlers cannot be interrupted,
+        # but their lease is released and their late result refused.
+        return await loop.run_in_executor(self._executor, call)
 
     def _lose(self, active: ActiveRun, reason: str) -> None:
         self._counters["lease_lost"] += 1
@@ -208,10 +197,12 @@ class RunExecutor:
         self._cancel(active, reason)
 
     def _cancel(self, active: ActiveRun, reason: str) -> None:
+        if active.cancel_reason is not None:
+            return
         active.cancel_reason = reason
         active.ctx._mark_lost(reason)
-        if active.handler_task is not None:
-            active.handler_task.cancel()
+        if active.in_handler and active.task is not None:
+            active.task.cancel()
 
     async def _finish(self, active: ActiveRun, status: RunStatus, error: str | None) -> Run | None:
         ticket = active.ticket
@@ -243,16 +234,17 @@ class RunExecutor:
                 continue
             self._counters[f"runs_{status.value}"] += 1
             level = logging.INFO if status is RunStatus.SUCCEEDED else logging.WARNING
-            _log(
-                level,
-                f"run_{status.value}",
-                ticket,
-                "job %s %s (attempt %d)%s",
-                ticket.job,
-                status.value,
-                ticket.attempt,
-                f": {error}" if error else "",
-            )
+            if logger.isEnabledFor(level):
+                _log(
+                    level,
+                    f"run_{status.value}",
+                    ticket,
+                    "job %s %s (attempt %d)%s",
+                    ticket.job,
+                    status.value,
+                    ticket.attempt,
+                    f": {error}" if error else "",
+                )
             return run
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -304,6 +296,97 @@ class RunExecutor:
             for active in leftover:
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
+
+
+class LeaseKeeper:
+    """Renews the leases of every running attempt, in batches, from one task.
+
+    Each lease is renewed at a third of its length, so two renewals can fail before it
+    expires. Renewals that fall due together go to the backend in one ``renew_many`` call.
+    """
+
+    def __init__(self, backend: LeaseBackend, clock: Clock, on_lost: Any) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._on_lost = on_lost
+        self._heap: list[tuple[int, int, ActiveRun]] = []
+        self._seq = 0
+        self._live: set[ActiveRun] = set()
+        self._wake = asyncio.Event()
+
+    def add(self, active: ActiveRun) -> None:
+        """Keep ``active``'s lease from now on."""
+        now = self._clock.now_ms()
+        ticket = active.ticket
+        active.deadline = _local_expiry(now, ticket)
+        self._live.add(active)
+        self._push(active, now + ticket.lease_ms // 3)
+
+    def discard(self, active: ActiveRun) -> None:
+        """Stop renewing ``active`` (it finished, or is being handed over)."""
+        self._live.discard(active)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _push(self, active: ActiveRun, at: int) -> None:
+        self._seq += 1
+        active.renew_at = at
+        heapq.heappush(self._heap, (at, self._seq, active))
+        if self._heap[0][2] is active:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Renew leases as they fall due, until cancelled."""
+        while True:
+            now = self._clock.now_ms()
+            due: list[ActiveRun] = []
+            while self._heap and self._heap[0][0] <= now:
+                at, _, active = heapq.heappop(self._heap)
+                if active in self._live and active.renew_at == at:
+                    due.append(active)
+            if due:
+                await self._renew(due)
+                continue
+            delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
+            self._wake.clear()
+            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
+
+    async def _renew(self, due: list[ActiveRun]) -> None:
+        sent = self._clock.now_ms()
+        try:
+            answers: list[Ticket | LeaseLost] | None = await self._backend.renew_many(
+                [a.ticket for a in due]
+            )
+        except BackendError as exc:
+            answers = None
+            error: BackendError = exc
+        now = self._clock.now_ms()
+        for n, active in enumerate(due):
+            if active not in self._live:
+                continue
+            answer = answers[n] if answers is not None else None
+            if isinstance(answer, Ticket):
+                active.ticket = answer
+                active.deadline = _local_expiry(sent, answer)
+                self._push(active, now + answer.lease_ms // 3)
+            elif isinstance(answer, LeaseLost):
+                self._live.discard(active)
+                self._on_lost(active, f"{LEASE_LOST}: {answer}")
+            elif now >= active.deadline:
+                self._live.discard(active)
+                self._on_lost(active, f"{LEASE_LOST}: could not renew before expiry ({error})")
+            else:
+                if n == 0:
+                    _log(
+                        logging.WARNING,
+                        "renew_failed",
+                        active.ticket,
+                        "renewing %d lease(s) failed: %s",
+                        len(due),
+                        error,
+                    )
+                self._push(active, now + min(RENEW_RETRY_MS, active.ticket.lease_ms // 3))
 
 
 def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:

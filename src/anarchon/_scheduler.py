@@ -53,6 +53,11 @@ class _State(Enum):
     STOPPED = "stopped"
 
 
+def _new_id() -> str:
+    """A random 128-bit id in hex, for run ids and tokens."""
+    return os.urandom(16).hex()
+
+
 def default_instance_id() -> str:
     """``<hostname>-<pid>-<4 hex>``: unique per process, readable in history."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
@@ -236,8 +241,8 @@ class Scheduler:
             loop = asyncio.get_running_loop()
             watcher = self._watcher
 
-            def poke(job: str, slot_key: str) -> None:
-                loop.call_soon_threadsafe(watcher.poke, job, slot_key)
+            def poke(job: str, slot_key: str, released: bool = True) -> None:
+                loop.call_soon_threadsafe(watcher.poke, job, slot_key, released)
 
             await self.backend.subscribe(poke)
             self._loops.append(asyncio.ensure_future(watcher.run()))
@@ -245,6 +250,8 @@ class Scheduler:
         for job in list(self._jobs.values()):
             self._schedule_next(job, now)
         self._loops.append(asyncio.ensure_future(self._timer.run()))
+        if self._executor.keeper is not None:
+            self._loops.append(asyncio.ensure_future(self._executor.keeper.run()))
         self._loops.append(asyncio.ensure_future(self._watch_clock()))
         self._spawn(self._catch_up(list(self._jobs.values())))
         logger.info(
@@ -392,15 +399,27 @@ class Scheduler:
     def _on_due(self, batch: list[Due]) -> None:
         now = self._clock.now_ms()
         requests: list[ClaimRequest] = []
+        fired: list[tuple[Job, int]] = []
         for due in batch:
             job = self._jobs.get(due.job)
             if job is None or self._generation.get(due.job) != due.generation:
                 continue
-            # Slots already too late by now are passed over without a claim; see too_late below.
-            self._schedule_next(job, max(due.slot, now - job.policy.max_late_ms))
+            fired.append((job, due.slot))
             requests.append(self._request(job, due.slot, Trigger.SCHEDULE, now))
         if requests and self._state is _State.RUNNING:
             self._spawn(self._fire(requests))
+        if fired:
+            # After the claim is on its way: a batch of thousands would otherwise hold it back.
+            self._spawn(self._reschedule(fired, now))
+
+    async def _reschedule(self, fired: list[tuple[Job, int]], now: int) -> None:
+        """Put each fired job's next slot on the timer. Slots that are already too late are
+        passed over without a claim (the process was frozen, or the clock jumped)."""
+        for n, (job, slot) in enumerate(fired):
+            if self._jobs.get(job.name) is job:
+                self._schedule_next(job, max(slot, now - job.policy.max_late_ms))
+            if n % 512 == 511:
+                await asyncio.sleep(0)
 
     def _request(
         self, job: Job, slot: int | None, trigger: Trigger, now: int | None = None
@@ -425,8 +444,8 @@ class Scheduler:
         return ClaimRequest(
             job=job.name,
             slot=slot,
-            run_id=uuid.uuid4().hex,
-            token=uuid.uuid4().hex,
+            run_id=_new_id(),
+            token=_new_id(),
             instance=self.instance_id,
             trigger=trigger,
             lease_ms=policy.lease_ms,

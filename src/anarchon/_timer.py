@@ -7,7 +7,7 @@ import heapq
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ._clock import Clock
+from ._clock import Clock, sleep_or_wake
 
 __all__ = ["Due", "SlotTimer"]
 
@@ -62,15 +62,11 @@ class SlotTimer:
                 if result is not None:
                     await result
                 continue
-            delay = (self._heap[0].due_ms - now) / 1000 if self._heap else MAX_IDLE_WAIT_S
             self._wake.clear()
-            await self._wait(min(delay, MAX_IDLE_WAIT_S))
-
-    async def _wait(self, seconds: float) -> None:
-        sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+            if not self._heap or self._heap[0].due_ms - now > MAX_IDLE_WAIT_S * 1000:
+                await sleep_or_wake(self._clock.sleep(MAX_IDLE_WAIT_S), self._wake)
+            else:
+                head = self._heap[0]
+                # Without jitter the slot is the moment to claim: wake on it, not after it.
+                precise = head.due_ms == head.slot
+                await sleep_or_wake(self._clock.sleep_until(head.due_ms, precise), self._wake)

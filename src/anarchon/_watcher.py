@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import uuid
+import os
 from collections.abc import Callable
 
-from ._clock import Clock
+from ._clock import Clock, sleep_or_wake
 from ._job import Job
 from .backend import LeaseBackend, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import BackendError
@@ -60,10 +60,15 @@ class BackupWatcher:
             due = min(due, now + poll)
         self._schedule(job, slot_key, due)
 
-    def poke(self, job: str, slot_key: str) -> None:
-        """The backend says ``(job, slot_key)`` changed: check it now if watched."""
-        if (job, slot_key) in self._watched:
+    def poke(self, job: str, slot_key: str, released: bool = True) -> None:
+        """The backend says ``(job, slot_key)`` was released (check it now) or finished (stop
+        watching it, without asking the backend)."""
+        if (job, slot_key) not in self._watched:
+            return
+        if released:
             self._schedule(job, slot_key, self._clock.now_ms())
+        else:
+            del self._watched[(job, slot_key)]
 
     def __len__(self) -> int:
         return len(self._watched)
@@ -87,13 +92,7 @@ class BackupWatcher:
                     check.add_done_callback(self._checks.discard)
             delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
             self._wake.clear()
-            sleeper = asyncio.ensure_future(self._clock.sleep(min(delay, 30.0)))
-            waker = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                waker.cancel()
+            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
 
     async def _check(self, job_name: str, slot_key: str) -> None:
         job = self._jobs(job_name)
@@ -103,8 +102,8 @@ class BackupWatcher:
         request = TakeoverRequest(
             job=job_name,
             slot_key=slot_key,
-            run_id=uuid.uuid4().hex,
-            token=uuid.uuid4().hex,
+            run_id=os.urandom(16).hex(),
+            token=os.urandom(16).hex(),
             instance=self._instance,
             lease_ms=job.policy.lease_ms,
             max_attempts=job.policy.max_attempts,

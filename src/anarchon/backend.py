@@ -391,10 +391,11 @@ class LeaseBackend(Backend):
         scheduler with thousands of jobs asks for all of them when it starts."""
         return {job: await self.last_slot(job) for job in jobs}
 
-    async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
-        """Call ``on_change(job, slot_key)`` when a run is released or finishes, if the backend can.
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
+        """Call ``on_change(job, slot_key, released)`` when an attempt is released (``released``
+        True: a backup should take it over now) or finishes (False: backups stop watching).
 
-        Optional: a backend that can push notifications (pub/sub, LISTEN/NOTIFY) wakes backups
-        with it; others leave it and set :attr:`release_poll_ms`. Losing a notification must be
-        harmless: backups still check at lease expiry.
+        Optional: a backend that can push notifications (pub/sub, LISTEN/NOTIFY, a polled
+        events table) wakes backups with it; others leave it and set :attr:`release_poll_ms`.
+        Losing a notification must be harmless: backups still check at lease expiry.
         """

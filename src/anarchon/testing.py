@@ -40,6 +40,10 @@ class FakeClock:
         heapq.heappush(self._sleepers, (self._now + int(seconds * 1000), next(self._seq), future))
         await future
 
+    async def sleep_until(self, wall_ms: int, precise: bool = False) -> None:
+        """Wait until the fake time reaches ``wall_ms``."""
+        await self.sleep((wall_ms - self._now) / 1000)
+
     async def advance(self, ms: int, *, step_ms: int = 100) -> None:
         """Move time forward by ``ms`` in steps, letting due sleepers and their work run."""
         target = self._now + ms

@@ -260,8 +260,8 @@ async def test_release_and_finish_notify_other_instances(make: Make) -> None:
     runner, backup = make(), make()
     await runner.start()
     await backup.start()
-    heard: list[tuple[str, str]] = []
-    await backup.subscribe(lambda job, key: heard.append((job, key)))
+    heard: list[tuple[str, str, bool]] = []
+    await backup.subscribe(lambda job, key, released: heard.append((job, key, released)))
     [a, b] = await runner.claim([request(SLOT), request(SLOT + 1000)])
     assert a.ticket is not None and b.ticket is not None
     await runner.release(a.ticket, "handed over")
@@ -270,14 +270,14 @@ async def test_release_and_finish_notify_other_instances(make: Make) -> None:
         if len(heard) >= 2:
             break
         await asyncio.sleep(0.02)
-    assert heard == [("job", str(SLOT)), ("job", str(SLOT + 1000))]
+    assert heard == [("job", str(SLOT), True), ("job", str(SLOT + 1000), False)]
 
 
 async def test_without_notifications_backups_poll(make: Make) -> None:
     backend = make(notifications=False)
     assert backend.release_poll_ms == 500
     await backend.start()
-    await backend.subscribe(lambda job, key: None)
+    await backend.subscribe(lambda job, key, released: None)
     assert backend._listener is None
 
 

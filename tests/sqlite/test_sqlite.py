@@ -35,7 +35,7 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
     await backend.stop()
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 1
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 2
     conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
     conn.commit()
     conn.close()
@@ -51,7 +51,7 @@ async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
     for backend in backends:
         await backend.stop()
     conn = sqlite3.connect(tmp_path / "b.db")
-    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 2
 
 
 async def test_history_is_capped_by_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,3 +86,42 @@ async def test_bad_arguments(tmp_path: Path) -> None:
         await SQLiteBackend(tmp_path / "missing" / "d.db").start()
     with pytest.raises(BackendError, match="not started"):
         await SQLiteBackend(tmp_path / "e.db").history("job")
+
+
+async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "old.db")
+    conn.executescript(
+        sqlite_module.Q["create_schema_table"] + ";" + sqlite_module.Q["migration_1"]
+    )
+    conn.execute("INSERT INTO anarchon_schema (version) VALUES (1)")
+    conn.commit()
+    conn.close()
+    backend = SQLiteBackend(tmp_path / "old.db")
+    await backend.start()
+    [won] = await backend.claim([request(SLOT)])
+    assert won.ticket is not None
+    await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    await backend.stop()
+    conn = sqlite3.connect(tmp_path / "old.db")
+    assert [v for (v,) in conn.execute("SELECT version FROM anarchon_schema ORDER BY 1")] == [1, 2]
+    assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
+
+
+async def test_other_processes_hear_of_releases_and_results(tmp_path: Path) -> None:
+    writer, reader = SQLiteBackend(tmp_path / "f.db"), SQLiteBackend(tmp_path / "f.db")
+    await writer.start()
+    await reader.start()
+    heard: list[tuple[str, str, bool]] = []
+    await reader.subscribe(lambda job, key, released: heard.append((job, key, released)))
+    [a] = await writer.claim([request(SLOT)])
+    [b] = await writer.claim([request(SLOT + 1000)])
+    assert a.ticket is not None and b.ticket is not None
+    await writer.release(a.ticket, "handed over")
+    await writer.finish(b.ticket, RunStatus.SUCCEEDED, None)
+    for _ in range(50):
+        if len(heard) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert heard == [("job", str(SLOT), True), ("job", str(SLOT + 1000), False)]
+    await reader.stop()
+    await writer.stop()

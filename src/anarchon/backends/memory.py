@@ -103,7 +103,7 @@ class MemoryBackend(LeaseBackend):
         self._clock: Clock = clock or SystemClock()
         self._rows = _MemoryRows()
         self._history_size = history_size
-        self._listeners: list[Callable[[str, str], None]] = []
+        self._listeners: list[Callable[[str, str, bool], None]] = []
 
     def _now(self) -> int:
         return self._clock.now_ms()
@@ -124,7 +124,7 @@ class MemoryBackend(LeaseBackend):
     async def release(self, ticket: Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`."""
         rules.release(self._rows, ticket, self._now())
-        self._notify(ticket.job, ticket.slot_key)
+        self._notify(ticket.job, ticket.slot_key, True)
 
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`."""
@@ -132,7 +132,7 @@ class MemoryBackend(LeaseBackend):
         run = rules.finish(self._rows, ticket, status, error, now)
         cutoff = now - ticket.history_ttl_ms if ticket.history_ttl_ms else None
         self._rows.prune(ticket.job, cutoff, self._history_size)
-        self._notify(ticket.job, ticket.slot_key)
+        self._notify(ticket.job, ticket.slot_key, False)
         return run
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
@@ -149,10 +149,10 @@ class MemoryBackend(LeaseBackend):
         """The clock this backend uses."""
         return self._now()
 
-    async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """Call ``on_change`` synchronously on every release and finish."""
         self._listeners.append(on_change)
 
-    def _notify(self, job: str, slot_key: str) -> None:
+    def _notify(self, job: str, slot_key: str, released: bool) -> None:
         for listener in self._listeners:
-            listener(job, slot_key)
+            listener(job, slot_key, released)

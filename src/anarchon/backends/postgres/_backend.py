@@ -484,7 +484,7 @@ class PostgresBackend(LeaseBackend):
                     extra={"action": "migrated"},
                 )
 
-    async def subscribe(self, on_change: Callable[[str, str], None]) -> None:
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """LISTEN for releases and results on a dedicated connection (unless notifications are
         off); reconnects with backoff. Missed notifications only delay a backup until the
         lease expires."""

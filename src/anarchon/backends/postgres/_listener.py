@@ -41,7 +41,7 @@ class Listener:
         self._connect = connect
         self._channel = channel
         self._where = where
-        self._callbacks: list[Callable[[str, str], None]] = []
+        self._callbacks: list[Callable[[str, str, bool], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
 
@@ -50,8 +50,8 @@ class Listener:
         """True while LISTEN is in effect on a live connection."""
         return self._listening.is_set()
 
-    def add(self, on_change: Callable[[str, str], None]) -> None:
-        """Call ``on_change(job, slot_key)`` for every notification from now on."""
+    def add(self, on_change: Callable[[str, str, bool], None]) -> None:
+        """Call ``on_change(job, slot_key, released)`` for every notification from now on."""
         self._callbacks.append(on_change)
 
     async def start(self, wait_s: float) -> None:
@@ -106,10 +106,12 @@ class Listener:
     async def _serve(self, conn: AsyncConnection[Any]) -> None:
         while True:
             async for note in conn.notifies(timeout=PING_EVERY_S):
-                job, _, slot_key = note.payload.partition(" ")
+                # "<job> <slot_key> released|finished"; neither name contains a space.
+                job, _, rest = note.payload.partition(" ")
+                slot_key, _, kind = rest.partition(" ")
                 for callback in self._callbacks:
                     try:
-                        callback(job, slot_key)
+                        callback(job, slot_key, kind != "finished")
                     except Exception:
                         logger.exception(
                             "notification callback failed", extra={"action": "listen_callback"}

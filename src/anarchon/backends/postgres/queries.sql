@@ -331,7 +331,8 @@ released AS (
     RETURNING x.job, x.slot_key
 )
 SELECT clock.now,
-       (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key)::text) FROM released)
+       (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key || ' released')::text)
+        FROM released)
            AS done,
        cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
 FROM clock
@@ -387,7 +388,8 @@ raised AS (
     ON CONFLICT (job) DO UPDATE SET through = greatest(p.through, EXCLUDED.through)
 )
 SELECT 'finished' AS outcome, f.*,
-       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key))::text AS notified
+       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key || ' finished'))::text
+           AS notified
 FROM finished f
 UNION ALL
 SELECT 'lost', x.*, NULL

@@ -2,13 +2,15 @@
 
 The file is opened in WAL mode with a busy timeout; every decision is one short
 ``BEGIN IMMEDIATE`` transaction, so exactly one process wins each slot. Leases use the host's
-clock, which every process on the host shares. SQLite has no notifications, so backups poll a
-watched run every :attr:`SQLiteBackend.release_poll_ms` to notice a hand-over.
+clock, which every process on the host shares. SQLite cannot notify other processes, so each
+release and result is also written to an events table that every process polls once every
+:data:`EVENTS_POLL_MS` (one small read, however many runs it watches) to wake its backups.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 import time
@@ -35,12 +37,16 @@ from .._sql import load_queries
 __all__ = ["SQLiteBackend"]
 
 Q: Final = load_queries(__name__, "queries.sql")
-SCHEMA_VERSION: Final = 1
-MIGRATIONS: Final = {1: Q["migration_1"]}
+SCHEMA_VERSION: Final = 2
+MIGRATIONS: Final = {1: Q["migration_1"], 2: Q["migration_2"]}
 ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
 # Prune a job's history by count at most this often per process; age pruning is cheap.
 PRUNE_EVERY_MS: Final = 10_000
+# How often each process reads the events table; a hand-over is noticed within this.
+EVENTS_POLL_MS: Final = 200
+# Events are kept this long: far longer than a poll interval, so none is missed.
+EVENTS_KEEP_MS: Final = 60_000
 
 T = TypeVar("T")
 
@@ -73,6 +79,10 @@ class _SQLiteRows:
     def pruned_through(self, job: str) -> int | None:
         found = self.conn.execute(Q["pruned_through"], (job,)).fetchone()
         return None if found is None or found[0] is None else int(found[0])
+
+
+def _events_since(conn: sqlite3.Connection, since: int) -> list[tuple[int, str, str, int]]:
+    return conn.execute(Q["events_since"], (since,)).fetchall()
 
 
 def _row(values: tuple[Any, ...] | None) -> RunRow | None:
@@ -148,7 +158,6 @@ class SQLiteBackend(LeaseBackend):
     """
 
     name = "sqlite"
-    release_poll_ms = 250
 
     def __init__(
         self,
@@ -171,6 +180,9 @@ class SQLiteBackend(LeaseBackend):
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._pruned_at: dict[str, int] = {}
+        self._events_pruned_at = 0
+        self._poller: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[str, str, bool], None]] = []
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({str(self.path)!r})"
@@ -251,7 +263,11 @@ class SQLiteBackend(LeaseBackend):
             raise BackendError(f"cannot open SQLite database {self.path}: {exc}") from exc
 
     async def stop(self) -> None:
-        """Close the file."""
+        """Stop polling events and close the file."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
         conn, thread = self._conn, self._thread
         self._conn = self._thread = None
         if conn is not None and thread is not None:
@@ -289,18 +305,22 @@ class SQLiteBackend(LeaseBackend):
         return await self._call(work)
 
     async def release(self, ticket: Ticket, reason: str) -> None:
-        """See :meth:`anarchon.backend.LeaseBackend.release`."""
-        await self._call(lambda c: self._write(c, lambda r, n: rules.release(r, ticket, n)))
+        """See :meth:`anarchon.backend.LeaseBackend.release`; other processes hear of it through
+        the events table."""
+
+        def work(rows: _SQLiteRows, now: int) -> None:
+            rules.release(rows, ticket, now)
+            rows.conn.execute(Q["add_event"], (ticket.job, ticket.slot_key, 1, now))
+
+        await self._call(lambda c: self._write(c, work))
 
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history too."""
 
-        def work(rows: _SQLiteRows, now: int) -> Run:
-            run = rules.finish(rows, ticket, status, error, now)
-            self._prune(rows.conn, ticket, now)
-            return run
-
-        return await self._call(lambda c: self._write(c, work))
+        [answer] = await self.finish_many([(ticket, status, error)])
+        if isinstance(answer, LeaseLost):
+            raise answer
+        return answer
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
         """See :meth:`anarchon.backend.Backend.finish_many`; the batch is one transaction."""
@@ -315,6 +335,7 @@ class SQLiteBackend(LeaseBackend):
                 except LeaseLost as exc:
                     out.append(exc)
                     continue
+                rows.conn.execute(Q["add_event"], (ticket.job, ticket.slot_key, 0, now))
                 if ticket.job not in pruned:
                     pruned.add(ticket.job)
                     self._prune(rows.conn, ticket, now)
@@ -351,6 +372,9 @@ class SQLiteBackend(LeaseBackend):
             ]
         if slots:
             conn.execute(Q["raise_pruned_through"], {"job": ticket.job, "slot": max(slots)})
+        if now - self._events_pruned_at >= PRUNE_EVERY_MS:
+            self._events_pruned_at = now
+            conn.execute(Q["prune_events"], (now - EVENTS_KEEP_MS,))
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`."""
@@ -383,6 +407,26 @@ class SQLiteBackend(LeaseBackend):
             return found
 
         return await self._call(read)
+
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
+        """Poll the events table every :data:`EVENTS_POLL_MS` and report new releases and
+        results to ``on_change``; events written before this call are not reported."""
+        self._listeners.append(on_change)
+        if self._poller is None:
+            since = await self._call(lambda c: int(c.execute(Q["last_event"]).fetchone()[0]))
+            self._poller = asyncio.ensure_future(self._poll_events(since))
+
+    async def _poll_events(self, since: int) -> None:
+        while True:
+            await asyncio.sleep(EVENTS_POLL_MS / 1000)
+            try:
+                events = await self._call(functools.partial(_events_since, since=since))
+            except BackendError:
+                continue  # busy or briefly unavailable: the next poll catches up
+            for seq, job, slot_key, released in events:
+                since = seq
+                for listener in self._listeners:
+                    listener(job, slot_key, bool(released))
 
     async def server_time_ms(self) -> int | None:
         """The host clock, which every process on the host shares."""

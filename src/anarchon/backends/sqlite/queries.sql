@@ -29,6 +29,16 @@ CREATE INDEX IF NOT EXISTS anarchon_runs_newest ON anarchon_runs (job, started_a
 CREATE INDEX IF NOT EXISTS anarchon_runs_running ON anarchon_runs (job) WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS anarchon_runs_slot ON anarchon_runs (job, slot) WHERE slot IS NOT NULL;
 
+-- name: migration_2
+-- Releases and results, polled by other processes to wake their backups (SQLite cannot notify).
+CREATE TABLE IF NOT EXISTS anarchon_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    slot_key TEXT NOT NULL,
+    released INTEGER NOT NULL,
+    at INTEGER NOT NULL
+);
+
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS anarchon_schema (version INTEGER NOT NULL);
 
@@ -83,6 +93,18 @@ SELECT max(slot) FROM anarchon_runs WHERE job = ? AND slot IS NOT NULL;
 SELECT job, max(slot) FROM anarchon_runs
 WHERE job IN (?jobs) AND slot IS NOT NULL
 GROUP BY job;
+
+-- name: add_event
+INSERT INTO anarchon_events (job, slot_key, released, at) VALUES (?, ?, ?, ?);
+
+-- name: last_event
+SELECT coalesce(max(seq), 0) FROM anarchon_events;
+
+-- name: events_since
+SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY seq LIMIT 5000;
+
+-- name: prune_events
+DELETE FROM anarchon_events WHERE at < ?;
 
 -- name: prune_by_age
 DELETE FROM anarchon_runs
