@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import socket
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -51,6 +52,19 @@ class _State(Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
+    swallows a cancellation (some drivers' timeouts do) must not make stop() hang."""
+    deadline = time.monotonic() + limit_s
+    pending = {t for t in tasks if not t.done()}
+    while pending and time.monotonic() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.25)
+    if pending:
+        logger.warning("%d internal task(s) did not stop", len(pending), extra={"action": "stop"})
 
 
 def _new_id() -> str:
@@ -285,7 +299,7 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await self._executor.stop(self.grace_ms)
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await _cancel_and_wait(self._loops)
         await self.backend.stop()
         self._thread_pool.shutdown(wait=False)
         self._state = _State.STOPPED
@@ -469,11 +483,19 @@ class Scheduler:
         """
         pending = list(requests)
         started = self._clock.now_ms()
+        error: BackendUnavailable | None = None
         for delay in backoff():
             try:
                 return await self.backend.claim(pending)
             except BackendUnavailable as exc:
                 self._counters["claim_errors"] += 1
+                if error is None:
+                    logger.warning(
+                        "claiming %d slot(s) failed, retrying until they are too late: %s",
+                        len(pending),
+                        exc,
+                        extra={"action": "claim_retry", "job": pending[0].job},
+                    )
                 error = exc
             if self._state is not _State.RUNNING:
                 return []

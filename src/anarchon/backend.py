@@ -284,6 +284,8 @@ class Backend(abc.ABC):
         Atomically accept only if the attempt is still the current one for ``(job, slot_key)``,
         is ``running`` and its token is ``ticket.token``; otherwise raise
         :class:`~anarchon.errors.LeaseLost` (a backup took over: the late result is refused).
+        The same result sent again with the same token (a retry whose answer was lost) returns
+        the stored run instead.
         Lease backends prune the job's history here (older than ``ticket.history_ttl_ms``,
         beyond the backend's count cap), never dropping a record another instance may still
         need to refuse a claim.

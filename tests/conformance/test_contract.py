@@ -298,7 +298,7 @@ async def test_finish_many_decides_each_result(backend: Backend) -> None:
         [
             (won[0], RunStatus.SUCCEEDED, None),
             (won[1], RunStatus.FAILED, "boom"),
-            (won[0], RunStatus.SUCCEEDED, None),
+            (won[0], RunStatus.FAILED, "a second, different result"),
             (won[2], RunStatus.SUCCEEDED, None),
         ]
     )
@@ -312,6 +312,10 @@ async def test_finish_many_decides_each_result(backend: Backend) -> None:
         assert isinstance(results[2], LeaseLost), "a second result for one attempt was accepted"
     history = {r.slot_ms: r for r in await backend.history("job")}
     assert history[SLOT + 1000].error == "boom"
+    assert history[SLOT].status is RunStatus.SUCCEEDED
+    # The same result again (a retry whose answer was lost) is not an error.
+    [again] = await backend.finish_many([(won[0], RunStatus.SUCCEEDED, None)])
+    assert not isinstance(again, LeaseLost) and again.run_id == won[0].run_id
 
 
 async def test_renew_many_refuses_only_stale_tickets(lease_backend: LeaseBackend) -> None:

@@ -282,6 +282,9 @@ def release(store: RowStore, ticket: Ticket, now: int) -> None:
 
 def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now: int) -> Run:
     """Record a result (see :meth:`anarchon.backend.Backend.finish`)."""
+    done = store.current(ticket.job, ticket.slot_key)
+    if done is not None and done.token == ticket.token and done.status == status:
+        return done.to_run()  # a retry whose first answer was lost: already recorded
     row = _held_by(store, ticket)
     row.status = RunStatus(status)
     row.error = error

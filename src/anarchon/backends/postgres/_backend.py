@@ -677,7 +677,10 @@ class PostgresBackend(LeaseBackend):
         for param in params:
             if param["keep"] is not None:
                 self._pruned_at[param["job"]] = now
-        return [_finished(ticket, row) for (ticket, _, _), row in zip(batch, rows, strict=True)]
+        return [
+            _finished(ticket, str(RunStatus(status)), row)
+            for (ticket, status, _), row in zip(batch, rows, strict=True)
+        ]
 
     async def _pipelined(
         self,
@@ -785,9 +788,11 @@ def _renewed(ticket: Ticket, row: Any) -> Ticket | LeaseLost:
     return _lease_lost(ticket, attempt, status)
 
 
-def _finished(ticket: Ticket, row: dict[str, Any] | None) -> Run | LeaseLost:
+def _finished(ticket: Ticket, status: str, row: dict[str, Any] | None) -> Run | LeaseLost:
     """Interpret the finish statement's row for ``ticket``."""
     stored = _run_row(row) if row is not None else None
+    if stored is not None and stored.token == ticket.token and stored.status == status:
+        return stored.to_run()  # recorded now, or by a retry whose first answer was lost
     if row is None or row["outcome"] != "finished" or stored is None:
         return _lease_lost(
             ticket, stored.attempt if stored else None, stored.status if stored else None
