@@ -24,6 +24,7 @@ from .backend import Backend, Capability, LeaseBackend
 from .backends.memory import MemoryBackend
 from .backends.nats import NatsBackend
 from .backends.postgres import PostgresBackend
+from .backends.redis import RedisBackend
 from .backends.sqlite import SQLiteBackend
 from .errors import (
     AnarchonError,
@@ -66,6 +67,7 @@ __all__ = [
     "NatsBackend",
     "Overlap",
     "PostgresBackend",
+    "RedisBackend",
     "Run",
     "RunContext",
     "RunStatus",

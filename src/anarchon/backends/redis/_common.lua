@@ -1,0 +1,93 @@
+-- Prepended to every anarchon script when it is loaded (see _scripts.py). Each script is one
+-- atomic step on ONE job: KEYS are that job's keys in the order of _keys.py (1 meta, 2 runs,
+-- 3 slots, 4 order, 5 leases), all with the job's hash tag, so a script never crosses a Redis
+-- Cluster slot. ARGV[1] holds the call's arguments as a JSON object; every script answers JSON.
+-- Times are epoch milliseconds on this server's clock (TIME), never an instance's clock.
+local META, RUNS, SLOTS, ORDER, LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local A = cjson.decode(ARGV[1])
+
+-- Integers as Redis arguments: exact, never in exponent notation.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local NOW = now_ms()
+
+local function reply(answer)
+  answer.now = NOW
+  return cjson.encode(answer)
+end
+
+local function load(id)
+  local raw = redis.call('HGET', RUNS, id)
+  if not raw then
+    return nil
+  end
+  return cjson.decode(raw)
+end
+
+-- The highest attempt of a slot key, or nil.
+local function current(slot_key)
+  local id = redis.call('HGET', SLOTS, slot_key)
+  if not id then
+    return nil
+  end
+  return load(id)
+end
+
+local function save(row)
+  redis.call('HSET', RUNS, row.id, cjson.encode(row))
+end
+
+-- A fence above every earlier fence of the job and at least the server's clock in ms, so a
+-- Redis that lost its data (restart without persistence, failover to a replica that missed the
+-- last writes) still hands out fences above those it gave before, as long as its clock does
+-- not go back.
+local function next_fence()
+  local stored = tonumber(redis.call('HGET', META, 'fence')) or 0
+  local fence = math.max(stored + 1, NOW)
+  redis.call('HSET', META, 'fence', int(fence))
+  return fence
+end
+
+-- Store a new attempt. Ids are a per-job sequence of fixed width, so attempts that start in
+-- the same millisecond keep their insertion order in ORDER (ties sort by member).
+local function insert(row)
+  row.id = string.format('%012d', redis.call('HINCRBY', META, 'seq', 1))
+  save(row)
+  redis.call('HSET', SLOTS, row.slot_key, row.id)
+  redis.call('ZADD', ORDER, int(row.started_at), row.id)
+  if row.status == 'running' then
+    redis.call('ZADD', LEASES, int(row.lease_expires_at), row.id)
+  end
+  if row.slot then
+    local last = tonumber(redis.call('HGET', META, 'last_slot'))
+    if not last or row.slot > last then
+      redis.call('HSET', META, 'last_slot', int(row.slot))
+    end
+  end
+end
+
+-- Renew, release and finish: the current attempt if A's token and fence still hold it, else
+-- nil and the answer that makes the caller raise LeaseLost.
+local function held()
+  local row = current(A.slot_key)
+  if row and row.token == A.token and row.fence == A.fence and row.status == 'running' then
+    return row, nil
+  end
+  if not row then
+    return nil, reply({lost = 'nobody'})
+  end
+  return nil, reply({lost = 'attempt', attempt = row.attempt, status = row.status})
+end
+
+-- Tell backups watching this run: released (take it over now) or finished (stop watching).
+-- A lost message only delays them to the lease expiry.
+local function notify(row, released)
+  redis.call('PUBLISH', A.channel, cjson.encode({row.job, row.slot_key, released}))
+end

@@ -1,0 +1,97 @@
+"""Every Redis key and channel the Redis backend uses, and the rule for prefixes.
+
+Per job ``J`` under prefix ``P`` (default ``anarchon:``), five keys, all carrying the hash tag
+``{J}`` so that they live in one Redis Cluster slot and one script may touch them together:
+
+=====================  =====  =============================================================
+key                    type   contents
+=====================  =====  =============================================================
+``P{J}:meta``          hash   ``fence`` (last fencing token), ``seq`` (last attempt id),
+                              ``last_slot`` (newest scheduled or catch-up slot),
+                              ``pruned_through`` (newest slot pruning removed),
+                              ``known_from`` (slots before this are unknown to this data set)
+``P{J}:runs``          hash   attempt id (12 digits, rising) -> the attempt as JSON
+``P{J}:slots``         hash   slot key (``<epoch ms>`` or ``manual-<run id>``) -> current attempt id
+``P{J}:order``         zset   attempt id scored by its start (ms): history, newest first
+``P{J}:leases``        zset   attempt id scored by its lease expiry (ms), for attempts that
+                              are running and not released: overlap checks
+=====================  =====  =============================================================
+
+One channel per prefix, ``P_changes`` (no job: PUBLISH reaches every node of a cluster),
+carries ``["<job>", "<slot key>", <released>]`` when an attempt is released (true) or
+finishes (false).
+
+A prefix has no ``{`` (the first ``{`` of every key opens its hash tag, so no prefix can reach
+into another's keys), no glob characters (``<prefix>{*`` is exactly one namespace for SCAN), no
+whitespace, and ends with ``:``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from ..._job import check_name
+from ...errors import InvalidOption
+
+__all__ = ["JobKeys", "Namespace", "check_prefix"]
+
+DEFAULT_PREFIX: Final = "anarchon:"
+PREFIX_RULE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,98}:")
+PREFIX_RULE_TEXT: Final = (
+    "1 to 100 characters of letters, digits, '_', '-', '.' and ':', starting with a letter or "
+    "digit and ending with ':' (no braces, spaces or glob characters, so that keys of two "
+    "prefixes can never collide and every key of a job keeps its cluster hash tag)"
+)
+# Order matters: the scripts read KEYS[1..5] in this order.
+KINDS: Final = ("meta", "runs", "slots", "order", "leases")
+
+
+def check_prefix(prefix: object) -> str:
+    """Return ``prefix`` if it follows the rule, else raise :class:`InvalidOption`."""
+    if not isinstance(prefix, str) or not PREFIX_RULE.fullmatch(prefix):
+        raise InvalidOption(f"Redis key prefix {prefix!r} must be {PREFIX_RULE_TEXT}")
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job, in the order the scripts expect them."""
+
+    meta: str
+    runs: str
+    slots: str
+    order: str
+    leases: str
+
+    def all(self) -> list[str]:
+        """The keys as the scripts' ``KEYS`` array."""
+        return [self.meta, self.runs, self.slots, self.order, self.leases]
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Key names under one validated prefix."""
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+
+    def job(self, job: str) -> JobKeys:
+        """The keys of ``job``; raises :class:`~anarchon.errors.InvalidJobName` for a bad name,
+        since a name with braces would break the hash tag."""
+        check_name(job)
+        base = f"{self.prefix}{{{job}}}:"
+        return JobKeys(*(base + kind for kind in KINDS))
+
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel for releases and finishes."""
+        return f"{self.prefix}_changes"
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN MATCH pattern for every key of this prefix and no other prefix."""
+        return f"{self.prefix}{{*"

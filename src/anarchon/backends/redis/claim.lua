@@ -1,0 +1,127 @@
+-- claim: become the runner of one slot (Backend.claim). Idempotent per token.
+-- A: job, slot_key, slot (absent for a manual run), run_id, token, instance, trigger,
+--    lease_ms, overlap ('skip' or 'allow'), skip_reason (optional), restart_margin_ms.
+
+-- Python's datetime.isoformat() of an aware UTC datetime, for the reasons we record.
+local function iso(ms)
+  local secs = math.floor(ms / 1000)
+  local milli = ms - secs * 1000
+  local days = math.floor(secs / 86400)
+  local rem = secs - days * 86400
+  -- Days to civil date (Howard Hinnant's algorithm), valid from 0000-03-01 on.
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400
+  if month <= 2 then
+    year = year + 1
+  end
+  local out = string.format('%04d-%02d-%02dT%02d:%02d:%02d', year, month, day,
+    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60)
+  if milli ~= 0 then
+    out = out .. string.format('.%06d', milli * 1000)
+  end
+  return out .. '+00:00'
+end
+
+local function describe(row)
+  if not row.slot then
+    return 'manual'
+  end
+  return 'slot ' .. iso(row.slot)
+end
+
+-- Any attempt of the job running under a live lease that was not released.
+local function live_holder()
+  local ids = redis.call('ZRANGEBYSCORE', LEASES, '(' .. int(NOW), '+inf', 'LIMIT', 0, 10)
+  for _, id in ipairs(ids) do
+    local row = load(id)
+    if row and row.status == 'running' and not row.released then
+      return row
+    end
+    redis.call('ZREM', LEASES, id)
+  end
+  return nil
+end
+
+-- An answer for a slot this data set cannot vouch for; nothing is stored.
+local function refuse(reason)
+  return reply({status = 'lost', run = {
+    job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
+    token = '', instance = A.instance, trigger = A.trigger, status = 'skipped', fence = 0,
+    started_at = NOW, reason = reason,
+  }})
+end
+
+local existing = current(A.slot_key)
+if existing then
+  if existing.status == 'skipped' and existing.attempt == 1 then
+    return reply({status = 'skipped', run = existing})
+  end
+  if existing.token == A.token and existing.attempt == 1 then
+    return reply({status = 'won', run = existing})
+  end
+  local lost = {status = 'lost', run = existing}
+  if existing.status == 'running' then
+    lost.expires = existing.lease_expires_at
+  end
+  return reply(lost)
+end
+
+if redis.call('EXISTS', META) == 0 then
+  -- The first record of this job in this data set. Slots from before this server started
+  -- are unknown to it: after a restart without persistence they may have run already, so
+  -- they are refused (fail closed) rather than run a second time. The margin covers the
+  -- one-second resolution of the uptime and small clock skew between instances and Redis.
+  local info = redis.pcall('INFO', 'server')
+  local uptime = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+  if uptime then
+    local started = (math.floor(NOW / 1000) - uptime) * 1000
+    redis.call('HSET', META, 'known_from', int(started + A.restart_margin_ms))
+  end
+end
+
+if A.slot then
+  local pruned = tonumber(redis.call('HGET', META, 'pruned_through'))
+  if pruned and A.slot <= pruned then
+    return refuse("too old: the job's history is pruned past this slot")
+  end
+  local known = tonumber(redis.call('HGET', META, 'known_from'))
+  if known and A.slot < known then
+    return refuse('unknown: Redis holds no record of this job before ' .. iso(known)
+      .. ' (it restarted without its data), so the slot may have run already; not run again')
+  end
+end
+
+local reason = A.skip_reason
+if not reason and A.overlap == 'skip' then
+  local holder = live_holder()
+  if holder then
+    reason = 'overlap: run ' .. holder.run_id .. ' (' .. describe(holder)
+      .. ') still holds its lease'
+  end
+end
+
+local row = {
+  job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
+  token = A.token, instance = A.instance, trigger = A.trigger, started_at = NOW,
+}
+if reason then
+  row.status = 'skipped'
+  row.fence = 0
+  row.reason = reason
+  row.finished_at = NOW
+  insert(row)
+  return reply({status = 'skipped', run = row})
+end
+row.status = 'running'
+row.fence = next_fence()
+row.lease_expires_at = NOW + A.lease_ms
+insert(row)
+return reply({status = 'won', run = row})

@@ -1,0 +1,34 @@
+"""The runnable example of docs/backends/redis.md runs, on the shared server, in a fresh prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.backends.redis import SERVER, delete_prefix, unique_prefix
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "backends" / "redis.md"
+
+
+async def test_the_example_runs() -> None:
+    text = DOC.read_text()
+    example = re.search(r"## Example\n.*?```python\n(.*?)```", text, re.S)
+    assert example is not None, "no example in the Redis page"
+    prefix = unique_prefix()
+    code = example.group(1).replace('prefix="myapp:"', f'prefix="{prefix}"')
+    assert prefix in code
+    try:
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        await delete_prefix(SERVER, prefix)
+    assert out.returncode == 0, out.stderr
+    assert "attempt 1" in out.stdout and "RunStatus.SUCCEEDED" in out.stdout, out.stdout

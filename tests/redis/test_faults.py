@@ -1,0 +1,303 @@
+"""Faults on a private redis-server: unreachable, killed, restarted without its data, scripts
+flushed; the backend fails closed, recovers by itself and never runs a slot it cannot vouch for."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from anarchon import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
+from anarchon.backend import ClaimStatus
+from anarchon.backends.redis import RESTART_MARGIN_MS, RedisBackend
+from anarchon.backends.redis._errors import translate
+from tests.backends.redis import SERVER
+from tests.redis.servers import RedisServer, free_port, redis_server
+from tests.redis.test_scripts import claim_request
+
+PREFIX = "fault:"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def settle(server: RedisServer) -> None:
+    """Wait until slots of "now" are past the server's restart margin (see the claim script)."""
+    started = await server_started_ms(server)
+    wait = started + RESTART_MARGIN_MS + 1_200 - now_ms()
+    if wait > 0:
+        await asyncio.sleep(wait / 1000)
+
+
+async def server_started_ms(server: RedisServer) -> int:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(server.url)
+    try:
+        info = await client.info("server")
+    finally:
+        await client.aclose()
+    return (int(time.time()) - int(info["uptime_in_seconds"])) * 1000
+
+
+async def test_unreachable_server_fails_start_quickly() -> None:
+    port = free_port()
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0")
+    began = time.monotonic()
+    with pytest.raises(BackendUnavailable) as caught:
+        await backend.start()
+    assert time.monotonic() - began < 10
+    assert f"127.0.0.1:{port}" in str(caught.value) and "cannot start" in str(caught.value)
+    await backend.stop()
+
+
+@pytest.mark.slow
+async def test_restart_without_persistence_fails_closed_and_recovers(
+    own_server: RedisServer,
+) -> None:
+    await settle(own_server)
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        slot = now_ms() - 50  # a slot that just came due
+        [won] = await backend.claim([claim_request(slot=slot, lease_ms=10_000)])
+        assert won.ticket is not None and won.ticket.fence is not None
+        own_server.kill()
+
+        # Down: every call fails closed with BackendUnavailable, and quickly.
+        began = time.monotonic()
+        for call in (
+            backend.claim([claim_request(slot=slot + 1000)]),
+            backend.renew(won.ticket),
+            backend.history("job"),
+            backend.server_time_ms(),
+        ):
+            with pytest.raises(BackendUnavailable):
+                await call
+        assert time.monotonic() - began < 20
+
+        own_server.start()
+        # The restarted server has forgotten the slot. Another instance retrying its claim
+        # must not win it: the server cannot know whether it ran.
+        [retried] = await backend.claim([claim_request(slot=slot, instance="late")])
+        assert retried.status is ClaimStatus.LOST, retried
+        assert retried.run.reason is not None and retried.run.reason.startswith("unknown:")
+        # The first runner hears it lost its lease (nobody holds the slot now).
+        with pytest.raises(LeaseLost, match="the slot is now at nobody"):
+            await backend.renew(won.ticket)
+
+        # Slots after the restart run, with fences above those given before it.
+        await settle(own_server)
+        [fresh] = await backend.claim([claim_request(slot=now_ms())])
+        assert fresh.status is ClaimStatus.WON and fresh.ticket is not None
+        assert fresh.ticket.fence is not None and fresh.ticket.fence > won.ticket.fence
+    finally:
+        await backend.stop()
+
+
+async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServer) -> None:
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        own_server.cli("SCRIPT", "FLUSH")
+        [one] = await backend.claim([claim_request(slot=None)])
+        assert one.status is ClaimStatus.WON
+        own_server.cli("SCRIPT", "FLUSH")
+        batch = await backend.claim([claim_request(job=f"j{n}", slot=None) for n in range(5)])
+        assert [o.status for o in batch] == [ClaimStatus.WON] * 5
+        own_server.cli("SCRIPT", "FLUSH")
+        assert len(await backend.history("job")) == 1
+    finally:
+        await backend.stop()
+
+
+@pytest.mark.slow
+async def test_notifications_resume_after_a_restart(own_server: RedisServer) -> None:
+    listener = RedisBackend(own_server.url, prefix=PREFIX)
+    other = RedisBackend(own_server.url, prefix=PREFIX)
+    await listener.start()
+    await other.start()
+    heard: asyncio.Queue[tuple[str, str, bool]] = asyncio.Queue()
+    try:
+        await listener.subscribe(lambda job, key, released: heard.put_nowait((job, key, released)))
+
+        async def release_and_hear(wait_s: float) -> float:
+            [won] = await other.claim([claim_request(slot=None, lease_ms=30_000)])
+            assert won.ticket is not None
+            sent = time.monotonic()
+            await other.release(won.ticket, "handed over")
+            got = await asyncio.wait_for(heard.get(), wait_s)
+            assert got == ("job", won.ticket.slot_key, True)
+            return time.monotonic() - sent
+
+        assert await release_and_hear(5) < 1.0
+        own_server.kill()
+        await asyncio.sleep(0.5)
+        own_server.start()
+        restarted = time.monotonic()
+        # Messages published before the listener re-subscribes are lost (by design: backups
+        # then act at lease expiry); keep releasing until one is heard.
+        while time.monotonic() - restarted < 15:
+            try:
+                assert await release_and_hear(0.5) < 0.5
+                break
+            except (BackendUnavailable, TimeoutError):
+                continue
+        else:
+            raise AssertionError("notifications did not resume within 15 s of the restart")
+    finally:
+        await listener.stop()
+        await other.stop()
+
+
+async def test_eviction_policy_that_may_drop_records_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with redis_server(tmp_path, "--maxmemory-policy", "allkeys-lru") as server:
+        backend = RedisBackend(server.url, prefix=PREFIX)
+        with caplog.at_level(logging.WARNING, logger="anarchon.backends.redis"):
+            await backend.start()
+        await backend.stop()
+    assert any("allkeys-lru" in r.getMessage() for r in caplog.records), caplog.text
+
+
+async def test_own_client_is_closed_and_a_given_client_is_not(own_server: RedisServer) -> None:
+    from redis.asyncio import Redis
+
+    def connections() -> int:
+        listed = own_server.cli("CLIENT", "LIST").splitlines()
+        return sum(1 for line in listed if "cmd=client" not in line)
+
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    await backend.subscribe(lambda job, key, released: None)
+    await backend.history("job")
+    assert connections() >= 2
+    await backend.stop()
+    assert connections() == 0
+
+    client = Redis.from_url(own_server.url)
+    given = RedisBackend(client=client, prefix=PREFIX)
+    await given.start()
+    await given.subscribe(lambda job, key, released: None)
+    await given.stop()
+    assert await client.ping()  # still usable: it is the caller's
+    await client.aclose()
+
+
+def test_url_options() -> None:
+    backend = RedisBackend.from_url("redis://127.0.0.1:6379/2?prefix=app%3A&history_size=7")
+    assert backend.prefix == "app:" and backend.history_size == 7
+    assert backend.url == "redis://127.0.0.1:6379/2"
+    kept = RedisBackend.from_url("rediss://u:secret@h:6380/0?prefix=x:&ssl_cert_reqs=none")
+    assert kept.url == "rediss://u:secret@h:6380/0?ssl_cert_reqs=none"
+    assert "secret" not in repr(kept) and "***" in repr(kept)
+    with pytest.raises(InvalidOption, match="history_size"):
+        RedisBackend.from_url("redis://h/0?history_size=lots")
+    with pytest.raises(InvalidOption, match="prefix"):
+        RedisBackend.from_url("redis://h/0?prefix=no-colon")
+    with pytest.raises(InvalidOption, match="from_url"):
+        RedisBackend("redis://h/0?prefix=app:")
+    with pytest.raises(InvalidOption, match="not valid"):
+        RedisBackend("http://h/0")
+    with pytest.raises(InvalidOption, match="history_size"):
+        RedisBackend(history_size=0)
+    with pytest.raises(InvalidOption, match="not a redis"):
+        RedisBackend(client=object())  # type: ignore[arg-type]
+
+
+async def test_both_url_and_client_are_refused() -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    try:
+        with pytest.raises(InvalidOption, match="pass one of them"):
+            RedisBackend("redis://other:6379/0", client=client)
+    finally:
+        await client.aclose()
+
+
+async def test_unknown_redis_url_option_is_a_clear_error() -> None:
+    backend = RedisBackend.from_url(f"{SERVER}?prefix=x:&no_such_option=1")
+    with pytest.raises(InvalidOption, match="no_such_option"):
+        await backend.start()
+
+
+def test_backend_from_url_reaches_redis() -> None:
+    from anarchon import backend_from_url
+
+    backend = backend_from_url("redis://127.0.0.1:6379/0?prefix=via-url:")
+    assert isinstance(backend, RedisBackend) and backend.prefix == "via-url:"
+
+
+def test_module_imports_without_the_driver_and_construction_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from anarchon.backends.redis import RedisBackend\n"
+        "from anarchon import MissingDependency\n"
+        "try:\n    RedisBackend()\nexcept MissingDependency as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'anarchon[redis]'" in out.stdout
+    assert issubclass(MissingDependency, ImportError)
+
+
+def test_driver_errors_are_translated() -> None:
+    import redis.exceptions as rx
+
+    transient = [
+        rx.ConnectionError("refused"),
+        rx.TimeoutError("slow"),
+        rx.BusyLoadingError("loading"),
+        rx.ClusterDownError("down"),
+        rx.TryAgainError("again"),
+        rx.ReadOnlyError("replica"),
+        rx.ResponseError("BUSY Redis is busy running a script"),
+        rx.ResponseError("MISCONF cannot persist"),
+        ConnectionResetError("reset"),
+    ]
+    for exc in transient:
+        assert type(translate(exc, "x")) is BackendUnavailable, exc
+    permanent = [
+        rx.AuthenticationError("bad password"),
+        rx.NoPermissionError("acl"),
+        rx.ResponseError("ERR Error running script"),
+    ]
+    for exc in permanent:
+        error = translate(exc, "redis://h")
+        assert type(error) is BackendError and "redis://h" in str(error), exc
+
+
+async def test_a_cancelled_caller_is_cancelled() -> None:
+    """Cancelling a task mid-call always cancels it (redis-py can swallow it otherwise)."""
+    backend = RedisBackend(SERVER, prefix=f"cancel-{uuid.uuid4().hex[:8]}:")
+    await backend.start()
+    stuck = 0
+    try:
+        for n in range(200):
+
+            async def loop() -> None:
+                while True:
+                    await backend.server_time_ms()
+                    await asyncio.sleep(60)
+
+            task = asyncio.ensure_future(loop())
+            for _ in range(n % 13):
+                await asyncio.sleep(0)
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=2)
+            if not done:
+                stuck += 1
+                task.cancel()
+                await asyncio.wait([task], timeout=2)
+    finally:
+        await backend.stop()
+    assert stuck == 0
