@@ -30,6 +30,7 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
+from anarchon.backends._lease_rules import PRUNED_REASON
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres import _backend as backend_module
 from anarchon.backends.postgres._queries import Names
@@ -296,7 +297,7 @@ async def test_history_is_capped_by_count(make: Make, monkeypatch: pytest.Monkey
     assert [r.slot_ms for r in history] == [SLOT + n * 1000 for n in range(11, 6, -1)]
     [again] = await backend.claim([request(SLOT + 3000)])
     assert again.status is ClaimStatus.LOST, "a pruned slot was claimed a second time"
-    assert again.run.reason == backend_module.PRUNED_REASON
+    assert again.run.reason == PRUNED_REASON
 
 
 async def test_pruning_keeps_running_attempts(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:

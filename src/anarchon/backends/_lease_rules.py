@@ -26,6 +26,7 @@ from ..errors import LeaseLost
 
 LEASE_LOST = "lease lost"
 HANDED_OVER = "handed over"
+PRUNED_REASON = "too old: the job's history is pruned past this slot"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -123,24 +124,10 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     """Decide one claim (see :meth:`anarchon.backend.Backend.claim`)."""
     existing = store.current(req.job, req.slot_key)
     if existing is not None:
-        return _answer_existing(existing, req, now)
+        return answer_existing(existing, req, now)
     pruned = store.pruned_through(req.job)
     if req.slot is not None and pruned is not None and req.slot <= pruned:
-        gone = RunRow(
-            job=req.job,
-            slot_key=req.slot_key,
-            slot=req.slot,
-            attempt=1,
-            run_id=req.run_id,
-            token="",
-            instance=req.instance,
-            trigger=req.trigger,
-            status=RunStatus.SKIPPED,
-            fence=0,
-            started_at=now,
-            reason="too old: the job's history is pruned past this slot",
-        )
-        return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
+        return pruned_outcome(req, now)
     reason = req.skip_reason
     if reason is None and req.overlap is Overlap.SKIP:
         holder = store.live_holder(req.job, now)
@@ -170,7 +157,27 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     return ClaimOutcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
 
 
-def _answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
+def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
+    """The answer to a claim of a slot older than what the job's history was pruned to."""
+    gone = RunRow(
+        job=req.job,
+        slot_key=req.slot_key,
+        slot=req.slot,
+        attempt=1,
+        run_id=req.run_id,
+        token="",
+        instance=req.instance,
+        trigger=req.trigger,
+        status=RunStatus.SKIPPED,
+        fence=0,
+        started_at=now,
+        reason=PRUNED_REASON,
+    )
+    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
+
+
+def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
+    """The answer to a claim of a slot that already has a record ``row``."""
     if row.status == RunStatus.SKIPPED and row.attempt == 1:
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     if row.token == req.token and row.attempt == 1:
@@ -251,14 +258,19 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
     )
 
 
+def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> LeaseLost:
+    """The error for a ``ticket`` whose slot is now at ``attempt`` (None: no record)."""
+    holder = "nobody" if attempt is None else f"attempt {attempt} ({status})"
+    return LeaseLost(
+        f"run {ticket.run_id} of job {ticket.job!r} (attempt {ticket.attempt}) no longer "
+        f"holds its lease: the slot is now at {holder}"
+    )
+
+
 def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
     row = store.current(ticket.job, ticket.slot_key)
     if row is None or row.token != ticket.token or row.status != RunStatus.RUNNING:
-        holder = "nobody" if row is None else f"attempt {row.attempt} ({row.status})"
-        raise LeaseLost(
-            f"run {ticket.run_id} of job {ticket.job!r} (attempt {ticket.attempt}) no longer "
-            f"holds its lease: the slot is now at {holder}"
-        )
+        raise lease_lost(ticket, row.attempt if row else None, row.status if row else None)
     return row
 
 

@@ -17,7 +17,6 @@ from ..._models import Overlap, Run, RunStatus
 from ...backend import (
     ClaimOutcome,
     ClaimRequest,
-    ClaimStatus,
     FinishRequest,
     LeaseBackend,
     TakeoverOutcome,
@@ -26,7 +25,7 @@ from ...backend import (
     Ticket,
 )
 from ...errors import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
-from .._lease_rules import RunRow
+from .._lease_rules import RunRow, answer_existing, lease_lost, pruned_outcome
 from ._errors import translate
 from ._listener import Listener
 from ._queries import SCHEMA_VERSION, Names, Queries, check_schema, check_table_prefix
@@ -54,7 +53,6 @@ IDLE_CHECK_S: Final = 0.5
 JIT_BATCH: Final = 100
 # How long start() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
-PRUNED_REASON: Final = "too old: the job's history is pruned past this slot"
 _URL_INTS: Final = ("history_size", "timeout_ms", "max_connections")
 _URL_FLAGS: Final = ("notifications", "prepared_statements")
 _URL_OPTIONS: Final = ("schema", "table_prefix", *_URL_FLAGS, *_URL_INTS)
@@ -635,7 +633,7 @@ class PostgresBackend(LeaseBackend):
             assert row is not None
             _now, done, attempt, status, _released, _ours = row
             if not done:
-                raise _lease_lost(ticket, attempt, status)
+                raise lease_lost(ticket, attempt, status)
 
         await self._call(work)
 
@@ -785,7 +783,7 @@ def _renewed(ticket: Ticket, row: Any) -> Ticket | LeaseLost:
         return ticket.renewed(int(expires), int(now))
     if ours and status == RunStatus.RUNNING and released:
         return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
-    return _lease_lost(ticket, attempt, status)
+    return lease_lost(ticket, attempt, status)
 
 
 def _finished(ticket: Ticket, status: str, row: dict[str, Any] | None) -> Run | LeaseLost:
@@ -794,56 +792,22 @@ def _finished(ticket: Ticket, status: str, row: dict[str, Any] | None) -> Run | 
     if stored is not None and stored.token == ticket.token and stored.status == status:
         return stored.to_run()  # recorded now, or by a retry whose first answer was lost
     if row is None or row["outcome"] != "finished" or stored is None:
-        return _lease_lost(
+        return lease_lost(
             ticket, stored.attempt if stored else None, stored.status if stored else None
         )
     return stored.to_run()
-
-
-def _lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> LeaseLost:
-    holder = "nobody" if attempt is None else f"attempt {attempt} ({status})"
-    return LeaseLost(
-        f"run {ticket.run_id} of job {ticket.job!r} (attempt {ticket.attempt}) no longer "
-        f"holds its lease: the slot is now at {holder}"
-    )
 
 
 def _claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:
     now = int(row["now"])
     verdict = row["verdict"]
     if verdict == "pruned":
-        gone = RunRow(
-            job=req.job,
-            slot_key=req.slot_key,
-            slot=req.slot,
-            attempt=1,
-            run_id=req.run_id,
-            token="",
-            instance=req.instance,
-            trigger=req.trigger,
-            status=RunStatus.SKIPPED,
-            fence=0,
-            started_at=now,
-            reason=PRUNED_REASON,
-        )
-        return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
+        return pruned_outcome(req, now)
     stored = _run_row(row)
     if stored is None:
         # Only if the job lock was bypassed; the transaction is rolled back, the core retries.
         raise BackendUnavailable(f"claim of {req.job} {req.slot_key} raced; retry it")
-    if stored.status == RunStatus.SKIPPED and stored.attempt == 1:
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=stored.to_run(), backend_now_ms=now)
-    if stored.token == req.token and stored.attempt == 1:
-        ticket = stored.ticket(req.lease_ms, now, req.history_ttl_ms)
-        return ClaimOutcome(
-            status=ClaimStatus.WON, run=stored.to_run(), ticket=ticket, backend_now_ms=now
-        )
-    return ClaimOutcome(
-        status=ClaimStatus.LOST,
-        run=stored.to_run(),
-        lease_expires_at_ms=stored.lease_expires_at if stored.status == RunStatus.RUNNING else None,
-        backend_now_ms=now,
-    )
+    return answer_existing(stored, req, now)
 
 
 def _takeover_outcome(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcome:

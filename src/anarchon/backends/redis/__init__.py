@@ -35,7 +35,7 @@ from ...backend import (
     Ticket,
 )
 from ...errors import BackendError, InvalidOption, LeaseLost, MissingDependency
-from .._lease_rules import RunRow
+from .._lease_rules import RunRow, lease_lost
 from ._errors import guarded, is_driver_error, translate
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._scripts import ScriptRunner
@@ -616,8 +616,6 @@ def _lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
         return None
     if lost == "released":
         return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
-    holder = "nobody" if lost == "nobody" else f"attempt {answer['attempt']} ({answer['status']})"
-    return LeaseLost(
-        f"run {ticket.run_id} of job {ticket.job!r} (attempt {ticket.attempt}) no longer "
-        f"holds its lease: the slot is now at {holder}"
-    )
+    if lost == "nobody":
+        return lease_lost(ticket, None, None)
+    return lease_lost(ticket, answer["attempt"], answer["status"])
