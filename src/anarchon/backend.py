@@ -309,7 +309,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 100) -> list[Run]:
-        """Return up to ``limit`` runs of ``job``, newest first (by start, then attempt).
+        """Return up to ``limit`` runs of ``job``, newest first.
+
+        Newest is by start on the backend's clock and, among runs that started in the same
+        millisecond (a batch of claims, a quick claim after a result), by the order they were
+        recorded in: the later record comes first. Every attempt is its own run.
 
         Works for any job the backend has records of, registered or not; unknown jobs give ``[]``.
         """

@@ -107,6 +107,16 @@ async def test_finish_records_result_and_history_is_newest_first(backend: Backen
     assert await backend.history("nobody", limit=5) == []
 
 
+async def test_runs_recorded_in_one_millisecond_keep_their_order(backend: Backend) -> None:
+    # One batch of claims is decided at one instant of the backend's clock on most backends.
+    slots = [SLOT + n * 1000 for n in range(4)]
+    outcomes = await backend.claim([request(slot=s, **lease(backend)) for s in slots])
+    assert all(o.status is ClaimStatus.WON for o in outcomes)
+    history = await backend.history("job", limit=10)
+    assert [r.slot_ms for r in history] == slots[::-1]
+    assert await backend.last_run("job") == history[0]
+
+
 async def test_manual_runs_have_slot_keys_of_their_own(backend: Backend) -> None:
     a = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
     b = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))

@@ -33,7 +33,7 @@ from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Takeove
 from anarchon.backends._lease_rules import PRUNED_REASON
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres import _backend as backend_module
-from anarchon.backends.postgres._queries import Names
+from anarchon.backends.postgres._queries import Names, Queries
 from tests.backends.postgres import DSN, drop_schema, fresh_schema, url_of
 
 SLOT = 1_800_000_000_000
@@ -183,13 +183,45 @@ async def test_instances_migrating_a_fresh_schema_at_once(make: Make, schema: st
     outcomes = await asyncio.gather(*(b.claim([request()]) for b in backends))
     assert sum(o[0].status is ClaimStatus.WON for o in outcomes) == 1
     versions = await fetch(
-        sql.SQL("SELECT version FROM {}")
+        sql.SQL("SELECT version FROM {} ORDER BY 1")
         .format(sql.Identifier(schema, "anarchon_schema_version"))
         .as_string(None)
     )
-    assert versions == [(1,)]
+    assert versions == [(1,), (2,)]
     await backends[0].stop()
     await backends[0].start()  # again: nothing to migrate, no error
+
+
+async def test_a_version_1_schema_is_migrated_and_keeps_its_history(schema: str) -> None:
+    q = Queries(Names(schema, "anarchon_"))
+    runs = sql.Identifier(schema, "anarchon_runs")
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(q["create_schema"])
+        await conn.execute(q["create_version_table"])
+        for statement in q.migrations[1]:
+            await conn.execute(statement)
+        await conn.execute(q["set_schema_version"], {"version": 1})
+        for slot in (SLOT, SLOT + 1000):  # two runs recorded in one millisecond
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance,"
+                    " trigger, status, fence, started_at)"
+                    " VALUES ('job', %s, 1, %s, %s, 't', 'i', 'schedule', 'succeeded', 1, 5)"
+                ).format(runs),
+                (str(slot), slot, f"r{slot}"),
+            )
+    backend = PostgresBackend(DSN, schema=schema, max_connections=2)
+    await backend.start()
+    try:
+        assert [r.slot_ms for r in await backend.history("job")] == [SLOT + 1000, SLOT]
+    finally:
+        await backend.stop()
+    versions = await fetch(
+        sql.SQL("SELECT version FROM {} ORDER BY 1")
+        .format(sql.Identifier(schema, "anarchon_schema_version"))
+        .as_string(None)
+    )
+    assert versions == [(1,), (2,)]
 
 
 async def test_a_newer_schema_version_is_refused(make: Make, schema: str) -> None:

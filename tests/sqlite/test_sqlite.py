@@ -35,7 +35,7 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
     await backend.stop()
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 2
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 3
     conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
     conn.commit()
     conn.close()
@@ -51,7 +51,7 @@ async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
     for backend in backends:
         await backend.stop()
     conn = sqlite3.connect(tmp_path / "b.db")
-    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 2
+    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 3
 
 
 async def test_history_is_capped_by_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +103,41 @@ async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
     await backend.stop()
     conn = sqlite3.connect(tmp_path / "old.db")
-    assert [v for (v,) in conn.execute("SELECT version FROM anarchon_schema ORDER BY 1")] == [1, 2]
+    assert [v for (v,) in conn.execute("SELECT version FROM anarchon_schema ORDER BY 1")] == [
+        1,
+        2,
+        3,
+    ]
     assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
+    indexes = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "anarchon_runs_by_start" in indexes and "anarchon_runs_newest" not in indexes
+
+
+async def test_history_orders_one_millisecond_by_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "_now_ms", lambda: 1_900_000_000_000)
+    backend = SQLiteBackend(tmp_path / "tie.db")
+    await backend.start()
+    for n in range(3):
+        [won] = await backend.claim([request(SLOT + n * 1000)])
+        assert won.ticket is not None
+        await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    assert [r.slot_ms for r in await backend.history("job")] == [SLOT + 2000, SLOT + 1000, SLOT]
+    await backend.stop()
+
+
+def test_history_reads_the_start_index_in_reverse(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "plan.db")
+    conn.executescript(
+        sqlite_module.Q["create_schema_table"]
+        + ";"
+        + ";".join(sqlite_module.MIGRATIONS[n] for n in sorted(sqlite_module.MIGRATIONS))
+    )
+    plan = " ".join(
+        row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sqlite_module.Q["history"], ("j", 5))
+    )
+    assert "anarchon_runs_by_start" in plan and "TEMP B-TREE" not in plan, plan
 
 
 async def test_other_processes_hear_of_releases_and_results(tmp_path: Path) -> None:

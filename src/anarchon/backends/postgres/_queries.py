@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "Queries", "check_schema", "check_table_prefix"]
 
 RAW: Final = load_queries(__name__.rpartition(".")[0], "queries.sql")
-SCHEMA_VERSION: Final = 1
-MIGRATIONS: Final = {1: "migration_1"}
+SCHEMA_VERSION: Final = 2
+MIGRATIONS: Final = {1: "migration_1", 2: "migration_2"}
 
 # PostgreSQL truncates identifiers at 63 bytes; the longest name built from the prefix is
-# "<prefix>runs_running" (12 more characters), hence 40 for the prefix.
+# "<prefix>runs_recorded" (13 more characters), hence 40 for the prefix.
 _SCHEMA_RULE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PREFIX_RULE: Final = re.compile(r"([a-z_][a-z0-9_]{0,39})?")
 _MAX_CHANNEL: Final = 63
@@ -90,6 +90,7 @@ class Names:
             "runs": table("runs"),
             "pruned": table("pruned"),
             "runs_newest": sql.Identifier(self.prefix + "runs_newest"),
+            "runs_recorded": sql.Identifier(self.prefix + "runs_recorded"),
             "runs_running": sql.Identifier(self.prefix + "runs_running"),
             "runs_slot": sql.Identifier(self.prefix + "runs_slot"),
         }

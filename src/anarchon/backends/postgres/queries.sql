@@ -69,6 +69,13 @@ CREATE INDEX {runs_newest} ON {runs} (job, started_at DESC, attempt DESC);
 CREATE INDEX {runs_running} ON {runs} (job) WHERE status = 'running';
 CREATE INDEX {runs_slot} ON {runs} (job, slot) WHERE slot IS NOT NULL;
 
+-- name: migration_2
+-- History is newest first by start and, among runs that started in the same millisecond, by
+-- the order they were recorded in: seq, which only rises.
+ALTER TABLE {runs} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY;
+DROP INDEX {schema}.{runs_newest};
+CREATE INDEX {runs_recorded} ON {runs} (job, started_at DESC, seq DESC);
+
 -- name: now
 SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 
@@ -192,6 +199,7 @@ inserted AS (
            false, NULL, n.new_reason
     FROM numbered n
     WHERE n.verdict IN ('won', 'skip', 'overlap', 'overlap_batch')
+    ORDER BY n.ord
     ON CONFLICT (job, slot_key, attempt) DO NOTHING
     RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
               started_at, finished_at, lease_expires_at, released, error, reason
@@ -368,16 +376,16 @@ aged AS (
     RETURNING x.slot
 ),
 edge AS (
-    SELECT x.started_at, x.attempt FROM {runs} x
+    SELECT x.started_at, x.seq FROM {runs} x
     WHERE %(keep)s::integer IS NOT NULL AND x.job = %(job)s
-    ORDER BY x.started_at DESC, x.attempt DESC
+    ORDER BY x.started_at DESC, x.seq DESC
     OFFSET %(keep)s::integer LIMIT 1
 ),
 capped AS (
     DELETE FROM {runs} x
     USING edge
     WHERE x.job = %(job)s AND x.status <> 'running'
-      AND (x.started_at, x.attempt) <= (edge.started_at, edge.attempt)
+      AND (x.started_at, x.seq) <= (edge.started_at, edge.seq)
     RETURNING x.slot
 ),
 raised AS (
@@ -408,7 +416,7 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
        started_at, finished_at, lease_expires_at, released, error, reason
 FROM {runs}
 WHERE job = %(job)s
-ORDER BY started_at DESC, attempt DESC
+ORDER BY started_at DESC, seq DESC
 LIMIT %(limit)s;
 
 -- name: last_slot

@@ -37,8 +37,8 @@ from .._sql import load_queries
 __all__ = ["SQLiteBackend"]
 
 Q: Final = load_queries(__name__, "queries.sql")
-SCHEMA_VERSION: Final = 2
-MIGRATIONS: Final = {1: Q["migration_1"], 2: Q["migration_2"]}
+SCHEMA_VERSION: Final = 3
+MIGRATIONS: Final = {1: Q["migration_1"], 2: Q["migration_2"], 3: Q["migration_3"]}
 ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
 # Prune a job's history by count at most this often per process; age pruning is cheap.

@@ -39,6 +39,12 @@ CREATE TABLE IF NOT EXISTS anarchon_events (
     at INTEGER NOT NULL
 );
 
+-- name: migration_3
+-- History is newest first by start and, among runs that started in the same millisecond, by
+-- the order they were recorded in: the rowid, which the index carries as its last column.
+DROP INDEX IF EXISTS anarchon_runs_newest;
+CREATE INDEX IF NOT EXISTS anarchon_runs_by_start ON anarchon_runs (job, started_at);
+
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS anarchon_schema (version INTEGER NOT NULL);
 
@@ -84,7 +90,7 @@ SELECT pruned_through FROM anarchon_jobs WHERE job = ?;
 -- name: history
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
        finished_at, lease_expires_at, released, error, reason
-FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, attempt DESC LIMIT ?;
+FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
 -- name: last_slot
 SELECT max(slot) FROM anarchon_runs WHERE job = ? AND slot IS NOT NULL;
@@ -115,7 +121,7 @@ RETURNING slot;
 DELETE FROM anarchon_runs
 WHERE rowid IN (
     SELECT rowid FROM anarchon_runs WHERE job = ?
-    ORDER BY started_at DESC, attempt DESC LIMIT -1 OFFSET ?
+    ORDER BY started_at DESC, rowid DESC LIMIT -1 OFFSET ?
 ) AND status != 'running'
 RETURNING slot;
 
