@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -253,10 +254,17 @@ class Scheduler:
         if self._watcher is not None:
             assert isinstance(self.backend, LeaseBackend)
             loop = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
             watcher = self._watcher
 
             def poke(job: str, slot_key: str, released: bool = True) -> None:
-                loop.call_soon_threadsafe(watcher.poke, job, slot_key, released)
+                # call_soon_threadsafe writes a byte to the loop's self-pipe per call: thousands
+                # of results heard at once would fill it, and the byte that delivers SIGTERM to
+                # the loop would be dropped. Only a call from another thread needs it.
+                if threading.get_ident() == loop_thread:
+                    loop.call_soon(watcher.poke, job, slot_key, released)
+                else:
+                    loop.call_soon_threadsafe(watcher.poke, job, slot_key, released)
 
             await self.backend.subscribe(poke)
             self._loops.append(asyncio.ensure_future(watcher.run()))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+import signal
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -231,3 +233,37 @@ async def test_manual_run_and_context(clock: FakeClock) -> None:
     assert run.trigger is Trigger.MANUAL and run.status is RunStatus.SUCCEEDED
     assert seen[0].run_id == run.run_id and seen[0].slot is None and seen[0].instance == "me"
     assert not seen[0].lease_lost
+
+
+class NotifyingBackend(MemoryBackend):
+    """A memory backend that keeps the scheduler's notification callback for the test."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.on_change: list[Callable[[str, str, bool], None]] = []
+
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
+        self.on_change.append(on_change)
+        await super().subscribe(on_change)
+
+
+async def test_a_burst_of_notifications_does_not_drown_a_signal(clock: FakeClock) -> None:
+    # A backend's listener reports thousands of results at once after a burst. Each report
+    # once went through call_soon_threadsafe, which writes a byte to the loop's self-pipe; the
+    # pipe filled, the byte that carries SIGTERM to the loop was dropped, and stop() never ran.
+    backend = NotifyingBackend(clock)
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "* * * * *", lambda ctx: None)
+    await scheduler.start()
+    loop = asyncio.get_running_loop()
+    heard = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, heard.set)
+    try:
+        [notify] = backend.on_change
+        for n in range(20_000):
+            notify("tick", str(n), False)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.wait_for(heard.wait(), 5)
+    finally:
+        loop.remove_signal_handler(signal.SIGUSR1)
+        await scheduler.stop()
