@@ -10,6 +10,7 @@ plan must reach the runs table through an index, never a sequential scan.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +55,44 @@ async def _explain(conn: psycopg.AsyncConnection[Any], query: bytes, params: dic
     assert row is not None
     value = row[0]
     return (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+
+
+async def _explain_generic(
+    conn: psycopg.AsyncConnection[Any], query: bytes, params: dict[str, Any]
+) -> Any:
+    """The generic plan of ``query`` (what a small claim batch runs, see generic_plans), from a
+    PREPARE of its text and EXPLAIN EXECUTE under force_generic_plan (PostgreSQL 15 has no
+    EXPLAIN (GENERIC_PLAN))."""
+    names: list[str] = []
+
+    def number(match: re.Match[bytes]) -> bytes:
+        name = match.group(1).decode()
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}".encode()
+
+    text = re.sub(rb"%\((\w+)\)s", number, query)
+    await conn.execute(b"PREPARE anarchon_probe AS " + text, prepare=False)
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        # A utility statement's parameters get no types: EXECUTE's arguments go as literals,
+        # with the casts the query gives them.
+        casts = dict(re.findall(r"%\((\w+)\)s::([\w\[\]]+)", query.decode()))
+        args = psycopg.sql.SQL(", ").join(
+            psycopg.sql.SQL("{}::{}").format(
+                psycopg.sql.Literal(params[n]), psycopg.sql.SQL(casts[n])
+            )
+            for n in names
+        )
+        explain = psycopg.sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE anarchon_probe({})").format(args)
+        cur = await conn.execute(explain, prepare=False)
+        row = await cur.fetchone()
+        assert row is not None
+        value = row[0]
+        return (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+        await conn.execute("DEALLOCATE anarchon_probe")
 
 
 def _scans_of(plan: dict[str, Any], table: str) -> list[str]:
@@ -146,8 +185,13 @@ async def _check(filled: PostgresBackend, job: str) -> None:
         ),
     }
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
-        for name, (query, params) in statements.items():
-            plan = await _explain(conn, query, params)
+        plans = [
+            (name, await _explain(conn, text, values))
+            for name, (text, values) in statements.items()
+        ]
+        query, params = statements["claim_lookup"]
+        plans.append(("claim_lookup (generic)", await _explain_generic(conn, query, params)))
+        for name, plan in plans:
             scans = _scans_of(plan, "anarchon_runs")
             assert scans, f"{name}: the plan does not read anarchon_runs?\n{plan}"
             assert not any(s.startswith("Seq Scan") for s in scans), f"{name}: {scans}\n{plan}"

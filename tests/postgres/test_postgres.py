@@ -486,6 +486,27 @@ async def test_a_big_batch_is_decided_at_once(make: Make) -> None:
     print(f"\npostgres: 2000 claims in one batch took {took * 1000:.0f} ms")
 
 
+async def test_a_large_batch_is_planned_for_its_size(schema: str) -> None:
+    # As if PostgreSQL had switched the prepared claim to its generic plan (plan_cache_mode =
+    # auto may, after five executions): that plan counts on 10 rows from unnest() and took over
+    # 10 s for 10 000 requests. The claim's transaction plans a large batch for its size.
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        backend = PostgresBackend(pool=conn, schema=schema)
+        await backend.start()
+        for n in range(8):  # prepared after five executions; the rows give the planner data
+            batch = [request(SLOT + n * 1000, job=f"job{j}") for j in range(2_000)]
+            assert {o.status for o in await backend.claim(batch)} == {ClaimStatus.WON}
+        reqs = [request(SLOT - 1000, job=f"job{j}") for j in range(10_000)]
+        began = time.perf_counter()
+        outcomes = await backend.claim(reqs)
+        took = time.perf_counter() - began
+        await backend.stop()
+    assert [o.status for o in outcomes] == [ClaimStatus.WON] * 10_000
+    print(f"\npostgres: 10 000 claims after 8 batches of 2 000 took {took * 1000:.0f} ms")
+    assert took < 5.0, f"a batch of 10 000 claims took {took:.1f} s: planned as a small one?"
+
+
 async def test_schema_is_dropped_by_the_harness() -> None:
     name = fresh_schema()
     backend = backend_from_url(url_of(name))

@@ -49,8 +49,9 @@ POLL_MS: Final = 500
 PRUNE_EVERY_S: Final = 10.0
 # A pooled connection idle longer than this is tested (one empty round trip) before use.
 IDLE_CHECK_S: Final = 0.5
-# Batches larger than this turn JIT compilation off for their transaction (see queries.sql).
-JIT_BATCH: Final = 100
+# Batches larger than this are planned for their size with JIT compilation off; smaller ones
+# reuse the prepared claim's generic plan (see no_jit, custom_plans, generic_plans in queries.sql).
+LARGE_BATCH: Final = 100
 # How long start() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
 _URL_INTS: Final = ("history_size", "timeout_ms", "max_connections")
@@ -526,8 +527,10 @@ class PostgresBackend(LeaseBackend):
             "skip_reason": [r.skip_reason for r in reqs],
         }
         before: list[tuple[bytes, dict[str, Any] | None]] = []
-        if len(reqs) > JIT_BATCH:
-            before.append((q["no_jit"], None))
+        if len(reqs) > LARGE_BATCH:
+            before += [(q["no_jit"], None), (q["custom_plans"], None)]
+        elif self._prepare is not False:
+            before.append((q["generic_plans"], None))
         before.append((q["lock_jobs"], {"jobs": sorted({r.job for r in reqs})}))
         rows = await self._transaction(conn, before, q["claim"], params)
         if len(rows) != len(reqs):
