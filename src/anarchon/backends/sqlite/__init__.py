@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -219,12 +220,28 @@ class SQLiteBackend(LeaseBackend):
         conn = sqlite3.connect(
             self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA journal_mode=WAL")
+        self._enable_wal(conn)
         # FULL: a claim the backend confirmed survives a power cut, not only a process crash.
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
         self._migrate(conn)
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is
+        # locked" at once, without its busy handler, while another process opens the same new
+        # file: retry for as long as the busy timeout allows.
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.025))
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
