@@ -34,6 +34,11 @@ def test_three_processes_one_run_per_slot(fleet: Fleet, ns: Namespace) -> None:
     assert missed == [], fleet.logs()
     runners = {r["instance"] for r in fleet.records("start")}
     assert len(runners) >= 2, f"one instance won every slot: {runners}"
+    ran = sum(starts[slot] for slot in expected)
+    print(
+        f"\n{ns.url}: 3 processes, {len(expected)} slots, {ran} runs, duplicates: "
+        f"{len(duplicates)}, missed: {len(missed)}, runners: {len(runners)}"
+    )
 
 
 async def test_history_agrees_with_what_ran(fleet: Fleet, ns: Namespace) -> None:
