@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import random
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from ..._models import Run
+from ..._retry import backoff
 from ...backend import (
     ClaimOutcome,
     ClaimRequest,
@@ -232,7 +232,7 @@ class SQLiteBackend(LeaseBackend):
         # locked" at once, without its busy handler, while another process opens the same new
         # file: retry for as long as the busy timeout allows.
         deadline = time.monotonic() + self._busy_timeout_s
-        while True:
+        for delay in backoff(first=0.01, cap=0.1):
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 return
@@ -241,7 +241,7 @@ class SQLiteBackend(LeaseBackend):
                     raise
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(random.uniform(0.005, 0.025))
+                time.sleep(delay)
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
