@@ -230,7 +230,7 @@ async def test_bad_inputs_name_the_value_and_the_rule(harness: Harness, schedule
         (InvalidJobName, "128", {"name": "x" * 129}),
         (InvalidOption, "jitter_ms=-1", {"jitter_ms": -1}),
         (InvalidOption, "max_late_ms=-5", {"max_late_ms": -5}),
-        (InvalidOption, "must not exceed max_late_ms", {"jitter_ms": 5000, "max_late_ms": 1000}),
+        (InvalidOption, "must be less than max_late_ms", {"jitter_ms": 5000, "max_late_ms": 1000}),
         (InvalidOption, "timeout_ms=0", {"timeout_ms": 0}),
         (InvalidOption, "overlap='sometimes'", {"overlap": "sometimes"}),
     ]
