@@ -43,7 +43,8 @@ _SECOND: Final = 1_000
 _DAY: Final = 24 * 3600 * _SECOND
 # The range of every numeric job option (README, "Options"). Each keeps slot + value far inside
 # a 64-bit millisecond timestamp, and each upper end is past any sane use: a lease longer than a
-# day is a stuck run nobody takes over, a catch-up window longer than a week replays stale work.
+# day is a stuck run nobody takes over; a catch-up window longer than the longest history finds
+# no record to start from.
 BOUNDS: Final = {
     "jitter_ms": Bound(0, 3600 * _SECOND, ms=True),
     "max_late_ms": Bound(0, 7 * _DAY, ms=True),
@@ -51,7 +52,7 @@ BOUNDS: Final = {
     "history_ttl_ms": Bound(_SECOND, 10 * 365 * _DAY, ms=True),
     "lease_ms": Bound(MIN_LEASE_MS, _DAY, ms=True),
     "max_attempts": Bound(1, 100),
-    "catch_up_window_ms": Bound(1, 7 * _DAY, ms=True),
+    "catch_up_window_ms": Bound(1, 10 * 365 * _DAY, ms=True),
 }
 # How far ahead the shortest gap between slots is looked for: enough slots to see every
 # irregularity of a usual cron pattern (a step that does not divide the minute or the hour

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from anarchon import InvalidOption, NatsBackend, PostgresBackend, RedisBackend, backend_from_url
-from anarchon._redact import RedactingFormatter, redact_url
 from tests.backends.postgres import drop_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +48,15 @@ SECRET = "S3cret"
     ],
 )
 def test_redact_url(text: str, shown: str) -> None:
+    from anarchon._redact import redact_url
+
     assert redact_url(text) == shown
     assert redact_url(shown) == shown
 
 
 def test_the_formatter_masks_messages_and_tracebacks() -> None:
+    from anarchon._redact import RedactingFormatter
+
     formatter = RedactingFormatter("%(message)s")
     try:
         raise ValueError("cannot reach postgresql://admin:S3cret@db/x")
