@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..._job import check_name
 from ..._models import Run, RunStatus, ms_to_datetime
+from ..._redact import redact_url as _redact
 from ...backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus, JobPolicy, Ticket
 from ...errors import (
     BackendError,
@@ -97,16 +98,6 @@ def _import_nats() -> Any:
     return nats
 
 
-def _redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user, colon, _ = userinfo.partition(":")
-    return f"{scheme}{sep}{user}:***@{host}" if colon else f"{scheme}{sep}***@{host}"
-
-
 def _where(nc: NATS) -> str:
     """host:port of the server a client is connected to (never its credentials)."""
     url = nc.connected_url
@@ -154,7 +145,9 @@ class NatsBackend(Backend):
         if isinstance(servers, str):
             servers = [servers]
         if not servers or not all(isinstance(s, str) and s.strip() for s in servers):
-            raise InvalidOption(f"servers={servers!r} must be a NATS URL or a non-empty list")
+            raise InvalidOption(
+                f"servers={_redact(repr(servers))} must be a NATS URL or a non-empty list"
+            )
         if connection is not None and not callable(getattr(connection, "jetstream", None)):
             raise InvalidOption(f"connection={connection!r} is not a nats-py client (nats.connect)")
         self.servers: list[str] = [s.strip() for s in servers]
@@ -191,12 +184,12 @@ class NatsBackend(Backend):
         Several servers: ``nats://n1:4222,n2:4222,n3:4222?...`` or repeated ``server=`` query
         parameters (full URLs). Also ``history_size`` and ``replicas``; ``tls://`` works too.
         """
-        parts = urlsplit(url)
+        parts, shown = urlsplit(url), _redact(url)
         if parts.scheme.lower() not in ("nats", "tls"):
-            raise InvalidOption(f"backend URL {url!r} is not a nats:// or tls:// URL")
+            raise InvalidOption(f"backend URL {shown!r} is not a nats:// or tls:// URL")
         if parts.path not in ("", "/"):
             raise InvalidOption(
-                f"backend URL {url!r} has a path {parts.path!r}; NATS URLs take options as query "
+                f"backend URL {shown!r} has a path {parts.path!r}; NATS URLs take options as query "
                 "parameters: nats://host:4222?stream=CRON&prefix=cron."
             )
         userinfo, _, hosts = parts.netloc.rpartition("@")
@@ -207,7 +200,7 @@ class NatsBackend(Backend):
         unknown = sorted(set(params) - set(URL_OPTIONS))
         if unknown:
             raise InvalidOption(
-                f"backend URL {url!r} has unknown option(s) {', '.join(unknown)}; NATS URLs "
+                f"backend URL {shown!r} has unknown option(s) {', '.join(unknown)}; NATS URLs "
                 f"take {', '.join(URL_OPTIONS)} and server"
             )
         options: dict[str, Any] = {}
@@ -220,10 +213,10 @@ class NatsBackend(Backend):
                 options[key] = int(value)
             except ValueError:
                 raise InvalidOption(
-                    f"backend URL {url!r}: {key}={value!r} must be an integer"
+                    f"backend URL {shown!r}: {key}={value!r} must be an integer"
                 ) from None
         if not servers:
-            raise InvalidOption(f"backend URL {url!r} names no server (nats://host:4222)")
+            raise InvalidOption(f"backend URL {shown!r} names no server (nats://host:4222)")
         return cls(servers, **options)
 
     # -- life cycle -------------------------------------------------------------------------
