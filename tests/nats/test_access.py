@@ -1,6 +1,6 @@
 """Credentials and TLS on real servers (issue 10, item 8): a CA and certificates made for the
-test, a user/password server, a token server; and no password or token in any message, repr or
-log line, from the CLI either.
+test, a user/password server, a token server, an operator-mode server with a ``.creds`` file;
+and no password, token or seed in any message, repr or log line, from the CLI either.
 """
 
 from __future__ import annotations
@@ -235,3 +235,32 @@ def test_the_cli_never_prints_a_password_or_token(url: str, named: str) -> None:
     assert named in done.stderr
     _no_secret(done.stdout, done.stderr)
     assert "127.0.0.1:4222" in done.stderr, "the message still says which server"
+
+
+async def test_a_creds_file_on_an_operator_mode_server(
+    conf_server: Callable[[str], NatsServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.nats.jwts import make_operator
+
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    operator = make_operator(tmp_path / "nsc")
+    server = conf_server(operator.config)
+    stream, prefix = unique_names()
+    await claims_once(
+        NatsBackend(server.url, stream=stream, prefix=prefix, creds=str(operator.creds))
+    )
+    in_url = backend_from_url(
+        f"{server.url}?stream={stream}&prefix={prefix}&creds={operator.creds}"
+    )
+    assert isinstance(in_url, NatsBackend)
+    await claims_once(in_url)
+    stranger = NatsBackend(server.url, creds=str(operator.stranger_creds))
+    began = time.monotonic()
+    with pytest.raises(BackendError, match=r"cannot connect to NATS.*Authorization Violation"):
+        await stranger.start()
+    assert time.monotonic() - began < 5
+    seeds = [line for p in (operator.creds, operator.stranger_creds)
+             for line in p.read_text().splitlines() if line.startswith("SU")]  # fmt: skip
+    assert len(seeds) == 2
+    for seed in seeds:
+        assert seed not in caplog.text
