@@ -319,3 +319,60 @@ async def test_no_claim_is_sent_later_than_the_margin_after_the_call(
         await backend.claim([request(slot=SLOT + n * 1000) for n in range(5)])
     assert len(starts) == 3, [round(s - began, 2) for s in starts]
     assert max(starts) - began < 1.0, [round(s - began, 2) for s in starts]
+
+
+async def _noop(ctx: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "never-stored"])
+async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
+    make: Make, monkeypatch: pytest.MonkeyPatch, stored: bool
+) -> None:
+    """Our publish went out and its answer was lost, then NATS stayed unavailable until the slot
+    was too late, so the scheduler gave up. Before, if the publish had been stored, history
+    showed the slot `running` for good, with no runner. Now the backend settles it once the
+    slot is past max_late_ms + the retry margin: a stored claim is closed `skipped`, and a slot
+    whose claim never arrived is recorded `skipped`, both saying why."""
+    import nats.errors
+
+    from anarchon import BackendUnavailable, Scheduler
+    from anarchon.backends.nats import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "SETTLE_EVERY_S", 0.1, raising=False)
+    monkeypatch.setattr(backend_module, "CLAIM_RETRY_S", 1.0)
+    backend: NatsBackend = await make()
+    Scheduler(backend).add("sync", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_000)
+    publish = backend._publish
+    calls = 0
+
+    async def answer_lost_then_down(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            if stored:
+                await publish(*args)
+            raise nats.errors.TimeoutError  # went out; no answer
+        raise nats.errors.OutboundBufferLimitError  # disconnected: nothing is sent
+
+    backend._publish = answer_lost_then_down  # type: ignore[method-assign,assignment]
+    slot = (int(time.time()) - 20) * 1000  # past max_late_ms + 10 s: the core gave up on it
+    mine = request(slot=slot)
+    with pytest.raises(BackendUnavailable):
+        await backend.claim([mine])
+    backend._publish = publish  # type: ignore[method-assign]
+    runs: list[Any] = []
+    for _ in range(50):
+        runs = await backend.history("sync")
+        if runs and runs[0].status is not RunStatus.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert len(runs) == 1, runs
+    [run] = runs
+    assert run.status is RunStatus.SKIPPED, run
+    assert run.run_id == mine.run_id and run.instance == "i1"
+    assert run.reason is not None and run.reason.startswith(
+        "not run: i1 could not confirm its claim while NATS was unavailable"
+    )
+    assert (run.fence is not None) is stored, "a closed claim keeps its fence"
+    assert await backend.last_run("sync") == run

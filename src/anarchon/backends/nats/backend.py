@@ -26,6 +26,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..._job import check_name
@@ -95,6 +96,12 @@ CLAIM_MARGIN_MS: Final = int((CLAIM_RETRY_S + REQUEST_TIMEOUT_S) * 1000)
 # How often a running backend reads the stream's duplicate window (another instance may have
 # grown it, or shrunk it with shrink_window=True).
 WINDOW_CHECK_S: Final = 60.0
+# Claims whose publish may have been stored unanswered and that the scheduler gave up on are
+# settled this often (see NatsBackend._settle); a manual run's claim once the core's 10 s
+# deadline for it is surely over; at most MAX_UNSURE are remembered.
+SETTLE_EVERY_S: Final = 5.0
+MANUAL_SETTLE_AFTER_MS: Final = 60_000
+MAX_UNSURE: Final = 100_000
 # Server's default duplicate window (a config that says 0 means this).
 SERVER_DEFAULT_WINDOW_MS: Final = 120_000
 
@@ -119,6 +126,14 @@ def _where(nc: NATS) -> str:
     """host:port of the server a client is connected to (never its credentials)."""
     url = nc.connected_url
     return f"{url.hostname}:{url.port}" if url is not None else "?"
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsure:
+    """A claim one of whose publishes may have been stored without our hearing of it."""
+
+    request: ClaimRequest
+    since_ms: int
 
 
 def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
@@ -241,9 +256,11 @@ class NatsBackend(Backend):
         self._window_ms: int | None = None
         self._needs: dict[str, int] = {}
         self._guard: asyncio.Future[None] | None = None
-        # Tokens of claims whose publish may have been stored without our hearing of it; a
-        # duplicate ack for one of them may be our own claim.
-        self._unsure: set[str] = set()
+        # Claims (by token) whose publish may have been stored without our hearing of it: a
+        # duplicate ack for one of them may be our own claim, and one the scheduler gives up on
+        # is settled in the background (_settle). max_late_ms of each job, to know when.
+        self._unsure: dict[str, _Unsure] = {}
+        self._max_late: dict[str, int] = {}
         self._stream_missing_logged = False
 
     def __repr__(self) -> str:
@@ -297,7 +314,7 @@ class NatsBackend(Backend):
         try:
             await self._prepare_stream(nc, read_only=read_only)
             if not read_only:
-                self._guard = asyncio.ensure_future(self._guard_window())
+                self._guard = asyncio.ensure_future(self._upkeep())
         except BaseException:
             await self.stop()
             raise
@@ -566,6 +583,7 @@ class NatsBackend(Backend):
                 f"run the slot again. Lower max_late_ms or jitter_ms, or {self._window_fix(need)}"
             )
         self._needs[policy.name] = need
+        self._max_late[policy.name] = policy.max_late_ms
 
     def _window_text(self) -> str:
         if self._window_ms is None:
@@ -588,21 +606,29 @@ class NatsBackend(Backend):
         """The duplicate window less ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS``."""
         return self.window_ms - self.need_ms(policy)
 
-    async def _guard_window(self) -> None:
-        """Every WINDOW_CHECK_S: read the stream's window; raise it again if it fell below what
-        this instance keeps (another instance shrank it with ``shrink_window=True``)."""
+    async def _upkeep(self) -> None:
+        """While started: every WINDOW_CHECK_S read the stream's window and raise it again if it
+        fell below what this instance keeps (another instance shrank it with
+        ``shrink_window=True``); every SETTLE_EVERY_S settle the claims the scheduler gave up
+        on whose publish may have been stored."""
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + WINDOW_CHECK_S
         while True:
-            await asyncio.sleep(WINDOW_CHECK_S)
+            await asyncio.sleep(max(0.05, min(SETTLE_EVERY_S, next_check - loop.time())))
             try:
-                await self.check_window()
+                if loop.time() >= next_check:
+                    next_check = loop.time() + WINDOW_CHECK_S
+                    await self.check_window()
+                if self._unsure:
+                    await self._settle()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 logger.debug(
-                    "cannot check the duplicate window of stream %s: %s",
+                    "NATS upkeep of stream %s failed: %s",
                     self.stream,
                     self._scrub(str(exc) or type(exc).__name__),
-                    extra={"action": "window_check_failed", "stream": self.stream},
+                    extra={"action": "upkeep_failed", "stream": self.stream},
                 )
 
     async def check_window(self) -> int | None:
@@ -714,13 +740,13 @@ class NatsBackend(Backend):
             )
         except BackendUnavailable:
             if unsure:
-                self._unsure.add(req.token)
+                self._remember_unsure(req)
             raise
         if not ack.duplicate:
             # The first message with this id: ours, decided by the ack alone (the seed reads
             # back only on a duplicate). Start time is the local clock's until finish() reads
             # the stored claim's timestamp.
-            self._unsure.discard(req.token)
+            self._unsure.pop(req.token, None)
             return self._answer(req, records.claim_of_request(req, ack.seq, now), exact=False)
         stored_claim = await self._read_duplicate(req, msg_id, ack.seq, bool(unsure))
         if isinstance(stored_claim, ClaimOutcome):
@@ -751,7 +777,7 @@ class NatsBackend(Backend):
             stored = await self._get_retrying({"seq": seq}, f"reading claim {msg_id}")
         except BackendUnavailable as exc:
             if maybe_ours:
-                self._unsure.add(req.token)
+                self._remember_unsure(req)
                 raise
             logger.warning(
                 "claim %s lost: the slot's claim (seq %d) is another instance's, and reading it "
@@ -762,7 +788,7 @@ class NatsBackend(Backend):
                 extra={"job": req.job, "slot": req.slot, "action": "claim_unread"},
             )
             return self._lost_unread(req, seq, str(exc))
-        self._unsure.discard(req.token)
+        self._unsure.pop(req.token, None)
         if stored is None:
             return self._gone(req, seq)
         decoded = records.decode_claim(stored)
@@ -773,6 +799,108 @@ class NatsBackend(Backend):
                 f"{self.prefix!r}?"
             )
         return decoded
+
+    def _remember_unsure(self, req: ClaimRequest) -> None:
+        if req.token in self._unsure:
+            return
+        if len(self._unsure) >= MAX_UNSURE:
+            oldest = next(iter(self._unsure))
+            dropped = self._unsure.pop(oldest).request
+            logger.warning(
+                "more than %d unconfirmed claims; %s:%s will not be settled (if stored, history "
+                "shows it running)",
+                MAX_UNSURE,
+                dropped.job,
+                dropped.slot_key,
+                extra={"job": dropped.job, "slot": dropped.slot, "action": "settle_dropped"},
+            )
+        self._unsure[req.token] = _Unsure(req, _now_ms())
+
+    def _settle_due(self, entry: _Unsure, now: int) -> bool:
+        """True once the scheduler has surely stopped retrying the claim: its slot is later than
+        max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
+        req = entry.request
+        if req.slot is None:
+            return now >= entry.since_ms + MANUAL_SETTLE_AFTER_MS
+        late = self._max_late.get(req.job, self.window_ms // 2)
+        return now > req.slot + late + CLAIM_MARGIN_MS
+
+    async def _settle(self) -> None:
+        """Settle each claim the scheduler gave up on whose publish may have been stored
+        unanswered, so that history never shows it ``running`` with no runner:
+
+        * stored, ours: a result closes it, ``skipped`` with the reason below;
+        * not stored: a skip record with that reason is stored under the slot's id (the same
+          record a too-late instance leaves), unless the slot is too close to the end of the
+          duplicate window for that to be safe;
+        * another instance's claim, or a skip record: nothing to do.
+        """
+        now = _now_ms()
+        for token, entry in list(self._unsure.items()):
+            if not self._settle_due(entry, now):
+                continue
+            try:
+                await self._settle_one(entry)
+            except BackendUnavailable:
+                continue  # next round; _settle_one gives up once the slot leaves the window
+            except BackendError as exc:
+                logger.warning(
+                    "cannot settle claim %s:%s: %s",
+                    entry.request.job,
+                    entry.request.slot_key,
+                    exc,
+                    extra={"job": entry.request.job, "action": "settle_failed"},
+                )
+            self._unsure.pop(token, None)
+
+    async def _settle_one(self, entry: _Unsure) -> None:
+        req = entry.request
+        msg_id = subjects.claim_id(req.job, req.slot_key)
+        reason = (
+            f"not run: {req.instance} could not confirm its claim while NATS was unavailable, "
+            "until the slot was too late"
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLAIM_RETRY_S
+        now = _now_ms()
+        if req.slot is not None:
+            window = self.window_ms
+            safe_ms = req.slot + window - min(SKIP_SAFETY_MS, window // 4)
+            if now >= safe_ms:
+                logger.info(
+                    "claim %s not settled: the slot is too close to the end of the duplicate "
+                    "window to look it up by its id; if it was stored, history shows it running",
+                    msg_id,
+                    extra={"job": req.job, "slot": req.slot, "action": "settle_too_late"},
+                )
+                return
+            deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
+        record = replace(req, token=uuid.uuid4().hex, skip_reason=reason)
+        subject = subjects.claims(self.prefix, req.job)
+        payload = records.encode_claim(record)
+        ack = await self._retry(
+            lambda t: self._publish(subject, payload, msg_id, t), f"settling {msg_id}", deadline
+        )
+        if not ack.duplicate:
+            logger.info(
+                "claim %s settled: it was never stored; the slot is recorded skipped (%s)",
+                msg_id,
+                reason,
+                extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+            )
+            return
+        stored = await self._get_retrying({"seq": ack.seq}, f"reading claim {msg_id}")
+        claim = records.decode_claim(stored) if stored is not None else None
+        if claim is None or claim.skipped or claim.token != req.token:
+            return  # another instance's claim or a skip record, or trimmed: nothing to close
+        await self._finish(claim.ticket(), RunStatus.SKIPPED, None, reason)
+        logger.info(
+            "claim %s settled: it was stored but never confirmed, so nobody ran it; closed as "
+            "skipped (%s)",
+            msg_id,
+            reason,
+            extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+        )
 
     @staticmethod
     def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:
@@ -846,11 +974,16 @@ class NatsBackend(Backend):
         The result and the claim are then read back together (one round trip), so the run
         returned starts and ends at the stream's timestamps, as history shows it.
         """
+        return await self._finish(ticket, status, error, None)
+
+    async def _finish(
+        self, ticket: Ticket, status: str, error: str | None, reason: str | None
+    ) -> Run:
         self._require()
         outcome = RunStatus(status)
         msg_id = subjects.result_id(ticket.job, ticket.slot_key)
         subject = subjects.results(self.prefix, ticket.job)
-        payload = records.encode_result(ticket, outcome, error)
+        payload = records.encode_result(ticket, outcome, error, reason)
         deadline = asyncio.get_running_loop().time() + CLAIM_RETRY_S
         ack = await self._retry(
             lambda t: self._publish(subject, payload, msg_id, t), f"recording {msg_id}", deadline
@@ -879,6 +1012,7 @@ class NatsBackend(Backend):
             finished_at=ms_to_datetime(stored.time_ms if stored is not None else _now_ms()),
             error=error,
             fence=ticket.fence,
+            reason=reason,
         )
 
     async def _claim_time(self, ticket: Ticket) -> int | None:
