@@ -1,13 +1,18 @@
-"""Slot computation: cron syntax, macros, and Debian cron's DST rule for 5 and 6 fields."""
+"""Slot computation: cron syntax, macros, and Debian cron's DST rule for 5 and 6 fields.
+
+Random expressions are also checked against a brute-force Vixie matcher (test_cron_oracle.py).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from anarchon import CronSchedule, InvalidSchedule, InvalidTimezone
+from anarchon._schedule import _normalise
 
 NY = "America/New_York"
 ATHENS = "Europe/Athens"
@@ -63,6 +68,11 @@ TABLE: list[tuple[str, str, str, list[str]]] = [
     ("0 12 * JAN,JUL *", "UTC", "2026-01-31T13:00", ["2026-07-01T12:00:00+00:00"]),
     ("5 4 * * 7", "UTC", "2026-01-01T00:00", ["2026-01-04T04:05:00+00:00"]),
     ("0 0 L * *", "UTC", "2026-02-01T00:00", ["2026-02-28T00:00:00+00:00"]),
+    # A range with a step is stepped inside the range, N-N/s is N alone (issue 11, item 8).
+    ("0 2 * * 4-4/3", "UTC", "2027-01-01T00:00", ["2027-01-07T02:00:00+00:00", "2027-01-14T02:00:00+00:00"]),
+    ("0 0 1 10-10/2 *", "UTC", "2027-01-01T00:00", ["2027-10-01T00:00:00+00:00", "2028-10-01T00:00:00+00:00"]),
+    ("0 0 * * MON-MON/2", "UTC", "2027-01-01T00:00", ["2027-01-04T00:00:00+00:00", "2027-01-11T00:00:00+00:00"]),
+    ("0 0 0 1 JAN-MAR/2 *", "UTC", "2027-01-01T00:00", ["2027-03-01T00:00:00+00:00", "2028-01-01T00:00:00+00:00"]),
     ("  0   6  *  *  MON-FRI ", "UTC", "2026-01-03T00:00", ["2026-01-05T06:00:00+00:00"]),
 ]  # fmt: skip
 
@@ -99,28 +109,123 @@ def test_next_slot_can_go_back_in_time() -> None:
 
 
 @pytest.mark.parametrize(
+    ("expression", "fields"),
+    [
+        ("* 2 * * 4-4/3", ["*", "2", "*", "*", "4"]),
+        ("0 0 1 10-10/2 *", ["0", "0", "1", "10", "*"]),
+        ("0 0 * * MON-MON/2", ["0", "0", "*", "*", "1"]),
+        ("0 0 * * mon-fri/2", ["0", "0", "*", "*", "1,3,5"]),
+        ("0 0 * * 5/1", ["0", "0", "*", "*", "5,6,7"]),
+        ("*/15 1-5 L JAN-MAR 5L,FRI#2", ["*/15", "1-5", "L", "1-3", "5L,5#2"]),
+        ("0 0 * * 7#1", ["0", "0", "*", "*", "0#1"]),
+        ("@hourly", ["0", "*", "*", "*", "*"]),
+    ],
+)
+def test_fields_reach_cronsim_in_a_form_every_version_reads_alike(
+    expression: str, fields: list[str]
+) -> None:
+    """A range with a step is written out as its values: cronsim 2.8 read N-N/s as N-max/s."""
+    assert _normalise(expression) == fields
+
+
+@pytest.mark.parametrize(
     ("expression", "message"),
     [
-        ("61 * * * *", "minute field '61'"),
-        ("* 24 * * *", "hour field '24'"),
-        ("* * 0 * *", "day-of-month field '0'"),
-        ("* * * 13 *", "month field '13'"),
-        ("* * * * 8", "day-of-week field '8'"),
-        ("60 * * * * *", "second field '60'"),
-        ("* * * * MON-XYZ", "day-of-week field 'MON-XYZ'"),
-        ("*/0 * * * *", "minute field '\\*/0'"),
-        ("0 0 30 2 *", "day-of-month field '30'"),
-        ("* * * *", "4 fields"),
+        ("61 * * * *", "the minute field '61' has 61, out of range: each value is a number 0-59"),
+        ("* 24 * * *", "the hour field '24' has 24, out of range: each value is a number 0-23"),
+        (
+            "* * 0 * *",
+            "the day-of-month field '0' has 0, out of range: each value is a number 1-31",
+        ),
+        ("* * * 13 *", "the month field '13' has 13, out of range: each value is a number 1-12 or"),
+        ("* * * * 8", "the day-of-week field '8' has 8, out of range: each value is a number 0-7"),
+        ("60 * * * * *", "the second field '60' has 60, out of range"),
+        (
+            "* * * * MON-XYZ",
+            "the day-of-week field 'MON-XYZ' has 'XYZ' where a value goes: each value is a number 0-7 .* a name SUN-SAT",
+        ),
+        (
+            "*/0 * * * *",
+            "the minute field '\\*/0' has the step '0': a step is a whole number, 1 or more",
+        ),
+        ("5-3 * * * *", "the minute field '5-3' has the range '5-3', which runs backwards"),
+        ("1,,2 * * * *", "the minute field '1,,2' has an empty item"),
+        ("* * ? * *", "the day-of-month field '\\?' uses '\\?'.* write '\\*'"),
+        ("* * * * L", "the day-of-week field 'L' uses 'L' without a day: write '5L'"),
+        ("* * * * 5#6", "the day-of-week field '5#6' has '5#6': after '#' comes which week, 1-5"),
+        (
+            "* * 5L * *",
+            "the day-of-month field '5L' has '5L' where a value goes: each value is a number 1-31, 'L'",
+        ),
         ("* * * * * * *", "7 fields"),
+        ("* * * *", "4 fields"),
         ("", "0 fields"),
         ("@reboot", "@reboot"),
         ("@every_minute", "not a known macro"),
     ],
 )
-def test_bad_expressions_name_the_field(expression: str, message: str) -> None:
+def test_bad_expressions_name_the_field_and_the_rule(expression: str, message: str) -> None:
     with pytest.raises(InvalidSchedule, match=message) as caught:
         CronSchedule(expression)
     assert isinstance(caught.value, ValueError)
+    assert repr(expression) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "fields"),
+    [
+        ("0 0 30 2 *", "the day-of-month field '30' asks for day 30 or later, and the month field '2' allows only months of at most 29 days"),
+        ("0 0 31 4,6,9,11 *", "the day-of-month field '31' asks for day 31 or later, and the month field '4,6,9,11' allows only months of at most 30 days"),
+        ("0 0 30,31 FEB */2", "the day-of-month field '30,31' asks for day 30 or later, and the month field 'FEB'"),
+        ("0 0 0 31 2 *", "the day-of-month field '31' asks for day 31 or later"),
+    ],
+)  # fmt: skip
+def test_a_date_that_never_comes_is_said_to_never_fire(expression: str, fields: str) -> None:
+    """A valid field combination with no matching date: not "out of range" (issue 10, 11 f)."""
+    with pytest.raises(InvalidSchedule) as caught:
+        CronSchedule(expression)
+    message = str(caught.value)
+    assert message.startswith(f"cron expression {expression!r} never fires: ")
+    assert fields in message
+    assert "each field is valid alone, but no date matches both" in message
+    assert "out of range" not in message
+
+
+def test_a_day_that_only_the_or_rule_reaches_is_fine() -> None:
+    """Both day fields restricted are OR-ed (Vixie): 30 February never comes, but Mondays do."""
+    schedule = CronSchedule("0 0 30 2 MON")
+    got = schedule.next_times(datetime(2027, 1, 1, tzinfo=UTC), 2)
+    assert [t.date().isoformat() for t in got] == ["2027-02-01", "2027-02-08"]
+
+
+def test_a_zoneinfo_object_is_a_time_zone() -> None:
+    """``ZoneInfo("Europe/Athens")`` works as the name does, and the name is kept for display."""
+    by_object = CronSchedule("0 9 * * *", ZoneInfo(ATHENS))
+    by_name = CronSchedule("0 9 * * *", ATHENS)
+    assert by_object.timezone == ATHENS
+    assert repr(by_object) == "CronSchedule('0 9 * * *', timezone='Europe/Athens')"
+    start = int(datetime(2027, 3, 1, tzinfo=UTC).timestamp() * 1000)
+    year = start + 366 * 86400 * 1000
+    assert by_object.slots(start, year) == by_name.slots(start, year)
+    assert by_object.next_times(datetime(2027, 3, 1, tzinfo=UTC), 1)[0].isoformat() == (
+        "2027-03-01T09:00:00+02:00"
+    )
+
+
+def test_a_zoneinfo_without_a_name_is_refused(tmp_path: Path) -> None:
+    source = Path("/usr/share/zoneinfo/Europe/Athens")
+    if not source.exists():
+        pytest.skip("no system zone files to read a nameless ZoneInfo from")
+    with source.open("rb") as handle:
+        nameless = ZoneInfo.from_file(handle)
+    with pytest.raises(InvalidTimezone, match="has no IANA name; pass ZoneInfo\\('Area/City'\\)"):
+        CronSchedule("0 9 * * *", nameless)
+
+
+@pytest.mark.parametrize("zone", [UTC, 3, None])
+def test_other_zone_objects_are_refused(zone: object) -> None:
+    with pytest.raises(InvalidTimezone, match="IANA zone name such as 'Europe/Athens'"):
+        CronSchedule("0 9 * * *", zone)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("zone", ["Mars/Olympus", "", "../etc/passwd", "Europe/athens "])
