@@ -7,21 +7,26 @@ Each field is validated and rewritten here before cronsim sees it, so a range wi
 what it means in Vixie and Debian cron whatever cronsim's version: ``a-b/s`` is ``a``, ``a+s``, ...
 up to ``b`` (cronsim 2.8 read ``4-4/3`` as ``4-7/3``), ``a/s`` is ``a`` to the field's maximum.
 
-Daylight saving time follows Debian cron for 5- and 6-field expressions alike:
+cronsim only walks the *wall clock* (naive local times); this module maps wall-clock times to
+instants with Debian cron's daylight saving rule, for 5- and 6-field expressions alike and for a
+shift or an offset of any size (Lord Howe's 30 minutes, Chatham's +12:45, Troll's 2 hours):
 
-* a *fixed-time* job (no sub-day field starts with ``*``: seconds, minutes and hours are given
-  explicitly) is computed on local wall-clock time. A time that does not exist (spring forward)
-  fires once, right after the gap; a time that occurs twice (fall back) fires once, at the first.
-* any other job (a sub-day field is ``*`` or a ``*/n`` step) fires in real time, so ``0 * * * *``
-  and ``*/30 * * * *`` keep their rhythm through both changes.
+* a *wildcard* job (a sub-day field, second, minute or hour, starts with ``*``) fires at every
+  instant whose local wall-clock time matches, in real time: in a repeated stretch it fires in both
+  passes, and the times inside a gap do not happen;
+* a *fixed-time* job (no sub-day field starts with ``*``) fires once per matching wall-clock time:
+  a time inside a gap fires right after it (the wall clock moved on by whole minutes, so a 6-field
+  time keeps its second), several times in one gap fire once, and a time that occurs twice fires
+  at its first pass.
 
-cronsim implements that rule for 5-field expressions only; :class:`CronSchedule` applies it to
-6-field expressions too.
+``tests/unit/test_dst_oracle.py`` checks this against a simulation of Debian cron's main loop
+around every 2027 change of every IANA zone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Final, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -43,6 +48,10 @@ MACROS: Final = {
 }
 # Beyond this distance a cached iterator is rebuilt rather than walked forward.
 _REBUILD_AFTER_MS: Final = 36 * 3600 * 1000
+_EPOCH: Final = datetime(1970, 1, 1)
+_ONE_SECOND: Final = timedelta(seconds=1)
+_ONE_MINUTE: Final = timedelta(minutes=1)
+_NO_SHIFT: Final = timedelta(0)
 _MONTH_DAYS: Final = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _MONTH_NAMES: Final = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV",
                        "DEC")  # fmt: skip
@@ -109,13 +118,14 @@ class CronSchedule:
     The zone is an IANA name or a :class:`zoneinfo.ZoneInfo`; ``timezone`` keeps its name.
     """
 
-    __slots__ = ("_expr", "_iter", "_last", "_six", "expression", "timezone", "zone")
+    __slots__ = ("_expr", "_iter", "_last", "_six", "_wildcard", "expression", "timezone", "zone")
 
     def __init__(self, expression: str, timezone: str | ZoneInfo = "UTC") -> None:
         self.expression = expression
         self.zone, self.timezone = _zone(timezone)
         fields = _normalise(expression)
         self._six = len(fields) == 6
+        self._wildcard = any(field.startswith("*") for field in fields[: len(fields) - 3])
         self._expr = " ".join(fields)
         self._iter: Iterator[int] | None = None
         self._last = 0
@@ -164,35 +174,84 @@ class CronSchedule:
         return out
 
     def _walk(self, after_ms: int) -> Iterator[int]:
-        # CronSim ticks one second before matching, so starting at the whole second that
-        # contains ``after_ms`` yields slots strictly after it (slots are whole seconds).
-        start = datetime.fromtimestamp(after_ms // 1000, self.zone)
-        try:
-            walk = _DebianCronSim(self._expr, start)
-        except CronSimError as exc:
-            raise InvalidSchedule(
-                f"cron expression {self.expression!r} is invalid: {exc}"
-            ) from None
-        return (int(moment.timestamp()) for moment in walk)
+        # Slots are whole seconds, so "after after_ms" is "after its whole second".
+        after_s = after_ms // 1000
+        if self._wildcard:
+            return _real_time(self._expr, self.zone, after_s)
+        return _wall_clock(self._expr, self.zone, after_s)
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
 
 
-class _DebianCronSim(CronSim):
-    """CronSim that applies the fixed-time DST rule to 6-field expressions as well."""
+def _real_time(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+    """Epoch seconds after ``after_s`` at which the local wall clock matches ``expr``.
 
-    def __init__(self, expr: str, dt: datetime) -> None:
-        super().__init__(expr, dt)
-        parts = expr.split()
-        if (
-            len(parts) == 6
-            and self.fixup_tz is None
-            and self.dt.tzinfo not in (None, UTC)
-            and not any(field.startswith("*") for field in parts[:3])
-        ):
-            self.fixup_tz = self.dt.tzinfo
-            self.dt = self.dt.replace(tzinfo=None)
+    A wall-clock time that occurs twice gives two instants, its first pass in order with the
+    others and its second pass an offset change later: the second passes wait in a queue and are
+    merged in, so the slots still rise. A time inside a gap gives none.
+    """
+    utcoffset = _offsets(zone)
+    local = datetime.fromtimestamp(after_s, zone)
+    start = local.replace(tzinfo=None)
+    if not local.fold:
+        # In the first pass of a repeated stretch, the second passes of the wall-clock times
+        # already behind us are still to come: walk from as far back as the stretch repeats.
+        repeat = utcoffset(start) - utcoffset(start.replace(fold=1))
+        if repeat > _NO_SHIFT:
+            start -= repeat
+    second_passes: deque[int] = deque()
+    try:
+        walk = CronSim(expr, start)
+    except CronSimError as exc:
+        raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
+    for wall in walk:
+        offset = utcoffset(wall)
+        later = utcoffset(wall.replace(fold=1))
+        if later > offset:
+            continue  # inside a gap: this wall-clock time does not happen
+        slot = (wall - offset - _EPOCH) // _ONE_SECOND
+        while second_passes and second_passes[0] <= slot:
+            pending = second_passes.popleft()
+            if after_s < pending < slot:
+                yield pending
+        if slot > after_s:
+            yield slot
+        if later != offset:
+            second_passes.append((wall - later - _EPOCH) // _ONE_SECOND)
+    for pending in second_passes:
+        if pending > after_s:
+            yield pending
+
+
+def _wall_clock(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+    """Epoch seconds after ``after_s`` of each matching wall-clock time, Debian's fixed-time way.
+
+    A time inside a gap moves on by whole minutes to the first that exists; a time that occurs
+    twice is taken at its first pass; times that land on one instant give one slot.
+    """
+    utcoffset = _offsets(zone)
+    start = datetime.fromtimestamp(after_s, zone).replace(tzinfo=None, fold=0)
+    last = after_s
+    try:
+        walk = CronSim(expr, start)
+    except CronSimError as exc:
+        raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
+    for wall in walk:
+        offset = utcoffset(wall)
+        if utcoffset(wall.replace(fold=1)) > offset:
+            while utcoffset(wall.replace(fold=1)) > utcoffset(wall):
+                wall += _ONE_MINUTE
+            offset = utcoffset(wall)
+        slot = (wall - offset - _EPOCH) // _ONE_SECOND
+        if slot > last:
+            last = slot
+            yield slot
+
+
+def _offsets(zone: ZoneInfo) -> Callable[[datetime], timedelta]:
+    """``zone.utcoffset`` of a naive wall-clock time (its ``fold`` picks the pass): never None."""
+    return zone.utcoffset  # type: ignore[return-value]
 
 
 def _normalise(expression: str) -> list[str]:

@@ -1,6 +1,8 @@
 """Slot computation: cron syntax, macros, and Debian cron's DST rule for 5 and 6 fields.
 
-Random expressions are also checked against a brute-force Vixie matcher (test_cron_oracle.py).
+The broad checks live beside this table: random expressions against a brute-force Vixie matcher
+(test_cron_oracle.py) and every 2027 DST change against Debian cron's main loop
+(test_dst_oracle.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from anarchon._schedule import _normalise
 
 NY = "America/New_York"
 ATHENS = "Europe/Athens"
+LORD_HOWE = "Australia/Lord_Howe"  # +10:30, and +11:00 in summer: its clocks move 30 minutes
 
 # (expression, zone, start (local wall time), expected next fire times, ISO with offset)
 TABLE: list[tuple[str, str, str, list[str]]] = [
@@ -52,6 +55,18 @@ TABLE: list[tuple[str, str, str, list[str]]] = [
         "2025-10-26T03:00:00+03:00", "2025-10-26T03:30:00+03:00", "2025-10-26T03:00:00+02:00",
         "2025-10-26T03:30:00+02:00", "2025-10-26T04:00:00+02:00"]),
     ("@hourly", ATHENS, "2025-10-26T01:10", ["2025-10-26T02:00:00+03:00", "2025-10-26T03:00:00+03:00", "2025-10-26T03:00:00+02:00", "2025-10-26T04:00:00+02:00"]),
+    # -- Lord Howe, autumn 2027-04-04: 02:00 +11:00 -> 01:30 +10:30 (issue 11, item 9) --------
+    # A wildcard-hour job fires at both 01:30s, and the hours stay whole afterwards.
+    ("30 * * * *", LORD_HOWE, "2027-04-04T00:50", ["2027-04-04T01:30:00+11:00", "2027-04-04T01:30:00+10:30", "2027-04-04T02:30:00+10:30"]),
+    ("0 */30 * * * *", LORD_HOWE, "2027-04-04T01:10", ["2027-04-04T01:30:00+11:00", "2027-04-04T01:30:00+10:30", "2027-04-04T02:00:00+10:30", "2027-04-04T02:30:00+10:30"]),
+    ("* 23 * * *", LORD_HOWE, "2027-04-03T23:58", ["2027-04-03T23:59:00+11:00", "2027-04-04T23:00:00+10:30", "2027-04-04T23:01:00+10:30"]),
+    ("45 1 * * *", LORD_HOWE, "2027-04-03T12:00", ["2027-04-04T01:45:00+11:00", "2027-04-05T01:45:00+10:30"]),
+    # -- Lord Howe, spring 2027-10-03: 02:00 +10:30 -> 02:30 +11:00 ---------------------------
+    ("30 * * * *", LORD_HOWE, "2027-10-03T00:50", ["2027-10-03T01:30:00+10:30", "2027-10-03T02:30:00+11:00", "2027-10-03T03:30:00+11:00"]),
+    ("*/30 * * * *", LORD_HOWE, "2027-10-03T01:10", ["2027-10-03T01:30:00+10:30", "2027-10-03T02:30:00+11:00", "2027-10-03T03:00:00+11:00", "2027-10-03T03:30:00+11:00"]),
+    ("* 23 * * *", LORD_HOWE, "2027-10-02T23:58", ["2027-10-02T23:59:00+10:30", "2027-10-03T23:00:00+11:00", "2027-10-03T23:01:00+11:00"]),
+    ("15 2 * * *", LORD_HOWE, "2027-10-02T12:00", ["2027-10-03T02:30:00+11:00", "2027-10-04T02:15:00+11:00"]),
+    ("0 15 2 * * *", LORD_HOWE, "2027-10-02T12:00", ["2027-10-03T02:30:00+11:00", "2027-10-04T02:15:00+11:00"]),
     # -- syntax, in UTC ---------------------------------------------------------------------
     ("* * * * * *", "UTC", "2026-01-01T00:00:00.500", ["2026-01-01T00:00:01+00:00", "2026-01-01T00:00:02+00:00", "2026-01-01T00:00:03+00:00"]),
     ("*/15 * * * * *", "UTC", "2026-01-01T00:00", ["2026-01-01T00:00:15+00:00", "2026-01-01T00:00:30+00:00", "2026-01-01T00:00:45+00:00"]),
@@ -106,6 +121,23 @@ def test_next_slot_can_go_back_in_time() -> None:
     earlier = schedule.next_slot(1_700_000_000_000)
     assert earlier < later
     assert schedule.next_slot(earlier) == earlier + 3_600_000
+
+
+@pytest.mark.timeout(20)
+def test_a_repeated_hour_in_a_quarter_hour_zone_ends() -> None:
+    """Chatham (+13:45 -> +12:45, 2027-04-04 03:45): the old walk went round 03:00-03:44 forever."""
+    zone = ZoneInfo("Pacific/Chatham")
+    start = int(datetime(2027, 4, 4, 2, 0, tzinfo=zone).timestamp() * 1000)
+    slots = CronSchedule("* 3 * * *", "Pacific/Chatham").slots(start, start + 6 * 3600 * 1000)
+    local = [datetime.fromtimestamp(s / 1000, zone).isoformat()[11:] for s in slots]
+    first = [f"03:{m:02d}:00+13:45" for m in range(45)]
+    second = [f"03:{m:02d}:00+12:45" for m in range(60)]
+    assert local == first + second
+    walked = CronSchedule("* 3 * * *", "Pacific/Chatham")
+    slot = start
+    for expected in slots:
+        slot = walked.next_slot(slot)
+        assert slot == expected
 
 
 @pytest.mark.parametrize(
