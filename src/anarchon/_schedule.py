@@ -118,7 +118,7 @@ class CronSchedule:
     The zone is an IANA name or a :class:`zoneinfo.ZoneInfo`; ``timezone`` keeps its name.
     """
 
-    __slots__ = ("_expr", "_iter", "_last", "_six", "_wildcard", "expression", "timezone", "zone")
+    __slots__ = ("_iter", "_last", "_six", "_walker", "_wildcard", "expression", "timezone", "zone")
 
     def __init__(self, expression: str, timezone: str | ZoneInfo = "UTC") -> None:
         self.expression = expression
@@ -126,7 +126,7 @@ class CronSchedule:
         fields = _normalise(expression)
         self._six = len(fields) == 6
         self._wildcard = any(field.startswith("*") for field in fields[: len(fields) - 3])
-        self._expr = " ".join(fields)
+        self._walker = _Walker(" ".join(fields))
         self._iter: Iterator[int] | None = None
         self._last = 0
         # Parse now and ask for one slot, so every error surfaces when the job is added.
@@ -177,14 +177,46 @@ class CronSchedule:
         # Slots are whole seconds, so "after after_ms" is "after its whole second".
         after_s = after_ms // 1000
         if self._wildcard:
-            return _real_time(self._expr, self.zone, after_s)
-        return _wall_clock(self._expr, self.zone, after_s)
+            return _real_time(self._walker, self.zone, after_s)
+        return _wall_clock(self._walker, self.zone, after_s)
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
 
 
-def _real_time(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+class _Walker:
+    """Makes cronsim walks of one expression, parsed once: a walk starts as a copy of a template.
+
+    Parsing is most of what a new CronSim costs, and a scheduler that starts 10 000 jobs, or a
+    job whose next slot is days away, starts a walk often. The copy sets the template's attributes
+    one by one, in order, so the walk keeps CPython's fast attribute access (copying ``__dict__``
+    wholesale made every step of the walk a quarter slower). A cronsim whose objects cannot be
+    copied that way gets a fresh CronSim per walk instead.
+    """
+
+    __slots__ = ("_expr", "_template")
+
+    def __init__(self, expr: str) -> None:
+        self._expr = expr
+        try:
+            template = CronSim(expr, _EPOCH)
+        except CronSimError as exc:  # the fields were checked: this is cronsim disagreeing
+            raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
+        state = getattr(template, "__dict__", {})
+        self._template = tuple(state.items()) if "dt" in state and "parts" in state else None
+
+    def walk(self, start: datetime) -> CronSim:
+        """A walk over the wall-clock times (naive) after ``start``, a whole second."""
+        if self._template is None:
+            return CronSim(self._expr, start)
+        walk = CronSim.__new__(CronSim)
+        for name, value in self._template:
+            setattr(walk, name, value)
+        walk.dt = start
+        return walk
+
+
+def _real_time(walker: _Walker, zone: ZoneInfo, after_s: int) -> Iterator[int]:
     """Epoch seconds after ``after_s`` at which the local wall clock matches ``expr``.
 
     A wall-clock time that occurs twice gives two instants, its first pass in order with the
@@ -201,11 +233,7 @@ def _real_time(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
         if repeat > _NO_SHIFT:
             start -= repeat
     second_passes: deque[int] = deque()
-    try:
-        walk = CronSim(expr, start)
-    except CronSimError as exc:
-        raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
-    for wall in walk:
+    for wall in walker.walk(start):
         offset = utcoffset(wall)
         later = utcoffset(wall.replace(fold=1))
         if later > offset:
@@ -224,7 +252,7 @@ def _real_time(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
             yield pending
 
 
-def _wall_clock(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+def _wall_clock(walker: _Walker, zone: ZoneInfo, after_s: int) -> Iterator[int]:
     """Epoch seconds after ``after_s`` of each matching wall-clock time, Debian's fixed-time way.
 
     A time inside a gap moves on by whole minutes to the first that exists; a time that occurs
@@ -233,11 +261,7 @@ def _wall_clock(expr: str, zone: ZoneInfo, after_s: int) -> Iterator[int]:
     utcoffset = _offsets(zone)
     start = datetime.fromtimestamp(after_s, zone).replace(tzinfo=None, fold=0)
     last = after_s
-    try:
-        walk = CronSim(expr, start)
-    except CronSimError as exc:
-        raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
-    for wall in walk:
+    for wall in walker.walk(start):
         offset = utcoffset(wall)
         if utcoffset(wall.replace(fold=1)) > offset:
             while utcoffset(wall.replace(fold=1)) > utcoffset(wall):
