@@ -126,14 +126,15 @@ class CronSchedule:
         fields = _normalise(expression)
         self._six = len(fields) == 6
         self._wildcard = any(field.startswith("*") for field in fields[: len(fields) - 3])
-        self._walker = _Walker(" ".join(fields))
+        self._walker = _Walker(expression, " ".join(fields))
         self._iter: Iterator[int] | None = None
         self._last = 0
         # Parse now and ask for one slot, so every error surfaces when the job is added.
         try:
             self.next_slot(_now_ms())
         except StopIteration:
-            dom, month, dow = fields[-3:]
+            written = expression.split()
+            dom, month, dow = (written if len(written) in (5, 6) else fields)[-3:]
             raise InvalidSchedule(
                 f"cron expression {expression!r} never fires: no date in 50 years matches its "
                 f"day-of-month field {dom!r}, month field {month!r} and day-of-week field "
@@ -196,12 +197,12 @@ class _Walker:
 
     __slots__ = ("_expr", "_template")
 
-    def __init__(self, expr: str) -> None:
+    def __init__(self, expression: str, expr: str) -> None:
         self._expr = expr
         try:
             template = CronSim(expr, _EPOCH)
         except CronSimError as exc:  # the fields were checked: this is cronsim disagreeing
-            raise InvalidSchedule(f"cron expression {expr!r} is invalid: {exc}") from None
+            raise InvalidSchedule(f"cron expression {expression!r} is invalid: {exc}") from None
         state = getattr(template, "__dict__", {})
         self._template = tuple(state.items()) if "dt" in state and "parts" in state else None
 
@@ -217,7 +218,7 @@ class _Walker:
 
 
 def _real_time(walker: _Walker, zone: ZoneInfo, after_s: int) -> Iterator[int]:
-    """Epoch seconds after ``after_s`` at which the local wall clock matches ``expr``.
+    """Epoch seconds after ``after_s`` at which the local wall clock matches the expression.
 
     A wall-clock time that occurs twice gives two instants, its first pass in order with the
     others and its second pass an offset change later: the second passes wait in a queue and are
@@ -361,9 +362,12 @@ class _Parser:
             first_text, _, last_text = body.partition("-")
             first, last = self.number(first_text), self.number(last_text)
             if first > last:
+                hint = (
+                    "; Sunday is 0 or 7, so write it 7 here" if spec is _DOW and last == 0 else ""
+                )
                 raise self.error(
                     f"has the range {body!r}, which runs backwards: the first value must not be "
-                    "larger than the last"
+                    f"larger than the last{hint}"
                 )
         else:
             first = self.number(body)

@@ -181,6 +181,10 @@ def test_fields_reach_cronsim_in_a_form_every_version_reads_alike(
             "the minute field '\\*/0' has the step '0': a step is a whole number, 1 or more",
         ),
         ("5-3 * * * *", "the minute field '5-3' has the range '5-3', which runs backwards"),
+        (
+            "* * * * fri-sun",
+            "the day-of-week field 'fri-sun' has the range 'FRI-SUN', which runs backwards: .* Sunday is 0 or 7, so write it 7 here",
+        ),
         ("1,,2 * * * *", "the minute field '1,,2' has an empty item"),
         ("* * ? * *", "the day-of-month field '\\?' uses '\\?'.* write '\\*'"),
         ("* * * * L", "the day-of-week field 'L' uses 'L' without a day: write '5L'"),
@@ -221,6 +225,16 @@ def test_a_date_that_never_comes_is_said_to_never_fire(expression: str, fields: 
     assert fields in message
     assert "each field is valid alone, but no date matches both" in message
     assert "out of range" not in message
+
+
+def test_day_fields_that_never_meet_are_said_to_never_fire() -> None:
+    """Day 1 is never the fifth Monday: no date in 50 years, and the message quotes the fields."""
+    with pytest.raises(InvalidSchedule) as caught:
+        CronSchedule("0 0 */40 * MON#5")
+    assert str(caught.value) == (
+        "cron expression '0 0 */40 * MON#5' never fires: no date in 50 years matches its "
+        "day-of-month field '*/40', month field '*' and day-of-week field 'MON#5' together"
+    )
 
 
 def test_a_day_that_only_the_or_rule_reaches_is_fine() -> None:
