@@ -24,6 +24,8 @@ from datetime import datetime
 from functools import cache
 from zoneinfo import ZoneInfo, available_timezones
 
+import pytest
+
 from anarchon import CronSchedule
 from tests.oracles import vixie
 from tests.oracles.debian_loop import Loop, Transition, simulate, transitions
@@ -182,3 +184,30 @@ def test_the_loop_runs_new_york_as_debian_documents() -> None:
         "00:30:00-04:00", "01:30:00-04:00", "01:30:00-05:00", "02:30:00-05:00"
     ]  # fmt: skip
     assert len(_fires(loop, "* 1 * * *", zone)) == 120
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "zone", ["America/New_York", "Australia/Lord_Howe", "Pacific/Chatham", "Antarctica/Troll"]
+)
+@pytest.mark.parametrize(
+    "expression",
+    ["30 * * * *", "*/20 * * * *", "* 3 * * *", "* 23 * * *", "15 2 * * *", "0 30 1 * * *",
+     "*/45 * 1-4 * * *"],
+)  # fmt: skip
+def test_next_slot_from_any_moment_near_a_change_is_debians_next_run(
+    zone: str, expression: str
+) -> None:
+    """Asked from inside a gap, from either pass of a repeat or from near them, ``next_slot``
+    answers Debian's next run, on a fresh schedule and on one walked forward alike."""
+    spec = _spec(expression)
+    for change in transitions([zone], YEAR):
+        at = change.at * 1000
+        loop = simulate(ZoneInfo(zone), change.at // 60 - 6 * 60, change.at // 60 + 30 * 60)
+        runs = sorted(run * 1000 for run in loop.fires(spec))
+        walked = CronSchedule(expression, zone)
+        for moment in range(at - 4 * 3600_000, at + 4 * 3600_000, 193_001):  # off the second
+            want = next(run for run in runs if run > moment)
+            asked_at = _iso(moment // 1000, ZoneInfo(zone))
+            assert CronSchedule(expression, zone).next_slot(moment) == want, asked_at
+            assert walked.next_slot(moment) == want, asked_at
