@@ -34,7 +34,7 @@ async def test_a_handler_that_blocks_the_loop_does_not_stop_renewals(
     async def blocking(ctx: RunContext) -> None:
         contexts.append(ctx)
         began = time.time()
-        time.sleep(1.8)  # noqa: ASYNC251 - blocks the event loop on purpose, for 1.8 s
+        time.sleep(2.5)  # noqa: ASYNC251 - blocks the event loop on purpose, for 2.5 s
         blocked.append((began * 1000, time.time() * 1000))
 
     scheduler = Scheduler(backend)
