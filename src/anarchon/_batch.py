@@ -26,6 +26,9 @@ Out = TypeVar("Out")
 
 # A larger batch would hold one transaction (SQLite's write lock) for too long.
 MAX_BATCH = 2_000
+# Item failures logged with their traceback per batch; the rest are counted in one line (a
+# backend that refuses everything would otherwise log every item of a burst).
+MAX_LOGGED = 5
 
 
 async def isolate(
@@ -40,14 +43,39 @@ async def isolate(
     logged with its job). :class:`~anarchon.errors.BackendUnavailable` is raised as it is: the
     backend is down for everyone, and the caller retries the whole batch (every call is
     idempotent per token)."""
+    failed: list[str] = []
+    results = await _split(call, items, job_of, what, failed)
+    if len(failed) > MAX_LOGGED:
+        logger.error(
+            "%s failed for %d items in all (jobs %s ...); the others of the batch went through",
+            what,
+            len(failed),
+            ", ".join(failed[:20]),
+            extra={"job": failed[0], "action": "batch_item_failed"},
+        )
+    return results
+
+
+async def _split(
+    call: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
+    items: Sequence[In],
+    job_of: Callable[[In], str],
+    what: str,
+    failed: list[str],
+) -> list[Out | Exception]:
     try:
         return list(await call(items))
     except BackendUnavailable:
         raise
     except Exception as exc:
-        if len(items) <= 1:
-            if items:
-                job = job_of(items[0])
+        if len(items) > 1:
+            middle = len(items) // 2
+            left = await _split(call, items[:middle], job_of, what, failed)
+            return left + await _split(call, items[middle:], job_of, what, failed)
+        for item in items:
+            job = job_of(item)
+            failed.append(job)
+            if len(failed) <= MAX_LOGGED:
                 logger.error(
                     "%s of job %s failed; the other items of its batch are not affected: %s",
                     what,
@@ -56,10 +84,7 @@ async def isolate(
                     exc_info=exc,
                     extra={"job": job, "action": "batch_item_failed"},
                 )
-            return [exc for _ in items]
-        middle = len(items) // 2
-        left = await isolate(call, items[:middle], job_of, what)
-        return left + await isolate(call, items[middle:], job_of, what)
+        return [exc for _ in items]
 
 
 class Coalescer(Generic[In, Out]):

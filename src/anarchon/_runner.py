@@ -380,10 +380,10 @@ class RunExecutor:
                 )
                 await self._clock.sleep(delay)
                 continue
-            except BackendError as broken:  # refused for good (logged by the batch)
+            except BackendError as broken:  # refused for good (logged with its traceback)
                 self._counters["result_errors"] += 1
                 _log(
-                    logging.ERROR,
+                    logging.WARNING,
                     "result_failed",
                     ticket,
                     "the result of %s attempt %d (%s) could not be recorded: %s",

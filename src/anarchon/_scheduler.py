@@ -1075,7 +1075,9 @@ class Scheduler:
         )
         if job is None:
             return f"code that is not a job's handler ({place})", None
-        handler = getattr(job.handler, "__qualname__", repr(job.handler))
+        qualname = getattr(job.handler, "__qualname__", None)
+        module = getattr(job.handler, "__module__", None)
+        handler = f"{module}.{qualname}" if qualname and module else repr(job.handler)
         run = f", run {active.ticket.run_id[:8]}" if active is not None else ""
         return f"job {job.name!r} (handler {handler}{run}; in {place})", job.name
 

@@ -141,7 +141,7 @@ class BackupWatcher:
             reserved = self._threads.reserve()
             if not reserved:
                 self._counters["no_thread"] += 1
-                logger.info(
+                logger.debug(
                     "not taking over %s %s now: every handler thread is busy (max_workers=%d)",
                     job_name,
                     slot_key,
