@@ -40,6 +40,7 @@ from ._clock import CLOCK_METHODS, BackendTime, Clock, SystemClock, sleep_or_wak
 from ._job import Handler, Job, JobOptions, Timezone, build_job
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
+from ._options import Bound, check_int
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
 from ._supervisor import supervised
@@ -63,9 +64,9 @@ logger = logging.getLogger("anarchon.scheduler")
 H = TypeVar("H", bound=Handler)
 
 DEFAULT_GRACE_MS: Final = 30_000
-MAX_GRACE_MS: Final = 24 * 3600 * 1000
+GRACE: Final = Bound(0, 24 * 3600 * 1000, ms=True)
 DEFAULT_MAX_WORKERS: Final = 32
-MAX_WORKERS_LIMIT: Final = 1024
+MAX_WORKERS: Final = Bound(1, 1024)
 MAX_INSTANCE_ID: Final = 256
 SKEW_CHECK_S: Final = 60.0
 MANUAL_CLAIM_TIMEOUT_S: Final = 10.0
@@ -105,12 +106,6 @@ def default_instance_id() -> str:
     """``<hostname>-<pid>-<4 hex>``: unique per process, readable in history. Computed when the
     scheduler starts, so each process forked from one parent (gunicorn --preload) has its own."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-
-
-def _check_int(name: str, value: object, low: int, high: int, unit: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidOption(f"{name}={value!r} must be an integer from {low} to {high}{unit}")
-    return value
 
 
 def _check_instance_id(value: object) -> str | None:
@@ -192,8 +187,8 @@ class Scheduler:
     ) -> None:
         if backend is not None and not isinstance(backend, Backend):
             raise InvalidOption(f"backend {backend!r} is not an anarchon Backend")
-        grace_ms = _check_int("grace_ms", grace_ms, 0, MAX_GRACE_MS, " (milliseconds)")
-        max_workers = _check_int("max_workers", max_workers, 1, MAX_WORKERS_LIMIT)
+        grace_ms = check_int("grace_ms", grace_ms, GRACE, "Scheduler")
+        max_workers = check_int("max_workers", max_workers, MAX_WORKERS, "Scheduler")
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
         if backend is None:
