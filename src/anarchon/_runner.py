@@ -120,7 +120,9 @@ class RunExecutor:
             sent = sent_ms if sent_ms is not None else self._clock.monotonic_ms()
             active.set_deadline(sent + _lease_left(ticket))
         self.active[ticket.run_id] = active
-        active.task = asyncio.get_running_loop().create_task(self._execute(active))
+        active.task = asyncio.get_running_loop().create_task(
+            self._execute(active), name=f"anarchon run of {job.name} ({ticket.run_id[:8]})"
+        )
         active.task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
         return active
 

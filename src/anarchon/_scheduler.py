@@ -74,6 +74,8 @@ CATCH_UP_POLL_S: Final = 0.25
 THREAD_POLL_S: Final = 0.05
 # On stop, claims and takeovers already sent get this long to come back (s).
 SETTLE_S: Final = 5.0
+# run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
+EXIT_WAIT_S: Final = 2.0
 
 
 class _State(Enum):
@@ -94,7 +96,13 @@ async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float 
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=0.25)
     if pending:
-        logger.warning("%d internal task(s) did not stop", len(pending), extra={"action": "stop"})
+        names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
+        logger.warning(
+            "%d task(s) did not stop when cancelled (%s); left behind",
+            len(pending),
+            names,
+            extra={"action": "stop"},
+        )
 
 
 def _new_id() -> str:
@@ -544,6 +552,10 @@ class Scheduler:
     def run(self) -> None:
         """Run until SIGINT or SIGTERM, then stop gracefully. Blocks.
 
+        Like ``asyncio.run(scheduler.serve())``, except that the process is not held at exit by
+        a task that ignores cancellation (a handler that catches ``CancelledError`` and goes
+        on): such tasks are given :data:`EXIT_WAIT_S`, logged and left behind.
+
         Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop: use
         ``async with scheduler`` or ``await scheduler.serve()`` there.
         """
@@ -556,7 +568,26 @@ class Scheduler:
                 "Scheduler.run() blocks and cannot be called inside a running event loop; "
                 "in async code use 'async with scheduler: ...' or 'await scheduler.serve()'"
             )
-        asyncio.run(self.serve())
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        main = loop.create_task(self.serve())
+        try:
+            loop.run_until_complete(main)
+        finally:
+            try:
+                if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
+                    main.cancel()  # serve() then stops the scheduler: bounded, let it finish
+                    loop.run_until_complete(asyncio.wait([main]))
+                # asyncio.run() would wait for every task to accept its cancellation, for ever.
+                left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                loop.run_until_complete(_cancel_and_wait(left, EXIT_WAIT_S))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(
+                    asyncio.wait([loop.create_task(loop.shutdown_default_executor())], timeout=1)
+                )
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
         """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code."""

@@ -126,3 +126,40 @@ def test_an_instance_with_every_thread_hung_leaves_its_slots_and_still_stops(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+STUBBORN_APP = """
+import asyncio, os, signal, threading
+from anarchon import MemoryBackend, Scheduler
+
+async def stubborn(ctx):
+    while True:  # swallows every cancellation, as a careless retry loop would
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+scheduler = Scheduler(MemoryBackend(), grace_ms=200)
+scheduler.add("stubborn", "* * * * * *", stubborn, jitter_ms=0)
+threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+scheduler.run()
+print("run() returned")
+"""
+
+
+def test_run_returns_after_sigterm_even_if_a_handler_ignores_cancellation() -> None:
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", STUBBORN_APP],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=40,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the process did not exit:\n{exc.stderr}") from None
+    took = time.monotonic() - began
+    assert done.returncode == 0 and "run() returned" in done.stdout, done.stderr
+    assert "did not stop when cancelled" in done.stderr, done.stderr
+    assert took < 25, took
