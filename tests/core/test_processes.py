@@ -158,7 +158,7 @@ def test_run_returns_after_sigterm_even_if_a_handler_ignores_cancellation() -> N
             timeout=40,
         )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the process did not exit:\n{exc.stderr}") from None
+        raise AssertionError(f"the process did not exit:\n{exc.stderr!r}") from None
     took = time.monotonic() - began
     assert done.returncode == 0 and "run() returned" in done.stdout, done.stderr
     assert "did not stop when cancelled" in done.stderr, done.stderr
