@@ -1,31 +1,108 @@
-"""Gather calls made in the same moment into one backend call.
+"""Gather calls made in the same moment into one backend call, and keep one bad item from failing
+the rest of its batch.
 
 When thousands of jobs share a slot, their results and lease renewals fall due together; sending
 them as one batch turns thousands of round trips (and, on SQLite, thousands of fsyncs) into a few.
+A batch is only as good as its worst item, though: a request the backend refuses outright (a
+number out of its range, a bug) would fail every claim, result or renewal beside it.
+:func:`isolate` splits such a batch in halves until only the bad item fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Coalescer"]
+from .errors import BackendUnavailable
+
+__all__ = ["Coalescer", "isolate"]
+
+logger = logging.getLogger("anarchon.scheduler")
 
 In = TypeVar("In")
 Out = TypeVar("Out")
 
 # A larger batch would hold one transaction (SQLite's write lock) for too long.
 MAX_BATCH = 2_000
+# Item failures logged with their traceback per batch; the rest are counted in one line (a
+# backend that refuses everything would otherwise log every item of a burst).
+MAX_LOGGED = 5
+
+
+async def isolate(
+    call: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
+    items: Sequence[In],
+    job_of: Callable[[In], str],
+    what: str,
+) -> list[Out | Exception]:
+    """``call(items)``, one result per item; if the call fails with anything but
+    :class:`~anarchon.errors.BackendUnavailable`, call again with each half, down to single
+    items, so that only the item the backend refuses gets the error (returned in its place and
+    logged with its job). :class:`~anarchon.errors.BackendUnavailable` is raised as it is: the
+    backend is down for everyone, and the caller retries the whole batch (every call is
+    idempotent per token)."""
+    failed: list[str] = []
+    results = await _split(call, items, job_of, what, failed)
+    if len(failed) > MAX_LOGGED:
+        logger.error(
+            "%s failed for %d items in all (jobs %s ...); the others of the batch went through",
+            what,
+            len(failed),
+            ", ".join(failed[:20]),
+            extra={"job": failed[0], "action": "batch_item_failed"},
+        )
+    return results
+
+
+async def _split(
+    call: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
+    items: Sequence[In],
+    job_of: Callable[[In], str],
+    what: str,
+    failed: list[str],
+) -> list[Out | Exception]:
+    try:
+        return list(await call(items))
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        if len(items) > 1:
+            middle = len(items) // 2
+            left = await _split(call, items[:middle], job_of, what, failed)
+            return left + await _split(call, items[middle:], job_of, what, failed)
+        for item in items:
+            job = job_of(item)
+            failed.append(job)
+            if len(failed) <= MAX_LOGGED:
+                logger.error(
+                    "%s of job %s failed; the other items of its batch are not affected: %s",
+                    what,
+                    job,
+                    exc,
+                    exc_info=exc,
+                    extra={"job": job, "action": "batch_item_failed"},
+                )
+        return [exc for _ in items]
 
 
 class Coalescer(Generic[In, Out]):
     """Callers ``await submit(item)``; items submitted in one event-loop iteration go to ``call``
     together. ``call`` returns one result per item, in order: a value, or an exception that is
-    raised to that item's caller. If ``call`` itself raises, every caller of the batch gets it."""
+    raised to that item's caller. If ``call`` itself fails, the batch is split (:func:`isolate`)
+    so that only the item at fault gets the error; a
+    :class:`~anarchon.errors.BackendUnavailable` reaches every caller of the batch."""
 
-    def __init__(self, call: Callable[[Sequence[In]], Awaitable[Sequence[Out | BaseException]]]):
+    def __init__(
+        self,
+        call: Callable[[Sequence[In]], Awaitable[Sequence[Out | BaseException]]],
+        job_of: Callable[[In], str],
+        what: str,
+    ):
         self._call = call
+        self._job_of = job_of
+        self._what = what
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -47,7 +124,8 @@ class Coalescer(Generic[In, Out]):
 
     async def _send(self, batch: list[tuple[In, asyncio.Future[Out]]]) -> None:
         try:
-            results = await self._call([item for item, _ in batch])
+            items = [item for item, _ in batch]
+            results = await isolate(self._call, items, self._job_of, self._what)
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():

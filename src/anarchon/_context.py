@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from datetime import datetime
 from typing import Any
 
@@ -33,13 +33,19 @@ class RunContext:
     refuse a write whose fence is lower than the last one you accepted (for example
     ``UPDATE ... SET fence = :fence WHERE fence <= :fence``), so a stale runner that comes back
     after a takeover cannot overwrite the new runner's work.
+
+    A plain (thread) handler cannot be interrupted: it should look at :attr:`should_stop` (or
+    call :meth:`check_lease`) between steps and return when it is True.
     """
 
     __slots__ = (
+        "_deadline",
         "_logger",
         "_lost",
         "_lost_async",
         "_lost_reason",
+        "_monotonic",
+        "_timed_out",
         "attempt",
         "fence",
         "instance",
@@ -59,6 +65,7 @@ class RunContext:
         fence: int | None,
         trigger: Trigger,
         instance: str,
+        monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self.job = job
         self.slot = slot
@@ -73,6 +80,10 @@ class RunContext:
         self._lost = False
         self._lost_async: asyncio.Event | None = None
         self._lost_reason: str | None = None
+        self._timed_out = False
+        # When the lease surely ends (monotonic ms) unless renewed; kept by the lease keeper.
+        self._deadline: int | None = None
+        self._monotonic = monotonic_ms
 
     @property
     def logger(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
@@ -95,26 +106,56 @@ class RunContext:
     def lease_lost(self) -> bool:
         """True once this run's lease is gone (taken over, expired, handed over): stop writing.
 
-        Safe to read from a plain handler's worker thread.
+        Also True while the lease's local deadline (on the monotonic clock) has passed without
+        a successful renewal, so a runner that was frozen (SIGSTOP, a long GC pause, a blocked
+        event loop) learns it before its next write, even before the scheduler does. (If a late
+        renewal then succeeds, nobody took the run over and it turns False again.) Safe to read
+        from a plain handler's worker thread.
         """
-        return self._lost
+        if self._lost:
+            return True
+        deadline, monotonic = self._deadline, self._monotonic
+        return deadline is not None and monotonic is not None and monotonic() >= deadline
+
+    @property
+    def timed_out(self) -> bool:
+        """True once the run has passed the job's ``timeout_ms``. An async handler is cancelled
+        then; a plain handler's thread cannot be, so it should return soon: its run is recorded
+        ``failed`` (timed out) whatever it returns, and keeps its lease until it does."""
+        return self._timed_out
+
+    @property
+    def should_stop(self) -> bool:
+        """True when a plain handler should return now: the lease is lost (taken over, expired,
+        handed over on stop) or the run timed out. Safe to read from the handler's thread."""
+        return self._timed_out or self.lease_lost
 
     def check_lease(self) -> None:
-        """Raise :class:`~anarchon.errors.LeaseLost` if the lease is gone; call between steps."""
-        if self._lost:
-            raise LeaseLost(self._lost_reason or f"run {self.run_id} lost its lease")
+        """Raise :class:`~anarchon.errors.LeaseLost` if the lease is gone; call between steps
+        (and before writes: see :attr:`lease_lost`)."""
+        if self.lease_lost:
+            raise LeaseLost(
+                self._lost_reason
+                or f"run {self.run_id} of job {self.job!r}: its lease ran out without a renewal"
+            )
 
     async def wait_lease_lost(self) -> None:
         """Wait until the lease is lost (async handlers)."""
-        if self._lost:
+        if self.lease_lost:
             return
         if self._lost_async is None:
             self._lost_async = asyncio.Event()
         await self._lost_async.wait()
 
+    def _flag_lost(self, reason: str) -> None:
+        """Set the flags a handler reads (any thread); :meth:`_mark_lost` also wakes waiters."""
+        if not self._lost:
+            self._lost_reason = reason
+            self._lost = True
+
     def _mark_lost(self, reason: str) -> None:
-        self._lost_reason = reason
-        self._lost = True
+        """On the event loop's thread: flag the lease lost and wake :meth:`wait_lease_lost`."""
+        self._flag_lost(reason)
         if self._lost_async is not None:
             self._lost_async.set()
 

@@ -1,39 +1,49 @@
-"""Running attempts: the handler, its timeout, its result and hand-over; and one lease keeper
-that renews every running attempt's lease.
+"""Running attempts: the handler, its timeout, its result, draining and hand-over.
 
-A run costs one task. Leases are renewed by a single :class:`LeaseKeeper` in batches, so ten
-thousand jobs sharing a slot do not start ten thousand renewal loops.
+A run costs one task. Its lease is renewed by the scheduler's single
+:class:`~anarchon._keeper.LeaseKeeper` (on a thread of its own when the backend allows), so ten
+thousand jobs sharing a slot do not start ten thousand renewal loops, and a handler that blocks
+the event loop does not stop renewals.
+
+Plain (non-async) handlers run on :class:`~anarchon._threads.HandlerThreads`: a thread is
+reserved before the slot is claimed, and a thread that runs past ``timeout_ms`` keeps its run's
+lease until it really returns (a thread cannot be stopped from outside).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
 import functools
-import heapq
 import logging
-from concurrent.futures import Executor
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ._batch import Coalescer
-from ._clock import Clock, sleep_or_wake
+from ._clock import Clock
 from ._context import RunContext
 from ._job import Job
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
+from ._threads import HandlerThreads, NoThreadFree
 from .backend import Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
 
-__all__ = ["ActiveRun", "LeaseKeeper", "RunExecutor"]
+if TYPE_CHECKING:
+    from ._keeper import LeaseKeeper
+
+__all__ = ["ActiveRun", "RunExecutor"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
-HANDED_OVER = "handed over"
-LEASE_LOST = "lease lost"
-STOPPED = "stopped"
-# While renewals fail, retry at least this often (ms) until the lease is over.
-RENEW_RETRY_MS = 1_000
+HANDED_OVER: Final = "handed over"
+STOPPED: Final = "stopped"
+# After the grace period, cancelled handlers and their hand-over calls get this long (s).
+CANCEL_GRACE_S: Final = 10.0
+
+Outcome = tuple[RunStatus, str | None, BaseException | None]
+"""(status, error text, the exception to log with its traceback)."""
 
 
 @dataclass(eq=False)
@@ -46,36 +56,55 @@ class ActiveRun:
     task: asyncio.Task[None] | None = None
     in_handler: bool = False
     cancel_reason: str | None = None
+    reserved: bool = False
+    """A handler thread is reserved for this run (plain handlers) and not yet used."""
     result: asyncio.Future[Run | None] = field(default_factory=asyncio.Future)
-    # Lease bookkeeping (local clock, ms): when to renew next, and when the lease surely ends.
+    # Lease bookkeeping, on the monotonic clock (ms): when to renew next (the keeper's), when
+    # the lease surely ends unless renewed, and whether the keeper renews it.
     renew_at: int = 0
     deadline: int = 0
+    kept: bool = False
+
+    def set_deadline(self, deadline: int) -> None:
+        """The lease surely ends at ``deadline`` (monotonic ms) unless renewed; any thread."""
+        self.deadline = deadline
+        self.ctx._deadline = deadline
 
 
 class RunExecutor:
-    """Runs won tickets: calls the handler, records the result, hands over on stop."""
+    """Runs won tickets: calls the handler, records the result, drains and hands over on stop."""
 
     def __init__(
         self,
         backend: Backend,
         clock: Clock,
-        executor: Executor,
+        threads: HandlerThreads,
         counters: dict[str, int],
         grace_ms: int,
     ) -> None:
         self._backend = backend
         self._clock = clock
-        self._executor = executor
+        self._threads = threads
         self._counters = counters
         self._grace_ms = grace_ms
         self.active: dict[str, ActiveRun] = {}
-        self._results: Coalescer[FinishRequest, Run] = Coalescer(backend.finish_many)
+        self._results: Coalescer[FinishRequest, Run] = Coalescer(
+            backend.finish_many, lambda item: item[0].job, "recording the result"
+        )
         self.keeper: LeaseKeeper | None = None
-        if isinstance(backend, LeaseBackend):
-            self.keeper = LeaseKeeper(backend, clock, self._lose)
+        """Set by the scheduler when it starts (lease backends)."""
+        self.closed = False
+        """After the grace period: a run won now is handed over at once instead of started."""
 
-    def start(self, job: Job, ticket: Ticket) -> ActiveRun:
-        """Begin running ``ticket`` in a task; return its handle."""
+    def start(
+        self, job: Job, ticket: Ticket, *, reserved: bool = False, sent_ms: int | None = None
+    ) -> ActiveRun:
+        """Begin running ``ticket`` in a task; return its handle.
+
+        ``reserved``: a handler thread was reserved for this run (plain handlers); the executor
+        uses it or gives it back. ``sent_ms``: when the claim or takeover that gave the ticket
+        was sent (monotonic), to place the lease's local deadline conservatively.
+        """
         ctx = RunContext(
             job=job.name,
             slot=ms_to_datetime(ticket.slot),
@@ -84,12 +113,27 @@ class RunExecutor:
             fence=ticket.fence,
             trigger=ticket.trigger,
             instance=ticket.instance,
+            monotonic_ms=self._clock.monotonic_ms,
         )
-        active = ActiveRun(job=job, ticket=ticket, ctx=ctx)
+        active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved)
+        if ticket.lease_expires_at_ms is not None:
+            sent = sent_ms if sent_ms is not None else self._clock.monotonic_ms()
+            active.set_deadline(sent + _lease_left(ticket))
         self.active[ticket.run_id] = active
-        active.task = asyncio.get_running_loop().create_task(self._execute(active))
+        active.task = asyncio.get_running_loop().create_task(
+            self._execute(active), name=f"anarchon run of {job.name} ({ticket.run_id[:8]})"
+        )
         active.task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
         return active
+
+    def running(self, task: asyncio.Task[Any] | None) -> ActiveRun | None:
+        """The run whose task is ``task`` (any thread: used by the loop watchdog)."""
+        if task is None:
+            return None
+        for active in list(self.active.values()):
+            if active.task is task:
+                return active
+        return None
 
     async def _execute(self, active: ActiveRun) -> None:
         try:
@@ -97,12 +141,25 @@ class RunExecutor:
         except BaseException as exc:
             if not active.result.done():
                 active.result.set_exception(exc)
+                active.result.exception()  # retrieved: the task reports it
             raise
+        finally:
+            if active.reserved:
+                active.reserved = False
+                self._threads.unreserve()
         if not active.result.done():
             active.result.set_result(run)
 
     async def _execute_inner(self, active: ActiveRun) -> Run | None:
         ticket, job = active.ticket, active.job
+        if self.closed:
+            # Won after the grace period (a claim or takeover that was in flight): hand it
+            # over at once rather than start a handler nobody will wait for.
+            await self._release(active)
+            return None
+        leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
+        if leased and not await self._fresh_lease(active):
+            return None
         if logger.isEnabledFor(logging.INFO):
             _log(
                 logging.INFO,
@@ -113,7 +170,6 @@ class RunExecutor:
                 ticket.attempt,
                 ticket.fence,
             )
-        leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
         if leased:
             assert self.keeper is not None
             self.keeper.add(active)
@@ -123,6 +179,7 @@ class RunExecutor:
             if leased:
                 assert self.keeper is not None
                 self.keeper.discard(active)
+            active.ctx._deadline = None  # the handler is over: only a real loss counts now
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
             return await self._finish(active, *outcome)
@@ -141,19 +198,66 @@ class RunExecutor:
             )
         return None
 
-    async def _run_handler(self, active: ActiveRun) -> tuple[RunStatus, str | None] | None:
-        """Call the handler; return (status, error), or None if we cancelled it ourselves."""
-        job, ctx = active.job, active.ctx
-        timeout = job.timeout_ms
+    async def _fresh_lease(self, active: ActiveRun) -> bool:
+        """Make sure the lease has time left before the handler starts.
+
+        A claim retried with the same token (its first answer was lost) comes back with the
+        lease it took then, possibly expired by now. With less than a third of a lease left,
+        renew at once; if the backend says the lease is lost, do not start the handler.
+        """
+        ticket = active.ticket
+        if _lease_left(ticket) > ticket.lease_ms // 3:
+            return True
+        assert isinstance(self._backend, LeaseBackend)
+        started = self._clock.monotonic_ms()
+        for delay in backoff():
+            sent = self._clock.monotonic_ms()
+            try:
+                renewed = await self._backend.renew(ticket)
+            except LeaseLost as exc:
+                self._counters["lease_lost"] += 1
+                _log(
+                    logging.WARNING,
+                    "lease_lost",
+                    ticket,
+                    "job %s attempt %d: its lease ran out before the handler could start (%s); "
+                    "not starting it",
+                    ticket.job,
+                    ticket.attempt,
+                    exc,
+                )
+                active.ctx._mark_lost(f"lease lost: {exc}")
+                return False
+            except BackendError as exc:
+                left = active.deadline - self._clock.monotonic_ms()
+                if left > 0:
+                    return True  # some lease is left: start, the keeper retries at once
+                if self._clock.monotonic_ms() - started > ticket.lease_ms:
+                    _log(
+                        logging.WARNING,
+                        "left_to_backup",
+                        ticket,
+                        "job %s attempt %d: its lease ran out and cannot be renewed (%s); left "
+                        "to a backup",
+                        ticket.job,
+                        ticket.attempt,
+                        exc,
+                    )
+                    return False
+                await self._clock.sleep(delay)
+                continue
+            active.ticket = renewed
+            active.set_deadline(sent + _lease_left(renewed))
+            return True
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _run_handler(self, active: ActiveRun) -> Outcome | None:
+        """Call the handler; return its outcome, or None if we cancelled it ourselves."""
         active.in_handler = True
         try:
-            if timeout is None:
-                await self._call(job, ctx)
-            else:
-                async with asyncio.timeout(timeout / 1000):
-                    await self._call(job, ctx)
-        except TimeoutError:
-            return RunStatus.FAILED, f"timed out after timeout_ms={timeout}"
+            if active.job.is_async:
+                return await self._run_async(active)
+            return await self._run_thread(active)
         except asyncio.CancelledError:
             if active.cancel_reason is None:
                 raise  # not ours: the scheduler is abandoning the run
@@ -161,29 +265,70 @@ class RunExecutor:
             if task is not None:
                 task.uncancel()
             return None
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # A handler's exit is its own run's failure, never the scheduler's.
+            return RunStatus.FAILED, _describe_exit(exc), exc
         except Exception as exc:
-            logger.warning(
-                "job %s failed: %s",
-                job.name,
-                exc,
-                exc_info=True,
-                extra=_fields("run_failed", active.ticket),
-            )
-            return RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", exc
         finally:
             active.in_handler = False
-        return RunStatus.SUCCEEDED, None
 
-    async def _call(self, job: Job, ctx: RunContext) -> Any:
-        if job.is_async:
-            return await job.handler(ctx)
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, job.handler, ctx)
-        # Cancelling the await leaves the thread running: plain handlers cannot be interrupted,
-        # but their lease is released and their late result refused.
-        return await loop.run_in_executor(self._executor, call)
+    async def _run_async(self, active: ActiveRun) -> Outcome:
+        job, ctx = active.job, active.ctx
+        timeout = job.timeout_ms
+        if timeout is None:
+            await job.handler(ctx)
+            return RunStatus.SUCCEEDED, None, None
+        scope = asyncio.timeout(timeout / 1000)
+        try:
+            async with scope:
+                await job.handler(ctx)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the handler's own TimeoutError, not ours
+            ctx._timed_out = True
+            return RunStatus.FAILED, f"timed out after timeout_ms={timeout}", None
+        return RunStatus.SUCCEEDED, None, None
 
-    def _lose(self, active: ActiveRun, reason: str) -> None:
+    async def _run_thread(self, active: ActiveRun) -> Outcome:
+        job, ctx, ticket = active.job, active.ctx, active.ticket
+        label = f"job {job.name} (run {ticket.run_id[:8]}, attempt {ticket.attempt})"
+        reserved, active.reserved = active.reserved, False
+        try:
+            handler = functools.partial(job.handler, ctx)
+            call = self._threads.submit(handler, label, reserved=reserved)
+        except NoThreadFree as exc:
+            return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
+        waiting = asyncio.wrap_future(call)
+        waiting.add_done_callback(_consume)  # a thread abandoned (lease lost) may still fail
+        timeout = job.timeout_ms
+        if timeout is not None:
+            done, _ = await asyncio.wait({waiting}, timeout=timeout / 1000)
+            if not done:
+                # A thread cannot be stopped. The run keeps its lease (the keeper goes on
+                # renewing it) until the handler returns, so overlap='skip' still holds and no
+                # backup starts the slot beside it; ctx.timed_out tells the handler.
+                ctx._timed_out = True
+                self._counters["timed_out_threads"] += 1
+                _log(
+                    logging.WARNING,
+                    "timed_out",
+                    ticket,
+                    "job %s ran past timeout_ms=%d; its thread cannot be stopped, so the run "
+                    "keeps its lease until the handler returns (ctx.timed_out is now True)",
+                    job.name,
+                    timeout,
+                )
+                with contextlib.suppress(Exception, SystemExit, KeyboardInterrupt):
+                    await waiting  # what it does after its time is not its result
+                return RunStatus.FAILED, f"timed out after timeout_ms={timeout}", None
+        await waiting
+        return RunStatus.SUCCEEDED, None, None
+
+    def lose(self, active: ActiveRun, reason: str) -> None:
+        """The keeper found the lease lost: tell the handler and stop waiting for it."""
+        if active.task is None or active.task.done():
+            return
         self._counters["lease_lost"] += 1
         _log(
             logging.WARNING,
@@ -204,46 +349,76 @@ class RunExecutor:
         if active.in_handler and active.task is not None:
             active.task.cancel()
 
-    async def _finish(self, active: ActiveRun, status: RunStatus, error: str | None) -> Run | None:
+    async def _finish(
+        self, active: ActiveRun, status: RunStatus, error: str | None, exc: BaseException | None
+    ) -> Run | None:
         ticket = active.ticket
         for delay in backoff():
             try:
                 run = await self._results.submit((ticket, status, error))
-            except LeaseLost as exc:
+            except LeaseLost as refused:
                 self._counters["result_refused"] += 1
                 _log(
                     logging.WARNING,
                     "result_refused",
                     ticket,
-                    "result of %s attempt %d refused: %s",
+                    "result of %s attempt %d (%s%s) refused: %s",
                     ticket.job,
                     ticket.attempt,
-                    exc,
+                    status.value,
+                    f": {error}" if error else "",
+                    refused,
+                    exc_info=exc,
                 )
                 return None
-            except BackendUnavailable as exc:
+            except BackendUnavailable as unavailable:
                 _log(
                     logging.WARNING,
                     "finish_retry",
                     ticket,
                     "recording %s failed, retrying: %s",
                     ticket.job,
-                    exc,
+                    unavailable,
                 )
                 await self._clock.sleep(delay)
                 continue
-            self._counters[f"runs_{status.value}"] += 1
-            level = logging.INFO if status is RunStatus.SUCCEEDED else logging.WARNING
-            if logger.isEnabledFor(level):
+            except BackendError as broken:  # refused for good (logged with its traceback)
+                self._counters["result_errors"] += 1
                 _log(
-                    level,
+                    logging.WARNING,
+                    "result_failed",
+                    ticket,
+                    "the result of %s attempt %d (%s) could not be recorded: %s",
+                    ticket.job,
+                    ticket.attempt,
+                    status.value,
+                    broken,
+                )
+                return None
+            self._counters[f"runs_{status.value}"] += 1
+            if status is RunStatus.SUCCEEDED:
+                if logger.isEnabledFor(logging.INFO):
+                    _log(
+                        logging.INFO,
+                        "run_succeeded",
+                        ticket,
+                        "job %s succeeded (attempt %d)",
+                        ticket.job,
+                        ticket.attempt,
+                    )
+            else:
+                # One ERROR line per failed run, with the handler's traceback: what alerting
+                # (Sentry's logging integration, log-based alerts) looks for.
+                _log(
+                    logging.ERROR,
                     f"run_{status.value}",
                     ticket,
-                    "job %s %s (attempt %d)%s",
+                    "job %s %s (attempt %d): %s",
                     ticket.job,
                     status.value,
                     ticket.attempt,
-                    f": {error}" if error else "",
+                    error,
+                    exc_info=exc,
                 )
             return run
         raise AssertionError("unreachable")  # pragma: no cover
@@ -278,121 +453,67 @@ class RunExecutor:
             f"{STOPPED}: the scheduler stopped before the handler finished "
             f"(grace_ms={self._grace_ms})"
         )
-        await self._finish(active, RunStatus.FAILED, reason)
+        await self._finish(active, RunStatus.FAILED, reason, None)
 
-    async def stop(self, grace_ms: int) -> None:
-        """Wait up to ``grace_ms`` for running handlers; hand over or fail what is left."""
-        pending = [a.result for a in self.active.values()]
-        if pending:
-            await asyncio.wait(pending, timeout=grace_ms / 1000)
-        leftover = [a for a in self.active.values() if not a.result.done()]
+    async def drain(self, deadline_ms: int) -> None:
+        """Let running handlers finish until ``deadline_ms`` (monotonic) while their leases are
+        still renewed; then cancel what is left and hand it over (or record it failed)."""
+        # Waits on the tasks themselves: a result future may be cancelled by whoever awaited
+        # it (a catch-up), while the run goes on.
+        pending = [a.task for a in self.active.values() if a.task is not None]
+        left_s = (deadline_ms - self._clock.monotonic_ms()) / 1000
+        if pending and left_s > 0:
+            # The clock's sleep; and never longer than the grace in real time, so that a test
+            # clock nobody moves cannot make stop() hang.
+            await _all_or_sleep(pending, self._clock.sleep(left_s), left_s)
+        self.closed = True
+        leftover = [a for a in self.active.values() if a.task is not None and not a.task.done()]
         for active in leftover:
             self._cancel(active, HANDED_OVER)
-        if leftover:
-            # Give the cancelled handlers and the release/finish calls a bounded time; a call
-            # still stuck after that (an unreachable backend) is abandoned: the lease expires
-            # and a backup takes the run over.
-            await asyncio.wait([a.result for a in leftover], timeout=10)
-            for active in leftover:
-                if active.task is not None and not active.task.done():
-                    active.task.cancel()
+        if not leftover:
+            return
+        # Give the cancelled handlers and the release/finish calls a bounded time; a call
+        # still stuck after that (an unreachable backend) is abandoned: the lease expires
+        # and a backup takes the run over.
+        tasks = [a.task for a in leftover if a.task is not None]
+        await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
+        for task in tasks:
+            if not task.done():
+                task.cancel()
 
 
-class LeaseKeeper:
-    """Renews the leases of every running attempt, in batches, from one task.
-
-    Each lease is renewed at a third of its length, so two renewals can fail before it
-    expires. Renewals that fall due together go to the backend in one ``renew_many`` call.
-    """
-
-    def __init__(self, backend: LeaseBackend, clock: Clock, on_lost: Any) -> None:
-        self._backend = backend
-        self._clock = clock
-        self._on_lost = on_lost
-        self._heap: list[tuple[int, int, ActiveRun]] = []
-        self._seq = 0
-        self._live: set[ActiveRun] = set()
-        self._wake = asyncio.Event()
-
-    def add(self, active: ActiveRun) -> None:
-        """Keep ``active``'s lease from now on."""
-        now = self._clock.now_ms()
-        ticket = active.ticket
-        active.deadline = _local_expiry(now, ticket)
-        self._live.add(active)
-        self._push(active, now + ticket.lease_ms // 3)
-
-    def discard(self, active: ActiveRun) -> None:
-        """Stop renewing ``active`` (it finished, or is being handed over)."""
-        self._live.discard(active)
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def _push(self, active: ActiveRun, at: int) -> None:
-        self._seq += 1
-        active.renew_at = at
-        heapq.heappush(self._heap, (at, self._seq, active))
-        if self._heap[0][2] is active:
-            self._wake.set()
-
-    async def run(self) -> None:
-        """Renew leases as they fall due, until cancelled."""
-        while True:
-            now = self._clock.now_ms()
-            due: list[ActiveRun] = []
-            while self._heap and self._heap[0][0] <= now:
-                at, _, active = heapq.heappop(self._heap)
-                if active in self._live and active.renew_at == at:
-                    due.append(active)
-            if due:
-                await self._renew(due)
-                continue
-            delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
-            self._wake.clear()
-            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
-
-    async def _renew(self, due: list[ActiveRun]) -> None:
-        sent = self._clock.now_ms()
-        try:
-            answers: list[Ticket | LeaseLost] | None = await self._backend.renew_many(
-                [a.ticket for a in due]
-            )
-        except BackendError as exc:
-            answers = None
-            error: BackendError = exc
-        now = self._clock.now_ms()
-        for n, active in enumerate(due):
-            if active not in self._live:
-                continue
-            answer = answers[n] if answers is not None else None
-            if isinstance(answer, Ticket):
-                active.ticket = answer
-                active.deadline = _local_expiry(sent, answer)
-                self._push(active, now + answer.lease_ms // 3)
-            elif isinstance(answer, LeaseLost):
-                self._live.discard(active)
-                self._on_lost(active, f"{LEASE_LOST}: {answer}")
-            elif now >= active.deadline:
-                self._live.discard(active)
-                self._on_lost(active, f"{LEASE_LOST}: could not renew before expiry ({error})")
-            else:
-                if n == 0:
-                    _log(
-                        logging.WARNING,
-                        "renew_failed",
-                        active.ticket,
-                        "renewing %d lease(s) failed: %s",
-                        len(due),
-                        error,
-                    )
-                self._push(active, now + min(RENEW_RETRY_MS, active.ticket.lease_ms // 3))
+async def _all_or_sleep(
+    tasks: list[asyncio.Task[None]], sleep: Coroutine[Any, Any, None], limit_s: float
+) -> None:
+    """Wait until every task is done, ``sleep`` (a clock's sleep) ends, or ``limit_s`` pass."""
+    sleeper = asyncio.ensure_future(sleep)
+    waiter = asyncio.ensure_future(asyncio.wait(tasks))
+    try:
+        await asyncio.wait({sleeper, waiter}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        waiter.cancel()
 
 
-def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:
+def _lease_left(ticket: Ticket) -> int:
+    """How much of the lease the backend said was left when it answered (ms)."""
     if ticket.lease_expires_at_ms is None or ticket.backend_now_ms is None:
-        return local_sent_ms + ticket.lease_ms
-    return local_sent_ms + (ticket.lease_expires_at_ms - ticket.backend_now_ms)
+        return ticket.lease_ms
+    return ticket.lease_expires_at_ms - ticket.backend_now_ms
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _describe_exit(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return (
+            f"SystemExit({exc.code!r}): the handler called sys.exit() or raised SystemExit; "
+            "a handler's exit fails its run, never the scheduler"
+        )
+    return f"{type(exc).__name__}: raised by the handler; it fails its run, never the scheduler"
 
 
 def _fields(action: str, ticket: Ticket) -> dict[str, Any]:
@@ -406,5 +527,12 @@ def _fields(action: str, ticket: Ticket) -> dict[str, Any]:
     }
 
 
-def _log(level: int, action: str, ticket: Ticket, msg: str, *args: Any) -> None:
-    logger.log(level, msg, *args, extra=_fields(action, ticket))
+def _log(
+    level: int,
+    action: str,
+    ticket: Ticket,
+    msg: str,
+    *args: Any,
+    exc_info: BaseException | None = None,
+) -> None:
+    logger.log(level, msg, *args, exc_info=exc_info, extra=_fields(action, ticket))

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from ._clock import Clock, sleep_or_wake
 
 __all__ = ["Due", "SlotTimer"]
 
-# Re-read the wall clock at least this often while idle, so a clock step (NTP) is noticed.
-MAX_IDLE_WAIT_S = 30.0
+logger = logging.getLogger("anarchon.scheduler")
+
+# Slots are wall-clock instants, but waits are durations on the monotonic clock: look at the wall
+# clock at least this often, so a step (NTP, a VM resumed) is noticed within a second and the
+# wait re-armed. One wake-up a second costs nothing measurable.
+STEP_CHECK_MS: Final = 1_000
+# A wall clock that moved this much more (or less) than the monotonic clock since the last look
+# was stepped. NTP slews offsets under 128 ms; anything past a second is a step.
+STEP_MIN_MS: Final = 1_000
 
 
 @dataclass(order=True, slots=True)
 class Due:
-    """A slot of a job, due (after its jitter) at ``due_ms`` on the local clock."""
+    """A slot of a job, due (after its jitter) at ``due_ms`` on the local wall clock."""
 
     due_ms: int
     seq: int
@@ -32,15 +41,22 @@ class SlotTimer:
     Idle cost is one sleeping task, however many jobs are registered.
     """
 
-    def __init__(self, clock: Clock, on_due: Callable[[list[Due]], Awaitable[None] | None]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        on_due: Callable[[list[Due]], Awaitable[None] | None],
+        on_step: Callable[[int], None] | None = None,
+    ) -> None:
         self._clock = clock
         self._on_due = on_due
+        self._on_step = on_step
         self._heap: list[Due] = []
         self._seq = 0
         self._wake = asyncio.Event()
+        self._last: tuple[int, int] | None = None  # (wall, monotonic) at the last look
 
     def push(self, job: str, slot: int, due_ms: int, generation: int) -> None:
-        """Schedule ``slot`` of ``job`` to be handed over at ``due_ms``."""
+        """Schedule ``slot`` of ``job`` to be handed over at ``due_ms`` (wall clock)."""
         self._seq += 1
         entry = Due(due_ms, self._seq, job, slot, generation)
         heapq.heappush(self._heap, entry)
@@ -50,10 +66,27 @@ class SlotTimer:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def _look(self) -> int:
+        """Read the wall clock; notice and log a step since the last look. Returns wall now."""
+        wall, mono = self._clock.now_ms(), self._clock.monotonic_ms()
+        if self._last is not None:
+            step = (wall - self._last[0]) - (mono - self._last[1])
+            if abs(step) >= STEP_MIN_MS:
+                logger.warning(
+                    "the wall clock stepped %+d ms; slots fire by the new wall time, leases and "
+                    "timeouts are unaffected (they run on the monotonic clock)",
+                    step,
+                    extra={"action": "clock_step", "step_ms": step},
+                )
+                if self._on_step is not None:
+                    self._on_step(step)
+        self._last = (wall, mono)
+        return wall
+
     async def run(self) -> None:
         """Hand over due slots until cancelled."""
         while True:
-            now = self._clock.now_ms()
+            now = self._look()
             batch: list[Due] = []
             while self._heap and self._heap[0].due_ms <= now:
                 batch.append(heapq.heappop(self._heap))
@@ -63,8 +96,8 @@ class SlotTimer:
                     await result
                 continue
             self._wake.clear()
-            if not self._heap or self._heap[0].due_ms - now > MAX_IDLE_WAIT_S * 1000:
-                await sleep_or_wake(self._clock.sleep(MAX_IDLE_WAIT_S), self._wake)
+            if not self._heap or self._heap[0].due_ms - now > STEP_CHECK_MS:
+                await sleep_or_wake(self._clock.sleep(STEP_CHECK_MS / 1000), self._wake)
             else:
                 head = self._heap[0]
                 # Without jitter the slot is the moment to claim: wake on it, not after it.

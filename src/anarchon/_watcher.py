@@ -1,4 +1,8 @@
-"""Backup runners: watch runs other instances hold, and take over those whose lease ends."""
+"""Backup runners: watch runs other instances hold, and take over those whose lease ends.
+
+Checks are scheduled on the monotonic clock (a wall-clock step neither brings a check forward
+nor holds it back); whether a lease has expired is the backend's decision, on its own clock.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import heapq
 import logging
 import os
 from collections.abc import Callable
+from typing import Final
 
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
-from .backend import LeaseBackend, TakeoverRequest, TakeoverStatus, Ticket
+from ._threads import HandlerThreads
+from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import BackendError
 
 __all__ = ["BackupWatcher"]
@@ -18,8 +24,12 @@ __all__ = ["BackupWatcher"]
 logger = logging.getLogger("anarchon.scheduler")
 
 # Check this long after the expiry the backend announced, so the backend surely sees it expired.
-EXPIRY_MARGIN_MS = 50
-RETRY_MS = 1_000
+EXPIRY_MARGIN_MS: Final = 50
+RETRY_MS: Final = 1_000
+
+OnTaken = Callable[[Job, Ticket, bool, int], None]
+"""``on_taken(job, ticket, reserved, sent_ms)``: run a taken-over attempt (``reserved``: a
+handler thread is set aside for it; ``sent_ms``: when the takeover was sent, monotonic)."""
 
 
 class BackupWatcher:
@@ -31,17 +41,22 @@ class BackupWatcher:
         clock: Clock,
         instance: str,
         jobs: Callable[[str], Job | None],
-        on_taken: Callable[[Job, Ticket], None],
+        on_taken: OnTaken,
         counters: dict[str, int],
+        threads: HandlerThreads,
     ) -> None:
         self._backend = backend
         self._clock = clock
-        self._instance = instance
+        self.instance = instance
         self._jobs = jobs
         self._on_taken = on_taken
         self._counters = counters
+        self._threads = threads
         self._heap: list[tuple[int, int, str, str]] = []
         self._watched: dict[tuple[str, str], int] = {}
+        # A takeover whose answer was lost is retried with the same request (run id and
+        # token), so the backend can recognise it as ours instead of spending an attempt.
+        self._requests: dict[tuple[str, str], TakeoverRequest] = {}
         self._seq = 0
         self._wake = asyncio.Event()
         self._checks: set[asyncio.Future[None]] = set()
@@ -50,7 +65,7 @@ class BackupWatcher:
         self, job: str, slot_key: str, expires_at_ms: int | None, backend_now_ms: int | None
     ) -> None:
         """Watch ``(job, slot_key)``; check it when its lease should have ended."""
-        now = self._clock.now_ms()
+        now = self._clock.monotonic_ms()
         if expires_at_ms is not None and backend_now_ms is not None:
             due = now + max(0, expires_at_ms - backend_now_ms) + EXPIRY_MARGIN_MS
         else:
@@ -66,12 +81,16 @@ class BackupWatcher:
         if (job, slot_key) not in self._watched:
             return
         if released:
-            self._schedule(job, slot_key, self._clock.now_ms())
+            self._schedule(job, slot_key, self._clock.monotonic_ms())
         else:
-            del self._watched[(job, slot_key)]
+            self._forget(job, slot_key)
 
     def __len__(self) -> int:
         return len(self._watched)
+
+    def _forget(self, job: str, slot_key: str) -> None:
+        self._watched.pop((job, slot_key), None)
+        self._requests.pop((job, slot_key), None)
 
     def _schedule(self, job: str, slot_key: str, due: int) -> None:
         self._seq += 1
@@ -83,7 +102,7 @@ class BackupWatcher:
     async def run(self) -> None:
         """Check watched runs as they come due, until cancelled."""
         while True:
-            now = self._clock.now_ms()
+            now = self._clock.monotonic_ms()
             while self._heap and self._heap[0][0] <= now:
                 _, seq, job, slot_key = heapq.heappop(self._heap)
                 if self._watched.get((job, slot_key)) == seq:
@@ -94,37 +113,74 @@ class BackupWatcher:
             self._wake.clear()
             await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
 
+    def _request(self, job: Job, slot_key: str) -> TakeoverRequest:
+        key = (job.name, slot_key)
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = TakeoverRequest(
+                job=job.name,
+                slot_key=slot_key,
+                run_id=os.urandom(16).hex(),
+                token=os.urandom(16).hex(),
+                instance=self.instance,
+                lease_ms=job.policy.lease_ms,
+                max_attempts=job.policy.max_attempts,
+                history_ttl_ms=job.policy.history_ttl_ms,
+            )
+        return request
+
     async def _check(self, job_name: str, slot_key: str) -> None:
         job = self._jobs(job_name)
         if job is None:
-            self._watched.pop((job_name, slot_key), None)
+            self._forget(job_name, slot_key)
             return
-        request = TakeoverRequest(
-            job=job_name,
-            slot_key=slot_key,
-            run_id=os.urandom(16).hex(),
-            token=os.urandom(16).hex(),
-            instance=self._instance,
-            lease_ms=job.policy.lease_ms,
-            max_attempts=job.policy.max_attempts,
-            history_ttl_ms=job.policy.history_ttl_ms,
-        )
+        # A plain handler needs a thread: without one free, this instance does not take the
+        # run over (it would hold the lease of a run that cannot start); others may.
+        reserved = False
+        if not job.is_async:
+            reserved = self._threads.reserve()
+            if not reserved:
+                self._counters["no_thread"] += 1
+                logger.debug(
+                    "not taking over %s %s now: every handler thread is busy (max_workers=%d)",
+                    job_name,
+                    slot_key,
+                    self._threads.max_workers,
+                    extra={"job": job_name, "slot": slot_key, "action": "no_thread"},
+                )
+                self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
+                return
+        request = self._request(job, slot_key)
+        sent = self._clock.monotonic_ms()
         try:
-            outcome = await self._backend.take_over(request)
-        except BackendError as exc:
-            logger.warning(
-                "checking %s %s failed, retrying: %s",
-                job_name,
-                slot_key,
-                exc,
-                extra={"job": job_name, "slot": slot_key, "action": "takeover_retry"},
-            )
-            self._schedule(job_name, slot_key, self._clock.now_ms() + RETRY_MS)
-            return
+            try:
+                outcome = await self._backend.take_over(request)
+            except BackendError as exc:
+                logger.warning(
+                    "checking %s %s failed, retrying with the same request: %s",
+                    job_name,
+                    slot_key,
+                    exc,
+                    extra={"job": job_name, "slot": slot_key, "action": "takeover_retry"},
+                )
+                self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
+                return
+            if self._decide(job, slot_key, outcome, sent, reserved):
+                reserved = False  # passed on with the taken run
+        finally:
+            if reserved:
+                self._threads.unreserve()
+
+    def _decide(
+        self, job: Job, slot_key: str, outcome: TakeoverOutcome, sent: int, reserved: bool
+    ) -> bool:
+        """Act on a takeover's answer; True if a run was started (it keeps the reservation)."""
+        job_name = job.name
         if outcome.status is TakeoverStatus.HELD:
+            self._requests.pop((job_name, slot_key), None)
             self.watch(job_name, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms)
-            return
-        self._watched.pop((job_name, slot_key), None)
+            return False
+        self._forget(job_name, slot_key)
         extra = {"job": job_name, "slot": slot_key}
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
@@ -137,18 +193,25 @@ class BackupWatcher:
                 outcome.ticket.fence,
                 extra={**extra, "action": "taken_over"},
             )
-            self._on_taken(job, outcome.ticket)
-        elif outcome.status is TakeoverStatus.EXHAUSTED:
+            self._on_taken(job, outcome.ticket, reserved, sent)
+            return True
+        if outcome.status is TakeoverStatus.EXHAUSTED:
             logger.error(
                 "%s %s: lease expired on its last attempt; recorded failed",
                 job_name,
                 slot_key,
                 extra={**extra, "action": "attempts_exhausted"},
             )
+        return False
 
-    def clear(self) -> None:
-        """Forget every watched run and cancel checks in flight (on stop)."""
+    async def close(self, settle_s: float) -> None:
+        """Stop checking (on stop): wait up to ``settle_s`` for checks in flight, so a takeover
+        the backend granted is run or handed over rather than left to expire, then forget
+        every watched run."""
         self._watched.clear()
         self._heap.clear()
-        for check in self._checks:
+        if self._checks:
+            await asyncio.wait(list(self._checks), timeout=settle_s)
+        for check in list(self._checks):
             check.cancel()
+        self._requests.clear()

@@ -405,3 +405,15 @@ class LeaseBackend(Backend):
         events table) wakes backups with it; others leave it and set :attr:`release_poll_ms`.
         Losing a notification must be harmless: backups still check at lease expiry.
         """
+
+    def clone(self) -> LeaseBackend | None:
+        """Return a new, unstarted backend on the same store with its own connections, for
+        another thread's event loop; None if impossible (e.g. a client the caller passed in
+        that cannot be copied).
+
+        The scheduler renews leases from a thread of its own with such a clone, so a handler
+        that blocks the event loop cannot stop renewals. The clone only renews: it is started,
+        used for :meth:`renew_many` and stopped on that thread, and must close what it opens.
+        Without one (the default), leases are kept on the event loop.
+        """
+        return None

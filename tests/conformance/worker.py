@@ -48,9 +48,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> None:
     backend = backend_from_url(args.url)
-    scheduler = Scheduler(
-        backend, instance_id=args.instance or f"w{os.getpid()}", grace_ms=args.grace_ms
-    )
+    grace = {} if args.grace_ms is None else {"grace_ms": args.grace_ms}  # else the default
+    scheduler = Scheduler(backend, instance_id=args.instance or f"w{os.getpid()}", **grace)
 
     async def handler(ctx: RunContext) -> None:
         base = {
@@ -64,7 +63,10 @@ async def main(args: argparse.Namespace) -> None:
         }
         _write(args.out, {"event": "start", "t": time.time(), **base})
         try:
-            await asyncio.sleep(args.sleep_ms / 1000)
+            if args.handler_mode == "block":
+                time.sleep(args.sleep_ms / 1000)  # noqa: ASYNC251 - blocks the loop on purpose
+            else:
+                await asyncio.sleep(args.sleep_ms / 1000)
         except asyncio.CancelledError:
             _write(args.out, {"event": "cancelled", "t": time.time(), **base})
             raise
@@ -96,7 +98,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule", default="* * * * * *")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--sleep-ms", type=int, default=0)
-    p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--grace-ms", type=int, help="default: the Scheduler's")
+    p.add_argument(
+        "--handler-mode",
+        choices=["sleep", "block"],
+        default="sleep",
+        help="sleep: await asyncio.sleep; block: time.sleep inside async def (blocks the loop)",
+    )
     p.add_argument("--instance")
     for name in (
         "jitter-ms",

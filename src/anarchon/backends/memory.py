@@ -7,8 +7,11 @@ how anarchon's own tests simulate many instances.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from .._clock import Clock, SystemClock
 from .._models import Run, RunStatus
@@ -25,6 +28,20 @@ from . import _lease_rules as rules
 from ._lease_rules import RunRow
 
 __all__ = ["MemoryBackend"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _serialised(method: F) -> F:
+    """Run the operation under the backend's lock: the scheduler's lease keeper may renew from
+    its own thread (see :meth:`MemoryBackend.clone`)."""
+
+    @functools.wraps(method)
+    async def call(self: MemoryBackend, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return await method(self, *args, **kwargs)
+
+    return cast(F, call)
 
 
 class _MemoryRows:
@@ -105,6 +122,7 @@ class MemoryBackend(LeaseBackend):
         self._rows = _MemoryRows()
         self._history_size = check_int("history_size", history_size, HISTORY_SIZE, "MemoryBackend")
         self._listeners: list[Callable[[str, str, bool], None]] = []
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"MemoryBackend(history_size={self._history_size})"
@@ -112,24 +130,29 @@ class MemoryBackend(LeaseBackend):
     def _now(self) -> int:
         return self._clock.now_ms()
 
+    @_serialised
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`."""
         now = self._now()
         return [rules.claim(self._rows, req, now) for req in requests]
 
+    @_serialised
     async def renew(self, ticket: Ticket) -> Ticket:
         """See :meth:`anarchon.backend.LeaseBackend.renew`."""
         return rules.renew(self._rows, ticket, self._now())
 
+    @_serialised
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
         return rules.take_over(self._rows, request, self._now())
 
+    @_serialised
     async def release(self, ticket: Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`."""
         rules.release(self._rows, ticket, self._now())
         self._notify(ticket.job, ticket.slot_key, True)
 
+    @_serialised
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`."""
         now = self._now()
@@ -139,11 +162,13 @@ class MemoryBackend(LeaseBackend):
         self._notify(ticket.job, ticket.slot_key, False)
         return run
 
+    @_serialised
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`."""
         rows = self._rows.rows(job)
         return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
 
+    @_serialised
     async def last_slot(self, job: str) -> int | None:
         """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
         slots = [row.slot for row in self._rows.rows(job) if row.slot is not None]
@@ -160,3 +185,8 @@ class MemoryBackend(LeaseBackend):
     def _notify(self, job: str, slot_key: str, released: bool) -> None:
         for listener in self._listeners:
             listener(job, slot_key, released)
+
+    def clone(self) -> MemoryBackend:
+        """This backend itself: its operations take a lock, so the scheduler's lease keeper can
+        renew from its own thread (there is no connection to open)."""
+        return self

@@ -740,6 +740,36 @@ class PostgresBackend(LeaseBackend):
 
         return await self._call(work)
 
+    def clone(self) -> PostgresBackend | None:
+        """A new, unstarted backend on the same database, schema and prefix with a small pool
+        of its own (two connections), for the scheduler's lease keeper thread. From a pool or
+        connection you passed in, the copy connects with its connection string; None when
+        that cannot be read (a conninfo function, connection keyword arguments)."""
+        from psycopg import AsyncConnection
+        from psycopg.conninfo import make_conninfo
+
+        given = self._given
+        if given is None:
+            dsn = self.dsn
+        elif isinstance(given, AsyncConnection):
+            dsn = make_conninfo(given.info.dsn, password=given.info.password or None)
+        elif isinstance(given.conninfo, str) and not given.kwargs:
+            dsn = given.conninfo
+        else:
+            return None
+        if dsn is None:
+            return None
+        return PostgresBackend(
+            dsn,
+            schema=self.schema,
+            table_prefix=self.table_prefix,
+            history_size=self.history_size,
+            notifications=self.notifications,
+            timeout_ms=self.timeout_ms,
+            max_connections=2,
+            prepared_statements=self.prepared_statements,
+        )
+
 
 async def _resolve(value: Any) -> Any:
     """A pool's ``conninfo`` or ``kwargs``: a value, or a function (maybe async) giving it."""

@@ -600,6 +600,38 @@ class RedisBackend(LeaseBackend):
                     extra={"job": job, "slot": slot_key, "action": "notify"},
                 )
 
+    def clone(self) -> RedisBackend | None:
+        """A new, unstarted backend on the same Redis and prefix with a client of its own, for
+        the scheduler's lease keeper thread: from the same URL, or a copy of a plain
+        ``redis.asyncio.Redis`` client you passed in (same connection options; closed by the
+        copy's :meth:`stop`). None for Sentinel and Cluster clients, which cannot be copied."""
+        from redis.asyncio import ConnectionPool, Redis
+
+        twin = RedisBackend(
+            self.url if self._given is None else DEFAULT_URL,
+            prefix=self.prefix,
+            history_size=self.history_size,
+        )
+        given = self._given
+        if given is None:
+            return twin
+        # Sentinel clients' pools ask the sentinels for the master; Cluster clients route by
+        # slot: neither can be rebuilt from connection options alone.
+        if type(given) is not Redis or type(given.connection_pool) is not ConnectionPool:
+            return None
+        pool = given.connection_pool
+
+        def connect() -> Redis:
+            return Redis(
+                connection_pool=ConnectionPool(
+                    connection_class=pool.connection_class, **pool.connection_kwargs
+                )
+            )
+
+        twin._connect = connect  # type: ignore[method-assign]
+        twin.url = f"a copy of {given!r}"
+        return twin
+
 
 def _lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
     """The :class:`LeaseLost` (the lease rules' wording) if the script refused ``ticket``."""

@@ -462,3 +462,12 @@ class SQLiteBackend(LeaseBackend):
     async def server_time_ms(self) -> int | None:
         """The host clock, which every process on the host shares."""
         return _now_ms()
+
+    def clone(self) -> SQLiteBackend:
+        """A new, unstarted backend on the same file with the same options and a connection of
+        its own, for the scheduler's lease keeper thread."""
+        return SQLiteBackend(
+            self.path,
+            history_size=self.history_size,
+            busy_timeout_ms=round(self._busy_timeout_s * 1000),
+        )

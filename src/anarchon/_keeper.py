@@ -1,0 +1,346 @@
+"""The lease keeper: renews the lease of every running attempt, in batches, from one task; and the
+scheduler's own thread it runs on, out of the handlers' reach.
+
+A handler that blocks the event loop (a blocking call in ``async def``) would starve a keeper
+that shares the loop: the lease would expire and a backup would run the slot a second time while
+the first run is still going. So, when the backend can give a second connection
+(:meth:`~anarchon.backend.LeaseBackend.clone`) and the clock is the system clock, the keeper runs
+on a thread of the scheduler's own with its own event loop and its own backend connection. The
+same thread watches the main loop (:class:`~anarchon._watchdog.LoopWatchdog`).
+
+Cross-thread traffic goes through :class:`Mailbox`: one wake-up of the target loop per batch of
+calls, never one per call (each ``call_soon_threadsafe`` writes a byte to the loop's self-pipe;
+thousands at once fill it and drop the byte that delivers SIGTERM, see the CHANGELOG of 0.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Final
+
+from ._batch import isolate
+from ._clock import Clock, sleep_or_wake
+from ._supervisor import supervised
+from .backend import LeaseBackend, Ticket
+from .errors import LeaseLost
+
+if TYPE_CHECKING:
+    from ._runner import ActiveRun
+    from ._watchdog import LoopWatchdog
+
+__all__ = ["KeeperThread", "LeaseKeeper", "Mailbox"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+LEASE_LOST = "lease lost"
+# While renewals fail, retry at least this often (ms) until the lease is over.
+RENEW_RETRY_MS: Final = 1_000
+# How long start() waits for the keeper thread's backend connection before keeping leases on
+# the event loop instead.
+THREAD_START_S: Final = 15.0
+THREAD_STOP_S: Final = 10.0
+
+
+class Mailbox:
+    """Run calls posted from any thread on one event loop, in order, with one wake-up per batch."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: int) -> None:
+        self._loop = loop
+        self._thread = thread
+        self._lock = threading.Lock()
+        self._items: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._scheduled = False
+
+    @classmethod
+    def here(cls) -> Mailbox:
+        """A mailbox for the running loop (call on its thread)."""
+        return cls(asyncio.get_running_loop(), threading.get_ident())
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop soon; from any thread. Dropped if the loop is closed."""
+        with self._lock:
+            self._items.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            if threading.get_ident() == self._thread:
+                self._loop.call_soon(self._drain)
+            else:
+                self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is left to run it
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._scheduled = False
+        for fn, args in items:
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("a cross-thread call failed", extra={"action": "internal_error"})
+
+
+class LeaseKeeper:
+    """Renews the leases of every running attempt, in batches, from one task.
+
+    Each lease is renewed when two thirds of it are left (a third of its length after it was
+    taken), so two renewals can fail before it expires. Renewals that fall due together go to the
+    backend in one ``renew_many`` call. All times are on the monotonic clock: a wall-clock step
+    neither delays a renewal nor sends one early.
+
+    :meth:`add` and :meth:`discard` may be called from any thread; everything else runs on the
+    keeper's own loop (:meth:`run`). ``on_lost(active, reason)`` is called on that loop.
+    """
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        clock: Clock,
+        on_lost: Callable[[ActiveRun, str], None],
+    ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._on_lost = on_lost
+        self._heap: list[tuple[int, int, ActiveRun]] = []
+        self._seq = 0
+        self._live: set[ActiveRun] = set()
+        self._wake = asyncio.Event()
+        self._inbox: Mailbox | None = None
+
+    def bind(self) -> None:
+        """Attach to the running loop (the one :meth:`run` will run on)."""
+        self._inbox = Mailbox.here()
+        self._wake = asyncio.Event()
+
+    def add(self, active: ActiveRun) -> None:
+        """Keep ``active``'s lease from now on (its ``deadline`` set by the caller)."""
+        active.kept = True
+        assert self._inbox is not None, "the lease keeper is not running"
+        self._inbox.post(self._add, active)
+
+    def discard(self, active: ActiveRun) -> None:
+        """Stop renewing ``active`` (it finished, or is being handed over). Takes effect at once:
+        a renewal in flight is not applied."""
+        active.kept = False
+        if self._inbox is not None:
+            self._inbox.post(self._live.discard, active)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _add(self, active: ActiveRun) -> None:
+        if not active.kept:
+            return
+        self._live.add(active)
+        ticket = active.ticket
+        # The first renewal when two thirds of the lease are left: a third of a lease from now
+        # for a fresh lease, sooner for one that was partly used (a retried claim).
+        third = ticket.lease_ms // 3
+        now = self._clock.monotonic_ms()
+        self._push(active, max(now, min(now + third, active.deadline - 2 * third)))
+
+    def _push(self, active: ActiveRun, at: int) -> None:
+        self._seq += 1
+        active.renew_at = at
+        heapq.heappush(self._heap, (at, self._seq, active))
+        if self._heap[0][2] is active:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Renew leases as they fall due, until cancelled."""
+        while True:
+            now = self._clock.monotonic_ms()
+            due: list[ActiveRun] = []
+            while self._heap and self._heap[0][0] <= now:
+                at, _, active = heapq.heappop(self._heap)
+                if active in self._live and active.kept and active.renew_at == at:
+                    due.append(active)
+            if due:
+                await self._renew(due)
+                continue
+            delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
+            self._wake.clear()
+            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
+
+    async def _renew(self, due: list[ActiveRun]) -> None:
+        sent = self._clock.monotonic_ms()
+        error: Exception | None = None
+        answers: list[Ticket | LeaseLost | Exception] | None = None
+        try:
+            answers = list(
+                await isolate(
+                    self._backend.renew_many,
+                    [a.ticket for a in due],
+                    lambda t: t.job,
+                    "renewing the lease",
+                )
+            )
+        except Exception as exc:  # BackendUnavailable: every lease of the batch waits
+            error = exc
+        now = self._clock.monotonic_ms()
+        warned = False
+        for n, active in enumerate(due):
+            if active not in self._live or not active.kept:
+                continue
+            answer = answers[n] if answers is not None else error
+            if isinstance(answer, Ticket):
+                active.ticket = answer
+                active.set_deadline(_local_expiry(sent, answer))
+                self._push(active, now + answer.lease_ms // 3)
+            elif isinstance(answer, LeaseLost):
+                self._lose(active, f"{LEASE_LOST}: {answer}")
+            elif now >= active.deadline:
+                self._lose(active, f"{LEASE_LOST}: could not renew before expiry ({answer})")
+            else:
+                if not warned:
+                    warned = True
+                    logger.warning(
+                        "renewing %d lease(s) failed, retrying: %s",
+                        len(due),
+                        answer,
+                        extra=_fields("renew_failed", active.ticket),
+                    )
+                self._push(active, now + min(RENEW_RETRY_MS, active.ticket.lease_ms // 3))
+
+    def _lose(self, active: ActiveRun, reason: str) -> None:
+        self._live.discard(active)
+        active.kept = False
+        self._on_lost(active, reason)
+
+
+def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:
+    """When the lease surely ends, on the local monotonic clock: the time the call was sent
+    plus what the backend said was left (an earlier bound than the answer's arrival)."""
+    if ticket.lease_expires_at_ms is None or ticket.backend_now_ms is None:
+        return local_sent_ms + ticket.lease_ms
+    return local_sent_ms + (ticket.lease_expires_at_ms - ticket.backend_now_ms)
+
+
+def _fields(action: str, ticket: Ticket) -> dict[str, Any]:
+    return {
+        "job": ticket.job,
+        "slot": ticket.slot,
+        "action": action,
+        "run_id": ticket.run_id,
+        "attempt": ticket.attempt,
+        "fence": ticket.fence,
+    }
+
+
+class KeeperThread:
+    """A thread of the scheduler's own, with its own event loop, that hosts the loop watchdog and,
+    when given a backend of its own, the lease keeper.
+
+    ``start()`` returns once the thread's backend has started (or failed to: then the keeper is
+    not hosted and the caller keeps leases on its own loop). ``stop()`` stops the keeper, closes
+    the thread's backend and ends the thread, within :data:`THREAD_STOP_S`; a thread that does
+    not end by then is abandoned (it is a daemon thread).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        watchdog: LoopWatchdog | None,
+        backend: LeaseBackend | None,
+        make_keeper: Callable[[LeaseBackend], LeaseKeeper],
+    ) -> None:
+        self._clock = clock
+        self._watchdog = watchdog
+        self._backend = backend
+        self._make_keeper = make_keeper
+        self.keeper: LeaseKeeper | None = None
+        self._ready: Future[bool] = Future()
+        self._ended: Future[None] = Future()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> bool:
+        """Start the thread; True if it keeps leases (its backend started)."""
+        self._thread = threading.Thread(target=self._main, name="anarchon-keeper", daemon=True)
+        self._thread.start()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._ready), THREAD_START_S)
+        except TimeoutError:
+            logger.warning(
+                "the lease keeper's own connection did not start within %.0f s; leases are "
+                "kept on the event loop instead",
+                THREAD_START_S,
+                extra={"action": "keeper_thread"},
+            )
+            await self.stop()
+            return False
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # never let the thread die without a word
+            logger.error("the lease keeper thread failed", exc_info=exc, extra={"action": "keeper"})
+        finally:
+            if not self._ready.done():
+                self._ready.set_result(False)
+            self._ended.set_result(None)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        tasks: list[asyncio.Future[None]] = []
+        if self._watchdog is not None:
+            tasks.append(asyncio.ensure_future(supervised("watchdog", self._watchdog.run)))
+        backend, keeper = self._backend, None
+        if backend is not None:
+            try:
+                await backend.start()
+            except Exception as exc:
+                logger.warning(
+                    "the lease keeper's own connection could not start (%s); leases are kept "
+                    "on the event loop instead",
+                    exc,
+                    extra={"action": "keeper_thread"},
+                )
+                backend = None
+            else:
+                keeper = self._make_keeper(backend)
+                keeper.bind()
+                self.keeper = keeper
+                tasks.append(asyncio.ensure_future(supervised("lease keeper", keeper.run)))
+        if not self._ready.done():
+            self._ready.set_result(keeper is not None)
+        try:
+            await self._stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(backend.stop(), THREAD_STOP_S / 2)
+
+    async def stop(self) -> None:
+        """Stop the keeper and the watchdog, close the thread's backend, end the thread."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # already closed
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._ended), THREAD_STOP_S)
+        except TimeoutError:
+            logger.warning(
+                "the lease keeper thread did not end within %.0f s; abandoned",
+                THREAD_STOP_S,
+                extra={"action": "keeper_thread"},
+            )

@@ -1,0 +1,70 @@
+"""One job's bad request must not fail the claims, results or renewals of the other jobs in its
+batch: a batch the backend refuses outright is split until only the bad item fails."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+from anarchon import BackendError, Run, RunContext, RunStatus, Scheduler
+from anarchon.backend import ClaimOutcome, ClaimRequest, FinishRequest, Ticket
+from anarchon.errors import LeaseLost
+from anarchon.testing import FakeClock, MemoryBackend
+from tests.unit.core_helpers import MINUTE, START
+
+JOBS = ("alpha", "bad", "omega")
+
+
+class OneBadJob(MemoryBackend):
+    """Refuses, for good (not a transient error), any batch of ``call`` holding an item of job
+    ``bad``, as a backend refuses a number out of its range."""
+
+    def __init__(self, clock: FakeClock, call: str) -> None:
+        super().__init__(clock=clock)
+        self.call = call
+        self.sizes: list[int] = []
+
+    def _check(self, call: str, jobs: list[str]) -> None:
+        if call == self.call:
+            self.sizes.append(len(jobs))
+            if "bad" in jobs:
+                raise BackendError("integer out of range (job 'bad')")
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        self._check("claim", [r.job for r in requests])
+        return await super().claim(requests)
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+        self._check("finish", [t.job for t, _, _ in items])
+        return await super().finish_many(items)
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+        self._check("renew", [t.job for t in tickets])
+        return await super().renew_many(tickets)
+
+
+@pytest.mark.parametrize("call", ["claim", "finish", "renew"])
+async def test_one_bad_item_fails_alone(call: str, caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock(START)
+    backend = OneBadJob(clock, call)
+    contexts: dict[str, RunContext] = {}
+
+    async def work(ctx: RunContext) -> None:
+        contexts[ctx.job] = ctx
+        await clock.sleep(3)  # three leases: renewed together, in one batch
+
+    scheduler = Scheduler(backend, clock=clock)
+    for name in JOBS:
+        scheduler.add(name, "0 * * * *", work, jitter_ms=0, lease_ms=1_000)
+    caplog.set_level(logging.ERROR, "anarchon")
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 5_000)
+        history = {name: await scheduler.history(name) for name in JOBS}
+    for good in ("alpha", "omega"):
+        assert [(r.attempt, r.status) for r in history[good]] == [(1, RunStatus.SUCCEEDED)], call
+        assert not contexts[good].lease_lost
+    assert max(backend.sizes) == 3, "the three jobs were not in one batch"
+    failed = [r for r in caplog.records if getattr(r, "action", None) == "batch_item_failed"]
+    assert failed and {getattr(r, "job", None) for r in failed} == {"bad"}

@@ -1,0 +1,152 @@
+"""Three kinds of time: a wall-clock step (NTP, a VM resumed) on an instance must not stop its
+renewals, make it record coming slots "too late", or bring a backup's takeover forward.
+
+The backend runs on a clock of its own (:class:`BackendClock`), as on another host; only the
+instance's wall clock is stepped (:meth:`FakeClock.step`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import pytest
+
+from anarchon import RunContext, RunStatus, Scheduler
+from anarchon._clock import SystemClock
+from anarchon.testing import FakeClock, MemoryBackend
+from tests.unit.core_helpers import MINUTE, START, BackendClock, Recording, View
+
+
+def test_fake_clock_steps_the_wall_clock_only() -> None:
+    clock = FakeClock(START)
+    mono = clock.monotonic_ms()
+    clock.step(-60_000)
+    assert clock.now_ms() == START - 60_000 and clock.monotonic_ms() == mono
+
+
+async def test_fake_clock_advance_moves_both_clocks_and_wakes_sleepers() -> None:
+    clock = FakeClock(START)
+    woke: list[int] = []
+
+    async def sleeper() -> None:
+        await clock.sleep(1.0)
+        woke.append(clock.monotonic_ms())
+
+    task = asyncio.ensure_future(sleeper())
+    await asyncio.sleep(0)
+    clock.step(3_600_000)  # a wall step wakes nobody: sleeps are durations
+    await asyncio.sleep(0)
+    assert not woke
+    mono = clock.monotonic_ms()
+    await clock.advance(1_000)
+    await task
+    assert woke == [mono + 1_000] and clock.now_ms() == START + 3_601_000
+
+
+def test_system_clock_has_a_monotonic_clock() -> None:
+    clock = SystemClock()
+    first = clock.monotonic_ms()
+    assert clock.monotonic_ms() >= first
+
+
+def test_backend_time_follows_the_monotonic_clock_after_a_measurement() -> None:
+    from anarchon._clock import BackendTime
+
+    clock = FakeClock(START)
+    estimate = BackendTime(clock)
+    assert estimate.now_ms() == START and not estimate.known  # no measurement: the wall clock
+    estimate.measured(START + 5_000, clock.monotonic_ms())
+    clock.step(-60_000)
+    assert estimate.now_ms() == START + 5_000
+
+
+async def test_a_backward_wall_step_does_not_stop_renewals() -> None:
+    clock = FakeClock(START)
+    backend = Recording(BackendClock(clock))
+    seen: list[tuple[str, int]] = []
+    release = asyncio.Event()
+
+    async def long(ctx: RunContext) -> None:
+        seen.append((ctx.instance, ctx.attempt))
+        await release.wait()
+
+    runner = Scheduler(backend, clock=clock, instance_id="runner")
+    backup = Scheduler(View(backend), clock=BackendClock(clock), instance_id="backup")
+    runner.add("long", "0 * * * *", long, jitter_ms=0, lease_ms=3_000)
+    backup.add("long", "0 * * * *", long, jitter_ms=1_000, lease_ms=3_000)
+    for scheduler in (runner, backup):
+        await scheduler.start()
+    try:
+        await clock.advance(60 * MINUTE + 2_000)
+        assert seen == [("runner", 1)]
+        stepped_at = backend.named("renew")[-1][1]
+        clock.step(-MINUTE)  # the runner's clock goes back a minute; the backend's does not
+        await clock.advance(20_000)
+        renewals = [at for _, at, _ in backend.named("renew") if at >= stepped_at]
+        gaps = [b - a for a, b in itertools.pairwise(renewals)]
+        assert seen == [("runner", 1)], "a backup ran the slot while the runner still worked"
+        assert len(renewals) >= 18 and max(gaps) <= 1_100, gaps
+        release.set()
+        await clock.advance(1_000)
+        history = await runner.history("long")
+    finally:
+        for scheduler in (runner, backup):
+            await scheduler.stop()
+    assert [(r.attempt, r.status) for r in history] == [(1, RunStatus.SUCCEEDED)]
+
+
+async def test_a_forward_wall_step_records_no_slot_too_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    backend = MemoryBackend(clock=BackendClock(clock))
+    ran: list[int] = []
+
+    async def tick(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        ran.append(int(ctx.slot.timestamp() * 1000))
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "* * * * *", tick, jitter_ms=0, max_late_ms=10_000)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(30_000)
+        clock.step(MINUTE)  # the wall clock jumps a minute ahead of the backend's
+        await clock.advance(2 * MINUTE)
+        history = await scheduler.history("tick")
+    too_late = [r for r in history if r.status is RunStatus.SKIPPED]
+    assert not too_late, [(r.slot_ms, r.reason) for r in too_late]
+    assert ran[:3] == [START + MINUTE, START + 2 * MINUTE, START + 3 * MINUTE]
+    steps = [r for r in caplog.records if getattr(r, "action", None) == "clock_step"]
+    assert [getattr(r, "step_ms", None) for r in steps] == [MINUTE], "logged once, with its size"
+    assert not scheduler.metrics().get("too_late")
+
+
+async def test_a_forward_wall_step_does_not_bring_a_takeover_check_forward() -> None:
+    clock = FakeClock(START)
+    backend = Recording(BackendClock(clock))
+    release = asyncio.Event()
+    lease = MINUTE
+
+    async def long(ctx: RunContext) -> None:
+        await release.wait()
+
+    runner = Scheduler(View(backend), clock=BackendClock(clock), instance_id="runner")
+    backup = Scheduler(backend, clock=clock, instance_id="backup")
+    runner.add("long", "0 * * * *", long, jitter_ms=0, lease_ms=lease)
+    backup.add("long", "0 * * * *", long, jitter_ms=500, lease_ms=lease)
+    for scheduler in (runner, backup):
+        await scheduler.start()
+    try:
+        await clock.advance(60 * MINUTE + 2_000)
+        [(_, claimed_at, _)] = backend.named("claim")
+        clock.step(MINUTE)  # the backup's clock jumps ahead: the lease it watches has not ended
+        await clock.advance(40_000)  # past any idle wake-up of the backup's watcher
+        early = [at for _, at, _ in backend.named("take_over") if at < claimed_at + lease]
+        assert not early, f"the backup checked the lease {len(early)} time(s) before it ended"
+        release.set()
+        await clock.advance(1_000)
+    finally:
+        for scheduler in (runner, backup):
+            await scheduler.stop()

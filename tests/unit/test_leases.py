@@ -1,0 +1,190 @@
+"""Leases: kept from the scheduler's own thread while a handler blocks the event loop, known lost
+when their local deadline passes, renewed before a handler starts on a lease a retried claim
+brought back half-used, and takeovers retried with the same request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from anarchon import BackendUnavailable, LeaseLost, RunContext, RunStatus, Scheduler, Trigger
+from anarchon.backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    TakeoverOutcome,
+    TakeoverRequest,
+    TakeoverStatus,
+    Ticket,
+)
+from anarchon.testing import FakeClock, MemoryBackend
+from tests.unit.core_helpers import MINUTE, START, Recording
+
+
+async def test_a_handler_that_blocks_the_loop_does_not_stop_renewals(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = Recording(None)
+    blocked: list[tuple[float, float]] = []
+    contexts: list[RunContext] = []
+
+    async def blocking(ctx: RunContext) -> None:
+        contexts.append(ctx)
+        began = time.time()
+        time.sleep(2.5)  # noqa: ASYNC251 - blocks the event loop on purpose, for 2.5 s
+        blocked.append((began * 1000, time.time() * 1000))
+
+    scheduler = Scheduler(backend)
+    scheduler.add("blocking", "@daily", blocking, lease_ms=600)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        run = await scheduler.run_now("blocking")
+        metrics = scheduler.metrics()
+    [(began, ended)] = blocked
+    during = [at for _, at, _ in backend.named("renew") if began < at < ended]
+    assert len(during) >= 3, "the lease was not renewed while the loop was blocked"
+    assert run.status is RunStatus.SUCCEEDED and not contexts[0].lease_lost
+    [warning] = [r for r in caplog.records if getattr(r, "action", None) == "loop_blocked"]
+    assert warning.levelno == logging.WARNING and getattr(warning, "job", None) == "blocking"
+    assert "blocking" in warning.getMessage() and "test_leases.py" in warning.getMessage()
+    [back] = [r for r in caplog.records if getattr(r, "action", None) == "loop_unblocked"]
+    assert getattr(back, "blocked_ms", 0) >= 1_000
+    assert (metrics["loop_lag_max_ms"] or 0) >= 1_000
+
+
+async def test_the_lease_is_known_lost_once_its_deadline_passes_without_a_renewal() -> None:
+    clock = FakeClock(START)
+
+    class Hanging(MemoryBackend):
+        hang = False
+
+        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+            if self.hang:  # a renewal that never comes back (a frozen link)
+                await asyncio.Event().wait()
+            return await super().renew_many(tickets)
+
+    backend = Hanging(clock=clock)
+    contexts: list[RunContext] = []
+    release = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        contexts.append(ctx)
+        await release.wait()
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 2_000)
+        [ctx] = contexts
+        assert not ctx.lease_lost
+        backend.hang = True
+        await clock.advance(3_100)  # a full lease since the last renewal
+        assert ctx.lease_lost, "the lease ran out unrenewed and the handler was not told"
+        with pytest.raises(LeaseLost, match="ran out without a renewal"):
+            ctx.check_lease()
+        release.set()
+
+
+class LostClaimAnswer(Recording):
+    """The first claim is stored, but its answer arrives late and is lost; the retry (same
+    token) gets the stored ticket back, with most of its lease gone."""
+
+    def __init__(self, clock: FakeClock, delay_s: float) -> None:
+        super().__init__(clock)
+        self._fake = clock
+        self._delay_s = delay_s
+        self.refuse_renewal = False
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        outcomes = await super().claim(requests)
+        if len(self.named("claim")) == 1:
+            await self._fake.sleep(self._delay_s)
+            raise BackendUnavailable("the answer was lost on the way back")
+        return outcomes
+
+    async def renew(self, ticket: Ticket) -> Ticket:
+        if self.refuse_renewal:
+            self._note("renew", ticket)
+            raise LeaseLost(f"run {ticket.run_id} was taken over meanwhile")
+        return await super().renew(ticket)
+
+
+async def test_a_retried_claim_with_little_lease_left_is_renewed_before_the_handler() -> None:
+    clock = FakeClock(START)
+    backend = LostClaimAnswer(clock, delay_s=2.9)
+
+    async def work(ctx: RunContext) -> None:
+        backend._note("handler", ctx.run_id)
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 5_000)
+        history = await scheduler.history("work")
+    order = [name for name, _, _ in backend.calls if name in ("claim", "renew", "handler")]
+    assert order[:4] == ["claim", "claim", "renew", "handler"], order
+    assert [(r.attempt, r.status) for r in history] == [(1, RunStatus.SUCCEEDED)]
+
+
+async def test_a_retried_claim_whose_renewal_says_lost_does_not_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    backend = LostClaimAnswer(clock, delay_s=3.5)
+    backend.refuse_renewal = True
+    started: list[str] = []
+
+    async def work(ctx: RunContext) -> None:
+        started.append(ctx.run_id)
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 6_000)
+    assert not started, "the handler started on a lease the backend says is lost"
+    assert any(getattr(r, "action", None) == "lease_lost" for r in caplog.records)
+
+
+class LostTakeoverAnswer(Recording):
+    """The first takeover is granted but its answer is lost."""
+
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        outcome = await super().take_over(request)
+        if outcome.status is TakeoverStatus.TAKEN and len(self.named("take_over")) == 1:
+            raise BackendUnavailable("the answer was lost on the way back")
+        return outcome
+
+
+async def test_a_takeover_whose_answer_was_lost_is_retried_with_the_same_request() -> None:
+    clock = FakeClock(START)
+    backend = LostTakeoverAnswer(clock)
+    slot = START + 60 * MINUTE
+    # A runner claimed the slot and crashed: its lease ran out long ago.
+    await backend.claim(
+        [
+            ClaimRequest(
+                job="work",
+                slot=slot,
+                run_id="crashed",
+                token="crashed-token",
+                instance="crashed",
+                trigger=Trigger.SCHEDULE,
+                lease_ms=3_000,
+            )
+        ]
+    )
+
+    async def work(ctx: RunContext) -> None:
+        pass
+
+    backup = Scheduler(backend, clock=clock, instance_id="backup")
+    backup.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with backup:
+        await clock.advance(60 * MINUTE + 3_000)
+    assert len(backend.named("take_over")) >= 2, "the takeover was not retried"
+    first, second = (request for _, _, request in backend.named("take_over")[:2])
+    assert (second.run_id, second.token) == (first.run_id, first.token)
