@@ -355,7 +355,7 @@ class LeaseKeeper:
     async def _renew(self, due: list[ActiveRun]) -> None:
         sent = self._clock.now_ms()
         try:
-            answers: list[Ticket | LeaseLost] | None = await self._backend.renew_many(
+            answers: list[Ticket | BackendError] | None = await self._backend.renew_many(
                 [a.ticket for a in due]
             )
         except BackendError as exc:
@@ -366,6 +366,8 @@ class LeaseKeeper:
             if active not in self._live:
                 continue
             answer = answers[n] if answers is not None else None
+            if isinstance(answer, BackendError) and not isinstance(answer, LeaseLost):
+                error, answer = answer, None  # this item alone failed: as if the call had
             if isinstance(answer, Ticket):
                 active.ticket = answer
                 active.deadline = _local_expiry(sent, answer)
