@@ -180,6 +180,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                 "error": None,
                 "ttl_ms": 7 * 24 * 3600 * 1000,
                 "keep": 1000,
+                "batch": 100,
                 "channel": q.names.channel,
             },
         ),
