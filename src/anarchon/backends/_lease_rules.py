@@ -380,8 +380,15 @@ def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> Lease
 
 
 def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
+    # Token and fence: a record made again with the same token (a manual run claimed again
+    # after its record was pruned) is not the attempt an old ticket holds.
     row = store.current(ticket.job, ticket.slot_key)
-    if row is None or row.token != ticket.token or row.status != RunStatus.RUNNING:
+    if (
+        row is None
+        or row.token != ticket.token
+        or row.fence != ticket.fence
+        or row.status != RunStatus.RUNNING
+    ):
         raise lease_lost(ticket, row.attempt if row else None, row.status if row else None)
     return row
 
@@ -426,6 +433,7 @@ def already_recorded(row: RunRow | None, ticket: Ticket, status: str, error: str
         row is not None
         and row.attempt == ticket.attempt
         and row.token == ticket.token
+        and row.fence == ticket.fence
         and row.status == status
         and row.error == error
         and row.reason is None

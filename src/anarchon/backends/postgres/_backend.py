@@ -543,6 +543,9 @@ class PostgresBackend(LeaseBackend):
                 if len(chunk) == 1:
                     raise
                 decided = [await self._claim_alone(req) for _, req in chunk]
+                failed = [o.error for o in decided if o.error is not None]
+                if len(failed) == len(decided):
+                    raise failed[0] from None  # not one request's values: the whole call
             for (n, _), outcome in zip(chunk, decided, strict=True):
                 outcomes[n] = outcome
         assert all(o is not None for o in outcomes)
@@ -942,6 +945,7 @@ def _ticket_params(ticket: Ticket) -> dict[str, Any]:
         "slot_key": ticket.slot_key,
         "attempt": ticket.attempt,
         "token": ticket.token,
+        "fence": ticket.fence,
     }
 
 

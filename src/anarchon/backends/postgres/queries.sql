@@ -371,14 +371,16 @@ renewed AS (
     UPDATE {runs} x SET lease_expires_at = clock.now + %(lease_ms)s::bigint
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running' AND NOT x.released
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint
+      AND x.status = 'running' AND NOT x.released
     RETURNING x.lease_expires_at
 )
 SELECT clock.now, (SELECT lease_expires_at FROM renewed) AS lease_expires_at,
-       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+       cur.attempt, cur.status, cur.released,
+       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
 FROM clock
 LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
     ORDER BY x.attempt DESC LIMIT 1
 ) cur ON true;
@@ -392,17 +394,18 @@ released AS (
     UPDATE {runs} x SET released = true, lease_expires_at = clock.now
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running'
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING x.job, x.slot_key
 )
 SELECT clock.now,
        (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key || ' released')::text)
         FROM released)
            AS done,
-       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+       cur.attempt, cur.status, cur.released,
+       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
 FROM clock
 LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
     ORDER BY x.attempt DESC LIMIT 1
 ) cur ON true;
@@ -425,7 +428,7 @@ finished AS (
     SET status = %(status)s, error = %(error)s, finished_at = clock.now, lease_expires_at = NULL
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running'
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
               x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
               x.error, x.reason
@@ -442,7 +445,8 @@ accepted AS (
     SELECT 1 AS yes FROM finished
     UNION ALL
     SELECT 1 FROM current c
-    WHERE c.attempt = %(attempt)s::integer AND c.token = %(token)s AND c.status = %(status)s
+    WHERE c.attempt = %(attempt)s::integer AND c.token = %(token)s
+      AND c.fence = %(fence)s::bigint AND c.status = %(status)s
       AND c.error IS NOT DISTINCT FROM %(error)s::text AND c.reason IS NULL
 ),
 aged AS MATERIALIZED (
