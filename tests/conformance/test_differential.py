@@ -392,6 +392,7 @@ class Context:
     examples: itertools.count[int] = field(default_factory=itertools.count)
 
 
+@pytest.mark.timeout(max(120, EXAMPLES * STEPS // 20))
 @pytest.mark.parametrize("name", ["sqlite", "postgres", "redis"])
 def test_answers_agree_with_the_reference(name: str, tmp_path: Path) -> None:
     harness = _load(name)

@@ -77,8 +77,12 @@ async def test_a_failed_commit_is_rolled_back(
 
 
 async def test_a_database_without_wal_is_refused(tmp_path: Path) -> None:
+    """SQLite keeps its journal mode where WAL cannot work and says which in its answer; an
+    in-memory database is one such place (a file system without shared memory another)."""
+    backend = SQLiteBackend(tmp_path / "any.db")
+    backend.path = Path(":memory:")  # what SQLite opens: a private in-memory database
     with pytest.raises(BackendError, match=r"cannot use WAL mode \(its journal_mode is 'memory'\)"):
-        await SQLiteBackend(":memory:").start()
+        await backend.start()
 
 
 async def test_a_wall_clock_step_does_not_expire_leases(
