@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure the services the tests use are running, with the start commands of SERVICES.md.
-# Idempotent: a service already listening is left alone.
+# Idempotent: a service already listening is left alone, a binary already installed too.
 set -uo pipefail
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -18,7 +18,7 @@ wait_up() {
 need() {  # install a Debian package when its binary is missing (CI runs as root)
     command -v "$1" >/dev/null 2>&1 || [ -x "$2" ] && return 0
     echo "services: $1 missing; installing $3"
-    apt-get update -qq && apt-get install -y -qq "$3"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$3"
 }
 
 status=0
@@ -45,4 +45,7 @@ if ! up 4222; then
         -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
 fi
 wait_up NATS 4222 || status=1
+
+# Not a service: tests/postgres/test_pgbouncer.py starts its own PgBouncer from this binary.
+need pgbouncer /usr/sbin/pgbouncer pgbouncer || status=1
 exit $status

@@ -10,7 +10,8 @@ Example::
     async def report(ctx):
         ...
 
-    scheduler.run()                  # until SIGINT/SIGTERM
+    if __name__ == "__main__":
+        scheduler.run()              # until SIGINT/SIGTERM; `anarchon run app:scheduler` too
 """
 
 from __future__ import annotations

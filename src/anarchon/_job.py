@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
+from ._options import Bound, check_bool, check_int, ms_text
 from ._schedule import CronSchedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
@@ -16,12 +20,15 @@ from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
 if TYPE_CHECKING:
     from ._context import RunContext
 
-__all__ = ["Handler", "Job", "JobOptions"]
+__all__ = ["Handler", "Job", "JobOptions", "Timezone"]
 
 Handler: TypeAlias = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
 
 NAME_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 DEFAULT_JITTER_MS: Final = 2_000
+# The default jitter is at most this fraction of the shortest gap between a job's slots: a slot
+# claimed late by its jitter must not still hold its lease when the next one comes (overlap).
+JITTER_SHARE_OF_PERIOD: Final = 10
 DEFAULT_MAX_LATE_MS: Final = 60_000
 DEFAULT_LEASE_MS: Final = 15_000
 DEFAULT_MAX_ATTEMPTS: Final = 3
@@ -32,13 +39,38 @@ DEFAULT_HISTORY_TTL_MS: Final = 7 * 24 * 3600 * 1000
 DEFAULT_CATCH_UP: Final = CatchUp.LATEST
 DEFAULT_CATCH_UP_WINDOW_MS: Final = 3_600_000
 MIN_LEASE_MS: Final = 300
+_SECOND: Final = 1_000
+_DAY: Final = 24 * 3600 * _SECOND
+# The range of every numeric job option (README, "Options"). Each keeps slot + value far inside
+# a 64-bit millisecond timestamp, and each upper end is past any sane use: a lease longer than a
+# day is a stuck run nobody takes over; a catch-up window longer than the longest history finds
+# no record to start from.
+BOUNDS: Final = {
+    "jitter_ms": Bound(0, 3600 * _SECOND, ms=True),
+    "max_late_ms": Bound(0, 7 * _DAY, ms=True),
+    "timeout_ms": Bound(1, 30 * _DAY, ms=True),
+    "history_ttl_ms": Bound(_SECOND, 10 * 365 * _DAY, ms=True),
+    "lease_ms": Bound(MIN_LEASE_MS, _DAY, ms=True),
+    "max_attempts": Bound(1, 100),
+    "catch_up_window_ms": Bound(1, 10 * 365 * _DAY, ms=True),
+}
+# How far ahead the shortest gap between slots is looked for: enough slots to see every
+# irregularity of a usual cron pattern (a step that does not divide the minute or the hour
+# repeats within 9 slots, weekdays within 5), never more than a year.
+_GAP_SLOTS: Final = 24
+_GAP_HORIZON_MS: Final = 400 * _DAY
+_GAP_CACHE_SIZE: Final = 1024
+_GAPS: dict[tuple[str, ZoneInfo], int | None] = {}
+
+Timezone: TypeAlias = str | ZoneInfo
+"""A time zone: an IANA name such as ``"Europe/Athens"``, or a :class:`zoneinfo.ZoneInfo`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobOptions:
     """Options as the user gave them; None means "the default for this backend"."""
 
-    timezone: str = "UTC"
+    timezone: Timezone = "UTC"
     jitter_ms: int | None = None
     max_late_ms: int | None = None
     history_ttl_ms: int | None = None
@@ -81,10 +113,9 @@ def build_job(
 ) -> Job:
     """Validate everything about a job and resolve its options against ``backend``."""
     check_name(name)
-    if not callable(handler):
-        raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
-    schedule = CronSchedule(expression, options.timezone)
-    policy = resolve(name, options, backend)
+    check_handler(name, handler)
+    schedule = CronSchedule(expression, _zone_argument(options.timezone))
+    policy = resolve(name, options, backend, schedule)
     backend.check_job(policy)
     return Job(name, schedule, handler, options, policy)
 
@@ -98,14 +129,65 @@ def check_name(name: str) -> None:
         )
 
 
-def _int(name: str, option: str, value: int | None, default: int, minimum: int) -> int:
+def check_handler(name: str, handler: object) -> None:
+    """Raise :class:`InvalidOption` unless ``handler`` can be called as ``handler(ctx)``.
+
+    Checked when the job is added, so a handler that takes no argument (or two) fails there, not
+    at its first slot. A callable whose signature Python cannot tell (some built-ins) passes.
+    """
+    if not callable(handler):
+        raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(object())
+    except TypeError:
+        label = getattr(handler, "__qualname__", None) or repr(handler)
+        raise InvalidOption(
+            f"handler {label}{signature} of job {name!r} cannot be called with one positional "
+            "argument: anarchon calls handler(ctx) with the run's RunContext; write "
+            "'def handler(ctx): ...' or 'async def handler(ctx): ...'"
+        ) from None
+
+
+def _zone_argument(timezone: object) -> Any:
+    """What CronSchedule gets for ``timezone``: a ZoneInfo from the IANA database by its name
+    (so the schedule shows the name), any other ZoneInfo as it is, a string unchanged."""
+    if isinstance(timezone, ZoneInfo) and timezone.key:
+        return timezone.key
+    return timezone
+
+
+def shortest_gap_ms(schedule: CronSchedule, after_ms: int) -> int | None:
+    """The shortest time between two consecutive slots of ``schedule`` in its coming slots
+    (at most 24, within about a year of ``after_ms``); None if fewer than two slots come.
+
+    Remembered per expression and zone: thousands of jobs on one schedule pay for it once.
+    """
+    key = (schedule.expression, schedule.zone)
+    if key in _GAPS:
+        return _GAPS[key]
+    slots: list[int] = []
+    at = after_ms
+    try:
+        while len(slots) < _GAP_SLOTS and at - after_ms < _GAP_HORIZON_MS:
+            at = schedule.next_slot(at)
+            slots.append(at)
+    except StopIteration:
+        pass
+    gaps = [b - a for a, b in itertools.pairwise(slots)]
+    if len(_GAPS) >= _GAP_CACHE_SIZE:
+        _GAPS.clear()
+    gap = _GAPS[key] = min(gaps) if gaps else None
+    return gap
+
+
+def _int(name: str, option: str, value: int | None, default: int) -> int:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidOption(f"{option}={value!r} for job {name!r} must be an integer")
-    if value < minimum:
-        raise InvalidOption(f"{option}={value!r} for job {name!r} must be at least {minimum}")
-    return value
+    return check_int(option, value, BOUNDS[option], f"job {name!r}")
 
 
 def _enum(name: str, option: str, value: str, kind: type[Overlap] | type[CatchUp]) -> Any:
@@ -118,36 +200,61 @@ def _enum(name: str, option: str, value: str, kind: type[Overlap] | type[CatchUp
         ) from None
 
 
-def resolve(name: str, opts: JobOptions, backend: Backend) -> JobPolicy:
-    """Fill in defaults for ``backend`` and check every rule; return the job's policy."""
-    lease = backend.is_lease_backend
-    _require(name, backend, opts)
-    jitter = _int(name, "jitter_ms", opts.jitter_ms, DEFAULT_JITTER_MS, 0)
-    max_late = _int(name, "max_late_ms", opts.max_late_ms, DEFAULT_MAX_LATE_MS, 0)
-    if jitter > max_late:
+def _jitter(name: str, opts: JobOptions, max_late: int, period: int | None) -> int:
+    """The job's jitter: the one given, checked against the period and ``max_late_ms``, or the
+    default, which never reaches either."""
+    if opts.jitter_ms is None:
+        cap = [DEFAULT_JITTER_MS, max_late // 2]
+        if period is not None:
+            cap.append(period // JITTER_SHARE_OF_PERIOD)
+        return min(cap)
+    jitter = _int(name, "jitter_ms", opts.jitter_ms, DEFAULT_JITTER_MS)
+    if period is not None and jitter >= period:
         raise InvalidOption(
-            f"jitter_ms={jitter} for job {name!r} must not exceed max_late_ms={max_late}: an "
-            "instance that waits out its jitter would find the slot too late"
+            f"jitter_ms={jitter} for job {name!r} must be less than the job's period, "
+            f"{ms_text(period)} (the shortest gap between its slots): a slot claimed that late "
+            "would still be running when the next one comes. Leave jitter_ms out for a default "
+            f"of a tenth of the period ({period // JITTER_SHARE_OF_PERIOD} ms)"
         )
-    ttl = _int(name, "history_ttl_ms", opts.history_ttl_ms, DEFAULT_HISTORY_TTL_MS, 1)
+    if jitter and jitter >= max_late:
+        raise InvalidOption(
+            f"jitter_ms={jitter} for job {name!r} must be less than max_late_ms={max_late}: "
+            "an instance that waits out its whole jitter would find the slot too late"
+        )
+    return jitter
+
+
+def resolve(
+    name: str, opts: JobOptions, backend: Backend, schedule: CronSchedule | None = None
+) -> JobPolicy:
+    """Fill in defaults for ``backend`` and check every rule; return the job's policy.
+
+    ``schedule`` gives the period that the jitter must stay below (and its default derives from).
+    """
+    lease = backend.is_lease_backend
+    if opts.handover is not None:
+        check_bool("handover", opts.handover, f"job {name!r}")
+    _require(name, backend, opts)
+    max_late = _int(name, "max_late_ms", opts.max_late_ms, DEFAULT_MAX_LATE_MS)
+    period = shortest_gap_ms(schedule, _now_ms()) if schedule is not None else None
+    jitter = _jitter(name, opts, max_late, period)
+    ttl = _int(name, "history_ttl_ms", opts.history_ttl_ms, DEFAULT_HISTORY_TTL_MS)
     if ttl <= jitter + max_late:
         raise InvalidOption(
             f"history_ttl_ms={ttl} for job {name!r} must exceed jitter_ms + max_late_ms = "
             f"{jitter + max_late}: a late instance could otherwise claim a slot whose record "
             "is gone"
         )
-    _int(name, "timeout_ms", opts.timeout_ms, 1, 1)
+    _int(name, "timeout_ms", opts.timeout_ms, 1)
     overlap_default = Overlap.SKIP if lease else Overlap.ALLOW
     catch_default = DEFAULT_CATCH_UP if lease else CatchUp.NONE
     return JobPolicy(
         name=name,
         jitter_ms=jitter,
         max_late_ms=max_late,
-        lease_ms=_int(name, "lease_ms", opts.lease_ms, DEFAULT_LEASE_MS, MIN_LEASE_MS)
-        if lease
-        else 0,
+        lease_ms=_int(name, "lease_ms", opts.lease_ms, DEFAULT_LEASE_MS) if lease else 0,
         max_attempts=_int(
-            name, "max_attempts", opts.max_attempts, DEFAULT_MAX_ATTEMPTS if lease else 1, 1
+            name, "max_attempts", opts.max_attempts, DEFAULT_MAX_ATTEMPTS if lease else 1
         ),
         overlap=_enum(
             name, "overlap", opts.overlap if opts.overlap is not None else overlap_default, Overlap
@@ -156,11 +263,15 @@ def resolve(name: str, opts: JobOptions, backend: Backend) -> JobPolicy:
             name, "catch_up", opts.catch_up if opts.catch_up is not None else catch_default, CatchUp
         ),
         catch_up_window_ms=_int(
-            name, "catch_up_window_ms", opts.catch_up_window_ms, DEFAULT_CATCH_UP_WINDOW_MS, 1
+            name, "catch_up_window_ms", opts.catch_up_window_ms, DEFAULT_CATCH_UP_WINDOW_MS
         ),
         handover=opts.handover if opts.handover is not None else lease,
         history_ttl_ms=ttl if lease else None,
     )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _require(name: str, backend: Backend, opts: JobOptions) -> None:

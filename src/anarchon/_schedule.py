@@ -3,24 +3,32 @@
 A slot is an integer number of milliseconds since the Unix epoch (UTC). Every instance computes
 the same slots from the same expression and zone, so ``<job>:<slot>`` names one run everywhere.
 
-Daylight saving time follows Debian cron for 5- and 6-field expressions alike:
+Each field is validated and rewritten here before cronsim sees it, so a range with a step means
+what it means in Vixie and Debian cron whatever cronsim's version: ``a-b/s`` is ``a``, ``a+s``, ...
+up to ``b`` (cronsim 2.8 read ``4-4/3`` as ``4-7/3``), ``a/s`` is ``a`` to the field's maximum.
 
-* a *fixed-time* job (no sub-day field starts with ``*``: seconds, minutes and hours are given
-  explicitly) is computed on local wall-clock time. A time that does not exist (spring forward)
-  fires once, right after the gap; a time that occurs twice (fall back) fires once, at the first.
-* any other job (a sub-day field is ``*`` or a ``*/n`` step) fires in real time, so ``0 * * * *``
-  and ``*/30 * * * *`` keep their rhythm through both changes.
+cronsim only walks the *wall clock* (naive local times); this module maps wall-clock times to
+instants with Debian cron's daylight saving rule, for 5- and 6-field expressions alike and for a
+shift or an offset of any size (Lord Howe's 30 minutes, Chatham's +12:45, Troll's 2 hours):
 
-cronsim implements that rule for 5-field expressions only; :class:`CronSchedule` applies it to
-6-field expressions too.
+* a *wildcard* job (a sub-day field, second, minute or hour, starts with ``*``) fires at every
+  instant whose local wall-clock time matches, in real time: in a repeated stretch it fires in both
+  passes, and the times inside a gap do not happen;
+* a *fixed-time* job (no sub-day field starts with ``*``) fires once per matching wall-clock time:
+  a time inside a gap fires right after it (the wall clock moved on by whole minutes, so a 6-field
+  time keeps its second), several times in one gap fire once, and a time that occurs twice fires
+  at its first pass.
+
+``tests/unit/test_dst_oracle.py`` checks this against a simulation of Debian cron's main loop
+around every 2027 change of every IANA zone.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -38,18 +46,50 @@ MACROS: Final = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-FIVE_FIELDS: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
-SIX_FIELDS: Final = ("second", *FIVE_FIELDS)
-_BAD_FIELD = re.compile(r"Bad (second|minute|hour|day-of-month|month|day-of-week)")
 # Beyond this distance a cached iterator is rebuilt rather than walked forward.
 _REBUILD_AFTER_MS: Final = 36 * 3600 * 1000
+_EPOCH: Final = datetime(1970, 1, 1)
+_ONE_SECOND: Final = timedelta(seconds=1)
+_ONE_MINUTE: Final = timedelta(minutes=1)
+_NO_SHIFT: Final = timedelta(0)
+_MONTH_DAYS: Final = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_MONTH_NAMES: Final = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV",
+                       "DEC")  # fmt: skip
+_DAY_NAMES: Final = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+
+
+class _Field(NamedTuple):
+    name: str
+    low: int
+    high: int
+    rule: str  # what a value may be, for messages
+    names: tuple[str, ...] = ()
+    first_named: int = 0  # the value of names[0]
+
+
+_SECOND: Final = _Field("second", 0, 59, "a number 0-59")
+_MINUTE: Final = _Field("minute", 0, 59, "a number 0-59")
+_HOUR: Final = _Field("hour", 0, 23, "a number 0-23")
+_DOM: Final = _Field("day-of-month", 1, 31, "a number 1-31, 'L' (last day) or 'LW' (last weekday)")
+_MONTH: Final = _Field("month", 1, 12, "a number 1-12 or a name JAN-DEC", _MONTH_NAMES, 1)
+_DOW: Final = _Field(
+    "day-of-week",
+    0,
+    7,
+    "a number 0-7 (0 and 7 are Sunday), a name SUN-SAT, '5L' (the last Friday) "
+    "or '5#2' (the second Friday)",
+    _DAY_NAMES,
+)
+_FIVE: Final = (_MINUTE, _HOUR, _DOM, _MONTH, _DOW)
+_SIX: Final = (_SECOND, *_FIVE)
 
 
 def load_timezone(name: str) -> ZoneInfo:
     """Return the IANA zone ``name``, or raise :class:`InvalidTimezone` naming it."""
     if not isinstance(name, str) or not name:
         raise InvalidTimezone(
-            f"time zone {name!r} is not an IANA zone name such as 'Europe/Athens'"
+            f"time zone {name!r} is not an IANA zone name such as 'Europe/Athens' "
+            "(or a zoneinfo.ZoneInfo)"
         )
     try:
         return ZoneInfo(name)
@@ -59,20 +99,15 @@ def load_timezone(name: str) -> ZoneInfo:
         ) from None
 
 
-class _DebianCronSim(CronSim):
-    """CronSim that applies the fixed-time DST rule to 6-field expressions as well."""
-
-    def __init__(self, expr: str, dt: datetime) -> None:
-        super().__init__(expr, dt)
-        parts = expr.split()
-        if (
-            len(parts) == 6
-            and self.fixup_tz is None
-            and self.dt.tzinfo not in (None, UTC)
-            and not any(field.startswith("*") for field in parts[:3])
-        ):
-            self.fixup_tz = self.dt.tzinfo
-            self.dt = self.dt.replace(tzinfo=None)
+def _zone(timezone: str | ZoneInfo) -> tuple[ZoneInfo, str]:
+    if isinstance(timezone, ZoneInfo):
+        if timezone.key is None:
+            raise InvalidTimezone(
+                f"time zone {timezone!r} was read from a file and has no IANA name; pass "
+                "ZoneInfo('Area/City') or the name itself, so every instance reads the same zone"
+            )
+        return timezone, timezone.key
+    return load_timezone(timezone), timezone
 
 
 class CronSchedule:
@@ -80,50 +115,54 @@ class CronSchedule:
 
     Accepts 5 fields (minute first), 6 fields (seconds first: ``"* * * * * *"`` is every
     second) and the macros ``@yearly``, ``@monthly``, ``@weekly``, ``@daily``, ``@hourly``.
+    The zone is an IANA name or a :class:`zoneinfo.ZoneInfo`; ``timezone`` keeps its name.
     """
 
-    __slots__ = ("_expr", "_iter", "_last", "expression", "timezone", "zone")
+    __slots__ = ("_iter", "_last", "_six", "_walker", "_wildcard", "expression", "timezone", "zone")
 
-    def __init__(self, expression: str, timezone: str = "UTC") -> None:
+    def __init__(self, expression: str, timezone: str | ZoneInfo = "UTC") -> None:
         self.expression = expression
-        self.timezone = timezone
-        self.zone = load_timezone(timezone)
-        self._expr = _normalise(expression)
-        self._iter: Iterator[datetime] | None = None
+        self.zone, self.timezone = _zone(timezone)
+        fields = _normalise(expression)
+        self._six = len(fields) == 6
+        self._wildcard = any(field.startswith("*") for field in fields[: len(fields) - 3])
+        self._walker = _Walker(expression, " ".join(fields))
+        self._iter: Iterator[int] | None = None
         self._last = 0
         # Parse now and ask for one slot, so every error surfaces when the job is added.
         try:
-            first = self.next_slot(_now_ms())
+            self.next_slot(_now_ms())
         except StopIteration:
+            written = expression.split()
+            dom, month, dow = (written if len(written) in (5, 6) else fields)[-3:]
             raise InvalidSchedule(
-                f"cron expression {expression!r} never fires: no matching time in 50 years"
+                f"cron expression {expression!r} never fires: no date in 50 years matches its "
+                f"day-of-month field {dom!r}, month field {month!r} and day-of-week field "
+                f"{dow!r} together"
             ) from None
-        del first
 
     @property
     def seconds_field(self) -> bool:
         """True when the expression has a seconds field (6 fields)."""
-        return len(self._expr.split()) == 6
+        return self._six
 
     def next_slot(self, after_ms: int) -> int:
         """Return the first slot strictly after ``after_ms`` (epoch milliseconds)."""
         if self._iter is None or after_ms < self._last or after_ms - self._last > _REBUILD_AFTER_MS:
-            self._iter = self._start(after_ms)
-            self._last = _to_ms(next(self._iter))
+            self._iter = self._walk(after_ms)
+            self._last = next(self._iter) * 1000
         while self._last <= after_ms:
-            self._last = _to_ms(next(self._iter))
+            self._last = next(self._iter) * 1000
         return self._last
 
     def slots(self, after_ms: int, until_ms: int) -> list[int]:
         """Return every slot in ``(after_ms, until_ms]``, oldest first."""
         found: list[int] = []
-        it = self._start(after_ms)
-        for moment in it:
-            slot = _to_ms(moment)
+        for second in self._walk(after_ms):
+            slot = second * 1000
             if slot > until_ms:
                 break
-            if slot > after_ms:
-                found.append(slot)
+            found.append(slot)
         return found
 
     def next_times(self, after: datetime, count: int) -> list[datetime]:
@@ -135,20 +174,113 @@ class CronSchedule:
             out.append(datetime.fromtimestamp(slot / 1000, self.zone))
         return out
 
-    def _start(self, after_ms: int) -> Iterator[datetime]:
-        # CronSim ticks one second before matching, so starting at the whole second that
-        # contains ``after_ms`` yields slots strictly after it (slots are whole seconds).
-        start = datetime.fromtimestamp(after_ms // 1000, self.zone)
-        try:
-            return _DebianCronSim(self._expr, start)
-        except CronSimError as exc:
-            raise _explain(self.expression, self._expr, exc) from None
+    def _walk(self, after_ms: int) -> Iterator[int]:
+        # Slots are whole seconds, so "after after_ms" is "after its whole second".
+        after_s = after_ms // 1000
+        if self._wildcard:
+            return _real_time(self._walker, self.zone, after_s)
+        return _wall_clock(self._walker, self.zone, after_s)
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
 
 
-def _normalise(expression: str) -> str:
+class _Walker:
+    """Makes cronsim walks of one expression, parsed once: a walk starts as a copy of a template.
+
+    Parsing is most of what a new CronSim costs, and a scheduler that starts 10 000 jobs, or a
+    job whose next slot is days away, starts a walk often. The copy sets the template's attributes
+    one by one, in order, so the walk keeps CPython's fast attribute access (copying ``__dict__``
+    wholesale made every step of the walk a quarter slower). A cronsim whose objects cannot be
+    copied that way gets a fresh CronSim per walk instead.
+    """
+
+    __slots__ = ("_expr", "_template")
+
+    def __init__(self, expression: str, expr: str) -> None:
+        self._expr = expr
+        try:
+            template = CronSim(expr, _EPOCH)
+        except CronSimError as exc:  # the fields were checked: this is cronsim disagreeing
+            raise InvalidSchedule(f"cron expression {expression!r} is invalid: {exc}") from None
+        state = getattr(template, "__dict__", {})
+        self._template = tuple(state.items()) if "dt" in state and "parts" in state else None
+
+    def walk(self, start: datetime) -> CronSim:
+        """A walk over the wall-clock times (naive) after ``start``, a whole second."""
+        if self._template is None:
+            return CronSim(self._expr, start)
+        walk = CronSim.__new__(CronSim)
+        for name, value in self._template:
+            setattr(walk, name, value)
+        walk.dt = start
+        return walk
+
+
+def _real_time(walker: _Walker, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+    """Epoch seconds after ``after_s`` at which the local wall clock matches the expression.
+
+    A wall-clock time that occurs twice gives two instants, its first pass in order with the
+    others and its second pass an offset change later: the second passes wait in a queue and are
+    merged in, so the slots still rise. A time inside a gap gives none.
+    """
+    utcoffset = _offsets(zone)
+    local = datetime.fromtimestamp(after_s, zone)
+    start = local.replace(tzinfo=None)
+    if not local.fold:
+        # In the first pass of a repeated stretch, the second passes of the wall-clock times
+        # already behind us are still to come: walk from as far back as the stretch repeats.
+        repeat = utcoffset(start) - utcoffset(start.replace(fold=1))
+        if repeat > _NO_SHIFT:
+            start -= repeat
+    second_passes: deque[int] = deque()
+    for wall in walker.walk(start):
+        offset = utcoffset(wall)
+        later = utcoffset(wall.replace(fold=1))
+        if later > offset:
+            continue  # inside a gap: this wall-clock time does not happen
+        slot = (wall - offset - _EPOCH) // _ONE_SECOND
+        while second_passes and second_passes[0] <= slot:
+            pending = second_passes.popleft()
+            if after_s < pending < slot:
+                yield pending
+        if slot > after_s:
+            yield slot
+        if later != offset:
+            second_passes.append((wall - later - _EPOCH) // _ONE_SECOND)
+    for pending in second_passes:
+        if pending > after_s:
+            yield pending
+
+
+def _wall_clock(walker: _Walker, zone: ZoneInfo, after_s: int) -> Iterator[int]:
+    """Epoch seconds after ``after_s`` of each matching wall-clock time, Debian's fixed-time way.
+
+    A time inside a gap moves on by whole minutes to the first that exists; a time that occurs
+    twice is taken at its first pass; times that land on one instant give one slot.
+    """
+    utcoffset = _offsets(zone)
+    start = datetime.fromtimestamp(after_s, zone).replace(tzinfo=None, fold=0)
+    last = after_s
+    for wall in walker.walk(start):
+        offset = utcoffset(wall)
+        if utcoffset(wall.replace(fold=1)) > offset:
+            while utcoffset(wall.replace(fold=1)) > utcoffset(wall):
+                wall += _ONE_MINUTE
+            offset = utcoffset(wall)
+        slot = (wall - offset - _EPOCH) // _ONE_SECOND
+        if slot > last:
+            last = slot
+            yield slot
+
+
+def _offsets(zone: ZoneInfo) -> Callable[[datetime], timedelta]:
+    """``zone.utcoffset`` of a naive wall-clock time (its ``fold`` picks the pass): never None."""
+    return zone.utcoffset  # type: ignore[return-value]
+
+
+def _normalise(expression: str) -> list[str]:
+    """Validate ``expression`` and return its fields as cronsim should read them."""
     if not isinstance(expression, str):
         raise InvalidSchedule(f"cron expression {expression!r} must be a string")
     text = " ".join(expression.split())
@@ -164,32 +296,129 @@ def _normalise(expression: str) -> str:
                 f"cron expression {expression!r} is not a known macro; use one of "
                 + ", ".join(sorted(MACROS))
             )
-        return MACROS[lowered]
-    count = len(text.split())
+        text = MACROS[lowered]
+    fields = text.split()
+    count = len(fields)
     if count not in (5, 6):
         raise InvalidSchedule(
             f"cron expression {expression!r} has {count} field{'' if count == 1 else 's'}; it "
             "needs 5 (minute hour day-of-month month day-of-week) or 6 (a seconds field first)"
         )
-    return text
+    specs = _SIX if count == 6 else _FIVE
+    parsed = [
+        _Parser(expression, spec, field).parse() for spec, field in zip(specs, fields, strict=True)
+    ]
+    _check_day_fields(expression, fields[-3:], parsed[-3:])
+    return [text for text, _, _ in parsed]
 
 
-def _explain(original: str, expr: str, exc: CronSimError) -> InvalidSchedule:
-    fields = expr.split()
-    names = SIX_FIELDS if len(fields) == 6 else FIVE_FIELDS
-    match = _BAD_FIELD.search(str(exc))
-    if match and match.group(1) in names:
-        name = match.group(1)
-        value = fields[names.index(name)]
+class _Parser:
+    """One field: checks every comma-separated item and rewrites ranges with steps as lists."""
+
+    def __init__(self, expression: str, spec: _Field, field: str) -> None:
+        self.expression = expression
+        self.spec = spec
+        self.field = field
+
+    def parse(self) -> tuple[str, set[int], bool]:
+        """Return cronsim's text for the field, its plain values, and whether it has L/LW/#."""
+        items: list[str] = []
+        values: set[int] = set()
+        special = False
+        for item in self.field.upper().split(","):
+            if not item:
+                raise self.error("has an empty item (two commas in a row, or one at an end)")
+            text = self.special(item)
+            if text is not None:
+                special = True
+            else:
+                text, picked = self.item(item)
+                values.update(picked)
+            items.append(text)
+        return ",".join(items), values, special
+
+    def special(self, item: str) -> str | None:
+        """``L``/``LW`` in the day of month, ``5L`` and ``5#2`` in the day of week."""
+        if self.spec is _DOM and item in ("L", "LW"):
+            return item
+        if self.spec is _DOW and item.endswith("L") and "/" not in item:
+            if item == "L":
+                raise self.error("uses 'L' without a day: write '5L' for the last Friday")
+            return f"{self.number(item[:-1]) % 7}L"
+        if self.spec is _DOW and "#" in item:
+            day, _, nth = item.partition("#")
+            if not (nth.isascii() and nth.isdigit() and 1 <= int(nth) <= 5):
+                raise self.error(f"has {item!r}: after '#' comes which week, 1-5")
+            return f"{self.number(day) % 7}#{int(nth)}"
+        return None
+
+    def item(self, item: str) -> tuple[str, range]:
+        spec = self.spec
+        body, slash, step_text = item.partition("/")
+        step = self.step(step_text) if slash else 1
+        if body == "*":
+            return item if slash else "*", range(spec.low, spec.high + 1, step)
+        if "-" in body:
+            first_text, _, last_text = body.partition("-")
+            first, last = self.number(first_text), self.number(last_text)
+            if first > last:
+                hint = (
+                    "; Sunday is 0 or 7, so write it 7 here" if spec is _DOW and last == 0 else ""
+                )
+                raise self.error(
+                    f"has the range {body!r}, which runs backwards: the first value must not be "
+                    f"larger than the last{hint}"
+                )
+        else:
+            first = self.number(body)
+            last = spec.high if slash else first
+        picked = range(first, last + 1, step)
+        if not slash:
+            return (str(first) if first == last else f"{first}-{last}"), picked
+        # A step is written out as the values it picks, so cronsim cannot read it otherwise.
+        return ",".join(map(str, picked)), picked
+
+    def number(self, text: str) -> int:
+        spec = self.spec
+        if text in spec.names:
+            return spec.names.index(text) + spec.first_named
+        if text == "?":
+            raise self.error("uses '?', which anarchon does not know: write '*'")
+        if not (text.isascii() and text.isdigit()):
+            raise self.error(f"has {text!r} where a value goes: each value is {spec.rule}")
+        value = int(text)
+        if not spec.low <= value <= spec.high:
+            raise self.error(f"has {value}, out of range: each value is {spec.rule}")
+        return value
+
+    def step(self, text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) == 0:
+            raise self.error(f"has the step {text!r}: a step is a whole number, 1 or more")
+        return int(text)
+
+    def error(self, problem: str) -> InvalidSchedule:
         return InvalidSchedule(
-            f"cron expression {original!r} is invalid: the {name} field {value!r} is out of "
-            "range or malformed"
+            f"cron expression {self.expression!r} is invalid: the {self.spec.name} field "
+            f"{self.field!r} {problem}"
         )
-    return InvalidSchedule(f"cron expression {original!r} is invalid: {exc}")
 
 
-def _to_ms(moment: datetime) -> int:
-    return int(moment.timestamp()) * 1000
+def _check_day_fields(
+    expression: str, fields: list[str], parsed: list[tuple[str, set[int], bool]]
+) -> None:
+    """Refuse a day of month that no allowed month has, when it must hold on its own."""
+    dom, month, dow = fields
+    (_, days, dom_special), (_, months, _), _ = parsed
+    # Vixie's rule: the day fields are OR-ed only when neither starts with '*'.
+    if dom_special or not (dom.startswith("*") or dow.startswith("*")):
+        return
+    longest = max(_MONTH_DAYS[m] for m in months)
+    if min(days) > longest:
+        raise InvalidSchedule(
+            f"cron expression {expression!r} never fires: the day-of-month field {dom!r} asks "
+            f"for day {min(days)} or later, and the month field {month!r} allows only months "
+            f"of at most {longest} days; each field is valid alone, but no date matches both"
+        )
 
 
 def _now_ms() -> int:

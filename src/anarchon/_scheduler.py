@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 
 from ._catchup import missed_slots
 from ._clock import Clock, SystemClock
-from ._job import Handler, Job, JobOptions, build_job
+from ._job import Handler, Job, JobOptions, Timezone, build_job
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
@@ -147,7 +147,7 @@ class Scheduler:
         name: str,
         schedule: str,
         *,
-        timezone: str = "UTC",
+        timezone: Timezone = "UTC",
         jitter_ms: int | None = None,
         max_late_ms: int | None = None,
         history_ttl_ms: int | None = None,
@@ -188,7 +188,7 @@ class Scheduler:
         schedule: str,
         handler: Handler,
         *,
-        timezone: str = "UTC",
+        timezone: Timezone = "UTC",
         jitter_ms: int | None = None,
         max_late_ms: int | None = None,
         history_ttl_ms: int | None = None,

@@ -139,7 +139,9 @@ async def test_no_history_no_catch_up(lease_harness: Harness, schedulers: Make) 
         seen.append(ctx.trigger)
 
     [scheduler] = schedulers(1)
-    scheduler.add("fresh", "0 0 1 1 *", record, catch_up="all", catch_up_window_ms=10**12)
+    scheduler.add(
+        "fresh", "0 0 1 1 *", record, catch_up="all", catch_up_window_ms=315_360_000_000
+    )  # the longest window: 10 years
     async with scheduler:
         await asyncio.sleep(0.3)
         assert await scheduler.last_run("fresh") is None
@@ -230,7 +232,7 @@ async def test_bad_inputs_name_the_value_and_the_rule(harness: Harness, schedule
         (InvalidJobName, "128", {"name": "x" * 129}),
         (InvalidOption, "jitter_ms=-1", {"jitter_ms": -1}),
         (InvalidOption, "max_late_ms=-5", {"max_late_ms": -5}),
-        (InvalidOption, "must not exceed max_late_ms", {"jitter_ms": 5000, "max_late_ms": 1000}),
+        (InvalidOption, "must be less than max_late_ms", {"jitter_ms": 5000, "max_late_ms": 1000}),
         (InvalidOption, "timeout_ms=0", {"timeout_ms": 0}),
         (InvalidOption, "overlap='sometimes'", {"overlap": "sometimes"}),
     ]

@@ -148,6 +148,18 @@ def single_server(directory: Path, binary: str, *, jetstream: bool = True) -> Na
     return NatsServer(binary=binary, port=port, directory=directory, jetstream=jetstream)
 
 
+def configured_server(directory: Path, binary: str, body: str) -> NatsServer:
+    """A private JetStream server on a free port, with ``body`` added to its configuration
+    (an ``authorization {...}`` or ``tls {...}`` block); not started."""
+    [port] = free_ports(1, SINGLE_PORTS)
+    config = (
+        f"listen: 127.0.0.1:{port}\n"
+        f'jetstream {{\n  store_dir: "{directory / "store"}"\n}}\n'
+        f"{body}\n"
+    )
+    return NatsServer(binary=binary, port=port, directory=directory, config=config, name="conf")
+
+
 @dataclass
 class Cluster:
     """Three JetStream servers forming one cluster on loopback (see the research notes, §4)."""

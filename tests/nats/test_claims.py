@@ -44,7 +44,11 @@ async def test_claim_header_is_job_and_slot(make: Make, server_url: str) -> None
     assert body["token"] == req.token and body["run_id"] == req.run_id
     assert body["instance"] == "i1" and body["trigger"] == "schedule" and body["slot"] == SLOT
     assert won.ticket.fence == msg.seq, "the fence is the claim's stream sequence"
-    assert abs(won.ticket.started_at_ms - msg.time.timestamp() * 1000) < 1, "stream timestamp"
+    # Won on the ack alone: the ticket starts on the local clock; the run that finish() returns
+    # (and history) starts at the claim's stream timestamp.
+    assert abs(won.ticket.started_at_ms - msg.time.timestamp() * 1000) < 2_000
+    run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    assert abs(run.started_at.timestamp() * 1000 - msg.time.timestamp() * 1000) < 1
 
 
 async def test_duplicate_with_our_token_wins_with_another_loses(
@@ -184,3 +188,191 @@ async def test_invalid_job_names_are_refused_in_queries(make: Make) -> None:
     backend: NatsBackend = await make()
     with pytest.raises(InvalidJobName, match="NATS subjects"):
         await backend.history("a.*")
+
+
+def _count_reads(backend: NatsBackend) -> list[dict[str, Any]]:
+    """Spy on the backend's reads by sequence; returns the list of requests made."""
+    seen: list[dict[str, Any]] = []
+    get = backend._get
+
+    async def counting(request: dict[str, Any], wait_s: float) -> Any:
+        seen.append(request)
+        return await get(request, wait_s)
+
+    backend._get = counting  # type: ignore[method-assign]
+    return seen
+
+
+async def _failing_get(request: dict[str, Any], wait_s: float) -> Any:
+    import nats.errors
+
+    raise nats.errors.TimeoutError
+
+
+async def test_a_non_duplicate_ack_wins_without_reading_back(make: Make) -> None:
+    backend: NatsBackend = await make()
+    reads = _count_reads(backend)
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    assert reads == [], "the seed reads the stored claim back only for a duplicate ack"
+    # The run still starts at the claim's stream timestamp: finish() reads it with the result.
+    run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    assert [run] == await backend.history("sync")
+
+
+async def test_a_won_claim_whose_read_back_would_fail_still_runs(make: Make) -> None:
+    """Before: a non-duplicate ack was read back; when that read failed the claim (stored, ours)
+    was reported unavailable, and a core that gave up left it `running` with no runner."""
+    backend: NatsBackend = await make()
+    backend._get = _failing_get  # type: ignore[method-assign]
+    began = time.monotonic()
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    assert time.monotonic() - began < 2
+
+
+async def _store_claim_of_another(url: str, backend: NatsBackend) -> int:
+    from anarchon.backends.nats import _records
+
+    nc = await connect(url)
+    try:
+        ack = await nc.jetstream().publish(
+            f"{backend.prefix}sync.claims",
+            _records.encode_claim(request(instance="other")),
+            headers={"Nats-Msg-Id": f"sync:{SLOT}"},
+        )
+        return int(ack.seq)
+    finally:
+        await nc.close()
+
+
+async def test_a_duplicate_that_cannot_be_read_is_lost_and_logged(
+    make: Make, server_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend: NatsBackend = await make()
+    seq = await _store_claim_of_another(server_url, backend)
+    backend._get = _failing_get  # type: ignore[method-assign]
+    [lost] = await backend.claim([request()])
+    assert lost.status is ClaimStatus.LOST and lost.ticket is None
+    assert lost.run.reason is not None
+    assert f"(seq {seq}) is another instance's; reading it failed" in lost.run.reason
+    assert "is another instance's, and reading it failed" in caplog.text
+
+
+async def test_a_duplicate_that_may_be_our_own_claim_is_retried_not_lost(make: Make) -> None:
+    """Our first publish is stored but its answer is lost; the retry's duplicate ack cannot be
+    read: maybe ours, so the backend says unavailable (the core retries with the same token)
+    rather than lost (which would leave our stored claim `running` with no runner)."""
+    import nats.errors
+
+    from anarchon import BackendUnavailable
+
+    backend: NatsBackend = await make()
+    publish = backend._publish
+    calls = 0
+
+    async def answer_lost(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        ack = await publish(*args)
+        if calls == 1:
+            raise nats.errors.TimeoutError  # stored, but we never heard
+        return ack
+
+    backend._publish = answer_lost  # type: ignore[method-assign,assignment]
+    get = backend._get
+    backend._get = _failing_get  # type: ignore[method-assign]
+    mine = request()
+    with pytest.raises(BackendUnavailable):
+        await backend.claim([mine])
+    backend._get = get  # type: ignore[method-assign]
+    [won] = await backend.claim([mine])  # the core's retry, same token
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    assert calls == 3
+
+
+@pytest.mark.parametrize("version", ["current"])
+async def test_no_claim_is_sent_later_than_the_margin_after_the_call(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every publish of one claim() call starts within CLAIM_RETRY_S of the call, even for a
+    request that waited behind the in-flight gate while the server answered slowly
+    (CLAIM_MARGIN_MS relies on it). Before, a queued request took its 8 s from the moment it
+    passed the gate, so in a large batch on a slow server a claim could go out much later."""
+    from anarchon import BackendUnavailable
+    from anarchon.backends.nats import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "CLAIM_RETRY_S", 1.0)
+    backend: NatsBackend = await make()
+    backend._in_flight = asyncio.Semaphore(1)
+    starts: list[float] = []
+    publish = backend._publish
+
+    async def slow(*args: Any) -> Any:
+        starts.append(time.monotonic())
+        await asyncio.sleep(0.4)  # a slow server: each answer takes 0.4 s
+        return await publish(*args)
+
+    backend._publish = slow  # type: ignore[method-assign,assignment]
+    began = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="not sent: 1 s passed while it waited"):
+        await backend.claim([request(slot=SLOT + n * 1000) for n in range(5)])
+    assert len(starts) == 3, [round(s - began, 2) for s in starts]
+    assert max(starts) - began < 1.0, [round(s - began, 2) for s in starts]
+
+
+async def _noop(ctx: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "never-stored"])
+async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
+    make: Make, monkeypatch: pytest.MonkeyPatch, stored: bool
+) -> None:
+    """Our publish went out and its answer was lost, then NATS stayed unavailable until the slot
+    was too late, so the scheduler gave up. Before, if the publish had been stored, history
+    showed the slot `running` for good, with no runner. Now the backend settles it once the
+    slot is past max_late_ms + the retry margin: a stored claim is closed `skipped`, and a slot
+    whose claim never arrived is recorded `skipped`, both saying why."""
+    import nats.errors
+
+    from anarchon import BackendUnavailable, Scheduler
+    from anarchon.backends.nats import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "SETTLE_EVERY_S", 0.1, raising=False)
+    monkeypatch.setattr(backend_module, "CLAIM_RETRY_S", 1.0)
+    backend: NatsBackend = await make()
+    Scheduler(backend).add("sync", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_000)
+    publish = backend._publish
+    calls = 0
+
+    async def answer_lost_then_down(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            if stored:
+                await publish(*args)
+            raise nats.errors.TimeoutError  # went out; no answer
+        raise nats.errors.OutboundBufferLimitError  # disconnected: nothing is sent
+
+    backend._publish = answer_lost_then_down  # type: ignore[method-assign,assignment]
+    slot = (int(time.time()) - 20) * 1000  # past max_late_ms + 10 s: the core gave up on it
+    mine = request(slot=slot)
+    with pytest.raises(BackendUnavailable):
+        await backend.claim([mine])
+    backend._publish = publish  # type: ignore[method-assign]
+    runs: list[Any] = []
+    for _ in range(50):
+        runs = await backend.history("sync")
+        if runs and runs[0].status is not RunStatus.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert len(runs) == 1, runs
+    [run] = runs
+    assert run.status is RunStatus.SKIPPED, run
+    assert run.run_id == mine.run_id and run.instance == "i1"
+    assert run.reason is not None and run.reason.startswith(
+        "not run: i1 could not confirm its claim while NATS was unavailable"
+    )
+    assert (run.fence is not None) is stored, "a closed claim keeps its fence"
+    assert await backend.last_run("sync") == run

@@ -119,26 +119,6 @@ def test_bad_urls(url: str, text: str) -> None:
         backend_from_url(url)
 
 
-def test_the_duplicate_window_bounds_lateness_when_a_job_is_added() -> None:
-    backend = NatsBackend(duplicate_window_ms=60_000)
-    scheduler = Scheduler(backend)
-
-    async def handler(ctx: Any) -> None:
-        pass
-
-    with pytest.raises(
-        InvalidOption,
-        match=r"jitter_ms \+ max_late_ms = 2000 \+ 60000 = 62000 must be less than the NATS "
-        r"backend's duplicate_window_ms=60000",
-    ):
-        scheduler.add("job", "* * * * *", handler)
-    scheduler.add("job", "* * * * *", handler, max_late_ms=50_000)
-    policy = scheduler._jobs["job"].policy
-    assert backend.skew_budget_ms(policy) == 60_000 - 52_000
-    # The defaults pass against the default window: 2 s + 60 s < 5 min.
-    Scheduler(NatsBackend()).add("job", "* * * * *", handler)
-
-
 def test_history_ttl_and_lease_options_are_refused_naming_the_lease_backends() -> None:
     scheduler = Scheduler(NatsBackend())
 

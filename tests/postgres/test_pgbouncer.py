@@ -1,7 +1,9 @@
 """Behind PgBouncer in transaction mode: ``notifications=off&prepared_statements=off`` works.
 
 Runs only where a PgBouncer binary is available: ``$ANARCHON_PGBOUNCER`` (a command, e.g.
-``env LD_LIBRARY_PATH=/opt/pgb/lib /opt/pgb/pgbouncer``) or ``pgbouncer`` on the PATH. The test
+``env LD_LIBRARY_PATH=/opt/pgb/lib /opt/pgb/pgbouncer``) or ``pgbouncer`` on the PATH or in
+/usr/sbin; ``make test`` installs Debian's ``pgbouncer`` package when it is missing
+(scripts/services.sh). The test
 starts its own PgBouncer on a port of this backend's range, in front of the shared server, and
 stops it afterwards; as root it runs PgBouncer as ``nobody`` (PgBouncer refuses root).
 """
@@ -34,7 +36,9 @@ def _command() -> list[str] | None:
     given = os.environ.get("ANARCHON_PGBOUNCER")
     if given:
         return shlex.split(given)
-    found = shutil.which("pgbouncer")
+    # Debian's package (scripts/services.sh installs it for `make test`) puts it in /usr/sbin,
+    # which is not on every user's PATH.
+    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
     return [found] if found else None
 
 

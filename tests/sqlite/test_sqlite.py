@@ -73,7 +73,8 @@ async def test_default_path_and_environment(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ANARCHON_DB", raising=False)
-    assert Scheduler().backend.path == Path("anarchon.db")  # type: ignore[attr-defined]
+    # Absolute: a later chdir must not move the file, and the log names it exactly.
+    assert Scheduler().backend.path == Path.cwd() / "anarchon.db"  # type: ignore[attr-defined]
     monkeypatch.setenv("ANARCHON_DB", str(tmp_path / "env.db"))
     assert SQLiteBackend().path == tmp_path / "env.db"
 

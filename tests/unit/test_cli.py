@@ -91,3 +91,124 @@ def test_demo_ends_with_no_duplicates_and_nothing_missed(tmp_path: Path) -> None
     summary = out.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"slots: (\d+), runs: (\d+), duplicates: 0, missed: 0", summary)
     assert match and int(match.group(1)) >= 3 and match.group(1) == match.group(2), out.stdout
+
+
+def one_line_error(out: subprocess.CompletedProcess[str], code: int, *texts: str) -> None:
+    """The command failed with ``code`` and one line on stderr containing every text."""
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for text in texts:
+        assert text in lines[0], lines[0]
+
+
+def test_history_without_data_creates_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("ANARCHON_DB", "ANARCHON_BACKEND")}
+    out = subprocess.run(
+        [sys.executable, "-m", "anarchon", "history", "beat"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT / "src")},
+        timeout=60,
+    )
+    one_line_error(out, 3, f"no anarchon data at {tmp_path / 'anarchon.db'}")
+    assert list(tmp_path.iterdir()) == [], "history created a file"
+
+    other = tmp_path / "other.db"
+    other.write_bytes(b"")
+    out = cli("history", "beat", "--backend", f"sqlite:///{other}")
+    one_line_error(out, 3, f"no anarchon data at {other}")
+    assert other.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+@pytest.mark.parametrize(
+    ("args", "texts"),
+    [
+        (("history", "beat", "-n", "-1"), ("-n", "'-1'", "from 1 to")),
+        (("history", "beat", "-n", "0"), ("-n", "'0'", "from 1 to")),
+        (("next", "* * * * *", "-n", "-3"), ("-n", "'-3'", "from 1 to")),
+        (("demo", "--instances", "0"), ("--instances", "'0'", "from 1 to 20")),
+        (("demo", "--seconds", "-5"), ("--seconds", "'-5'")),
+        (("--log-level", "bogus", "next", "* * * * *"), ("'bogus' is not a logging level", "INFO")),
+        (("history", "x", "--backend", "postgresql://u:p@[::1/db"), ("malformed", "***")),
+        (("history", "x", "--backend", "sqlite://"), ("names no file",)),
+        (("history", "x", "--backend", "ftp://host/"), ("unknown scheme 'ftp'",)),
+        (("next", "61 * * * *"), ("minute field '61'",)),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args: tuple[str, ...], texts: tuple[str]) -> None:
+    one_line_error(cli(*args), 2, *texts)
+
+
+def test_log_levels_are_case_insensitive() -> None:
+    out = cli("--log-level", "debug", "next", "* * * * *", "-n", "1")
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_backend_comes_from_the_flag_then_the_environment(tmp_path: Path) -> None:
+    env_url = f"sqlite:///{tmp_path / 'env.db'}"
+    flag_url = f"sqlite:///{tmp_path / 'flag.db'}"
+    out = cli("history", "beat", ANARCHON_BACKEND=env_url)
+    one_line_error(out, 3, str(tmp_path / "env.db"))
+    out = cli("history", "beat", "--backend", flag_url, ANARCHON_BACKEND=env_url)
+    one_line_error(out, 3, str(tmp_path / "flag.db"))
+    out = cli("history", "beat", ANARCHON_BACKEND="mysql://admin:S3cret@h/x")
+    one_line_error(out, 2, "unknown scheme 'mysql'", "admin:***@h")
+    assert "S3cret" not in out.stdout + out.stderr
+
+
+def _serve(app: Path, tmp_path: Path) -> tuple[int, str]:
+    """``anarchon run app:scheduler`` in ``tmp_path`` until it has started; then SIGTERM."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ANARCHON_DB", "ANARCHON_BACKEND")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "run", f"{app.stem}:scheduler"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        lines.append(line)
+        if " started with " in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    return proc.returncode, "".join(lines) + output
+
+
+def test_the_readme_quick_start_runs_under_anarchon_run(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, re.S)
+    assert code is not None
+    app = tmp_path / "quickstart_app.py"
+    app.write_text(code.group(1))
+    returncode, output = _serve(app, tmp_path)
+    assert returncode == 0, output
+    # The default SQLite file is named by its absolute path, once, when the scheduler starts.
+    assert output.count(f"SQLite database {tmp_path / 'anarchon.db'} (the default") == 1, output
+    assert "stopped" in output
+
+
+def test_run_of_a_module_that_runs_its_scheduler_at_import_says_how_to_fix_it(
+    tmp_path: Path,
+) -> None:
+    app = tmp_path / "eager_app.py"
+    app.write_text(
+        "from anarchon import Scheduler\n"
+        "scheduler = Scheduler()\n"
+        "@scheduler.job('beat', '* * * * *')\n"
+        "def beat(ctx):\n"
+        "    pass\n"
+        "scheduler.run()\n"
+    )
+    returncode, output = _serve(app, tmp_path)
+    assert returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert "already run and stopped while 'eager_app' was imported" in last, output
+    assert 'if __name__ == "__main__":' in last, output

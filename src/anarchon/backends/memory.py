@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from .._clock import Clock, SystemClock
 from .._models import Run, RunStatus
+from .._options import HISTORY_SIZE, check_int
 from ..backend import (
     ClaimOutcome,
     ClaimRequest,
@@ -131,9 +132,12 @@ class MemoryBackend(LeaseBackend):
 
     def __init__(self, *, clock: Clock | None = None, history_size: int = 1000) -> None:
         self._clock: Clock = clock or SystemClock()
-        self._rows = _MemoryRows(history_size)
-        self._history_size = history_size
+        self._history_size = check_int("history_size", history_size, HISTORY_SIZE, "MemoryBackend")
+        self._rows = _MemoryRows(self._history_size)
         self._listeners: list[Callable[[str, str, bool], None]] = []
+
+    def __repr__(self) -> str:
+        return f"MemoryBackend(history_size={self._history_size})"
 
     def _now(self) -> int:
         return self._clock.now_ms()

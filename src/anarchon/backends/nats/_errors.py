@@ -69,6 +69,28 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+def maybe_sent(exc: BaseException) -> bool:
+    """True if a publish that failed with ``exc`` may still have been stored: it went out and
+    no answer came (a timeout, the connection lost meanwhile). False when the server answered
+    (no responders, an API error, an in-flight duplicate) or nothing was sent (closed, no
+    reconnect buffer)."""
+    import nats.errors
+    import nats.js.errors
+
+    if isinstance(
+        exc,
+        InFlight
+        | nats.js.errors.APIError
+        | nats.js.errors.NoStreamResponseError
+        | nats.errors.NoRespondersError
+        | nats.errors.OutboundBufferLimitError
+        | nats.errors.ConnectionClosedError
+        | nats.errors.ConnectionDrainingError,
+    ):
+        return False
+    return is_transient(exc)
+
+
 def is_closed(exc: BaseException) -> bool:
     """True if the connection is closed for good (stopped, or out of reconnect attempts)."""
     import nats.errors

@@ -143,8 +143,10 @@ def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
     )
 
 
-def encode_result(ticket: Ticket, status: RunStatus, error: str | None) -> bytes:
-    """The payload of a result message."""
+def encode_result(
+    ticket: Ticket, status: RunStatus, error: str | None, reason: str | None = None
+) -> bytes:
+    """The payload of a result message (``reason`` for a claim closed without running)."""
     body = {
         "v": VERSION,
         "job": ticket.job,
@@ -159,6 +161,8 @@ def encode_result(ticket: Ticket, status: RunStatus, error: str | None) -> bytes
         "status": str(status),
         "error": error,
     }
+    if reason is not None:
+        body["reason"] = reason
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -190,6 +194,7 @@ def decode_result(msg: Stored) -> Result | None:
             finished_at=_datetime(msg.time_ms),
             error=None if body.get("error") is None else str(body["error"]),
             fence=None if fence is None else int(fence),
+            reason=None if body.get("reason") is None else str(body["reason"]),
         )
         return Result(run=run, token=str(body["token"]), seq=msg.seq)
     except (KeyError, TypeError, ValueError):
@@ -199,7 +204,11 @@ def decode_result(msg: Stored) -> Result | None:
 def finished(claim_run: Run, result: Run) -> Run:
     """The claim's run with the result's end."""
     return replace(
-        claim_run, status=result.status, finished_at=result.finished_at, error=result.error
+        claim_run,
+        status=result.status,
+        finished_at=result.finished_at,
+        error=result.error,
+        reason=result.reason,
     )
 
 

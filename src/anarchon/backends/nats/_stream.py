@@ -8,8 +8,13 @@ reset to a default by accident.
 Rules (the seed's, plus "never delete user data"):
 
 * absent: created with subjects ``<prefix>>``, the duplicate window, ``max_msgs_per_subject =
-  history_size`` and ``replicas`` (1 when not given).
-* present: the duplicate window is set; ``<prefix>>`` is added unless a subject already covers it
+  history_size``, ``replicas`` (1 when not given) and, on nats-server 2.10+, a first sequence
+  of ``server time in ms x 1024`` (:func:`fence_floor`), so that the fences (claim sequences) of
+  a stream created again under the same name start above every fence of the one before.
+* present: the duplicate window grows to ``duplicate_window_ms`` and is never shrunk (several
+  instances may start with different values; the largest wins, whatever the order they start
+  in), unless ``shrink_window`` asks for exactly ``duplicate_window_ms``; ``<prefix>>`` is added
+  unless a subject already covers it
   (subjects it covers are folded into it, since JetStream refuses overlapping subjects in one
   stream, and everything they captured stays captured); ``num_replicas`` changes only when
   ``replicas`` was given; everything else is kept.
@@ -22,6 +27,7 @@ Rules (the seed's, plus "never delete user data"):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,12 +36,22 @@ from ...errors import BackendError
 from . import _errors as errors
 from . import _subjects as subjects
 from ._errors import JetStreamError
+from ._records import parse_time_ms
 
 logger = logging.getLogger(__name__)
 
 Api = Callable[[str, "dict[str, Any] | None"], Awaitable[dict[str, Any]]]
 
 NS_PER_MS: Final = 1_000_000
+#: The server's own default window, which a config of 0 means.
+SERVER_DEFAULT_WINDOW_MS: Final = 120_000
+#: A new stream's first sequence is the server's time in ms times this. Sequences of the stream
+#: before (same name, deleted) stay below it as long as it stored fewer than 1024 messages per
+#: millisecond of its life, about a million a second; and the floor stays below 2**53 (exact in
+#: JSON readers that use doubles) until the year 2248.
+FENCE_FLOOR_PER_MS: Final = 1024
+#: Warn when the host that sets a new stream's first sequence is this far off the server.
+FLOOR_SKEW_WARN_MS: Final = 5_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +63,15 @@ class Wanted:
     duplicate_window_ms: int
     history_size: int
     replicas: int | None
+    shrink_window: bool = False
+    fence_floor: bool = True
+    """Start a new stream's sequence at :func:`fence_floor` (servers 2.10+ take first_seq)."""
+
+
+def window_ms(info: dict[str, Any]) -> int:
+    """The duplicate window, in ms, of a stream info answer."""
+    window = int((info.get("config") or {}).get("duplicate_window") or 0) // NS_PER_MS
+    return window or SERVER_DEFAULT_WINDOW_MS
 
 
 async def ensure(api: Api, wanted: Wanted) -> dict[str, Any]:
@@ -89,12 +114,19 @@ def evolve(config: dict[str, Any], wanted: Wanted) -> tuple[list[str], dict[str,
         changes.append(
             f"added subject {mine}" + (f" (covering {', '.join(folded)})" if folded else "")
         )
-    window = wanted.duplicate_window_ms * NS_PER_MS
-    if config.get("duplicate_window") != window:
-        new["duplicate_window"] = window
-        changes.append(
-            f"duplicate window {(config.get('duplicate_window') or 0) // NS_PER_MS} ms -> "
-            f"{wanted.duplicate_window_ms} ms"
+    have_ms, want = window_ms({"config": config}), wanted.duplicate_window_ms
+    if have_ms < want or (have_ms > want and wanted.shrink_window):
+        new["duplicate_window"] = want * NS_PER_MS
+        why = "grown" if have_ms < want else "shrunk, as shrink_window=True asks"
+        changes.append(f"duplicate window {have_ms} ms -> {want} ms ({why})")
+    elif have_ms > want:
+        logger.info(
+            "stream %s keeps its duplicate window of %d ms, longer than duplicate_window_ms=%d: "
+            "windows only grow (another instance asked for more; shrink_window=True to shrink)",
+            wanted.stream,
+            have_ms,
+            want,
+            extra={"action": "stream_window_kept", "stream": wanted.stream},
         )
     limit = _limit(config, list(new.get("subjects") or []), wanted)
     if limit is not None:
@@ -150,7 +182,8 @@ async def _info(api: Api, stream: str) -> dict[str, Any] | None:
 
 
 async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
-    config = {
+    floor = fence_floor() if wanted.fence_floor else None
+    config: dict[str, Any] = {
         "name": wanted.stream,
         "subjects": [subjects.stream_subject(wanted.prefix)],
         "retention": "limits",
@@ -165,6 +198,8 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
         "max_msg_size": -1,
         "max_consumers": -1,
     }
+    if floor is not None:
+        config["first_seq"] = floor
     try:
         info = await api(subjects.api("STREAM.CREATE", wanted.stream), config)
     except JetStreamError as exc:
@@ -183,7 +218,51 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
         config["num_replicas"],
         extra={"action": "stream_created", "stream": wanted.stream},
     )
+    if floor is not None and "created" in info:
+        skew_ms = floor // FENCE_FLOOR_PER_MS - parse_time_ms(str(info["created"]))
+        if abs(skew_ms) > FLOOR_SKEW_WARN_MS:
+            logger.warning(
+                "stream %s was created with first sequence %d from this host's clock, which is "
+                "%+d ms off the server's: fences of a stream of this name created again later "
+                "may start below this one's. Synchronise clocks (NTP)",
+                wanted.stream,
+                floor,
+                skew_ms,
+                extra={"action": "stream_floor_skew", "stream": wanted.stream},
+            )
+    if floor is None or (info.get("config") or {}).get("first_seq") != floor:
+        logger.warning(
+            "stream %s starts at sequence 1 (the server takes no first sequence: nats-server "
+            "2.10+ does), so its fences (claim sequences) start below those of any stream of "
+            "that name before it; handlers that guard writes with ctx.fence must reset their "
+            "stored fences",
+            wanted.stream,
+            extra={"action": "stream_fence_restart", "stream": wanted.stream},
+        )
     return info
+
+
+def fence_floor() -> int:
+    """The first sequence of a new stream: the time in ms x FENCE_FLOOR_PER_MS.
+
+    The local clock is used (the server's is not known before the stream exists); ``_create``
+    compares it with the server's creation time and warns when they are far apart.
+    """
+    return _local_now_ms() * FENCE_FLOOR_PER_MS
+
+
+def _local_now_ms() -> int:
+    return time.time_ns() // NS_PER_MS
+
+
+async def raise_window(api: Api, stream: str, to_ms: int) -> dict[str, Any]:
+    """Grow the stream's duplicate window to ``to_ms`` (kept if already longer)."""
+    info = await api(subjects.api("STREAM.INFO", stream), None)
+    if window_ms(info) >= to_ms:
+        return info
+    config = dict(info.get("config") or {})
+    config["duplicate_window"] = to_ms * NS_PER_MS
+    return await api(subjects.api("STREAM.UPDATE", stream), config)
 
 
 def _check_usable(config: dict[str, Any], wanted: Wanted) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..._models import Run, RunStatus
+from ..._redact import redact_url as _redacted
 from ..._retry import backoff
 from ...backend import (
     ClaimOutcome,
@@ -78,15 +79,6 @@ def _require_driver() -> None:
             "the Redis backend needs the redis package (redis-py >= 5): "
             "pip install 'anarchon[redis]'"
         ) from exc
-
-
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _text(value: Any) -> str:

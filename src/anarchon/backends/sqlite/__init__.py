@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from ..._models import Run
+from ..._options import HISTORY_SIZE, Bound, check_int
 from ..._retry import backoff
 from ...backend import (
     ClaimOutcome,
@@ -42,7 +43,7 @@ from ...backend import (
     TakeoverStatus,
     Ticket,
 )
-from ...errors import BackendError, BackendUnavailable, InvalidOption, LeaseLost
+from ...errors import BackendError, BackendUnavailable, LeaseLost
 from .. import _lease_rules as rules
 from .._lease_rules import RunRow
 from .._sql import load_queries
@@ -56,6 +57,7 @@ SCHEMA_VERSION: Final = 4
 MIGRATIONS: Final = {n: Q[f"migration_{n}"] for n in range(1, SCHEMA_VERSION + 1)}
 ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
+BUSY_TIMEOUT: Final = Bound(0, 3_600_000, ms=True)
 # How often each process reads the events table; a hand-over is noticed within this.
 EVENTS_POLL_MS: Final = 200
 # Events are kept this long: far longer than a poll interval, so none is missed; the table is
@@ -289,15 +291,15 @@ class SQLiteBackend(LeaseBackend):
         history_size: int = 1000,
         busy_timeout_ms: int = 10_000,
     ) -> None:
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise InvalidOption(f"history_size={history_size!r} must be an integer >= 1")
-        if (
-            isinstance(busy_timeout_ms, bool)
-            or not isinstance(busy_timeout_ms, int)
-            or busy_timeout_ms < 0
-        ):
-            raise InvalidOption(f"busy_timeout_ms={busy_timeout_ms!r} must be an integer >= 0")
-        self.path = Path(path if path is not None else os.environ.get(ENV_PATH) or DEFAULT_PATH)
+        owner = "SQLiteBackend"
+        history_size = check_int("history_size", history_size, HISTORY_SIZE, owner)
+        busy_timeout_ms = check_int("busy_timeout_ms", busy_timeout_ms, BUSY_TIMEOUT, owner)
+        self._default_path = path is None and not os.environ.get(ENV_PATH)
+        # Absolute now: the working directory may change before start(), and the log and every
+        # message must say which file this is (two folders would otherwise mean two files).
+        self.path = Path(
+            os.path.abspath(path if path is not None else os.environ.get(ENV_PATH) or DEFAULT_PATH)
+        )
         self.history_size = history_size
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._conn: sqlite3.Connection | None = None
@@ -467,6 +469,15 @@ class SQLiteBackend(LeaseBackend):
             if isinstance(exc, BackendError):
                 raise
             raise BackendError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        logger.info(
+            "SQLite database %s%s",
+            self.path,
+            f" (the default: {DEFAULT_PATH} in the working directory; every process that shares "
+            f"slots must use this file: set {ENV_PATH} or pass a path)"
+            if self._default_path
+            else "",
+            extra={"action": "sqlite_path", "path": str(self.path)},
+        )
 
     async def stop(self) -> None:
         """Stop polling events and close the file."""

@@ -1,0 +1,81 @@
+"""The one checker of numeric and boolean options, for jobs and backend constructors alike.
+
+Every option a user sets gets a type and a range, checked where it is given, with a message that
+names the value, the option, whose option it is and the rule::
+
+    lease_ms=10000000000000000000 for job 'sync' is out of range: it must be an integer from
+    300 to 86400000 (300 ms to 1 day)
+
+Ranges are inclusive. They keep every sum the core and the backends make (a slot plus a lease,
+a TTL or a window) far inside a 64-bit millisecond timestamp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import InvalidOption
+
+__all__ = ["HISTORY_SIZE", "Bound", "check_bool", "check_int", "ms_text"]
+
+_UNITS: Final = (
+    (365 * 24 * 3600 * 1000, "year"),
+    (24 * 3600 * 1000, "day"),
+    (3600 * 1000, "hour"),
+    (60 * 1000, "minute"),
+    (1000, "s"),
+)
+
+
+def ms_text(ms: int) -> str:
+    """A duration in milliseconds as people say it: ``300 ms``, ``1 day``, ``10 years``."""
+    for size, unit in _UNITS:
+        if ms >= size and ms % size == 0:
+            count = ms // size
+            if unit == "s":
+                return f"{count} s"
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{ms} ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """An inclusive integer range; ``ms`` marks a duration in milliseconds (for messages)."""
+
+    low: int
+    high: int
+    ms: bool = False
+
+    def __str__(self) -> str:
+        text = f"an integer from {self.low} to {self.high}"
+        if self.ms:
+            text += f" ({ms_text(self.low)} to {ms_text(self.high)})"
+        return text
+
+
+HISTORY_SIZE: Final = Bound(1, 1_000_000)
+"""The range of every backend's ``history_size`` (runs kept per job)."""
+
+
+def check_int(option: str, value: object, bound: Bound, owner: str) -> int:
+    """Return ``value`` if it is an int (not a bool) inside ``bound``; else raise InvalidOption.
+
+    ``owner`` says whose option it is in the message: ``"job 'sync'"``, ``"SQLiteBackend"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOption(
+            f"{option}={value!r} for {owner} must be {bound}, not a {type(value).__name__}"
+        )
+    if not bound.low <= value <= bound.high:
+        raise InvalidOption(f"{option}={value!r} for {owner} is out of range: it must be {bound}")
+    return value
+
+
+def check_bool(option: str, value: object, owner: str) -> bool:
+    """Return ``value`` if it is True or False; else raise InvalidOption (``"no"`` is not False)."""
+    if not isinstance(value, bool):
+        raise InvalidOption(
+            f"{option}={value!r} for {owner} must be True or False, not a {type(value).__name__}"
+        )
+    return value

@@ -1,0 +1,225 @@
+"""How NatsBackend connects: credentials, TLS, the URL form, and keeping secrets out of text.
+
+Credentials and TLS are nats-py's own (``nats.connect(user=, password=, token=,
+user_credentials=, tls=)``): anarchon only checks the options, builds the ``ssl.SSLContext``
+from the files named, and passes them on. A password or token never appears in a message, a
+``repr`` or a log line: URLs are shown with ``***`` for them, and any text that goes out is
+scrubbed of the secret strings this backend knows (:func:`scrub`).
+
+URLs are redacted by the one redactor every backend uses (:func:`anarchon._redact.redact_url`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import ssl
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from ..._redact import redact_url
+from ...errors import InvalidOption, MissingDependency
+
+#: Query parameters of a NATS URL that name files (never secrets themselves).
+FILE_OPTIONS: Final = ("ca_file", "cert_file", "key_file", "creds")
+INT_OPTIONS: Final = ("duplicate_window_ms", "history_size", "replicas")
+TEXT_OPTIONS: Final = ("stream", "prefix")
+BOOL_OPTIONS: Final = ("shrink_window",)
+URL_OPTIONS: Final = (*TEXT_OPTIONS, *INT_OPTIONS, *BOOL_OPTIONS, *FILE_OPTIONS, "server")
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password, or the token (a user part without password), that ``url`` carries."""
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            return [parts.password]
+        return [parts.username] if parts.username else []
+    except ValueError:
+        return []
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret replaced by ``***``."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Access:
+    """Credentials and TLS settings for a connection anarchon opens itself.
+
+    Exactly one kind of credentials at most: ``user`` + ``password``, ``token``, or a ``.creds``
+    file (a user JWT and its nkey seed, as ``nsc`` writes them). TLS: ``ca_file`` to trust the
+    server's certificate authority, ``cert_file`` (+ ``key_file`` unless the key is in the
+    same PEM file) for a client certificate.
+    """
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    creds: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def given(self) -> list[str]:
+        """Names of the options that are set."""
+        return [name for name in self.__slots__ if getattr(self, name) is not None]
+
+    @property
+    def secrets(self) -> list[str]:
+        """The strings never to print."""
+        return [s for s in (self.password, self.token) if s]
+
+    def check(self) -> None:
+        """Raise :class:`InvalidOption` (or :class:`MissingDependency`) for unusable settings."""
+        for name in ("user", "password", "token"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                shown = "***" if name != "user" and isinstance(value, str) else repr(value)
+                raise InvalidOption(f"{name}={shown} must be a non-empty string")
+        if (self.password is None) != (self.user is None):
+            missing = "password" if self.password is None else "user"
+            raise InvalidOption(
+                f"user and password go together; {missing} is missing (for a token alone use "
+                "token=...)"
+            )
+        kinds = [k for k in ("user", "token", "creds") if getattr(self, k) is not None]
+        if len(kinds) > 1:
+            raise InvalidOption(
+                f"give one kind of NATS credentials, not {' and '.join(kinds)}: user + password, "
+                "token, or a creds file"
+            )
+        for name in FILE_OPTIONS:
+            _check_file(name, getattr(self, name))
+        if self.key_file is not None and self.cert_file is None:
+            raise InvalidOption(
+                f"key_file={self.key_file!r} needs cert_file (the client certificate it signs for)"
+            )
+        if self.creds is not None and importlib.util.find_spec("nkeys") is None:
+            raise MissingDependency(
+                f"creds={self.creds!r}: signing with a .creds file needs the nkeys package: "
+                "pip install 'nats-py[nkeys]'"
+            )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``ca_file`` / ``cert_file``, or None to leave TLS to nats-py
+        (a ``tls://`` URL then trusts the system's certificate authorities)."""
+        if self.ca_file is None and self.cert_file is None:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidOption(
+                f"ca_file={self.ca_file!r} holds no usable CA certificate (PEM): {_why(exc)}"
+            ) from None
+        if self.cert_file is not None:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                key = f" with key_file={self.key_file!r}" if self.key_file else ""
+                raise InvalidOption(
+                    f"cert_file={self.cert_file!r}{key} is not a usable client certificate and "
+                    f"key (PEM, key unencrypted): {_why(exc)}"
+                ) from None
+        return context
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect`` (credentials and TLS only)."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"], options["password"] = self.user, self.password
+        if self.token is not None:
+            options["token"] = self.token
+        if self.creds is not None:
+            options["user_credentials"] = self.creds
+        context = self.tls_context()
+        if context is not None:
+            options["tls"] = context
+        return options
+
+
+def _check_file(name: str, path: object) -> None:
+    if path is None:
+        return
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise InvalidOption(f"{name}={path!r} must be the path of a file")
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise InvalidOption(f"{name}={str(path)!r} is not a readable file")
+
+
+def _why(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+    return str(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedUrl:
+    """A NATS backend URL taken apart: the server URLs and the constructor's keyword options."""
+
+    servers: list[str]
+    options: dict[str, Any]
+
+
+def parse_url(url: str) -> ParsedUrl:
+    """Take apart ``nats://[user:password@]h1:4222[,h2:4222][/]?stream=...&ca_file=...``.
+
+    Raise :class:`InvalidOption` naming the problem. Messages show the URL redacted and without
+    its query, and name unknown options without their values (one may be a misspelt secret).
+    """
+    shown = redact_url(url.split("?", 1)[0])
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("nats", "tls"):
+        raise InvalidOption(f"backend URL {shown!r} is not a nats:// or tls:// URL")
+    if parts.path not in ("", "/"):
+        raise InvalidOption(
+            f"backend URL {shown!r} has a path {parts.path!r}; NATS URLs take options as query "
+            "parameters: nats://host:4222?stream=CRON&prefix=cron."
+        )
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    auth = f"{userinfo}@" if userinfo else ""
+    servers = [f"{parts.scheme}://{auth}{h}" for h in hosts.split(",") if h.strip()]
+    params = parse_qs(parts.query, keep_blank_values=True)
+    servers += params.pop("server", [])
+    unknown = sorted(set(params) - set(URL_OPTIONS))
+    if unknown:
+        raise InvalidOption(
+            f"backend URL {shown!r} has unknown option(s) {', '.join(unknown)}; NATS URLs take "
+            f"{', '.join(URL_OPTIONS)} (credentials go before the host: "
+            "nats://user:password@host or nats://token@host)"
+        )
+    options: dict[str, Any] = {}
+    for key, values in params.items():
+        options[key] = _option(shown, key, values[-1])
+    if not servers:
+        raise InvalidOption(f"backend URL {shown!r} names no server (nats://host:4222)")
+    return ParsedUrl(servers, options)
+
+
+def _option(shown: str, key: str, value: str) -> Any:
+    if key in INT_OPTIONS:
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidOption(
+                f"backend URL {shown!r}: {key}={value!r} must be an integer"
+            ) from None
+    if key in BOOL_OPTIONS:
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise InvalidOption(f"backend URL {shown!r}: {key}={value!r} must be true or false")
+    return value
+
+
+def servers_shown(servers: Sequence[str]) -> str:
+    """The server URLs, redacted, for a message."""
+    return ", ".join(redact_url(s) for s in servers)

@@ -1,0 +1,110 @@
+"""The duplicate window is the stream's, shared by every instance (issue 10, item 9).
+
+Instances that start with different ``duplicate_window_ms`` never shrink the stream's window
+(unless ``shrink_window=True``); jobs are checked against the window the stream really has,
+with the claim retry margin counted; a running instance raises a window that fell below what it
+keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from anarchon import InvalidOption, Scheduler
+from anarchon.backends.nats import NatsBackend
+from anarchon.backends.nats import backend as backend_module
+from tests.nats.test_stream import raw_config
+
+Make = Callable[..., Any]
+NS = 1_000_000
+
+
+async def handler(ctx: Any) -> None:
+    pass
+
+
+async def window_of(url: str, stream: str) -> int:
+    return int((await raw_config(url, stream))["duplicate_window"]) // NS
+
+
+async def test_an_instance_with_a_smaller_window_never_shrinks_the_stream(
+    make: Make, server_url: str
+) -> None:
+    big: NatsBackend = await make(duplicate_window_ms=600_000)
+    small: NatsBackend = await make()  # every option at its default: 300 000
+    assert await window_of(server_url, big.stream) == 600_000
+    assert small.window_ms == 600_000, "the backend knows the stream's real window"
+    assert await big.check_window() == 600_000
+
+
+async def test_a_smaller_window_grows_and_shrink_window_shrinks_it(
+    make: Make, server_url: str
+) -> None:
+    first: NatsBackend = await make(duplicate_window_ms=120_000)
+    assert await window_of(server_url, first.stream) == 120_000
+    await make()
+    assert await window_of(server_url, first.stream) == 300_000
+    shrinker: NatsBackend = await make(duplicate_window_ms=200_000, shrink_window=True)
+    assert await window_of(server_url, first.stream) == 200_000
+    assert shrinker.window_ms == 200_000
+
+
+async def test_jobs_added_after_start_are_checked_against_the_streams_window(
+    make: Make,
+) -> None:
+    await make(duplicate_window_ms=600_000)
+    backend: NatsBackend = await make(duplicate_window_ms=100_000)
+    scheduler = Scheduler(backend)
+    # 2 000 + 400 000 + 10 000 = 412 000 fits the stream's 600 000, not this instance's 100 000.
+    scheduler.add("long", "* * * * *", handler, max_late_ms=400_000)
+    assert backend.skew_budget_ms(scheduler._jobs["long"].policy) == 600_000 - 412_000
+    with pytest.raises(
+        InvalidOption,
+        match=rf"2000 \+ 590000 \+ 10000 = 602000 must be less than the duplicate window of "
+        rf"stream '{backend.stream}', 600000 ms as the stream has it now .*never shrinks it",
+    ):
+        scheduler.add("longer", "* * * * *", handler, max_late_ms=590_000)
+
+
+def test_the_claim_retry_margin_counts_before_start() -> None:
+    backend = NatsBackend(duplicate_window_ms=70_000)
+    scheduler = Scheduler(backend)
+    with pytest.raises(
+        InvalidOption,
+        match=r"job 'job': jitter_ms \+ max_late_ms \+ 10000 ms of claim retries = 2000 \+ "
+        r"60000 \+ 10000 = 72000 must be less than this NATS backend's "
+        r"duplicate_window_ms=70000 .*raise duplicate_window_ms above 72000",
+    ):
+        scheduler.add("job", "* * * * *", handler)
+    scheduler.add("job", "* * * * *", handler, max_late_ms=50_000)
+    assert backend.skew_budget_ms(scheduler._jobs["job"].policy) == 70_000 - 62_000
+    # Every option at its default: 2 s + 60 s + 10 s against 5 minutes.
+    default = Scheduler(NatsBackend())
+    default.add("job", "* * * * *", handler)
+    assert default.backend.skew_budget_ms(default._jobs["job"].policy) == 300_000 - 72_000
+
+
+async def test_a_shrunk_window_is_raised_again_by_a_running_instance(
+    make: Make,
+    server_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(backend_module, "WINDOW_CHECK_S", 0.2)
+    keeper: NatsBackend = await make(duplicate_window_ms=600_000)
+    Scheduler(keeper).add("long", "* * * * *", handler, max_late_ms=400_000)
+    await make(duplicate_window_ms=200_000, shrink_window=True)
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats.backend")
+    for _ in range(100):  # the keeper's own check, every 0.2 s here (a minute by default)
+        if await window_of(server_url, keeper.stream) == 600_000:
+            break
+        await asyncio.sleep(0.1)
+    assert await window_of(server_url, keeper.stream) == 600_000
+    assert keeper.window_ms == 600_000
+    assert "was 200000 ms, less than this instance keeps" in caplog.text
+    assert "job long needs 412000 ms" in caplog.text
