@@ -176,6 +176,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                 "slot_key": str(SLOT),
                 "attempt": 1,
                 "token": "t",
+                "fence": 1,
                 "status": "succeeded",
                 "error": None,
                 "ttl_ms": 7 * 24 * 3600 * 1000,
