@@ -911,6 +911,17 @@ class Scheduler:
                 run.reason,
                 extra={**extra, "reason": run.reason},
             )
+        elif outcome.error is not None:
+            # The backend refused this request alone (a value it cannot store): nobody runs it.
+            self._counters["claims_refused"] += 1
+            logger.error(
+                "job %s slot %s: the %s backend refused the claim: %s",
+                run.job,
+                run.slot_ms,
+                self.backend.name,
+                outcome.error,
+                extra={**extra, "action": "claim_refused"},
+            )
         else:
             self._counters["claims_lost"] += 1
             logger.debug("lost %s slot %s to %s", run.job, run.slot_ms, run.instance, extra=extra)

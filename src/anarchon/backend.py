@@ -13,8 +13,25 @@ Vocabulary:
 * **token**: a random string an instance generates per claim or takeover. Only the holder of the
   current attempt's token may renew, release or finish it.
 * **fence**: an integer that rises with every claim and takeover of a job (per job, never reused),
-  handed to the handler as ``ctx.fence`` so it can guard its own writes.
+  handed to the handler as ``ctx.fence`` so it can guard its own writes. Lease backends give
+  ``max(the job's last fence + 1, the backend's clock in ms)``, so fences keep rising even when
+  the store lost its counter (a recreated file, a failover that lost writes), as long as the
+  backend's clock does not go back; docs/guarantees.md says where that stops.
 * **backend clock**: lease expiry is measured on the backend's clock, never an instance's.
+
+Rules every lease backend shares (``anarchon.backends._lease_rules`` is the reference; the
+differential test holds SQLite, PostgreSQL and Redis to its answers):
+
+* **pruning** runs when a result is accepted, on whole slots (every attempt of a slot key
+  together), never on a slot whose latest attempt is ``running`` and never on the slot being
+  finished: by age, slots whose latest attempt ended more than the ticket's ``history_ttl_ms``
+  ago; by count, while the job holds more than the backend's ``history_size`` slots, the oldest
+  ended ones (by the start of their first attempt); at most 100 slots per result. The newest
+  pruned slot raises the job's *pruned-through* mark; a claim of a slot at or below it that has
+  no record is refused (LOST, reason ``too old: ...``); a slot that has a record is always
+  answered by its record.
+* **numbers**: times and durations are epoch milliseconds up to 2**52; a request outside that is
+  refused on its own, never failing the other requests of its batch.
 
 Errors: a backend raises :class:`~anarchon.errors.BackendUnavailable` for anything transient
 (connection refused or lost, timeouts, failover in progress) after translating its driver's
@@ -31,7 +48,7 @@ from enum import StrEnum
 from typing import Final
 
 from ._models import Overlap, Run, Trigger
-from .errors import LeaseLost
+from .errors import BackendError, BackendUnavailable
 
 __all__ = [
     "Backend",
@@ -119,7 +136,9 @@ class ClaimStatus(StrEnum):
     WON = "won"
     """This request created attempt 1: the caller runs the handler."""
     LOST = "lost"
-    """Another request got there first (or the slot was pruned): the caller does not run."""
+    """Another request got there first, the slot was pruned, attempt 1 of this very token has
+    already ended, or (with :attr:`ClaimOutcome.error`) the request could not be decided: the
+    caller does not run."""
     SKIPPED = "skipped"
     """The slot is recorded as ``skipped`` (overlap, too late), by this caller or another."""
 
@@ -166,6 +185,10 @@ class ClaimOutcome:
     lease_expires_at_ms: int | None = None
     """When lost to a running attempt on a lease backend: that attempt's lease expiry."""
     backend_now_ms: int | None = None
+    error: BackendError | None = None
+    """Set when the backend could not decide this request (a value it cannot store, such as a
+    ``lease_ms`` out of range): the status is LOST, nothing was recorded, the caller does not
+    run. The other requests of the batch are decided as usual."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,13 +291,19 @@ class Backend(abc.ABC):
           otherwise record attempt 1 ``running`` (lease ``lease_ms`` from the backend's now, a
           new fence above every earlier fence of the job) and answer WON with a :class:`Ticket`.
         * if a record exists and its token is this request's token (a retried claim), answer WON
-          with the stored ticket again: claims must be idempotent per token.
+          with the stored ticket again while attempt 1 is still ``running`` and not released:
+          claims must be idempotent per token. Once that attempt has ended, answer LOST.
         * if a record exists otherwise: answer SKIPPED when it is a skip record, else LOST with
           the current attempt and, if running on a lease, its expiry.
 
-        A batch need not be atomic as a whole. Raise :class:`~anarchon.errors.BackendUnavailable`
-        if the backend cannot be reached; the caller then fails closed and retries with the same
-        tokens.
+        The overlap reason names the first recorded attempt of the job that is running under a
+        live lease. A new fence is ``max(last fence + 1, backend clock in ms)``.
+
+        A batch need not be atomic as a whole, and each request is decided on its own: a request
+        the backend cannot store (a number out of range, a string the store refuses) is answered
+        LOST with :attr:`ClaimOutcome.error` set, and the others go on. Raise
+        :class:`~anarchon.errors.BackendUnavailable` if the backend cannot be reached; the caller
+        then fails closed and retries with the same tokens.
         """
 
     @abc.abstractmethod
@@ -284,26 +313,34 @@ class Backend(abc.ABC):
         Atomically accept only if the attempt is still the current one for ``(job, slot_key)``,
         is ``running`` and its token is ``ticket.token``; otherwise raise
         :class:`~anarchon.errors.LeaseLost` (a backup took over: the late result is refused).
-        The same result sent again with the same token (a retry whose answer was lost) returns
-        the stored run instead.
-        Lease backends prune the job's history here (older than ``ticket.history_ttl_ms``,
-        beyond the backend's count cap), never dropping a record another instance may still
-        need to refuse a claim.
+        The same result (same status and error) sent again with the same token (a retry whose
+        answer was lost) returns the stored run instead; a failure a backup recorded (after
+        ``exhausted``) is not that, and a late result of either status is refused alike.
+        Lease backends prune the job's history when they accept a result, by the shared rules
+        (module docstring): never the slot being finished, never a running slot, never a
+        record another instance may still need to refuse a claim. A refused result prunes
+        nothing.
         """
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """Record several results: for each ``(ticket, status, error)``, what :meth:`finish`
-        returns, or the :class:`~anarchon.errors.LeaseLost` it would raise (returned, not raised).
+        returns, or the error it would raise for that item (returned, not raised):
+        :class:`~anarchon.errors.LeaseLost`, a :class:`~anarchon.errors.BackendUnavailable` for
+        an item that may be retried, or a permanent :class:`~anarchon.errors.BackendError` for an
+        item the store cannot hold.
 
-        Each item is decided on its own; raise :class:`~anarchon.errors.BackendUnavailable` only
-        if the call as a whole failed. The core gathers results that arrive together (10 000 jobs
-        finishing in one second) into one call; override to answer them in one round trip.
+        Each item is decided on its own (one failing item never fails the others); raise
+        :class:`~anarchon.errors.BackendUnavailable` only if the call as a whole failed. The core
+        gathers results that arrive together (10 000 jobs finishing in one second) into one
+        call; override to answer them in one round trip.
         """
-        out: list[Run | LeaseLost] = []
+        out: list[Run | BackendError] = []
         for ticket, status, error in items:
             try:
                 out.append(await self.finish(ticket, status, error))
-            except LeaseLost as exc:
+            except BackendUnavailable:
+                raise
+            except BackendError as exc:
                 out.append(exc)
         return out
 
@@ -352,15 +389,19 @@ class LeaseBackend(Backend):
         ticket with the new expiry. Otherwise raise :class:`~anarchon.errors.LeaseLost`.
         """
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
-        """Renew several leases: for each ticket what :meth:`renew` returns, or the
-        :class:`~anarchon.errors.LeaseLost` it would raise (returned, not raised). Override to
-        answer in one round trip; the core gathers renewals that fall due together."""
-        out: list[Ticket | LeaseLost] = []
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+        """Renew several leases: for each ticket what :meth:`renew` returns, or the error it
+        would raise for that item (returned, not raised): :class:`~anarchon.errors.LeaseLost`,
+        or another :class:`~anarchon.errors.BackendError` for that item alone. Each item is
+        decided on its own. Override to answer in one round trip; the core gathers renewals
+        that fall due together."""
+        out: list[Ticket | BackendError] = []
         for ticket in tickets:
             try:
                 out.append(await self.renew(ticket))
-            except LeaseLost as exc:
+            except BackendUnavailable:
+                raise
+            except BackendError as exc:
                 out.append(exc)
         return out
 
@@ -371,13 +412,18 @@ class LeaseBackend(Backend):
         Atomically (compare-and-set, one winner among all backups):
 
         * current attempt not ``running``: ENDED with it.
-        * lease live and not released: HELD with its expiry and the backend's now.
+        * current attempt holds ``request.token`` (a retried takeover whose answer was lost):
+          TAKEN with it again; takeovers are idempotent per token, like claims.
+        * lease live and not released: HELD with its expiry and the backend's now. A backup
+          that loses the race to another backup is told HELD (the winner's new lease), never
+          ENDED: it keeps watching, so a second crash is taken over too.
         * expired or released, ``attempt < max_attempts``: mark the current attempt ``failed``
           with reason ``lease lost`` (or ``handed over`` if released), record attempt + 1
           ``running`` for the caller with a new token, a new lease and a fence above every
           earlier fence of the job; answer TAKEN with the new ticket.
         * expired or released on the last attempt: mark it ``failed`` with an error saying the
-          lease expired on attempt n of ``max_attempts``; answer EXHAUSTED.
+          lease expired on attempt n of ``max_attempts``; answer EXHAUSTED, and notify
+          subscribers that the run ended (as a finish does).
         """
 
     @abc.abstractmethod
@@ -390,7 +436,10 @@ class LeaseBackend(Backend):
 
     @abc.abstractmethod
     async def last_slot(self, job: str) -> int | None:
-        """Return the newest scheduled or catch-up slot of ``job`` (any status), or None."""
+        """Return the newest scheduled or catch-up slot of ``job`` (any status), or None.
+
+        Pruned slots count: the answer is the newest of the recorded slots and the job's
+        pruned-through mark, so catch-up behaves the same after history was trimmed."""
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """Return :meth:`last_slot` for each job. Override to answer in one round trip: a

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import Backend, LeaseBackend, LeaseLost, Overlap, RunStatus, Trigger
+from anarchon import Backend, BackendError, LeaseBackend, LeaseLost, Overlap, RunStatus, Trigger
 from anarchon.backend import (
     ClaimRequest,
     ClaimStatus,
@@ -198,7 +198,11 @@ async def test_concurrent_takeovers_have_one_winner(lease_backend: LeaseBackend)
     outcomes = await asyncio.gather(
         *(lease_backend.take_over(takeover("job", won.ticket.slot_key)) for _ in range(6))
     )
-    assert [o.status for o in outcomes].count(TakeoverStatus.TAKEN) == 1
+    # One winner; the losers are told HELD (the winner's lease), never ENDED, so they keep
+    # watching (tests/conformance/test_rules.py races separate instances too).
+    statuses = [o.status for o in outcomes]
+    assert statuses.count(TakeoverStatus.TAKEN) == 1, statuses
+    assert statuses.count(TakeoverStatus.HELD) == 5, statuses
 
 
 async def test_release_hands_over_at_once(lease_backend: LeaseBackend) -> None:
@@ -325,7 +329,7 @@ async def test_finish_many_decides_each_result(backend: Backend) -> None:
     assert history[SLOT].status is RunStatus.SUCCEEDED
     # The same result again (a retry whose answer was lost) is not an error.
     [again] = await backend.finish_many([(won[0], RunStatus.SUCCEEDED, None)])
-    assert not isinstance(again, LeaseLost) and again.run_id == won[0].run_id
+    assert not isinstance(again, BackendError) and again.run_id == won[0].run_id
 
 
 async def test_renew_many_refuses_only_stale_tickets(lease_backend: LeaseBackend) -> None:
@@ -334,5 +338,5 @@ async def test_renew_many_refuses_only_stale_tickets(lease_backend: LeaseBackend
     assert a.ticket is not None and b.ticket is not None
     await lease_backend.release(b.ticket, "handed over")
     renewed = await lease_backend.renew_many([a.ticket, b.ticket])
-    assert not isinstance(renewed[0], LeaseLost) and isinstance(renewed[1], LeaseLost)
+    assert not isinstance(renewed[0], BackendError) and isinstance(renewed[1], LeaseLost)
     assert renewed[0].lease_expires_at_ms is not None

@@ -361,3 +361,24 @@ async def test_batches_answer_each_item_in_one_call(make: Make) -> None:
         "nobody": None,
     }
     assert await backend.renew_many([]) == [] and await backend.finish_many([]) == []
+
+
+async def test_one_failing_call_of_a_batch_fails_alone(make: Make, prefix: str) -> None:
+    """A script that fails for one job (here its meta key holds a string, WRONGTYPE) answers
+    that item with a permanent error; the other items of the pipeline are decided."""
+    from redis.asyncio import Redis
+
+    backend = await make()
+    client = Redis.from_url(SERVER)
+    try:
+        await client.set(f"{prefix}{{poison}}:meta", "not a hash")
+    finally:
+        await client.aclose()
+    outcomes = await backend.claim(
+        [claim_request(job="a"), claim_request(job="poison"), claim_request(job="b")]
+    )
+    assert [o.status for o in outcomes] == [ClaimStatus.WON, ClaimStatus.LOST, ClaimStatus.WON]
+    assert outcomes[1].error is not None and "WRONGTYPE" in str(outcomes[1].error)
+    tickets = [o.ticket for o in outcomes if o.ticket is not None]
+    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])
+    assert [getattr(r, "status", None) for r in results] == [RunStatus.SUCCEEDED] * 2

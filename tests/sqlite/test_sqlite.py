@@ -35,7 +35,7 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
     await backend.stop()
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 3
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 4
     conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
     conn.commit()
     conn.close()
@@ -51,11 +51,10 @@ async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
     for backend in backends:
         await backend.stop()
     conn = sqlite3.connect(tmp_path / "b.db")
-    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 3
+    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 4
 
 
-async def test_history_is_capped_by_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_module, "PRUNE_EVERY_MS", 0)
+async def test_history_is_capped_by_count(tmp_path: Path) -> None:
     backend = SQLiteBackend(tmp_path / "c.db", history_size=5)
     await backend.start()
     for n in range(12):
@@ -108,6 +107,7 @@ async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         1,
         2,
         3,
+        4,
     ]
     assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
     indexes = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -117,7 +117,9 @@ async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
 async def test_history_orders_one_millisecond_by_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "_now_ms", lambda: 1_900_000_000_000)
+    # A clock that does not move: the wall clock and the boot clock both stand still.
+    monkeypatch.setattr(sqlite_module, "_wall_ms", lambda: 1_900_000_000_000)
+    monkeypatch.setattr(sqlite_module, "_boot_ms", lambda: 5_000)
     backend = SQLiteBackend(tmp_path / "tie.db")
     await backend.start()
     for n in range(3):

@@ -17,7 +17,7 @@ from anarchon.backend import (
     TakeoverRequest,
     Ticket,
 )
-from anarchon.errors import LeaseLost
+from anarchon.errors import BackendError
 from anarchon.testing import FakeClock, MemoryBackend
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -74,7 +74,7 @@ class Recording(MemoryBackend):
         self._note("finish", (ticket, status, error))
         return await super().finish(ticket, status, error)
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         return await super().finish_many(items)
 
 

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from anarchon import BackendError, Run, RunContext, RunStatus, Scheduler
-from anarchon.backend import ClaimOutcome, ClaimRequest, FinishRequest, Ticket
-from anarchon.errors import LeaseLost
+from anarchon.backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, Ticket
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import MINUTE, START
 
@@ -36,11 +35,11 @@ class OneBadJob(MemoryBackend):
         self._check("claim", [r.job for r in requests])
         return await super().claim(requests)
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         self._check("finish", [t.job for t, _, _ in items])
         return await super().finish_many(items)
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
         self._check("renew", [t.job for t in tickets])
         return await super().renew_many(tickets)
 
@@ -68,3 +67,52 @@ async def test_one_bad_item_fails_alone(call: str, caplog: pytest.LogCaptureFixt
     assert max(backend.sizes) == 3, "the three jobs were not in one batch"
     failed = [r for r in caplog.records if getattr(r, "action", None) == "batch_item_failed"]
     assert failed and {getattr(r, "job", None) for r in failed} == {"bad"}
+
+
+class RefusesOneClaim(MemoryBackend):
+    """Answers job ``bad``'s claim as a backend answers a value it cannot store: lost, with the
+    error, while the other claims of the batch are decided as usual."""
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        outcomes = await super().claim([r for r in requests if r.job != "bad"])
+        answers = iter(outcomes)
+        out: list[ClaimOutcome] = []
+        for request in requests:
+            if request.job != "bad":
+                out.append(next(answers))
+                continue
+            lost = Run(
+                job=request.job,
+                slot=None,
+                run_id=request.run_id,
+                instance=request.instance,
+                trigger=request.trigger,
+                attempt=1,
+                status=RunStatus.SKIPPED,
+                started_at=outcomes[0].run.started_at,
+            )
+            error = BackendError("lease_ms=... is out of range (job 'bad')")
+            out.append(ClaimOutcome(status=ClaimStatus.LOST, run=lost, error=error))
+        return out
+
+
+async def test_a_claim_refused_alone_is_logged_as_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    ran: list[str] = []
+
+    async def work(ctx: RunContext) -> None:
+        ran.append(ctx.job)
+
+    scheduler = Scheduler(RefusesOneClaim(clock=clock), clock=clock)
+    for name in JOBS:
+        scheduler.add(name, "0 * * * *", work, jitter_ms=0)
+    caplog.set_level(logging.ERROR, "anarchon")
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 1_000)
+    assert sorted(ran) == ["alpha", "omega"]
+    refused = [r for r in caplog.records if getattr(r, "action", None) == "claim_refused"]
+    assert [getattr(r, "job", None) for r in refused] == ["bad"]
+    assert "out of range" in refused[0].getMessage()
+    assert scheduler.metrics()["claims_refused"] == 1

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from anarchon import BackendUnavailable, LeaseLost, RunContext, RunStatus, Scheduler, Trigger
+from anarchon import (
+    BackendError,
+    BackendUnavailable,
+    LeaseLost,
+    RunContext,
+    RunStatus,
+    Scheduler,
+    Trigger,
+)
 from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
@@ -61,7 +69,7 @@ async def test_the_lease_is_known_lost_once_its_deadline_passes_without_a_renewa
     class Hanging(MemoryBackend):
         hang = False
 
-        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
             if self.hang:  # a renewal that never comes back (a frozen link)
                 await asyncio.Event().wait()
             return await super().renew_many(tickets)

@@ -4,13 +4,35 @@
 :class:`~anarchon.backends.sqlite.SQLiteBackend` keep their rows differently but decide the same
 way: each calls these functions inside one atomic step (the event loop for memory, a
 ``BEGIN IMMEDIATE`` transaction for SQLite) over a :class:`RowStore`. Redis and PostgreSQL express
-the same rules in Lua and SQL; the conformance suite holds all of them to the same answers.
+the same rules in Lua and SQL; the conformance suite holds all of them to the same answers, and
+``tests/conformance/test_differential.py`` drives random sequences of calls against each of them
+and this reference side by side.
+
+The rules every lease backend follows (the contract's docstrings in ``anarchon/backend.py`` say
+the same):
+
+* **Fences**: a new fence is ``max(the job's last fence + 1, the backend's clock in ms)``, so it
+  rises even when the store lost its counter, as long as the backend's clock does not go back.
+* **Pruning** happens when a result is accepted, on whole slots (every attempt of a slot key
+  together), never on a slot whose latest attempt runs and never on the slot being finished.
+  By age: a slot whose latest attempt ended more than ``history_ttl_ms`` ago. By count: while
+  the job holds more than ``history_size`` slots, the oldest ended ones (oldest by the start of
+  their first attempt). At most :data:`PRUNE_BATCH` slots per result. The newest pruned slot
+  raises the job's ``pruned_through``; a claim of a slot at or below it that has no record is
+  refused. A slot that has a record is always answered by its record.
+* **last_slot** remembers pruned slots: it is the newest of the recorded slots and
+  ``pruned_through``.
+* **Overlap**: the holder named in an overlap reason is the first recorded attempt of the job
+  that is running under a live lease.
+* **Numbers**: every time a backend stores is epoch milliseconds, and the durations a request
+  carries must keep them within :data:`MAX_MS`; a request outside that is refused on its own
+  (:func:`unstorable`), never failing the other items of its batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from ..backend import (
@@ -22,11 +44,18 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
-from ..errors import LeaseLost
+from ..errors import BackendError, LeaseLost
 
 LEASE_LOST = "lease lost"
 HANDED_OVER = "handed over"
 PRUNED_REASON = "too old: the job's history is pruned past this slot"
+# At most this many slots are pruned per accepted result, so a result stays a short step.
+PRUNE_BATCH: Final = 100
+# The largest time or duration in ms a backend stores (about 142 000 years): below 2**53, so it
+# is exact as a Lua number (Redis) and a sum of two never leaves a 64-bit integer.
+MAX_MS: Final = 2**52
+# The largest attempt count a backend stores (a 32-bit integer on PostgreSQL).
+MAX_ATTEMPTS: Final = 2**31 - 1
 
 
 @dataclass(slots=True, kw_only=True)
@@ -113,15 +142,75 @@ class RowStore(Protocol):
     def update(self, row: RunRow) -> None:
         """Store changes to an existing attempt (same job, slot_key, attempt)."""
 
-    def next_fence(self, job: str) -> int:
-        """Increment the job's fence counter and return the new value."""
+    def next_fence(self, job: str, now: int) -> int:
+        """Store and return the job's next fence, :func:`next_fence` of the stored one."""
 
     def pruned_through(self, job: str) -> int | None:
         """The newest slot of ``job`` whose record pruning removed, or None."""
 
+    def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
+        """Prune ``job``'s history by the module's rules: whole slots, never ``keep_key`` nor a
+        slot whose latest attempt runs; those that ended before ``cutoff`` (if given), then the
+        oldest while the job holds more slots than the backend's ``history_size``; at most
+        :data:`PRUNE_BATCH` slots; raise ``pruned_through`` to the newest pruned slot."""
+
+
+def unstorable(req: ClaimRequest | TakeoverRequest) -> BackendError | None:
+    """The error for a request whose numbers a backend cannot store, or None if it is fine."""
+    checks: list[tuple[str, object, int, int]] = [("lease_ms", req.lease_ms, 0, MAX_MS)]
+    if isinstance(req, ClaimRequest):
+        if req.slot is not None:
+            checks.append(("slot", req.slot, 0, MAX_MS))
+    else:
+        checks.append(("max_attempts", req.max_attempts, 1, MAX_ATTEMPTS))
+    for name, value, low, high in checks:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            return BackendError(
+                f"job {req.job!r}: {name}={value!r} is out of range: a lease backend stores "
+                f"{name} as an integer from {low} to {high}; the request was not decided"
+            )
+    return None
+
+
+def ttl_cutoff(now: int, history_ttl_ms: int | None) -> int | None:
+    """Records that ended before this may be pruned by age (None: no TTL). A TTL longer than
+    :data:`MAX_MS` keeps everything, as an infinite one would."""
+    if not history_ttl_ms or history_ttl_ms <= 0:
+        return None
+    return now - min(history_ttl_ms, MAX_MS)
+
+
+def next_fence(stored: int | None, now: int) -> int:
+    """The fence after ``stored``: above it, and at least the backend's clock ``now`` in ms, so
+    fences keep rising across a store that lost its counter (see the module docstring)."""
+    return max((stored or 0) + 1, now)
+
+
+def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOutcome:
+    """The answer to a claim this backend could not decide (``error``): nothing is stored, the
+    caller does not run."""
+    gone = RunRow(
+        job=req.job,
+        slot_key=req.slot_key,
+        slot=req.slot if isinstance(req.slot, int) and 0 <= req.slot <= MAX_MS else None,
+        attempt=1,
+        run_id=req.run_id,
+        token="",
+        instance=req.instance,
+        trigger=req.trigger,
+        status=RunStatus.SKIPPED,
+        fence=0,
+        started_at=now,
+        reason=f"refused by the backend: {error}",
+    )
+    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now, error=error)
+
 
 def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     """Decide one claim (see :meth:`anarchon.backend.Backend.claim`)."""
+    error = unstorable(req)
+    if error is not None:
+        return refused_outcome(req, now, error)
     existing = store.current(req.job, req.slot_key)
     if existing is not None:
         return answer_existing(existing, req, now)
@@ -143,7 +232,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         instance=req.instance,
         trigger=req.trigger,
         status=RunStatus.RUNNING if reason is None else RunStatus.SKIPPED,
-        fence=store.next_fence(req.job) if reason is None else 0,
+        fence=store.next_fence(req.job, now) if reason is None else 0,
         started_at=now,
         lease_expires_at=now + req.lease_ms if reason is None else None,
         reason=reason,
@@ -180,7 +269,15 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot that already has a record ``row``."""
     if row.status == RunStatus.SKIPPED and row.attempt == 1:
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
-    if row.token == req.token and row.attempt == 1:
+    if (
+        row.token == req.token
+        and row.attempt == 1
+        and row.status == RunStatus.RUNNING
+        and not row.released
+    ):
+        # A retried claim: the caller is still the runner. Once attempt 1 has ended (recorded
+        # failed when its lease ran out on the last attempt), the retry is told LOST, so no
+        # handler starts on a run that history already shows as over.
         ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
         return ClaimOutcome(
             status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now
@@ -203,6 +300,15 @@ def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOu
         return TakeoverOutcome(
             status=TakeoverStatus.ENDED, run=row.to_run() if row else None, backend_now_ms=now
         )
+    if row.token == req.token and not row.released:
+        # A retried takeover whose first answer was lost: the caller already holds the run.
+        return TakeoverOutcome(
+            status=TakeoverStatus.TAKEN,
+            run=row.to_run(),
+            ticket=row.ticket(req.lease_ms, now, req.history_ttl_ms),
+            lease_expires_at_ms=row.lease_expires_at,
+            backend_now_ms=now,
+        )
     if row.live(now):
         return TakeoverOutcome(
             status=TakeoverStatus.HELD,
@@ -214,7 +320,13 @@ def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOu
 
 
 def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome:
-    """Decide one takeover (see :meth:`anarchon.backend.LeaseBackend.take_over`)."""
+    """Decide one takeover (see :meth:`anarchon.backend.LeaseBackend.take_over`).
+
+    Raises :class:`~anarchon.errors.BackendError` for numbers out of range (:func:`unstorable`).
+    """
+    error = unstorable(req)
+    if error is not None:
+        raise error
     answer = peek_takeover(store, req, now)
     if answer is not None:
         return answer
@@ -244,7 +356,7 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
         instance=req.instance,
         trigger=row.trigger,
         status=RunStatus.RUNNING,
-        fence=store.next_fence(row.job),
+        fence=store.next_fence(row.job, now),
         started_at=now,
         lease_expires_at=now + req.lease_ms,
     )
@@ -268,14 +380,35 @@ def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> Lease
 
 
 def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
+    # Token and fence: a record made again with the same token (a manual run claimed again
+    # after its record was pruned) is not the attempt an old ticket holds.
     row = store.current(ticket.job, ticket.slot_key)
-    if row is None or row.token != ticket.token or row.status != RunStatus.RUNNING:
+    if (
+        row is None
+        or row.token != ticket.token
+        or row.fence != ticket.fence
+        or row.status != RunStatus.RUNNING
+    ):
         raise lease_lost(ticket, row.attempt if row else None, row.status if row else None)
     return row
 
 
+def check_ticket(ticket: Ticket) -> BackendError | None:
+    """The error for a ticket whose lease length a backend cannot store, or None."""
+    value = ticket.lease_ms
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MS:
+        return BackendError(
+            f"job {ticket.job!r}: lease_ms={value!r} is out of range: a lease backend stores "
+            f"lease_ms as an integer from 0 to {MAX_MS}"
+        )
+    return None
+
+
 def renew(store: RowStore, ticket: Ticket, now: int) -> Ticket:
     """Extend a lease (see :meth:`anarchon.backend.LeaseBackend.renew`)."""
+    error = check_ticket(ticket)
+    if error is not None:
+        raise error
     row = _held_by(store, ticket)
     if row.released:
         raise LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
@@ -292,18 +425,39 @@ def release(store: RowStore, ticket: Ticket, now: int) -> None:
     store.update(row)
 
 
+def already_recorded(row: RunRow | None, ticket: Ticket, status: str, error: str | None) -> bool:
+    """True if ``row`` is this very result, recorded by an earlier :func:`finish` (a retry whose
+    answer was lost): same attempt and token, same status and error, and not a failure a backup
+    recorded (those carry a reason, such as ``lease lost`` after ``exhausted``)."""
+    return (
+        row is not None
+        and row.attempt == ticket.attempt
+        and row.token == ticket.token
+        and row.fence == ticket.fence
+        and row.status == status
+        and row.error == error
+        and row.reason is None
+    )
+
+
 def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now: int) -> Run:
-    """Record a result (see :meth:`anarchon.backend.Backend.finish`)."""
+    """Record a result (see :meth:`anarchon.backend.Backend.finish`), then prune the job's
+    history (:meth:`RowStore.prune`). A refused result raises
+    :class:`~anarchon.errors.LeaseLost` and prunes nothing."""
     done = store.current(ticket.job, ticket.slot_key)
-    if done is not None and done.token == ticket.token and done.status == status:
-        return done.to_run()  # a retry whose first answer was lost: already recorded
-    row = _held_by(store, ticket)
-    row.status = RunStatus(status)
-    row.error = error
-    row.finished_at = now
-    row.lease_expires_at = None
-    store.update(row)
-    return row.to_run()
+    if already_recorded(done, ticket, status, error):
+        assert done is not None
+        run = done.to_run()
+    else:
+        row = _held_by(store, ticket)
+        row.status = RunStatus(status)
+        row.error = error
+        row.finished_at = now
+        row.lease_expires_at = None
+        store.update(row)
+        run = row.to_run()
+    store.prune(ticket.job, ticket.slot_key, ttl_cutoff(now, ticket.history_ttl_ms))
+    return run
 
 
 def _describe(row: RunRow) -> str:

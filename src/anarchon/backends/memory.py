@@ -22,6 +22,7 @@ from ..backend import (
     LeaseBackend,
     TakeoverOutcome,
     TakeoverRequest,
+    TakeoverStatus,
     Ticket,
 )
 from . import _lease_rules as rules
@@ -47,8 +48,10 @@ def _serialised(method: F) -> F:
 class _MemoryRows:
     """The :class:`~anarchon.backends._lease_rules.RowStore` over dictionaries."""
 
-    def __init__(self) -> None:
+    def __init__(self, history_size: int) -> None:
+        self.history_size = history_size
         self.runs: dict[tuple[str, str], list[RunRow]] = {}
+        # Slot keys of each job in the order their first attempt was recorded: oldest first.
         self.by_job: dict[str, dict[str, None]] = {}
         self.fences: dict[str, int] = {}
         self.pruned: dict[str, int] = {}
@@ -60,11 +63,13 @@ class _MemoryRows:
         return attempts[-1] if attempts else None
 
     def live_holder(self, job: str, now: int) -> RunRow | None:
-        for key in self.by_job.get(job, {}):
-            row = self.runs[(job, key)][-1]
-            if row.live(now):
-                return row
-        return None
+        live = [
+            row for key in self.by_job.get(job, {}) if (row := self.runs[(job, key)][-1]).live(now)
+        ]
+        return min(live, key=self._seq_of, default=None)
+
+    def _seq_of(self, row: RunRow) -> int:
+        return self.seq[(row.job, row.slot_key, row.attempt)]
 
     def insert(self, row: RunRow) -> None:
         self.runs.setdefault((row.job, row.slot_key), []).append(row)
@@ -74,8 +79,8 @@ class _MemoryRows:
     def update(self, row: RunRow) -> None:
         """Rows are mutated in place; nothing to write back."""
 
-    def next_fence(self, job: str) -> int:
-        self.fences[job] = self.fences.get(job, 0) + 1
+    def next_fence(self, job: str, now: int) -> int:
+        self.fences[job] = rules.next_fence(self.fences.get(job), now)
         return self.fences[job]
 
     def pruned_through(self, job: str) -> int | None:
@@ -83,28 +88,52 @@ class _MemoryRows:
 
     def rows(self, job: str) -> list[RunRow]:
         out = [row for key in self.by_job.get(job, {}) for row in self.runs[(job, key)]]
-        out.sort(key=lambda r: (r.started_at, self.seq[(r.job, r.slot_key, r.attempt)]))
+        out.sort(key=lambda r: (r.started_at, self._seq_of(r)))
         return out
 
-    def prune(self, job: str, cutoff: int | None, keep: int) -> None:
+    def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
+        """The reference pruning (see :meth:`~anarchon.backends._lease_rules.RowStore.prune`)."""
         keys = self.by_job.get(job, {})
-        if cutoff is None and len(keys) <= keep:
-            return
-        # Slot keys in insertion order are oldest first; a key goes with all its attempts.
-        excess = len(keys) - keep
-        for key in list(keys):
-            attempts = self.runs[(job, key)]
-            too_old = cutoff is not None and attempts[-1].started_at < cutoff
-            if not (too_old or excess > 0):
+        slots = sorted(keys, key=lambda k: self._first_start(job, k))
+
+        def prunable(key: str) -> bool:
+            return key != keep_key and self.runs[(job, key)][-1].status != RunStatus.RUNNING
+
+        victims: list[str] = []
+        if cutoff is not None:
+            for key in slots:
+                latest = self.runs[(job, key)][-1]
+                if len(victims) >= rules.PRUNE_BATCH or self._first_start(job, key)[0] >= cutoff:
+                    break
+                if prunable(key) and latest.finished_at is not None and latest.finished_at < cutoff:
+                    victims.append(key)
+        room = min(rules.PRUNE_BATCH, len(keys) - self.history_size) - len(victims)
+        chosen = set(victims)
+        for key in slots:
+            if room <= 0:
                 break
-            if attempts[-1].status == RunStatus.RUNNING:
-                continue
-            del self.runs[(job, key)]
+            if key not in chosen and prunable(key):
+                victims.append(key)
+                room -= 1
+        for key in victims:
+            attempts = self.runs.pop((job, key))
             del keys[key]
-            excess -= 1
+            for row in attempts:
+                del self.seq[(job, key, row.attempt)]
             slot = attempts[0].slot
             if slot is not None:
                 self.pruned[job] = max(self.pruned.get(job, slot), slot)
+
+    def _first_start(self, job: str, key: str) -> tuple[int, int]:
+        first = self.runs[(job, key)][0]
+        return first.started_at, self._seq_of(first)
+
+    def last_slot(self, job: str) -> int | None:
+        slots = [row.slot for row in self.rows(job) if row.slot is not None]
+        pruned = self.pruned.get(job)
+        if pruned is not None:
+            slots.append(pruned)
+        return max(slots, default=None)
 
 
 class MemoryBackend(LeaseBackend):
@@ -112,15 +141,16 @@ class MemoryBackend(LeaseBackend):
 
     :param clock: where "now" comes from; pass :class:`anarchon.testing.FakeClock` to test jobs
         with a controllable clock.
-    :param history_size: at most this many runs are kept per job.
+    :param history_size: at most this many slots (a slot's attempts count as one) are kept per
+        job, pruned when results are recorded.
     """
 
     name = "memory"
 
     def __init__(self, *, clock: Clock | None = None, history_size: int = 1000) -> None:
         self._clock: Clock = clock or SystemClock()
-        self._rows = _MemoryRows()
         self._history_size = check_int("history_size", history_size, HISTORY_SIZE, "MemoryBackend")
+        self._rows = _MemoryRows(self._history_size)
         self._listeners: list[Callable[[str, str, bool], None]] = []
         self._lock = threading.RLock()
 
@@ -144,7 +174,10 @@ class MemoryBackend(LeaseBackend):
     @_serialised
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
-        return rules.take_over(self._rows, request, self._now())
+        outcome = rules.take_over(self._rows, request, self._now())
+        if outcome.status is TakeoverStatus.EXHAUSTED:
+            self._notify(request.job, request.slot_key, False)
+        return outcome
 
     @_serialised
     async def release(self, ticket: Ticket, reason: str) -> None:
@@ -155,10 +188,7 @@ class MemoryBackend(LeaseBackend):
     @_serialised
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`."""
-        now = self._now()
-        run = rules.finish(self._rows, ticket, status, error, now)
-        cutoff = now - ticket.history_ttl_ms if ticket.history_ttl_ms else None
-        self._rows.prune(ticket.job, cutoff, self._history_size)
+        run = rules.finish(self._rows, ticket, status, error, self._now())
         self._notify(ticket.job, ticket.slot_key, False)
         return run
 
@@ -171,8 +201,7 @@ class MemoryBackend(LeaseBackend):
     @_serialised
     async def last_slot(self, job: str) -> int | None:
         """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
-        slots = [row.slot for row in self._rows.rows(job) if row.slot is not None]
-        return max(slots, default=None)
+        return self._rows.last_slot(job)
 
     async def server_time_ms(self) -> int | None:
         """The clock this backend uses."""

@@ -25,6 +25,7 @@ from ...backend import (
     Ticket,
 )
 from ...errors import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
+from .. import _lease_rules as rules
 from .._lease_rules import RunRow, answer_existing, lease_lost, pruned_outcome
 from ._errors import translate
 from ._listener import Listener
@@ -44,9 +45,6 @@ DEFAULT_DSN: Final = "postgresql://localhost/postgres"
 # Without notifications (PgBouncer in transaction mode), backups re-check a watched run this
 # often, so a hand-over is noticed within about this long instead of at lease expiry.
 POLL_MS: Final = 500
-# Prune a job's history by count at most this often per process: it reads history_size index
-# entries. Pruning by age is a cheap range delete and runs with every result.
-PRUNE_EVERY_S: Final = 10.0
 # A pooled connection idle longer than this is tested (one empty round trip) before use.
 IDLE_CHECK_S: Final = 0.5
 # Batches larger than this are planned for their size with JIT compilation off; smaller ones
@@ -57,6 +55,10 @@ LISTEN_WAIT_S: Final = 2.0
 _URL_INTS: Final = ("history_size", "timeout_ms", "max_connections")
 _URL_FLAGS: Final = ("notifications", "prepared_statements")
 _URL_OPTIONS: Final = ("schema", "table_prefix", *_URL_FLAGS, *_URL_INTS)
+# A statement and its parameters; one item of work: statements to run first, then the query
+# whose rows are the item's answer, all in one transaction.
+Statement = tuple[bytes, dict[str, Any] | None]
+Work = tuple[Sequence[Statement], bytes, dict[str, Any]]
 _RUN_COLUMNS: Final = (
     "job",
     "slot_key",
@@ -179,7 +181,12 @@ class PostgresBackend(LeaseBackend):
         self._conn_lock = asyncio.Lock()
         self._listener: Listener | None = None
         self._started = False
-        self._pruned_at: dict[str, float] = {}
+        #: Test-only: milliseconds added to the database clock on this backend's connections
+        #: (0 in production; see tests/conformance/test_differential.py).
+        self._test_clock_offset_ms = 0
+        self._clock_offsets: weakref.WeakKeyDictionary[AsyncConnection[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
         self._checking: asyncio.Task[None] | None = None
         self._last_used: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = (
             weakref.WeakKeyDictionary()
@@ -363,6 +370,8 @@ class PostgresBackend(LeaseBackend):
     async def _on_connection(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
         try:
             async with self._connection() as conn:
+                if self._clock_offsets.get(conn, 0) != self._test_clock_offset_ms:
+                    await self._set_clock_offset(conn)
                 return await work(conn)
         except BackendError:
             raise
@@ -373,6 +382,13 @@ class PostgresBackend(LeaseBackend):
             if isinstance(error, BackendUnavailable):
                 self._check_pool()
             raise error from exc
+
+    async def _set_clock_offset(self, conn: AsyncConnection[Any]) -> None:
+        """Test-only: move this connection's database clock by ``_test_clock_offset_ms``."""
+        offset = self._test_clock_offset_ms
+        async with self._atomic(conn):
+            await conn.execute(self._queries["set_clock_offset"], {"offset": str(offset)})
+        self._clock_offsets[conn] = offset
 
     def _check_pool(self) -> None:
         """After a connection failed, test the pool's idle connections and replace dead ones,
@@ -503,12 +519,46 @@ class PostgresBackend(LeaseBackend):
 
         A batch is one transaction, sent in one round trip: the rows of its jobs are locked,
         then one statement decides every request. A batch naming one slot twice is split so
-        that the second request sees the first.
+        that the second request sees the first. A request the database cannot store is
+        answered on its own (LOST with ``error``); if the server refuses a batch for a value
+        of one request, each request of it is decided alone.
         """
-        outcomes: list[ClaimOutcome] = []
-        for chunk in _without_repeats(list(requests)):
-            outcomes += await self._call(functools.partial(self._claim, reqs=chunk))
-        return outcomes
+        reqs = list(requests)
+        outcomes: list[ClaimOutcome | None] = [None] * len(reqs)
+        good: list[int] = []
+        for n, req in enumerate(reqs):
+            error = rules.unstorable(req)
+            if error is None:
+                good.append(n)
+            else:
+                outcomes[n] = rules.refused_outcome(req, 0, error)
+        for chunk in _without_repeats([(n, reqs[n]) for n in good]):
+            try:
+                decided = await self._call(
+                    functools.partial(self._claim, reqs=[r for _, r in chunk])
+                )
+            except BackendUnavailable:
+                raise
+            except BackendError:
+                if len(chunk) == 1:
+                    raise
+                decided = [await self._claim_alone(req) for _, req in chunk]
+                failed = [o.error for o in decided if o.error is not None]
+                if len(failed) == len(decided):
+                    raise failed[0] from None  # not one request's values: the whole call
+            for (n, _), outcome in zip(chunk, decided, strict=True):
+                outcomes[n] = outcome
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None]
+
+    async def _claim_alone(self, req: ClaimRequest) -> ClaimOutcome:
+        try:
+            [outcome] = await self._call(functools.partial(self._claim, reqs=[req]))
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            return rules.refused_outcome(req, 0, exc)
+        return outcome
 
     async def _claim(
         self, conn: AsyncConnection[Any], reqs: list[ClaimRequest]
@@ -526,7 +576,7 @@ class PostgresBackend(LeaseBackend):
             "overlap_skip": [r.overlap is Overlap.SKIP for r in reqs],
             "skip_reason": [r.skip_reason for r in reqs],
         }
-        before: list[tuple[bytes, dict[str, Any] | None]] = []
+        before: list[Statement] = []
         if len(reqs) > LARGE_BATCH:
             before += [(q["no_jit"], None), (q["custom_plans"], None)]
         elif self._prepare is not False:
@@ -540,68 +590,173 @@ class PostgresBackend(LeaseBackend):
     async def _transaction(
         self,
         conn: AsyncConnection[Any],
-        before: list[tuple[bytes, dict[str, Any] | None]],
+        before: Sequence[Statement],
         query: bytes,
         params: dict[str, Any],
     ) -> list[dict[str, Any]]:
-        """Run ``before`` then ``query`` in one transaction; return the rows of ``query``.
+        """Run ``before`` then ``query`` in one READ COMMITTED transaction; return the rows of
+        ``query``.
 
         On an autocommit connection (the backend's own pool) the whole transaction, BEGIN to
         COMMIT, is sent in pipeline mode: one round trip to the server instead of one per
         statement.
         """
-        from psycopg import AsyncPipeline
-        from psycopg.pq import TransactionStatus
-        from psycopg.rows import dict_row
+        try:
+            [rows] = await self._transactions(conn, [(before, query, params)])
+        except _Aborted as aborted:
+            raise aborted.error from aborted
+        if isinstance(rows, BaseException):
+            raise rows
+        return rows
 
-        q = self._queries
-        cur = conn.cursor(row_factory=dict_row)
+    async def _transactions(
+        self, conn: AsyncConnection[Any], work: Sequence[Work]
+    ) -> list[list[dict[str, Any]] | BackendError]:
+        """Run each item of ``work`` as its own READ COMMITTED transaction; return the rows of
+        each item's query, or the permanent error of that item.
+
+        All of them go in one round trip (pipeline mode, BEGIN ... COMMIT each). A statement
+        that fails makes the server skip the rest of the round trip: :class:`_Aborted` then
+        carries what was committed before it, and :meth:`_each` sends the others again one by
+        one, so each is decided on its own. A transient error (connection lost, deadlock)
+        fails the call: the caller retries the whole batch, which is safe since every item is
+        idempotent per token.
+        """
+        from psycopg import AsyncPipeline
+        from psycopg.pq import ExecStatus
+
         if not conn.autocommit or not AsyncPipeline.is_supported():
-            async with conn.transaction():
-                for statement, values in before:
-                    await conn.execute(statement, values, prepare=self._prepare)
-                await cur.execute(query, params, binary=True, prepare=self._prepare)
-            return await cur.fetchall()
+            return [await self._one_transaction(conn, item) for item in work]
+        q = self._queries
+        prepare = self._prepare
+        cursors: list[Any] = []
         try:
             async with conn.pipeline():
-                await conn.execute(q["begin"], prepare=self._prepare)
+                for before, query, params in work:
+                    await conn.execute(q["begin"], prepare=prepare)
+                    for statement, values in before:
+                        await conn.execute(statement, values, prepare=prepare)
+                    cur = conn.cursor(row_factory=_dict_row())
+                    await cur.execute(query, params, binary=True, prepare=prepare)
+                    await conn.execute(q["commit"], prepare=prepare)
+                    cursors.append(cur)
+        except Exception as exc:
+            error = self._item_error(exc)
+            done: list[list[dict[str, Any]] | None] = []
+            for n in range(len(work)):
+                result = cursors[n].pgresult if n < len(cursors) else None
+                committed = result is not None and result.status == ExecStatus.TUPLES_OK
+                done.append(await cursors[n].fetchall() if committed else None)
+            await self._after_abort(conn)
+            raise _Aborted(done, error) from exc
+        return [await cur.fetchall() for cur in cursors]
+
+    async def _after_abort(self, conn: AsyncConnection[Any]) -> None:
+        """After a pipeline that failed part-way: the server skipped statements psycopg may
+        have counted as prepared, and the connection may be inside a failed transaction.
+        Close a connection of the backend's pool (the pool opens a fresh one); on a
+        connection the caller passed in, roll back and forget every prepared statement."""
+        from psycopg import AsyncConnection
+
+        if conn.broken:
+            return
+        if not isinstance(self._given, AsyncConnection):
+            await conn.close()
+            return
+        q = self._queries
+        with contextlib.suppress(Exception):
+            await conn.execute(q["rollback"], prepare=False)
+        with contextlib.suppress(Exception):
+            await conn.execute(q["deallocate_all"], prepare=False)
+
+    async def _each(self, work: Sequence[Work]) -> list[list[dict[str, Any]] | BackendError]:
+        """:meth:`_transactions` in one call; after a failed item, the items it did not commit
+        are sent again one at a time, each on its own."""
+        try:
+            return await self._call(lambda conn: self._transactions(conn, work))
+        except _Aborted as aborted:
+            if len(work) == 1:
+                return [aborted.error]
+            out: list[list[dict[str, Any]] | BackendError] = []
+            for item, done in zip(work, aborted.done, strict=True):
+                if done is not None:
+                    out.append(done)
+                    continue
+                try:
+                    rows = await self._call(
+                        lambda conn, item=item: self._one_transaction(conn, item)  # type: ignore[misc]
+                    )
+                except _Aborted as again:
+                    rows = again.error
+                out.append(rows)
+            return out
+
+    async def _one_transaction(
+        self, conn: AsyncConnection[Any], item: Work
+    ) -> list[dict[str, Any]] | BackendError:
+        """One item of work without pipeline mode or prepared statements: on a connection
+        psycopg keeps in transactions (a caller's), and for items sent again after a failure."""
+        before, query, params = item
+        try:
+            async with conn.transaction():
+                await conn.execute(self._queries["read_committed"], prepare=False)
                 for statement, values in before:
-                    await conn.execute(statement, values, prepare=self._prepare)
-                await cur.execute(query, params, binary=True, prepare=self._prepare)
-                await conn.execute(q["commit"], prepare=self._prepare)
-        except Exception:
-            # A statement failed: the server skipped the rest, COMMIT included. End the
-            # transaction here rather than hand the pool a connection inside one.
-            if not conn.broken and conn.info.transaction_status in (
-                TransactionStatus.INTRANS,
-                TransactionStatus.INERROR,
-            ):
-                with contextlib.suppress(Exception):
-                    await conn.execute(q["rollback"], prepare=self._prepare)
-            raise
-        return await cur.fetchall()
+                    await conn.execute(statement, values, prepare=False)
+                cur = conn.cursor(row_factory=_dict_row())
+                await cur.execute(query, params, binary=True, prepare=False)
+                return await cur.fetchall()
+        except Exception as exc:
+            return self._item_error(exc)
+
+    def _item_error(self, exc: Exception) -> BackendError:
+        """The error of one item: a permanent one is returned for that item alone; anything
+        transient, or a failure that is not the driver's, is raised for the call."""
+        error = exc if isinstance(exc, BackendError) else translate(exc, self._where)
+        if error is None or isinstance(error, BackendUnavailable):
+            raise exc
+        return error
 
     async def renew(self, ticket: Ticket) -> Ticket:
         """See :meth:`anarchon.backend.LeaseBackend.renew`."""
         [answer] = await self.renew_many([ticket])
-        if isinstance(answer, LeaseLost):
+        if isinstance(answer, BackendError):
             raise answer
         return answer
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
-        """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one statement per ticket, all
-        sent in one round trip (pipeline mode), each its own transaction."""
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+        """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one statement per ticket, each
+        its own transaction, all sent in one round trip (pipeline mode)."""
         batch = list(tickets)
-        params = [{**_ticket_params(t), "lease_ms": t.lease_ms} for t in batch]
-        from psycopg.rows import tuple_row
-
-        rows = await self._call(lambda conn: self._pipelined(conn, "renew", params, tuple_row))
-        return [_renewed(ticket, row) for ticket, row in zip(batch, rows, strict=True)]
+        out: list[Ticket | BackendError | None] = [rules.check_ticket(t) for t in batch]
+        todo = [n for n, found in enumerate(out) if found is None]
+        if todo:
+            work: list[Work] = [
+                (
+                    [],
+                    self._queries["renew"],
+                    {**_ticket_params(batch[n]), "lease_ms": batch[n].lease_ms},
+                )
+                for n in todo
+            ]
+            answers = await self._each(work)
+            for n, answer in zip(todo, answers, strict=True):
+                out[n] = (
+                    answer if isinstance(answer, BackendError) else _renewed(batch[n], answer[0])
+                )
+        return [o for o in out if o is not None]
 
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
-        """See :meth:`anarchon.backend.LeaseBackend.take_over`; one statement."""
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`.
+
+        A read answers the common cases (ENDED, HELD, a retried TAKEN) without a lock. An
+        expired or released lease is taken over in a transaction that first locks the job's
+        row, so a backup that lost the race to another one sees the new attempt: HELD.
+        """
         from psycopg.rows import dict_row
 
+        error = rules.unstorable(request)
+        if error is not None:
+            raise error
         params = {
             "job": request.job,
             "slot_key": request.slot_key,
@@ -610,33 +765,33 @@ class PostgresBackend(LeaseBackend):
             "instance": request.instance,
             "lease_ms": request.lease_ms,
             "max_attempts": request.max_attempts,
+            "channel": self._queries.names.channel,
         }
+        q = self._queries
 
         async def work(conn: AsyncConnection[Any]) -> TakeoverOutcome:
             async with self._atomic(conn):
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(self._queries["take_over"], params, prepare=self._prepare)
-                row = await cur.fetchone()
-            assert row is not None
+                await cur.execute(q["peek_takeover"], params, prepare=self._prepare)
+                peeked = await cur.fetchone()
+            assert peeked is not None
+            answer = _peeked_takeover(request, peeked)
+            if answer is not None:
+                return answer
+            lock: list[Statement] = [(q["lock_job"], {"job": request.job})]
+            [row] = await self._transaction(conn, lock, q["take_over"], params)
             return _takeover_outcome(request, row)
 
         return await self._call(work)
 
     async def release(self, ticket: Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; backups hear it by NOTIFY."""
+        params = {**_ticket_params(ticket), "channel": self._queries.names.channel}
 
         async def work(conn: AsyncConnection[Any]) -> None:
-            async with self._atomic(conn):
-                cur = await conn.execute(
-                    self._queries["release"],
-                    {**_ticket_params(ticket), "channel": self._queries.names.channel},
-                    prepare=self._prepare,
-                )
-                row = await cur.fetchone()
-            assert row is not None
-            _now, done, attempt, status, _released, _ours = row
-            if not done:
-                raise lease_lost(ticket, attempt, status)
+            [row] = await self._transaction(conn, [], self._queries["release"], params)
+            if not row["done"]:
+                raise lease_lost(ticket, row["attempt"], row["status"])
 
         await self._call(work)
 
@@ -644,68 +799,44 @@ class PostgresBackend(LeaseBackend):
         """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history and tells
         backups (NOTIFY) in the same statement."""
         [answer] = await self.finish_many([(ticket, status, error)])
-        if isinstance(answer, LeaseLost):
+        if isinstance(answer, BackendError):
             raise answer
         return answer
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
-        """See :meth:`anarchon.backend.Backend.finish_many`: one statement per result (each its
-        own transaction, as :meth:`finish`), all sent in one round trip (pipeline mode)."""
-        from psycopg.rows import dict_row
-
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+        """See :meth:`anarchon.backend.Backend.finish_many`: each result its own transaction
+        (the job's row locked, then one statement records, prunes and notifies), all sent in
+        one round trip (pipeline mode). One failing item fails alone."""
         batch = list(items)
-        due = {
-            t.job
-            for t, _, _ in batch
-            if time.monotonic() - self._pruned_at.get(t.job, 0.0) >= PRUNE_EVERY_S
-        }
-        params = []
+        q = self._queries
+        work: list[Work] = []
         for ticket, status, error in batch:
-            params.append(
-                {
-                    **_ticket_params(ticket),
-                    "status": str(RunStatus(status)),
-                    "error": error,
-                    "ttl_ms": ticket.history_ttl_ms or None,
-                    # Prune by count once per job per batch (and per PRUNE_EVERY_S).
-                    "keep": self.history_size if ticket.job in due else None,
-                    "channel": self._queries.names.channel,
-                }
-            )
-            due.discard(ticket.job)
-        rows = await self._call(lambda conn: self._pipelined(conn, "finish", params, dict_row))
-        now = time.monotonic()
-        for param in params:
-            if param["keep"] is not None:
-                self._pruned_at[param["job"]] = now
-        return [
-            _finished(ticket, str(RunStatus(status)), row)
-            for (ticket, status, _), row in zip(batch, rows, strict=True)
-        ]
-
-    async def _pipelined(
-        self,
-        conn: AsyncConnection[Any],
-        query: str,
-        params: list[dict[str, Any]],
-        row_factory: Any,
-    ) -> list[Any]:
-        """Run ``query`` once per parameter set, each in its own transaction, in one round trip;
-        return the first row of each."""
-        cursors = []
-        async with conn.pipeline():
-            for values in params:
-                cur = conn.cursor(row_factory=row_factory)
-                async with self._atomic(conn):
-                    await cur.execute(self._queries[query], values, prepare=self._prepare)
-                cursors.append(cur)
-        return [await cur.fetchone() for cur in cursors]
+            params = {
+                **_ticket_params(ticket),
+                "status": str(RunStatus(status)),
+                "error": error,
+                "ttl_ms": _ttl(ticket.history_ttl_ms),
+                "keep": self.history_size,
+                "batch": rules.PRUNE_BATCH,
+                "channel": q.names.channel,
+            }
+            work.append(([(q["lock_job"], {"job": ticket.job})], q["finish"], params))
+        answers = await self._each(work)
+        out: list[Run | BackendError] = []
+        for (ticket, status, error), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, BackendError):
+                out.append(answer)
+            else:
+                row = answer[0] if answer else None
+                out.append(_finished(ticket, str(RunStatus(status)), error, row))
+        return out
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`; an index scan of ``limit`` rows."""
         from psycopg.rows import dict_row
 
         async def work(conn: AsyncConnection[Any]) -> list[Run]:
+            # One read: its isolation level changes nothing.
             async with self._atomic(conn):
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(
@@ -717,7 +848,7 @@ class PostgresBackend(LeaseBackend):
         return await self._call(work)
 
     async def last_slot(self, job: str) -> int | None:
-        """See :meth:`anarchon.backend.LeaseBackend.last_slot`; an index-only scan."""
+        """See :meth:`anarchon.backend.LeaseBackend.last_slot`; two index-only lookups."""
 
         async def work(conn: AsyncConnection[Any]) -> int | None:
             async with self._atomic(conn):
@@ -785,18 +916,57 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _without_repeats(reqs: list[ClaimRequest]) -> list[list[ClaimRequest]]:
+def _without_repeats(
+    reqs: list[tuple[int, ClaimRequest]],
+) -> list[list[tuple[int, ClaimRequest]]]:
     """Split a batch, in order, into chunks that never name one (job, slot_key) twice."""
-    chunks: list[list[ClaimRequest]] = [[]]
+    chunks: list[list[tuple[int, ClaimRequest]]] = [[]]
     seen: set[tuple[str, str]] = set()
-    for req in reqs:
+    for item in reqs:
+        _, req = item
         key = (req.job, req.slot_key)
         if key in seen:
             chunks.append([])
             seen = set()
         seen.add(key)
-        chunks[-1].append(req)
+        chunks[-1].append(item)
     return [c for c in chunks if c]
+
+
+class _Aborted(Exception):
+    """A pipeline of transactions failed at ``error``; ``done`` holds the rows of the items
+    committed before it (None for the others)."""
+
+    def __init__(self, done: list[list[dict[str, Any]] | None], error: BackendError) -> None:
+        super().__init__(str(error))
+        self.done = done
+        self.error = error
+
+
+def _dict_row() -> Any:
+    from psycopg.rows import dict_row
+
+    return dict_row
+
+
+def _ttl(history_ttl_ms: int | None) -> int | None:
+    """The TTL to prune by: None for none; one longer than any stored time keeps everything."""
+    if not history_ttl_ms or history_ttl_ms <= 0:
+        return None
+    return min(history_ttl_ms, rules.MAX_MS)
+
+
+def _peeked_takeover(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcome | None:
+    """Answer a takeover from the unlocked read (see :func:`rules.peek_takeover`), or None
+    when the lease expired or was released and the locked statement must decide."""
+    now = int(row["now"])
+    stored = _run_row(row)
+
+    class _One:
+        def current(self, job: str, slot_key: str) -> RunRow | None:
+            return stored
+
+    return rules.peek_takeover(_One(), req, now)  # type: ignore[arg-type]
 
 
 def _ticket_params(ticket: Ticket) -> dict[str, Any]:
@@ -805,13 +975,14 @@ def _ticket_params(ticket: Ticket) -> dict[str, Any]:
         "slot_key": ticket.slot_key,
         "attempt": ticket.attempt,
         "token": ticket.token,
+        "fence": ticket.fence,
     }
 
 
-def _renewed(ticket: Ticket, row: Any) -> Ticket | LeaseLost:
+def _renewed(ticket: Ticket, row: dict[str, Any]) -> Ticket | LeaseLost:
     """Interpret the renew statement's row for ``ticket``."""
-    assert row is not None
-    now, expires, attempt, status, released, ours = row
+    now, expires, attempt = row["now"], row["lease_expires_at"], row["attempt"]
+    status, released, ours = row["status"], row["released"], row["ours"]
     if expires is not None:
         return ticket.renewed(int(expires), int(now))
     if ours and status == RunStatus.RUNNING and released:
@@ -819,16 +990,17 @@ def _renewed(ticket: Ticket, row: Any) -> Ticket | LeaseLost:
     return lease_lost(ticket, attempt, status)
 
 
-def _finished(ticket: Ticket, status: str, row: dict[str, Any] | None) -> Run | LeaseLost:
+def _finished(
+    ticket: Ticket, status: str, error: str | None, row: dict[str, Any] | None
+) -> Run | LeaseLost:
     """Interpret the finish statement's row for ``ticket``."""
     stored = _run_row(row) if row is not None else None
-    if stored is not None and stored.token == ticket.token and stored.status == status:
-        return stored.to_run()  # recorded now, or by a retry whose first answer was lost
-    if row is None or row["outcome"] != "finished" or stored is None:
-        return lease_lost(
-            ticket, stored.attempt if stored else None, stored.status if stored else None
-        )
-    return stored.to_run()
+    if stored is not None and row is not None and row["outcome"] == "finished":
+        return stored.to_run()
+    if rules.already_recorded(stored, ticket, status, error):
+        assert stored is not None
+        return stored.to_run()  # a retry whose first answer was lost
+    return lease_lost(ticket, stored.attempt if stored else None, stored.status if stored else None)
 
 
 def _claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:
@@ -865,6 +1037,7 @@ def _takeover_outcome(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutc
         return TakeoverOutcome(
             status=TakeoverStatus.EXHAUSTED, run=stored.to_run(), backend_now_ms=now
         )
+    # "taken", or "mine": a retried takeover whose first answer was lost.
     return TakeoverOutcome(
         status=TakeoverStatus.TAKEN,
         run=stored.to_run(),

@@ -77,7 +77,7 @@ class Names:
         return f"anarchon migrations {self.schema}.{self.prefix}"
 
     def identifiers(self) -> dict[str, sql.Composable]:
-        """The identifiers ``queries.sql`` refers to, quoted."""
+        """The identifiers ``queries.sql`` refers to, quoted, and the clock expression."""
         from psycopg import sql
 
         def table(name: str) -> sql.Identifier:
@@ -93,6 +93,14 @@ class Names:
             "runs_recorded": sql.Identifier(self.prefix + "runs_recorded"),
             "runs_running": sql.Identifier(self.prefix + "runs_running"),
             "runs_slot": sql.Identifier(self.prefix + "runs_slot"),
+            # The database clock in epoch ms, written once: clock_timestamp() plus a test-only
+            # offset (the session setting anarchon.test_clock_offset_ms, never set in
+            # production, where it reads NULL and adds 0).
+            "now_ms": sql.SQL(
+                "(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+                " + coalesce(nullif(current_setting('anarchon.test_clock_offset_ms', true),"
+                " '')::bigint, 0))"
+            ),
         }
 
 

@@ -3,17 +3,23 @@
 -- {schema}, {versions}, {jobs}, {pruned}, {runs} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
--- Times are epoch milliseconds of the database clock, clock_timestamp(), read once per
--- statement in the "clock" CTE: never the instance's clock.
+-- Times are epoch milliseconds of the database clock, {now_ms} (clock_timestamp(), plus a
+-- test-only offset, the session setting anarchon.test_clock_offset_ms, which production never
+-- sets), read once per statement in the "clock" CTE: never the instance's clock.
 --
--- Locking. A batch of claims first locks the rows of its jobs in {jobs} (lock_jobs, in one fixed
--- order), then decides in one statement whose snapshot is taken after the lock: it sees every
--- earlier claim of those jobs, and no other claim of them can run until it commits. Every other
--- change is one statement on one run row: take_over locks the current attempt (FOR UPDATE)
--- before it bumps the job's fence, finish updates its row and then prunes other (finished)
--- rows and raises {pruned}, renew and release touch their row only. A claim never waits for a
--- run row (it inserts only keys its snapshot shows absent), so no two of these statements can
--- wait for each other in a cycle.
+-- Isolation. Every transaction that writes is BEGIN ISOLATION LEVEL READ COMMITTED (begin), or
+-- sets it first (read_committed): a server whose default is REPEATABLE READ would otherwise take
+-- one snapshot for the whole transaction, and a statement sent after a lock could not see what
+-- the lock waited for.
+--
+-- Locking. Claims, takeovers and results first lock the rows of their jobs in {jobs} (lock_jobs
+-- for a batch of claims, in one fixed order; lock_job for one job), then decide in a statement
+-- of their own, whose snapshot is taken after the lock: it sees everything an earlier holder of
+-- the lock committed. So a backup that lost a takeover race sees the winner's new attempt
+-- (HELD), pruning counts exactly, and two results of one job never prune in two orders. Renew
+-- and release touch their own run row only and wait for nothing else; a claim never waits for a
+-- run row (it inserts only keys its snapshot shows absent). Every transaction locks at most its
+-- jobs' rows, in that fixed order, then run rows of those jobs: no cycle.
 
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
@@ -77,16 +83,31 @@ DROP INDEX {schema}.{runs_newest};
 CREATE INDEX {runs_recorded} ON {runs} (job, started_at DESC, seq DESC);
 
 -- name: now
-SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+SELECT {now_ms};
 
 -- name: begin
-BEGIN;
+BEGIN ISOLATION LEVEL READ COMMITTED;
+
+-- name: read_committed
+-- The first statement of a transaction psycopg opened (on a connection the caller passed in).
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+-- name: set_clock_offset
+-- Test-only: move this session's database clock (see {now_ms}).
+SELECT set_config('anarchon.test_clock_offset_ms', %(offset)s, false);
+
+-- name: lock_job
+-- Lock one job's row: every claim, takeover and result of the job waits here for the others.
+SELECT 1 FROM {jobs} WHERE job = %(job)s FOR UPDATE;
 
 -- name: commit
 COMMIT;
 
 -- name: rollback
 ROLLBACK;
+
+-- name: deallocate_all
+DEALLOCATE ALL;
 
 -- name: no_jit
 -- For the rest of the claim's transaction: the planner's estimate for a large batch passes
@@ -119,7 +140,7 @@ ON CONFLICT (job) DO UPDATE SET fence = j.fence WHERE false;
 -- Requests of one job are decided as if one after the other, in order: a later request with
 -- overlap = 'skip' sees an earlier winner of the batch as the job's live holder.
 WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+    SELECT {now_ms} AS now
 ),
 req AS (
     SELECT *
@@ -147,9 +168,11 @@ looked AS (
     JOIN {jobs} j ON j.job = r.job
     LEFT JOIN {pruned} p ON p.job = r.job
     LEFT JOIN LATERAL (
+        -- The first recorded live holder: the one every backend names.
         SELECT x.run_id, x.slot FROM {runs} x
         WHERE r.overlap_skip AND x.job = r.job AND x.status = 'running' AND NOT x.released
           AND x.lease_expires_at > clock.now
+        ORDER BY x.seq
         LIMIT 1
     ) h ON true
 ),
@@ -173,9 +196,10 @@ decided AS (
     LEFT JOIN req first ON first.ord = f.first_ord
 ),
 numbered AS (
+    -- Fences: the first winner of a job gets max(last fence + 1, now), the next ones follow.
     SELECT d.*,
            CASE WHEN d.verdict = 'won' THEN
-               d.job_fence + count(*) FILTER (WHERE d.verdict = 'won')
+               greatest(d.job_fence, d.now - 1) + count(*) FILTER (WHERE d.verdict = 'won')
                    OVER (PARTITION BY d.job ORDER BY d.ord ROWS UNBOUNDED PRECEDING)
            END AS new_fence,
            CASE d.verdict
@@ -217,8 +241,11 @@ inserted AS (
               started_at, finished_at, lease_expires_at, released, error, reason
 ),
 bumped AS (
-    UPDATE {jobs} j SET fence = j.fence + w.won
-    FROM (SELECT job, count(*) AS won FROM numbered WHERE verdict = 'won' GROUP BY job) w
+    UPDATE {jobs} j SET fence = greatest(j.fence, w.now - 1) + w.won
+    FROM (
+        SELECT job, min(now) AS now, count(*) AS won FROM numbered WHERE verdict = 'won'
+        GROUP BY job
+    ) w
     WHERE j.job = w.job
     RETURNING j.job
 ),
@@ -244,13 +271,27 @@ SELECT n.ord, n.verdict, n.now,
 FROM numbered n LEFT JOIN answers a ON a.ord = n.ord
 ORDER BY n.ord;
 
+-- name: peek_takeover
+-- The current attempt of a slot and the clock, without a lock: enough to answer ENDED, HELD or
+-- an idempotent TAKEN. Only an expired or released lease goes on to take_over, under the lock.
+SELECT clock.now, x.*
+FROM (SELECT {now_ms} AS now) clock
+LEFT JOIN LATERAL (
+    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
+           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
+           x.error, x.reason
+    FROM {runs} x
+    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+    ORDER BY x.attempt DESC LIMIT 1
+) x ON true;
+
 -- name: take_over
--- One takeover in one statement: the current attempt is locked (FOR UPDATE returns its newest
--- version, so a renewal or result committed meanwhile is seen), judged, marked failed and
--- followed by attempt + 1 with the next fence of the job (the UPDATE of the job row sees its
--- newest fence too). Only the holder of the row lock can do it: one winner among backups.
+-- One takeover, after lock_job in the same transaction (so this statement sees every attempt
+-- an earlier holder of the job's lock committed): the current attempt is locked, judged, marked
+-- failed and followed by attempt + 1 with the next fence of the job. A backup that lost the
+-- race sees the winner's attempt and is told HELD.
 WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+    SELECT {now_ms} AS now
 ),
 cur AS (
     SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
@@ -265,6 +306,7 @@ judged AS (
     SELECT c.*, clock.now,
            CASE
                WHEN c.status <> 'running' THEN 'ended'
+               WHEN c.token = %(token)s AND NOT c.released THEN 'mine'
                WHEN NOT c.released AND c.lease_expires_at > clock.now THEN 'held'
                WHEN c.attempt >= %(max_attempts)s::integer THEN 'exhausted'
                ELSE 'taken'
@@ -290,8 +332,8 @@ failed AS (
 ),
 bumped AS (
     INSERT INTO {jobs} AS j (job, fence)
-    SELECT v.job, 1 FROM judged v WHERE v.verdict = 'taken'
-    ON CONFLICT (job) DO UPDATE SET fence = j.fence + 1
+    SELECT v.job, greatest(1, v.now) FROM judged v WHERE v.verdict = 'taken'
+    ON CONFLICT (job) DO UPDATE SET fence = greatest(j.fence + 1, EXCLUDED.fence)
     RETURNING j.fence
 ),
 inserted AS (
@@ -305,7 +347,10 @@ inserted AS (
     RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
               started_at, finished_at, lease_expires_at, released, error, reason
 )
-SELECT v.verdict, clock.now, r.*
+SELECT v.verdict, clock.now, r.*,
+       -- Exhausted ends the run: tell the watching backups, as a result does.
+       (SELECT pg_notify(%(channel)s, v.job || ' ' || v.slot_key || ' finished')
+        WHERE v.verdict = 'exhausted')::text AS notified
 FROM clock
 LEFT JOIN judged v ON true
 LEFT JOIN LATERAL (
@@ -315,25 +360,27 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
            started_at, finished_at, lease_expires_at, released, error, reason
-    FROM judged WHERE verdict IN ('ended', 'held')
+    FROM judged WHERE verdict IN ('ended', 'held', 'mine')
 ) r ON true;
 
 -- name: renew
 WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+    SELECT {now_ms} AS now
 ),
 renewed AS (
     UPDATE {runs} x SET lease_expires_at = clock.now + %(lease_ms)s::bigint
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running' AND NOT x.released
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint
+      AND x.status = 'running' AND NOT x.released
     RETURNING x.lease_expires_at
 )
 SELECT clock.now, (SELECT lease_expires_at FROM renewed) AS lease_expires_at,
-       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+       cur.attempt, cur.status, cur.released,
+       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
 FROM clock
 LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
     ORDER BY x.attempt DESC LIMIT 1
 ) cur ON true;
@@ -341,86 +388,123 @@ LEFT JOIN LATERAL (
 -- name: release
 -- Hand the attempt over: its lease ends now; backups are told at commit (NOTIFY).
 WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+    SELECT {now_ms} AS now
 ),
 released AS (
     UPDATE {runs} x SET released = true, lease_expires_at = clock.now
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running'
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING x.job, x.slot_key
 )
 SELECT clock.now,
        (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key || ' released')::text)
         FROM released)
            AS done,
-       cur.attempt, cur.status, cur.released, cur.token = %(token)s AS ours
+       cur.attempt, cur.status, cur.released,
+       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
 FROM clock
 LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token FROM {runs} x
+    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
     ORDER BY x.attempt DESC LIMIT 1
 ) cur ON true;
 
 -- name: finish
--- Record the result, prune the job's history and tell watching backups (NOTIFY, at commit),
--- in one statement. Pruning drops finished runs older than the TTL and, when ttl_ms or keep
--- are given, runs beyond the newest "keep"; the newest slot dropped is remembered in
--- {pruned} in the same statement, so a late claim of a dropped slot is refused instead of
--- running it again.
+-- Record the result, prune the job's history and tell watching backups (NOTIFY, at commit), in
+-- one statement, after lock_job in the same transaction. The result is accepted when the
+-- attempt is still ours and running, or when it already holds this very result (a retry whose
+-- answer was lost: same token, status and error, no reason from a backup). Only an accepted
+-- result prunes, by the rules of anarchon.backends._lease_rules: whole slots, never this slot
+-- nor a running one; slots whose every attempt ended before now - ttl_ms (oldest first), then
+-- the oldest ended slots while the job holds more than keep slots; at most batch slots. The
+-- newest slot dropped is remembered in {pruned} in the same statement, so a late claim of a
+-- dropped slot is refused instead of running it again.
 WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+    SELECT {now_ms} AS now
 ),
 finished AS (
     UPDATE {runs} x
     SET status = %(status)s, error = %(error)s, finished_at = clock.now, lease_expires_at = NULL
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
-      AND x.token = %(token)s AND x.status = 'running'
+      AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
               x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
               x.error, x.reason
 ),
-aged AS (
-    DELETE FROM {runs} x
-    WHERE %(ttl_ms)s::bigint IS NOT NULL AND x.job = %(job)s AND x.status <> 'running'
-      AND x.started_at < (SELECT now FROM clock) - %(ttl_ms)s::bigint
-    RETURNING x.slot
-),
-edge AS (
-    SELECT x.started_at, x.seq FROM {runs} x
-    WHERE %(keep)s::integer IS NOT NULL AND x.job = %(job)s
-    ORDER BY x.started_at DESC, x.seq DESC
-    OFFSET %(keep)s::integer LIMIT 1
-),
-capped AS (
-    DELETE FROM {runs} x
-    USING edge
-    WHERE x.job = %(job)s AND x.status <> 'running'
-      AND (x.started_at, x.seq) <= (edge.started_at, edge.seq)
-    RETURNING x.slot
-),
-raised AS (
-    INSERT INTO {pruned} AS p (job, through)
-    SELECT %(job)s, max(g.slot)
-    FROM (SELECT slot FROM aged UNION ALL SELECT slot FROM capped) g
-    HAVING max(g.slot) IS NOT NULL
-    ON CONFLICT (job) DO UPDATE SET through = greatest(p.through, EXCLUDED.through)
-)
-SELECT 'finished' AS outcome, f.*,
-       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key || ' finished'))::text
-           AS notified
-FROM finished f
-UNION ALL
-SELECT 'lost', x.*, NULL
-FROM (
+current AS (
     SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
            x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
            x.error, x.reason
     FROM {runs} x
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
     ORDER BY x.attempt DESC LIMIT 1
-) x
+),
+accepted AS (
+    SELECT 1 AS yes FROM finished
+    UNION ALL
+    SELECT 1 FROM current c
+    WHERE c.attempt = %(attempt)s::integer AND c.token = %(token)s
+      AND c.fence = %(fence)s::bigint AND c.status = %(status)s
+      AND c.error IS NOT DISTINCT FROM %(error)s::text AND c.reason IS NULL
+),
+aged AS MATERIALIZED (
+    SELECT f.slot_key, f.slot
+    FROM {runs} f CROSS JOIN clock
+    WHERE EXISTS (SELECT 1 FROM accepted) AND %(ttl_ms)s::bigint IS NOT NULL
+      AND f.job = %(job)s AND f.attempt = 1 AND f.slot_key <> %(slot_key)s
+      AND f.started_at < clock.now - %(ttl_ms)s::bigint
+      AND NOT EXISTS (
+          SELECT 1 FROM {runs} y
+          WHERE y.job = f.job AND y.slot_key = f.slot_key
+            AND (y.status = 'running' OR y.finished_at IS NULL
+                 OR y.finished_at >= clock.now - %(ttl_ms)s::bigint)
+      )
+    ORDER BY f.started_at, f.seq
+    LIMIT %(batch)s::integer
+),
+held AS MATERIALIZED (
+    SELECT count(*) AS slots FROM {runs} x
+    WHERE EXISTS (SELECT 1 FROM accepted) AND x.job = %(job)s AND x.attempt = 1
+),
+oldest AS MATERIALIZED (
+    SELECT f.slot_key, f.slot
+    FROM {runs} f
+    WHERE EXISTS (SELECT 1 FROM accepted)
+      AND f.job = %(job)s AND f.attempt = 1 AND f.slot_key <> %(slot_key)s
+      AND f.slot_key NOT IN (SELECT slot_key FROM aged)
+      AND NOT EXISTS (
+          SELECT 1 FROM {runs} y
+          WHERE y.job = f.job AND y.slot_key = f.slot_key AND y.status = 'running'
+      )
+    ORDER BY f.started_at, f.seq
+    LIMIT greatest(0, least(%(batch)s::integer, (SELECT slots FROM held) - %(keep)s::integer)
+                      - (SELECT count(*) FROM aged))
+),
+victims AS (
+    SELECT slot_key, slot FROM aged UNION ALL SELECT slot_key, slot FROM oldest
+),
+dropped AS (
+    DELETE FROM {runs} x
+    USING victims v
+    WHERE x.job = %(job)s AND x.slot_key = v.slot_key
+    RETURNING x.slot
+),
+raised AS (
+    INSERT INTO {pruned} AS p (job, through)
+    SELECT %(job)s, max(v.slot) FROM victims v
+    HAVING max(v.slot) IS NOT NULL
+    ON CONFLICT (job) DO UPDATE SET through = greatest(p.through, EXCLUDED.through)
+)
+SELECT 'finished' AS outcome, f.*,
+       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key || ' finished'))::text
+           AS notified,
+       (SELECT count(*) FROM dropped) AS pruned
+FROM finished f
+UNION ALL
+SELECT 'current', c.*, NULL, (SELECT count(*) FROM dropped)
+FROM current c
 WHERE NOT EXISTS (SELECT 1 FROM finished);
 
 -- name: history
@@ -432,4 +516,8 @@ ORDER BY started_at DESC, seq DESC
 LIMIT %(limit)s;
 
 -- name: last_slot
-SELECT max(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL;
+-- The newest recorded slot, or the newest pruned one if that is newer.
+SELECT greatest(
+    (SELECT max(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL),
+    (SELECT through FROM {pruned} WHERE job = %(job)s)
+);

@@ -35,7 +35,8 @@ from ...backend import (
     TakeoverStatus,
     Ticket,
 )
-from ...errors import BackendError, InvalidOption, LeaseLost, MissingDependency
+from ...errors import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
+from .. import _lease_rules as rules
 from .._lease_rules import RunRow, lease_lost
 from ._errors import guarded, is_driver_error, translate
 from ._keys import DEFAULT_PREFIX, Namespace
@@ -61,8 +62,9 @@ DRIVER_RETRIES: Final = 2
 # Slots within this long after a Redis (re)start may have been claimed on the server that was
 # there before (the uptime has 1 s resolution, instance clocks may be a little ahead).
 RESTART_MARGIN_MS: Final = 2_000
-# At most this many records are pruned per finish, so a finish stays a short script.
-PRUNE_BATCH: Final = 100
+# Pruning looks at most at this many history entries per result, so a finish stays a short
+# script (it prunes at most rules.PRUNE_BATCH slots, as every backend does).
+PRUNE_SCAN: Final = 1_000
 # subscribe() waits this long for the first subscription before returning anyway.
 SUBSCRIBE_WAIT_S: Final = 2.0
 # A quiet subscription pings this often, so a dead connection is noticed and re-made.
@@ -177,6 +179,13 @@ class RedisBackend(LeaseBackend):
         self._scripts: ScriptRunner | None = None
         self._listeners: list[Callable[[str, str, bool], None]] = []
         self._listener: asyncio.Future[None] | None = None
+        #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
+        #: see tests/conformance/test_differential.py).
+        self._test_clock_offset_ms = 0
+
+    def _a(self, **values: Any) -> str:
+        """A script's arguments as JSON, with the test-only clock offset when there is one."""
+        return _args(**values, clock_offset_ms=self._test_clock_offset_ms or None)
 
     @classmethod
     def from_url(cls, url: str) -> RedisBackend:
@@ -319,18 +328,39 @@ class RedisBackend(LeaseBackend):
         reqs = list(requests)
         if not reqs:
             return []
-        calls = [(self._keys.job(r.job).all(), self._claim_args(r)) for r in reqs]
+        errors = [rules.unstorable(r) for r in reqs]
+        sent = [n for n, error in enumerate(errors) if error is None]
+        calls = [(self._keys.job(reqs[n].job).all(), self._claim_args(reqs[n])) for n in sent]
         answers = await guarded(
             self._runner().call_many("claim", calls), self._where, CALL_TIMEOUT_S
         )
-        return [
-            self._claim_outcome(req, json.loads(_text(answer)))
-            for req, answer in zip(reqs, answers, strict=True)
-        ]
+        decided = dict(zip(sent, self._items(answers, transient_raise=True), strict=True))
+        out: list[ClaimOutcome] = []
+        for n, req in enumerate(reqs):
+            answer = decided[n] if n in decided else errors[n]
+            if isinstance(answer, BackendError):
+                out.append(rules.refused_outcome(req, 0, answer))
+            else:
+                assert answer is not None
+                out.append(self._claim_outcome(req, answer))
+        return out
 
-    @staticmethod
-    def _claim_args(req: ClaimRequest) -> str:
-        return _args(
+    def _items(self, answers: list[Any], transient_raise: bool) -> list[Any]:
+        """Each item of a pipeline: its decoded JSON answer, or the error of that item alone
+        (a transient one is raised for the whole call when ``transient_raise``)."""
+        out: list[Any] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                error = translate(answer, self._where)
+                if transient_raise and isinstance(error, BackendUnavailable):
+                    raise error from answer
+                out.append(error)
+            else:
+                out.append(json.loads(_text(answer)))
+        return out
+
+    def _claim_args(self, req: ClaimRequest) -> str:
+        return self._a(
             job=req.job,
             slot_key=req.slot_key,
             slot=req.slot,
@@ -372,37 +402,46 @@ class RedisBackend(LeaseBackend):
     async def renew(self, ticket: Ticket) -> Ticket:
         """See :meth:`anarchon.backend.LeaseBackend.renew`."""
         [answer] = await self.renew_many([ticket])
-        if isinstance(answer, LeaseLost):
+        if isinstance(answer, BackendError):
             raise answer
         return answer
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | LeaseLost]:
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one pipeline, one round trip."""
-        if not tickets:
-            return []
+        out: list[Ticket | BackendError | None] = [rules.check_ticket(t) for t in tickets]
+        sent = [n for n, error in enumerate(out) if error is None]
+        if not sent:
+            return [o for o in out if o is not None]
         calls = [
             (
-                self._keys.job(t.job).all(),
-                _args(slot_key=t.slot_key, token=t.token, fence=t.fence, lease_ms=t.lease_ms),
+                self._keys.job(tickets[n].job).all(),
+                self._a(
+                    slot_key=tickets[n].slot_key,
+                    token=tickets[n].token,
+                    fence=tickets[n].fence,
+                    lease_ms=tickets[n].lease_ms,
+                ),
             )
-            for t in tickets
+            for n in sent
         ]
         # A renewal that hangs longer than a third of the lease is better retried.
-        timeout = min(CALL_TIMEOUT_S, max(0.5, min(t.lease_ms for t in tickets) / 3000))
+        timeout = min(CALL_TIMEOUT_S, max(0.5, min(tickets[n].lease_ms for n in sent) / 3000))
         answers = await guarded(self._runner().call_many("renew", calls), self._where, timeout)
-        out: list[Ticket | LeaseLost] = []
-        for ticket, raw in zip(tickets, answers, strict=True):
-            answer = json.loads(_text(raw))
-            lost = _lost(ticket, answer)
-            out.append(lost or ticket.renewed(int(answer["expires"]), int(answer["now"])))
-        return out
+        for n, answer in zip(sent, self._items(answers, transient_raise=False), strict=True):
+            ticket = tickets[n]
+            if isinstance(answer, BackendError):
+                out[n] = answer
+            else:
+                lost = _lost(ticket, answer)
+                out[n] = lost or ticket.renewed(int(answer["expires"]), int(answer["now"]))
+        return [o for o in out if o is not None]
 
     async def release(self, ticket: Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; wakes the backups at once."""
         answer = await self._call(
             "release",
             ticket.job,
-            _args(
+            self._a(
                 slot_key=ticket.slot_key,
                 token=ticket.token,
                 fence=ticket.fence,
@@ -417,11 +456,11 @@ class RedisBackend(LeaseBackend):
         """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history in the same
         script (by ``ticket.history_ttl_ms`` and ``history_size``)."""
         [answer] = await self.finish_many([(ticket, status, error)])
-        if isinstance(answer, LeaseLost):
+        if isinstance(answer, BackendError):
             raise answer
         return answer
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | LeaseLost]:
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
         each result is its own script (record, prune, notify)."""
         if not items:
@@ -429,15 +468,17 @@ class RedisBackend(LeaseBackend):
         calls = [
             (
                 self._keys.job(ticket.job).all(),
-                _args(
+                self._a(
                     slot_key=ticket.slot_key,
+                    attempt=ticket.attempt,
                     token=ticket.token,
                     fence=ticket.fence,
                     status=RunStatus(status).value,
                     error=error,
-                    history_ttl_ms=ticket.history_ttl_ms,
+                    history_ttl_ms=_ttl(ticket.history_ttl_ms),
                     history_size=self.history_size,
-                    prune_batch=PRUNE_BATCH,
+                    prune_batch=rules.PRUNE_BATCH,
+                    prune_scan=PRUNE_SCAN,
                     channel=self._keys.channel,
                 ),
             )
@@ -446,18 +487,25 @@ class RedisBackend(LeaseBackend):
         answers = await guarded(
             self._runner().call_many("finish", calls), self._where, CALL_TIMEOUT_S
         )
-        out: list[Run | LeaseLost] = []
-        for (ticket, _, _), raw in zip(items, answers, strict=True):
-            answer = json.loads(_text(raw))
-            out.append(_lost(ticket, answer) or _row(answer["run"]).to_run())
+        out: list[Run | BackendError] = []
+        for (ticket, _, _), answer in zip(
+            items, self._items(answers, transient_raise=False), strict=True
+        ):
+            if isinstance(answer, BackendError):
+                out.append(answer)
+            else:
+                out.append(_lost(ticket, answer) or _row(answer["run"]).to_run())
         return out
 
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
+        error = rules.unstorable(request)
+        if error is not None:
+            raise error
         answer = await self._call(
             "take_over",
             request.job,
-            _args(
+            self._a(
                 slot_key=request.slot_key,
                 run_id=request.run_id,
                 token=request.token,
@@ -522,7 +570,7 @@ class RedisBackend(LeaseBackend):
         answer = await guarded(client.time(), self._where, CALL_TIMEOUT_S)
         if isinstance(answer, tuple | list) and len(answer) == 2:
             seconds, micros = answer
-            return int(seconds) * 1000 + int(micros) // 1000
+            return int(seconds) * 1000 + int(micros) // 1000 + self._test_clock_offset_ms
         return None
 
     # -- notifications ----------------------------------------------------------------------
@@ -631,6 +679,14 @@ class RedisBackend(LeaseBackend):
         twin._connect = connect  # type: ignore[method-assign]
         twin.url = f"a copy of {given!r}"
         return twin
+
+
+def _ttl(history_ttl_ms: int | None) -> int | None:
+    """The TTL a script prunes by: None for none; one longer than any stored time keeps
+    everything (and stays an exact Lua number)."""
+    if not history_ttl_ms or history_ttl_ms <= 0:
+        return None
+    return min(history_ttl_ms, rules.MAX_MS)
 
 
 def _lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:

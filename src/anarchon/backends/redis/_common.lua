@@ -2,7 +2,14 @@
 -- atomic step on ONE job: KEYS are that job's keys in the order of _keys.py (1 meta, 2 runs,
 -- 3 slots, 4 order, 5 leases), all with the job's hash tag, so a script never crosses a Redis
 -- Cluster slot. ARGV[1] holds the call's arguments as a JSON object; every script answers JSON.
--- Times are epoch milliseconds on this server's clock (TIME), never an instance's clock.
+-- Times are epoch milliseconds on this server's clock (TIME), never an instance's clock; a
+-- test-only A.clock_offset_ms (never sent in production) moves it, so tests can pass time.
+--
+-- Memory: under maxmemory with noeviction, Redis refuses a script's first write if that write
+-- is a deny-OOM command (HSET, HINCRBY, ZADD) and, once a script has written, lets its later
+-- writes through. So every script's first write is a deny-OOM one: while memory is full, every
+-- change is refused alike (claims fail closed, no backup takes over, renewals and results
+-- wait), and none grows memory past the limit.
 local META, RUNS, SLOTS, ORDER, LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local A = cjson.decode(ARGV[1])
 
@@ -16,7 +23,7 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local NOW = now_ms()
+local NOW = now_ms() + (A.clock_offset_ms or 0)
 
 local function reply(answer)
   answer.now = NOW
@@ -71,6 +78,25 @@ local function insert(row)
       redis.call('HSET', META, 'last_slot', int(row.slot))
     end
   end
+end
+
+-- Drop a whole slot: every attempt (newest to oldest through each attempt's 'prev'), its
+-- entry in SLOTS; returns the slot (nil for a manual run).
+local function drop_slot(slot_key)
+  local id = redis.call('HGET', SLOTS, slot_key)
+  local slot = nil
+  while id do
+    local row = load(id)
+    redis.call('HDEL', RUNS, id)
+    redis.call('ZREM', ORDER, id)
+    redis.call('ZREM', LEASES, id)
+    if row and row.slot then
+      slot = row.slot
+    end
+    id = row and row.prev or nil
+  end
+  redis.call('HDEL', SLOTS, slot_key)
+  return slot
 end
 
 -- Renew, release and finish: the current attempt if A's token and fence still hold it, else

@@ -83,13 +83,18 @@ class ScriptRunner:
     async def call_many(self, name: str, calls: Sequence[Call]) -> list[Any]:
         """Run one script per call in a single pipeline (one round trip); results in order.
 
-        Raises the first error a call answered with, after retrying the calls that met a
-        server without the scripts. A batch is not atomic as a whole; each call is.
+        A call that failed has its error in its place (after the calls that met a server
+        without the scripts were retried): each call is decided on its own, and a batch is not
+        atomic as a whole. A failure of the whole round trip (connection lost) is raised.
         """
+        from redis.exceptions import NoScriptError, ResponseError
+
         if len(calls) == 1:
             keys, args = calls[0]
-            return [await self.call(name, keys, args)]
-        from redis.exceptions import NoScriptError
+            try:
+                return [await self.call(name, keys, args)]
+            except ResponseError as exc:
+                return [exc]
 
         script = SCRIPTS[name]
         results = await self._pipeline(script, calls)
@@ -99,9 +104,6 @@ class ScriptRunner:
             retried = await self._pipeline(script, [calls[i] for i in missing])
             for i, result in zip(missing, retried, strict=True):
                 results[i] = result
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
         return results
 
     async def _evalsha(self, script: Script, keys: Sequence[str], args: str) -> Any:

@@ -37,17 +37,23 @@ local function describe(row)
   return 'slot ' .. iso(row.slot)
 end
 
--- Any attempt of the job running under a live lease that was not released.
+-- The first recorded attempt of the job running under a live lease that was not released
+-- (ids rise in the order attempts are recorded), and the stale entries met on the way, to be
+-- removed after this script's first (deny-OOM) write.
 local function live_holder()
-  local ids = redis.call('ZRANGEBYSCORE', LEASES, '(' .. int(NOW), '+inf', 'LIMIT', 0, 10)
+  local ids = redis.call('ZRANGEBYSCORE', LEASES, '(' .. int(NOW), '+inf')
+  local best, stale = nil, {}
   for _, id in ipairs(ids) do
     local row = load(id)
     if row and row.status == 'running' and not row.released then
-      return row
+      if not best or id < best.id then
+        best = row
+      end
+    else
+      stale[#stale + 1] = id
     end
-    redis.call('ZREM', LEASES, id)
   end
-  return nil
+  return best, stale
 end
 
 -- An answer for a slot this data set cannot vouch for; nothing is stored.
@@ -64,7 +70,10 @@ if existing then
   if existing.status == 'skipped' and existing.attempt == 1 then
     return reply({status = 'skipped', run = existing})
   end
-  if existing.token == A.token and existing.attempt == 1 then
+  if existing.token == A.token and existing.attempt == 1 and existing.status == 'running'
+      and not existing.released then
+    -- A retried claim; once attempt 1 has ended it is LOST, so no handler starts on a run
+    -- that history shows as over.
     return reply({status = 'won', run = existing})
   end
   local lost = {status = 'lost', run = existing}
@@ -100,8 +109,10 @@ if A.slot then
 end
 
 local reason = A.skip_reason
+local stale = {}
 if not reason and A.overlap == 'skip' then
-  local holder = live_holder()
+  local holder
+  holder, stale = live_holder()
   if holder then
     reason = 'overlap: run ' .. holder.run_id .. ' (' .. describe(holder)
       .. ') still holds its lease'
@@ -118,10 +129,13 @@ if reason then
   row.reason = reason
   row.finished_at = NOW
   insert(row)
-  return reply({status = 'skipped', run = row})
+else
+  row.status = 'running'
+  row.fence = next_fence()
+  row.lease_expires_at = NOW + A.lease_ms
+  insert(row)
 end
-row.status = 'running'
-row.fence = next_fence()
-row.lease_expires_at = NOW + A.lease_ms
-insert(row)
-return reply({status = 'won', run = row})
+for _, id in ipairs(stale) do
+  redis.call('ZREM', LEASES, id)
+end
+return reply({status = row.status == 'running' and 'won' or 'skipped', run = row})

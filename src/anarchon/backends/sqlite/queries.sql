@@ -1,4 +1,6 @@
--- Every statement the SQLite backend runs. Times are epoch milliseconds of the host clock.
+-- Every statement the SQLite backend runs. Times are epoch milliseconds of the backend's clock:
+-- the host's wall clock as anchored for this boot (anarchon_clock), so a wall-clock step does
+-- not move it (see SQLiteBackend).
 
 -- name: migration_1
 CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -45,6 +47,24 @@ CREATE TABLE IF NOT EXISTS anarchon_events (
 DROP INDEX IF EXISTS anarchon_runs_newest;
 CREATE INDEX IF NOT EXISTS anarchon_runs_by_start ON anarchon_runs (job, started_at);
 
+-- name: migration_4
+-- The anchor of the backend's clock for the host's current boot: clock = wall_ms + (the boot
+-- clock now - boot_ms). One row, rewritten when the host has booted again.
+CREATE TABLE IF NOT EXISTS anarchon_clock (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    boot_id TEXT NOT NULL,
+    wall_ms INTEGER NOT NULL,
+    boot_ms INTEGER NOT NULL
+);
+
+-- name: clock_anchor
+SELECT boot_id, wall_ms, boot_ms FROM anarchon_clock WHERE id = 1;
+
+-- name: set_clock_anchor
+INSERT INTO anarchon_clock (id, boot_id, wall_ms, boot_ms) VALUES (1, :boot_id, :wall_ms, :boot_ms)
+ON CONFLICT (id) DO UPDATE
+SET boot_id = excluded.boot_id, wall_ms = excluded.wall_ms, boot_ms = excluded.boot_ms;
+
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS anarchon_schema (version INTEGER NOT NULL);
 
@@ -60,10 +80,13 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
 FROM anarchon_runs WHERE job = ? AND slot_key = ? ORDER BY attempt DESC LIMIT 1;
 
 -- name: live_holder
+-- The first recorded attempt of the job that runs under a live lease (the one an overlap
+-- reason names, on every backend).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
        finished_at, lease_expires_at, released, error, reason
 FROM anarchon_runs
 WHERE job = ? AND status = 'running' AND released = 0 AND lease_expires_at > ?
+ORDER BY rowid
 LIMIT 1;
 
 -- name: insert
@@ -80,8 +103,10 @@ SET status = :status, finished_at = :finished_at, lease_expires_at = :lease_expi
 WHERE job = :job AND slot_key = :slot_key AND attempt = :attempt;
 
 -- name: next_fence
-INSERT INTO anarchon_jobs (job, fence) VALUES (?, 1)
-ON CONFLICT (job) DO UPDATE SET fence = fence + 1
+-- Above the last fence and at least the backend's clock in ms: fences rise even in a file that
+-- was recreated.
+INSERT INTO anarchon_jobs (job, fence) VALUES (:job, max(1, :now))
+ON CONFLICT (job) DO UPDATE SET fence = max(fence + 1, :now)
 RETURNING fence;
 
 -- name: pruned_through
@@ -93,11 +118,22 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
 -- name: last_slot
-SELECT max(slot) FROM anarchon_runs WHERE job = ? AND slot IS NOT NULL;
+-- The newest recorded slot, or the newest pruned one if that is newer: pruning never makes a
+-- job look as if it had not run.
+SELECT max(s) FROM (
+    SELECT max(slot) AS s FROM anarchon_runs WHERE job = :job AND slot IS NOT NULL
+    UNION ALL
+    SELECT pruned_through FROM anarchon_jobs WHERE job = :job
+);
 
 -- name: last_slots
-SELECT job, max(slot) FROM anarchon_runs
-WHERE job IN (?jobs) AND slot IS NOT NULL
+SELECT job, max(s) FROM (
+    SELECT job, max(slot) AS s FROM anarchon_runs
+    WHERE job IN (?jobs) AND slot IS NOT NULL
+    GROUP BY job
+    UNION ALL
+    SELECT job, pruned_through FROM anarchon_jobs WHERE job IN (?jobs)
+)
 GROUP BY job;
 
 -- name: add_event
@@ -112,18 +148,37 @@ SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY 
 -- name: prune_events
 DELETE FROM anarchon_events WHERE at < ?;
 
--- name: prune_by_age
-DELETE FROM anarchon_runs
-WHERE job = ? AND started_at < ? AND status != 'running'
-RETURNING slot;
+-- Pruning (see anarchon.backends._lease_rules): whole slots, never the slot being finished,
+-- never one whose latest attempt runs; a slot is represented by its attempt 1.
 
--- name: prune_by_count
-DELETE FROM anarchon_runs
-WHERE rowid IN (
-    SELECT rowid FROM anarchon_runs WHERE job = ?
-    ORDER BY started_at DESC, rowid DESC LIMIT -1 OFFSET ?
-) AND status != 'running'
-RETURNING slot;
+-- name: slot_count
+SELECT count(*) FROM anarchon_runs WHERE job = ? AND attempt = 1;
+
+-- name: prune_aged
+-- Slots whose every attempt ended before the cutoff, oldest first.
+SELECT f.slot_key FROM anarchon_runs f
+WHERE f.job = :job AND f.attempt = 1 AND f.started_at < :cutoff AND f.slot_key != :keep_key
+  AND NOT EXISTS (
+      SELECT 1 FROM anarchon_runs y
+      WHERE y.job = f.job AND y.slot_key = f.slot_key
+        AND (y.status = 'running' OR y.finished_at IS NULL OR y.finished_at >= :cutoff)
+  )
+ORDER BY f.started_at, f.rowid
+LIMIT :limit;
+
+-- name: prune_oldest
+-- The oldest ended slots.
+SELECT f.slot_key FROM anarchon_runs f
+WHERE f.job = :job AND f.attempt = 1 AND f.slot_key != :keep_key
+  AND NOT EXISTS (
+      SELECT 1 FROM anarchon_runs y
+      WHERE y.job = f.job AND y.slot_key = f.slot_key AND y.status = 'running'
+  )
+ORDER BY f.started_at, f.rowid
+LIMIT :limit;
+
+-- name: drop_slot
+DELETE FROM anarchon_runs WHERE job = ? AND slot_key = ? RETURNING slot;
 
 -- name: raise_pruned_through
 INSERT INTO anarchon_jobs (job, fence, pruned_through) VALUES (:job, 0, :slot)

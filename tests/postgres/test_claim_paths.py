@@ -1,0 +1,179 @@
+"""PostgreSQL claim paths (issue 11): every item of a batch decided on its own, results of two
+instances pruning the same jobs in opposite orders, a server whose default isolation level is
+REPEATABLE READ, and fences across a store that lost its data."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from anarchon import BackendError, LeaseLost, RunStatus, Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Ticket
+from anarchon.backends.postgres import PostgresBackend
+from tests.backends.postgres import DSN, drop_schema
+from tests.postgres.test_postgres import Make
+
+SLOT = 1_800_000_000_000
+
+
+def request(slot: int = SLOT, job: str = "job", **kw: Any) -> ClaimRequest:
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=kw.pop("instance", "i1"),
+        trigger=Trigger.SCHEDULE,
+        lease_ms=kw.pop("lease_ms", 60_000),
+        **kw,
+    )
+
+
+def takeover(ticket: Ticket, instance: str) -> TakeoverRequest:
+    return TakeoverRequest(
+        job=ticket.job,
+        slot_key=ticket.slot_key,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=instance,
+        lease_ms=60_000,
+        max_attempts=3,
+    )
+
+
+async def poison(schema: str, when: str) -> None:
+    """Make the server refuse every ``when`` (INSERT or UPDATE) of a run of job 'poison'."""
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22023'; END $$"
+            ).format(fn=sql.Identifier(schema, f"poison_{when.lower()}"))
+        )
+        await conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER {name} BEFORE {when} ON {runs} FOR EACH ROW "
+                "WHEN (NEW.job = 'poison') EXECUTE FUNCTION {fn}()"
+            ).format(
+                name=sql.Identifier(f"poison_{when.lower()}"),
+                when=sql.SQL(when),
+                runs=sql.Identifier(schema, "anarchon_runs"),
+                fn=sql.Identifier(schema, f"poison_{when.lower()}"),
+            )
+        )
+
+
+async def test_one_failing_item_fails_alone(make: Make, schema: str) -> None:
+    backend = make()
+    await backend.start()
+    jobs = ["a", "b", "poison", "c", "d"]
+    won = await backend.claim([request(job=j) for j in jobs])
+    tickets = [o.ticket for o in won]
+    assert all(t is not None for t in tickets)
+    await poison(schema, "UPDATE")
+    renewed = await backend.renew_many(tickets)  # type: ignore[arg-type]
+    assert [isinstance(r, BackendError) for r in renewed] == [False, False, True, False, False]
+    assert not isinstance(renewed[2], LeaseLost) and "poisoned row" in str(renewed[2])
+    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])  # type: ignore[misc]
+    statuses = [getattr(r, "status", type(r).__name__) for r in results]
+    assert statuses == [RunStatus.SUCCEEDED] * 2 + ["BackendError"] + [RunStatus.SUCCEEDED] * 2
+    for job in ("a", "b", "c", "d"):
+        [run] = await backend.history(job)
+        assert run.status is RunStatus.SUCCEEDED
+    await poison(schema, "INSERT")
+    claimed = await backend.claim([request(SLOT + 1000, job=j) for j in jobs])
+    assert [o.status for o in claimed] == [ClaimStatus.WON] * 2 + [ClaimStatus.LOST] + [
+        ClaimStatus.WON
+    ] * 2
+    assert claimed[2].error is not None and "poisoned row" in str(claimed[2].error)
+
+
+async def test_results_pruning_the_same_jobs_in_opposite_orders(make: Make) -> None:
+    """Two instances each finish one run of 40 jobs, in opposite job orders, while both prune
+    the same old runs of each job (a TTL of 1 ms): no deadlock, every result recorded."""
+    first, second = make(), make()
+    await first.start()
+    await second.start()
+    jobs = [f"job{n:02d}" for n in range(40)]
+
+    def done(outcomes: list[Any]) -> list[Any]:
+        return [
+            (dataclasses.replace(o.ticket, history_ttl_ms=1), RunStatus.SUCCEEDED, None)
+            for o in outcomes
+        ]
+
+    for round_ in range(3):
+        base = SLOT + round_ * 60_000
+        for n in range(3):  # finished runs for both to prune
+            won = await first.claim([request(base + n * 1000, job=j) for j in jobs])
+            await first.finish_many([(o.ticket, RunStatus.SUCCEEDED, None) for o in won])  # type: ignore[misc]
+        mine = await first.claim([request(base + 10_000, job=j) for j in jobs])
+        theirs = await second.claim([request(base + 20_000, job=j, instance="i2") for j in jobs])
+        await asyncio.sleep(0.01)
+        results = await asyncio.gather(
+            first.finish_many(done(mine)), second.finish_many(done(theirs)[::-1])
+        )
+        for batch in results:
+            assert all(getattr(r, "status", None) is RunStatus.SUCCEEDED for r in batch), batch
+    for job in jobs:
+        assert len(await first.history(job)) <= 2
+
+
+async def test_a_repeatable_read_server_default_changes_nothing(schema: str) -> None:
+    """The backend sets READ COMMITTED itself: with REPEATABLE READ as the sessions' default,
+    a backup that loses a takeover race is still told HELD and results are still pruned."""
+    dsn = f"{DSN}?options=-c%20default_transaction_isolation%3Drepeatable%5C%20read"
+    backends = [PostgresBackend(dsn, schema=schema, max_connections=2) for _ in range(5)]
+    for b in backends:
+        await b.start()
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute("SHOW default_transaction_isolation")
+            assert await cur.fetchone() == ("repeatable read",)
+        runner, backups = backends[0], backends[1:]
+        told: Counter[str] = Counter()
+        for n in range(10):
+            [won] = await runner.claim([request(SLOT + n * 1000)])
+            assert won.ticket is not None
+            await runner.release(won.ticket, "handed over")
+            outs = await asyncio.gather(
+                *(b.take_over(takeover(won.ticket, f"b{k}")) for k, b in enumerate(backups))
+            )
+            told.update(o.status.value for o in outs)
+            taken = next(o.ticket for o in outs if o.ticket is not None)
+            await backups[0].finish(taken, RunStatus.SUCCEEDED, None)
+        assert told == {"taken": 10, "held": 30}, told
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+async def test_fences_rise_across_a_store_that_lost_its_data(make: Make, schema: str) -> None:
+    backend = make()
+    await backend.start()
+    [first] = await backend.claim([request()])
+    await backend.stop()
+    await drop_schema(schema)  # as after a failover to a replica that never saw these writes
+    again = make()
+    await again.start()
+    [second] = await again.claim([request()])
+    assert first.ticket is not None and second.ticket is not None
+    assert first.ticket.fence is not None and second.ticket.fence is not None
+    assert second.ticket.fence > first.ticket.fence
+
+
+@pytest.mark.parametrize("offset", [0, 3_600_000])
+async def test_the_test_clock_offset_moves_only_its_own_sessions(make: Make, offset: int) -> None:
+    moved, plain = make(), make()
+    await moved.start()
+    await plain.start()
+    moved._test_clock_offset_ms = offset
+    a, b = await moved.server_time_ms(), await plain.server_time_ms()
+    assert a is not None and b is not None and abs(a - b - offset) < 2_000
