@@ -1,0 +1,216 @@
+"""``make chaos``: every fault on every backend it applies to, several trials each, and the table.
+
+    python -m tests.chaos.run                         # the long form (CHAOS_TRIALS, default 5)
+    python -m tests.chaos.run --faults sigterm,kill-9 --backends redis --trials 2
+    python -m tests.chaos.run --short                 # what the short form in make test runs
+    python -m tests.chaos.run --write-docs docs/guarantees.md
+
+Trials run ``--parallel`` at a time (CHAOS_PARALLEL, default 3): each is three worker processes
+that mostly sleep. The exit status is 1 if any count misses its target (0; on NATS only
+duplicates and concurrent executions), so the command can gate a merge. Each trial's records,
+the harness's timeline and the workers' logs stay under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from tests.chaos.faults import FAULTS, run_trial
+from tests.chaos.measure import Counts
+from tests.chaos.targets import BACKENDS, LEASE_BACKENDS
+
+# The short form: each fault once, spread over the backends, within about three minutes when run
+# all at once. What is left out, and why, is in tests/chaos/test_chaos.py.
+SHORT: Final = (
+    ("sigterm", "sqlite"),
+    ("kill-9", "redis"),
+    ("sigstop", "postgres"),
+    ("clock-back", "redis"),
+    ("clock-forward", "sqlite"),
+    ("restart", "postgres"),
+    ("link-hold", "redis"),
+    ("link-delay", "postgres"),
+    ("handler-exit", "sqlite"),
+    ("handler-hang", "redis"),
+    ("ignore-cancel", "postgres"),
+    ("block-loop", "redis"),
+    ("32-hung", "sqlite"),
+    ("every-second", "postgres"),
+    ("kill-9", "nats"),
+    ("restart", "nats"),
+)
+BEGIN: Final = "<!-- chaos-table:begin -->"
+END: Final = "<!-- chaos-table:end -->"
+COLUMNS: Final = (
+    "fault",
+    "backend",
+    "trials",
+    "slots",
+    "duplicate starts",
+    "concurrent executions",
+    "missed",
+    "stale results accepted",
+    "stuck stops",
+    "notes",
+)
+
+
+def plan(faults: Iterable[str], backends: Iterable[str]) -> list[tuple[str, str]]:
+    """Every (fault, backend) pair asked for that the fault applies to."""
+    wanted = list(backends)
+    return [(f, b) for f in faults for b in FAULTS[f].backends if b in wanted]
+
+
+def run_all(
+    cells: list[tuple[str, str]], trials: int, parallel: int, out: Path, quiet: bool = False
+) -> dict[tuple[str, str], Counts]:
+    """Run ``trials`` trials of each cell, ``parallel`` at a time; the summed counts per cell."""
+    results = {cell: Counts() for cell in cells}
+    jobs = [(cell, n) for n in range(trials) for cell in cells]
+    began = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures: dict[Future[tuple[Counts, float]], tuple[tuple[str, str], int]] = {}
+        for (fault, backend), n in jobs:
+            directory = out / f"{fault}-{backend}-{n}"
+            future = pool.submit(_timed, fault, backend, directory)
+            futures[future] = ((fault, backend), n)
+        for done, future in enumerate(as_completed(futures), 1):
+            cell, n = futures[future]
+            counts, took = future.result()
+            results[cell].add(counts)
+            if not quiet:
+                print(
+                    f"[{done}/{len(jobs)} {time.monotonic() - began:5.0f}s] {cell[0]} on "
+                    f"{cell[1]} #{n + 1} ({took:.0f}s): {_brief(counts)}",
+                    flush=True,
+                )
+    return results
+
+
+def _timed(fault: str, backend: str, directory: Path) -> tuple[Counts, float]:
+    began = time.monotonic()
+    counts = run_trial(FAULTS[fault], backend, directory)
+    return counts, time.monotonic() - began
+
+
+def _brief(c: Counts) -> str:
+    failures = c.failures(broker=False)
+    state = "error" if c.errors else ("ok" if not failures else "NOT OK")
+    return (
+        f"{state}: slots {c.slots}, duplicates {c.duplicates}, concurrent {c.concurrent}, "
+        f"missed {c.missed}, stale {c.stale if c.stale is not None else '-'}, stuck {c.stuck}"
+    )
+
+
+def table(results: dict[tuple[str, str], Counts]) -> str:
+    """The results as a Markdown table, one row per fault and backend."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for (fault, backend), c in results.items():
+        broker = backend not in LEASE_BACKENDS
+        notes = ", ".join(f"{k} x{v}" for k, v in sorted(c.notes.items()))
+        if c.sigterm_exits:
+            low, high = min(c.sigterm_exits), max(c.sigterm_exits)
+            span = f"{low:.0f} s" if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
+            notes = f"exit {span} after SIGTERM" + (f", {notes}" if notes else "")
+        cells = [
+            fault,
+            backend,
+            str(c.trials - c.errors) + (f" (+{c.errors} in error)" if c.errors else ""),
+            str(c.slots),
+            _mark(c.duplicates),
+            _mark(c.concurrent),
+            f"({c.missed})" if broker else _mark(c.missed),
+            "n/a" if c.stale is None else _mark(c.stale),
+            f"({c.stuck})" if broker else _mark(c.stuck),
+            notes,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _mark(n: int) -> str:
+    return f"**{n}**" if n else "0"
+
+
+def failed(results: dict[tuple[str, str], Counts]) -> list[str]:
+    out = []
+    for (fault, backend), c in results.items():
+        for failure in c.failures(broker=backend not in LEASE_BACKENDS):
+            out.append(f"{fault} on {backend}: {failure}")
+    return out
+
+
+def write_docs(path: Path, text: str) -> None:
+    """Replace what stands between the table markers of ``path`` with ``text``."""
+    doc = path.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(doc):
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} section to rewrite")
+    path.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{text}\n{END}", doc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--trials", type=int, default=int(os.environ.get("CHAOS_TRIALS", "5")))
+    p.add_argument("--parallel", type=int, default=int(os.environ.get("CHAOS_PARALLEL", "3")))
+    p.add_argument("--short", action="store_true", help="the short form: each fault once")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--write-docs", type=Path, help="rewrite the table section of this file")
+    args = p.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        p.error(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
+    backends = [b for b in args.backends.split(",") if b]
+    if bad := [b for b in backends if b not in BACKENDS]:
+        p.error(f"unknown backend(s) {bad}; known: {', '.join(BACKENDS)}")
+    cells = list(SHORT) if args.short else plan(faults, backends)
+    trials = 1 if args.short else args.trials
+    out = args.out or Path(tempfile.mkdtemp(prefix="anarchon-chaos-"))
+    print(
+        f"{len(cells)} fault/backend pairs x {trials} trial(s), {args.parallel} at a time; "
+        f"records in {out}",
+        flush=True,
+    )
+    began = time.monotonic()
+    results = run_all(cells, trials, args.parallel, out)
+    took = time.monotonic() - began
+    text = table(results)
+    print()
+    print(text)
+    problems = failed(results)
+    print(
+        f"\n{len(cells)} pairs, {sum(c.trials for c in results.values())} trials in "
+        f"{took / 60:.1f} min; "
+        + ("all counts 0" if not problems else f"{len(problems)} count(s) not 0:")
+    )
+    for problem in problems:
+        print(f"  {problem}")
+    if args.write_docs:
+        command = " ".join(
+            ["python -m tests.chaos.run", *(argv if argv is not None else sys.argv[1:])]
+        )
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        header = (
+            f"Run {stamp}: `{command}`, {sum(c.trials for c in results.values())} trials in "
+            f"{took / 60:.0f} min. Bold: not 0. In brackets: not a target on a broker.\n"
+        )
+        write_docs(args.write_docs, header + "\n" + text)
+        print(f"table written to {args.write_docs}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
