@@ -214,7 +214,12 @@ def test_tick_slots_follow_each_instance_clock(tmp_path: Path) -> None:
     # Both stepped forward 60 s at 12: slots passed over are not expected, later ones are.
     trial.expect_ticks(0.0, 30.0, {"w0": [(12.0, 60)], "w1": [(12.0, 60)]})
     assert trial.expected["tick"] == _tick_slots(1_000_000, 1_000_012) | _tick_slots(
-        1_000_072, 1_000_090
+        1_000_075, 1_000_090
+    )
+    # Only w0 stepped forward (a network backend): w1 still expects the slots w0 passed over.
+    trial.expect_ticks(0.0, 30.0, {"w0": [(12.0, 60)]})
+    assert trial.expected["tick"] == _tick_slots(1_000_000, 1_000_030) | _tick_slots(
+        1_000_075, 1_000_090
     )
     # An outage excuses the slots due during it.
     trial.expect_ticks(0.0, 30.0, {}, excused=(10.0, 20.0))
