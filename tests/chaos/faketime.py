@@ -63,5 +63,7 @@ class FakeClockFile:
             "FAKETIME_TIMESTAMP_FILE": str(self.path),
             "FAKETIME_NO_CACHE": "1",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "PYTHONPATH": str(SITE_DIR),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(SITE_DIR), os.environ.get("PYTHONPATH")))
+            ),
         }
