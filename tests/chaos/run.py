@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+import anarchon
 from tests.chaos.faults import FAULTS, run_trial
 from tests.chaos.measure import Counts
 from tests.chaos.targets import BACKENDS, LEASE_BACKENDS
@@ -159,6 +161,24 @@ def write_docs(path: Path, text: str) -> None:
     path.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{text}\n{END}", doc))
 
 
+def _code() -> str:
+    """The commit the suite ran on, and whether the tree had changes (src/ matters)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "an unknown commit"
+    where = Path(anarchon.__file__).resolve().parents[1]
+    elsewhere = f" (anarchon imported from {where})" if where != root / "src" else ""
+    state = " with changes in src/" if dirty else ""
+    return (f"commit {head}{state}" if head else "an unknown commit") + elsewhere
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", default=",".join(FAULTS))
@@ -199,13 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"  {problem}")
     if args.write_docs:
-        command = " ".join(
-            ["python -m tests.chaos.run", *(argv if argv is not None else sys.argv[1:])]
-        )
+        shown = [f"--trials {trials}", f"--parallel {args.parallel}"]
+        shown += ["--short"] if args.short else []
+        shown += [f"--faults {args.faults}"] if args.faults != ",".join(FAULTS) else []
+        shown += [f"--backends {args.backends}"] if args.backends != ",".join(BACKENDS) else []
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         header = (
-            f"Run {stamp}: `{command}`, {sum(c.trials for c in results.values())} trials in "
-            f"{took / 60:.0f} min. Bold: not 0. In brackets: not a target on a broker.\n"
+            f"Run {stamp} on {_code()}: `python -m tests.chaos.run {' '.join(shown)}`, "
+            f"{sum(c.trials for c in results.values())} trials in {took / 60:.0f} min on "
+            f"{os.cpu_count()} cores. Bold: not 0. In brackets: not a target on a broker.\n"
         )
         write_docs(args.write_docs, header + "\n" + text)
         print(f"table written to {args.write_docs}")
