@@ -193,17 +193,29 @@ class Trial:
         """Expect every tick slot that some instance's wall clock read between the two
         monotonic moments. ``offsets``: per instance, its clock steps (monotonic moment, new
         offset in seconds). A step back makes a clock read slots before the trial again: those
-        are not expected; a step forward passes over slots: those are not expected either (what
-        a scheduler does with them is its own policy: a burst of late claims that overlap skips).
+        are not expected, nor the slots due just before the step back (their claims wait for the
+        clock to come back); a step forward passes over slots: those are not expected either
+        (what a scheduler does with them is its own policy: a burst of late claims that overlap
+        skips), nor the slots due just after it.
         ``excused``: monotonic moments between which slots need not run (an outage)."""
         slots: set[int] = set()
         start = self.wall(first_mono)
         for instance in self.fleet.instances:
-            points = [(first_mono, 0), *offsets.get(instance.name, []), (last_mono, 0)]
-            for n, ((t0, offset), (t1, _)) in enumerate(itertools.pairwise(points)):
+            points: list[tuple[float, int | None]] = [
+                (first_mono, 0),
+                *offsets.get(instance.name, []),
+                (last_mono, None),
+            ]
+            for n, ((t0, offset), (t1, then)) in enumerate(itertools.pairwise(points)):
+                assert offset is not None
                 # Just after a step, a slot may fall into the burst of claims the step caused.
                 low = self.wall(t0) + offset + (TICK_PERIOD_S if n else 0)
-                slots |= _tick_slots(max(start, low), self.wall(t1) + offset)
+                high = self.wall(t1) + offset
+                if then is not None and then < offset:
+                    # A slot whose claim still waited out its jitter when the clock went back is
+                    # due again only when the clock reaches it again: not firing it early is right.
+                    high -= JITTER_S + 1
+                slots |= _tick_slots(max(start, low), high)
         if excused is not None:
             slots -= _tick_slots(self.wall(excused[0]), self.wall(excused[1]))
         self.expected["tick"] = slots

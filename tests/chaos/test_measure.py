@@ -208,8 +208,13 @@ def test_tick_slots_follow_each_instance_clock(tmp_path: Path) -> None:
     # w0 stepped back 60 s at 12: its clock reads earlier slots again (not expected), w1 goes on.
     trial.expect_ticks(0.0, 30.0, {"w0": [(12.0, -60)]})
     assert trial.expected["tick"] == _tick_slots(1_000_000, 1_000_030)
-    # Both stepped back (SQLite: the host's clock): from 12 on, slots before the trial only.
-    trial.expect_ticks(0.0, 90.0, {"w0": [(12.0, -60)], "w1": [(12.0, -60)]})
+    # Both stepped back (SQLite: the host's clock): from 12 on, slots before the trial only, and
+    # the slots due just before the step wait until the clock reads them again ...
+    both_back = {"w0": [(12.0, -60)], "w1": [(12.0, -60)]}
+    trial.expect_ticks(0.0, 30.0, both_back)
+    assert trial.expected["tick"] == _tick_slots(1_000_000, 1_000_009)
+    # ... which it does 60 s later.
+    trial.expect_ticks(0.0, 90.0, both_back)
     assert trial.expected["tick"] == _tick_slots(1_000_000, 1_000_030)
     # Both stepped forward 60 s at 12: slots passed over are not expected, later ones are.
     trial.expect_ticks(0.0, 30.0, {"w0": [(12.0, 60)], "w1": [(12.0, 60)]})
