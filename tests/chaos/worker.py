@@ -240,9 +240,8 @@ def build(spec: dict[str, Any], record: Recorder) -> Scheduler:
 
 
 def wait_for_spec(go: Path) -> dict[str, Any]:
-    while not go.exists():
+    while not go.exists():  # the harness renames it into place: complete once it exists
         time.sleep(0.05)
-    time.sleep(0.05)  # the harness renames the file into place: it is complete once it exists
     spec: dict[str, Any] = json.loads(go.read_text())
     return spec
 
