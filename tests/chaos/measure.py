@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ACCEPTED = ("run_succeeded", "run_failed")
@@ -84,6 +84,14 @@ class Counts:
         self.errors += other.errors
         self.notes.update(other.notes)
         self.sigterm_exits.extend(other.sigterm_exits)
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as plain JSON data (see :meth:`from_json`)."""
+        return {**asdict(self), "notes": dict(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Counts:
+        return cls(**{**data, "notes": Counter(data.get("notes", {}))})
 
     def failures(self, broker: bool) -> list[str]:
         """The counts that miss their target (0): all of them on a lease backend; on a broker

@@ -14,6 +14,7 @@ the harness's timeline and the workers' logs stay under ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -74,10 +75,20 @@ def plan(faults: Iterable[str], backends: Iterable[str]) -> list[tuple[str, str]
 
 
 def run_all(
-    cells: list[tuple[str, str]], trials: int, parallel: int, out: Path, quiet: bool = False
+    cells: list[tuple[str, str]],
+    trials: int,
+    parallel: int,
+    out: Path,
+    quiet: bool = False,
+    results_dir: Path | None = None,
 ) -> dict[tuple[str, str], Counts]:
-    """Run ``trials`` trials of each cell, ``parallel`` at a time; the summed counts per cell."""
+    """Run ``trials`` trials of each cell, ``parallel`` at a time; the summed counts per cell.
+
+    With ``results_dir``, each cell's counts are written there as ``<fault>-<backend>.json``
+    once its last trial has ended (the short form's tests wait for these files).
+    """
     results = {cell: Counts() for cell in cells}
+    left = dict.fromkeys(cells, trials)
     jobs = [(cell, n) for n in range(trials) for cell in cells]
     began = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
@@ -90,6 +101,9 @@ def run_all(
             cell, n = futures[future]
             counts, took = future.result()
             results[cell].add(counts)
+            left[cell] -= 1
+            if results_dir is not None and not left[cell]:
+                _write_result(results_dir, cell, results[cell])
             if not quiet:
                 print(
                     f"[{done}/{len(jobs)} {time.monotonic() - began:5.0f}s] {cell[0]} on "
@@ -97,6 +111,18 @@ def run_all(
                     flush=True,
                 )
     return results
+
+
+def result_path(directory: Path, cell: tuple[str, str]) -> Path:
+    """Where ``--results`` puts the counts of one fault and backend."""
+    return directory / f"{cell[0]}-{cell[1]}.json"
+
+
+def _write_result(directory: Path, cell: tuple[str, str], counts: Counts) -> None:
+    target = result_path(directory, cell)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(counts.to_json()))
+    tmp.replace(target)
 
 
 def _timed(fault: str, backend: str, directory: Path) -> tuple[Counts, float]:
@@ -186,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=int(os.environ.get("CHAOS_TRIALS", "5")))
     p.add_argument("--parallel", type=int, default=int(os.environ.get("CHAOS_PARALLEL", "3")))
     p.add_argument("--short", action="store_true", help="the short form: each fault once")
+    p.add_argument("--cells", help="fault:backend,... to run instead of --faults x --backends")
+    p.add_argument("--results", type=Path, help="write each pair's counts here as JSON")
     p.add_argument("--out", type=Path)
     p.add_argument("--write-docs", type=Path, help="rewrite the table section of this file")
     args = p.parse_args(argv)
@@ -197,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [b for b in backends if b not in BACKENDS]:
         p.error(f"unknown backend(s) {bad}; known: {', '.join(BACKENDS)}")
     cells = list(SHORT) if args.short else plan(faults, backends)
+    if args.cells:
+        cells = [(c.partition(":")[0], c.partition(":")[2]) for c in args.cells.split(",") if c]
+        if bad_cells := [c for c in cells if c not in plan(FAULTS, BACKENDS)]:
+            p.error(f"unknown fault:backend pair(s) {bad_cells}")
     trials = 1 if args.short else args.trials
     out = args.out or Path(tempfile.mkdtemp(prefix="anarchon-chaos-"))
     print(
@@ -205,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     began = time.monotonic()
-    results = run_all(cells, trials, args.parallel, out)
+    try:
+        results = run_all(cells, trials, args.parallel, out, results_dir=args.results)
+    finally:
+        if args.results is not None:
+            (args.results / "runner.done").touch()
     took = time.monotonic() - began
     text = table(results)
     print()

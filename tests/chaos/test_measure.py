@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,7 @@ def test_counts_add_up() -> None:
     assert total.notes == {"taken over": 2}
     total.add(Counts(trials=1, stale=None))
     assert total.stale is None
+    assert Counts.from_json(json.loads(json.dumps(total.to_json()))) == total
 
 
 class _Named:
