@@ -52,7 +52,7 @@ bench: $(BIN)/python services
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 ## The fault suite's long form (issue 10): every fault on every backend it applies to, CHAOS_TRIALS
-## (5) trials each, CHAOS_PARALLEL (3) at a time, tens of minutes; prints the table and fails on a
+## (5) trials each, CHAOS_PARALLEL (4) at a time, about 50 min; prints the table and fails on a
 ## count that is not 0. CHAOS_ARGS='--write-docs docs/guarantees.md' rewrites the docs' table.
 .PHONY: chaos
 CHAOS_ARGS ?=

@@ -5,7 +5,7 @@
     python -m tests.chaos.run --short                 # what the short form in make test runs
     python -m tests.chaos.run --write-docs docs/guarantees.md
 
-Trials run ``--parallel`` at a time (CHAOS_PARALLEL, default 3): each is three worker processes
+Trials run ``--parallel`` at a time (CHAOS_PARALLEL, default 4): each is three worker processes
 that mostly sleep. The exit status is 1 if any count misses its target (0; on NATS only
 duplicates and concurrent executions), so the command can gate a merge. Each trial's records,
 the harness's timeline and the workers' logs stay under ``--out``.
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--trials", type=int, default=int(os.environ.get("CHAOS_TRIALS", "5")))
-    p.add_argument("--parallel", type=int, default=int(os.environ.get("CHAOS_PARALLEL", "3")))
+    p.add_argument("--parallel", type=int, default=int(os.environ.get("CHAOS_PARALLEL", "4")))
     p.add_argument("--short", action="store_true", help="the short form: each fault once")
     p.add_argument("--cells", help="fault:backend,... to run instead of --faults x --backends")
     p.add_argument("--results", type=Path, help="write each pair's counts here as JSON")
