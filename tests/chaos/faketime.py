@@ -1,0 +1,69 @@
+"""Wall-clock steps for one process with libfaketime, the monotonic clock left alone.
+
+A faked process reads its offset from a file of its own on every call (``FAKETIME_NO_CACHE=1``),
+so the harness steps that process's wall clock by rewriting the file (``+0``, ``-60``, ``+60``).
+``time.monotonic()`` stays true (``FAKETIME_DONT_FAKE_MONOTONIC=1``), as it does when NTP or a VM
+resume steps a real clock; ``sitecustomize`` in ``faketime_site`` works around libfaketime's
+broken ``time.sleep`` on Python 3.11 (see there).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Final
+
+LIBRARY: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SITE_DIR: Final = Path(__file__).resolve().parent / "faketime_site"
+_install_lock = threading.Lock()
+
+
+def ensure_installed() -> str | None:
+    """Install Debian's ``faketime`` package if the library is missing (CI runs as root).
+
+    Returns None when the library is there, else why it could not be installed.
+    """
+    with _install_lock:
+        if LIBRARY.exists():
+            return None
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            return f"{LIBRARY} is missing and apt-get cannot install 'faketime' here (not root)"
+        for command in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "faketime"],
+        ):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
+        return None if LIBRARY.exists() else f"installed 'faketime' but {LIBRARY} is missing"
+
+
+class FakeClockFile:
+    """The offset file of one faked process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset_s = 0
+        self.set(0)
+
+    def set(self, offset_s: int) -> None:
+        """Step the process's wall clock to ``offset_s`` seconds from the real one."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        tmp.replace(self.path)  # atomic: the library never reads half a file
+        self.offset_s = offset_s
+
+    def env(self) -> dict[str, str]:
+        """The environment that puts a Python process under this clock."""
+        return {
+            "LD_PRELOAD": str(LIBRARY),
+            "FAKETIME_TIMESTAMP_FILE": str(self.path),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(SITE_DIR), os.environ.get("PYTHONPATH")))
+            ),
+        }
