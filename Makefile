@@ -24,8 +24,8 @@ services:
 	bash scripts/services.sh
 
 lint: install-test
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench docs/examples
+	$(BIN)/ruff format --check src tests bench docs/examples
 
 typecheck: install-test
 	$(BIN)/mypy

@@ -36,7 +36,9 @@ scheduler = Scheduler(backend_from_url(BACKEND), grace_ms=GRACE_MS)
 @scheduler.job("tick", "* * * * * *")  # every second
 async def tick(ctx: RunContext) -> None:
     assert ctx.slot is not None
-    ctx.logger.info("tick slot=%s instance=%s fence=%s", ctx.slot.isoformat(), ctx.instance, ctx.fence)
+    ctx.logger.info(
+        "tick slot=%s instance=%s fence=%s", ctx.slot.isoformat(), ctx.instance, ctx.fence
+    )
 
 
 @asynccontextmanager
