@@ -24,19 +24,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import Any
 
 from anarchon import InvalidOption, Scheduler
 
 __all__ = ["lifespan"]
 
-App = TypeVar("App")
-
 
 def lifespan(
     scheduler: Scheduler | Callable[[], Scheduler],
-    app_lifespan: Callable[[App], AbstractAsyncContextManager[Any]] | None = None,
-) -> Callable[[App], AbstractAsyncContextManager[Any]]:
+    app_lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
+) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
     """A lifespan that runs ``scheduler`` while the application runs.
 
     :param scheduler: the :class:`~anarchon.Scheduler` to run, or a function that makes one.
@@ -60,7 +58,7 @@ def lifespan(
         )
 
     @contextlib.asynccontextmanager
-    async def run(app: App) -> AsyncIterator[Any]:
+    async def run(app: Any) -> AsyncIterator[Any]:
         instance = _scheduler_of(scheduler)
         async with contextlib.AsyncExitStack() as stack:
             state = None
