@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck services install install-test bench clean
+.PHONY: demo test lint typecheck services install install-test bench clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
+## The documentation site into build/site; --strict: a broken link or an unreadable docstring fails.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 ## Everything CI runs: install, services, lint, types, the whole suite.
 test: install-test services lint typecheck
 	$(BIN)/pytest
@@ -52,4 +56,4 @@ bench: $(BIN)/python services
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -28,7 +28,7 @@ logging.basicConfig(
 
 BACKEND = os.environ.get("ANARCHON_BACKEND", f"sqlite:///{Path(__file__).parent / 'anarchon.db'}")
 # One number for both sides of the stop: gunicorn.conf.py reads it too (graceful_timeout).
-GRACE_MS = int(os.environ.get("ANARCHON_GRACE_MS", "30000"))
+GRACE_MS = int(os.environ.get("GRACE_MS", "30000"))
 
 scheduler = Scheduler(backend_from_url(BACKEND), grace_ms=GRACE_MS)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-GRACE_MS = int(os.environ.get("ANARCHON_GRACE_MS", "30000"))  # the app reads the same variable
+GRACE_MS = int(os.environ.get("GRACE_MS", "30000"))  # the app reads the same variable
 LONGEST_REQUEST_S = 5
 
 bind = os.environ.get("BIND", "0.0.0.0:8000")

@@ -67,7 +67,7 @@ def environment(
     return {
         "PYTHONPATH": f"{EXAMPLES}:{ROOT}",
         "ANARCHON_BACKEND": url,
-        "ANARCHON_GRACE_MS": str(grace_ms),
+        "GRACE_MS": str(grace_ms),
         "BIND": f"127.0.0.1:{port}",
         "WEB_CONCURRENCY": str(WORKERS),
         # gunicorn's control socket: one per server, not one per user.
