@@ -66,7 +66,7 @@ def test_the_reference_shows_every_public_name() -> None:
 
 
 def members(module: ModuleType) -> list[tuple[str, object]]:
-    out = []
+    out: list[tuple[str, object]] = []
     for name in getattr(module, "__all__", []):
         obj = getattr(module, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
