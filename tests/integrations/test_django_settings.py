@@ -155,3 +155,20 @@ def test_jobs_take_time_zone_by_default_and_run_with_stale_connections_closed(
     assert calls[3] != "coro" and calls[4] == "coro" and calls[5].startswith("close on ")
     # CONN_MAX_AGE is 0: the handler thread's connection was closed after the run.
     assert seen["connection"].connection is None
+
+
+def test_without_django_the_import_says_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['django'] = None\n"
+        "from anarchon import MissingDependency\n"
+        "try:\n"
+        "    import anarchon.integrations.django\n"
+        "except MissingDependency as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'anarchon[django]'" in done.stdout

@@ -46,9 +46,15 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
-from django.core.exceptions import ImproperlyConfigured as DjangoImproperlyConfigured
+from anarchon import ConfigurationError, MissingDependency, RunContext, Scheduler, backend_from_url
 
-from anarchon import ConfigurationError, RunContext, Scheduler, backend_from_url
+try:
+    from django.core.exceptions import ImproperlyConfigured as DjangoImproperlyConfigured
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise MissingDependency(
+        f"anarchon.integrations.django needs Django ({exc}); install it with "
+        "pip install 'anarchon[django]'"
+    ) from exc
 
 __all__ = ["ImproperlyConfigured", "backend_url", "build_scheduler", "job", "registered_jobs"]
 

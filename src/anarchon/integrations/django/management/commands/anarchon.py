@@ -71,7 +71,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "command",
             metavar="COMMAND",
-            help="run, or a command of the anarchon CLI: history (see 'anarchon --help')",
+            help=(
+                "run, or a command of the anarchon CLI (history; see 'anarchon --help'), "
+                "with the backend of settings.ANARCHON"
+            ),
         )
         parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the command's arguments")
 
