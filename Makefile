@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck services install install-test bench clean
+.PHONY: demo test lint typecheck services install install-test bench clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,15 @@ services:
 	bash scripts/services.sh
 
 lint: install-test
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench docs/examples
+	$(BIN)/ruff format --check src tests bench docs/examples
 
 typecheck: install-test
 	$(BIN)/mypy
+
+## The documentation site into build/site; --strict: a broken link or an unreadable docstring fails.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## Everything CI runs: install, services, lint, types, the whole suite.
 ## Four pytest workers: most tests wait on slots and processes, not on the CPU, so the suite
@@ -63,4 +67,4 @@ chaos: install-test services
 	$(BIN)/python -m tests.chaos.run $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

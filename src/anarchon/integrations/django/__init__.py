@@ -1,0 +1,281 @@
+"""anarchon for Django: settings, jobs in each app's ``cron.py``, and ``manage.py anarchon``.
+
+Add the app and say where claims and history live::
+
+    INSTALLED_APPS = [..., "anarchon.integrations.django"]
+    ANARCHON = {"database": "default"}          # reuse a PostgreSQL database of DATABASES
+    # or ANARCHON = {"backend": "redis://cache:6379/0?prefix=myapp:"}
+
+Declare jobs in any installed app's ``cron.py``::
+
+    from anarchon.integrations.django import job
+
+    @job("cleanup", "0 3 * * *")
+    def cleanup(ctx):
+        Session.objects.filter(expire_date__lt=timezone.now()).delete()
+
+and run ``python manage.py anarchon run`` in as many processes (pods, hosts) as you like: each
+slot runs on one of them. Around every run the handler's stale database connections are closed,
+as Django does around every request.
+
+Settings (``ANARCHON``, a dict; every key optional):
+
+``backend``
+    a backend URL (``sqlite:////abs/path.db``, ``postgresql://...``, ``redis://...``,
+    ``nats://...``). Default: ``$ANARCHON_BACKEND``, else SQLite in ``./anarchon.db``.
+``database``
+    instead of ``backend``: the alias of a PostgreSQL database in ``DATABASES`` whose settings
+    the PostgreSQL backend reuses (password included, never printed).
+``backend_options``
+    with ``database``: the PostgreSQL backend's options (``schema``, ``table_prefix``,
+    ``notifications``, ``prepared_statements``, ``max_connections`` ...).
+``timezone``
+    the zone of jobs that name none. Default: ``TIME_ZONE``.
+``grace_ms``, ``max_workers``, ``instance_id``
+    the :class:`~anarchon.Scheduler`'s options.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import inspect
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+from urllib.parse import quote, urlencode
+
+from anarchon import ConfigurationError, MissingDependency, RunContext, Scheduler, backend_from_url
+
+try:
+    from django.core.exceptions import ImproperlyConfigured as DjangoImproperlyConfigured
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise MissingDependency(
+        f"anarchon.integrations.django needs Django ({exc}); install it with "
+        "pip install 'anarchon[django]'"
+    ) from exc
+
+__all__ = ["ImproperlyConfigured", "backend_url", "build_scheduler", "job", "registered_jobs"]
+
+H = TypeVar("H", bound=Callable[[RunContext], Any])
+
+SETTING: Final = "ANARCHON"
+CRON_MODULE: Final = "cron"
+KEYS: Final = frozenset(
+    {"backend", "database", "backend_options", "timezone", "grace_ms", "max_workers", "instance_id"}
+)
+SCHEDULER_KEYS: Final = ("grace_ms", "max_workers", "instance_id")
+# Django's own OPTIONS of a PostgreSQL database: not connection parameters for libpq.
+DJANGO_ONLY_OPTIONS: Final = frozenset(
+    {
+        "assume_role",
+        "context",
+        "cursor_factory",
+        "isolation_level",
+        "pool",
+        "prepare_threshold",
+        "server_side_binding",
+    }
+)
+
+
+class ImproperlyConfigured(ConfigurationError, DjangoImproperlyConfigured):
+    """The ``ANARCHON`` setting (or the database it names) breaks a rule; the message names the
+    key, the value and the rule. Both anarchon's :class:`~anarchon.ConfigurationError` (the
+    ``anarchon`` command prints it on one line, exit code 2) and Django's own."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job declared with :func:`job`, added to the scheduler by :func:`build_scheduler`."""
+
+    name: str
+    schedule: str
+    handler: Callable[[RunContext], Any]
+    options: Mapping[str, Any]
+
+
+_REGISTRY: list[JobSpec] = []
+
+
+def job(name: str, schedule: str, **options: Any) -> Callable[[H], H]:
+    """Declare a job (in an app's ``cron.py``); returns the handler unchanged.
+
+    Takes the options of :meth:`anarchon.Scheduler.add` (``timezone``, ``max_late_ms``,
+    ``timeout_ms``, ``overlap`` ...); they are checked when the scheduler is built. A job
+    without ``timezone`` runs in ``ANARCHON["timezone"]``, else Django's ``TIME_ZONE``.
+    """
+
+    def register(handler: H) -> H:
+        _REGISTRY.append(JobSpec(name, schedule, handler, dict(options)))
+        return handler
+
+    return register
+
+
+def registered_jobs() -> list[JobSpec]:
+    """Every job declared so far, in the order declared (import the ``cron`` modules first:
+    :func:`build_scheduler` does)."""
+    return list(_REGISTRY)
+
+
+def _settings() -> dict[str, Any]:
+    from django.conf import settings
+
+    value = getattr(settings, SETTING, None)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(f"settings.{SETTING} = {value!r} must be a dict")
+    unknown = sorted(str(k) for k in value if k not in KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING} has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"the keys are {', '.join(sorted(KEYS))}"
+        )
+    if "backend" in value and "database" in value:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING} names both 'backend' and 'database'; give one: a backend URL, "
+            "or the alias of a PostgreSQL database in DATABASES to reuse"
+        )
+    if "backend_options" in value and "database" not in value:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['backend_options'] applies only with 'database'; with "
+            "'backend' put the options in the URL's query (?schema=...)"
+        )
+    return dict(value)
+
+
+def check_settings() -> None:
+    """Check the ``ANARCHON`` setting (done when Django starts, by the app's ``ready()``)."""
+    config = _settings()
+    if "database" in config:
+        _database_url(config["database"], config.get("backend_options") or {})
+    elif "backend" in config and not isinstance(config["backend"], str):
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['backend'] = {config['backend']!r} must be a backend URL such as "
+            "'postgresql://db/app' or 'sqlite:////srv/app/anarchon.db'"
+        )
+
+
+def backend_url() -> str | None:
+    """The backend URL the settings name: ``ANARCHON["backend"]``, the URL of the PostgreSQL
+    database ``ANARCHON["database"]`` (with its password: never print it), else
+    ``$ANARCHON_BACKEND``, else None (SQLite in ``./anarchon.db``)."""
+    config = _settings()
+    if "database" in config:
+        return _database_url(config["database"], config.get("backend_options") or {})
+    backend = config.get("backend")
+    if backend is not None:
+        if not isinstance(backend, str) or not backend.strip():
+            raise ImproperlyConfigured(
+                f"settings.{SETTING}['backend'] = {backend!r} must be a backend URL such as "
+                "'postgresql://db/app' or 'sqlite:////srv/app/anarchon.db'"
+            )
+        return backend
+    return os.environ.get("ANARCHON_BACKEND") or None
+
+
+def _database_url(alias: object, options: object) -> str:
+    """A ``postgresql://`` URL with the connection settings of ``DATABASES[alias]``."""
+    from django.db import connections
+
+    if not isinstance(alias, str) or alias not in connections.settings:
+        known = ", ".join(repr(a) for a in connections.settings)
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['database'] = {alias!r} is not a database of DATABASES "
+            f"(they are {known})"
+        )
+    if not isinstance(options, Mapping):
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['backend_options'] = {options!r} must be a dict"
+        )
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        raise ImproperlyConfigured(
+            f"DATABASES[{alias!r}] is a {connection.vendor} database; anarchon reuses only "
+            f"PostgreSQL databases. Set settings.{SETTING}['backend'] to a URL instead, for "
+            "example 'sqlite:////srv/app/anarchon.db' (an absolute path shared by every process)"
+        )
+    params = connection.settings_dict
+    query: dict[str, str] = {}
+    for key, value in (params.get("OPTIONS") or {}).items():
+        if key in DJANGO_ONLY_OPTIONS:
+            continue
+        if isinstance(value, bool | int | float | str):
+            query[str(key)] = str(value)
+        else:
+            raise ImproperlyConfigured(
+                f"DATABASES[{alias!r}]['OPTIONS'][{key!r}] is a {type(value).__name__}; anarchon "
+                "passes only text and numbers on to libpq. Give the PostgreSQL backend its own "
+                f"URL in settings.{SETTING}['backend']"
+            )
+    for key in ("PORT", "PASSWORD"):
+        if params.get(key):
+            query[key.lower()] = str(params[key])
+    for key, value in options.items():
+        query[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    name = params.get("NAME")
+    dbname = "postgres" if name is None else str(name)
+    # The user always sits in the URL, so its host part is never empty (an empty one would be
+    # lost when the URL is taken apart); with no HOST libpq uses its default, the local socket.
+    user = quote(str(params.get("USER") or getpass.getuser()), safe="")
+    host = quote(str(params.get("HOST") or ""), safe="")
+    return f"postgresql://{user}@{host}/{quote(dbname, safe='')}?{urlencode(query)}"
+
+
+def _with_connections(handler: Callable[[RunContext], Any]) -> Callable[[RunContext], Any]:
+    """Wrap a handler so the database connections of the thread it runs on are closed when
+    stale (``CONN_MAX_AGE`` over, broken, left in a transaction) before and after each run, as
+    Django does around each request."""
+    from django.db import close_old_connections
+
+    if inspect.iscoroutinefunction(handler):
+        from asgiref.sync import sync_to_async
+
+        # Async ORM calls run on asgiref's thread-sensitive thread: close connections there.
+        close_async = sync_to_async(close_old_connections)
+        run_async: Callable[[RunContext], Awaitable[Any]] = handler
+
+        @functools.wraps(handler)
+        async def around_async(ctx: RunContext) -> Any:
+            await close_async()
+            try:
+                return await run_async(ctx)
+            finally:
+                await close_async()
+
+        return around_async
+
+    @functools.wraps(handler)
+    def around(ctx: RunContext) -> Any:
+        close_old_connections()
+        try:
+            return handler(ctx)
+        finally:
+            close_old_connections()
+
+    return around
+
+
+def build_scheduler() -> Scheduler:
+    """A :class:`~anarchon.Scheduler` made from the settings, with every job of every installed
+    app's ``cron`` module. Jobs are checked here: a bad one raises the error that names it."""
+    from django.conf import settings
+    from django.utils.module_loading import autodiscover_modules
+
+    config = _settings()
+    autodiscover_modules(CRON_MODULE)
+    url = backend_url()
+    options = {key: config[key] for key in SCHEDULER_KEYS if key in config}
+    scheduler = Scheduler(backend_from_url(url) if url else None, **options)
+    zone = config.get("timezone") or getattr(settings, "TIME_ZONE", None) or "UTC"
+    for spec in _REGISTRY:
+        scheduler.add(
+            spec.name,
+            spec.schedule,
+            _with_connections(spec.handler),
+            **{"timezone": zone, **spec.options},
+        )
+    return scheduler

@@ -1,0 +1,20 @@
+"""The Django app: ``INSTALLED_APPS = [..., "anarchon.integrations.django"]``."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AnarchonConfig(AppConfig):
+    """Checks the ``ANARCHON`` setting when Django starts, so a mistake fails every process
+    (web workers too) at once rather than the scheduler later."""
+
+    name = "anarchon.integrations.django"
+    label = "anarchon"
+    verbose_name = "anarchon"
+
+    def ready(self) -> None:
+        """Check the settings."""
+        from . import check_settings
+
+        check_settings()

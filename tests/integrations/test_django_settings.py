@@ -1,0 +1,174 @@
+"""anarchon.integrations.django in one process: the URL built from Django's database settings,
+the job registry and defaults, and the connection handling around each run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from anarchon import ConfigurationError, PostgresBackend, RunContext, RunStatus, Scheduler
+
+SECRET = "s3cr3t-Pa55"
+
+DATABASES: dict[str, dict[str, Any]] = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    "pg": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "app db",
+        "USER": "app",
+        "PASSWORD": SECRET,
+        "HOST": "db.internal",
+        "PORT": 6432,
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1, "application_name": "web"},
+    },
+    "socket": {"ENGINE": "django.db.backends.postgresql", "NAME": None},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def django_settings() -> None:
+    if not settings.configured:
+        settings.configure(
+            DATABASES=DATABASES,
+            INSTALLED_APPS=["anarchon.integrations.django"],
+            USE_TZ=True,
+            TIME_ZONE="Europe/Athens",
+        )
+        django.setup()
+
+
+@pytest.fixture
+def registry() -> Iterator[list[Any]]:
+    from anarchon.integrations import django as integration
+
+    saved = list(integration._REGISTRY)
+    integration._REGISTRY.clear()
+    try:
+        yield integration._REGISTRY
+    finally:
+        integration._REGISTRY[:] = saved
+
+
+def test_the_postgres_backend_reuses_a_django_database_and_never_shows_its_password() -> None:
+    from anarchon.integrations.django import backend_url, build_scheduler
+
+    options = {"schema": "cron", "notifications": False}
+    with override_settings(ANARCHON={"database": "pg", "backend_options": options}):
+        url = backend_url()
+        scheduler = build_scheduler()
+    assert url is not None
+    assert url.startswith("postgresql://app@db.internal/app%20db?")
+    for part in ("port=6432", "sslmode=require", "application_name=web", f"password={SECRET}"):
+        assert part in url
+    assert "isolation_level" not in url and "schema=cron" in url
+    backend = scheduler.backend
+    assert isinstance(backend, PostgresBackend)
+    assert (backend.schema, backend.notifications) == ("cron", False)
+    assert SECRET not in repr(backend) and "db.internal:6432/app db" in repr(backend)
+    # NAME None is Django's "connect to the postgres database"; no HOST: libpq's default socket.
+    with override_settings(ANARCHON={"database": "socket"}):
+        assert (backend_url() or "").split("?")[0].endswith("@/postgres")
+
+
+def test_settings_mistakes_name_the_key_and_the_rule() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from anarchon.integrations.django import backend_url, check_settings
+
+    cases: dict[str, Any] = {
+        "must be a dict": ["backend"],
+        "unknown key(s) 'jitter'": {"jitter": 1},
+        "is a sqlite database": {"database": "default"},
+        "'nope' is not a database of DATABASES (they are 'default', 'pg', 'socket')": {
+            "database": "nope"
+        },
+        "applies only with 'database'": {"backend": "memory://", "backend_options": {}},
+        "must be a backend URL": {"backend": 5},
+    }
+    for message, value in cases.items():
+        with override_settings(ANARCHON=value), pytest.raises(ConfigurationError) as caught:
+            check_settings()
+            backend_url()
+        assert message in str(caught.value)
+        assert isinstance(caught.value, ImproperlyConfigured)
+
+
+def test_jobs_take_time_zone_by_default_and_run_with_stale_connections_closed(
+    registry: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import django.db
+
+    from anarchon.integrations.django import build_scheduler, job, registered_jobs
+
+    calls: list[str] = []
+    closing = django.db.close_old_connections
+
+    def spy() -> None:
+        calls.append(f"close on {threading.current_thread().name}")
+        closing()
+
+    monkeypatch.setattr(django.db, "close_old_connections", spy)
+    seen: dict[str, Any] = {}
+
+    @job("plain", "0 6 * * *")
+    def plain(ctx: RunContext) -> None:
+        from django.db import connection
+
+        calls.append(f"plain on {threading.current_thread().name}")
+        with connection.cursor() as cursor:  # opens this thread's connection
+            cursor.execute("SELECT 1")
+        seen["connection"] = connection
+
+    @job("coro", "0 7 * * *", timezone="UTC")
+    async def coro(ctx: RunContext) -> None:
+        calls.append("coro")
+
+    assert [spec.name for spec in registered_jobs()] == ["plain", "coro"]
+    zones: dict[str, object] = {}
+    adding = Scheduler.add
+
+    def add(self: Scheduler, name: str, schedule: str, handler: Any, **options: Any) -> None:
+        zones[name] = options.get("timezone")
+        adding(self, name, schedule, handler, **options)
+
+    monkeypatch.setattr(Scheduler, "add", add)
+    with override_settings(ANARCHON={"backend": "memory://"}):
+        scheduler = build_scheduler()
+    assert zones == {"plain": "Europe/Athens", "coro": "UTC"}  # TIME_ZONE unless named
+    assert scheduler.jobs == {"plain": "0 6 * * *", "coro": "0 7 * * *"}
+
+    async def run_both() -> list[RunStatus]:
+        async with scheduler:
+            return [(await scheduler.run_now(name)).status for name in ("plain", "coro")]
+
+    import asyncio
+
+    assert asyncio.run(run_both()) == [RunStatus.SUCCEEDED, RunStatus.SUCCEEDED]
+    worker = calls[1].removeprefix("plain on ")
+    assert calls[:3] == [f"close on {worker}", f"plain on {worker}", f"close on {worker}"]
+    assert calls[3] != "coro" and calls[4] == "coro" and calls[5].startswith("close on ")
+    # CONN_MAX_AGE is 0: the handler thread's connection was closed after the run.
+    assert seen["connection"].connection is None
+
+
+def test_without_django_the_import_says_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['django'] = None\n"
+        "from anarchon import MissingDependency\n"
+        "try:\n"
+        "    import anarchon.integrations.django\n"
+        "except MissingDependency as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'anarchon[django]'" in done.stdout

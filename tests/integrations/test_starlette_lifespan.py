@@ -1,0 +1,99 @@
+"""anarchon.integrations.starlette.lifespan in one process, entered as Starlette enters a
+lifespan (``async with lifespan(app)``): the order of the application's own lifespan and the
+scheduler's, the state passed on, a scheduler made per start by a function, and the errors for
+what is not a scheduler. The real servers are in test_asgi.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from anarchon import InvalidOption, RunContext, Scheduler, SchedulerStateError
+from anarchon.integrations.starlette import lifespan
+from anarchon.testing import MemoryBackend
+
+APP = object()  # the application object Starlette passes; the lifespan only hands it on
+
+
+def make_scheduler(events: list[str]) -> Scheduler:
+    scheduler = Scheduler(MemoryBackend(), instance_id="web-1")
+
+    @scheduler.job("report", "0 6 * * *")
+    async def report(ctx: RunContext) -> None:
+        opened = "pool opened" in events and "pool closed" not in events
+        events.append(f"report ran, pool {'open' if opened else 'closed'}")
+
+    return scheduler
+
+
+def resources_for(events: list[str]) -> Any:
+    @asynccontextmanager
+    async def resources(app: object) -> AsyncIterator[dict[str, Any]]:
+        assert app is APP
+        events.append("pool opened")
+        try:
+            yield {"pool": "the pool"}
+        finally:
+            events.append("pool closed")
+
+    return resources
+
+
+async def test_the_scheduler_runs_inside_the_apps_own_lifespan() -> None:
+    events: list[str] = []
+    scheduler = make_scheduler(events)
+    running = lifespan(scheduler, resources_for(events))
+    async with running(APP) as state:
+        assert scheduler.running and events == ["pool opened"]
+        assert state == {"pool": "the pool"}  # the app's lifespan state, passed on
+        run = await scheduler.run_now("report")
+    assert run.status == "succeeded" and not scheduler.running
+    assert events == ["pool opened", "report ran, pool open", "pool closed"]
+    with pytest.raises(SchedulerStateError, match="can start only once"):
+        async with running(APP):
+            pass
+
+
+async def test_the_defaults_no_app_lifespan() -> None:
+    scheduler = make_scheduler([])
+    async with lifespan(scheduler)(APP) as state:
+        assert state is None and scheduler.running
+    assert not scheduler.running
+
+
+async def test_a_function_makes_a_scheduler_for_each_start() -> None:
+    made: list[Scheduler] = []
+
+    def factory() -> Scheduler:
+        made.append(make_scheduler([]))
+        return made[-1]
+
+    running = lifespan(factory)
+    for _ in range(2):
+        async with running(APP):
+            assert made[-1].running
+    assert len(made) == 2 and not any(s.running for s in made)
+
+
+async def test_a_failed_start_leaves_the_apps_lifespan_closed() -> None:
+    events: list[str] = []
+    scheduler = make_scheduler(events)
+    await scheduler.stop()  # a stopped scheduler cannot start
+    with pytest.raises(SchedulerStateError):
+        async with lifespan(scheduler, resources_for(events))(APP):
+            pass
+    assert events == ["pool opened", "pool closed"]
+
+
+async def test_what_is_not_a_scheduler_is_refused() -> None:
+    with pytest.raises(InvalidOption, match="must be an anarchon Scheduler or a function"):
+        lifespan("scheduler")  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="app_lifespan=42 must be a lifespan"):
+        lifespan(Scheduler(MemoryBackend()), 42)  # type: ignore[arg-type]
+    running = lifespan(lambda: "nope")  # type: ignore[arg-type, return-value]
+    with pytest.raises(InvalidOption, match="returned 'nope', not an anarchon Scheduler"):
+        async with running(APP):
+            pass
