@@ -40,6 +40,7 @@ __all__ = ["KeeperThread", "LeaseKeeper", "Mailbox"]
 logger = logging.getLogger("anarchon.scheduler")
 
 LEASE_LOST = "lease lost"
+RENEWAL_HUNG = "the renewal call hung"
 # While renewals fail, retry at least this often (ms) until the lease is over.
 RENEW_RETRY_MS: Final = 1_000
 # How long start() waits for the keeper thread's backend connection before keeping leases on
@@ -178,17 +179,25 @@ class LeaseKeeper:
         sent = self._clock.monotonic_ms()
         error: Exception | None = None
         answers: list[Ticket | LeaseLost | Exception] | None = None
+        call = asyncio.ensure_future(self._renew_many([a.ticket for a in due]))
+        # A call that hangs (a link that holds packets) must not keep a lease alive past its
+        # local deadline: at the first deadline of the batch the call is given up and the
+        # overdue leases are lost (their handlers told and cancelled), the others retried.
+        first_deadline = min(a.deadline for a in due)
+        expiry = asyncio.ensure_future(self._clock.sleep(max(0, first_deadline - sent) / 1000))
         try:
-            answers = list(
-                await isolate(
-                    self._backend.renew_many,
-                    [a.ticket for a in due],
-                    lambda t: t.job,
-                    "renewing the lease",
-                )
-            )
-        except Exception as exc:  # BackendUnavailable: every lease of the batch waits
-            error = exc
+            await asyncio.wait({call, expiry}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expiry.cancel()
+        if not call.done():
+            call.cancel()
+            call.add_done_callback(_consume)
+            error = TimeoutError(f"no answer before the lease's local deadline ({RENEWAL_HUNG})")
+        else:
+            try:
+                answers = call.result()
+            except Exception as exc:  # BackendUnavailable: every lease of the batch waits
+                error = exc
         now = self._clock.monotonic_ms()
         warned = False
         for n, active in enumerate(due):
@@ -214,10 +223,20 @@ class LeaseKeeper:
                     )
                 self._push(active, now + min(RENEW_RETRY_MS, active.ticket.lease_ms // 3))
 
+    async def _renew_many(self, tickets: list[Ticket]) -> list[Ticket | LeaseLost | Exception]:
+        return list(
+            await isolate(self._backend.renew_many, tickets, lambda t: t.job, "renewing the lease")
+        )
+
     def _lose(self, active: ActiveRun, reason: str) -> None:
         self._live.discard(active)
         active.kept = False
         self._on_lost(active, reason)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:

@@ -58,6 +58,8 @@ class ActiveRun:
     cancel_reason: str | None = None
     reserved: bool = False
     """A handler thread is reserved for this run (plain handlers) and not yet used."""
+    thread_running: bool = False
+    """The run stopped waiting for its handler's thread, which still runs (plain handlers)."""
     result: asyncio.Future[Run | None] = field(default_factory=asyncio.Future)
     # Lease bookkeeping, on the monotonic clock (ms): when to renew next (the keeper's), when
     # the lease surely ends unless renewed, and whether the keeper renews it.
@@ -183,7 +185,19 @@ class RunExecutor:
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
             return await self._finish(active, *outcome)
-        if active.cancel_reason == HANDED_OVER:
+        if active.cancel_reason == HANDED_OVER and active.thread_running:
+            # A thread cannot be stopped: releasing now would let a backup start the slot while
+            # it still works. The lease is left to expire (the process exits meanwhile).
+            _log(
+                logging.WARNING,
+                "left_to_expire",
+                ticket,
+                "job %s attempt %d: its thread still runs after the grace period; not handed "
+                "over: a backup takes the run over when its lease expires",
+                job.name,
+                ticket.attempt,
+            )
+        elif active.cancel_reason == HANDED_OVER:
             await self._release(active)
         else:
             # The lease is lost: a backup takes the run over (or has); recording our own
@@ -301,6 +315,14 @@ class RunExecutor:
             return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
         waiting = asyncio.wrap_future(call)
         waiting.add_done_callback(_consume)  # a thread abandoned (lease lost) may still fail
+        try:
+            return await self._wait_thread(active, waiting)
+        except asyncio.CancelledError:
+            active.thread_running = not call.done()
+            raise
+
+    async def _wait_thread(self, active: ActiveRun, waiting: asyncio.Future[Any]) -> Outcome:
+        job, ctx, ticket = active.job, active.ctx, active.ticket
         timeout = job.timeout_ms
         if timeout is not None:
             done, _ = await asyncio.wait({waiting}, timeout=timeout / 1000)
@@ -476,10 +498,36 @@ class RunExecutor:
         # still stuck after that (an unreachable backend) is abandoned: the lease expires
         # and a backup takes the run over.
         tasks = [a.task for a in leftover if a.task is not None]
-        await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
-        for task in tasks:
-            if not task.done():
-                task.cancel()
+        await _all_or_sleep(tasks, self._clock.sleep(CANCEL_GRACE_S), CANCEL_GRACE_S)
+        # A handler still in its code swallowed the cancellation and works on. Handing its run
+        # over now would let a backup run the slot beside it: its lease stays renewed until it
+        # ends (a process that exits meanwhile ends it; the lease then expires).
+        stubborn = [
+            a for a in leftover if a.in_handler and a.task is not None and not a.task.done()
+        ]
+        for active in stubborn:
+            self._counters["cancel_ignored"] += 1
+            _log(
+                logging.WARNING,
+                "cancel_ignored",
+                active.ticket,
+                "job %s attempt %d ignores its cancellation (it caught CancelledError and works "
+                "on): not handed over; its lease stays renewed while it runs, and expires if the "
+                "process exits first. Let handlers end on CancelledError",
+                active.job.name,
+                active.ticket.attempt,
+            )
+        for active in leftover:
+            if active.task is not None and not active.task.done() and not active.in_handler:
+                active.task.cancel()  # stuck in a release or finish call: abandoned
+
+    def stubborn(self) -> list[asyncio.Task[None]]:
+        """Runs whose handlers ignored their cancellation and still work (after :meth:`drain`)."""
+        return [
+            a.task
+            for a in self.active.values()
+            if a.in_handler and a.task is not None and not a.task.done()
+        ]
 
 
 async def _all_or_sleep(

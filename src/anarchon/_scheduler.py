@@ -76,6 +76,9 @@ THREAD_POLL_S: Final = 0.05
 SETTLE_S: Final = 5.0
 # run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
 EXIT_WAIT_S: Final = 2.0
+# A slot due by this host's wall clock but still this far (ms) in the future by the backend's
+# (this clock is ahead: stepped, or a VM resumed) waits for the backend's time to reach it.
+EARLY_TOLERANCE_MS: Final = 1_000
 
 
 class _State(Enum):
@@ -232,11 +235,14 @@ class Scheduler:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loops: list[asyncio.Future[Any]] = []
         self._stack: AsyncExitStack | None = None
+        self._base: AsyncExitStack | None = None
+        self._lingering: asyncio.Future[None] | None = None
         self._stop_began = 0
         self._claiming = 0
         self._claims_idle = asyncio.Event()
         self._claims_idle.set()
         self._skew_wake = asyncio.Event()
+        self._early_warned_at: int | None = None
         self._keeper_thread: KeeperThread | None = None
         self._watchdog: LoopWatchdog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -374,15 +380,16 @@ class Scheduler:
         await self.backend.start()
         self._state = _State.RUNNING
         self._stop_began = 0
-        stack = AsyncExitStack()
+        base, stack = AsyncExitStack(), AsyncExitStack()
         try:
-            await self._start_services(stack)
+            await self._start_services(base, stack)
         except BaseException:
             self._state = _State.STOPPING
             await stack.aclose()
+            await base.aclose()
             self._state = _State.STOPPED
             raise
-        self._stack = stack
+        self._stack, self._base = stack, base
         logger.info(
             "scheduler %s started with %d jobs on %s (%r)",
             self.instance_id,
@@ -392,16 +399,17 @@ class Scheduler:
             extra={"action": "started"},
         )
 
-    async def _start_services(self, stack: AsyncExitStack) -> None:
-        """Start every service in order; each registers its clean-up on ``stack`` (undone in
-        reverse order by :meth:`stop`)."""
+    async def _start_services(self, base: AsyncExitStack, stack: AsyncExitStack) -> None:
+        """Start every service in order; each registers its clean-up on ``base`` (the backend,
+        the handler threads, the lease keeper) or ``stack`` (the rest), undone in reverse order
+        by :meth:`stop`: ``stack`` first, then ``base``."""
         backend = self.backend
-        stack.push_async_callback(backend.stop)
+        base.push_async_callback(backend.stop)
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._main_mailbox = Mailbox.here()
-        stack.callback(self._abandon_threads)
-        await self._start_keeper(stack, loop)
+        base.callback(self._abandon_threads)
+        await self._start_keeper(base, loop)
         # Runs drain (grace, then hand-over) while the keeper still renews their leases.
         stack.push_async_callback(self._drain)
         stack.push_async_callback(self._settle_claims)
@@ -517,9 +525,11 @@ class Scheduler:
         """Stop claiming, let running handlers finish up to ``grace_ms``, hand over the rest.
 
         Leases of running handlers are renewed until they end or the grace period is over. On a
-        lease backend a run still going after that is cancelled and its lease released at once,
-        so a backup takes it over without waiting for expiry. Plain handlers' threads still
-        running are abandoned (logged): the process can exit.
+        lease backend a run still going after that is cancelled and, once its handler has ended,
+        its lease released at once, so a backup takes it over without waiting for expiry. An
+        async handler that ignores its cancellation is waited for, its lease still renewed.
+        Plain handlers' threads still running are abandoned (logged) and their leases left to
+        expire: the process can exit.
         """
         if self._state in (_State.STOPPING, _State.STOPPED):
             return
@@ -530,12 +540,28 @@ class Scheduler:
         self._state = _State.STOPPING
         self._stop_began = self._clock.monotonic_ms()
         stack, self._stack = self._stack, None
+        base, self._base = self._base, None
         try:
             if stack is not None:
                 await stack.aclose()
         finally:
+            stubborn = self._executor.stubborn()
+            if base is not None and stubborn:
+                # Handlers that ignore their cancellation keep their leases (and the backend
+                # that records their results) until they end; stop() does not wait for them.
+                # A process that exits meanwhile ends them, and their leases expire.
+                self._lingering = asyncio.ensure_future(self._linger(stubborn, base))
+                self._lingering.add_done_callback(self._task_done)
+            elif base is not None:
+                await base.aclose()
             self._state = _State.STOPPED
         logger.info("scheduler %s stopped", self.instance_id, extra={"action": "stopped"})
+
+    async def _linger(self, tasks: list[asyncio.Task[None]], base: AsyncExitStack) -> None:
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            await base.aclose()
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -554,7 +580,8 @@ class Scheduler:
 
         Like ``asyncio.run(scheduler.serve())``, except that the process is not held at exit by
         a task that ignores cancellation (a handler that catches ``CancelledError`` and goes
-        on): such tasks are given :data:`EXIT_WAIT_S`, logged and left behind.
+        on): such a handler is given :data:`EXIT_WAIT_S` more to end (its lease still renewed,
+        so its result is recorded), then logged and left behind, its lease left to expire.
 
         Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop: use
         ``async with scheduler`` or ``await scheduler.serve()`` there.
@@ -578,8 +605,25 @@ class Scheduler:
                 if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
                     main.cancel()  # serve() then stops the scheduler: bounded, let it finish
                     loop.run_until_complete(asyncio.wait([main]))
+                # Runs whose handlers ignored their cancellation keep their leases while the
+                # process lives: a handler that ends within EXIT_WAIT_S has its result recorded
+                # (cancelling it again would only cut that short). Then the process exits: a
+                # handler still going ends with it, unreleased; its lease expires.
+                if self._lingering is not None and not self._lingering.done():
+                    loop.run_until_complete(asyncio.wait([self._lingering], timeout=EXIT_WAIT_S))
+                # Cancelling them again would only hurry them to an end whose result could not
+                # be recorded any more: they are left as they are and end with the process.
+                spared = {*self._executor.stubborn(), self._lingering}
+                if self._executor.stubborn():
+                    logger.warning(
+                        "exiting with %d handler(s) that ignore their cancellation still "
+                        "running; their runs are not handed over: a backup takes each over when "
+                        "its lease expires",
+                        len(self._executor.stubborn()),
+                        extra={"action": "left_to_expire"},
+                    )
                 # asyncio.run() would wait for every task to accept its cancellation, for ever.
-                left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
                 loop.run_until_complete(_cancel_and_wait(left, EXIT_WAIT_S))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(
@@ -711,9 +755,15 @@ class Scheduler:
             requests: list[ClaimRequest] = []
             reserved: set[str] = set()
             starved: list[ClaimRequest] = []
+            early: list[Due] = []
+            # On one host every instance's wall clock stepped alike: nobody is early.
+            early_check = self._backend_time.known and not self.backend.one_host
             for due in batch:
                 job = self._jobs.get(due.job)
                 if job is None or self._generation.get(due.job) != due.generation:
+                    continue
+                if early_check and due.slot - now > EARLY_TOLERANCE_MS:
+                    early.append(due)
                     continue
                 fired.append((job, due.slot))
                 if self._state is not _State.RUNNING:
@@ -731,10 +781,38 @@ class Scheduler:
                 self._starved(starved)
             if requests:
                 self._spawn(self._fire(requests, reserved))
+            if early:
+                self._wait_for_backend_time(early, now)
         finally:
             if fired:
                 # After the claim is on its way: a batch of thousands would otherwise hold it.
                 self._spawn(self._reschedule(fired, now))
+
+    def _wait_for_backend_time(self, early: list[Due], backend_now: int) -> None:
+        """Put slots that are due here but not yet by the backend's clock back on the timer, at
+        the local wall time when the backend's clock reaches them (without jitter: it was
+        spent). Claiming them now would be early for every other instance (a run overlapping
+        the previous slot's, recorded as skipped)."""
+        wall = self._clock.now_ms()
+        self._counters["early_slots_deferred"] += len(early)
+        for due in early:
+            self._timer.push(due.job, due.slot, wall + (due.slot - backend_now), due.generation)
+        mono = self._clock.monotonic_ms()
+        if self._early_warned_at is not None and mono - self._early_warned_at < SKEW_CHECK_S * 1000:
+            return  # one warning a minute: a clock ahead defers every slot
+        self._early_warned_at = mono
+        first = early[0]
+        logger.warning(
+            "%d slot(s) (%s slot %s%s) are due by this host's clock but %d ms in the future by "
+            "the %s backend's: this clock is ahead (stepped?); waiting for the backend's time",
+            len(early),
+            first.job,
+            first.slot,
+            f" and {len(early) - 1} more" if len(early) > 1 else "",
+            first.slot - backend_now,
+            self.backend.name,
+            extra={"job": first.job, "slot": first.slot, "action": "slot_early"},
+        )
 
     def _starved(self, requests: list[ClaimRequest]) -> None:
         self._counters["no_thread"] += len(requests)

@@ -242,6 +242,10 @@ class Backend(abc.ABC):
     name: str = "backend"
     #: The lease features this backend has; brokers have none.
     capabilities: frozenset[Capability] = frozenset()
+    #: True when every instance necessarily runs on this host and reads its wall clock (SQLite):
+    #: a step of that clock moves every instance at once, so the core fires slots by it even
+    #: when :meth:`server_time_ms` (the clock leases are measured on) has not followed yet.
+    one_host: bool = False
 
     @property
     def is_lease_backend(self) -> bool:

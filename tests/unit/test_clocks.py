@@ -113,7 +113,8 @@ async def test_a_forward_wall_step_records_no_slot_too_late(
     async with scheduler:
         await clock.advance(30_000)
         clock.step(MINUTE)  # the wall clock jumps a minute ahead of the backend's
-        await clock.advance(2 * MINUTE)
+        # Slots are claimed when the backend's clock reaches them: 3:00 at 3 min 0 s elapsed.
+        await clock.advance(3 * MINUTE)
         history = await scheduler.history("tick")
     too_late = [r for r in history if r.status is RunStatus.SKIPPED]
     assert not too_late, [(r.slot_ms, r.reason) for r in too_late]
@@ -150,3 +151,27 @@ async def test_a_forward_wall_step_does_not_bring_a_takeover_check_forward() -> 
     finally:
         for scheduler in (runner, backup):
             await scheduler.stop()
+
+
+async def test_a_clock_ahead_of_the_backend_does_not_claim_slots_early(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The wall clock jumps a minute ahead of the backend's: the slots it now thinks are due are
+    # claimed when the backend's clock reaches them, not at once (a minute early for the others).
+    clock = FakeClock(START)
+    backend = Recording(BackendClock(clock))
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "*/10 * * * * *", lambda ctx: None, jitter_ms=0)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(25_000)
+        clock.step(MINUTE)
+        for _ in range(120):
+            await clock.advance(500)
+        claims = [(at, r.slot) for _, at, reqs in backend.named("claim") for r in reqs]
+    early = [(slot - at, slot) for at, slot in claims if at < slot - 50]
+    assert claims, "nothing was claimed"
+    assert not early, f"claimed ahead of the backend's clock (ms early, slot): {early[:5]}"
+    warned = [r for r in caplog.records if getattr(r, "action", None) == "slot_early"]
+    assert len(warned) == 1, "one warning a minute, not one per slot"
+    assert (scheduler.metrics()["early_slots_deferred"] or 0) >= 6

@@ -5,10 +5,12 @@ longer than a lease after SIGTERM must not be run a second time by a backup."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 
 from anarchon import RunContext, RunStatus, Scheduler
 from anarchon.testing import FakeClock
-from tests.unit.core_helpers import MINUTE, START, Recording, View
+from tests.unit.core_helpers import MINUTE, START, Recording, View, until
 
 
 async def _drain_once(grace_ms: int | None, lease_ms: int | None, needs_ms: int) -> None:
@@ -88,3 +90,91 @@ async def test_what_is_left_after_the_grace_is_handed_over_at_once() -> None:
         for scheduler in (leaving, staying):
             await scheduler.stop()
     assert [(r.attempt, r.reason) for r in history] == [(2, None), (1, "handed over")]
+
+
+async def test_a_handler_that_ignores_its_cancellation_keeps_its_lease_until_it_ends() -> None:
+    # Defaults (grace 30 s, lease 15 s). The handler swallows CancelledError and works 60 s more
+    # after the grace: handing it over would let the backup run the slot beside it. stop()
+    # returns (bounded); the lease stays renewed until the handler ends, its result recorded.
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    seen: list[tuple[str, int]] = []
+    ended: list[str] = []
+
+    async def work(ctx: RunContext) -> None:
+        seen.append((ctx.instance, ctx.attempt))
+        if ctx.instance == "runner":
+            for _ in range(90):
+                with contextlib.suppress(asyncio.CancelledError):  # the fault: it works on
+                    await clock.sleep(1)
+        ended.append(ctx.instance)
+
+    runner = Scheduler(backend, clock=clock, instance_id="runner")
+    backup = Scheduler(View(backend), clock=clock, instance_id="backup")
+    runner.add("work", "0 * * * *", work, jitter_ms=0)
+    backup.add("work", "0 * * * *", work, jitter_ms=1_000)
+    for scheduler in (runner, backup):
+        await scheduler.start()
+    try:
+        await clock.advance(60 * MINUTE + 2_000)
+        stopping = asyncio.ensure_future(runner.stop())
+        for _ in range(42):  # past the grace (30 s) and the cancel grace (10 s)
+            await clock.advance(1_000)
+        await asyncio.wait_for(stopping, 5)  # stop() is bounded: it does not wait for it
+        for _ in range(38):  # the handler works on for 38 s more, past two leases
+            await clock.advance(1_000)
+        assert seen == [("runner", 1)], "a backup ran the slot beside a handler still running"
+        assert ended == [], "the handler should still be working"
+        for _ in range(15):
+            await clock.advance(1_000)
+        assert ended == ["runner"]
+        for _ in range(20):
+            await clock.advance(1_000)
+        history = await backup.history("work")
+    finally:
+        for scheduler in (runner, backup):
+            await scheduler.stop()
+    assert seen == [("runner", 1)]
+    assert ended == ["runner"]
+    assert runner.metrics()["cancel_ignored"] == 1
+    assert [(r.attempt, r.status) for r in history] == [(1, RunStatus.SUCCEEDED)]
+
+
+async def test_a_thread_still_running_after_the_grace_is_not_handed_over() -> None:
+    # A thread cannot be stopped: releasing its lease would let the backup start the slot while
+    # it still works. The lease is left to expire; only then does the backup take over.
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    seen: list[tuple[str, int]] = []
+    release = threading.Event()
+
+    def work(ctx: RunContext) -> None:
+        seen.append((ctx.instance, ctx.attempt))
+        if ctx.instance == "leaving":
+            release.wait(30)
+
+    leaving = Scheduler(backend, clock=clock, instance_id="leaving", grace_ms=2_000)
+    staying = Scheduler(View(backend), clock=clock, instance_id="staying")
+    leaving.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    staying.add("work", "0 * * * *", work, jitter_ms=1_000, lease_ms=3_000)
+    for scheduler in (leaving, staying):
+        await scheduler.start()
+    try:
+        await clock.advance(60 * MINUTE + 500)
+        await until(lambda: seen, 5, "the thread to start")
+        stopping = asyncio.ensure_future(leaving.stop())
+        for _ in range(12):  # past the grace (2 s) and the cancel grace (10 s)
+            await clock.advance(250)
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(stopping, 5)
+        await asyncio.sleep(0.2)
+        assert seen == [("leaving", 1)], "handed over while its thread still ran"
+        for _ in range(40):  # the lease (3 s) expires: the backup takes over
+            await clock.advance(250)
+            await asyncio.sleep(0.01)
+        await until(lambda: len(seen) == 2, 5, "the backup to take over")
+        assert seen == [("leaving", 1), ("staying", 2)]
+    finally:
+        release.set()
+        for scheduler in (leaving, staying):
+            await scheduler.stop()

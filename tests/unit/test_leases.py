@@ -91,7 +91,7 @@ async def test_the_lease_is_known_lost_once_its_deadline_passes_without_a_renewa
         backend.hang = True
         await clock.advance(3_100)  # a full lease since the last renewal
         assert ctx.lease_lost, "the lease ran out unrenewed and the handler was not told"
-        with pytest.raises(LeaseLost, match="ran out without a renewal"):
+        with pytest.raises(LeaseLost, match=r"ran out without a renewal|could not renew"):
             ctx.check_lease()
         release.set()
 
@@ -196,3 +196,36 @@ async def test_a_takeover_whose_answer_was_lost_is_retried_with_the_same_request
     assert len(backend.named("take_over")) >= 2, "the takeover was not retried"
     first, second = (request for _, _, request in backend.named("take_over")[:2])
     assert (second.run_id, second.token) == (first.run_id, first.token)
+
+
+async def test_a_renewal_that_hangs_cancels_the_handler_at_the_lease_deadline() -> None:
+    clock = FakeClock(START)
+
+    class Hanging(MemoryBackend):
+        hang = False
+
+        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+            if self.hang:  # the link holds packets: no answer, no error
+                await asyncio.Event().wait()
+            return await super().renew_many(tickets)
+
+    backend = Hanging(clock=clock)
+    cancelled: list[bool] = []
+
+    async def work(ctx: RunContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(ctx.lease_lost)
+            raise
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 2_000)
+        backend.hang = True
+        for _ in range(16):  # 4 s: past the deadline of the lease the hung call should renew
+            await clock.advance(250)
+        assert cancelled == [True], "the handler ran on past its lease while a renewal hung"
+        assert scheduler.metrics()["lease_lost"] == 1
+        backend.hang = False

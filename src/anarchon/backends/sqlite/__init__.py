@@ -283,6 +283,7 @@ class SQLiteBackend(LeaseBackend):
     """
 
     name = "sqlite"
+    one_host = True
 
     def __init__(
         self,
