@@ -231,14 +231,14 @@ class Connection:
         logger.warning(
             "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
             RECONNECT_WAIT_S,
-            extra={"action": "nats_disconnected"},
+            extra={"action": "backend_unavailable"},
         )
 
     async def _on_reconnected(self) -> None:
         self._down = False
         nc = self.nc
         url = _where(nc) if nc is not None else "?"
-        logger.warning("reconnected to NATS at %s", url, extra={"action": "nats_reconnected"})
+        logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
 
     # -- the stream -------------------------------------------------------------------------
 
