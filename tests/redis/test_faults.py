@@ -15,8 +15,9 @@ import pytest
 
 from anarchon import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
 from anarchon.backend import ClaimStatus
-from anarchon.backends.redis import RESTART_MARGIN_MS, RedisBackend
+from anarchon.backends.redis import RedisBackend
 from anarchon.backends.redis._errors import translate
+from anarchon.backends.redis._rows import RESTART_MARGIN_MS
 from tests.backends.redis import SERVER
 from tests.redis.servers import RedisServer, free_port, redis_server
 from tests.redis.test_scripts import claim_request
