@@ -103,6 +103,35 @@ async def test_restart_without_persistence_fails_closed_and_recovers(
         await backend.stop()
 
 
+async def test_an_outage_is_logged_once_and_so_is_the_recovery(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call fails while Redis is down, but the log says so once (backend_unavailable)
+    and once more when Redis answers again (backend_recovered)."""
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="anarchon.backends.redis"):
+            await backend.server_time_ms()
+            own_server.kill()
+            for _ in range(3):
+                with pytest.raises(BackendUnavailable):
+                    await backend.history("job")
+            with pytest.raises(BackendUnavailable):
+                await backend.claim([claim_request(slot=None)])
+            own_server.start()
+            for _ in range(3):
+                assert await backend.server_time_ms() is not None
+    finally:
+        await backend.stop()
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert [a for a in actions if a and a.startswith("backend_")] == [
+        "backend_unavailable",
+        "backend_recovered",
+    ], caplog.text
+    assert all(r.name == "anarchon.backends.redis" for r in caplog.records)
+
+
 async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServer) -> None:
     backend = RedisBackend(own_server.url, prefix=PREFIX)
     await backend.start()
@@ -120,7 +149,10 @@ async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServ
 
 
 @pytest.mark.slow
-async def test_notifications_resume_after_a_restart(own_server: RedisServer) -> None:
+async def test_notifications_resume_after_a_restart(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon.backends.redis")
     listener = RedisBackend(own_server.url, prefix=PREFIX)
     other = RedisBackend(own_server.url, prefix=PREFIX)
     await listener.start()
@@ -156,6 +188,11 @@ async def test_notifications_resume_after_a_restart(own_server: RedisServer) -> 
     finally:
         await listener.stop()
         await other.stop()
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert [a for a in actions if a and a.startswith("notifications_")] == [
+        "notifications_lost",
+        "notifications_resumed",
+    ], caplog.text
 
 
 async def test_eviction_policy_that_may_drop_records_is_warned_about(
