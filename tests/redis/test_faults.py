@@ -339,3 +339,27 @@ async def test_a_cancelled_caller_is_cancelled() -> None:
     finally:
         await backend.stop()
     assert stuck == 0
+
+
+async def test_clones_have_a_client_of_their_own(prefix: str) -> None:
+    """clone() (the lease keeper thread's backend) works from a URL and from a plain client
+    passed in, closes only the client it made, and is None for a Sentinel client."""
+    from redis.asyncio import Redis
+    from redis.asyncio.sentinel import Sentinel
+
+    from_url = RedisBackend(SERVER, prefix=prefix, history_size=7).clone()
+    assert from_url is not None
+    assert (from_url.url, from_url.prefix, from_url.history_size) == (SERVER, prefix, 7)
+    client = Redis.from_url(SERVER)
+    copied = RedisBackend(client=client, prefix=prefix).clone()
+    assert copied is not None and "a copy of" in repr(copied)
+    try:
+        for twin in (from_url, copied):
+            await twin.start()
+            assert await twin.server_time_ms() is not None
+            await twin.stop()
+        assert await client.ping()  # the copy closed its own client, not the one passed in
+    finally:
+        await client.aclose()
+    sentinel = Sentinel([("127.0.0.1", free_port())])  # type: ignore[no-untyped-call]
+    assert RedisBackend(client=sentinel.master_for("mymaster"), prefix=prefix).clone() is None

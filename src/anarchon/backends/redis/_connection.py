@@ -221,7 +221,12 @@ class Connection:
         """Forget the client, and close it if this connection made it."""
         client, self._client, self._scripts = self._client, None, None
         if client is not None and self._given is None:
+            from redis.asyncio import Redis
+
             await client.aclose()
+            if isinstance(client, Redis):
+                # A client built on a pool (a copy of a given client) leaves that pool open.
+                await client.connection_pool.disconnect()
 
     def client(self) -> Client:
         """The open client; :class:`BackendError` before :meth:`open`."""
