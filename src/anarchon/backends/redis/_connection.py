@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import AnarchonError, BackendError, BackendUnavailable, InvalidOption
 from ...kit import backoff, redact_url
-from ._errors import is_driver_error, translate
+from ._errors import is_driver_error, is_unreachable, translate
 from ._rows import text
 from ._scripts import Call, ScriptRunner
 
@@ -242,16 +242,20 @@ class Connection:
     # -- calls ------------------------------------------------------------------------------
 
     async def call(self, aw: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
-        """:func:`bounded`, logging once when Redis stops answering and once when it is back."""
+        """:func:`bounded`, logging once when Redis stops answering and once when it answers
+        again. An error reply (OOM, READONLY ...) is an answer: it is raised like any failure
+        but is no outage, so refused writes between successful reads do not flap the log."""
         try:
             result = await bounded(aw, self.where, timeout_s)
         except BackendUnavailable as exc:
-            self._unavailable(exc)
+            # No cause: bounded's own timeout; else the driver's exception.
+            if exc.__cause__ is None or is_unreachable(exc.__cause__):
+                self._unavailable(exc)
             raise
         self._answered()
         return result
 
-    def _unavailable(self, exc: BackendError) -> None:
+    def _unavailable(self, exc: BackendUnavailable) -> None:
         if not self._down:
             self._down = True
             logger.warning(
@@ -293,10 +297,8 @@ class Connection:
                 out.append(json.loads(text(answer)))
                 continue
             error = translate(answer, self.where)
-            if isinstance(error, BackendUnavailable):
-                self._unavailable(error)
-                if transient_raise:
-                    raise error from answer
+            if transient_raise and isinstance(error, BackendUnavailable):
+                raise error from answer
             out.append(error)
         return out
 

@@ -13,7 +13,7 @@ from typing import Final
 
 from ...errors import BackendError, BackendUnavailable
 
-__all__ = ["is_driver_error", "is_transient", "translate"]
+__all__ = ["is_driver_error", "is_transient", "is_unreachable", "translate"]
 
 # Error replies (by their first word) that say "not now" rather than "never".
 TRANSIENT_REPLIES: Final = (
@@ -56,6 +56,16 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, transient):
         return True
     return isinstance(exc, rx.ResponseError) and str(exc).split(" ", 1)[0] in TRANSIENT_REPLIES
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True if ``exc`` (raised by redis-py) says Redis could not be reached or stopped
+    answering, rather than answering with an error reply (OOM, READONLY ...)."""
+    import redis.exceptions as rx
+
+    reached = rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError
+    lost = rx.ConnectionError | rx.TimeoutError | ConnectionError | TimeoutError | OSError
+    return isinstance(exc, lost) and not isinstance(exc, reached)
 
 
 def translate(exc: BaseException, where: str) -> BackendError:
