@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         f"records in {out}",
         flush=True,
     )
+    if args.results is not None:
+        args.results.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     try:
         results = run_all(cells, trials, args.parallel, out, results_dir=args.results)
