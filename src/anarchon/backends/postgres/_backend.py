@@ -94,7 +94,6 @@ class PostgresBackend(LeaseBackend):
             max_connections=max_connections,
             prepared_statements=prepared_statements,
         )
-        self.options = options
         self.dsn = options.dsn
         self.schema, self.table_prefix = options.schema, options.table_prefix
         self.history_size, self.timeout_ms = options.history_size, options.timeout_ms

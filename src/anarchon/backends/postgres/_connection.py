@@ -95,11 +95,6 @@ class Connections:
 
     # -- opening and closing -------------------------------------------------------------------
 
-    @property
-    def is_open(self) -> bool:
-        """True between :meth:`open` and :meth:`close`."""
-        return self._open
-
     async def open(self, first: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
         """Open the pool if the backend owns one (waiting for its first connection), then run
         ``first`` (migrations, or a reader's check); close again if it fails. Idempotent."""
