@@ -4,6 +4,8 @@ cannot be reached for seconds (a TCP proxy the test cuts; the shared server keep
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 import uuid
 from collections import Counter
@@ -173,3 +175,48 @@ async def test_a_silent_network_fails_calls_within_the_timeout(schema: str) -> N
             print(f"\npostgres: silent network: calls failed in 1 s; recovered in {took:.2f} s")
         finally:
             await backend.stop()
+
+
+def _actions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.action
+        for r in caplog.records
+        if r.name == "anarchon.backends.postgres" and hasattr(r, "action")
+    ]
+
+
+async def test_an_outage_is_logged_once_and_so_is_its_end(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Many failed calls and reconnections, one line each for the outage and its end: for
+    the calls (backend_unavailable, backend_recovered) and for LISTEN (notifications_lost,
+    notifications_resumed)."""
+    caplog.set_level(logging.DEBUG, logger="anarchon.backends.postgres")
+    with TcpProxy() as proxy:
+        backend = PostgresBackend(
+            f"postgresql://127.0.0.1:{proxy.port}/test", schema=schema, timeout_ms=2_000
+        )
+        await backend.start()
+        try:
+            await backend.subscribe(lambda job, key, released: None)
+            assert await backend.history("job") == []
+            proxy.cut()
+            for _ in range(3):
+                with pytest.raises(BackendUnavailable):
+                    await backend.history("job")
+            await asyncio.sleep(1.5)  # the listener fails to reconnect a few times meanwhile
+            proxy.restore()
+            deadline = time.monotonic() + 20
+            while not {"notifications_resumed", "backend_recovered"} <= set(_actions(caplog)):
+                assert time.monotonic() < deadline, _actions(caplog)
+                with contextlib.suppress(BackendUnavailable):
+                    await backend.history("job")
+                await asyncio.sleep(0.2)
+        finally:
+            await backend.stop()
+    assert sorted(a for a in _actions(caplog) if a != "migrated") == [
+        "backend_recovered",
+        "backend_unavailable",
+        "notifications_lost",
+        "notifications_resumed",
+    ], caplog.text

@@ -10,11 +10,13 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from anarchon import (
@@ -30,9 +32,9 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
-from anarchon.backends._lease_rules import PRUNED_REASON
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
+from anarchon.kit.lease import PRUNED_REASON
 from tests.backends.postgres import DSN, drop_schema, fresh_schema, url_of
 
 SLOT = 1_800_000_000_000
@@ -161,6 +163,35 @@ def test_from_url_takes_its_options_out_of_the_dsn() -> None:
         PostgresBackend.from_url("postgresql://h/db?schema=Bad")
 
 
+SOCKET_DIR = "/var/run/postgresql"
+
+
+def test_from_url_keeps_an_empty_host_and_the_dsn_as_written() -> None:
+    # An empty host: libpq's default socket, or the directory given as host=.
+    backend = PostgresBackend.from_url(f"postgresql:///test?host={SOCKET_DIR}&schema=s1")
+    assert backend.dsn == f"postgresql:///test?host={SOCKET_DIR}"
+    assert conninfo_to_dict(backend.dsn) == {"host": SOCKET_DIR, "dbname": "test"}
+    assert repr(backend).startswith(f"PostgresBackend('{SOCKET_DIR}:5432/test'")
+    assert PostgresBackend.from_url("postgresql:///test").dsn == "postgresql:///test"
+    # libpq's options stay as written: '+' and %20 are not the same to libpq.
+    escaped = "postgresql://h/db?options=-c%20search_path%3Dx&application_name=a+b&timeout_ms=900"
+    backend = PostgresBackend.from_url(escaped)
+    assert backend.dsn == "postgresql://h/db?options=-c%20search_path%3Dx&application_name=a+b"
+    assert conninfo_to_dict(backend.dsn)["options"] == "-c search_path=x"
+    assert backend.timeout_ms == 900
+
+
+@pytest.mark.skipif(not Path(SOCKET_DIR).is_dir(), reason=f"no PostgreSQL socket in {SOCKET_DIR}")
+async def test_a_backend_connects_through_the_socket_directory_of_its_url(schema: str) -> None:
+    backend = backend_from_url(f"postgresql:///test?host={SOCKET_DIR}&schema={schema}")
+    await backend.start()
+    try:
+        [won] = await backend.claim([request()])
+        assert won.status is ClaimStatus.WON
+    finally:
+        await backend.stop()
+
+
 def test_module_imports_without_the_driver() -> None:
     code = (
         "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
@@ -197,7 +228,7 @@ async def test_a_version_1_schema_is_migrated_and_keeps_its_history(schema: str)
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
         await conn.execute(q["create_schema"])
         await conn.execute(q["create_version_table"])
-        for statement in q.migrations[1]:
+        for statement in q.script("migration_1"):
             await conn.execute(statement)
         await conn.execute(q["set_schema_version"], {"version": 1})
         for slot in (SLOT, SLOT + 1000):  # two runs recorded in one millisecond
@@ -231,6 +262,35 @@ async def test_a_newer_schema_version_is_refused(make: Make, schema: str) -> Non
     )
     with pytest.raises(BackendError, match="schema version 99, newer than this anarchon"):
         await make().start()
+
+
+async def test_a_reader_creates_nothing_and_says_what_is_missing(make: Make, schema: str) -> None:
+    reader = make()
+    with pytest.raises(
+        BackendError, match=rf"no anarchon tables {schema}\.anarchon_\* in PostgreSQL"
+    ):
+        await reader.start_reader()
+    assert await fetch("SELECT 1 FROM pg_namespace WHERE nspname = %s", schema) == []
+    writer = make()
+    await writer.start()
+    [won] = await writer.claim([request()])
+    await reader.start_reader()
+    assert [r.run_id for r in await reader.history("job")] == [won.run.run_id]
+
+
+async def test_a_reader_leaves_old_tables_as_they_are(schema: str) -> None:
+    q = Queries(Names(schema, "anarchon_"))
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(q["create_schema"])
+        await conn.execute(q["create_version_table"])
+        for statement in q.script("migration_1"):
+            await conn.execute(statement)
+        await conn.execute(q["set_schema_version"], {"version": 1})
+    reader = PostgresBackend(DSN, schema=schema, max_connections=1)
+    with pytest.raises(BackendError, match="schema version 1, older than this anarchon reads"):
+        await reader.start_reader()
+    versions = sql.Identifier(schema, "anarchon_schema_version")
+    assert await fetch(sql.SQL("SELECT version FROM {}").format(versions).as_string(None)) == [(1,)]
 
 
 async def test_unreachable_server_fails_start_quickly() -> None:

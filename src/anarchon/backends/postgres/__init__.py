@@ -7,6 +7,12 @@ created on start by versioned migrations under an advisory lock. Backups hear of
 results by LISTEN/NOTIFY on a dedicated connection, and poll at lease expiry if a notification
 is lost.
 
+The claim path: ``PostgresBackend.claim`` in ``_backend.py`` (the contract's methods), the
+``lock_jobs`` and ``claim`` statements in ``queries.sql``, and ``claim_outcome`` in
+``_rows.py``. The other files: ``_connection.py`` (pool, liveness, bounded call, pipelining),
+``_errors.py`` (driver errors), ``_options.py`` (options, URLs), ``_queries.py`` (composing
+``queries.sql``), ``_migrations.py`` (table versions), ``_listener.py`` (LISTEN).
+
 psycopg 3 and psycopg_pool are imported when a :class:`PostgresBackend` is built, so the rest of
 anarchon works without them (``pip install 'anarchon[postgres]'``).
 """

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from ...errors import BackendError, BackendUnavailable
+from anarchon.errors import BackendError, BackendUnavailable
 
-__all__ = ["translate"]
+__all__ = ["first_line", "is_transient", "translate"]
 
 # SQLSTATEs that mean "try again later" although psycopg does not raise OperationalError.
 _TRANSIENT_SQLSTATES: Final = frozenset(
@@ -31,6 +31,24 @@ _TRANSIENT_SQLSTATES: Final = frozenset(
 )
 
 
+def is_transient(exc: BaseException) -> bool:
+    """True if ``exc``, raised by the driver, the pool or the network, may pass if the same
+    call is made again later; False for anything else (permanent, or not the driver's)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, PoolTimeout | TimeoutError | OSError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    return (
+        isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        or state in _TRANSIENT_SQLSTATES
+        or (state is not None and state.startswith("08"))  # connection exceptions
+    )
+
+
 def translate(exc: BaseException, where: str) -> BackendError | None:
     """Return the anarchon error for a driver exception, or None if it is not the driver's.
 
@@ -44,19 +62,14 @@ def translate(exc: BaseException, where: str) -> BackendError | None:
     if isinstance(exc, PoolClosed):
         return BackendError(f"PostgreSQL {where}: the connection pool is closed ({exc})")
     if isinstance(exc, psycopg.Error):
-        state = exc.sqlstate
-        if (
-            isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
-            or state in _TRANSIENT_SQLSTATES
-            or (state is not None and state.startswith("08"))  # connection exceptions
-        ):
-            return BackendUnavailable(f"PostgreSQL {where}: {_first_line(exc)}")
-        return BackendError(f"PostgreSQL {where}: {_first_line(exc)}")
+        kind = BackendUnavailable if is_transient(exc) else BackendError
+        return kind(f"PostgreSQL {where}: {first_line(exc)}")
     if isinstance(exc, TimeoutError | OSError):
         return BackendUnavailable(f"PostgreSQL {where}: {exc or type(exc).__name__}")
     return None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]

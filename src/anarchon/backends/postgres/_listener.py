@@ -4,7 +4,8 @@ The connection is the listener's own (never one of the pool's, never the caller'
 opened here, kept open, checked with a round trip whenever it has been quiet for a while (a
 network that drops packets silently would otherwise leave it waiting forever), and reopened
 with backoff when it fails. Notifications sent while it was away are lost, which is harmless:
-backups still check a watched run when its lease expires.
+backups still check a watched run when its lease expires. A loss is logged once
+(``notifications_lost``), and the LISTEN that ends it once (``notifications_resumed``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..._retry import backoff
+from anarchon.kit import backoff
+
+from ._errors import first_line
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
 __all__ = ["Listener"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("anarchon.backends.postgres")
 
 # A quiet connection is checked this often; the check must answer within PING_TIMEOUT_S.
 PING_EVERY_S: Final = 10.0
@@ -74,6 +77,7 @@ class Listener:
         from psycopg import sql
 
         delays = backoff(first=0.2, cap=5.0)
+        lost = False
         while True:
             try:
                 conn = await self._connect()
@@ -81,26 +85,33 @@ class Listener:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     self._listening.set()
                     delays = backoff(first=0.2, cap=5.0)
-                    logger.debug(
-                        "listening on %s at %s",
-                        self._channel,
-                        self._where,
-                        extra={"action": "listen"},
-                    )
+                    if lost:
+                        lost = False
+                        logger.warning(
+                            "PostgreSQL %s: listening on %s again",
+                            self._where,
+                            self._channel,
+                            extra={"action": "notifications_resumed"},
+                        )
+                    else:
+                        logger.debug("listening on %s at %s", self._channel, self._where)
                     await self._serve(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._listening.clear()
                 delay = next(delays)
-                logger.warning(
-                    "PostgreSQL %s: LISTEN connection failed (%s); reconnecting in %.1f s, "
-                    "backups poll at lease expiry meanwhile",
-                    self._where,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                    delay,
-                    extra={"action": "listen_failed"},
-                )
+                if not lost:
+                    lost = True
+                    logger.warning(
+                        "PostgreSQL %s: LISTEN connection failed (%s); reconnecting with "
+                        "backoff, backups poll at lease expiry meanwhile",
+                        self._where,
+                        first_line(exc),
+                        extra={"action": "notifications_lost"},
+                    )
+                else:
+                    logger.debug("LISTEN again in %.1f s: %s", delay, first_line(exc))
                 await asyncio.sleep(delay)
 
     async def _serve(self, conn: AsyncConnection[Any]) -> None:

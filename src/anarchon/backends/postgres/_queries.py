@@ -2,57 +2,28 @@
 
 The statements are the named queries of ``queries.sql``; table, schema and index names are
 substituted as quoted identifiers (:class:`psycopg.sql.Identifier`) once the schema and the
-table prefix have passed :func:`check_schema` and :func:`check_table_prefix`. Values are always
-query parameters.
+table prefix have passed the checks of :mod:`._options`. Values are always query parameters.
+The sections named in :data:`PARTS` are pieces of other statements, substituted where those
+write ``{run_columns}``, ``{current_attempt}`` ...
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from ...errors import InvalidOption
-from .._sql import load_queries
+from anarchon.kit.sql import load_queries
 
 if TYPE_CHECKING:
     from psycopg import sql
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "Queries", "check_schema", "check_table_prefix"]
+__all__ = ["PARTS", "RAW", "Names", "Queries"]
 
 RAW: Final = load_queries(__name__.rpartition(".")[0], "queries.sql")
-SCHEMA_VERSION: Final = 2
-MIGRATIONS: Final = {1: "migration_1", 2: "migration_2"}
-
-# PostgreSQL truncates identifiers at 63 bytes; the longest name built from the prefix is
-# "<prefix>runs_recorded" (13 more characters), hence 40 for the prefix.
-_SCHEMA_RULE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_PREFIX_RULE: Final = re.compile(r"([a-z_][a-z0-9_]{0,39})?")
+# In order: a part may use the parts before it.
+PARTS: Final = ("run_columns", "current_attempt", "held_by_ticket")
 _MAX_CHANNEL: Final = 63
-
-
-def check_schema(schema: object) -> str:
-    """Return ``schema`` if it is a plain lower-case identifier PostgreSQL will not fold."""
-    if not isinstance(schema, str) or not _SCHEMA_RULE.fullmatch(schema):
-        raise InvalidOption(
-            f"schema={schema!r} must be 1-63 characters of lower-case letters, digits and '_', "
-            "not starting with a digit (it is used as a quoted SQL identifier)"
-        )
-    if schema.startswith("pg_"):
-        raise InvalidOption(f"schema={schema!r} may not start with 'pg_' (reserved by PostgreSQL)")
-    return schema
-
-
-def check_table_prefix(prefix: object) -> str:
-    """Return ``prefix`` if the table and index names built from it are valid identifiers."""
-    if not isinstance(prefix, str) or not _PREFIX_RULE.fullmatch(prefix):
-        raise InvalidOption(
-            f"table_prefix={prefix!r} must be at most 40 characters of lower-case letters, "
-            "digits and '_', not starting with a digit (table names are <prefix>runs, "
-            "<prefix>jobs, <prefix>schema_version)"
-        )
-    return prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,21 +82,34 @@ class Queries:
         from psycopg import sql
 
         self.names = names
-        idents = names.identifiers()
+        self._values = names.identifiers()
+        for part in PARTS:
+            self._values[part] = sql.SQL(_without_comments(RAW[part])).format(**self._values)
         # Rendered once: composing a statement again for every call costs more than sending it.
         self._rendered: dict[str, bytes] = {
-            name: sql.SQL(text).format(**idents).as_bytes(None)
+            name: self.compose(text).as_bytes(None)
             for name, text in RAW.items()
-            if name not in MIGRATIONS.values()
-        }
-        self.migrations: dict[int, list[sql.Composed]] = {
-            number: [
-                sql.SQL(statement.strip()).format(**idents)
-                for statement in RAW[name].split(";")
-                if statement.strip()
-            ]
-            for number, name in MIGRATIONS.items()
+            if name not in PARTS
         }
 
     def __getitem__(self, name: str) -> bytes:
+        """The statement ``name``, ready to send."""
         return self._rendered[name]
+
+    def compose(self, text: str) -> sql.Composed:
+        """``text`` (SQL in the style of ``queries.sql``) with its names and parts filled in."""
+        from psycopg import sql
+
+        return sql.SQL(text).format(**self._values)
+
+    def script(self, name: str) -> list[bytes]:
+        """The statements of the section ``name`` (a migration), one by one."""
+        return [
+            self.compose(statement.strip()).as_bytes(None)
+            for statement in RAW[name].split(";")
+            if statement.strip()
+        ]
+
+
+def _without_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))

@@ -3,6 +3,8 @@
 -- {schema}, {versions}, {jobs}, {pruned}, {runs} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
+-- Parts: run_columns, current_attempt and held_by_ticket are not statements but pieces of the
+-- statements below, substituted where those write {run_columns} ... (see _queries.py).
 -- Times are epoch milliseconds of the database clock, {now_ms} (clock_timestamp(), plus a
 -- test-only offset, the session setting anarchon.test_clock_offset_ms, which production never
 -- sets), read once per statement in the "clock" CTE: never the instance's clock.
@@ -21,11 +23,35 @@
 -- run row (it inserts only keys its snapshot shows absent). Every transaction locks at most its
 -- jobs' rows, in that fixed order, then run rows of those jobs: no cycle.
 
+-- name: run_columns
+-- The columns of a run record, in RunRow's order (rows.py decodes them by name).
+x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger, x.status,
+x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released, x.error, x.reason
+
+-- name: current_attempt
+-- The highest attempt of %(job)s's %(slot_key)s, found by the primary key.
+SELECT {run_columns}
+FROM {runs} x
+WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+ORDER BY x.attempt DESC LIMIT 1
+
+-- name: held_by_ticket
+-- In a statement with a "clock": the current attempt of the ticket's slot, as renew and release
+-- answer with it, and whether the ticket (%(token)s, %(fence)s) holds it.
+SELECT clock.now, cur.attempt, cur.status, cur.released,
+       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
+FROM clock
+LEFT JOIN LATERAL ({current_attempt}) cur ON true
+
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: schema_exists
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s);
+
+-- name: version_table_exists
+-- For a reader, which creates nothing: are there tables here at all?
+SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = %(table)s);
 
 -- name: create_schema
 CREATE SCHEMA IF NOT EXISTS {schema};
@@ -83,7 +109,7 @@ DROP INDEX {schema}.{runs_newest};
 CREATE INDEX {runs_recorded} ON {runs} (job, started_at DESC, seq DESC);
 
 -- name: now
-SELECT {now_ms};
+SELECT {now_ms} AS now;
 
 -- name: begin
 BEGIN ISOLATION LEVEL READ COMMITTED;
@@ -190,8 +216,8 @@ decided AS (
                WHEN NOT f.overlap_skip OR f.ord = f.first_ord THEN 'won'
                ELSE 'overlap_batch'
            END AS verdict,
-           first.run_id AS first_run_id,
-           first.slot AS first_slot
+           CASE WHEN f.kind = 'overlap' THEN f.holder_run_id ELSE first.run_id END AS named_run_id,
+           CASE WHEN f.kind = 'overlap' THEN f.holder_slot ELSE first.slot END AS named_slot
     FROM firsts f
     LEFT JOIN req first ON first.ord = f.first_ord
 ),
@@ -202,31 +228,25 @@ numbered AS (
                greatest(d.job_fence, d.now - 1) + count(*) FILTER (WHERE d.verdict = 'won')
                    OVER (PARTITION BY d.job ORDER BY d.ord ROWS UNBOUNDED PRECEDING)
            END AS new_fence,
-           CASE d.verdict
-               WHEN 'skip' THEN d.skip_reason
-               WHEN 'overlap' THEN 'overlap: run ' || d.holder_run_id || ' ('
-                   || CASE WHEN d.holder_slot IS NULL THEN 'manual' ELSE 'slot '
-                      || to_char(to_timestamp(d.holder_slot / 1000) AT TIME ZONE 'UTC',
+           CASE
+               WHEN d.verdict = 'skip' THEN d.skip_reason
+               -- The slot as Python's datetime.isoformat() writes it.
+               WHEN d.verdict IN ('overlap', 'overlap_batch') THEN 'overlap: run '
+                   || d.named_run_id || ' ('
+                   || CASE WHEN d.named_slot IS NULL THEN 'manual' ELSE 'slot '
+                      || to_char(to_timestamp(d.named_slot / 1000) AT TIME ZONE 'UTC',
                                  'YYYY-MM-DD"T"HH24:MI:SS')
-                      || CASE WHEN mod(d.holder_slot, 1000) = 0 THEN ''
-                              ELSE '.' || lpad((mod(d.holder_slot, 1000) * 1000)::text, 6, '0')
-                         END || '+00:00' END
-                   || ') still holds its lease'
-               WHEN 'overlap_batch' THEN 'overlap: run ' || d.first_run_id || ' ('
-                   || CASE WHEN d.first_slot IS NULL THEN 'manual' ELSE 'slot '
-                      || to_char(to_timestamp(d.first_slot / 1000) AT TIME ZONE 'UTC',
-                                 'YYYY-MM-DD"T"HH24:MI:SS')
-                      || CASE WHEN mod(d.first_slot, 1000) = 0 THEN ''
-                              ELSE '.' || lpad((mod(d.first_slot, 1000) * 1000)::text, 6, '0')
+                      || CASE WHEN mod(d.named_slot, 1000) = 0 THEN ''
+                              ELSE '.' || lpad((mod(d.named_slot, 1000) * 1000)::text, 6, '0')
                          END || '+00:00' END
                    || ') still holds its lease'
            END AS new_reason
     FROM decided d
 ),
 inserted AS (
-    INSERT INTO {runs} (job, slot_key, attempt, slot, run_id, token, instance, trigger, status,
-                        fence, started_at, finished_at, lease_expires_at, released, error,
-                        reason)
+    INSERT INTO {runs} AS x (job, slot_key, attempt, slot, run_id, token, instance, trigger,
+                             status, fence, started_at, finished_at, lease_expires_at, released,
+                             error, reason)
     SELECT n.job, n.slot_key, 1, n.slot, n.run_id, n.token, n.instance, n.trigger,
            CASE WHEN n.verdict = 'won' THEN 'running' ELSE 'skipped' END,
            coalesce(n.new_fence, 0), n.now,
@@ -237,8 +257,7 @@ inserted AS (
     WHERE n.verdict IN ('won', 'skip', 'overlap', 'overlap_batch')
     ORDER BY n.ord
     ON CONFLICT (job, slot_key, attempt) DO NOTHING
-    RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
-              started_at, finished_at, lease_expires_at, released, error, reason
+    RETURNING {run_columns}
 ),
 bumped AS (
     UPDATE {jobs} j SET fence = greatest(j.fence, w.now - 1) + w.won
@@ -256,19 +275,14 @@ answers AS (
     SELECT n.ord, x.*
     FROM numbered n
     CROSS JOIN LATERAL (
-        SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-               x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-               x.error, x.reason
+        SELECT {run_columns}
         FROM {runs} x WHERE x.job = n.job AND x.slot_key = n.slot_key
         ORDER BY x.attempt DESC LIMIT 1
     ) x
     WHERE n.verdict = 'existing'
 )
-SELECT n.ord, n.verdict, n.now,
-       a.job, a.slot_key, a.slot, a.attempt, a.run_id, a.token, a.instance, a.trigger,
-       a.status, a.fence, a.started_at, a.finished_at, a.lease_expires_at, a.released, a.error,
-       a.reason
-FROM numbered n LEFT JOIN answers a ON a.ord = n.ord
+SELECT n.ord, n.verdict, n.now, {run_columns}
+FROM numbered n LEFT JOIN answers x ON x.ord = n.ord
 ORDER BY n.ord;
 
 -- name: peek_takeover
@@ -276,14 +290,7 @@ ORDER BY n.ord;
 -- an idempotent TAKEN. Only an expired or released lease goes on to take_over, under the lock.
 SELECT clock.now, x.*
 FROM (SELECT {now_ms} AS now) clock
-LEFT JOIN LATERAL (
-    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-           x.error, x.reason
-    FROM {runs} x
-    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
-    ORDER BY x.attempt DESC LIMIT 1
-) x ON true;
+LEFT JOIN LATERAL ({current_attempt}) x ON true;
 
 -- name: take_over
 -- One takeover, after lock_job in the same transaction (so this statement sees every attempt
@@ -294,12 +301,7 @@ WITH clock AS MATERIALIZED (
     SELECT {now_ms} AS now
 ),
 cur AS (
-    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-           x.error, x.reason
-    FROM {runs} x
-    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
-    ORDER BY x.attempt DESC LIMIT 1
+    {current_attempt}
     FOR UPDATE
 ),
 judged AS (
@@ -326,9 +328,7 @@ failed AS (
     FROM judged v
     WHERE v.verdict IN ('exhausted', 'taken')
       AND x.job = v.job AND x.slot_key = v.slot_key AND x.attempt = v.attempt
-    RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-              x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-              x.error, x.reason
+    RETURNING {run_columns}
 ),
 bumped AS (
     INSERT INTO {jobs} AS j (job, fence)
@@ -337,15 +337,14 @@ bumped AS (
     RETURNING j.fence
 ),
 inserted AS (
-    INSERT INTO {runs} (job, slot_key, attempt, slot, run_id, token, instance, trigger, status,
-                        fence, started_at, finished_at, lease_expires_at, released, error,
-                        reason)
+    INSERT INTO {runs} AS x (job, slot_key, attempt, slot, run_id, token, instance, trigger,
+                             status, fence, started_at, finished_at, lease_expires_at, released,
+                             error, reason)
     SELECT v.job, v.slot_key, v.attempt + 1, v.slot, %(run_id)s, %(token)s, %(instance)s,
            v.trigger, 'running', b.fence, v.now, NULL, v.now + %(lease_ms)s::bigint, false,
            NULL, NULL
     FROM judged v CROSS JOIN bumped b
-    RETURNING job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
-              started_at, finished_at, lease_expires_at, released, error, reason
+    RETURNING {run_columns}
 )
 SELECT v.verdict, clock.now, r.*,
        -- Exhausted ends the run: tell the watching backups, as a result does.
@@ -358,9 +357,7 @@ LEFT JOIN LATERAL (
     UNION ALL
     SELECT * FROM failed WHERE NOT EXISTS (SELECT 1 FROM inserted)
     UNION ALL
-    SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
-           started_at, finished_at, lease_expires_at, released, error, reason
-    FROM judged WHERE verdict IN ('ended', 'held', 'mine')
+    SELECT {run_columns} FROM judged x WHERE x.verdict IN ('ended', 'held', 'mine')
 ) r ON true;
 
 -- name: renew
@@ -375,15 +372,8 @@ renewed AS (
       AND x.status = 'running' AND NOT x.released
     RETURNING x.lease_expires_at
 )
-SELECT clock.now, (SELECT lease_expires_at FROM renewed) AS lease_expires_at,
-       cur.attempt, cur.status, cur.released,
-       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
-FROM clock
-LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
-    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
-    ORDER BY x.attempt DESC LIMIT 1
-) cur ON true;
+SELECT held.*, (SELECT lease_expires_at FROM renewed) AS lease_expires_at
+FROM ({held_by_ticket}) held;
 
 -- name: release
 -- Hand the attempt over: its lease ends now; backups are told at commit (NOTIFY).
@@ -397,18 +387,10 @@ released AS (
       AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING x.job, x.slot_key
 )
-SELECT clock.now,
+SELECT held.*,
        (SELECT count(pg_notify(%(channel)s, job || ' ' || slot_key || ' released')::text)
-        FROM released)
-           AS done,
-       cur.attempt, cur.status, cur.released,
-       cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
-FROM clock
-LEFT JOIN LATERAL (
-    SELECT x.attempt, x.status, x.released, x.token, x.fence FROM {runs} x
-    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
-    ORDER BY x.attempt DESC LIMIT 1
-) cur ON true;
+        FROM released) AS done
+FROM ({held_by_ticket}) held;
 
 -- name: finish
 -- Record the result, prune the job's history and tell watching backups (NOTIFY, at commit), in
@@ -429,17 +411,10 @@ finished AS (
     FROM clock
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
       AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
-    RETURNING x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-              x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-              x.error, x.reason
+    RETURNING {run_columns}
 ),
 current AS (
-    SELECT x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger,
-           x.status, x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released,
-           x.error, x.reason
-    FROM {runs} x
-    WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
-    ORDER BY x.attempt DESC LIMIT 1
+    {current_attempt}
 ),
 accepted AS (
     SELECT 1 AS yes FROM finished
@@ -508,11 +483,10 @@ FROM current c
 WHERE NOT EXISTS (SELECT 1 FROM finished);
 
 -- name: history
-SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence,
-       started_at, finished_at, lease_expires_at, released, error, reason
-FROM {runs}
-WHERE job = %(job)s
-ORDER BY started_at DESC, seq DESC
+SELECT {run_columns}
+FROM {runs} x
+WHERE x.job = %(job)s
+ORDER BY x.started_at DESC, x.seq DESC
 LIMIT %(limit)s;
 
 -- name: last_slot
@@ -520,4 +494,4 @@ LIMIT %(limit)s;
 SELECT greatest(
     (SELECT max(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL),
     (SELECT through FROM {pruned} WHERE job = %(job)s)
-);
+) AS slot;

@@ -1,0 +1,513 @@
+"""The PostgreSQL backend's connections: the pool, liveness, the bounded call, pipelining.
+
+Every statement the backend runs goes through :meth:`Connections.call`: on a connection of
+the backend's own pool (or the caller's pool, or the caller's one connection), within
+``timeout_ms``, with the driver's errors translated by :mod:`._errors`. An outage is logged
+once when the first call fails (``backend_unavailable``) and once when a call succeeds again
+(``backend_recovered``), never per failed call.
+
+A pooled connection that sat idle is tested with an empty round trip before use; after a
+connection error the pool's other idle connections are checked in the background, so one
+server restart costs one failed call, not one per pooled connection. Several transactions
+are sent in one round trip in pipeline mode (:meth:`Connections.each`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from anarchon.errors import BackendError, BackendUnavailable
+
+from ._errors import first_line, translate
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    from ._options import Options
+    from ._queries import Queries
+
+__all__ = ["Connections", "Rows", "Statement", "Work", "describe_server"]
+
+logger = logging.getLogger("anarchon.backends.postgres")
+
+T = TypeVar("T")
+
+# A pooled connection idle longer than this is tested (one empty round trip) before use.
+IDLE_CHECK_S: Final = 0.5
+# A statement and its parameters; one item of work: statements to run first, then the query
+# whose rows are the item's answer, all in one transaction.
+Statement = tuple[bytes, dict[str, Any] | None]
+Work = tuple[Sequence[Statement], bytes, dict[str, Any]]
+Rows = list[dict[str, Any]]
+
+
+def describe_server(options: Options) -> str:
+    """``host:port/dbname`` of the server, for messages (never a password)."""
+    from psycopg import AsyncConnection
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = options.pool
+    if isinstance(given, AsyncConnection):
+        info = given.info
+        return f"{info.host}:{info.port}/{info.dbname}"
+    conninfo = given.conninfo if given is not None else options.dsn
+    if not isinstance(conninfo, str):
+        return "(a pool with a conninfo function)"
+    try:
+        params = conninfo_to_dict(conninfo)
+    except Exception:
+        return "(unparsable DSN)"
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or '(default)'}"
+
+
+class Connections:
+    """Where the backend's statements run: its own pool, or the caller's pool or connection."""
+
+    def __init__(self, options: Options, queries: Queries, where: str, owner: str) -> None:
+        self.options = options
+        self.where = where
+        self._owner = owner
+        self._queries = queries
+        self._given = options.pool
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._conn_lock = asyncio.Lock()
+        self._open = False
+        self._down = False
+        self._checking: asyncio.Task[None] | None = None
+        self._last_used: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: Test-only: milliseconds added to the database clock on these connections (0 in
+        #: production; see tests/conformance/test_differential.py).
+        self.test_clock_offset_ms = 0
+        self._clock_offsets: weakref.WeakKeyDictionary[AsyncConnection[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    async def open(self, first: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
+        """Open the pool if the backend owns one (waiting for its first connection), then run
+        ``first`` (migrations, or a reader's check); close again if it fails. Idempotent."""
+        if self._open:
+            return
+        await self._open_pool()
+        self._open = True
+        try:
+            await self.call(first)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _open_pool(self) -> None:
+        from psycopg_pool import AsyncConnectionPool
+
+        timeout_s = self.options.timeout_ms / 1000
+        if self._given is None:
+            assert self.options.dsn is not None
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                self.options.dsn,
+                min_size=1,
+                max_size=self.options.max_connections,
+                kwargs=self._connection_options(),
+                open=False,
+                timeout=timeout_s,
+                name=f"anarchon-{self.options.schema}.{self.options.table_prefix}",
+            )
+            try:
+                await pool.open(wait=True, timeout=timeout_s)
+            except Exception as exc:
+                await pool.close()
+                raise BackendUnavailable(
+                    f"cannot connect to PostgreSQL {self.where} within "
+                    f"timeout_ms={self.options.timeout_ms}: {translate(exc, self.where) or exc}; "
+                    "check the DSN and that the server is up"
+                ) from exc
+            self._pool = pool
+
+    async def close(self) -> None:
+        """Close the pool the backend opened (never the caller's)."""
+        self._open = False
+        if self._checking is not None:
+            self._checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checking
+            self._checking = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    def _connection_options(self) -> dict[str, Any]:
+        from psycopg.conninfo import conninfo_to_dict
+
+        assert self.options.dsn is not None
+        options: dict[str, Any] = {
+            "autocommit": True,
+            # Fail a connection attempt quickly: a claim retried later is better than one stuck.
+            "connect_timeout": max(2, self.options.timeout_ms // 1000),
+            # Notice a dead peer on an idle connection (the listener's) within about a minute.
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+        }
+        if "application_name" not in conninfo_to_dict(self.options.dsn):
+            options["application_name"] = "anarchon"
+        if not self.options.prepared_statements:
+            options["prepare_threshold"] = None
+        return options
+
+    async def connect_listener(self) -> AsyncConnection[Any]:
+        """A new connection of its own for LISTEN, to the same server as the pool's."""
+        from psycopg import AsyncConnection
+        from psycopg.conninfo import make_conninfo
+
+        given = self._given
+        if isinstance(given, AsyncConnection):
+            conninfo = make_conninfo(given.info.dsn, password=given.info.password or None)
+            kwargs: dict[str, Any] = {}
+        elif given is not None:
+            conninfo = str(await _resolve(given.conninfo))
+            kwargs = dict(await _resolve(given.kwargs) or {})
+        else:
+            assert self.options.dsn is not None
+            conninfo, kwargs = self.options.dsn, self._connection_options()
+        kwargs.update(autocommit=True)
+        kwargs.setdefault("connect_timeout", max(2, self.options.timeout_ms // 1000))
+        return await AsyncConnection.connect(conninfo, **kwargs)
+
+    def copyable_dsn(self) -> str | None:
+        """A connection string a copy of the backend can open its own pool on, or None when
+        it cannot be read (a conninfo function, connection keyword arguments)."""
+        from psycopg import AsyncConnection
+        from psycopg.conninfo import make_conninfo
+
+        given = self._given
+        if given is None:
+            return self.options.dsn
+        if isinstance(given, AsyncConnection):
+            return make_conninfo(given.info.dsn, password=given.info.password or None)
+        if isinstance(given.conninfo, str) and not given.kwargs:
+            return given.conninfo
+        return None
+
+    # -- the bounded call ----------------------------------------------------------------------
+
+    async def call(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run ``work`` on a connection within ``timeout_ms``; translate the driver's errors."""
+        if not self._open:
+            raise BackendError(f"{self._owner} is not started; start the scheduler first")
+        try:
+            result = await self._bounded(work)
+        except BackendUnavailable as exc:
+            if not self._down:
+                self._down = True
+                logger.warning(
+                    "%s; calls fail until it answers again",
+                    first_line(exc),
+                    extra={"action": "backend_unavailable"},
+                )
+            raise
+        if self._down:
+            self._down = False
+            logger.warning(
+                "PostgreSQL %s answers again", self.where, extra={"action": "backend_recovered"}
+            )
+        return result
+
+    async def _bounded(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        task = asyncio.ensure_future(self._on_connection(work))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.options.timeout_ms / 1000)
+        except TimeoutError:
+            # The call goes on in the background until the driver gives it up; its connection
+            # is then discarded. The caller hears at once that the backend did not answer.
+            task.cancel()
+            task.add_done_callback(_consume)
+            raise BackendUnavailable(
+                f"PostgreSQL {self.where}: no answer within timeout_ms={self.options.timeout_ms}"
+            ) from None
+        except asyncio.CancelledError:
+            task.cancel()
+            task.add_done_callback(_consume)
+            raise
+
+    async def _on_connection(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        try:
+            async with self._connection() as conn:
+                if self._clock_offsets.get(conn, 0) != self.test_clock_offset_ms:
+                    await self._set_clock_offset(conn)
+                return await work(conn)
+        except BackendError:
+            raise
+        except Exception as exc:
+            error = translate(exc, self.where)
+            if error is None:
+                raise
+            if isinstance(error, BackendUnavailable):
+                self._check_pool()
+            raise error from exc
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        from psycopg import AsyncConnection
+
+        given = self._given
+        if isinstance(given, AsyncConnection):
+            # One connection: one call at a time, or transactions would interleave on it.
+            async with self._conn_lock:
+                if given.closed or given.broken:
+                    raise BackendUnavailable(
+                        f"PostgreSQL {self.where}: the connection given to PostgresBackend is "
+                        "closed; pass a pool to have broken connections replaced"
+                    )
+                yield given
+            return
+        pool = self._pool if given is None else given
+        if pool is None:
+            raise BackendError(f"{self._owner} is not started; start the scheduler first")
+        deadline = time.monotonic() + self.options.timeout_ms / 1000
+        while True:
+            conn = await pool.getconn(timeout=max(0.01, deadline - time.monotonic()))
+            try:
+                alive = await self._alive(conn)
+            except BaseException:
+                await pool.putconn(conn)
+                raise
+            if alive:
+                break
+            # The server ended it (restart, failover, pg_terminate_backend): the pool drops a
+            # broken connection it gets back and opens another; test the other idle ones too.
+            await pool.putconn(conn)
+            self._check_pool()
+        try:
+            yield conn
+        finally:
+            self._last_used[conn] = time.monotonic()
+            await pool.putconn(conn)
+
+    async def _alive(self, conn: AsyncConnection[Any]) -> bool:
+        """Test a connection that sat idle in the pool with one round trip.
+
+        A connection used within IDLE_CHECK_S is trusted without it, so a busy backend pays
+        nothing; one killed in that window fails its call, which the scheduler retries.
+        """
+        idle = time.monotonic() - self._last_used.get(conn, 0.0)
+        if idle < IDLE_CHECK_S or not conn.autocommit:
+            return not conn.broken
+        try:
+            await conn.execute("", prepare=self.options.prepare)
+        except Exception:
+            return False
+        return True
+
+    def _check_pool(self) -> None:
+        """After a connection failed, test the pool's idle connections and replace dead ones."""
+        pool = self._pool if self._given is None else self._given
+        if pool is None or not hasattr(pool, "check"):
+            return
+        if self._checking is not None and not self._checking.done():
+            return
+
+        async def check() -> None:
+            with contextlib.suppress(Exception):
+                await pool.check()
+
+        self._checking = asyncio.ensure_future(check())
+
+    async def _set_clock_offset(self, conn: AsyncConnection[Any]) -> None:
+        """Test-only: move this connection's database clock by ``test_clock_offset_ms``."""
+        offset = self.test_clock_offset_ms
+        async with _atomic(conn):
+            await conn.execute(self._queries["set_clock_offset"], {"offset": str(offset)})
+        self._clock_offsets[conn] = offset
+
+    # -- statements and transactions -----------------------------------------------------------
+
+    async def read(self, query: bytes, params: dict[str, Any] | None = None) -> Rows:
+        """The rows of one read-only statement, in a call of its own."""
+        return await self.call(lambda conn: self.select(conn, query, params))
+
+    async def select(
+        self, conn: AsyncConnection[Any], query: bytes, params: dict[str, Any] | None = None
+    ) -> Rows:
+        """The rows of one statement on ``conn``; its isolation level changes nothing."""
+        from psycopg.rows import dict_row
+
+        async with _atomic(conn):
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query, params, prepare=self.options.prepare)
+            return await cur.fetchall()
+
+    async def transaction(
+        self,
+        conn: AsyncConnection[Any],
+        before: Sequence[Statement],
+        query: bytes,
+        params: dict[str, Any],
+    ) -> Rows:
+        """Run ``before`` then ``query`` in one READ COMMITTED transaction; return the rows of
+        ``query``.
+
+        On an autocommit connection (the backend's own pool) the whole transaction, BEGIN to
+        COMMIT, is sent in pipeline mode: one round trip to the server instead of one per
+        statement.
+        """
+        try:
+            [rows] = await self._transactions(conn, [(before, query, params)])
+        except _Aborted as aborted:
+            raise aborted.error from aborted
+        if isinstance(rows, BaseException):
+            raise rows
+        return rows
+
+    async def each(self, work: Sequence[Work]) -> list[Rows | BackendError]:
+        """Each item of ``work`` as its own transaction, all in one call and one round trip;
+        the rows of each item's query, or the permanent error of that item.
+
+        After a failed item, the items it did not commit are sent again one at a time, each on
+        its own. A transient error (connection lost, deadlock) fails the call: the caller
+        retries the whole batch, which is safe since every item is idempotent per token.
+        """
+        try:
+            return await self.call(lambda conn: self._transactions(conn, work))
+        except _Aborted as aborted:
+            if len(work) == 1:
+                return [aborted.error]
+            out: list[Rows | BackendError] = []
+            for item, done in zip(work, aborted.done, strict=True):
+                if done is not None:
+                    out.append(done)
+                    continue
+                try:
+                    rows = await self.call(
+                        lambda conn, item=item: self._one_transaction(conn, item)  # type: ignore[misc]
+                    )
+                except _Aborted as again:
+                    rows = again.error
+                out.append(rows)
+            return out
+
+    async def _transactions(
+        self, conn: AsyncConnection[Any], work: Sequence[Work]
+    ) -> list[Rows | BackendError]:
+        """Run each item of ``work`` as its own READ COMMITTED transaction, all in one round
+        trip (pipeline mode, BEGIN ... COMMIT each). A statement that fails makes the server
+        skip the rest of the round trip: :class:`_Aborted` then carries what was committed
+        before it."""
+        from psycopg import AsyncPipeline
+        from psycopg.pq import ExecStatus
+        from psycopg.rows import dict_row
+
+        if not conn.autocommit or not AsyncPipeline.is_supported():
+            return [await self._one_transaction(conn, item) for item in work]
+        q = self._queries
+        prepare = self.options.prepare
+        cursors: list[Any] = []
+        try:
+            async with conn.pipeline():
+                for before, query, params in work:
+                    await conn.execute(q["begin"], prepare=prepare)
+                    for statement, values in before:
+                        await conn.execute(statement, values, prepare=prepare)
+                    cur = conn.cursor(row_factory=dict_row)
+                    await cur.execute(query, params, binary=True, prepare=prepare)
+                    await conn.execute(q["commit"], prepare=prepare)
+                    cursors.append(cur)
+        except Exception as exc:
+            error = self._item_error(exc)
+            done: list[Rows | None] = []
+            for n in range(len(work)):
+                result = cursors[n].pgresult if n < len(cursors) else None
+                committed = result is not None and result.status == ExecStatus.TUPLES_OK
+                done.append(await cursors[n].fetchall() if committed else None)
+            await self._after_abort(conn)
+            raise _Aborted(done, error) from exc
+        return [await cur.fetchall() for cur in cursors]
+
+    async def _one_transaction(self, conn: AsyncConnection[Any], item: Work) -> Rows | BackendError:
+        """One item of work without pipeline mode or prepared statements: on a connection
+        psycopg keeps in transactions (a caller's), and for items sent again after a failure."""
+        from psycopg.rows import dict_row
+
+        before, query, params = item
+        try:
+            async with conn.transaction():
+                await conn.execute(self._queries["read_committed"], prepare=False)
+                for statement, values in before:
+                    await conn.execute(statement, values, prepare=False)
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(query, params, binary=True, prepare=False)
+                return await cur.fetchall()
+        except Exception as exc:
+            return self._item_error(exc)
+
+    def _item_error(self, exc: Exception) -> BackendError:
+        """The error of one item: a permanent one is returned for that item alone; anything
+        transient, or a failure that is not the driver's, is raised for the call."""
+        error = exc if isinstance(exc, BackendError) else translate(exc, self.where)
+        if error is None or isinstance(error, BackendUnavailable):
+            raise exc
+        return error
+
+    async def _after_abort(self, conn: AsyncConnection[Any]) -> None:
+        """After a pipeline that failed part-way: the server skipped statements psycopg may
+        have counted as prepared, and the connection may be inside a failed transaction.
+        Close a connection of the backend's pool (the pool opens a fresh one); on a
+        connection the caller passed in, roll back and forget every prepared statement."""
+        from psycopg import AsyncConnection
+
+        if conn.broken:
+            return
+        if not isinstance(self._given, AsyncConnection):
+            await conn.close()
+            return
+        q = self._queries
+        with contextlib.suppress(Exception):
+            await conn.execute(q["rollback"], prepare=False)
+        with contextlib.suppress(Exception):
+            await conn.execute(q["deallocate_all"], prepare=False)
+
+
+class _Aborted(Exception):
+    """A pipeline of transactions failed at ``error``; ``done`` holds the rows of the items
+    committed before it (None for the others)."""
+
+    def __init__(self, done: list[Rows | None], error: BackendError) -> None:
+        super().__init__(str(error))
+        self.done = done
+        self.error = error
+
+
+@contextlib.asynccontextmanager
+async def _atomic(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A transaction for one statement on a connection that is not in autocommit mode (a
+    caller's); none on an autocommit connection."""
+    if conn.autocommit:
+        yield
+    else:
+        async with conn.transaction():
+            yield
+
+
+async def _resolve(value: Any) -> Any:
+    """A pool's ``conninfo`` or ``kwargs``: a value, or a function (maybe async) giving it."""
+    if callable(value):
+        value = value()
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,184 @@
+"""The PostgreSQL backend's options: each checked once, and read from a URL's query string.
+
+A bad value is refused when the backend is built, with the value and the rule. Schema and
+table prefix must be plain lower-case identifiers: they become quoted SQL identifiers, and
+every value of a statement is a query parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import unquote, urlsplit
+
+from anarchon.errors import InvalidOption, MissingDependency
+from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+__all__ = [
+    "DEFAULT_DSN",
+    "DEFAULT_PREFIX",
+    "DEFAULT_SCHEMA",
+    "Options",
+    "check_options",
+    "check_schema",
+    "check_table_prefix",
+    "split_url",
+]
+
+OWNER: Final = "PostgresBackend"
+DEFAULT_DSN: Final = "postgresql://localhost/postgres"
+DEFAULT_SCHEMA: Final = "public"
+DEFAULT_PREFIX: Final = "anarchon_"
+TIMEOUT: Final = Bound(100, 3_600_000, ms=True)
+MAX_CONNECTIONS: Final = Bound(1, 1_000)
+# The query parameters of a URL that are the backend's (the others are libpq's).
+_URL_INTS: Final = ("history_size", "timeout_ms", "max_connections")
+_URL_FLAGS: Final = ("notifications", "prepared_statements")
+_URL_TEXTS: Final = ("schema", "table_prefix")
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+# PostgreSQL truncates identifiers at 63 bytes; the longest name built from the prefix is
+# "<prefix>runs_recorded" (13 more characters), hence 40 for the prefix.
+_SCHEMA_RULE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PREFIX_RULE: Final = re.compile(r"([a-z_][a-z0-9_]{0,39})?")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Every option of a :class:`~anarchon.backends.postgres.PostgresBackend`, checked."""
+
+    dsn: str | None
+    """The connection string the backend opens its own pool on; None with a given pool."""
+    pool: AsyncConnectionPool[Any] | AsyncConnection[Any] | None
+    """The caller's pool or connection (never closed by the backend), or None."""
+    schema: str
+    table_prefix: str
+    history_size: int
+    notifications: bool
+    timeout_ms: int
+    max_connections: int
+    prepared_statements: bool
+
+    @property
+    def prepare(self) -> bool | None:
+        """psycopg's ``prepare`` argument: None prepares what runs often; False never."""
+        return None if self.prepared_statements else False
+
+
+def check_options(
+    dsn: object,
+    pool: object,
+    schema: object,
+    table_prefix: object,
+    *,
+    history_size: object,
+    notifications: object,
+    timeout_ms: object,
+    max_connections: object,
+    prepared_statements: object,
+) -> Options:
+    """Return the options if every one holds to its rule; else raise
+    :class:`~anarchon.errors.InvalidOption` naming the first that does not
+    (:class:`~anarchon.errors.MissingDependency` without the driver)."""
+    try:
+        import psycopg
+        from psycopg_pool import AsyncConnectionPool
+    except ImportError as exc:
+        raise MissingDependency(
+            "PostgresBackend needs psycopg 3 and psycopg_pool: pip install 'anarchon[postgres]'"
+        ) from exc
+
+    if pool is not None and not isinstance(pool, AsyncConnectionPool | psycopg.AsyncConnection):
+        raise InvalidOption(
+            f"pool={pool!r} must be a psycopg_pool.AsyncConnectionPool or a "
+            "psycopg.AsyncConnection (the backend is async; sync pools cannot be used)"
+        )
+    if pool is None and (not isinstance(dsn, str) or not dsn.strip()):
+        raise InvalidOption(f"dsn={dsn!r} must be a PostgreSQL connection string or URL")
+    return Options(
+        dsn=dsn if pool is None and isinstance(dsn, str) else None,
+        pool=pool,
+        notifications=check_bool("notifications", notifications, OWNER),
+        prepared_statements=check_bool("prepared_statements", prepared_statements, OWNER),
+        schema=check_schema(schema),
+        table_prefix=check_table_prefix(table_prefix),
+        history_size=check_int("history_size", history_size, HISTORY_SIZE, OWNER),
+        timeout_ms=check_int("timeout_ms", timeout_ms, TIMEOUT, OWNER),
+        max_connections=check_int("max_connections", max_connections, MAX_CONNECTIONS, OWNER),
+    )
+
+
+def check_schema(schema: object) -> str:
+    """Return ``schema`` if it is a plain lower-case identifier PostgreSQL will not fold."""
+    if not isinstance(schema, str) or not _SCHEMA_RULE.fullmatch(schema):
+        raise InvalidOption(
+            f"schema={schema!r} must be 1-63 characters of lower-case letters, digits and '_', "
+            "not starting with a digit (it is used as a quoted SQL identifier)"
+        )
+    if schema.startswith("pg_"):
+        raise InvalidOption(f"schema={schema!r} may not start with 'pg_' (reserved by PostgreSQL)")
+    return schema
+
+
+def check_table_prefix(prefix: object) -> str:
+    """Return ``prefix`` if the table and index names built from it are valid identifiers."""
+    if not isinstance(prefix, str) or not _PREFIX_RULE.fullmatch(prefix):
+        raise InvalidOption(
+            f"table_prefix={prefix!r} must be at most 40 characters of lower-case letters, "
+            "digits and '_', not starting with a digit (table names are <prefix>runs, "
+            "<prefix>jobs, <prefix>schema_version)"
+        )
+    return prefix
+
+
+def split_url(url: str) -> tuple[str, dict[str, Any]]:
+    """Split ``postgresql://...?schema=s&sslmode=require`` into the DSN for libpq and the
+    backend's own options (``schema``, ``table_prefix``, ``notifications``,
+    ``prepared_statements``, ``history_size``, ``timeout_ms``, ``max_connections``), typed.
+
+    Everything else stays in the DSN exactly as written, escapes included; so does an empty
+    host (``postgresql:///db?host=/run/postgresql``: the socket directory).
+    """
+    parts = urlsplit(url)
+    ours: dict[str, Any] = {}
+    theirs: list[str] = []
+    for field in parts.query.split("&"):
+        if not field:
+            continue
+        raw_key, _, raw_value = field.partition("=")
+        key, value = unquote(raw_key), unquote(raw_value.replace("+", " "))
+        if key in _URL_INTS:
+            ours[key] = _int_option(key, value)
+        elif key in _URL_FLAGS:
+            ours[key] = _bool_option(key, value)
+        elif key in _URL_TEXTS:
+            ours[key] = value
+        else:
+            theirs.append(field)
+    query = "&".join(theirs)
+    dsn = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    dsn += f"?{query}" if query else ""
+    dsn += f"#{parts.fragment}" if parts.fragment else ""
+    return dsn, ours
+
+
+def _int_option(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidOption(f"URL option {name}={text!r} must be an integer") from None
+
+
+def _bool_option(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise InvalidOption(f"URL option {name}={text!r} must be true or false")

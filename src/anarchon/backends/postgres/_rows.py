@@ -1,0 +1,234 @@
+"""Between anarchon's types and ``queries.sql``: the parameters each statement takes, and the
+rows it answers with turned into runs, tickets and outcomes.
+
+A statement answers with the columns of ``run_columns`` (a :class:`RunRow`, NULL when there is
+no record) beside what it decided (``verdict``, ``now``, ``ours`` ...); the answers are built
+by the shared lease rules (:mod:`anarchon.kit.lease`), so they are the other backends' answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from anarchon.backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    TakeoverOutcome,
+    TakeoverRequest,
+    TakeoverStatus,
+    Ticket,
+)
+from anarchon.errors import BackendUnavailable, LeaseLost
+from anarchon.kit import Overlap, Run, RunStatus
+from anarchon.kit.lease import (
+    MAX_MS,
+    PRUNE_BATCH,
+    RunRow,
+    already_recorded,
+    answer_existing,
+    lease_lost,
+    peek_takeover,
+    pruned_outcome,
+)
+
+__all__ = [
+    "claim_outcome",
+    "claim_params",
+    "finish_params",
+    "finished",
+    "peeked_takeover",
+    "released_or_lost",
+    "renewed",
+    "runs",
+    "takeover_outcome",
+    "takeover_params",
+    "ticket_params",
+    "without_repeats",
+]
+
+_RUN_COLUMNS: Final = (
+    "job",
+    "slot_key",
+    "slot",
+    "attempt",
+    "run_id",
+    "token",
+    "instance",
+    "trigger",
+    "status",
+    "fence",
+    "started_at",
+    "finished_at",
+    "lease_expires_at",
+    "released",
+    "error",
+    "reason",
+)
+
+# -- parameters -----------------------------------------------------------------------------
+
+
+def claim_params(reqs: Sequence[ClaimRequest]) -> dict[str, Any]:
+    """The ``claim`` statement's parameters: one array per field, a request per index."""
+    return {
+        "job": [r.job for r in reqs],
+        "slot_key": [r.slot_key for r in reqs],
+        "slot": [r.slot for r in reqs],
+        "run_id": [r.run_id for r in reqs],
+        "token": [r.token for r in reqs],
+        "instance": [r.instance for r in reqs],
+        "trigger": [str(r.trigger) for r in reqs],
+        "lease_ms": [r.lease_ms for r in reqs],
+        "overlap_skip": [r.overlap is Overlap.SKIP for r in reqs],
+        "skip_reason": [r.skip_reason for r in reqs],
+    }
+
+
+def without_repeats(
+    reqs: list[tuple[int, ClaimRequest]],
+) -> list[list[tuple[int, ClaimRequest]]]:
+    """Split a batch, in order, into chunks that never name one (job, slot_key) twice: the
+    ``claim`` statement decides a chunk at once, so a second request must see the first."""
+    chunks: list[list[tuple[int, ClaimRequest]]] = [[]]
+    seen: set[tuple[str, str]] = set()
+    for item in reqs:
+        _, req = item
+        key = (req.job, req.slot_key)
+        if key in seen:
+            chunks.append([])
+            seen = set()
+        seen.add(key)
+        chunks[-1].append(item)
+    return [c for c in chunks if c]
+
+
+def ticket_params(ticket: Ticket) -> dict[str, Any]:
+    """What ``renew``, ``release`` and ``finish`` know the attempt by."""
+    return {
+        "job": ticket.job,
+        "slot_key": ticket.slot_key,
+        "attempt": ticket.attempt,
+        "token": ticket.token,
+        "fence": ticket.fence,
+    }
+
+
+def finish_params(
+    ticket: Ticket, status: str, error: str | None, keep: int, channel: str
+) -> dict[str, Any]:
+    """The ``finish`` statement's parameters: the result, and how to prune (``keep`` slots)."""
+    ttl = ticket.history_ttl_ms
+    return {
+        **ticket_params(ticket),
+        "status": str(RunStatus(status)),
+        "error": error,
+        # None for no TTL; one longer than any stored time keeps everything.
+        "ttl_ms": min(ttl, MAX_MS) if ttl and ttl > 0 else None,
+        "keep": keep,
+        "batch": PRUNE_BATCH,
+        "channel": channel,
+    }
+
+
+def takeover_params(req: TakeoverRequest, channel: str) -> dict[str, Any]:
+    """The parameters of ``peek_takeover`` and ``take_over``."""
+    return {
+        "job": req.job,
+        "slot_key": req.slot_key,
+        "run_id": req.run_id,
+        "token": req.token,
+        "instance": req.instance,
+        "lease_ms": req.lease_ms,
+        "max_attempts": req.max_attempts,
+        "channel": channel,
+    }
+
+
+# -- answers --------------------------------------------------------------------------------
+
+
+def _run_row(values: dict[str, Any]) -> RunRow | None:
+    if values.get("job") is None:
+        return None
+    return RunRow(**{name: values[name] for name in _RUN_COLUMNS})
+
+
+def runs(rows: Sequence[dict[str, Any]]) -> list[Run]:
+    """The runs of ``history``'s rows."""
+    return [r.to_run() for r in map(_run_row, rows) if r is not None]
+
+
+def claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:
+    """The answer to ``req`` from its row of the ``claim`` statement."""
+    now = int(row["now"])
+    if row["verdict"] == "pruned":
+        return pruned_outcome(req, now)
+    stored = _run_row(row)
+    if stored is None:
+        # Only if the job lock was bypassed; the transaction is rolled back, the core retries.
+        raise BackendUnavailable(f"claim of {req.job} {req.slot_key} raced; retry it")
+    return answer_existing(stored, req, now)
+
+
+def peeked_takeover(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcome | None:
+    """Answer a takeover from ``peek_takeover``'s unlocked read (see the lease rules'
+    ``peek_takeover``), or None when the lease expired or was released and the locked
+    ``take_over`` statement must decide."""
+    return peek_takeover(_OneRow(_run_row(row)), req, int(row["now"]))  # type: ignore[arg-type]
+
+
+class _OneRow:
+    """The one row a read found, as the lease rules ask for the current attempt."""
+
+    def __init__(self, row: RunRow | None) -> None:
+        self._row = row
+
+    def current(self, job: str, slot_key: str) -> RunRow | None:
+        return self._row
+
+
+def takeover_outcome(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcome:
+    """The answer to ``req`` from the ``take_over`` statement's row: EXHAUSTED, or what the
+    lease rules answer from the attempt the statement left current (the new one when taken,
+    the winner's when another backup was first)."""
+    now = int(row["now"])
+    stored = _run_row(row)
+    if row["verdict"] == "exhausted":
+        assert stored is not None
+        return TakeoverOutcome(
+            status=TakeoverStatus.EXHAUSTED, run=stored.to_run(), backend_now_ms=now
+        )
+    answer = peek_takeover(_OneRow(stored), req, now)  # type: ignore[arg-type]
+    assert answer is not None, "take_over left an expired lease current"
+    return answer
+
+
+def renewed(ticket: Ticket, row: dict[str, Any]) -> Ticket | LeaseLost:
+    """The answer to renewing ``ticket`` from the ``renew`` statement's row."""
+    now, expires, attempt = row["now"], row["lease_expires_at"], row["attempt"]
+    status, released, ours = row["status"], row["released"], row["ours"]
+    if expires is not None:
+        return ticket.renewed(int(expires), int(now))
+    if ours and status == RunStatus.RUNNING and released:
+        return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
+    return lease_lost(ticket, attempt, status)
+
+
+def released_or_lost(ticket: Ticket, row: dict[str, Any]) -> LeaseLost | None:
+    """None if the ``release`` statement released ``ticket``'s attempt, else the error."""
+    return None if row["done"] else lease_lost(ticket, row["attempt"], row["status"])
+
+
+def finished(
+    ticket: Ticket, status: str, error: str | None, rows: Sequence[dict[str, Any]]
+) -> Run | LeaseLost:
+    """The answer to a result for ``ticket`` from the ``finish`` statement's rows."""
+    row = rows[0] if rows else None
+    stored = _run_row(row) if row is not None else None
+    if stored is not None and row is not None and row["outcome"] == "finished":
+        return stored.to_run()
+    if already_recorded(stored, ticket, str(RunStatus(status)), error):
+        assert stored is not None
+        return stored.to_run()  # a retry whose first answer was lost
+    return lease_lost(ticket, stored.attempt if stored else None, stored.status if stored else None)
