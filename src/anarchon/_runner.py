@@ -24,6 +24,7 @@ from ._batch import Coalescer
 from ._clock import Clock
 from ._context import RunContext
 from ._job import Job
+from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
 from ._threads import HandlerThreads, NoThreadFree
@@ -81,7 +82,7 @@ class RunExecutor:
         backend: Backend,
         clock: Clock,
         threads: HandlerThreads,
-        counters: dict[str, int],
+        counters: Counters,
         grace_ms: int,
     ) -> None:
         self._backend = backend
@@ -229,7 +230,7 @@ class RunExecutor:
             try:
                 renewed = await self._backend.renew(ticket)
             except LeaseLost as exc:
-                self._counters["lease_lost"] += 1
+                self._counters.lease_lost += 1
                 _log(
                     logging.WARNING,
                     "lease_lost",
@@ -331,7 +332,7 @@ class RunExecutor:
                 # renewing it) until the handler returns, so overlap='skip' still holds and no
                 # backup starts the slot beside it; ctx.timed_out tells the handler.
                 ctx._timed_out = True
-                self._counters["timed_out_threads"] += 1
+                self._counters.timed_out_threads += 1
                 _log(
                     logging.WARNING,
                     "timed_out",
@@ -351,7 +352,7 @@ class RunExecutor:
         """The keeper found the lease lost: tell the handler and stop waiting for it."""
         if active.task is None or active.task.done():
             return
-        self._counters["lease_lost"] += 1
+        self._counters.lease_lost += 1
         _log(
             logging.WARNING,
             "lease_lost",
@@ -379,7 +380,7 @@ class RunExecutor:
             try:
                 run = await self._results.submit((ticket, status, error))
             except LeaseLost as refused:
-                self._counters["result_refused"] += 1
+                self._counters.result_refused += 1
                 _log(
                     logging.WARNING,
                     "result_refused",
@@ -405,7 +406,7 @@ class RunExecutor:
                 await self._clock.sleep(delay)
                 continue
             except BackendError as broken:  # refused for good (logged with its traceback)
-                self._counters["result_errors"] += 1
+                self._counters.result_errors += 1
                 _log(
                     logging.WARNING,
                     "result_failed",
@@ -417,7 +418,7 @@ class RunExecutor:
                     broken,
                 )
                 return None
-            self._counters[f"runs_{status.value}"] += 1
+            self._counters.count_run(status)
             if status is RunStatus.SUCCEEDED:
                 if logger.isEnabledFor(logging.INFO):
                     _log(
@@ -461,7 +462,7 @@ class RunExecutor:
                     exc,
                 )
                 return
-            self._counters["handed_over"] += 1
+            self._counters.handed_over += 1
             _log(
                 logging.INFO,
                 "handed_over",
@@ -506,7 +507,7 @@ class RunExecutor:
             a for a in leftover if a.in_handler and a.task is not None and not a.task.done()
         ]
         for active in stubborn:
-            self._counters["cancel_ignored"] += 1
+            self._counters.cancel_ignored += 1
             _log(
                 logging.WARNING,
                 "cancel_ignored",

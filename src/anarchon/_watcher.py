@@ -15,6 +15,7 @@ from typing import Final
 
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
+from ._metrics import Counters
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import BackendError
@@ -42,7 +43,7 @@ class BackupWatcher:
         instance: str,
         jobs: Callable[[str], Job | None],
         on_taken: OnTaken,
-        counters: dict[str, int],
+        counters: Counters,
         threads: HandlerThreads,
     ) -> None:
         self._backend = backend
@@ -140,7 +141,7 @@ class BackupWatcher:
         if not job.is_async:
             reserved = self._threads.reserve()
             if not reserved:
-                self._counters["no_thread"] += 1
+                self._counters.no_thread += 1
                 logger.debug(
                     "not taking over %s %s now: every handler thread is busy (max_workers=%d)",
                     job_name,
@@ -184,7 +185,7 @@ class BackupWatcher:
         extra = {"job": job_name, "slot": slot_key}
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
-            self._counters["taken_over"] += 1
+            self._counters.taken_over += 1
             logger.warning(
                 "took over %s %s as attempt %d (fence %s)",
                 job_name,
