@@ -19,6 +19,7 @@ from ._schedule import CronSchedule
 from ._threads import HandlerThreads
 from .backend import Backend, ClaimOutcome, LeaseBackend
 from .errors import BackendUnavailable
+from .logs import Action, log_fields
 
 __all__ = ["CatchingUp", "missed_slots"]
 
@@ -74,7 +75,7 @@ class CatchingUp:
         try:
             last_slots = await backend.last_slots([j.name for j in wanted])
         except BackendUnavailable as exc:
-            logger.warning("catch-up skipped: %s", exc, extra={"action": "catch_up_failed"})
+            logger.warning("catch-up skipped: %s", exc, extra=log_fields(Action.CATCH_UP_FAILED))
             return
         # Slots are wall-clock instants computed from this host's clock, as the timer's are.
         now = self._clock.now_ms()
@@ -94,7 +95,7 @@ class CatchingUp:
                     job.name,
                     left_out,
                     policy.catch_up,
-                    extra={"job": job.name, "action": "catch_up"},
+                    extra=log_fields(Action.CATCH_UP, job.name),
                 )
                 self._spawn(self._catch_up_slots(job, slots))
 

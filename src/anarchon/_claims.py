@@ -22,6 +22,7 @@ from ._threads import HandlerThreads
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus
 from .errors import BackendUnavailable
+from .logs import Action, log_fields
 
 __all__ = ["Claimed", "Claims"]
 
@@ -37,6 +38,13 @@ Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
 def _new_id() -> str:
     """A random 128-bit id in hex, for run ids and tokens."""
     return os.urandom(16).hex()
+
+
+_CLAIM_ACTIONS: Final = {
+    ClaimStatus.WON: Action.CLAIM_WON,
+    ClaimStatus.LOST: Action.CLAIM_LOST,
+    ClaimStatus.SKIPPED: Action.CLAIM_SKIPPED,
+}
 
 
 def _job_of(request: ClaimRequest) -> str:
@@ -97,7 +105,7 @@ class Claims:
                     job.name,
                     slot,
                     skip_reason,
-                    extra={"job": job.name, "slot": slot, "action": "too_late"},
+                    extra=log_fields(Action.TOO_LATE, job.name, slot),
                 )
         return ClaimRequest(
             job=job.name,
@@ -124,7 +132,7 @@ class Claims:
             first.slot,
             f" and {len(requests) - 1} more" if len(requests) > 1 else "",
             self._threads.max_workers,
-            extra={"job": first.job, "slot": first.slot, "action": "no_thread"},
+            extra=log_fields(Action.NO_THREAD, first.job, first.slot),
         )
 
     async def reserve_thread(self, wait_s: float) -> bool:
@@ -193,7 +201,7 @@ class Claims:
                         "claiming %d slot(s) failed, retrying until they are too late: %s",
                         len(pending),
                         exc,
-                        extra={"action": "claim_retry", "job": pending[0].job},
+                        extra=log_fields(Action.CLAIM_RETRY, pending[0].job),
                     )
                 error = exc
             else:
@@ -214,7 +222,7 @@ class Claims:
                         request.slot,
                         self._backend.name,
                         error,
-                        extra={"job": request.job, "slot": request.slot, "action": "claim_failed"},
+                        extra=log_fields(Action.CLAIM_FAILED, request.job, request.slot),
                     )
                 else:
                     keep.append(request)
@@ -243,12 +251,10 @@ class Claims:
 
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
-        extra = {
-            "job": run.job,
-            "slot": run.slot_ms,
-            "action": "claim_" + outcome.status.value,
-            "holder": run.instance,
-        }
+        action = _CLAIM_ACTIONS[outcome.status]
+        if outcome.status is ClaimStatus.LOST and outcome.error is not None:
+            action = Action.CLAIM_REFUSED
+        extra = log_fields(action, run.job, run.slot_ms, holder=run.instance)
         job = self._jobs.get(run.job)
         if outcome.status is ClaimStatus.WON:
             assert outcome.ticket is not None
@@ -276,7 +282,7 @@ class Claims:
                 run.slot_ms,
                 self._backend.name,
                 outcome.error,
-                extra={**extra, "action": "claim_refused"},
+                extra=extra,
             )
         else:
             self._counters.claims_lost += 1

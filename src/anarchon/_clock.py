@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from ._metrics import Counters
 from .backend import Backend
 from .errors import BackendUnavailable
+from .logs import Action, log_fields
 
 if TYPE_CHECKING:
     from ._job import Job
@@ -193,7 +194,7 @@ class BackendClock:
                 offset,
                 self._backend.name,
                 min(budgets) if budgets else "unbounded",
-                extra={"action": "clock_skew", "offset_ms": offset},
+                extra=log_fields(Action.CLOCK_SKEW, offset_ms=offset),
             )
 
     def early_slots_possible(self) -> bool:
@@ -229,7 +230,7 @@ class BackendClock:
             f" and {len(early) - 1} more" if len(early) > 1 else "",
             first.slot - backend_now,
             self._backend.name,
-            extra={"job": first.job, "slot": first.slot, "action": "slot_early"},
+            extra=log_fields(Action.SLOT_EARLY, first.job, first.slot),
         )
 
 

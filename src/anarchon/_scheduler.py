@@ -1,5 +1,12 @@
 """The scheduler: registers jobs, fires their slots, claims through the backend, runs winners.
 
+A slot's life, module by module: the timer (:mod:`._timer`) fires it here (``_on_due``);
+:mod:`._clock` (``BackendClock``) judges it early or too late on the backend's clock;
+:mod:`._claims` builds the request, claims it (fail-closed retries) and acts on the outcome;
+:mod:`._runner` runs what was won and records the result while :mod:`._keeper` renews the lease;
+:mod:`._watcher` takes over runs of instances that died; :mod:`._catchup` claims slots missed
+while no instance ran. The counters are in :mod:`._metrics`, the log fields in :mod:`.logs`.
+
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
 clean-up as it starts, so :meth:`Scheduler.stop` undoes them in reverse order:
@@ -16,8 +23,6 @@ clean-up as it starts, so :meth:`Scheduler.stop` undoes them in reverse order:
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
 import os
 import random
@@ -28,7 +33,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from enum import Enum
-from types import CodeType, FrameType, TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
 from ._catchup import CatchingUp
@@ -43,7 +48,7 @@ from ._runner import ActiveRun, RunExecutor
 from ._supervisor import supervised
 from ._threads import HandlerThreads
 from ._timer import Due, SlotTimer
-from ._watchdog import LoopWatchdog
+from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimRequest, ClaimStatus, LeaseBackend, Ticket
 from .errors import (
@@ -53,6 +58,7 @@ from .errors import (
     JobNotFound,
     SchedulerStateError,
 )
+from .logs import Action, log_fields
 
 __all__ = ["Scheduler"]
 
@@ -95,7 +101,7 @@ async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float 
             "%d task(s) did not stop when cancelled (%s); left behind",
             len(pending),
             names,
-            extra={"action": "stop"},
+            extra=log_fields(Action.STOP),
         )
 
 
@@ -132,20 +138,6 @@ def _check_clock(clock: object) -> Clock | None:
             "sleep_until(wall_ms, precise=False), as anarchon.testing.FakeClock does"
         )
     return clock  # type: ignore[return-value]
-
-
-def _code_of(handler: Callable[..., Any]) -> CodeType | None:
-    """The code object a handler's frames run, to recognise it on a stack."""
-    target: Any = handler
-    while isinstance(target, functools.partial):
-        target = target.func
-    target = inspect.unwrap(target)
-    target = getattr(target, "__func__", target)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        call = getattr(type(target), "__call__", None)  # noqa: B004 - a callable object
-        code = getattr(getattr(call, "__func__", call), "__code__", None)
-    return code if isinstance(code, CodeType) else None
 
 
 class Scheduler:
@@ -366,7 +358,7 @@ class Scheduler:
             len(self._jobs),
             self.backend.name,
             self.backend,
-            extra={"action": "started"},
+            extra=log_fields(Action.STARTED),
         )
 
     async def _start_services(self, base: AsyncExitStack, stack: AsyncExitStack) -> None:
@@ -425,7 +417,7 @@ class Scheduler:
                     "are kept on the event loop",
                     backend.name,
                     exc,
-                    extra={"action": "keeper_thread"},
+                    extra=log_fields(Action.KEEPER_THREAD),
                 )
         keeper: LeaseKeeper | None = None
         if threaded:
@@ -444,7 +436,7 @@ class Scheduler:
                     "leases of %s are kept on the event loop (the backend gave no connection "
                     "of its own): a handler that blocks the loop can cost its lease",
                     backend.name,
-                    extra={"action": "keeper_thread"},
+                    extra=log_fields(Action.KEEPER_THREAD),
                 )
         self._executor.keeper = keeper
         self._executor.closed = False
@@ -486,7 +478,7 @@ class Scheduler:
                 len(busy),
                 self.grace_ms,
                 "; ".join(busy),
-                extra={"action": "threads_abandoned", "threads": len(busy)},
+                extra=log_fields(Action.THREADS_ABANDONED, threads=len(busy)),
             )
         self._threads.close()
 
@@ -524,7 +516,7 @@ class Scheduler:
             elif base is not None:
                 await base.aclose()
             self._state = _State.STOPPED
-        logger.info("scheduler %s stopped", self.instance_id, extra={"action": "stopped"})
+        logger.info("scheduler %s stopped", self.instance_id, extra=log_fields(Action.STOPPED))
 
     async def _linger(self, tasks: list[asyncio.Task[None]], base: AsyncExitStack) -> None:
         try:
@@ -589,7 +581,7 @@ class Scheduler:
                         "running; their runs are not handed over: a backup takes each over when "
                         "its lease expires",
                         len(self._executor.stubborn()),
-                        extra={"action": "left_to_expire"},
+                        extra=log_fields(Action.LEFT_TO_EXPIRE),
                     )
                 # asyncio.run() would wait for every task to accept its cancellation, for ever.
                 left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
@@ -779,38 +771,10 @@ class Scheduler:
     # -- the loop watchdog ------------------------------------------------------------------
 
     def _describe_blocker(self, frame: FrameType | None) -> tuple[str, str | None]:
-        """On the watchdog's thread: name the job (and handler, file and line) whose code is on
-        the blocked loop's stack, else the innermost function."""
+        """On the watchdog's thread: what blocks the loop (see :func:`describe_blocker`)."""
         loop = self._loop
         active = self._executor.running(asyncio.current_task(loop) if loop else None)
-        codes: dict[CodeType, Job] = {}
-        for registered in list(self._jobs.values()):
-            code = _code_of(registered.handler)
-            if code is not None:
-                codes.setdefault(code, registered)
-        innermost = frame
-        found: FrameType | None = None
-        while frame is not None:
-            if frame.f_code in codes:
-                found = frame
-                break
-            frame = frame.f_back
-        job: Job | None = active.job if active is not None else None
-        if job is None and found is not None:
-            job = codes[found.f_code]
-        where = found or innermost
-        place = (
-            f"{where.f_code.co_qualname} at {where.f_code.co_filename}:{where.f_lineno}"
-            if where is not None
-            else "unknown code"
-        )
-        if job is None:
-            return f"code that is not a job's handler ({place})", None
-        qualname = getattr(job.handler, "__qualname__", None)
-        module = getattr(job.handler, "__module__", None)
-        handler = f"{module}.{qualname}" if qualname and module else repr(job.handler)
-        run = f", run {active.ticket.run_id[:8]}" if active is not None else ""
-        return f"job {job.name!r} (handler {handler}{run}; in {place})", job.name
+        return describe_blocker(frame, list(self._jobs.values()), active)
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -825,5 +789,5 @@ class Scheduler:
             logger.error(
                 "internal task failed",
                 exc_info=task.exception(),
-                extra={"action": "internal_error"},
+                extra=log_fields(Action.INTERNAL_ERROR),
             )
