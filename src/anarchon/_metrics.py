@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import FrozenInstanceError, asdict, dataclass, fields
 
 from ._models import RunStatus
 
@@ -12,8 +12,9 @@ __all__ = ["Counters", "Metrics"]
 
 @dataclass(slots=True)
 class Counters:
-    """What happened since the scheduler started; shared by the core's modules, which increment
-    its fields (the event loop is the only writer). Every field is described in :class:`Metrics`."""
+    """What happened since the scheduler started: each counter named once, here; shared by the
+    core's modules, which increment its fields (the event loop is the only writer). Every field is
+    described in :class:`Metrics`, the read-only snapshot that adds the gauges."""
 
     claims_won: int = 0
     claims_lost: int = 0
@@ -43,8 +44,8 @@ class Counters:
             self.runs_failed += 1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Metrics(Mapping[str, "int | None"]):
+@dataclass(slots=True, kw_only=True, init=False)
+class Metrics(Counters, Mapping[str, "int | None"]):
     """A snapshot of a scheduler's counters (since it started) and gauges (now).
 
     Read it as attributes (``m.claims_won``) or by name like a mapping (``m["claims_won"]``,
@@ -92,25 +93,6 @@ class Metrics(Mapping[str, "int | None"]):
     :ivar loop_blocked_ms: how long the loop has been blocked now (None without that thread).
     """
 
-    claims_won: int = 0
-    claims_lost: int = 0
-    claims_refused: int = 0
-    claim_errors: int = 0
-    skipped: int = 0
-    too_late: int = 0
-    no_thread: int = 0
-    early_slots_deferred: int = 0
-    runs_succeeded: int = 0
-    runs_failed: int = 0
-    timed_out_threads: int = 0
-    lease_lost: int = 0
-    result_refused: int = 0
-    result_errors: int = 0
-    handed_over: int = 0
-    cancel_ignored: int = 0
-    taken_over: int = 0
-    clock_steps: int = 0
-    clock_skew_warnings: int = 0
     jobs: int = 0
     running: int = 0
     watched: int = 0
@@ -122,8 +104,20 @@ class Metrics(Mapping[str, "int | None"]):
 
     @classmethod
     def of(cls, counters: Counters, **gauges: int | None) -> Metrics:
-        """The snapshot of ``counters`` with the given gauges."""
-        return cls(**asdict(counters), **gauges)  # type: ignore[arg-type]
+        """The snapshot of ``counters`` with the given gauges (the others at their default)."""
+        snapshot = object.__new__(cls)
+        values = {**asdict(counters), **gauges}
+        for field in fields(cls):
+            value = values.get(field.name, field.default)
+            object.__setattr__(snapshot, field.name, value)
+        return snapshot
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"a Metrics snapshot is read-only: cannot assign {name!r}")
+
+    def count_run(self, status: RunStatus) -> None:
+        """Not on a snapshot: it is read-only."""
+        raise FrozenInstanceError("a Metrics snapshot is read-only")
 
     def __getitem__(self, name: str) -> int | None:
         if name not in _NAMES:
