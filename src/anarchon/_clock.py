@@ -39,6 +39,9 @@ SKEW_CHECK_S: Final = 60.0
 # A slot due by this host's wall clock but still this far (ms) in the future by the backend's
 # (this clock is ahead: stepped, or a VM resumed) waits for the backend's time to reach it.
 EARLY_TOLERANCE_MS: Final = 1_000
+# A deferred slot is looked at again within this long (ms): the estimate may be stale (the
+# backend's clock stepped too, and is being measured again after the step).
+EARLY_RECHECK_MS: Final = 1_000
 
 #: What a clock must provide (checked when a Scheduler is made).
 CLOCK_METHODS: Final = ("now_ms", "monotonic_ms", "sleep", "sleep_until")
@@ -109,21 +112,31 @@ class BackendTime:
 
     Each measurement (``server_time_ms()`` around two local readings) anchors the estimate;
     between measurements it advances with the monotonic clock, so a wall-clock step on this host
-    does not change it. Before the first measurement it is the local wall clock.
+    does not change it. Before the first measurement it is the local wall clock as read by
+    :meth:`assume_local` (when the scheduler starts), carried on the monotonic clock; before
+    that, the local wall clock.
     """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._anchor: tuple[int, int] | None = None  # (backend ms, monotonic ms)
+        self._measured = False
+
+    def assume_local(self) -> None:
+        """Until a measurement, take the backend's clock to read what the local wall clock reads
+        now (a later step of the local clock does not move the estimate)."""
+        if not self._measured:
+            self._anchor = (self._clock.now_ms(), self._clock.monotonic_ms())
 
     def measured(self, backend_ms: int, monotonic_mid_ms: int) -> None:
         """Record a measurement: the backend read ``backend_ms`` at ``monotonic_mid_ms``."""
         self._anchor = (backend_ms, monotonic_mid_ms)
+        self._measured = True
 
     @property
     def known(self) -> bool:
         """True once a measurement was made."""
-        return self._anchor is not None
+        return self._measured
 
     def now_ms(self) -> int:
         """The backend's clock now (estimated), epoch ms."""
@@ -198,9 +211,10 @@ class BackendClock:
             )
 
     def early_slots_possible(self) -> bool:
-        """Whether a slot can be early: once the backend's clock was measured, and not on one
-        host, where every instance's wall clock stepped alike."""
-        return self.time.known and not self._backend.one_host
+        """Whether a slot can be early: not on one host, where every instance's wall clock
+        stepped alike (before a measurement, the estimate is anchored when the scheduler
+        starts, so a clock stepped since is noticed)."""
+        return not self._backend.one_host
 
     def is_early(self, slot: int, backend_now: int) -> bool:
         """Whether ``slot`` is still more than :data:`EARLY_TOLERANCE_MS` ahead of the
@@ -215,7 +229,12 @@ class BackendClock:
         wall = self._clock.now_ms()
         self._counters.early_slots_deferred += len(early)
         for due in early:
-            push(due, wall + (due.slot - backend_now))
+            # Looked at again within a second: the estimate may be stale (the backend's clock
+            # stepped too, and is being measured again after the step).
+            wait = due.slot - backend_now
+            if wait > EARLY_RECHECK_MS + EARLY_TOLERANCE_MS:
+                wait = EARLY_RECHECK_MS
+            push(due, wall + wait)
         mono = self._clock.monotonic_ms()
         if self._early_warned_at is not None and mono - self._early_warned_at < SKEW_CHECK_S * 1000:
             return  # one warning a minute: a clock ahead defers every slot

@@ -342,6 +342,7 @@ class Scheduler:
         await self.backend.start()
         self._state = _State.RUNNING
         self._stop_began = 0
+        self._backend_clock.time.assume_local()
         base, stack = AsyncExitStack(), AsyncExitStack()
         try:
             await self._start_services(base, stack)
