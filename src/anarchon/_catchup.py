@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ._claims import Claims
@@ -46,24 +46,16 @@ def missed_slots(
     return missed, 0
 
 
+@dataclass(eq=False)
 class CatchingUp:
     """Starts a catch-up for each job that missed slots (``catch_up`` other than ``none``)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        clock: Clock,
-        claims: Claims,
-        threads: HandlerThreads,
-        running: Callable[[], bool],
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-    ) -> None:
-        self._backend = backend
-        self._clock = clock
-        self._claims = claims
-        self._threads = threads
-        self._running = running
-        self._spawn = spawn
+    _backend: Backend
+    _clock: Clock
+    _claims: Claims
+    _threads: HandlerThreads
+    _running: Callable[[], bool]
+    _spawn: Callable[[Coroutine[Any, Any, Any]], None]
 
     async def start(self, jobs: list[Job]) -> None:
         """Look up the last recorded slot of every job that catches up, in one backend call, and

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ._batch import isolate
@@ -51,36 +52,26 @@ def _job_of(request: ClaimRequest) -> str:
     return request.job
 
 
+@dataclass(eq=False)
 class Claims:
     """Claims slots for one scheduler and hands the winners to its executor."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        clock: Clock,
-        backend_time: BackendTime,
-        jobs: dict[str, Job],
-        executor: RunExecutor,
-        watcher: BackupWatcher | None,
-        threads: HandlerThreads,
-        counters: Counters,
-        running: Callable[[], bool],
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-    ) -> None:
-        self._backend = backend
-        self._clock = clock
-        self._backend_time = backend_time
-        self._jobs = jobs
-        self._executor = executor
-        self._watcher = watcher
-        self._threads = threads
-        self._counters = counters
-        self._running = running
-        self._spawn = spawn
-        self.instance = ""
-        """This instance's id, set by the scheduler when it starts."""
-        self._in_flight = 0
-        self._idle = asyncio.Event()
+    _backend: Backend
+    _clock: Clock
+    _backend_time: BackendTime
+    _jobs: dict[str, Job]
+    _executor: RunExecutor
+    _watcher: BackupWatcher | None
+    _threads: HandlerThreads
+    _counters: Counters
+    _running: Callable[[], bool]
+    _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    instance: str = ""
+    """This instance's id, set by the scheduler when it starts."""
+    _in_flight: int = field(default=0, init=False)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
         self._idle.set()
 
     # -- requests ---------------------------------------------------------------------------
