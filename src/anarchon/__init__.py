@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 from ._context import RunContext
+from ._metrics import Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
@@ -64,6 +65,7 @@ __all__ = [
     "LeaseBackend",
     "LeaseLost",
     "MemoryBackend",
+    "Metrics",
     "MissingDependency",
     "NatsBackend",
     "Overlap",

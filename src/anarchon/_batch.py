@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from .errors import BackendUnavailable
+from .logs import Action, log_fields
 
 __all__ = ["Coalescer", "isolate"]
 
@@ -51,7 +52,7 @@ async def isolate(
             what,
             len(failed),
             ", ".join(failed[:20]),
-            extra={"job": failed[0], "action": "batch_item_failed"},
+            extra=log_fields(Action.BATCH_ITEM_FAILED, failed[0]),
         )
     return results
 
@@ -82,7 +83,7 @@ async def _split(
                     job,
                     exc,
                     exc_info=exc,
-                    extra={"job": job, "action": "batch_item_failed"},
+                    extra=log_fields(Action.BATCH_ITEM_FAILED, job),
                 )
         return [exc for _ in items]
 

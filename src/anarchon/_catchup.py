@@ -1,11 +1,31 @@
-"""Which slots to catch up on start: those missed while no instance ran."""
+"""Catching up on start: which slots were missed while no instance ran, and claiming them, one
+at a time and oldest first."""
 
 from __future__ import annotations
 
-from ._models import CatchUp
-from ._schedule import CronSchedule
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
-__all__ = ["missed_slots"]
+from ._claims import Claims
+from ._clock import Clock
+from ._job import Job
+from ._models import CatchUp, Overlap, Trigger
+from ._runner import ActiveRun
+from ._schedule import CronSchedule
+from ._threads import HandlerThreads
+from .backend import Backend, ClaimOutcome, LeaseBackend
+from .errors import BackendUnavailable
+from .logs import Action, log_fields
+
+__all__ = ["CatchingUp", "missed_slots"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+CATCH_UP_POLL_S: Final = 0.25
 
 
 def missed_slots(
@@ -24,3 +44,109 @@ def missed_slots(
     if mode is CatchUp.LATEST and len(missed) > 1:
         return missed[-1:], len(missed) - 1
     return missed, 0
+
+
+@dataclass(eq=False)
+class CatchingUp:
+    """Starts a catch-up for each job that missed slots (``catch_up`` other than ``none``)."""
+
+    _backend: Backend
+    _clock: Clock
+    _claims: Claims
+    _threads: HandlerThreads
+    _running: Callable[[], bool]
+    _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+
+    async def start(self, jobs: list[Job]) -> None:
+        """Look up the last recorded slot of every job that catches up, in one backend call, and
+        start a catch-up for each job that missed slots."""
+        backend = self._backend
+        wanted = [j for j in jobs if j.policy.catch_up != CatchUp.NONE]
+        if not wanted or not isinstance(backend, LeaseBackend):
+            return
+        try:
+            last_slots = await backend.last_slots([j.name for j in wanted])
+        except BackendUnavailable as exc:
+            logger.warning("catch-up skipped: %s", exc, extra=log_fields(Action.CATCH_UP_FAILED))
+            return
+        # Slots are wall-clock instants computed from this host's clock, as the timer's are.
+        now = self._clock.now_ms()
+        for job in wanted:
+            policy = job.policy
+            slots, left_out = missed_slots(
+                job.schedule,
+                last_slots.get(job.name),
+                now,
+                policy.catch_up_window_ms,
+                CatchUp(policy.catch_up),
+            )
+            if slots:
+                logger.info(
+                    "catching up %d missed slot(s) of %s (%d older left out, catch_up=%s)",
+                    len(slots),
+                    job.name,
+                    left_out,
+                    policy.catch_up,
+                    extra=log_fields(Action.CATCH_UP, job.name),
+                )
+                self._spawn(self._catch_up_slots(job, slots))
+
+    async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
+        policy = job.policy
+        # One slot at a time, oldest first. Before each claim an instance waits until no run of
+        # the job is going (instances that start together may have read different last slots),
+        # so catch-up runs do not overlap; the claim itself allows overlap, because a missed
+        # slot must not be recorded skipped for overlapping another missed slot.
+        idle_limit_s = policy.lease_ms * 2 / 1000
+        for slot in slots:
+            if not self._running() or not await self._until_idle(job, idle_limit_s):
+                return
+            active = await self._catch_up_slot(job, slot)
+            if active is False:
+                return
+            if isinstance(active, ActiveRun):
+                # Shielded: cancelling this catch-up (on stop) must not cancel the run's result.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(active.result)
+
+    async def _catch_up_slot(self, job: Job, slot: int) -> ActiveRun | bool:
+        """Claim one missed slot; the run started, True to go on, False to give up."""
+        policy = job.policy
+        reserved = False
+        if not job.is_async:
+            reserved = await self._claims.reserve_thread(policy.max_late_ms / 1000)
+            if not reserved:
+                self._claims.starved([self._claims.request(job, slot, Trigger.CATCH_UP)])
+                return False
+        try:
+            request = replace(
+                self._claims.request(job, slot, Trigger.CATCH_UP), overlap=Overlap.ALLOW
+            )
+            claimed = await self._claims.claim([request], deadline_s=policy.max_late_ms / 1000)
+            if not claimed:
+                return False
+            _, outcome, sent = claimed[0]
+            if not isinstance(outcome, ClaimOutcome):
+                return True
+            active = self._claims.handle(outcome, reserved, sent)
+            if active is not None:
+                reserved = False
+                return active
+            return True
+        finally:
+            if reserved:
+                self._threads.unreserve()
+
+    async def _until_idle(self, job: Job, limit_s: float) -> bool:
+        """Wait up to ``limit_s`` until the job's newest run has ended; False if stopping."""
+        began = self._clock.monotonic_ms()
+        while self._running():
+            try:
+                last = await self._backend.last_run(job.name)
+            except BackendUnavailable:
+                last = None
+            waited = (self._clock.monotonic_ms() - began) / 1000
+            if last is None or last.status.finished or waited >= limit_s:
+                return True
+            await self._clock.sleep(CATCH_UP_POLL_S)
+        return False

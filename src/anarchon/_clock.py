@@ -12,15 +12,36 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Coroutine
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-__all__ = ["CLOCK_METHODS", "BackendTime", "Clock", "SystemClock", "sleep_or_wake"]
+from ._metrics import Counters
+from .backend import Backend
+from .errors import BackendUnavailable
+from .logs import Action, log_fields
+
+if TYPE_CHECKING:
+    from ._job import Job
+    from ._timer import Due
+
+__all__ = ["CLOCK_METHODS", "BackendClock", "BackendTime", "Clock", "SystemClock", "sleep_or_wake"]
+
+logger = logging.getLogger("anarchon.scheduler")
 
 # asyncio sleeps in whole milliseconds (epoll), rounding up. A precise wait sleeps until this
 # close to its target, then yields to the loop until the clock reaches it.
 SPIN_MS = 2.0
+
+# The offset from the backend's clock is measured this often (s), and at once after a step.
+SKEW_CHECK_S: Final = 60.0
+# A slot due by this host's wall clock but still this far (ms) in the future by the backend's
+# (this clock is ahead: stepped, or a VM resumed) waits for the backend's time to reach it.
+EARLY_TOLERANCE_MS: Final = 1_000
+# A deferred slot is looked at again within this long (ms): the estimate may be stale (the
+# backend's clock stepped too, and is being measured again after the step).
+EARLY_RECHECK_MS: Final = 1_000
 
 #: What a clock must provide (checked when a Scheduler is made).
 CLOCK_METHODS: Final = ("now_ms", "monotonic_ms", "sleep", "sleep_until")
@@ -123,6 +144,113 @@ class BackendTime:
             return self._clock.now_ms()
         backend_ms, at = self._anchor
         return backend_ms + (self._clock.monotonic_ms() - at)
+
+
+class BackendClock:
+    """This instance's clock against the backend's: measures the offset (every
+    :data:`SKEW_CHECK_S` and after a wall-clock step), warns when it grows, keeps the
+    :class:`BackendTime` estimate that judges "too late", and defers slots that are due by this
+    host's clock but early by the backend's."""
+
+    def __init__(
+        self, backend: Backend, clock: Clock, jobs: Mapping[str, Job], counters: Counters
+    ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._jobs = jobs
+        self._counters = counters
+        self.time = BackendTime(clock)
+        """The backend's clock, estimated."""
+        self.offset_ms: int | None = None
+        """The backend's clock minus this host's at the last measurement."""
+        self.instance = ""
+        """This instance's id, set by the scheduler when it starts."""
+        self._wake = asyncio.Event()
+        self._early_warned_at: int | None = None
+
+    def stepped(self, step_ms: int) -> None:
+        """The timer saw the wall clock step: measure the offset from the backend again now
+        (the backend-time estimate itself runs on the monotonic clock and is unaffected)."""
+        self._counters.clock_steps += 1
+        self._wake.set()
+
+    async def watch(self) -> None:
+        """Measure the offset every :data:`SKEW_CHECK_S`, and at once after a step."""
+        while True:
+            self._wake.clear()
+            await self.measure()
+            await sleep_or_wake(self._clock.sleep(SKEW_CHECK_S), self._wake)
+
+    async def measure(self) -> None:
+        """Read the backend's clock between two local readings; warn if the offset is large."""
+        clock = self._clock
+        before, before_mono = clock.now_ms(), clock.monotonic_ms()
+        try:
+            server = await self._backend.server_time_ms()
+        except BackendUnavailable:
+            return
+        after, after_mono = clock.now_ms(), clock.monotonic_ms()
+        if server is None:
+            return
+        self.time.measured(server, (before_mono + after_mono) // 2)
+        offset = server - (before + after) // 2
+        self.offset_ms = offset
+        budgets = [b for j in self._jobs.values() if (b := self._backend.skew_budget_ms(j.policy))]
+        # Warn long before skew is unsafe: at a tenth of the tightest budget, and above 5 s anyway.
+        threshold = min([5_000, *(b // 10 for b in budgets)])
+        if abs(offset) > max(threshold, 250):
+            self._counters.clock_skew_warnings += 1
+            logger.warning(
+                "clock of %s is %+d ms off the %s backend's clock; slots fire off time, and past "
+                "%s ms a slot could run twice. Synchronise clocks (NTP).",
+                self.instance,
+                offset,
+                self._backend.name,
+                min(budgets) if budgets else "unbounded",
+                extra=log_fields(Action.CLOCK_SKEW, offset_ms=offset),
+            )
+
+    def early_slots_possible(self) -> bool:
+        """Whether a slot can be early: not on one host, where every instance's wall clock
+        stepped alike (before a measurement, the estimate is anchored when the scheduler
+        starts, so a clock stepped since is noticed)."""
+        return not self._backend.one_host
+
+    def is_early(self, slot: int, backend_now: int) -> bool:
+        """Whether ``slot`` is still more than :data:`EARLY_TOLERANCE_MS` ahead of the
+        backend's clock (``backend_now``)."""
+        return slot - backend_now > EARLY_TOLERANCE_MS
+
+    def defer(self, early: list[Due], backend_now: int, push: Callable[[Due, int], None]) -> None:
+        """Put slots that are due here but not yet by the backend's clock back on the timer
+        (``push(due, wall_ms)``), at the local wall time when the backend's clock reaches them
+        (without jitter: it was spent). Claiming them now would be early for every other
+        instance (a run overlapping the previous slot's, recorded as skipped)."""
+        wall = self._clock.now_ms()
+        self._counters.early_slots_deferred += len(early)
+        for due in early:
+            # Looked at again within a second: the estimate may be stale (the backend's clock
+            # stepped too, and is being measured again after the step).
+            wait = due.slot - backend_now
+            if wait > EARLY_RECHECK_MS + EARLY_TOLERANCE_MS:
+                wait = EARLY_RECHECK_MS
+            push(due, wall + wait)
+        mono = self._clock.monotonic_ms()
+        if self._early_warned_at is not None and mono - self._early_warned_at < SKEW_CHECK_S * 1000:
+            return  # one warning a minute: a clock ahead defers every slot
+        self._early_warned_at = mono
+        first = early[0]
+        logger.warning(
+            "%d slot(s) (%s slot %s%s) are due by this host's clock but %d ms in the future by "
+            "the %s backend's: this clock is ahead (stepped?); waiting for the backend's time",
+            len(early),
+            first.job,
+            first.slot,
+            f" and {len(early) - 1} more" if len(early) > 1 else "",
+            first.slot - backend_now,
+            self._backend.name,
+            extra=log_fields(Action.SLOT_EARLY, first.job, first.slot),
+        )
 
 
 async def sleep_or_wake(sleep: Coroutine[Any, Any, None], wake: asyncio.Event) -> None:

@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
@@ -81,6 +81,24 @@ class JobOptions:
     catch_up: CatchUp | str | None = None
     catch_up_window_ms: int | None = None
     handover: bool | None = None
+
+
+class JobKwargs(TypedDict, total=False):
+    """The options of :meth:`Scheduler.add <anarchon.Scheduler.add>` as keyword arguments (the
+    fields of :class:`JobOptions`), for :meth:`Scheduler.job <anarchon.Scheduler.job>` to
+    forward."""
+
+    timezone: Timezone
+    jitter_ms: int | None
+    max_late_ms: int | None
+    history_ttl_ms: int | None
+    timeout_ms: int | None
+    lease_ms: int | None
+    max_attempts: int | None
+    overlap: Overlap | str | None
+    catch_up: CatchUp | str | None
+    catch_up_window_ms: int | None
+    handover: bool | None
 
 
 class Job:

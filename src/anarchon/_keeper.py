@@ -30,6 +30,7 @@ from ._clock import Clock, sleep_or_wake
 from ._supervisor import supervised
 from .backend import LeaseBackend, Ticket
 from .errors import LeaseLost
+from .logs import Action, log_fields
 
 if TYPE_CHECKING:
     from ._runner import ActiveRun
@@ -90,7 +91,9 @@ class Mailbox:
             try:
                 fn(*args)
             except Exception:
-                logger.exception("a cross-thread call failed", extra={"action": "internal_error"})
+                logger.exception(
+                    "a cross-thread call failed", extra=log_fields(Action.INTERNAL_ERROR)
+                )
 
 
 class LeaseKeeper:
@@ -219,7 +222,7 @@ class LeaseKeeper:
                         "renewing %d lease(s) failed, retrying: %s",
                         len(due),
                         answer,
-                        extra=_fields("renew_failed", active.ticket),
+                        extra=log_fields(Action.RENEW_FAILED, ticket=active.ticket),
                     )
                 self._push(active, now + min(RENEW_RETRY_MS, active.ticket.lease_ms // 3))
 
@@ -245,17 +248,6 @@ def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:
     if ticket.lease_expires_at_ms is None or ticket.backend_now_ms is None:
         return local_sent_ms + ticket.lease_ms
     return local_sent_ms + (ticket.lease_expires_at_ms - ticket.backend_now_ms)
-
-
-def _fields(action: str, ticket: Ticket) -> dict[str, Any]:
-    return {
-        "job": ticket.job,
-        "slot": ticket.slot,
-        "action": action,
-        "run_id": ticket.run_id,
-        "attempt": ticket.attempt,
-        "fence": ticket.fence,
-    }
 
 
 class KeeperThread:
@@ -297,7 +289,7 @@ class KeeperThread:
                 "the lease keeper's own connection did not start within %.0f s; leases are "
                 "kept on the event loop instead",
                 THREAD_START_S,
-                extra={"action": "keeper_thread"},
+                extra=log_fields(Action.KEEPER_THREAD),
             )
             await self.stop()
             return False
@@ -306,7 +298,9 @@ class KeeperThread:
         try:
             asyncio.run(self._serve())
         except BaseException as exc:  # never let the thread die without a word
-            logger.error("the lease keeper thread failed", exc_info=exc, extra={"action": "keeper"})
+            logger.error(
+                "the lease keeper thread failed", exc_info=exc, extra=log_fields(Action.KEEPER)
+            )
         finally:
             if not self._ready.done():
                 self._ready.set_result(False)
@@ -327,7 +321,7 @@ class KeeperThread:
                     "the lease keeper's own connection could not start (%s); leases are kept "
                     "on the event loop instead",
                     exc,
-                    extra={"action": "keeper_thread"},
+                    extra=log_fields(Action.KEEPER_THREAD),
                 )
                 backend = None
             else:
@@ -361,5 +355,5 @@ class KeeperThread:
             logger.warning(
                 "the lease keeper thread did not end within %.0f s; abandoned",
                 THREAD_STOP_S,
-                extra={"action": "keeper_thread"},
+                extra=log_fields(Action.KEEPER_THREAD),
             )

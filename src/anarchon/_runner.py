@@ -24,11 +24,13 @@ from ._batch import Coalescer
 from ._clock import Clock
 from ._context import RunContext
 from ._job import Job
+from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
 from ._threads import HandlerThreads, NoThreadFree
 from .backend import Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
+from .logs import Action, log_fields
 
 if TYPE_CHECKING:
     from ._keeper import LeaseKeeper
@@ -81,7 +83,7 @@ class RunExecutor:
         backend: Backend,
         clock: Clock,
         threads: HandlerThreads,
-        counters: dict[str, int],
+        counters: Counters,
         grace_ms: int,
     ) -> None:
         self._backend = backend
@@ -165,7 +167,7 @@ class RunExecutor:
         if logger.isEnabledFor(logging.INFO):
             _log(
                 logging.INFO,
-                "run_started",
+                Action.RUN_STARTED,
                 ticket,
                 "running %s attempt %d (fence %s)",
                 job.name,
@@ -190,7 +192,7 @@ class RunExecutor:
             # it still works. The lease is left to expire (the process exits meanwhile).
             _log(
                 logging.WARNING,
-                "left_to_expire",
+                Action.LEFT_TO_EXPIRE,
                 ticket,
                 "job %s attempt %d: its thread still runs after the grace period; not handed "
                 "over: a backup takes the run over when its lease expires",
@@ -204,7 +206,7 @@ class RunExecutor:
             # cancellation as the run's result would end the slot without running it.
             _log(
                 logging.INFO,
-                "left_to_backup",
+                Action.LEFT_TO_BACKUP,
                 ticket,
                 "left %s attempt %d to a backup",
                 job.name,
@@ -229,10 +231,10 @@ class RunExecutor:
             try:
                 renewed = await self._backend.renew(ticket)
             except LeaseLost as exc:
-                self._counters["lease_lost"] += 1
+                self._counters.lease_lost += 1
                 _log(
                     logging.WARNING,
-                    "lease_lost",
+                    Action.LEASE_LOST,
                     ticket,
                     "job %s attempt %d: its lease ran out before the handler could start (%s); "
                     "not starting it",
@@ -249,7 +251,7 @@ class RunExecutor:
                 if self._clock.monotonic_ms() - started > ticket.lease_ms:
                     _log(
                         logging.WARNING,
-                        "left_to_backup",
+                        Action.LEFT_TO_BACKUP,
                         ticket,
                         "job %s attempt %d: its lease ran out and cannot be renewed (%s); left "
                         "to a backup",
@@ -331,10 +333,10 @@ class RunExecutor:
                 # renewing it) until the handler returns, so overlap='skip' still holds and no
                 # backup starts the slot beside it; ctx.timed_out tells the handler.
                 ctx._timed_out = True
-                self._counters["timed_out_threads"] += 1
+                self._counters.timed_out_threads += 1
                 _log(
                     logging.WARNING,
-                    "timed_out",
+                    Action.TIMED_OUT,
                     ticket,
                     "job %s ran past timeout_ms=%d; its thread cannot be stopped, so the run "
                     "keeps its lease until the handler returns (ctx.timed_out is now True)",
@@ -351,10 +353,10 @@ class RunExecutor:
         """The keeper found the lease lost: tell the handler and stop waiting for it."""
         if active.task is None or active.task.done():
             return
-        self._counters["lease_lost"] += 1
+        self._counters.lease_lost += 1
         _log(
             logging.WARNING,
-            "lease_lost",
+            Action.LEASE_LOST,
             active.ticket,
             "job %s attempt %d: %s",
             active.job.name,
@@ -379,10 +381,10 @@ class RunExecutor:
             try:
                 run = await self._results.submit((ticket, status, error))
             except LeaseLost as refused:
-                self._counters["result_refused"] += 1
+                self._counters.result_refused += 1
                 _log(
                     logging.WARNING,
-                    "result_refused",
+                    Action.RESULT_REFUSED,
                     ticket,
                     "result of %s attempt %d (%s%s) refused: %s",
                     ticket.job,
@@ -396,7 +398,7 @@ class RunExecutor:
             except BackendUnavailable as unavailable:
                 _log(
                     logging.WARNING,
-                    "finish_retry",
+                    Action.FINISH_RETRY,
                     ticket,
                     "recording %s failed, retrying: %s",
                     ticket.job,
@@ -405,10 +407,10 @@ class RunExecutor:
                 await self._clock.sleep(delay)
                 continue
             except BackendError as broken:  # refused for good (logged with its traceback)
-                self._counters["result_errors"] += 1
+                self._counters.result_errors += 1
                 _log(
                     logging.WARNING,
-                    "result_failed",
+                    Action.RESULT_FAILED,
                     ticket,
                     "the result of %s attempt %d (%s) could not be recorded: %s",
                     ticket.job,
@@ -417,12 +419,12 @@ class RunExecutor:
                     broken,
                 )
                 return None
-            self._counters[f"runs_{status.value}"] += 1
+            self._counters.count_run(status)
             if status is RunStatus.SUCCEEDED:
                 if logger.isEnabledFor(logging.INFO):
                     _log(
                         logging.INFO,
-                        "run_succeeded",
+                        Action.RUN_SUCCEEDED,
                         ticket,
                         "job %s succeeded (attempt %d)",
                         ticket.job,
@@ -433,7 +435,7 @@ class RunExecutor:
                 # (Sentry's logging integration, log-based alerts) looks for.
                 _log(
                     logging.ERROR,
-                    f"run_{status.value}",
+                    Action.RUN_FAILED,
                     ticket,
                     "job %s %s (attempt %d): %s",
                     ticket.job,
@@ -454,17 +456,17 @@ class RunExecutor:
             except BackendError as exc:
                 _log(
                     logging.WARNING,
-                    "handover_failed",
+                    Action.HANDOVER_FAILED,
                     ticket,
                     "could not hand %s over (%s); a backup takes over at lease expiry",
                     ticket.job,
                     exc,
                 )
                 return
-            self._counters["handed_over"] += 1
+            self._counters.handed_over += 1
             _log(
                 logging.INFO,
-                "handed_over",
+                Action.HANDED_OVER,
                 ticket,
                 "handed %s attempt %d over to a backup",
                 ticket.job,
@@ -506,10 +508,10 @@ class RunExecutor:
             a for a in leftover if a.in_handler and a.task is not None and not a.task.done()
         ]
         for active in stubborn:
-            self._counters["cancel_ignored"] += 1
+            self._counters.cancel_ignored += 1
             _log(
                 logging.WARNING,
-                "cancel_ignored",
+                Action.CANCEL_IGNORED,
                 active.ticket,
                 "job %s attempt %d ignores its cancellation (it caught CancelledError and works "
                 "on): not handed over; its lease stays renewed while it runs, and expires if the "
@@ -564,23 +566,12 @@ def _describe_exit(exc: BaseException) -> str:
     return f"{type(exc).__name__}: raised by the handler; it fails its run, never the scheduler"
 
 
-def _fields(action: str, ticket: Ticket) -> dict[str, Any]:
-    return {
-        "job": ticket.job,
-        "slot": ticket.slot,
-        "action": action,
-        "run_id": ticket.run_id,
-        "attempt": ticket.attempt,
-        "fence": ticket.fence,
-    }
-
-
 def _log(
     level: int,
-    action: str,
+    action: Action,
     ticket: Ticket,
     msg: str,
     *args: Any,
     exc_info: BaseException | None = None,
 ) -> None:
-    logger.log(level, msg, *args, exc_info=exc_info, extra=_fields(action, ticket))
+    logger.log(level, msg, *args, exc_info=exc_info, extra=log_fields(action, ticket=ticket))

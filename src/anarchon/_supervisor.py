@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from ._retry import backoff
+from .logs import Action, log_fields
 
 __all__ = ["supervised"]
 
@@ -41,7 +42,7 @@ async def supervised(
             logger.exception(
                 "background loop %r failed; restarting it",
                 name,
-                extra={"action": "loop_failed", "loop": name},
+                extra=log_fields(Action.LOOP_FAILED, loop=name),
             )
         if time.monotonic() - began > MAX_PAUSE_S:
             pauses = backoff(FIRST_PAUSE_S, MAX_PAUSE_S)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ._clock import Clock, sleep_or_wake
+from .logs import Action, log_fields
 
 __all__ = ["Due", "SlotTimer"]
 
@@ -76,7 +77,7 @@ class SlotTimer:
                     "the wall clock stepped %+d ms; slots fire by the new wall time, leases and "
                     "timeouts are unaffected (they run on the monotonic clock)",
                     step,
-                    extra={"action": "clock_step", "step_ms": step},
+                    extra=log_fields(Action.CLOCK_STEP, step_ms=step),
                 )
                 if self._on_step is not None:
                     self._on_step(step)

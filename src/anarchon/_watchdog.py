@@ -15,14 +15,22 @@ ticks are no more frequent than that.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
-from typing import Final
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any, Final
 
-__all__ = ["BLOCK_WARN_MS", "LoopWatchdog"]
+from .logs import Action, log_fields
+
+if TYPE_CHECKING:
+    from ._job import Job
+    from ._runner import ActiveRun
+
+__all__ = ["BLOCK_WARN_MS", "LoopWatchdog", "describe_blocker"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -105,7 +113,7 @@ class LoopWatchdog:
             "the scheduler's own thread). Use await, or a plain def handler (runs in a thread)",
             now - sent,
             text,
-            extra={"action": "loop_blocked", "job": job, "blocked_ms": now - sent},
+            extra=log_fields(Action.LOOP_BLOCKED, job, blocked_ms=now - sent),
         )
 
     def _pong(self, sent: int) -> None:
@@ -125,5 +133,54 @@ class LoopWatchdog:
                 "the event loop ran again after being blocked for %d ms by %s",
                 lag,
                 text,
-                extra={"action": "loop_unblocked", "job": job, "blocked_ms": lag},
+                extra=log_fields(Action.LOOP_UNBLOCKED, job, blocked_ms=lag),
             )
+
+
+def _code_of(handler: Callable[..., Any]) -> CodeType | None:
+    """The code object a handler's frames run, to recognise it on a stack."""
+    target: Any = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    target = inspect.unwrap(target)
+    target = getattr(target, "__func__", target)
+    code = getattr(target, "__code__", None)
+    if code is None:
+        call = getattr(type(target), "__call__", None)  # noqa: B004 - a callable object
+        code = getattr(getattr(call, "__func__", call), "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+def describe_blocker(
+    frame: FrameType | None, jobs: list[Job], active: ActiveRun | None
+) -> tuple[str, str | None]:
+    """On the watchdog's thread: name the job (and handler, file and line) whose code is on
+    the blocked loop's stack, else the innermost function."""
+    codes: dict[CodeType, Job] = {}
+    for registered in jobs:
+        code = _code_of(registered.handler)
+        if code is not None:
+            codes.setdefault(code, registered)
+    innermost = frame
+    found: FrameType | None = None
+    while frame is not None:
+        if frame.f_code in codes:
+            found = frame
+            break
+        frame = frame.f_back
+    job: Job | None = active.job if active is not None else None
+    if job is None and found is not None:
+        job = codes[found.f_code]
+    where = found or innermost
+    place = (
+        f"{where.f_code.co_qualname} at {where.f_code.co_filename}:{where.f_lineno}"
+        if where is not None
+        else "unknown code"
+    )
+    if job is None:
+        return f"code that is not a job's handler ({place})", None
+    qualname = getattr(job.handler, "__qualname__", None)
+    module = getattr(job.handler, "__module__", None)
+    handler = f"{module}.{qualname}" if qualname and module else repr(job.handler)
+    run = f", run {active.ticket.run_id[:8]}" if active is not None else ""
+    return f"job {job.name!r} (handler {handler}{run}; in {place})", job.name

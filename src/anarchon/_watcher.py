@@ -15,9 +15,11 @@ from typing import Final
 
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
+from ._metrics import Counters
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import BackendError
+from .logs import Action, log_fields
 
 __all__ = ["BackupWatcher"]
 
@@ -42,7 +44,7 @@ class BackupWatcher:
         instance: str,
         jobs: Callable[[str], Job | None],
         on_taken: OnTaken,
-        counters: dict[str, int],
+        counters: Counters,
         threads: HandlerThreads,
     ) -> None:
         self._backend = backend
@@ -140,13 +142,13 @@ class BackupWatcher:
         if not job.is_async:
             reserved = self._threads.reserve()
             if not reserved:
-                self._counters["no_thread"] += 1
+                self._counters.no_thread += 1
                 logger.debug(
                     "not taking over %s %s now: every handler thread is busy (max_workers=%d)",
                     job_name,
                     slot_key,
                     self._threads.max_workers,
-                    extra={"job": job_name, "slot": slot_key, "action": "no_thread"},
+                    extra=log_fields(Action.NO_THREAD, job_name, _slot_of(slot_key)),
                 )
                 self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
                 return
@@ -161,7 +163,7 @@ class BackupWatcher:
                     job_name,
                     slot_key,
                     exc,
-                    extra={"job": job_name, "slot": slot_key, "action": "takeover_retry"},
+                    extra=log_fields(Action.TAKEOVER_RETRY, job_name, _slot_of(slot_key)),
                 )
                 self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
                 return
@@ -181,17 +183,16 @@ class BackupWatcher:
             self.watch(job_name, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms)
             return False
         self._forget(job_name, slot_key)
-        extra = {"job": job_name, "slot": slot_key}
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
-            self._counters["taken_over"] += 1
+            self._counters.taken_over += 1
             logger.warning(
                 "took over %s %s as attempt %d (fence %s)",
                 job_name,
                 slot_key,
                 outcome.ticket.attempt,
                 outcome.ticket.fence,
-                extra={**extra, "action": "taken_over"},
+                extra=log_fields(Action.TAKEN_OVER, ticket=outcome.ticket),
             )
             self._on_taken(job, outcome.ticket, reserved, sent)
             return True
@@ -200,7 +201,7 @@ class BackupWatcher:
                 "%s %s: lease expired on its last attempt; recorded failed",
                 job_name,
                 slot_key,
-                extra={**extra, "action": "attempts_exhausted"},
+                extra=log_fields(Action.ATTEMPTS_EXHAUSTED, job_name, _slot_of(slot_key)),
             )
         return False
 
@@ -215,3 +216,8 @@ class BackupWatcher:
         for check in list(self._checks):
             check.cancel()
         self._requests.clear()
+
+
+def _slot_of(slot_key: str) -> int | None:
+    """The slot (epoch ms) a takeover's slot key names; None for a manual run's."""
+    return int(slot_key) if slot_key.isdigit() else None

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:
         record("crash", error=f"{type(exc).__name__}: {exc}"[:500])
         raise
-    record("exit", metrics=scheduler.metrics())
+    record("exit", metrics=scheduler.metrics().as_dict())
 
 
 if __name__ == "__main__":

@@ -85,7 +85,12 @@ async def main(args: argparse.Namespace) -> None:
     await scheduler.stop()
     _write(
         args.out,
-        {"event": "exit", "t": time.time(), "pid": os.getpid(), "metrics": scheduler.metrics()},
+        {
+            "event": "exit",
+            "t": time.time(),
+            "pid": os.getpid(),
+            "metrics": scheduler.metrics().as_dict(),
+        },
     )
 
 

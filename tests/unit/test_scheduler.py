@@ -267,3 +267,20 @@ async def test_a_burst_of_notifications_does_not_drown_a_signal(clock: FakeClock
     finally:
         loop.remove_signal_handler(signal.SIGUSR1)
         await scheduler.stop()
+
+
+def test_the_decorator_forwards_its_options_to_add() -> None:
+    scheduler = Scheduler(MemoryBackend(clock=FakeClock(START)), clock=FakeClock(START))
+
+    @scheduler.job("report", "0 6 * * *", timezone="Europe/Athens", lease_ms=45_000, jitter_ms=0)
+    async def report(ctx: RunContext) -> None:
+        pass
+
+    job = scheduler._jobs["report"]
+    assert (job.schedule.timezone, job.policy.lease_ms, job.policy.jitter_ms) == (
+        "Europe/Athens",
+        45_000,
+        0,
+    )
+    with pytest.raises(TypeError, match="'leese_ms'"):
+        scheduler.job("other", "@daily", leese_ms=1)  # type: ignore[call-arg]

@@ -1,0 +1,286 @@
+"""The claim path: build a slot's request, claim it (retrying while the backend is unavailable,
+failing closed), and act on the outcome (run what was won, log the rest, watch runs others hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ._batch import isolate
+from ._clock import BackendTime, Clock
+from ._job import Job
+from ._metrics import Counters
+from ._models import RunStatus, Trigger
+from ._retry import backoff
+from ._runner import ActiveRun, RunExecutor
+from ._threads import HandlerThreads
+from ._watcher import BackupWatcher
+from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus
+from .errors import BackendUnavailable
+from .logs import Action, log_fields
+
+__all__ = ["Claimed", "Claims"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+THREAD_POLL_S: Final = 0.05
+
+Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
+"""A request, the backend's answer (or the error for that request alone), and when it was sent
+(monotonic ms)."""
+
+
+def _new_id() -> str:
+    """A random 128-bit id in hex, for run ids and tokens."""
+    return os.urandom(16).hex()
+
+
+_CLAIM_ACTIONS: Final = {
+    ClaimStatus.WON: Action.CLAIM_WON,
+    ClaimStatus.LOST: Action.CLAIM_LOST,
+    ClaimStatus.SKIPPED: Action.CLAIM_SKIPPED,
+}
+
+
+def _job_of(request: ClaimRequest) -> str:
+    return request.job
+
+
+@dataclass(eq=False)
+class Claims:
+    """Claims slots for one scheduler and hands the winners to its executor."""
+
+    _backend: Backend
+    _clock: Clock
+    _backend_time: BackendTime
+    _jobs: dict[str, Job]
+    _executor: RunExecutor
+    _watcher: BackupWatcher | None
+    _threads: HandlerThreads
+    _counters: Counters
+    _running: Callable[[], bool]
+    _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    instance: str = ""
+    """This instance's id, set by the scheduler when it starts."""
+    _in_flight: int = field(default=0, init=False)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def request(
+        self, job: Job, slot: int | None, trigger: Trigger, now: int | None = None
+    ) -> ClaimRequest:
+        """A claim of ``job``'s ``slot`` (None for a manual run). A scheduled slot reached more
+        than ``max_late_ms`` after it (``now``, on the backend's clock) is claimed as skipped."""
+        policy = job.policy
+        skip_reason = None
+        if slot is not None and now is not None and trigger is Trigger.SCHEDULE:
+            late = now - slot
+            if late > policy.max_late_ms:
+                self._counters.too_late += 1
+                skip_reason = (
+                    f"too late: {self.instance} reached the slot {late} ms after "
+                    f"it (max_late_ms={policy.max_late_ms})"
+                )
+                logger.warning(
+                    "job %s slot %s: %s",
+                    job.name,
+                    slot,
+                    skip_reason,
+                    extra=log_fields(Action.TOO_LATE, job.name, slot),
+                )
+        return ClaimRequest(
+            job=job.name,
+            slot=slot,
+            run_id=_new_id(),
+            token=_new_id(),
+            instance=self.instance,
+            trigger=trigger,
+            lease_ms=policy.lease_ms,
+            overlap=policy.overlap,
+            history_ttl_ms=policy.history_ttl_ms,
+            skip_reason=skip_reason,
+        )
+
+    def starved(self, requests: list[ClaimRequest]) -> None:
+        """Log (and count) slots of plain handlers not claimed: every handler thread is busy."""
+        self._counters.no_thread += len(requests)
+        first = requests[0]
+        logger.warning(
+            "not claiming %d slot(s) of plain handlers (%s slot %s%s): all %d handler threads "
+            "are busy (max_workers); other instances run them",
+            len(requests),
+            first.job,
+            first.slot,
+            f" and {len(requests) - 1} more" if len(requests) > 1 else "",
+            self._threads.max_workers,
+            extra=log_fields(Action.NO_THREAD, first.job, first.slot),
+        )
+
+    async def reserve_thread(self, wait_s: float) -> bool:
+        """Set a handler thread aside, waiting up to ``wait_s`` for one to free up."""
+        deadline = self._clock.monotonic_ms() + wait_s * 1000
+        while not self._threads.reserve():
+            if self._clock.monotonic_ms() >= deadline or not self._running():
+                return False
+            await self._clock.sleep(THREAD_POLL_S)
+        return True
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def fire(self, requests: list[ClaimRequest], reserved: set[str]) -> None:
+        """Claim fired slots and act on each outcome; ``reserved`` names the requests (run ids)
+        holding a thread reservation, given back unless a run started with it."""
+        try:
+            for request, outcome, sent in await self.claim(requests):
+                if not isinstance(outcome, ClaimOutcome):
+                    continue  # refused for good; logged with its job
+                ours = request.run_id in reserved
+                if self.handle(outcome, ours, sent) is not None and ours:
+                    reserved.discard(request.run_id)
+        finally:
+            for _ in reserved:
+                self._threads.unreserve()
+
+    async def claim(
+        self, requests: Sequence[ClaimRequest], deadline_s: float | None = None
+    ) -> list[Claimed]:
+        """Claim with retries while the backend is unavailable; fail closed.
+
+        A scheduled request is retried only until its slot becomes too late (on the backend's
+        clock); a manual or catch-up request until ``deadline_s`` (monotonic, if given).
+        Dropped requests are logged, not run. A request the backend refuses for good (not a
+        transient error) gets its error in its place; the others of its batch are unaffected.
+        """
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._claim_retrying(list(requests), deadline_s)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def settle(self, limit_s: float) -> None:
+        """Let claims already sent come back, for up to ``limit_s``."""
+        if self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), limit_s)
+
+    async def _claim_retrying(
+        self, pending: list[ClaimRequest], deadline_s: float | None
+    ) -> list[Claimed]:
+        started = self._clock.monotonic_ms()
+        error: BackendUnavailable | None = None
+        for delay in backoff():
+            sent = self._clock.monotonic_ms()
+            try:
+                answers = await isolate(self._backend.claim, pending, _job_of, "claiming a slot")
+            except BackendUnavailable as exc:
+                self._counters.claim_errors += 1
+                if error is None:
+                    logger.warning(
+                        "claiming %d slot(s) failed, retrying until they are too late: %s",
+                        len(pending),
+                        exc,
+                        extra=log_fields(Action.CLAIM_RETRY, pending[0].job),
+                    )
+                error = exc
+            else:
+                return [(r, a, sent) for r, a in zip(pending, answers, strict=True)]
+            if not self._running():
+                return []
+            await self._clock.sleep(delay)
+            # Re-check after the pause: a slot that became too late meanwhile is not claimed.
+            now = self._backend_time.now_ms()
+            waited_ms = self._clock.monotonic_ms() - started
+            keep: list[ClaimRequest] = []
+            for request in pending:
+                if self._expired(request, now, waited_ms, deadline_s):
+                    logger.warning(
+                        "job %s slot %s not claimed: %s unavailable (%s); nobody runs it on "
+                        "a guess",
+                        request.job,
+                        request.slot,
+                        self._backend.name,
+                        error,
+                        extra=log_fields(Action.CLAIM_FAILED, request.job, request.slot),
+                    )
+                else:
+                    keep.append(request)
+            pending = keep
+            if not pending:
+                return []
+        return []  # pragma: no cover
+
+    def _expired(
+        self, request: ClaimRequest, now: int, waited_ms: int, deadline_s: float | None
+    ) -> bool:
+        if deadline_s is not None and waited_ms > deadline_s * 1000:
+            return True
+        if request.trigger is Trigger.SCHEDULE and request.slot is not None:
+            job = self._jobs.get(request.job)
+            limit = job.policy.max_late_ms if job else 0
+            return now - request.slot > limit
+        return False
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+    def handle(
+        self, outcome: ClaimOutcome, reserved: bool = False, sent: int | None = None
+    ) -> ActiveRun | None:
+        """Act on a claim's outcome: run what was won, log the rest, watch runs others hold.
+
+        Returns the run started (which then owns the thread reservation), or None."""
+        run = outcome.run
+        action = _CLAIM_ACTIONS[outcome.status]
+        if outcome.status is ClaimStatus.LOST and outcome.error is not None:
+            action = Action.CLAIM_REFUSED
+        extra = log_fields(action, run.job, run.slot_ms, holder=run.instance)
+        job = self._jobs.get(run.job)
+        if outcome.status is ClaimStatus.WON:
+            assert outcome.ticket is not None
+            self._counters.claims_won += 1
+            logger.debug("won %s slot %s", run.job, run.slot_ms, extra=extra)
+            if job is not None:
+                return self._executor.start(job, outcome.ticket, reserved=reserved, sent_ms=sent)
+            error = "the job was removed before its claimed slot could run"
+            self._spawn(self._backend.finish(outcome.ticket, RunStatus.FAILED, error))
+        elif outcome.status is ClaimStatus.SKIPPED:
+            self._counters.skipped += 1
+            logger.info(
+                "job %s slot %s skipped: %s",
+                run.job,
+                run.slot_ms,
+                run.reason,
+                extra={**extra, "reason": run.reason},
+            )
+        elif outcome.error is not None:
+            # The backend refused this request alone (a value it cannot store): nobody runs it.
+            self._counters.claims_refused += 1
+            logger.error(
+                "job %s slot %s: the %s backend refused the claim: %s",
+                run.job,
+                run.slot_ms,
+                self._backend.name,
+                outcome.error,
+                extra=extra,
+            )
+        else:
+            self._counters.claims_lost += 1
+            logger.debug("lost %s slot %s to %s", run.job, run.slot_ms, run.instance, extra=extra)
+            if self._watcher is not None and run.status == "running" and job is not None:
+                slot_key = str(run.slot_ms) if run.slot_ms is not None else f"manual-{run.run_id}"
+                self._watcher.watch(
+                    run.job, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms
+                )
+        return None
