@@ -19,7 +19,7 @@ Vocabulary:
   backend's clock does not go back; docs/guarantees.md says where that stops.
 * **backend clock**: lease expiry is measured on the backend's clock, never an instance's.
 
-Rules every lease backend shares (``anarchon.backends._lease_rules`` is the reference; the
+Rules every lease backend shares (``anarchon.kit.lease`` is the reference; the
 differential test holds SQLite, PostgreSQL and Redis to its answers):
 
 * **pruning** runs when a result is accepted, on whole slots (every attempt of a slot key

@@ -30,9 +30,9 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
-from anarchon.backends._lease_rules import PRUNED_REASON
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
+from anarchon.kit.lease import PRUNED_REASON
 from tests.backends.postgres import DSN, drop_schema, fresh_schema, url_of
 
 SLOT = 1_800_000_000_000

@@ -25,8 +25,8 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
-from . import _lease_rules as rules
-from ._lease_rules import RunRow
+from ..kit import lease as rules
+from ..kit.lease import RunRow
 
 __all__ = ["MemoryBackend"]
 
@@ -46,7 +46,7 @@ def _serialised(method: F) -> F:
 
 
 class _MemoryRows:
-    """The :class:`~anarchon.backends._lease_rules.RowStore` over dictionaries."""
+    """The :class:`~anarchon.kit.lease.RowStore` over dictionaries."""
 
     def __init__(self, history_size: int) -> None:
         self.history_size = history_size
@@ -92,7 +92,7 @@ class _MemoryRows:
         return out
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
-        """The reference pruning (see :meth:`~anarchon.backends._lease_rules.RowStore.prune`)."""
+        """The reference pruning (see :meth:`~anarchon.kit.lease.RowStore.prune`)."""
         keys = self.by_job.get(job, {})
         slots = sorted(keys, key=lambda k: self._first_start(job, k))
 

@@ -44,9 +44,9 @@ from ...backend import (
     Ticket,
 )
 from ...errors import BackendError, BackendUnavailable, LeaseLost
-from .. import _lease_rules as rules
-from .._lease_rules import RunRow
-from .._sql import load_queries
+from ...kit import lease as rules
+from ...kit.lease import RunRow
+from ...kit.sql import load_queries
 
 __all__ = ["SQLiteBackend"]
 
@@ -160,7 +160,7 @@ class _Clock:
 
 
 class _SQLiteRows:
-    """The :class:`~anarchon.backends._lease_rules.RowStore` over one open transaction."""
+    """The :class:`~anarchon.kit.lease.RowStore` over one open transaction."""
 
     def __init__(self, conn: sqlite3.Connection, history_size: int) -> None:
         self.conn = conn
@@ -186,7 +186,7 @@ class _SQLiteRows:
         return None if found is None or found[0] is None else int(found[0])
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
-        """See :meth:`~anarchon.backends._lease_rules.RowStore.prune`."""
+        """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
         conn = self.conn
         total = int(conn.execute(Q["slot_count"], (job,)).fetchone()[0])
         victims: list[str] = []
