@@ -40,6 +40,11 @@ from typing import Final, Protocol
 
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from ..backend import (
+    HANDED_OVER,
+    LEASE_LOST,
+    OVERLAP,
+    PRUNED_REASON,
+    TOO_LATE,
     ClaimOutcome,
     ClaimRequest,
     ClaimStatus,
@@ -55,8 +60,10 @@ __all__ = [
     "LEASE_LOST",
     "MAX_ATTEMPTS",
     "MAX_MS",
+    "OVERLAP",
     "PRUNED_REASON",
     "PRUNE_BATCH",
+    "TOO_LATE",
     "RowStore",
     "RunRow",
     "already_recorded",
@@ -76,9 +83,6 @@ __all__ = [
     "unstorable",
 ]
 
-LEASE_LOST = "lease lost"
-HANDED_OVER = "handed over"
-PRUNED_REASON = "too old: the job's history is pruned past this slot"
 # At most this many slots are pruned per accepted result, so a result stays a short step.
 PRUNE_BATCH: Final = 100
 # The largest time or duration in ms a backend stores (about 142 000 years): below 2**53, so it
@@ -251,7 +255,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     if reason is None and req.overlap is Overlap.SKIP:
         holder = store.live_holder(req.job, now)
         if holder is not None:
-            reason = f"overlap: run {holder.run_id} ({_describe(holder)}) still holds its lease"
+            reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
     row = RunRow(
         job=req.job,
         slot_key=req.slot_key,
