@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._options import Bound, check_int
 from .._redact import redact_url
@@ -113,5 +113,8 @@ def split_url(
         if key in options:
             raise InvalidOption(f"the {backend} URL {shown!r} gives the option {key!r} twice")
         options[key] = convert(key, value, shown)
-    plain = urlunsplit(parts._replace(query=urlencode(rest)))
+    # Rebuilt by hand: urlunsplit would turn sqlite:////absolute into sqlite://absolute.
+    head = url.partition("?")[0].partition("#")[0]
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    plain = head + (f"?{urlencode(rest)}" if rest else "") + fragment
     return SplitURL(url=plain, options=options, shown=shown)
