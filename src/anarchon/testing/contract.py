@@ -105,6 +105,7 @@ class BackendContract:
             await instance.stop()
 
     async def test_one_winner_per_slot(self, backend: Backend) -> None:
+        """One winner per slot."""
         first, second = request(**lease(backend)), request(instance="i2", **lease(backend))
         [won] = await backend.claim([first])
         [lost] = await backend.claim([second])
@@ -115,6 +116,7 @@ class BackendContract:
         assert lost.run.run_id == first.run_id and lost.run.instance == "i1"
 
     async def test_claim_is_idempotent_per_token(self, backend: Backend) -> None:
+        """Claim is idempotent per token."""
         req = request(**lease(backend))
         [first] = await backend.claim([req])
         [again] = await backend.claim([req])
@@ -122,18 +124,21 @@ class BackendContract:
         assert first.ticket and again.ticket and first.ticket.fence == again.ticket.fence
 
     async def test_concurrent_claims_have_one_winner(self, backend: Backend) -> None:
+        """Concurrent claims have one winner."""
         reqs = [request(instance=f"i{n}", **lease(backend)) for n in range(8)]
         outcomes = await asyncio.gather(*(backend.claim([r]) for r in reqs))
         statuses = [o[0].status for o in outcomes]
         assert statuses.count(ClaimStatus.WON) == 1, statuses
 
     async def test_batch_claims_answer_in_order(self, backend: Backend) -> None:
+        """Batch claims answer in order."""
         reqs = [request(job=f"job{n}", **lease(backend)) for n in range(5)]
         outcomes = await backend.claim(reqs)
         assert [o.run.job for o in outcomes] == [f"job{n}" for n in range(5)]
         assert all(o.status is ClaimStatus.WON for o in outcomes)
 
     async def test_fence_rises_per_job(self, backend: Backend) -> None:
+        """Fence rises per job."""
         fences = []
         for n in range(3):
             [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
@@ -144,6 +149,7 @@ class BackendContract:
     async def test_finish_records_result_and_history_is_newest_first(
         self, backend: Backend
     ) -> None:
+        """Finish records result and history is newest first."""
         for n in range(3):
             [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
             assert won.ticket is not None
@@ -160,6 +166,7 @@ class BackendContract:
     async def test_runs_recorded_in_one_millisecond_keep_their_order(
         self, backend: Backend
     ) -> None:
+        """Runs recorded in one millisecond keep their order."""
         # One batch of claims is decided at one instant of the backend's clock on most backends.
         slots = [SLOT + n * 1000 for n in range(4)]
         outcomes = await backend.claim([request(slot=s, **lease(backend)) for s in slots])
@@ -169,6 +176,7 @@ class BackendContract:
         assert await backend.last_run("job") == history[0]
 
     async def test_manual_runs_have_slot_keys_of_their_own(self, backend: Backend) -> None:
+        """Manual runs have slot keys of their own."""
         a = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
         b = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
         outcomes = await backend.claim([a, b])
@@ -176,6 +184,7 @@ class BackendContract:
         assert outcomes[0].run.slot is None and outcomes[0].run.trigger is Trigger.MANUAL
 
     async def test_skip_reason_records_a_skip_unless_claimed(self, backend: Backend) -> None:
+        """Skip reason records a skip unless claimed."""
         [won] = await backend.claim([request(**lease(backend))])
         [late] = await backend.claim([request(skip_reason="too late: test", **lease(backend))])
         assert won.status is ClaimStatus.WON and late.status is ClaimStatus.LOST
@@ -190,11 +199,13 @@ class BackendContract:
         assert runs[other].status is RunStatus.SKIPPED
 
     async def test_server_time_is_close_to_ours(self, backend: Backend) -> None:
+        """Server time is close to ours."""
         server = await backend.server_time_ms()
         if server is not None:
             assert abs(server - time.time() * 1000) < 5_000
 
     async def test_finish_many_decides_each_result(self, backend: Backend) -> None:
+        """Finish many decides each result."""
         won = []
         for n in range(3):
             [outcome] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
@@ -236,6 +247,7 @@ class LeaseBackendContract(BackendContract):
         return backend
 
     async def test_renew_extends_on_the_backend_clock(self, lease_backend: LeaseBackend) -> None:
+        """Renew extends on the backend clock."""
         [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
         assert won.ticket is not None and won.ticket.lease_expires_at_ms is not None
         await asyncio.sleep(0.2)
@@ -248,6 +260,7 @@ class LeaseBackendContract(BackendContract):
         self,
         lease_backend: LeaseBackend,
     ) -> None:
+        """Takeover waits for expiry then raises attempt and fence."""
         [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
         assert won.ticket is not None
         key = won.ticket.slot_key
@@ -279,6 +292,7 @@ class LeaseBackendContract(BackendContract):
         assert ended.status is TakeoverStatus.ENDED
 
     async def test_concurrent_takeovers_have_one_winner(self, lease_backend: LeaseBackend) -> None:
+        """Concurrent takeovers have one winner."""
         [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
         assert won.ticket is not None
         await asyncio.sleep(LEASE_MS / 1000 + 0.3)
@@ -292,6 +306,7 @@ class LeaseBackendContract(BackendContract):
         assert statuses.count(TakeoverStatus.HELD) == 5, statuses
 
     async def test_release_hands_over_at_once(self, lease_backend: LeaseBackend) -> None:
+        """Release hands over at once."""
         [won] = await lease_backend.claim([request(lease_ms=60_000)])
         assert won.ticket is not None
         await lease_backend.release(won.ticket, "handed over")
@@ -303,6 +318,7 @@ class LeaseBackendContract(BackendContract):
             await lease_backend.release(won.ticket, "handed over")
 
     async def test_attempts_are_bounded(self, lease_backend: LeaseBackend) -> None:
+        """Attempts are bounded."""
         [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
         assert won.ticket is not None
         await asyncio.sleep(LEASE_MS / 1000 + 0.3)
@@ -313,6 +329,7 @@ class LeaseBackendContract(BackendContract):
         assert "max_attempts=1" in last.error
 
     async def test_renewed_lease_is_not_taken_over(self, lease_backend: LeaseBackend) -> None:
+        """Renewed lease is not taken over."""
         [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
         ticket = won.ticket
         assert ticket is not None
@@ -324,6 +341,7 @@ class LeaseBackendContract(BackendContract):
             await asyncio.sleep(LEASE_MS / 3000)
 
     async def test_overlap_skip_is_recorded_once(self, lease_backend: LeaseBackend) -> None:
+        """Overlap skip is recorded once."""
         [first] = await lease_backend.claim([request(lease_ms=5_000)])
         nxt = SLOT + 1000
         a = request(slot=nxt, lease_ms=5_000, overlap=Overlap.SKIP)
@@ -342,6 +360,7 @@ class LeaseBackendContract(BackendContract):
         assert sum(1 for r in history if r.slot_ms == nxt) == 1
 
     async def test_last_slot(self, lease_backend: LeaseBackend) -> None:
+        """Last slot."""
         assert await lease_backend.last_slot("job") is None
         await lease_backend.claim([request(slot=SLOT + 5000, lease_ms=LEASE_MS)])
         await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
@@ -352,6 +371,7 @@ class LeaseBackendContract(BackendContract):
         self,
         lease_backend: LeaseBackend,
     ) -> None:
+        """History is pruned by age and pruned slots stay claimed."""
         ttl = 400
         for n in range(3):
             [won] = await lease_backend.claim(
@@ -371,6 +391,7 @@ class LeaseBackendContract(BackendContract):
         assert late.status is not ClaimStatus.WON
 
     async def test_last_slots_answers_for_many_jobs(self, lease_backend: LeaseBackend) -> None:
+        """Last slots answers for many jobs."""
         jobs = [f"job{n}" for n in range(1200)]
         await lease_backend.claim(
             [request(job=j, slot=SLOT + n, lease_ms=LEASE_MS) for n, j in enumerate(jobs[:700])]
@@ -379,6 +400,7 @@ class LeaseBackendContract(BackendContract):
         assert found == {j: (SLOT + n if n < 700 else None) for n, j in enumerate(jobs)}
 
     async def test_renew_many_refuses_only_stale_tickets(self, lease_backend: LeaseBackend) -> None:
+        """Renew many refuses only stale tickets."""
         [a] = await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
         [b] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
         assert a.ticket is not None and b.ticket is not None
