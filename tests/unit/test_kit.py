@@ -7,10 +7,18 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from anarchon import BackendError, BackendUnavailable, InvalidOption, Run
+from anarchon import (
+    BackendError,
+    BackendUnavailable,
+    InvalidOption,
+    Run,
+    SQLiteBackend,
+    backend_from_url,
+)
 from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
 from anarchon.kit import OUTAGE_ACTIONS, Bound
 from anarchon.kit.calls import bounded_call, retrying
@@ -204,7 +212,7 @@ VERSION = {
 }
 
 
-def test_migrate_runs_pending_steps_once_and_refuses_newer_stores(tmp_path: object) -> None:
+def test_migrate_runs_pending_steps_once_and_refuses_newer_stores() -> None:
     conn = sqlite3.connect(":memory:")
     assert [s.name for s in migrate(conn, STEPS[:1], **VERSION)] == ["runs"]
     assert [s.name for s in migrate(conn, STEPS, **VERSION)] == ["jobs"]
@@ -259,3 +267,13 @@ def test_a_backend_with_neither_form_cannot_be_made() -> None:
 
     with pytest.raises(TypeError, match=r"NoRenew implements neither renew\(\) nor renew_many\(\)"):
         NoRenew()
+
+
+def test_sqlite_urls_take_their_options_through_the_kit(tmp_path: Path) -> None:
+    backend = backend_from_url(f"sqlite:///{tmp_path}/a.db?history_size=5&busy_timeout_ms=200")
+    assert isinstance(backend, SQLiteBackend)
+    assert backend.history_size == 5 and backend.path == tmp_path / "a.db"
+    with pytest.raises(
+        InvalidOption, match=r"unknown option 'mode'.*busy_timeout_ms, history_size"
+    ):
+        backend_from_url(f"sqlite:///{tmp_path}/a.db?mode=ro")
