@@ -63,8 +63,12 @@ bench: $(BIN)/python services
 ## count that is not 0. CHAOS_ARGS='--write-docs docs/guarantees.md' rewrites the docs' table.
 .PHONY: chaos
 CHAOS_ARGS ?=
+## The long forms: every fault on every backend (the table), the differential test with 2000
+## examples per backend, and the cron and DST oracles over thousands of expressions and minutes.
 chaos: install-test services
 	$(BIN)/python -m tests.chaos.run $(CHAOS_ARGS)
+	ANARCHON_DIFF_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/conformance/test_differential.py
+	ANARCHON_CHAOS=1 $(BIN)/pytest -q tests/unit/test_cron_oracle.py tests/unit/test_dst_oracle.py
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

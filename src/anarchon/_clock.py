@@ -91,21 +91,31 @@ class BackendTime:
 
     Each measurement (``server_time_ms()`` around two local readings) anchors the estimate;
     between measurements it advances with the monotonic clock, so a wall-clock step on this host
-    does not change it. Before the first measurement it is the local wall clock.
+    does not change it. Before the first measurement it is the local wall clock as read by
+    :meth:`assume_local` (when the scheduler starts), carried on the monotonic clock; before
+    that, the local wall clock.
     """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._anchor: tuple[int, int] | None = None  # (backend ms, monotonic ms)
+        self._measured = False
+
+    def assume_local(self) -> None:
+        """Until a measurement, take the backend's clock to read what the local wall clock reads
+        now (a later step of the local clock does not move the estimate)."""
+        if not self._measured:
+            self._anchor = (self._clock.now_ms(), self._clock.monotonic_ms())
 
     def measured(self, backend_ms: int, monotonic_mid_ms: int) -> None:
         """Record a measurement: the backend read ``backend_ms`` at ``monotonic_mid_ms``."""
         self._anchor = (backend_ms, monotonic_mid_ms)
+        self._measured = True
 
     @property
     def known(self) -> bool:
         """True once a measurement was made."""
-        return self._anchor is not None
+        return self._measured
 
     def now_ms(self) -> int:
         """The backend's clock now (estimated), epoch ms."""

@@ -79,6 +79,7 @@ EXIT_WAIT_S: Final = 2.0
 # A slot due by this host's wall clock but still this far (ms) in the future by the backend's
 # (this clock is ahead: stepped, or a VM resumed) waits for the backend's time to reach it.
 EARLY_TOLERANCE_MS: Final = 1_000
+EARLY_RECHECK_MS: Final = 1_000
 
 
 class _State(Enum):
@@ -380,6 +381,7 @@ class Scheduler:
         await self.backend.start()
         self._state = _State.RUNNING
         self._stop_began = 0
+        self._backend_time.assume_local()
         base, stack = AsyncExitStack(), AsyncExitStack()
         try:
             await self._start_services(base, stack)
@@ -757,7 +759,7 @@ class Scheduler:
             starved: list[ClaimRequest] = []
             early: list[Due] = []
             # On one host every instance's wall clock stepped alike: nobody is early.
-            early_check = self._backend_time.known and not self.backend.one_host
+            early_check = not self.backend.one_host
             for due in batch:
                 job = self._jobs.get(due.job)
                 if job is None or self._generation.get(due.job) != due.generation:
@@ -796,7 +798,12 @@ class Scheduler:
         wall = self._clock.now_ms()
         self._counters["early_slots_deferred"] += len(early)
         for due in early:
-            self._timer.push(due.job, due.slot, wall + (due.slot - backend_now), due.generation)
+            # Looked at again within a second: the estimate may be stale (the backend's clock
+            # stepped too, and is being measured again after the step).
+            wait = due.slot - backend_now
+            if wait > EARLY_RECHECK_MS + EARLY_TOLERANCE_MS:
+                wait = EARLY_RECHECK_MS
+            self._timer.push(due.job, due.slot, wall + wait, due.generation)
         mono = self._clock.monotonic_ms()
         if self._early_warned_at is not None and mono - self._early_warned_at < SKEW_CHECK_S * 1000:
             return  # one warning a minute: a clock ahead defers every slot

@@ -131,7 +131,7 @@ async def test_manual_runs_claim_under_their_own_id(make: Make, server_url: str)
 
 async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
     backend: NatsBackend = await make()
-    publish = backend._publish
+    publish = backend._conn.publish
     in_flight = peak = 0
 
     async def counting(*args: Any) -> Any:
@@ -143,7 +143,7 @@ async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
         finally:
             in_flight -= 1
 
-    backend._publish = counting  # type: ignore[method-assign,assignment]
+    backend._conn.publish = counting  # type: ignore[method-assign,assignment]
     reqs = [request(job=f"j{n % 100}", slot=SLOT + (n // 100) * 1000) for n in range(10_000)]
     began = time.monotonic()
     outcomes = await backend.claim(reqs)
@@ -193,13 +193,13 @@ async def test_invalid_job_names_are_refused_in_queries(make: Make) -> None:
 def _count_reads(backend: NatsBackend) -> list[dict[str, Any]]:
     """Spy on the backend's reads by sequence; returns the list of requests made."""
     seen: list[dict[str, Any]] = []
-    get = backend._get
+    get = backend._conn.get
 
     async def counting(request: dict[str, Any], wait_s: float) -> Any:
         seen.append(request)
         return await get(request, wait_s)
 
-    backend._get = counting  # type: ignore[method-assign]
+    backend._conn.get = counting  # type: ignore[method-assign]
     return seen
 
 
@@ -224,7 +224,7 @@ async def test_a_won_claim_whose_read_back_would_fail_still_runs(make: Make) -> 
     """Before: a non-duplicate ack was read back; when that read failed the claim (stored, ours)
     was reported unavailable, and a core that gave up left it `running` with no runner."""
     backend: NatsBackend = await make()
-    backend._get = _failing_get  # type: ignore[method-assign]
+    backend._conn.get = _failing_get  # type: ignore[method-assign]
     began = time.monotonic()
     [won] = await backend.claim([request()])
     assert won.status is ClaimStatus.WON and won.ticket is not None
@@ -251,7 +251,7 @@ async def test_a_duplicate_that_cannot_be_read_is_lost_and_logged(
 ) -> None:
     backend: NatsBackend = await make()
     seq = await _store_claim_of_another(server_url, backend)
-    backend._get = _failing_get  # type: ignore[method-assign]
+    backend._conn.get = _failing_get  # type: ignore[method-assign]
     [lost] = await backend.claim([request()])
     assert lost.status is ClaimStatus.LOST and lost.ticket is None
     assert lost.run.reason is not None
@@ -268,7 +268,7 @@ async def test_a_duplicate_that_may_be_our_own_claim_is_retried_not_lost(make: M
     from anarchon import BackendUnavailable
 
     backend: NatsBackend = await make()
-    publish = backend._publish
+    publish = backend._conn.publish
     calls = 0
 
     async def answer_lost(*args: Any) -> Any:
@@ -279,13 +279,13 @@ async def test_a_duplicate_that_may_be_our_own_claim_is_retried_not_lost(make: M
             raise nats.errors.TimeoutError  # stored, but we never heard
         return ack
 
-    backend._publish = answer_lost  # type: ignore[method-assign,assignment]
-    get = backend._get
-    backend._get = _failing_get  # type: ignore[method-assign]
+    backend._conn.publish = answer_lost  # type: ignore[method-assign,assignment]
+    get = backend._conn.get
+    backend._conn.get = _failing_get  # type: ignore[method-assign]
     mine = request()
     with pytest.raises(BackendUnavailable):
         await backend.claim([mine])
-    backend._get = get  # type: ignore[method-assign]
+    backend._conn.get = get  # type: ignore[method-assign]
     [won] = await backend.claim([mine])  # the core's retry, same token
     assert won.status is ClaimStatus.WON and won.ticket is not None
     assert calls == 3
@@ -300,20 +300,20 @@ async def test_no_claim_is_sent_later_than_the_margin_after_the_call(
     (CLAIM_MARGIN_MS relies on it). Before, a queued request took its 8 s from the moment it
     passed the gate, so in a large batch on a slow server a claim could go out much later."""
     from anarchon import BackendUnavailable
-    from anarchon.backends.nats import backend as backend_module
+    from anarchon.backends.nats import _connection
 
-    monkeypatch.setattr(backend_module, "CLAIM_RETRY_S", 1.0)
+    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
     backend: NatsBackend = await make()
-    backend._in_flight = asyncio.Semaphore(1)
+    backend._conn.in_flight = asyncio.Semaphore(1)
     starts: list[float] = []
-    publish = backend._publish
+    publish = backend._conn.publish
 
     async def slow(*args: Any) -> Any:
         starts.append(time.monotonic())
         await asyncio.sleep(0.4)  # a slow server: each answer takes 0.4 s
         return await publish(*args)
 
-    backend._publish = slow  # type: ignore[method-assign,assignment]
+    backend._conn.publish = slow  # type: ignore[method-assign,assignment]
     began = time.monotonic()
     with pytest.raises(BackendUnavailable, match="not sent: 1 s passed while it waited"):
         await backend.claim([request(slot=SLOT + n * 1000) for n in range(5)])
@@ -337,13 +337,13 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
     import nats.errors
 
     from anarchon import BackendUnavailable, Scheduler
-    from anarchon.backends.nats import backend as backend_module
+    from anarchon.backends.nats import _claims, _connection
 
-    monkeypatch.setattr(backend_module, "SETTLE_EVERY_S", 0.1, raising=False)
-    monkeypatch.setattr(backend_module, "CLAIM_RETRY_S", 1.0)
+    monkeypatch.setattr(_claims, "SETTLE_EVERY_S", 0.1)
+    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
     backend: NatsBackend = await make()
     Scheduler(backend).add("sync", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_000)
-    publish = backend._publish
+    publish = backend._conn.publish
     calls = 0
 
     async def answer_lost_then_down(*args: Any) -> Any:
@@ -355,12 +355,12 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
             raise nats.errors.TimeoutError  # went out; no answer
         raise nats.errors.OutboundBufferLimitError  # disconnected: nothing is sent
 
-    backend._publish = answer_lost_then_down  # type: ignore[method-assign,assignment]
+    backend._conn.publish = answer_lost_then_down  # type: ignore[method-assign,assignment]
     slot = (int(time.time()) - 20) * 1000  # past max_late_ms + 10 s: the core gave up on it
     mine = request(slot=slot)
     with pytest.raises(BackendUnavailable):
         await backend.claim([mine])
-    backend._publish = publish  # type: ignore[method-assign]
+    backend._conn.publish = publish  # type: ignore[method-assign]
     runs: list[Any] = []
     for _ in range(50):
         runs = await backend.history("sync")

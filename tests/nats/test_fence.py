@@ -50,7 +50,7 @@ async def test_fences_rise_across_a_recreated_stream(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     stream, _ = names
-    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats._stream")
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
     first: NatsBackend = await make()
     before = [await fence_of(first, SLOT + n * 1000) for n in range(3)]
     await first.stop()
@@ -73,6 +73,6 @@ async def test_a_creator_whose_clock_is_off_is_warned(
     make: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(stream_module, "_local_now_ms", lambda: int(time.time() * 1000) - 60_000)
-    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats._stream")
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
     await make()
     assert "from this host's clock, which is -6" in caplog.text

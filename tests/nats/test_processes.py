@@ -198,7 +198,7 @@ async def contend_in_process(urls: list[str], stream: str, prefix: str, version:
     from anarchon.backend import ClaimRequest, ClaimStatus
 
     handler = Retries()
-    log = logging.getLogger("anarchon.backends.nats.backend")
+    log = logging.getLogger("anarchon.backends.nats")
     log.addHandler(handler)
     level = log.level
     log.setLevel(logging.DEBUG)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from anarchon.backends.nats._records import ack_fields, parse_time_ms
@@ -47,3 +49,27 @@ def test_ack_fields_in_both_formats() -> None:
     v2 = "$JS.ACK.dom.hash.CRON.c1.1.812.3.1796233905174528297.7.rnd"
     assert ack_fields(v1) == ack_fields(v2) == (812, 1796233905174, 7)
     assert ack_fields("_INBOX.x") is None
+
+
+async def test_an_outage_logs_once_with_the_shared_actions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nats-py calls disconnected_cb again on every failed reconnect; the backend says it once
+    per outage, as ``backend_unavailable``, then ``backend_recovered``, on the logger
+    ``anarchon.backends.nats``."""
+    from types import SimpleNamespace
+    from urllib.parse import urlsplit
+
+    from anarchon.backends.nats import NatsBackend
+
+    backend = NatsBackend("nats://127.0.0.1:4222")
+    connection = backend._conn
+    connection.nc = SimpleNamespace(connected_url=urlsplit("nats://127.0.0.1:4222"))  # type: ignore[assignment]
+    caplog.set_level(logging.DEBUG, logger="anarchon.backends.nats")
+    for _ in range(2):  # two outages
+        for _ in range(3):  # three failed reconnect attempts each
+            await connection._on_disconnected()
+        await connection._on_reconnected()
+    mine = [r for r in caplog.records if r.name == "anarchon.backends.nats"]
+    actions = [getattr(r, "action", None) for r in mine if r.levelno >= logging.WARNING]
+    assert actions == ["backend_unavailable", "backend_recovered"] * 2

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from anarchon import InvalidOption, Scheduler
-from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats import backend as backend_module
+from anarchon.backends.nats import NatsBackend, _claims
 from tests.nats.test_stream import raw_config
 
 Make = Callable[..., Any]
@@ -95,11 +94,11 @@ async def test_a_shrunk_window_is_raised_again_by_a_running_instance(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(backend_module, "WINDOW_CHECK_S", 0.2)
+    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
     keeper: NatsBackend = await make(duplicate_window_ms=600_000)
     Scheduler(keeper).add("long", "* * * * *", handler, max_late_ms=400_000)
     await make(duplicate_window_ms=200_000, shrink_window=True)
-    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats.backend")
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
     for _ in range(100):  # the keeper's own check, every 0.2 s here (a minute by default)
         if await window_of(server_url, keeper.stream) == 600_000:
             break

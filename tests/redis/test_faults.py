@@ -15,8 +15,9 @@ import pytest
 
 from anarchon import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
 from anarchon.backend import ClaimStatus
-from anarchon.backends.redis import RESTART_MARGIN_MS, RedisBackend
+from anarchon.backends.redis import RedisBackend
 from anarchon.backends.redis._errors import translate
+from anarchon.backends.redis._rows import RESTART_MARGIN_MS
 from tests.backends.redis import SERVER
 from tests.redis.servers import RedisServer, free_port, redis_server
 from tests.redis.test_scripts import claim_request
@@ -102,6 +103,35 @@ async def test_restart_without_persistence_fails_closed_and_recovers(
         await backend.stop()
 
 
+async def test_an_outage_is_logged_once_and_so_is_the_recovery(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call fails while Redis is down, but the log says so once (backend_unavailable)
+    and once more when Redis answers again (backend_recovered)."""
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="anarchon.backends.redis"):
+            await backend.server_time_ms()
+            own_server.kill()
+            for _ in range(3):
+                with pytest.raises(BackendUnavailable):
+                    await backend.history("job")
+            with pytest.raises(BackendUnavailable):
+                await backend.claim([claim_request(slot=None)])
+            own_server.start()
+            for _ in range(3):
+                assert await backend.server_time_ms() is not None
+    finally:
+        await backend.stop()
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert [a for a in actions if a and a.startswith("backend_")] == [
+        "backend_unavailable",
+        "backend_recovered",
+    ], caplog.text
+    assert all(r.name == "anarchon.backends.redis" for r in caplog.records)
+
+
 async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServer) -> None:
     backend = RedisBackend(own_server.url, prefix=PREFIX)
     await backend.start()
@@ -119,7 +149,10 @@ async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServ
 
 
 @pytest.mark.slow
-async def test_notifications_resume_after_a_restart(own_server: RedisServer) -> None:
+async def test_notifications_resume_after_a_restart(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon.backends.redis")
     listener = RedisBackend(own_server.url, prefix=PREFIX)
     other = RedisBackend(own_server.url, prefix=PREFIX)
     await listener.start()
@@ -155,6 +188,11 @@ async def test_notifications_resume_after_a_restart(own_server: RedisServer) -> 
     finally:
         await listener.stop()
         await other.stop()
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert [a for a in actions if a and a.startswith("notifications_")] == [
+        "notifications_lost",
+        "notifications_resumed",
+    ], caplog.text
 
 
 async def test_eviction_policy_that_may_drop_records_is_warned_about(
@@ -301,3 +339,27 @@ async def test_a_cancelled_caller_is_cancelled() -> None:
     finally:
         await backend.stop()
     assert stuck == 0
+
+
+async def test_clones_have_a_client_of_their_own(prefix: str) -> None:
+    """clone() (the lease keeper thread's backend) works from a URL and from a plain client
+    passed in, closes only the client it made, and is None for a Sentinel client."""
+    from redis.asyncio import Redis
+    from redis.asyncio.sentinel import Sentinel
+
+    from_url = RedisBackend(SERVER, prefix=prefix, history_size=7).clone()
+    assert from_url is not None
+    assert (from_url.url, from_url.prefix, from_url.history_size) == (SERVER, prefix, 7)
+    client = Redis.from_url(SERVER)
+    copied = RedisBackend(client=client, prefix=prefix).clone()
+    assert copied is not None and "a copy of" in repr(copied)
+    try:
+        for twin in (from_url, copied):
+            await twin.start()
+            assert await twin.server_time_ms() is not None
+            await twin.stop()
+        assert await client.ping()  # the copy closed its own client, not the one passed in
+    finally:
+        await client.aclose()
+    sentinel = Sentinel([("127.0.0.1", free_port())])  # type: ignore[no-untyped-call]
+    assert RedisBackend(client=sentinel.master_for("mymaster"), prefix=prefix).clone() is None

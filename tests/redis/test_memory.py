@@ -7,6 +7,7 @@ a lease expired) while runners could not renew nor record results."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import pytest
@@ -69,7 +70,10 @@ async def relieve(server: RedisServer) -> None:
         await client.aclose()
 
 
-async def test_a_full_redis_refuses_every_change_alike(own_server: RedisServer) -> None:
+async def test_a_full_redis_refuses_every_change_alike(
+    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon.backends.redis")
     backend = RedisBackend(own_server.url, prefix="oom:")
     await backend.start()
     try:
@@ -98,3 +102,5 @@ async def test_a_full_redis_refuses_every_change_alike(own_server: RedisServer) 
         assert won.status is ClaimStatus.WON
     finally:
         await backend.stop()
+    # Refusals are answers: the log shows no outage (that is for a Redis that does not answer).
+    assert not [r for r in caplog.records if getattr(r, "action", "").startswith("backend_")]

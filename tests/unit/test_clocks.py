@@ -15,7 +15,14 @@ import pytest
 from anarchon import RunContext, RunStatus, Scheduler
 from anarchon._clock import SystemClock
 from anarchon.testing import FakeClock, MemoryBackend
-from tests.unit.core_helpers import MINUTE, START, BackendClock, Recording, View
+from tests.unit.core_helpers import (
+    MINUTE,
+    START,
+    BackendClock,
+    Recording,
+    View,
+    on_another_host,
+)
 
 
 def test_fake_clock_steps_the_wall_clock_only() -> None:
@@ -63,7 +70,7 @@ def test_backend_time_follows_the_monotonic_clock_after_a_measurement() -> None:
 
 async def test_a_backward_wall_step_does_not_stop_renewals() -> None:
     clock = FakeClock(START)
-    backend = Recording(BackendClock(clock))
+    backend = on_another_host(Recording(BackendClock(clock)))
     seen: list[tuple[str, int]] = []
     release = asyncio.Event()
 
@@ -100,7 +107,7 @@ async def test_a_forward_wall_step_records_no_slot_too_late(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock(START)
-    backend = MemoryBackend(clock=BackendClock(clock))
+    backend = on_another_host(MemoryBackend(clock=BackendClock(clock)))
     ran: list[int] = []
 
     async def tick(ctx: RunContext) -> None:
@@ -126,7 +133,7 @@ async def test_a_forward_wall_step_records_no_slot_too_late(
 
 async def test_a_forward_wall_step_does_not_bring_a_takeover_check_forward() -> None:
     clock = FakeClock(START)
-    backend = Recording(BackendClock(clock))
+    backend = on_another_host(Recording(BackendClock(clock)))
     release = asyncio.Event()
     lease = MINUTE
 
@@ -159,7 +166,7 @@ async def test_a_clock_ahead_of_the_backend_does_not_claim_slots_early(
     # The wall clock jumps a minute ahead of the backend's: the slots it now thinks are due are
     # claimed when the backend's clock reaches them, not at once (a minute early for the others).
     clock = FakeClock(START)
-    backend = Recording(BackendClock(clock))
+    backend = on_another_host(Recording(BackendClock(clock)))
     scheduler = Scheduler(backend, clock=clock)
     scheduler.add("tick", "*/10 * * * * *", lambda ctx: None, jitter_ms=0)
     caplog.set_level(logging.WARNING, "anarchon")
@@ -175,3 +182,27 @@ async def test_a_clock_ahead_of_the_backend_does_not_claim_slots_early(
     warned = [r for r in caplog.records if getattr(r, "action", None) == "slot_early"]
     assert len(warned) == 1, "one warning a minute, not one per slot"
     assert (scheduler.metrics()["early_slots_deferred"] or 0) >= 6
+
+
+async def test_a_clock_step_before_any_measurement_does_not_claim_slots_early() -> None:
+    # The backend's clock could not be measured yet (its first answer was lost): the estimate is
+    # this host's wall clock as it read at start, carried on the monotonic clock, so a step
+    # still does not make the instance claim the slots it jumped to.
+    clock = FakeClock(START)
+
+    class Unmeasured(Recording):
+        async def server_time_ms(self) -> int | None:
+            return None
+
+    backend = on_another_host(Unmeasured(BackendClock(clock)))
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "*/3 * * * * *", lambda ctx: None)
+    async with scheduler:
+        await clock.advance(25_000)
+        clock.step(MINUTE)
+        for _ in range(60):
+            await clock.advance(500)
+        claims = [(at, r.slot) for _, at, reqs in backend.named("claim") for r in reqs]
+    early = [(slot - at, slot) for at, slot in claims if at < slot - 50]
+    assert len(claims) >= 15, claims
+    assert not early, f"claimed ahead of the backend's clock (ms early, slot): {early[:5]}"

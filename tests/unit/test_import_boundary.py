@@ -3,8 +3,8 @@
 Every module under ``src/anarchon/backends/`` is parsed (not imported, so no driver is needed).
 An import from anarchon must be ``anarchon.backend``, ``anarchon.errors``, ``anarchon.kit`` (or
 a submodule) or the module's own backend package. :data:`ALLOWED` lists the imports the
-PostgreSQL, Redis and NATS packages still make of private modules (as on main when this test
-was written); it may only shrink: an entry no longer needed fails the test until removed.
+PostgreSQL package still makes of private modules (Redis and NATS make none since their
+layouts were merged); it may only shrink: an entry no longer needed fails the test until removed.
 """
 
 from __future__ import annotations
@@ -17,20 +17,10 @@ PUBLIC = ("anarchon.backend", "anarchon.errors", "anarchon.kit")
 
 # (module file relative to backends/, what it imports): to be emptied, never extended.
 ALLOWED = {
-    ("nats/_connect.py", "anarchon._redact"),
-    ("nats/_records.py", "anarchon._models"),
-    ("nats/backend.py", "anarchon._job"),
-    ("nats/backend.py", "anarchon._models"),
-    ("nats/backend.py", "anarchon._redact"),
     ("postgres/_backend.py", "anarchon._models"),
     ("postgres/_backend.py", "anarchon.backends._lease_rules"),
     ("postgres/_listener.py", "anarchon._retry"),
     ("postgres/_queries.py", "anarchon.backends._sql"),
-    ("redis/__init__.py", "anarchon._models"),
-    ("redis/__init__.py", "anarchon._redact"),
-    ("redis/__init__.py", "anarchon._retry"),
-    ("redis/__init__.py", "anarchon.backends._lease_rules"),
-    ("redis/_keys.py", "anarchon._job"),
 }
 
 

@@ -147,6 +147,7 @@ class MemoryBackend(LeaseBackend):
     """
 
     name = "memory"
+    one_host = True
 
     def __init__(self, *, clock: Clock | None = None, history_size: int = 1000) -> None:
         self._clock: Clock = clock or SystemClock()

@@ -1,11 +1,13 @@
 """NATS JetStream: a broker backend; JetStream's message de-duplication picks each slot's runner.
 
-See :class:`NatsBackend` and docs/backends/nats.md. nats-py is imported only when the backend is
+See :class:`NatsBackend` and docs/backends/nats.md. The claim path (publish under the slot's
+message id, resolve a duplicate ack, settle unanswered claims) is in ``_claims.py``; the
+contract methods are in ``_backend.py``. nats-py is imported only when the backend is
 constructed (``pip install 'anarchon[nats]'``).
 """
 
 from __future__ import annotations
 
-from .backend import NatsBackend
+from ._backend import NatsBackend
 
 __all__ = ["NatsBackend"]

@@ -13,13 +13,67 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from ..._models import Run, RunStatus, Trigger, ms_to_datetime
 from ...backend import ClaimRequest, Ticket
+from ...kit import Run, RunStatus, Trigger, ms_to_datetime
 from . import _subjects as subjects
 
 VERSION: Final = 1
+#: The fields that name a run, the same in a claim request, a claim, a ticket and both payloads.
+IDENTITY: Final = ("job", "slot", "slot_key", "run_id", "token", "instance", "trigger")
+
+
+class Identified(Protocol):
+    """Anything that names a run: a claim request, a decoded claim, a ticket."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def slot(self) -> int | None: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def trigger(self) -> Trigger: ...
+
+
+def identity(source: object) -> dict[str, Any]:
+    """The :data:`IDENTITY` fields of ``source``, to build another record of the same run."""
+    return {name: getattr(source, name) for name in IDENTITY}
+
+
+def run_of(
+    source: Identified,
+    status: RunStatus,
+    started_ms: int,
+    finished_ms: int | None = None,
+    *,
+    fence: int | None = None,
+    error: str | None = None,
+    reason: str | None = None,
+) -> Run:
+    """The run ``source`` names, with this status and these stream (or local) times."""
+    return Run(
+        job=source.job,
+        slot=ms_to_datetime(source.slot),
+        run_id=source.run_id,
+        instance=source.instance,
+        trigger=source.trigger,
+        attempt=1,
+        status=status,
+        started_at=_datetime(started_ms),
+        finished_at=None if finished_ms is None else _datetime(finished_ms),
+        error=error,
+        fence=fence,
+        reason=reason,
+    )
+
+
+def unrecorded(req: ClaimRequest, at_ms: int, reason: str) -> Run:
+    """A skipped run that only an answer carries: nothing of it is stored."""
+    return run_of(req, RunStatus.SKIPPED, at_ms, at_ms, reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,32 +109,14 @@ class Claim:
 
     def run(self) -> Run:
         """The run this claim started (``running``; a skip record is ``skipped``)."""
-        started = ms_to_datetime(self.time_ms)
-        assert started is not None
-        return Run(
-            job=self.job,
-            slot=ms_to_datetime(self.slot),
-            run_id=self.run_id,
-            instance=self.instance,
-            trigger=self.trigger,
-            attempt=1,
-            status=RunStatus.SKIPPED if self.skipped else RunStatus.RUNNING,
-            started_at=started,
-            finished_at=started if self.skipped else None,
-            fence=None if self.skipped else self.seq,
-            reason=self.reason,
-        )
+        if self.skipped:
+            return run_of(self, RunStatus.SKIPPED, self.time_ms, self.time_ms, reason=self.reason)
+        return run_of(self, RunStatus.RUNNING, self.time_ms, fence=self.seq)
 
     def ticket(self) -> Ticket:
         """The winner's ticket: the fence is the claim's stream sequence."""
         return Ticket(
-            job=self.job,
-            slot=self.slot,
-            slot_key=self.slot_key,
-            run_id=self.run_id,
-            token=self.token,
-            instance=self.instance,
-            trigger=self.trigger,
+            **identity(self),
             attempt=1,
             fence=self.seq,
             started_at_ms=self.time_ms,
@@ -90,35 +126,19 @@ class Claim:
 
 def encode_claim(req: ClaimRequest) -> bytes:
     """The payload of a claim message."""
-    body: dict[str, Any] = {
-        "v": VERSION,
-        "job": req.job,
-        "slot": req.slot,
-        "slot_key": req.slot_key,
-        "run_id": req.run_id,
-        "token": req.token,
-        "instance": req.instance,
-        "trigger": str(req.trigger),
-    }
+    body: dict[str, Any] = {"v": VERSION, **identity(req)}
     if req.skip_reason is not None:
         body["status"] = str(RunStatus.SKIPPED)
         body["reason"] = req.skip_reason
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _dump(body)
 
 
 def decode_claim(msg: Stored) -> Claim | None:
     """The claim in ``msg``, or None if it is not one of anarchon's."""
     body = _load(msg.data)
     try:
-        slot = body["slot"]
         return Claim(
-            job=str(body["job"]),
-            slot=None if slot is None else int(slot),
-            slot_key=str(body["slot_key"]),
-            run_id=str(body["run_id"]),
-            token=str(body["token"]),
-            instance=str(body["instance"]),
-            trigger=Trigger(body["trigger"]),
+            **_identity_of(body),
             seq=msg.seq,
             time_ms=msg.time_ms,
             reason=str(body["reason"]) if body.get("status") == RunStatus.SKIPPED else None,
@@ -129,33 +149,16 @@ def decode_claim(msg: Stored) -> Claim | None:
 
 def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
     """The claim a request would store, for answers built without reading it back."""
-    return Claim(
-        job=req.job,
-        slot=req.slot,
-        slot_key=req.slot_key,
-        run_id=req.run_id,
-        token=req.token,
-        instance=req.instance,
-        trigger=req.trigger,
-        seq=seq,
-        time_ms=time_ms,
-        reason=req.skip_reason,
-    )
+    return Claim(**identity(req), seq=seq, time_ms=time_ms, reason=req.skip_reason)
 
 
 def encode_result(
     ticket: Ticket, status: RunStatus, error: str | None, reason: str | None = None
 ) -> bytes:
     """The payload of a result message (``reason`` for a claim closed without running)."""
-    body = {
+    body: dict[str, Any] = {
         "v": VERSION,
-        "job": ticket.job,
-        "slot": ticket.slot,
-        "slot_key": ticket.slot_key,
-        "run_id": ticket.run_id,
-        "token": ticket.token,
-        "instance": ticket.instance,
-        "trigger": str(ticket.trigger),
+        **identity(ticket),
         "fence": ticket.fence,
         "started_at": ticket.started_at_ms,
         "status": str(status),
@@ -163,7 +166,7 @@ def encode_result(
     }
     if reason is not None:
         body["reason"] = reason
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _dump(body)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,23 +183,18 @@ def decode_result(msg: Stored) -> Result | None:
     """The result in ``msg``, or None if it is not one of anarchon's."""
     body = _load(msg.data)
     try:
-        slot = body["slot"]
+        named = Claim(**_identity_of(body), seq=0, time_ms=0)
         fence = body.get("fence")
-        run = Run(
-            job=str(body["job"]),
-            slot=ms_to_datetime(None if slot is None else int(slot)),
-            run_id=str(body["run_id"]),
-            instance=str(body["instance"]),
-            trigger=Trigger(body["trigger"]),
-            attempt=1,
-            status=RunStatus(body["status"]),
-            started_at=_datetime(int(body["started_at"])),
-            finished_at=_datetime(msg.time_ms),
-            error=None if body.get("error") is None else str(body["error"]),
+        run = run_of(
+            named,
+            RunStatus(body["status"]),
+            int(body["started_at"]),
+            msg.time_ms,
             fence=None if fence is None else int(fence),
+            error=None if body.get("error") is None else str(body["error"]),
             reason=None if body.get("reason") is None else str(body["reason"]),
         )
-        return Result(run=run, token=str(body["token"]), seq=msg.seq)
+        return Result(run=run, token=named.token, seq=msg.seq)
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -219,7 +217,8 @@ def merge(messages: Iterable[Stored], prefix: str, job: str) -> list[Run]:
     a claim (possible only once the de-duplication window has passed) is left out; two real
     claims for one slot are both shown, since both ran.
     """
-    claims_subject, results_subject = subjects.claims(prefix, job), subjects.results(prefix, job)
+    claims_subject = subjects.CLAIMS.format(prefix=prefix, job=job)
+    results_subject = subjects.RESULTS.format(prefix=prefix, job=job)
     runs: dict[str, tuple[int, Run]] = {}
     slots: set[str] = set()
     for msg in sorted(messages, key=lambda m: m.seq):
@@ -240,6 +239,25 @@ def merge(messages: Iterable[Stored], prefix: str, job: str) -> list[Run]:
                 runs[result.run.run_id] = (known[0], finished(known[1], result.run))
     ordered = sorted(runs.values(), key=lambda item: (item[1].started_at, item[0]), reverse=True)
     return [run for _, run in ordered]
+
+
+def _identity_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`IDENTITY` fields of a payload, typed (KeyError, TypeError or ValueError if it
+    is not one of anarchon's)."""
+    slot = body["slot"]
+    return {
+        "job": str(body["job"]),
+        "slot": None if slot is None else int(slot),
+        "slot_key": str(body["slot_key"]),
+        "run_id": str(body["run_id"]),
+        "token": str(body["token"]),
+        "instance": str(body["instance"]),
+        "trigger": Trigger(body["trigger"]),
+    }
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _load(data: bytes) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from . import _subjects as subjects
 from ._errors import JetStreamError
 from ._records import parse_time_ms
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("anarchon.backends.nats")
 
 Api = Callable[[str, "dict[str, Any] | None"], Awaitable[dict[str, Any]]]
 
@@ -90,7 +90,7 @@ async def ensure(api: Api, wanted: Wanted) -> dict[str, Any]:
     if not changes:
         return info
     try:
-        updated = await api(subjects.api("STREAM.UPDATE", wanted.stream), new)
+        updated = await api(subjects.API.format(verb="STREAM.UPDATE", stream=wanted.stream), new)
     except JetStreamError as exc:
         raise _explain(exc, wanted, "update") from exc
     logger.info(
@@ -106,7 +106,7 @@ def evolve(config: dict[str, Any], wanted: Wanted) -> tuple[list[str], dict[str,
     """Return the changes anarchon needs (as text) and the whole new config."""
     new = dict(config)
     changes: list[str] = []
-    mine = subjects.stream_subject(wanted.prefix)
+    mine = subjects.ALL.format(prefix=wanted.prefix)
     current: list[str] = list(config.get("subjects") or [])
     if not any(subjects.covers(s, mine) for s in current):
         folded = [s for s in current if subjects.covers(mine, s)]
@@ -143,7 +143,7 @@ def _limit(config: dict[str, Any], stream_subjects: list[str], wanted: Wanted) -
     current = int(config.get("max_msgs_per_subject") or -1)
     if current == wanted.history_size:
         return None
-    mine = subjects.stream_subject(wanted.prefix)
+    mine = subjects.ALL.format(prefix=wanted.prefix)
     alone = all(subjects.covers(mine, s) for s in stream_subjects)
     if alone:
         return wanted.history_size
@@ -174,7 +174,7 @@ async def require(api: Api, stream: str) -> dict[str, Any]:
 
 async def _info(api: Api, stream: str) -> dict[str, Any] | None:
     try:
-        return await api(subjects.api("STREAM.INFO", stream), None)
+        return await api(subjects.API.format(verb="STREAM.INFO", stream=stream), None)
     except JetStreamError as exc:
         if exc.err_code == errors.STREAM_NOT_FOUND:
             return None
@@ -185,7 +185,7 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
     floor = fence_floor() if wanted.fence_floor else None
     config: dict[str, Any] = {
         "name": wanted.stream,
-        "subjects": [subjects.stream_subject(wanted.prefix)],
+        "subjects": [subjects.ALL.format(prefix=wanted.prefix)],
         "retention": "limits",
         "storage": "file",
         "discard": "old",
@@ -201,7 +201,7 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
     if floor is not None:
         config["first_seq"] = floor
     try:
-        info = await api(subjects.api("STREAM.CREATE", wanted.stream), config)
+        info = await api(subjects.API.format(verb="STREAM.CREATE", stream=wanted.stream), config)
     except JetStreamError as exc:
         if exc.err_code == errors.STREAM_NAME_IN_USE:
             # Another instance created it at the same moment, with other settings: evolve it.
@@ -212,7 +212,7 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
     logger.info(
         "created stream %s (subjects %s, duplicate window %d ms, %d messages per subject, R%d)",
         wanted.stream,
-        subjects.stream_subject(wanted.prefix),
+        subjects.ALL.format(prefix=wanted.prefix),
         wanted.duplicate_window_ms,
         wanted.history_size,
         config["num_replicas"],
@@ -257,12 +257,12 @@ def _local_now_ms() -> int:
 
 async def raise_window(api: Api, stream: str, to_ms: int) -> dict[str, Any]:
     """Grow the stream's duplicate window to ``to_ms`` (kept if already longer)."""
-    info = await api(subjects.api("STREAM.INFO", stream), None)
+    info = await api(subjects.API.format(verb="STREAM.INFO", stream=stream), None)
     if window_ms(info) >= to_ms:
         return info
     config = dict(info.get("config") or {})
     config["duplicate_window"] = to_ms * NS_PER_MS
-    return await api(subjects.api("STREAM.UPDATE", stream), config)
+    return await api(subjects.API.format(verb="STREAM.UPDATE", stream=stream), config)
 
 
 def _check_usable(config: dict[str, Any], wanted: Wanted) -> None:
@@ -300,7 +300,7 @@ def _clustered(info: dict[str, Any]) -> bool:
 
 
 def _explain(exc: JetStreamError, wanted: Wanted, action: str) -> BackendError:
-    stream, mine = wanted.stream, subjects.stream_subject(wanted.prefix)
+    stream, mine = wanted.stream, subjects.ALL.format(prefix=wanted.prefix)
     code = exc.err_code
     if code == errors.SUBJECTS_OVERLAP:
         why = (

@@ -1,7 +1,8 @@
 """Every name the NATS backend puts on the wire: subjects, message ids, headers, API subjects.
 
-Under the prefix (``cron.`` by default) a job has two subjects, both covered by the stream's
-one subject ``<prefix>>``::
+Each is a template here (fill it with ``.format(prefix=..., job=...)``), so what is stored where
+reads in one table. Under the prefix (``cron.`` by default) a job has two subjects, both covered
+by the stream's one subject ``<prefix>>``::
 
     <prefix><job>.claims    one message per claimed run (scheduled, skipped or manual)
     <prefix><job>.results   one message per finished run
@@ -21,10 +22,23 @@ from typing import Final
 from ...errors import InvalidOption
 
 MSG_ID: Final = "Nats-Msg-Id"
-CLAIMS: Final = "claims"
-RESULTS: Final = "results"
-CLOCK: Final = "_clock"
-API: Final = "$JS.API"
+"""The header that carries a message id."""
+ALL: Final = "{prefix}>"
+"""The one subject the stream needs: everything under the prefix."""
+CLAIMS: Final = "{prefix}{job}.claims"
+"""Where the claims of a job are published."""
+RESULTS: Final = "{prefix}{job}.results"
+"""Where the results of a job are published."""
+JOB: Final = "{prefix}{job}.*"
+"""A consumer filter for both subjects of a job (one wildcard: 2.9 has no multi-filter)."""
+CLOCK: Final = "{prefix}_clock"
+"""The clock probe's subject."""
+CLAIM_ID: Final = "{job}:{slot_key}"
+"""A claim's ``Nats-Msg-Id``: ``<job>:<slot>`` or ``<job>:manual-<run_id>``."""
+RESULT_ID: Final = "{job}:{slot_key}:result"
+"""A result's ``Nats-Msg-Id``."""
+API: Final = "$JS.API.{verb}.{stream}"
+"""A JetStream API subject, e.g. ``$JS.API.STREAM.INFO.CRON``."""
 
 # NATS subject tokens may hold any printable character but '.', '*', '>' and whitespace.
 _TOKEN: Final = r"(?:(?![.*>])[!-~])+"
@@ -58,46 +72,6 @@ def check_prefix(prefix: object) -> str:
             "stream capturing it would swallow system or reply messages. Use e.g. 'cron.'"
         )
     return prefix
-
-
-def stream_subject(prefix: str) -> str:
-    """The one subject the stream needs: everything under the prefix."""
-    return f"{prefix}>"
-
-
-def claims(prefix: str, job: str) -> str:
-    """Where the claims of ``job`` are published."""
-    return f"{prefix}{job}.{CLAIMS}"
-
-
-def results(prefix: str, job: str) -> str:
-    """Where the results of ``job`` are published."""
-    return f"{prefix}{job}.{RESULTS}"
-
-
-def job_filter(prefix: str, job: str) -> str:
-    """A consumer filter for both subjects of ``job`` (one wildcard: 2.9 has no multi-filter)."""
-    return f"{prefix}{job}.*"
-
-
-def clock(prefix: str) -> str:
-    """The clock probe's subject."""
-    return f"{prefix}{CLOCK}"
-
-
-def claim_id(job: str, slot_key: str) -> str:
-    """The claim's ``Nats-Msg-Id``: ``<job>:<slot>`` or ``<job>:manual-<run_id>``."""
-    return f"{job}:{slot_key}"
-
-
-def result_id(job: str, slot_key: str) -> str:
-    """The result's ``Nats-Msg-Id``."""
-    return f"{job}:{slot_key}:result"
-
-
-def api(verb: str, stream: str) -> str:
-    """A JetStream API subject, e.g. ``$JS.API.STREAM.INFO.CRON``."""
-    return f"{API}.{verb}.{stream}"
 
 
 def covers(pattern: str, subject: str) -> bool:

@@ -30,8 +30,9 @@ local function reply(answer)
   return cjson.encode(answer)
 end
 
+-- The attempt stored under id (nil or false: none), or nil.
 local function load(id)
-  local raw = redis.call('HGET', RUNS, id)
+  local raw = id and redis.call('HGET', RUNS, id)
   if not raw then
     return nil
   end
@@ -40,11 +41,7 @@ end
 
 -- The highest attempt of a slot key, or nil.
 local function current(slot_key)
-  local id = redis.call('HGET', SLOTS, slot_key)
-  if not id then
-    return nil
-  end
-  return load(id)
+  return load(redis.call('HGET', SLOTS, slot_key))
 end
 
 local function save(row)

@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from ..._job import check_name
 from ...errors import InvalidOption
+from ...kit import check_name
 
 __all__ = ["JobKeys", "Namespace", "check_prefix"]
 

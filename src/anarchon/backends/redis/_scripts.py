@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
+from ._rows import text
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
@@ -52,10 +54,6 @@ def _build() -> dict[str, Script]:
 SCRIPTS: Final = _build()
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class ScriptRunner:
     """Calls the scripts on one client (a ``Redis`` or a ``RedisCluster``)."""
 
@@ -65,7 +63,7 @@ class ScriptRunner:
     async def load(self) -> None:
         """SCRIPT LOAD every script (redis-py sends it to every primary of a cluster)."""
         for script in SCRIPTS.values():
-            sha = _text(await self._client.script_load(script.source))
+            sha = text(await self._client.script_load(script.source))
             if sha != script.sha:  # pragma: no cover - Redis computes the same SHA1
                 raise RuntimeError(f"Redis answered SHA1 {sha} for script {script.name}")
 

@@ -1,4 +1,5 @@
-"""How NatsBackend connects: credentials, TLS, the URL form, and keeping secrets out of text.
+"""NatsBackend's options: checking them, credentials and TLS, the URL form, and keeping secrets
+out of text.
 
 Credentials and TLS are nats-py's own (``nats.connect(user=, password=, token=,
 user_credentials=, tls=)``): anarchon only checks the options, builds the ``ssl.SSLContext``
@@ -6,7 +7,7 @@ from the files named, and passes them on. A password or token never appears in a
 ``repr`` or a log line: URLs are shown with ``***`` for them, and any text that goes out is
 scrubbed of the secret strings this backend knows (:func:`scrub`).
 
-URLs are redacted by the one redactor every backend uses (:func:`anarchon._redact.redact_url`).
+URLs are redacted by the one redactor every backend uses (:func:`anarchon.kit.redact_url`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
-from ..._redact import redact_url
 from ...errors import InvalidOption, MissingDependency
+from ...kit import redact_url
+
+DEFAULT_SERVERS: Final = "nats://localhost:4222"
+MAX_REPLICAS: Final = 5
 
 #: Query parameters of a NATS URL that name files (never secrets themselves).
 FILE_OPTIONS: Final = ("ca_file", "cert_file", "key_file", "creds")
@@ -30,6 +34,58 @@ BOOL_OPTIONS: Final = ("shrink_window",)
 URL_OPTIONS: Final = (*TEXT_OPTIONS, *INT_OPTIONS, *BOOL_OPTIONS, *FILE_OPTIONS, "server")
 _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
+
+
+def check_servers(servers: str | Sequence[str]) -> list[str]:
+    """The server URLs, stripped: one URL or a non-empty list of them."""
+    if isinstance(servers, str):
+        servers = [servers]
+    if not servers or not all(isinstance(s, str) and s.strip() for s in servers):
+        shown = [redact_url(s) if isinstance(s, str) else s for s in servers or []]
+        raise InvalidOption(f"servers={shown!r} must be a NATS URL or a non-empty list")
+    return [s.strip() for s in servers]
+
+
+def check_connection(connection: object) -> None:
+    """A caller's connection must be a nats-py client."""
+    if connection is not None and not callable(getattr(connection, "jetstream", None)):
+        raise InvalidOption(f"connection={connection!r} is not a nats-py client (nats.connect)")
+
+
+def check_access(access: Access, connection: object) -> None:
+    """Credentials and TLS must be usable, and are refused with a caller's connection."""
+    access.check()
+    if connection is not None and access.given:
+        raise InvalidOption(
+            f"{', '.join(access.given)} apply only when anarchon opens the connection; "
+            "with connection=... configure credentials and TLS on your own client"
+        )
+
+
+def check_shrink_window(value: object) -> bool:
+    """``shrink_window`` must be True or False."""
+    if not isinstance(value, bool):
+        raise InvalidOption(f"shrink_window={value!r} must be True or False")
+    return value
+
+
+def check_at_least(option: str, value: object, minimum: int) -> int:
+    """``value`` if it is an integer (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidOption(f"{option}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def check_replicas(replicas: object) -> int | None:
+    """None (keep the stream's own) or 1 to :data:`MAX_REPLICAS`."""
+    if replicas is None:
+        return None
+    count = check_at_least("replicas", replicas, 1)
+    if count > MAX_REPLICAS:
+        raise InvalidOption(
+            f"replicas={replicas!r} must be between 1 and {MAX_REPLICAS} (JetStream's limit)"
+        )
+    return count
 
 
 def url_secrets(url: str) -> list[str]:

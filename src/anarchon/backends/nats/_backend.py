@@ -1,0 +1,292 @@
+"""NatsBackend: the contract methods, in the order of :mod:`anarchon.backend`.
+
+Each method is a thin call into the package: :mod:`._claims` (the claim path, results and
+settling), :mod:`._window` (the duplicate window jobs are checked against), :mod:`._connection`
+(every NATS call, bounded and translated), :mod:`._stream` (creating or evolving the stream),
+:mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where) and
+:mod:`._options` (option checks and the URL form).
+
+This is a broker: no leases, so no backup runners, overlap protection, catch-up or hand-over
+(``capabilities`` is empty and the core rejects those options when a job is added).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from ...backend import Backend, ClaimOutcome, ClaimRequest, JobPolicy, Ticket
+from ...kit import Run, check_name, redact_url
+from . import _records as records
+from . import _stream as stream_setup
+from . import _subjects as subjects
+from ._claims import ClaimPath
+from ._connection import Connection, import_nats
+from ._options import (
+    DEFAULT_SERVERS,
+    Access,
+    check_access,
+    check_at_least,
+    check_connection,
+    check_replicas,
+    check_servers,
+    check_shrink_window,
+    parse_url,
+    url_secrets,
+)
+from ._subjects import check_prefix, check_stream
+from ._window import Window
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+__all__ = ["NatsBackend"]
+
+# last_run() looks at most this many results after the newest claim before reading the job.
+LAST_RUN_SCAN: Final = 32
+
+
+class NatsBackend(Backend):
+    """Claims and history in a NATS JetStream stream; one winner per slot by de-duplication.
+
+    :param servers: one URL or a list (``nats://host:4222``, ``tls://...``, credentials as
+        ``nats://user:password@host`` or ``nats://token@host``); ignored when ``connection``
+        is given.
+    :param connection: your own connected nats-py client; you keep ownership (``stop()`` never
+        closes it).
+    :param stream: the JetStream stream name.
+    :param prefix: the subject prefix; a job's subjects are ``<prefix><job>.claims`` and
+        ``<prefix><job>.results``.
+    :param duplicate_window_ms: the least duplicate window this instance keeps on the stream:
+        a new stream gets it, a smaller window is grown to it, a larger one is kept. Every
+        job's ``jitter_ms + max_late_ms`` plus the claim retry margin (10 s) must be less than
+        the window.
+    :param history_size: roughly how many runs are kept per job, at least (the stream's
+        per-subject limit).
+    :param replicas: replicas of the stream in a NATS cluster; 1 for a new stream when not
+        given, and an existing stream keeps its own unless given.
+    :param shrink_window: set the stream's window to ``duplicate_window_ms`` even when it is
+        larger (windows otherwise only grow). Other running instances whose jobs need more raise
+        it again within a minute.
+    :param user: user name, with ``password``.
+    :param password: password for ``user``; never printed.
+    :param token: an authentication token; never printed.
+    :param creds: path of a ``.creds`` file (user JWT and nkey seed; needs ``nats-py[nkeys]``).
+    :param ca_file: PEM file of the certificate authorities that signed the server's certificate.
+    :param cert_file: PEM file of a client certificate (and its key, unless ``key_file``).
+    :param key_file: PEM file of the client certificate's key.
+    """
+
+    name = "nats"
+
+    def __init__(
+        self,
+        servers: str | Sequence[str] = DEFAULT_SERVERS,
+        *,
+        connection: NATS | None = None,
+        stream: str = "CRON",
+        prefix: str = "cron.",
+        duplicate_window_ms: int = 300_000,
+        history_size: int = 1000,
+        replicas: int | None = None,
+        shrink_window: bool = False,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        creds: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+    ) -> None:
+        import_nats()
+        self.servers: list[str] = check_servers(servers)
+        check_connection(connection)
+        self.shrink_window = check_shrink_window(shrink_window)
+        access = Access(
+            user=user,
+            password=password,
+            token=token,
+            creds=creds,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+        )
+        check_access(access, connection)
+        connect_options = access.connect_options()
+        self.stream = check_stream(stream)
+        self.prefix = check_prefix(prefix)
+        self.duplicate_window_ms = check_at_least("duplicate_window_ms", duplicate_window_ms, 100)
+        self.history_size = check_at_least("history_size", history_size, 1)
+        self.replicas = check_replicas(replicas)
+        self._yours = connection is not None
+        self._conn = Connection(
+            servers=self.servers,
+            connect_options=connect_options,
+            secrets=[*access.secrets, *(x for s in self.servers for x in url_secrets(s))],
+            given=connection,
+            stream=self.stream,
+            owner=repr(self),
+        )
+        self._window = Window(
+            self._conn, stream=self.stream, duplicate_window_ms=self.duplicate_window_ms
+        )
+        self._claims = ClaimPath(
+            self._conn, self._window, prefix=self.prefix, history_size=self.history_size
+        )
+        self._upkeep: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        where = "connection=<yours>" if self._yours else repr([redact_url(s) for s in self.servers])
+        return f"NatsBackend({where}, stream={self.stream!r}, prefix={self.prefix!r})"
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsBackend:
+        """Build from ``nats://host:4222?stream=CRON&prefix=cron.&duplicate_window_ms=300000``.
+
+        Several servers: ``nats://n1:4222,n2:4222,n3:4222?...`` or repeated ``server=`` query
+        parameters (full URLs). Also ``history_size``, ``replicas``, ``shrink_window``, and the
+        files ``ca_file``, ``cert_file``, ``key_file`` and ``creds``; ``tls://`` works too.
+        Credentials: ``nats://user:password@host`` or ``nats://token@host``.
+        """
+        parsed = parse_url(url)
+        return cls(parsed.servers, **parsed.options)
+
+    # -- the contract, in backend.py's order ------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect (unless given a connection) and create or update the stream. Idempotent.
+
+        Raises :class:`~anarchon.errors.BackendError` within seconds, saying what is wrong and
+        how to fix it: server unreachable, credentials or TLS refused, JetStream not enabled
+        (``nats-server -js``), a stream or prefix the server refuses. Raises
+        :class:`~anarchon.errors.InvalidOption` if a job added before start needs a longer
+        duplicate window than the stream has.
+        """
+        await self._open(read_only=False)
+
+    async def start_reader(self) -> None:
+        """Connect to read history only: the stream must exist and is left exactly as it is."""
+        await self._open(read_only=True)
+
+    async def _open(self, *, read_only: bool) -> None:
+        if self._conn.started:
+            return
+        await self._conn.open()
+        wanted = stream_setup.Wanted(
+            stream=self.stream,
+            prefix=self.prefix,
+            duplicate_window_ms=self.duplicate_window_ms,
+            history_size=self.history_size,
+            replicas=self.replicas,
+            shrink_window=self.shrink_window,
+        )
+        try:
+            self._window.learn(await self._conn.prepare_stream(wanted, read_only=read_only))
+            if not read_only:
+                self._upkeep = asyncio.ensure_future(self._claims.upkeep())
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Close the connection this backend opened; never one you passed in."""
+        upkeep, self._upkeep = self._upkeep, None
+        if upkeep is not None:
+            upkeep.cancel()
+            await asyncio.gather(upkeep, return_exceptions=True)
+        await self._conn.close()
+
+    def check_job(self, policy: JobPolicy) -> None:
+        """Require ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS < `` the duplicate window.
+
+        Before start() the window is this instance's ``duplicate_window_ms``; once started it is
+        the stream's real window, which other instances may have grown past it.
+        """
+        self._window.check_job(policy)
+
+    def skew_budget_ms(self, policy: JobPolicy) -> int | None:
+        """The duplicate window less ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS``."""
+        return self._window.skew_budget_ms(policy)
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """Publish each request's claim (concurrently) and tell who won; see :mod:`._claims`."""
+        return await self._claims.claim(requests)
+
+    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+        """Publish the run's result to ``<prefix><job>.results`` (once, by message id).
+
+        The result and the claim are then read back together (one round trip), so the run
+        returned starts and ends at the stream's timestamps, as history shows it.
+        """
+        return await self._claims.finish(ticket, status, error)
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        """Claims and results of ``job`` combined, newest first; a claim without a result is
+        ``running``. Reads the job's two subjects only (at most 2 x history_size messages)."""
+        self._conn.require()
+        check_name(job)
+        if limit <= 0:
+            return []
+        messages = await self._conn.read_all(
+            subjects.JOB.format(prefix=self.prefix, job=job), f"reading history of {job}"
+        )
+        return records.merge(messages, self.prefix, job)[:limit]
+
+    async def last_run(self, job: str) -> Run | None:
+        """The newest claim of ``job`` with its result, in a few reads by subject."""
+        self._conn.require()
+        check_name(job)
+        newest = await self._conn.get_retrying(
+            {"last_by_subj": subjects.CLAIMS.format(prefix=self.prefix, job=job)},
+            f"reading last claim of {job}",
+        )
+        claim = records.decode_claim(newest) if newest is not None else None
+        if claim is None:
+            runs = await self.history(job, limit=1)
+            return runs[0] if runs else None
+        if claim.skipped:
+            return claim.run()
+        results_subject = subjects.RESULTS.format(prefix=self.prefix, job=job)
+        after = claim.seq + 1
+        for _ in range(LAST_RUN_SCAN):
+            found = await self._conn.get_retrying(
+                {"seq": after, "next_by_subj": results_subject}, f"reading results of {job}"
+            )
+            if found is None:
+                return claim.run()
+            result = records.decode_result(found)
+            if result is not None and result.run.run_id == claim.run_id:
+                return records.finished(claim.run(), result.run)
+            after = found.seq + 1
+        runs = await self.history(job, limit=1)
+        return runs[0] if runs else None
+
+    async def server_time_ms(self) -> int | None:
+        """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),
+        else the timestamp JetStream stamps on a probe message (deleted right after)."""
+        return await self._conn.server_time_ms(subjects.CLOCK.format(prefix=self.prefix))
+
+    # -- NATS only: the duplicate window ----------------------------------------------------
+
+    @staticmethod
+    def need_ms(policy: JobPolicy) -> int:
+        """How long the stream must remember a slot's claim for this job: ``jitter_ms +
+        max_late_ms`` plus :data:`CLAIM_MARGIN_MS` for claim retries past ``max_late_ms``."""
+        return Window.need_ms(policy)
+
+    @property
+    def window_ms(self) -> int:
+        """The duplicate window jobs are checked against: the stream's own once started, this
+        instance's ``duplicate_window_ms`` (the least it will keep on the stream) before."""
+        return self._window.ms
+
+    async def check_window(self) -> int | None:
+        """Read the stream's duplicate window now (the backend does it every minute) and return
+        it (None: the stream is gone).
+
+        If it fell below what this instance keeps, ``duplicate_window_ms`` or, for a job added
+        after start() against a longer window, that job's need (another instance shrank it with
+        ``shrink_window=True``), raise it back and log a warning naming the job.
+        """
+        return await self._window.check()

@@ -1,0 +1,420 @@
+"""The claim path: JetStream's message de-duplication decides who runs each slot.
+
+Every instance publishes its claim for a slot to ``<prefix><job>.claims`` with the header
+``Nats-Msg-Id: <job>:<slot>``. Within the stream's duplicate window JetStream stores only the
+first message with an id and answers every later one ``duplicate: true`` with the first one's
+sequence; the stream leader orders publishes, so exactly one is first. A non-duplicate ack
+wins, with no further call: the ack is the proof. A duplicate ack is resolved by reading the
+stored message by sequence and comparing tokens, so a publish the client retried (lost ack,
+timeout, reconnect) still counts as its own.
+
+A publish that went out unanswered may have been stored; when the scheduler gives up on such a
+claim, it is settled in the background (:meth:`ClaimPath.settle`) so that history never shows it
+``running`` with no runner. Results go to ``<prefix><job>.results`` once, by message id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, Ticket
+from ...errors import BackendError, BackendUnavailable, LeaseLost
+from ...kit import Run, RunStatus, SystemClock
+from . import _connection
+from . import _errors as errors
+from . import _records as records
+from . import _subjects as subjects
+from ._connection import Connection
+from ._records import Claim
+from ._window import CLAIM_MARGIN_MS, Window
+
+if TYPE_CHECKING:
+    from nats.js.api import PubAck
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+# A skip record is published only while its slot's claim id is surely still remembered.
+SKIP_SAFETY_MS: Final = 30_000
+# How often a running backend reads the stream's duplicate window (another instance may have
+# grown it, or shrunk it with shrink_window=True).
+WINDOW_CHECK_S: Final = 60.0
+# Claims whose publish may have been stored unanswered and that the scheduler gave up on are
+# settled this often (see ClaimPath.settle); a manual run's claim once the core's 10 s
+# deadline for it is surely over; at most MAX_UNSURE are remembered.
+SETTLE_EVERY_S: Final = 5.0
+MANUAL_SETTLE_AFTER_MS: Final = 60_000
+MAX_UNSURE: Final = 100_000
+#: The local clock: a claim's start until finish() reads the stream's timestamp.
+CLOCK: Final = SystemClock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsure:
+    """A claim one of whose publishes may have been stored without our hearing of it."""
+
+    request: ClaimRequest
+    since_ms: int
+
+
+class ClaimPath:
+    """Claims and results of one backend on its stream."""
+
+    def __init__(
+        self, connection: Connection, window: Window, *, prefix: str, history_size: int
+    ) -> None:
+        self._connection = connection
+        self._window = window
+        self._prefix = prefix
+        self._history_size = history_size
+        # Claims (by token) whose publish may have been stored without our hearing of it: a
+        # duplicate ack for one of them may be our own claim, and one the scheduler gives up on
+        # is settled in the background (settle).
+        self._unsure: dict[str, _Unsure] = {}
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """Publish each request's claim (concurrently) and tell who won."""
+        self._connection.require()
+        gate = self._connection.in_flight
+        assert gate is not None
+        failed: list[BackendUnavailable] = []
+        # Every publish of this call starts within CLAIM_RETRY_S of now (CLAIM_MARGIN_MS),
+        # however long a request waits for the in-flight gate.
+        deadline = self._connection.retry_deadline()
+
+        async def one(req: ClaimRequest) -> ClaimOutcome:
+            async with gate:
+                if failed:  # the backend is down: fail the rest of the batch at once
+                    raise failed[0]
+                try:
+                    return await self._claim_one(req, deadline)
+                except BackendUnavailable as exc:
+                    failed.append(exc)
+                    raise
+
+        answers = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
+        problems = [a for a in answers if isinstance(a, BaseException)]
+        if problems:
+            permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
+            raise (permanent or problems)[0]
+        return [a for a in answers if isinstance(a, ClaimOutcome)]
+
+    def _safe_until_ms(self, slot: int, margin_ms: int) -> int:
+        """Until when a message under the slot's claim id is surely still de-duplicated."""
+        window = self._window.ms
+        return slot + window - min(margin_ms, window // 4)
+
+    async def _claim_one(self, req: ClaimRequest, deadline: float) -> ClaimOutcome:
+        now = CLOCK.now_ms()
+        loop = asyncio.get_running_loop()
+        if req.slot is not None:
+            # Never publish a claim whose id JetStream may have forgotten: it would be stored.
+            margin = SKIP_SAFETY_MS if req.skip_reason is not None else 0
+            safe_ms = self._safe_until_ms(req.slot, margin)
+            if req.skip_reason is not None and now >= safe_ms:
+                return self._unrecorded_skip(req, now)
+            deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
+        msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
+        if loop.time() >= deadline:
+            # Waited behind earlier claims of a large batch on a slow server: sending now could
+            # store the claim later than CLAIM_MARGIN_MS allows. The core retries, if in time.
+            waited = _connection.CLAIM_RETRY_S
+            raise BackendUnavailable(
+                f"NATS: claim {msg_id} not sent: {waited:.0f} s passed while it waited for "
+                "earlier claims of its batch (the server answers slowly)"
+            )
+        subject = subjects.CLAIMS.format(prefix=self._prefix, job=req.job)
+        payload = records.encode_claim(req)
+        unsure: list[BaseException] = []  # attempts that may have been stored unanswered
+
+        async def publish(wait_s: float) -> PubAck:
+            try:
+                return await self._connection.publish(subject, payload, msg_id, wait_s)
+            except Exception as exc:
+                if errors.maybe_sent(exc):
+                    unsure.append(exc)
+                raise
+
+        try:
+            ack = await self._connection.retry(
+                publish, f"claiming {msg_id}", deadline, {"job": req.job, "slot": req.slot}
+            )
+        except BackendUnavailable:
+            if unsure:
+                self._remember_unsure(req)
+            raise
+        if not ack.duplicate:
+            # The first message with this id: ours, decided by the ack alone (the seed reads
+            # back only on a duplicate). Start time is the local clock's until finish() reads
+            # the stored claim's timestamp.
+            self._unsure.pop(req.token, None)
+            return _answer(req, records.claim_of_request(req, ack.seq, now), exact=False)
+        stored_claim = await self._read_duplicate(req, msg_id, ack.seq, bool(unsure))
+        if isinstance(stored_claim, ClaimOutcome):
+            return stored_claim
+        logger.debug(
+            "claim %s is a duplicate of seq %d (%s)",
+            msg_id,
+            ack.seq,
+            "ours: a retried publish" if stored_claim.token == req.token else "another's",
+            extra={"job": req.job, "slot": req.slot, "action": "claim_duplicate"},
+        )
+        return _answer(req, stored_claim, exact=True)
+
+    async def _read_duplicate(
+        self, req: ClaimRequest, msg_id: str, seq: int, unsure: bool
+    ) -> Claim | ClaimOutcome:
+        """The stored claim a duplicate ack points at, or the outcome when it cannot be read.
+
+        * gone (trimmed by the per-subject limit): lost, nobody to ask;
+        * unreadable, and none of our publishes with this token can have been stored (this is
+          the first answer we got): lost to another instance, logged;
+        * unreadable, and it may be ours (an earlier publish of this token went unanswered):
+          BackendUnavailable, so the core retries the claim with the same token and a later
+          read settles it.
+        """
+        maybe_ours = unsure or req.token in self._unsure
+        try:
+            stored = await self._connection.get_retrying({"seq": seq}, f"reading claim {msg_id}")
+        except BackendUnavailable as exc:
+            if maybe_ours:
+                self._remember_unsure(req)
+                raise
+            logger.warning(
+                "claim %s lost: the slot's claim (seq %d) is another instance's, and reading it "
+                "failed (%s)",
+                msg_id,
+                seq,
+                exc,
+                extra={"job": req.job, "slot": req.slot, "action": "claim_unread"},
+            )
+            return _lost(
+                req,
+                f"lost: the slot's claim (seq {seq}) is another instance's; reading it failed: "
+                f"{exc}",
+            )
+        self._unsure.pop(req.token, None)
+        if stored is None:
+            return _lost(
+                req,
+                f"lost: the winning claim (seq {seq}) was already trimmed from stream "
+                f"{self._connection.stream!r} (history_size={self._history_size})",
+            )
+        decoded = records.decode_claim(stored)
+        if decoded is None:
+            raise BackendError(
+                f"NATS: message {stored.seq} on {stored.subject} has the claim id {msg_id} "
+                "but is not an anarchon claim; is something else publishing under prefix "
+                f"{self._prefix!r}?"
+            )
+        return decoded
+
+    def _unrecorded_skip(self, req: ClaimRequest, now: int) -> ClaimOutcome:
+        reason = (
+            f"{req.skip_reason}; not recorded: the slot is too close to the end of the "
+            f"duplicate window ({self._window.ms} ms), where a "
+            "record could no longer be told apart from the slot's claim"
+        )
+        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason))
+
+    # -- results ----------------------------------------------------------------------------
+
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, reason: str | None = None
+    ) -> Run:
+        """Publish the run's result (once, by message id) and read it back with its claim."""
+        self._connection.require()
+        outcome = RunStatus(status)
+        msg_id = subjects.RESULT_ID.format(job=ticket.job, slot_key=ticket.slot_key)
+        ack = await self._connection.publish_retrying(
+            subjects.RESULTS.format(prefix=self._prefix, job=ticket.job),
+            records.encode_result(ticket, outcome, error, reason),
+            msg_id,
+            f"recording {msg_id}",
+            self._connection.retry_deadline(),
+        )
+        stored, claimed = await asyncio.gather(
+            self._connection.get_retrying({"seq": ack.seq}, f"reading result {msg_id}"),
+            self._claim_time(ticket),
+        )
+        result = records.decode_result(stored) if stored is not None else None
+        if ack.duplicate and result is not None and result.run.run_id != ticket.run_id:
+            raise LeaseLost(
+                f"run {ticket.run_id} of job {ticket.job!r}: slot {ticket.slot_key} already has "
+                f"a result from run {result.run.run_id}; this one is refused"
+            )
+        return records.run_of(
+            ticket,
+            outcome,
+            claimed if claimed is not None else ticket.started_at_ms,
+            stored.time_ms if stored is not None else CLOCK.now_ms(),
+            fence=ticket.fence,
+            error=error,
+            reason=reason,
+        )
+
+    async def _claim_time(self, ticket: Ticket) -> int | None:
+        """The stream timestamp of the ticket's claim (None if it was trimmed)."""
+        if ticket.fence is None:
+            return None
+        stored = await self._connection.get_retrying(
+            {"seq": ticket.fence}, f"reading claim {ticket.job}:{ticket.slot_key}"
+        )
+        claims = subjects.CLAIMS.format(prefix=self._prefix, job=ticket.job)
+        if stored is None or stored.subject != claims:
+            return None
+        return stored.time_ms
+
+    # -- settling claims the scheduler gave up on --------------------------------------------
+
+    def _remember_unsure(self, req: ClaimRequest) -> None:
+        if req.token in self._unsure:
+            return
+        if len(self._unsure) >= MAX_UNSURE:
+            oldest = next(iter(self._unsure))
+            dropped = self._unsure.pop(oldest).request
+            logger.warning(
+                "more than %d unconfirmed claims; %s:%s will not be settled (if stored, history "
+                "shows it running)",
+                MAX_UNSURE,
+                dropped.job,
+                dropped.slot_key,
+                extra={"job": dropped.job, "slot": dropped.slot, "action": "settle_dropped"},
+            )
+        self._unsure[req.token] = _Unsure(req, CLOCK.now_ms())
+
+    def _settle_due(self, entry: _Unsure, now: int) -> bool:
+        """True once the scheduler has surely stopped retrying the claim: its slot is later than
+        max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
+        req = entry.request
+        if req.slot is None:
+            return now >= entry.since_ms + MANUAL_SETTLE_AFTER_MS
+        return now > req.slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
+
+    async def upkeep(self) -> None:
+        """While started: every WINDOW_CHECK_S read the stream's window and raise it again if it
+        fell below what this instance keeps (another instance shrank it with
+        ``shrink_window=True``); every SETTLE_EVERY_S settle the claims the scheduler gave up
+        on whose publish may have been stored."""
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + WINDOW_CHECK_S
+        while True:
+            await asyncio.sleep(max(0.05, min(SETTLE_EVERY_S, next_check - loop.time())))
+            try:
+                if loop.time() >= next_check:
+                    next_check = loop.time() + WINDOW_CHECK_S
+                    await self._window.check()
+                if self._unsure:
+                    await self.settle()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                stream = self._connection.stream
+                logger.debug(
+                    "NATS upkeep of stream %s failed: %s",
+                    stream,
+                    self._connection.scrub(str(exc) or type(exc).__name__),
+                    extra={"action": "upkeep_failed", "stream": stream},
+                )
+
+    async def settle(self) -> None:
+        """Settle each claim the scheduler gave up on whose publish may have been stored
+        unanswered, so that history never shows it ``running`` with no runner:
+
+        * stored, ours: a result closes it, ``skipped`` with the reason below;
+        * not stored: a skip record with that reason is stored under the slot's id (the same
+          record a too-late instance leaves), unless the slot is too close to the end of the
+          duplicate window for that to be safe;
+        * another instance's claim, or a skip record: nothing to do.
+        """
+        now = CLOCK.now_ms()
+        for token, entry in list(self._unsure.items()):
+            if not self._settle_due(entry, now):
+                continue
+            try:
+                await self._settle_one(entry)
+            except BackendUnavailable:
+                continue  # next round; _settle_one gives up once the slot leaves the window
+            except BackendError as exc:
+                logger.warning(
+                    "cannot settle claim %s:%s: %s",
+                    entry.request.job,
+                    entry.request.slot_key,
+                    exc,
+                    extra={"job": entry.request.job, "action": "settle_failed"},
+                )
+            self._unsure.pop(token, None)
+
+    async def _settle_one(self, entry: _Unsure) -> None:
+        req = entry.request
+        msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
+        reason = (
+            f"not run: {req.instance} could not confirm its claim while NATS was unavailable, "
+            "until the slot was too late"
+        )
+        loop = asyncio.get_running_loop()
+        deadline = self._connection.retry_deadline()
+        now = CLOCK.now_ms()
+        if req.slot is not None:
+            safe_ms = self._safe_until_ms(req.slot, SKIP_SAFETY_MS)
+            if now >= safe_ms:
+                logger.info(
+                    "claim %s not settled: the slot is too close to the end of the duplicate "
+                    "window to look it up by its id; if it was stored, history shows it running",
+                    msg_id,
+                    extra={"job": req.job, "slot": req.slot, "action": "settle_too_late"},
+                )
+                return
+            deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
+        record = replace(req, token=uuid.uuid4().hex, skip_reason=reason)
+        ack = await self._connection.publish_retrying(
+            subjects.CLAIMS.format(prefix=self._prefix, job=req.job),
+            records.encode_claim(record),
+            msg_id,
+            f"settling {msg_id}",
+            deadline,
+        )
+        if not ack.duplicate:
+            logger.info(
+                "claim %s settled: it was never stored; the slot is recorded skipped (%s)",
+                msg_id,
+                reason,
+                extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+            )
+            return
+        stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading claim {msg_id}")
+        claim = records.decode_claim(stored) if stored is not None else None
+        if claim is None or claim.skipped or claim.token != req.token:
+            return  # another instance's claim or a skip record, or trimmed: nothing to close
+        await self.finish(claim.ticket(), RunStatus.SKIPPED, None, reason)
+        logger.info(
+            "claim %s settled: it was stored but never confirmed, so nobody ran it; closed as "
+            "skipped (%s)",
+            msg_id,
+            reason,
+            extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+        )
+
+
+def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:
+    run = claim.run()
+    if claim.skipped:
+        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=run)
+    if claim.token == req.token:
+        now = claim.time_ms if exact else None
+        return ClaimOutcome(
+            status=ClaimStatus.WON, run=run, ticket=claim.ticket(), backend_now_ms=now
+        )
+    return ClaimOutcome(status=ClaimStatus.LOST, run=run)
+
+
+def _lost(req: ClaimRequest, reason: str) -> ClaimOutcome:
+    """Lost, with no stored claim to show (trimmed, or unreadable)."""
+    run = records.unrecorded(req, CLOCK.now_ms(), reason)
+    return ClaimOutcome(status=ClaimStatus.LOST, run=run)

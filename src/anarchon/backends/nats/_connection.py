@@ -1,0 +1,494 @@
+"""The NATS client calls: connecting, liveness and reconnects, and every request bounded,
+retried on transient failures and translated into anarchon's errors.
+
+Everything that talks to nats-py goes through :class:`Connection`: JetStream API requests (the
+server's own JSON), publishes with a message id, reads of one stored message, reads of a job's
+subjects through a short-lived consumer, and the server's clock. The rest of the package decides
+what to ask; this module decides how long to wait, when to retry and what a failure means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from ...errors import BackendError, BackendUnavailable, MissingDependency
+from ...kit import backoff
+from . import _errors as errors
+from . import _records as records
+from . import _stream as stream_setup
+from . import _subjects as subjects
+from ._errors import InFlight, JetStreamError
+from ._options import scrub, servers_shown
+from ._records import Stored
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.js import JetStreamContext
+    from nats.js.api import PubAck
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+T = TypeVar("T")
+
+# Connecting: a few quick tries per server so start() fails within seconds; once connected the
+# client reconnects forever, every half second, and pings every 10 s so a dead TCP connection
+# is noticed in about 30 s instead of nats-py's default of several minutes.
+CONNECT_TIMEOUT_S: Final = 2.0
+CONNECT_ATTEMPTS: Final = 2
+RECONNECT_WAIT_S: Final = 0.5
+PING_INTERVAL_S: Final = 10
+MAX_OUTSTANDING_PINGS: Final = 3
+# One request (publish, get, API call) waits this long for its answer; a failover takes a few
+# seconds of "no responders", so a call is retried (a claim with the same id and token) for up
+# to CLAIM_RETRY_S, with short pauses (an in-flight duplicate is settled in tens of ms).
+REQUEST_TIMEOUT_S: Final = 2.0
+CLAIM_RETRY_S: Final = 8.0
+START_RETRY_S: Final = 10.0
+RETRY_FIRST_S: Final = 0.025
+RETRY_CAP_S: Final = 0.5
+MAX_ATTEMPTS: Final = 12
+# Claims of one batch in flight at once: enough to fill the pipe, bounded so a batch of
+# thousands does not overflow nats-py's reconnect buffer.
+MAX_IN_FLIGHT: Final = 256
+FETCH_BATCH: Final = 500
+CONSUMER_INACTIVE_S: Final = 30.0
+
+
+def import_nats() -> Any:
+    """The nats package, or :class:`MissingDependency` saying how to install it."""
+    try:
+        import nats
+        import nats.errors
+        import nats.js.api
+    except ImportError as exc:
+        raise MissingDependency(
+            "NatsBackend needs the nats-py client: pip install 'anarchon[nats]'"
+        ) from exc
+    return nats
+
+
+def _where(nc: NATS) -> str:
+    """host:port of the server a client is connected to (never its credentials)."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "?"
+
+
+def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
+    """True if the server this client is connected to is at least ``major.minor``."""
+    info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
+    try:
+        numbers = [int(x) for x in str(info.get("version", "0.0")).split("-")[0].split(".")[:2]]
+    except ValueError:
+        return False
+    return tuple(numbers) >= (major, minor)
+
+
+class Connection:
+    """One backend's link to NATS: the client (opened here, or the caller's), its JetStream
+    context, and every call the backend makes through it.
+
+    :param owner: how the backend shows itself in messages (its ``repr``).
+    """
+
+    def __init__(
+        self,
+        *,
+        servers: Sequence[str],
+        connect_options: dict[str, Any],
+        secrets: Sequence[str],
+        given: NATS | None,
+        stream: str,
+        owner: str,
+    ) -> None:
+        self.servers = list(servers)
+        self.given = given
+        self.stream = stream
+        self._connect_options = connect_options
+        self._secrets = list(secrets)
+        self._owner = owner
+        self.nc: NATS | None = None
+        self.js: JetStreamContext | None = None
+        self.in_flight: asyncio.Semaphore | None = None
+        """The gate that bounds a batch's claims in flight (:data:`MAX_IN_FLIGHT`)."""
+        self._stream_has_ts: bool | None = None
+        self._down = False
+        self._connecting = False
+        self._connect_error: Exception | None = None
+        self._connect_fatal = asyncio.Event()
+
+    @property
+    def started(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self.nc is not None
+
+    def scrub(self, text: str) -> str:
+        """``text`` without any password or token this backend was given."""
+        return scrub(text, self._secrets)
+
+    # -- opening and closing ----------------------------------------------------------------
+
+    async def open(self) -> NATS:
+        """Connect (unless given a client) and get the JetStream context."""
+        nc = self.given if self.given is not None else await self._connect()
+        self.nc = nc
+        self.js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+        self.in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        return nc
+
+    async def close(self) -> None:
+        """Close the client this connection opened; never the caller's."""
+        nc, self.nc, self.js = self.nc, None, None
+        if nc is not None and nc is not self.given and not nc.is_closed:
+            await nc.close()
+
+    async def _connect(self) -> NATS:
+        nats = import_nats()
+        self._connecting = True
+        self._connect_error = None
+        self._connect_fatal = asyncio.Event()
+        attempt = asyncio.ensure_future(
+            nats.connect(
+                servers=self.servers,
+                name="anarchon",
+                connect_timeout=CONNECT_TIMEOUT_S,
+                reconnect_time_wait=RECONNECT_WAIT_S,
+                max_reconnect_attempts=CONNECT_ATTEMPTS,
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                # No reconnect buffer: a claim published while disconnected fails at once
+                # (retried, fail closed) instead of being sent whenever the connection is back,
+                # possibly after its slot left the duplicate window (CLAIM_MARGIN_MS).
+                pending_size=-1,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                **self._connect_options,
+            )
+        )
+        fatal = asyncio.ensure_future(self._connect_fatal.wait())
+        # nats-py can hang after a TLS verification failure (it never gives up on closing the
+        # half-open connection): stop at once on such an error, and bound the whole attempt.
+        limit = (CONNECT_TIMEOUT_S + RECONNECT_WAIT_S) * (CONNECT_ATTEMPTS + 1) * len(self.servers)
+        try:
+            await asyncio.wait({attempt, fatal}, timeout=limit, return_when="FIRST_COMPLETED")
+            if not attempt.done():
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                raise TimeoutError(f"no connection within {limit:.0f} s")
+            nc: NATS = attempt.result()
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            cause = self._connect_error if self._connect_error is not None else exc
+            raise BackendError(
+                self.scrub(
+                    f"cannot connect to NATS at {servers_shown(self.servers)}: "
+                    f"{errors.describe(cause)}. Check that nats-server runs there, with "
+                    "JetStream enabled (nats-server -js), and that the URL, credentials and "
+                    "TLS files are right"
+                )
+            ) from None
+        finally:
+            fatal.cancel()
+            self._connecting = False
+        # The first connection fails fast; from now on a lost connection is retried forever.
+        nc.options["max_reconnect_attempts"] = -1
+        return nc
+
+    # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
+
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py calls this for every failed (re)connect attempt and for the loss that starts
+        # an outage; _on_disconnected says it once per outage, so those stay at debug level.
+        import nats.errors
+
+        if self._connecting:
+            # Keep the telling cause (refused credentials) over the reset that follows it.
+            if self._connect_error is None or not isinstance(exc, OSError):
+                self._connect_error = exc
+            refused = "authorization violation" in str(exc).lower()
+            if refused or isinstance(
+                exc, ssl.SSLCertVerificationError | nats.errors.AuthorizationError
+            ):
+                self._connect_fatal.set()  # retrying cannot help
+        lost = isinstance(exc, OSError | nats.errors.StaleConnectionError)
+        text = self.scrub(errors.describe(exc))
+        if self._connecting or self._down or lost:
+            logger.debug("NATS: %s", text, extra={"action": "nats_error"})
+        else:
+            logger.warning("NATS: %s", text, extra={"action": "nats_error"})
+
+    async def _on_disconnected(self) -> None:
+        if self._down or self._connecting or self.nc is None:
+            return
+        self._down = True
+        logger.warning(
+            "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
+            RECONNECT_WAIT_S,
+            extra={"action": "backend_unavailable"},
+        )
+
+    async def _on_reconnected(self) -> None:
+        self._down = False
+        nc = self.nc
+        url = _where(nc) if nc is not None else "?"
+        logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
+
+    # -- the stream -------------------------------------------------------------------------
+
+    async def prepare_stream(
+        self, wanted: stream_setup.Wanted, *, read_only: bool
+    ) -> dict[str, Any]:
+        """Create or evolve the stream (``read_only``: require it, unchanged), retrying while
+        the server elects a leader; return its info."""
+        nc, _ = self.require()
+        # Servers before 2.10 take no first sequence (see _stream.fence_floor).
+        wanted = replace(wanted, fence_floor=_server_at_least(nc, 2, 10))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_RETRY_S
+        while True:
+            try:
+                if read_only:
+                    info = await stream_setup.require(self.api, self.stream)
+                else:
+                    info = await stream_setup.ensure(self.api, wanted)
+                break
+            except Exception as exc:
+                self._explain_no_jetstream(nc, exc)
+                if not errors.is_transient(exc) or loop.time() > deadline:
+                    raise errors.translate(exc, f"preparing stream {self.stream!r}") from exc
+                await asyncio.sleep(0.25)
+        self._stream_has_ts = "ts" in info
+        return info
+
+    def _explain_no_jetstream(self, nc: NATS, exc: Exception) -> None:
+        import nats.errors
+
+        no_answer = isinstance(exc, nats.errors.NoRespondersError)
+        disabled = isinstance(exc, JetStreamError) and exc.err_code in (
+            errors.JETSTREAM_NOT_ENABLED,
+            errors.JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+        )
+        server_info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
+        if disabled or (no_answer and not server_info.get("jetstream")):
+            url = _where(nc)
+            raise BackendError(
+                f"JetStream is not enabled on the NATS server at {url}: NatsBackend needs it. "
+                "Start the server with JetStream enabled (nats-server -js, or a 'jetstream {}' "
+                "block in its configuration)"
+            ) from exc
+
+    async def stream_info(self) -> dict[str, Any]:
+        """The stream's info as the server reports it now (JetStreamError if none)."""
+        return await self.api(subjects.API.format(verb="STREAM.INFO", stream=self.stream), None)
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def require(self) -> tuple[NATS, JetStreamContext]:
+        """The client and its JetStream context; BackendError if not started."""
+        if self.nc is None or self.js is None:
+            raise BackendError(f"{self._owner} is not started; start the scheduler first")
+        return self.nc, self.js
+
+    def retry_deadline(self) -> float:
+        """Event-loop time until which a call started now is retried (:data:`CLAIM_RETRY_S`)."""
+        return asyncio.get_running_loop().time() + CLAIM_RETRY_S
+
+    async def api(
+        self, subject: str, body: dict[str, Any] | None, wait_s: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """One JetStream API request with the server's own JSON; errors as JetStreamError."""
+        nc, _ = self.require()
+        payload = b"" if body is None else json.dumps(body).encode()
+        reply = await nc.request(subject, payload, timeout=wait_s)
+        try:
+            answer = json.loads(reply.data)
+        except ValueError as exc:
+            raise BackendError(
+                f"NATS: unreadable answer to {subject}: {reply.data[:200]!r}"
+            ) from exc
+        if not isinstance(answer, dict):
+            raise BackendError(f"NATS: unexpected answer to {subject}: {reply.data[:200]!r}")
+        if "error" in answer:
+            raise errors.api_error(answer["error"])
+        return answer
+
+    async def retry(
+        self,
+        call: Callable[[float], Awaitable[T]],
+        doing: str,
+        deadline: float,
+        fields: dict[str, Any] | None = None,
+    ) -> T:
+        """Run ``call(wait_s)`` until it succeeds, retrying transient failures until
+        ``deadline`` (event-loop time) or MAX_ATTEMPTS; then raise BackendUnavailable."""
+        loop = asyncio.get_running_loop()
+        delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
+        attempt = 0
+        while True:
+            attempt += 1
+            timeout = max(0.25, min(REQUEST_TIMEOUT_S, deadline - loop.time()))
+            try:
+                return await call(timeout)
+            except Exception as exc:
+                if not errors.is_transient(exc):
+                    raise errors.translate(exc, doing) from exc
+                delay = next(delays)
+                if attempt >= MAX_ATTEMPTS or loop.time() + delay >= deadline:
+                    raise errors.translate(exc, doing) from exc
+                logger.debug(
+                    "NATS: %s: %s; retrying (attempt %d)",
+                    doing,
+                    errors.describe(exc),
+                    attempt,
+                    extra={**(fields or {}), "action": "nats_retry"},
+                )
+            await asyncio.sleep(delay)
+
+    async def publish(
+        self, subject: str, payload: bytes, msg_id: str | None, wait_s: float
+    ) -> PubAck:
+        """Publish once, with ``msg_id`` as the de-duplication id; InFlight for a duplicate ack
+        whose original is not stored yet."""
+        _, js = self.require()
+        headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
+        ack = await js.publish(subject, payload, timeout=wait_s, headers=headers)
+        if ack.duplicate and not ack.seq:
+            raise InFlight()
+        return ack
+
+    async def publish_retrying(
+        self, subject: str, payload: bytes, msg_id: str | None, doing: str, deadline: float
+    ) -> PubAck:
+        """:meth:`publish`, retried with the same id until ``deadline``."""
+        return await self.retry(
+            lambda t: self.publish(subject, payload, msg_id, t), doing, deadline
+        )
+
+    async def get(self, request: dict[str, Any], wait_s: float) -> Stored | None:
+        """Read one message (by ``seq``, ``last_by_subj`` or ``next_by_subj``) from the stream
+        leader; None if there is none."""
+        subject = subjects.API.format(verb="STREAM.MSG.GET", stream=self.stream)
+        try:
+            answer = await self.api(subject, request, wait_s)
+        except JetStreamError as exc:
+            if exc.err_code == errors.NO_MESSAGE:
+                return None
+            raise
+        message = answer["message"]
+        return Stored(
+            seq=int(message["seq"]),
+            subject=str(message["subject"]),
+            time_ms=records.parse_time_ms(str(message["time"])),
+            data=base64.b64decode(message.get("data") or ""),
+        )
+
+    async def get_retrying(self, request: dict[str, Any], doing: str) -> Stored | None:
+        """:meth:`get`, retried for up to :data:`CLAIM_RETRY_S`."""
+        return await self.retry(lambda t: self.get(request, t), doing, self.retry_deadline())
+
+    async def read_all(self, filter_subject: str, doing: str) -> list[Stored]:
+        """Every message on ``filter_subject``, retried for up to :data:`CLAIM_RETRY_S`."""
+        return await self.retry(
+            lambda t: self._read_once(filter_subject), doing, self.retry_deadline()
+        )
+
+    async def _read_once(self, filter_subject: str) -> list[Stored]:
+        """Through a short-lived ephemeral pull consumer (one filter: nats-server 2.9 ignores
+        multi-subject filters)."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        _, js = self.require()
+        name = f"anarchon_{uuid.uuid4().hex}"
+        config = ConsumerConfig(
+            name=name,
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subject=filter_subject,
+            inactive_threshold=CONSUMER_INACTIVE_S,
+            mem_storage=True,
+        )
+        info = await js.add_consumer(self.stream, config=config)
+        try:
+            pending = info.num_pending or 0
+            if pending == 0:
+                return []
+            sub = await js.pull_subscribe_bind(consumer=name, stream=self.stream)
+            try:
+                return await self._drain(sub, pending)
+            finally:
+                await sub.unsubscribe()
+        finally:
+            await self._forget_consumer(name)
+
+    @staticmethod
+    async def _drain(sub: JetStreamContext.PullSubscription, pending: int) -> list[Stored]:
+        out: list[Stored] = []
+        left = pending
+        while left > 0 and len(out) < pending:
+            batch = await sub.fetch(min(FETCH_BATCH, pending - len(out)), timeout=REQUEST_TIMEOUT_S)
+            if not batch:
+                break
+            for msg in batch:
+                fields = records.ack_fields(msg.reply or "")
+                if fields is None:
+                    continue
+                seq, time_ms, left = fields
+                out.append(Stored(seq=seq, subject=msg.subject, time_ms=time_ms, data=msg.data))
+        return out
+
+    async def _forget_consumer(self, name: str) -> None:
+        js = self.js
+        if js is None:
+            return
+        try:
+            await js.delete_consumer(self.stream, name)
+        except Exception as exc:  # it expires by itself after CONSUMER_INACTIVE_S
+            logger.debug("could not delete consumer %s: %s", name, errors.describe(exc))
+
+    # -- the server's clock -----------------------------------------------------------------
+
+    async def server_time_ms(self, probe_subject: str) -> int | None:
+        """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),
+        else the timestamp JetStream stamps on a probe message (deleted right after)."""
+        self.require()
+        deadline = asyncio.get_running_loop().time() + REQUEST_TIMEOUT_S * 2
+        try:
+            if self._stream_has_ts is not False:
+                info = await self.retry(
+                    lambda t: self.api(
+                        subjects.API.format(verb="STREAM.INFO", stream=self.stream), None, t
+                    ),
+                    "reading the server's clock",
+                    deadline,
+                )
+                if "ts" in info:
+                    self._stream_has_ts = True
+                    return records.parse_time_ms(str(info["ts"]))
+                self._stream_has_ts = False
+            return await self._probe_clock(probe_subject, deadline)
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            logger.warning("cannot read the NATS server's clock: %s", exc)
+            return None
+
+    async def _probe_clock(self, subject: str, deadline: float) -> int | None:
+        ack = await self.publish_retrying(
+            subject, b"", None, "probing the server's clock", deadline
+        )
+        stored = await self.get_retrying({"seq": ack.seq}, "reading the clock probe")
+        try:
+            await self.api(
+                subjects.API.format(verb="STREAM.MSG.DELETE", stream=self.stream),
+                {"seq": ack.seq, "no_erase": True},
+            )
+        except Exception as exc:  # bounded anyway by the per-subject limit
+            logger.debug("could not delete clock probe %d: %s", ack.seq, errors.describe(exc))
+        return stored.time_ms if stored is not None else None

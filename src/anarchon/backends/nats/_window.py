@@ -1,0 +1,138 @@
+"""The stream's duplicate window while the backend runs: what each job needs of it, what the
+stream really has, and keeping it at least that long.
+
+The window is the stream's, shared by every instance: each instance grows it to its own
+``duplicate_window_ms`` in ``start()`` (see :mod:`._stream`) and checks its jobs against the
+window the stream really has, which other instances may have grown further.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from ...backend import JobPolicy
+from ...errors import InvalidOption
+from . import _errors as errors
+from . import _stream as stream_setup
+from ._connection import CLAIM_RETRY_S, REQUEST_TIMEOUT_S, Connection
+from ._errors import JetStreamError
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+# How late past max_late_ms a claim can reach the stream. The core sends a scheduled claim only
+# while the slot is at most max_late_ms old (it checks at the slot and again after every pause
+# of its retry loop), and every publish attempt of one claim() call starts within CLAIM_RETRY_S
+# of the call; the last attempt's message is on the wire before its request times out
+# (REQUEST_TIMEOUT_S). anarchon's own connection does not buffer publishes while it reconnects,
+# so nothing is sent later. So a claim is stored (if at all) at most max_late_ms +
+# CLAIM_MARGIN_MS after its slot, by the claiming instance's clock.
+CLAIM_MARGIN_MS: Final = int((CLAIM_RETRY_S + REQUEST_TIMEOUT_S) * 1000)
+
+
+class Window:
+    """What this instance's jobs need of the stream's duplicate window, and what it is."""
+
+    def __init__(self, connection: Connection, *, stream: str, duplicate_window_ms: int) -> None:
+        self._connection = connection
+        self._stream = stream
+        self._least_ms = duplicate_window_ms
+        # The stream's real duplicate window once known (start()), and what each job added so
+        # far needs of it (jitter_ms + max_late_ms + CLAIM_MARGIN_MS).
+        self._stream_ms: int | None = None
+        self._needs: dict[str, int] = {}
+        self._max_late: dict[str, int] = {}
+        self._missing_logged = False
+
+    @staticmethod
+    def need_ms(policy: JobPolicy) -> int:
+        """How long the stream must remember a slot's claim for this job."""
+        return policy.jitter_ms + policy.max_late_ms + CLAIM_MARGIN_MS
+
+    @property
+    def ms(self) -> int:
+        """The stream's window once started, this instance's ``duplicate_window_ms`` before."""
+        return self._stream_ms if self._stream_ms is not None else self._least_ms
+
+    def max_late_ms(self, job: str) -> int:
+        """``max_late_ms`` of ``job`` as added (half the window for a job not added here)."""
+        return self._max_late.get(job, self.ms // 2)
+
+    def learn(self, info: dict[str, Any]) -> None:
+        """Take the window from a stream info answer."""
+        self._stream_ms = stream_setup.window_ms(info)
+
+    def check_job(self, policy: JobPolicy) -> None:
+        """Require ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS <`` the window, and remember it."""
+        need = self.need_ms(policy)
+        if need >= self.ms:
+            raise InvalidOption(
+                f"job {policy.name!r}: jitter_ms + max_late_ms + {CLAIM_MARGIN_MS} ms of claim "
+                f"retries = {policy.jitter_ms} + {policy.max_late_ms} + {CLAIM_MARGIN_MS} = "
+                f"{need} must be less than {self._text()}: outside that window "
+                "JetStream no longer recognises a repeated claim and a very late instance could "
+                f"run the slot again. Lower max_late_ms or jitter_ms, or {self._fix(need)}"
+            )
+        self._needs[policy.name] = need
+        self._max_late[policy.name] = policy.max_late_ms
+
+    def _text(self) -> str:
+        if self._stream_ms is None:
+            return (
+                f"this NATS backend's duplicate_window_ms={self._least_ms} (the least "
+                f"window it keeps on stream {self._stream!r})"
+            )
+        return (
+            f"the duplicate window of stream {self._stream!r}, {self._stream_ms} ms as the stream "
+            "has it now (anarchon grows it to the largest duplicate_window_ms of the instances "
+            "that started, and never shrinks it)"
+        )
+
+    def _fix(self, need: int) -> str:
+        if self._stream_ms is None:
+            return f"raise duplicate_window_ms above {need}"
+        return f"raise duplicate_window_ms above {need} and restart this instance"
+
+    def skew_budget_ms(self, policy: JobPolicy) -> int:
+        """The window less ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS``."""
+        return self.ms - self.need_ms(policy)
+
+    async def check(self) -> int | None:
+        """Read the stream's window now and return it (None: the stream is gone); raise it back
+        if it fell below what this instance keeps, with a warning naming the job."""
+        self._connection.require()
+        try:
+            info = await self._connection.stream_info()
+        except JetStreamError as exc:
+            if exc.err_code != errors.STREAM_NOT_FOUND:
+                raise
+            if not self._missing_logged:
+                self._missing_logged = True
+                logger.warning(
+                    "stream %s no longer exists: claims fail (closed) until it is created "
+                    "again, which the next instance to start does",
+                    self._stream,
+                    extra={"action": "stream_missing", "stream": self._stream},
+                )
+            return None
+        self._missing_logged = False
+        window = stream_setup.window_ms(info)
+        need, job = max(((n, j) for j, n in self._needs.items()), default=(0, "-"))
+        target = max(self._least_ms, need + 1)
+        if window < target:
+            info = await stream_setup.raise_window(self._connection.api, self._stream, target)
+            logger.warning(
+                "the duplicate window of stream %s was %d ms, less than this instance keeps "
+                "(duplicate_window_ms=%d; job %s needs %d ms); raised it to %d ms. Another "
+                "instance shrank it (shrink_window=True) or the stream was changed by hand",
+                self._stream,
+                window,
+                self._least_ms,
+                job,
+                need,
+                stream_setup.window_ms(info),
+                extra={"action": "window_raised", "stream": self._stream, "job": job},
+            )
+            window = stream_setup.window_ms(info)
+        self._stream_ms = window
+        return window

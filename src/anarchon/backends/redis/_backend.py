@@ -1,0 +1,286 @@
+"""The contract of :class:`~anarchon.backend.LeaseBackend` on Redis, in the order of
+:mod:`anarchon.backend`: each method sends one script per item (``*.lua``) through
+:mod:`._connection` and decodes the answer through :mod:`._rows`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    FinishRequest,
+    LeaseBackend,
+    TakeoverOutcome,
+    TakeoverRequest,
+    Ticket,
+)
+from ...errors import BackendError
+from ...kit import Run, RunStatus
+from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
+from . import _rows as rows
+from ._connection import Connection, Notifications, renewal_timeout
+from ._keys import DEFAULT_PREFIX, Namespace
+from ._options import (
+    DEFAULT_URL,
+    check_client,
+    check_history_size,
+    check_url,
+    require_driver,
+    split_url,
+)
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+__all__ = ["RedisBackend"]
+
+
+class RedisBackend(LeaseBackend):
+    """Claims, leases and history in Redis, shared by every instance that uses the same prefix.
+
+    :param url: where Redis is (``redis://``, ``rediss://`` or ``unix://``, with redis-py's
+        query options such as ``socket_timeout``); the backend creates its client in
+        :meth:`start` and closes it in :meth:`stop`.
+    :param client: a ``redis.asyncio.Redis`` (plain or from ``Sentinel.master_for``) or a
+        ``redis.asyncio.cluster.RedisCluster`` to use instead of ``url``. It stays yours: the
+        backend never closes it.
+    :param prefix: the namespace of every key (see :mod:`anarchon.backends.redis._keys` for
+        the rule): applications that share slots use the same prefix, others a different one.
+    :param history_size: at most about this many runs are kept per job.
+    """
+
+    name = "redis"
+    # Releases and finishes are pushed through pub/sub; without it backups would poll.
+    release_poll_ms = None
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        client: Redis | RedisCluster | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        history_size: int = 1000,
+    ) -> None:
+        require_driver()
+        self.history_size = check_history_size(history_size)
+        if client is not None:
+            check_client(url, client)
+            self._connection = Connection.to_client(client)
+        else:
+            check_url(url)
+            self._connection = Connection.to_url(url)
+        self.url = url
+        self.prefix = prefix
+        self._keys = Namespace(prefix)
+        self._connection.owner = repr(self)
+        self._notifications = Notifications(self._connection, self._keys.channel)
+        #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
+        #: see tests/conformance/test_differential.py).
+        self._test_clock_offset_ms = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisBackend:
+        """Build the backend from ``redis://host:6379/0?prefix=app:&history_size=500``.
+
+        ``prefix`` and ``history_size`` are the backend's; every other query option is passed
+        on to redis-py. ``rediss://`` (TLS) and ``unix://`` work as in redis-py.
+        """
+        rest, options = split_url(url)
+        return cls(rest, **options)
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self._connection.shown}, prefix={self.prefix!r})"
+
+    def _args(self, **values: Any) -> str:
+        return rows.arguments(values, self._test_clock_offset_ms)
+
+    # -- Backend ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, check the server answers, and load the scripts. Idempotent.
+
+        Raises :class:`~anarchon.errors.BackendUnavailable` if Redis cannot be reached.
+        """
+        if not self._connection.opened:
+            await self._connection.open()
+
+    async def stop(self) -> None:
+        """Stop listening and close the client this backend created (never one passed in)."""
+        await self._notifications.stop()
+        await self._connection.close()
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
+        one pipeline (one round trip)."""
+        reqs = list(requests)
+        if not reqs:
+            return []
+        errors = [unstorable(r) for r in reqs]
+        sent = [n for n, error in enumerate(errors) if error is None]
+        calls = [
+            (self._keys.job(reqs[n].job).all(), self._args(**rows.claim_fields(reqs[n])))
+            for n in sent
+        ]
+        answers = await self._connection.scripts("claim", calls, transient_raise=True)
+        decided = dict(zip(sent, answers, strict=True))
+        out: list[ClaimOutcome] = []
+        for n, req in enumerate(reqs):
+            answer = decided.get(n, errors[n])
+            if isinstance(answer, BackendError):
+                out.append(refused_outcome(req, 0, answer))
+            else:
+                assert answer is not None
+                out.append(rows.claim_outcome(req, answer))
+        return out
+
+    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+        """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history in the same
+        script (by ``ticket.history_ttl_ms`` and ``history_size``)."""
+        [answer] = await self.finish_many([(ticket, status, error)])
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+        """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
+        each result is its own script (record, prune, notify)."""
+        if not items:
+            return []
+        calls = [
+            (
+                self._keys.job(ticket.job).all(),
+                self._args(
+                    **rows.held_fields(ticket),
+                    attempt=ticket.attempt,
+                    status=RunStatus(status).value,
+                    error=error,
+                    history_ttl_ms=rows.prune_ttl(ticket.history_ttl_ms),
+                    history_size=self.history_size,
+                    prune_batch=PRUNE_BATCH,
+                    prune_scan=rows.PRUNE_SCAN,
+                    channel=self._keys.channel,
+                ),
+            )
+            for ticket, status, error in items
+        ]
+        answers = await self._connection.scripts("finish", calls)
+        out: list[Run | BackendError] = []
+        for (ticket, _, _), answer in zip(items, answers, strict=True):
+            if isinstance(answer, BackendError):
+                out.append(answer)
+            else:
+                out.append(rows.lost(ticket, answer) or rows.run_row(answer["run"]).to_run())
+        return out
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        """See :meth:`anarchon.backend.Backend.history`; O(log n + limit)."""
+        keys = self._keys.job(job).all()
+        if limit <= 0:
+            return []
+        return rows.runs(await self._connection.script("history", keys, self._args(limit=limit)))
+
+    async def server_time_ms(self) -> int | None:
+        """Redis's clock (``TIME``), the one every lease is measured on."""
+        now = await self._connection.time_ms()
+        return None if now is None else now + self._test_clock_offset_ms
+
+    # -- LeaseBackend -----------------------------------------------------------------------
+
+    async def renew(self, ticket: Ticket) -> Ticket:
+        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
+        [answer] = await self.renew_many([ticket])
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+        """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one pipeline, one round trip."""
+        out: list[Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
+        sent = [n for n, error in enumerate(out) if error is None]
+        if not sent:
+            return [o for o in out if o is not None]
+        calls = [
+            (
+                self._keys.job(tickets[n].job).all(),
+                self._args(**rows.held_fields(tickets[n]), lease_ms=tickets[n].lease_ms),
+            )
+            for n in sent
+        ]
+        timeout = renewal_timeout(min(tickets[n].lease_ms for n in sent))
+        answers = await self._connection.scripts("renew", calls, timeout_s=timeout)
+        for n, answer in zip(sent, answers, strict=True):
+            ticket = tickets[n]
+            if isinstance(answer, BackendError):
+                out[n] = answer
+            else:
+                lost = rows.lost(ticket, answer)
+                out[n] = lost or ticket.renewed(int(answer["expires"]), int(answer["now"]))
+        return [o for o in out if o is not None]
+
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
+        error = unstorable(request)
+        if error is not None:
+            raise error
+        answer = await self._connection.script_json(
+            "take_over",
+            self._keys.job(request.job).all(),
+            self._args(**rows.takeover_fields(request), channel=self._keys.channel),
+        )
+        return rows.takeover_outcome(request, answer)
+
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """See :meth:`anarchon.backend.LeaseBackend.release`; wakes the backups at once."""
+        answer = await self._connection.script_json(
+            "release",
+            self._keys.job(ticket.job).all(),
+            self._args(**rows.held_fields(ticket), channel=self._keys.channel),
+        )
+        lost = rows.lost(ticket, answer)
+        if lost is not None:
+            raise lost
+
+    async def last_slot(self, job: str) -> int | None:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slot`; one HGET."""
+        return (await self.last_slots([job]))[job]
+
+    async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slots`: one HGET per job, pipelined."""
+        names = list(dict.fromkeys(jobs))
+        if not names:
+            return {}
+        metas = [self._keys.job(job).meta for job in names]
+        values = await self._connection.hget_many(metas, "last_slot")
+        return {
+            job: None if value is None else int(value)
+            for job, value in zip(names, values, strict=True)
+        }
+
+    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
+        """Call ``on_change(job, slot_key, released)`` on every release (True) and finish
+        (False) under this prefix.
+
+        A listener task keeps one subscription open, pings it when quiet, and re-subscribes
+        with backoff after a failure (messages published meanwhile are lost; backups then act
+        at lease expiry). Waits up to two seconds for the first subscription.
+        """
+        await self._notifications.add(on_change)
+
+    def clone(self) -> RedisBackend | None:
+        """A new, unstarted backend on the same Redis and prefix with a client of its own, for
+        the scheduler's lease keeper thread: from the same URL, or a copy of a plain
+        ``redis.asyncio.Redis`` client you passed in (same connection options; closed by the
+        copy's :meth:`stop`). None for Sentinel and Cluster clients, which cannot be copied."""
+        connection = self._connection.copy()
+        if connection is None:
+            return None
+        twin = RedisBackend(self.url, prefix=self.prefix, history_size=self.history_size)
+        if connection.where != self._connection.where:  # a copy of the client passed in
+            twin.url = connection.where
+        twin._connection = connection
+        twin._notifications = Notifications(connection, twin._keys.channel)
+        connection.owner = repr(twin)
+        return twin

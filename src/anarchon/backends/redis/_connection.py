@@ -1,0 +1,422 @@
+"""The Redis backend's way to Redis: the client, the bounded call, pipelines and pub/sub.
+
+Every call to Redis goes through :func:`bounded` (time-limited, its driver errors translated by
+:mod:`._errors`), and those of a started backend through :class:`Connection`, which logs one line
+when Redis stops answering (``backend_unavailable``) and one when it answers again
+(``backend_recovered``), not one per failed call. :class:`Notifications` keeps the pub/sub
+subscription that wakes backups, re-made with backoff after a failure (``notifications_lost``,
+``notifications_resumed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from ...errors import AnarchonError, BackendError, BackendUnavailable, InvalidOption
+from ...kit import backoff, redact_url
+from ._errors import is_driver_error, is_unreachable, translate
+from ._rows import text
+from ._scripts import Call, ScriptRunner
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.client import PubSub
+    from redis.asyncio.cluster import RedisCluster
+
+    Client = Redis | RedisCluster
+
+__all__ = ["CALL_TIMEOUT_S", "Connection", "Notifications", "bounded"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("anarchon.backends.redis")
+
+# Every call to Redis is abandoned after this long (BackendUnavailable), so a hung server
+# cannot hang the scheduler; a renewal gets at most a third of its lease (see renewal_timeout).
+CALL_TIMEOUT_S: Final = 5.0
+# redis-py's own retries on a lost connection, before the core's backoff takes over.
+DRIVER_RETRIES: Final = 2
+# subscribe() waits this long for the first subscription before returning anyway.
+SUBSCRIBE_WAIT_S: Final = 2.0
+# A quiet subscription pings this often, so a dead connection is noticed and re-made.
+PUBSUB_PING_S: Final = 10.0
+
+
+async def bounded(aw: Awaitable[T], where: str, timeout_s: float | None = CALL_TIMEOUT_S) -> T:
+    """Await a call to Redis: driver errors translated, abandoned after ``timeout_s``.
+
+    The call runs in a task of its own behind :func:`asyncio.shield`, so cancelling the caller
+    always cancels the caller. redis-py (>= 8 sends every command through
+    ``asyncio.wait_for`` when ``socket_timeout`` is set, its default) can otherwise swallow a
+    cancellation that arrives as a write completes on Python 3.11, and the scheduler cancels
+    tasks that may be talking to Redis (lease renewals, skew checks) when a run ends and on
+    stop. The inner task is cancelled too; if it finishes its command anyway, no harm done:
+    every script is safe to have run once more or less from a caller that went away.
+    """
+    task = asyncio.ensure_future(aw)
+    task.add_done_callback(_retrieve)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(task)
+    except BaseException as exc:
+        failed_inside = task.done()
+        if not failed_inside:
+            task.cancel()
+        if isinstance(exc, asyncio.CancelledError | AnarchonError):
+            raise
+        if not failed_inside and isinstance(exc, TimeoutError):
+            raise BackendUnavailable(f"Redis {where}: no answer within {timeout_s:g} s") from None
+        if is_driver_error(exc):
+            raise translate(exc, where) from exc
+        raise
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # The caller may be gone (cancelled, timed out): mark the outcome seen, it is translated
+    # above when anybody still waits for it.
+    if not task.cancelled():
+        task.exception()
+
+
+def renewal_timeout(lease_ms: int) -> float:
+    """How long a renewal may take: a renewal that hangs longer than a third of the lease is
+    better retried."""
+    return min(CALL_TIMEOUT_S, max(0.5, lease_ms / 3000))
+
+
+def _policies(config: Any) -> set[str]:
+    """The maxmemory-policy values in a CONFIG GET answer: ``{name: value}`` from one server,
+    ``{node: {name: value}}`` from a cluster."""
+    if not isinstance(config, dict):
+        return set()
+    found = set()
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found |= _policies(value)
+        elif text(key) == "maxmemory-policy":
+            found.add(text(value))
+    return found
+
+
+def _from_url(url: str) -> Callable[[], Redis]:
+    def connect() -> Redis:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialWithJitterBackoff
+
+        return Redis.from_url(
+            url, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), DRIVER_RETRIES)
+        )
+
+    return connect
+
+
+class Connection:
+    """One backend's client (made from a URL, or given), its scripts, and every call made on it.
+
+    :param where: how messages name the server (a redacted URL, or the given client's repr).
+    :param connect: makes the client at :meth:`open`.
+    :param given: the client the caller passed in, if any: :meth:`close` never closes it.
+    """
+
+    #: How "not started" errors name the backend (the backend sets its repr).
+    owner = "the Redis backend"
+
+    def __init__(
+        self, where: str, connect: Callable[[], Client], given: Client | None = None
+    ) -> None:
+        self.where = where
+        self._connect = connect
+        self._given = given
+        self._client: Client | None = None
+        self._scripts: ScriptRunner | None = None
+        self._down = False
+
+    @classmethod
+    def to_url(cls, url: str) -> Connection:
+        """A connection that makes (and closes) its own client from ``url``."""
+        return cls(redact_url(url), _from_url(url))
+
+    @classmethod
+    def to_client(cls, client: Client) -> Connection:
+        """A connection on a client the caller keeps (and closes)."""
+        return cls(repr(client), lambda: client, given=client)
+
+    @property
+    def shown(self) -> str:
+        """The server as the backend's repr shows it."""
+        return self.where if self._given is not None else repr(self.where)
+
+    def copy(self) -> Connection | None:
+        """An unopened connection with a client of its own on the same server: from the same
+        URL, or a copy of a plain ``redis.asyncio.Redis`` client (same connection options).
+        None for Sentinel and Cluster clients: the first ask the sentinels for the primary,
+        the second route by slot, so neither can be rebuilt from connection options alone."""
+        from redis.asyncio import ConnectionPool, Redis
+
+        given = self._given
+        if given is None:
+            return Connection(self.where, self._connect)
+        if type(given) is not Redis or type(given.connection_pool) is not ConnectionPool:
+            return None
+        pool = given.connection_pool
+
+        def connect() -> Redis:
+            return Redis(
+                connection_pool=ConnectionPool(
+                    connection_class=pool.connection_class, **pool.connection_kwargs
+                )
+            )
+
+        return Connection(redact_url(f"a copy of {given!r}"), connect)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    @property
+    def opened(self) -> bool:
+        """Whether :meth:`open` succeeded and :meth:`close` has not been called since."""
+        return self._scripts is not None
+
+    async def open(self) -> None:
+        """Make the client, check the server answers and load the scripts; warn about an
+        eviction policy that may drop records."""
+        client = self._connect()
+        scripts = ScriptRunner(client)
+        try:
+            await bounded(self._prepare(client, scripts), self.where)
+        except (BackendError, TypeError) as exc:
+            if self._given is None:
+                await client.aclose()
+            if isinstance(exc, TypeError):  # an unknown query option reached redis-py
+                raise InvalidOption(f"Redis URL {self.where!r}: {exc}") from exc
+            raise type(exc)(f"cannot start the Redis backend: {exc}") from exc
+        self._client, self._scripts = client, scripts
+        await self._check_eviction(client)
+
+    @staticmethod
+    async def _prepare(client: Client, scripts: ScriptRunner) -> None:
+        await client.ping()
+        await scripts.load()
+
+    async def _check_eviction(self, client: Client) -> None:
+        """Warn if Redis may evict our keys: an evicted record lets a slot run twice."""
+        try:
+            config = await bounded(client.config_get("maxmemory-policy"), self.where)
+        except BackendError:
+            return  # CONFIG is often disabled on managed Redis; nothing to check then
+        for policy in sorted(p for p in _policies(config) if p.startswith("allkeys")):
+            logger.warning(
+                "Redis maxmemory-policy is %s: under memory pressure Redis may evict anarchon's "
+                "records and a slot could run twice; use noeviction or a volatile-* policy",
+                policy,
+                extra={"action": "eviction_policy"},
+            )
+
+    async def close(self) -> None:
+        """Forget the client, and close it if this connection made it."""
+        client, self._client, self._scripts = self._client, None, None
+        if client is not None and self._given is None:
+            from redis.asyncio import Redis
+
+            await client.aclose()
+            if isinstance(client, Redis):
+                # A client built on a pool (a copy of a given client) leaves that pool open.
+                await client.connection_pool.disconnect()
+
+    def client(self) -> Client:
+        """The open client; :class:`BackendError` before :meth:`open`."""
+        if self._client is None:
+            raise BackendError(f"{self.owner} is not started; start the scheduler first")
+        return self._client
+
+    def _runner(self) -> ScriptRunner:
+        self.client()
+        assert self._scripts is not None
+        return self._scripts
+
+    # -- calls ------------------------------------------------------------------------------
+
+    async def call(self, aw: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+        """:func:`bounded`, logging once when Redis stops answering and once when it answers
+        again. An error reply (OOM, READONLY ...) is an answer: it is raised like any failure
+        but is no outage, so refused writes between successful reads do not flap the log."""
+        try:
+            result = await bounded(aw, self.where, timeout_s)
+        except BackendUnavailable as exc:
+            # No cause: bounded's own timeout; else the driver's exception.
+            if exc.__cause__ is None or is_unreachable(exc.__cause__):
+                self._unavailable(exc)
+            raise
+        self._answered()
+        return result
+
+    def _unavailable(self, exc: BackendUnavailable) -> None:
+        if not self._down:
+            self._down = True
+            logger.warning(
+                "Redis %s is unavailable (%s); calls fail until it answers again",
+                self.where,
+                exc,
+                extra={"action": "backend_unavailable"},
+            )
+
+    def _answered(self) -> None:
+        if self._down:
+            self._down = False
+            logger.info("Redis %s answers again", self.where, extra={"action": "backend_recovered"})
+
+    async def script(self, name: str, keys: Sequence[str], args: str) -> Any:
+        """Run one script and return its raw answer."""
+        return await self.call(self._runner().call(name, keys, args))
+
+    async def script_json(self, name: str, keys: Sequence[str], args: str) -> dict[str, Any]:
+        """Run one script and return its decoded JSON answer."""
+        decoded: dict[str, Any] = json.loads(text(await self.script(name, keys, args)))
+        return decoded
+
+    async def scripts(
+        self,
+        name: str,
+        calls: Sequence[Call],
+        *,
+        timeout_s: float = CALL_TIMEOUT_S,
+        transient_raise: bool = False,
+    ) -> list[dict[str, Any] | BackendError]:
+        """Run one script per call in one pipeline: each item its decoded JSON answer, or the
+        error of that item alone (a transient one is raised for the whole call when
+        ``transient_raise``)."""
+        answers = await self.call(self._runner().call_many(name, calls), timeout_s)
+        out: list[dict[str, Any] | BackendError] = []
+        for answer in answers:
+            if not isinstance(answer, BaseException):
+                out.append(json.loads(text(answer)))
+                continue
+            error = translate(answer, self.where)
+            if transient_raise and isinstance(error, BackendUnavailable):
+                raise error from answer
+            out.append(error)
+        return out
+
+    async def hget_many(self, keys: Sequence[str], field: str) -> list[Any]:
+        """``HGET key field`` for each key, pipelined (one round trip)."""
+        client = self.client()
+
+        async def read() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, field)
+            return list(await pipe.execute())
+
+        return await self.call(read())
+
+    async def time_ms(self) -> int | None:
+        """The server's clock (``TIME``) in ms, None if it answers something else."""
+        answer = await self.call(self.client().time())
+        if isinstance(answer, tuple | list) and len(answer) == 2:
+            seconds, micros = answer
+            return int(seconds) * 1000 + int(micros) // 1000
+        return None
+
+
+class Notifications:
+    """One pub/sub subscription to ``channel``, fanned out to the backend's listeners.
+
+    A listener task keeps the subscription open, pings it when quiet, and re-subscribes with
+    backoff after a failure; messages published meanwhile are lost (backups then act at lease
+    expiry).
+    """
+
+    def __init__(self, connection: Connection, channel: str) -> None:
+        self._connection = connection
+        self._channel = channel
+        self._listeners: list[Callable[[str, str, bool], None]] = []
+        self._task: asyncio.Future[None] | None = None
+
+    async def add(self, on_change: Callable[[str, str, bool], None]) -> None:
+        """Call ``on_change(job, slot_key, released)`` for every message; the first listener
+        starts the subscription and waits up to two seconds for it."""
+        self._listeners.append(on_change)
+        if self._task is not None:
+            return
+        client = self._connection.client()
+        ready = asyncio.Event()
+        self._task = asyncio.ensure_future(self._listen(client, ready))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT_S)
+
+    async def stop(self) -> None:
+        """Stop listening and forget the listeners."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            # Cancel until it takes: on Python 3.11 redis-py's socket writes (asyncio.wait_for)
+            # can swallow a cancellation that arrives as the write completes.
+            task.cancel()
+            await asyncio.wait([task], timeout=0.5)
+        if task is not None and not task.cancelled() and task.exception():
+            logger.error("the Redis notification listener failed", exc_info=task.exception())
+        self._listeners.clear()
+
+    async def _listen(self, client: Client, ready: asyncio.Event) -> None:
+        where = self._connection.where
+        delays = backoff()
+        failing = False
+        while True:
+            pubsub: PubSub | None = None
+            try:
+                pubsub = client.pubsub()
+                await bounded(pubsub.subscribe(self._channel), where)
+                ready.set()
+                if failing:
+                    logger.info(
+                        "notifications from Redis resumed",
+                        extra={"action": "notifications_resumed"},
+                    )
+                failing, delays = False, backoff()
+                try:
+                    await self._pump(pubsub)
+                except Exception as exc:
+                    if not is_driver_error(exc):
+                        raise
+                    raise translate(exc, where) from exc
+            except BackendError as exc:
+                if not failing:
+                    logger.warning(
+                        "notifications from Redis interrupted (%s); re-subscribing, backups "
+                        "fall back to lease expiry meanwhile",
+                        exc,
+                        extra={"action": "notifications_lost"},
+                    )
+                failing = True
+                await asyncio.sleep(next(delays))
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _pump(self, pubsub: PubSub) -> None:
+        while True:
+            message = await pubsub.get_message(timeout=PUBSUB_PING_S)
+            if message is None:  # quiet for a while: make sure the connection still works
+                await pubsub.ping()
+            elif message.get("type") == "message":
+                self._dispatch(message.get("data"))
+
+    def _dispatch(self, data: Any) -> None:
+        try:
+            job, slot_key, released = json.loads(text(data))
+        except (ValueError, TypeError):
+            logger.warning("ignoring a malformed notification %r", data, extra={"action": "notify"})
+            return
+        for listener in list(self._listeners):
+            try:
+                listener(str(job), str(slot_key), bool(released))
+            except Exception:
+                logger.exception(
+                    "a change listener failed",
+                    extra={"job": job, "slot": slot_key, "action": "notify"},
+                )

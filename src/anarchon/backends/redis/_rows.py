@@ -1,0 +1,191 @@
+"""What the scripts take and what they answer: requests as JSON arguments, answers as outcomes.
+
+Every script takes one JSON object (``ARGV[1]``; a None value is left out, absent in Lua) and
+answers one JSON object with the server's clock in ``now`` (see ``_common.lua``). The stored
+attempt (``run`` in an answer, the records of ``history``) becomes the lease rules'
+:class:`~anarchon.kit.lease.RunRow`, and from there a :class:`~anarchon.kit.Run` or a
+:class:`~anarchon.backend.Ticket`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Final
+
+from ...backend import (
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimStatus,
+    TakeoverOutcome,
+    TakeoverRequest,
+    TakeoverStatus,
+    Ticket,
+)
+from ...errors import LeaseLost
+from ...kit import Run
+from ...kit.lease import HANDED_OVER, MAX_MS, RunRow, lease_lost
+
+__all__ = [
+    "PRUNE_SCAN",
+    "RESTART_MARGIN_MS",
+    "arguments",
+    "claim_fields",
+    "claim_outcome",
+    "held_fields",
+    "lost",
+    "prune_ttl",
+    "run_row",
+    "runs",
+    "takeover_fields",
+    "takeover_outcome",
+    "text",
+]
+
+logger = logging.getLogger("anarchon.backends.redis")
+
+# Slots within this long after a Redis (re)start may have been claimed on the server that was
+# there before (the uptime has 1 s resolution, instance clocks may be a little ahead).
+RESTART_MARGIN_MS: Final = 2_000
+# Pruning looks at most at this many history entries per result, so a finish stays a short
+# script (it prunes at most PRUNE_BATCH slots, as every backend does).
+PRUNE_SCAN: Final = 1_000
+# The fields of a claim request the claim script reads, under the same names.
+CLAIM_FIELDS: Final = (
+    "job",
+    "slot_key",
+    "slot",
+    "run_id",
+    "token",
+    "instance",
+    "trigger",
+    "lease_ms",
+    "overlap",
+    "skip_reason",
+)
+# The fields of a takeover request the take_over script reads, under the same names.
+TAKEOVER_FIELDS: Final = ("slot_key", "run_id", "token", "instance", "lease_ms", "max_attempts")
+
+
+def text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def arguments(values: dict[str, Any], clock_offset_ms: int = 0) -> str:
+    """A script's arguments as JSON; None is left out (absent in Lua), and so is a zero
+    test-only clock offset."""
+    values = {**values, "clock_offset_ms": clock_offset_ms or None}
+    return json.dumps({k: v for k, v in values.items() if v is not None})
+
+
+def claim_fields(req: ClaimRequest) -> dict[str, Any]:
+    """What the claim script reads of ``req`` (enums go as their values)."""
+    fields = {name: getattr(req, name) for name in CLAIM_FIELDS}
+    return {**fields, "restart_margin_ms": RESTART_MARGIN_MS}
+
+
+def takeover_fields(req: TakeoverRequest) -> dict[str, Any]:
+    """What the take_over script reads of ``req``."""
+    return {name: getattr(req, name) for name in TAKEOVER_FIELDS}
+
+
+def held_fields(ticket: Ticket) -> dict[str, Any]:
+    """What renew, release and finish check an attempt is still held by: slot, token, fence."""
+    return {"slot_key": ticket.slot_key, "token": ticket.token, "fence": ticket.fence}
+
+
+def prune_ttl(history_ttl_ms: int | None) -> int | None:
+    """The TTL a script prunes by: None for none; one longer than any stored time keeps
+    everything (and stays an exact Lua number)."""
+    if not history_ttl_ms or history_ttl_ms <= 0:
+        return None
+    return min(history_ttl_ms, MAX_MS)
+
+
+def run_row(data: dict[str, Any]) -> RunRow:
+    """A stored attempt (JSON written by the scripts) as the lease rules' row."""
+    return RunRow(
+        job=data["job"],
+        slot_key=data["slot_key"],
+        slot=_opt_int(data.get("slot")),
+        attempt=int(data["attempt"]),
+        run_id=data["run_id"],
+        token=data["token"],
+        instance=data["instance"],
+        trigger=data["trigger"],
+        status=data["status"],
+        fence=int(data.get("fence", 0)),
+        started_at=int(data["started_at"]),
+        finished_at=_opt_int(data.get("finished_at")),
+        lease_expires_at=_opt_int(data.get("lease_expires_at")),
+        released=bool(data.get("released", False)),
+        error=data.get("error"),
+        reason=data.get("reason"),
+    )
+
+
+def runs(records: list[Any]) -> list[Run]:
+    """The history script's answer (stored records, newest first) as runs."""
+    return [run_row(json.loads(text(raw))).to_run() for raw in records]
+
+
+def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
+    """The :class:`LeaseLost` (the lease rules' wording) if the script refused ``ticket``."""
+    refusal = answer.get("lost")
+    if refusal is None:
+        return None
+    if refusal == "released":
+        return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was {HANDED_OVER}")
+    if refusal == "nobody":
+        return lease_lost(ticket, None, None)
+    return lease_lost(ticket, answer["attempt"], answer["status"])
+
+
+def claim_outcome(req: ClaimRequest, answer: dict[str, Any]) -> ClaimOutcome:
+    """The claim script's answer to ``req``; a slot refused because Redis lost its data before
+    it is logged, since it will never run."""
+    now = int(answer["now"])
+    row = run_row(answer["run"])
+    status = ClaimStatus(answer["status"])
+    if status is ClaimStatus.WON:
+        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
+        return ClaimOutcome(status=status, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+    if status is ClaimStatus.SKIPPED:
+        return ClaimOutcome(status=status, run=row.to_run(), backend_now_ms=now)
+    if not row.token and row.reason and row.reason.startswith("unknown"):
+        logger.warning(
+            "job %s slot %s not run: %s",
+            req.job,
+            req.slot,
+            row.reason,
+            extra={"job": req.job, "slot": req.slot, "action": "claim_refused_unknown"},
+        )
+    return ClaimOutcome(
+        status=status,
+        run=row.to_run(),
+        lease_expires_at_ms=_opt_int(answer.get("expires")),
+        backend_now_ms=now,
+    )
+
+
+def takeover_outcome(req: TakeoverRequest, answer: dict[str, Any]) -> TakeoverOutcome:
+    """The take_over script's answer to ``req``."""
+    now = int(answer["now"])
+    status = TakeoverStatus(answer["status"])
+    row = run_row(answer["run"]) if "run" in answer else None
+    ticket = None
+    if status is TakeoverStatus.TAKEN:
+        assert row is not None
+        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
+    return TakeoverOutcome(
+        status=status,
+        run=row.to_run() if row is not None else None,
+        ticket=ticket,
+        lease_expires_at_ms=_opt_int(answer.get("expires")),
+        backend_now_ms=now,
+    )
