@@ -42,10 +42,10 @@ current one. Any other :class:`~anarchon.errors.BackendError` is treated as perm
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Final
+from typing import Final, TypeVar
 
 from ._models import Overlap, Run, Trigger
 from .errors import BackendError, BackendUnavailable
@@ -74,6 +74,8 @@ __all__ = [
 ]
 
 LEASE_BACKENDS: Final = "Redis, PostgreSQL or SQLite"
+Item = TypeVar("Item")
+Answer = TypeVar("Answer")
 
 # -- the verdict vocabulary: the reasons a record carries, the same on every backend ----------
 # (Lua and SQL backends spell them in their own files; tests/conformance holds them to these.)
@@ -278,6 +280,22 @@ def _implements(cls: type, name: str, base: type) -> bool:
     return getattr(cls, name) is not getattr(base, name)
 
 
+async def _one_by_one(
+    items: Sequence[Item], call: Callable[[Item], Awaitable[Answer]]
+) -> list[Answer | BackendError]:
+    """The default batch form: ``call`` per item, its error returned for that item alone; an
+    unavailable backend fails the whole call."""
+    out: list[Answer | BackendError] = []
+    for item in items:
+        try:
+            out.append(await call(item))
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            out.append(exc)
+    return out
+
+
 # Calls a backend may implement in either form: (single, batch, the class defining both).
 _PAIRS: Final = (("finish", "finish_many"), ("renew", "renew_many"), ("last_slot", "last_slots"))
 
@@ -411,15 +429,7 @@ class Backend(abc.ABC):
         gathers results that arrive together (10 000 jobs finishing in one second) into one
         call; override to answer them in one round trip. Default: :meth:`finish` per item.
         """
-        out: list[Run | BackendError] = []
-        for ticket, status, error in items:
-            try:
-                out.append(await self.finish(ticket, status, error))
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                out.append(exc)
-        return out
+        return await _one_by_one(items, lambda item: self.finish(*item))
 
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 100) -> list[Run]:
@@ -477,15 +487,7 @@ class LeaseBackend(Backend):
         or another :class:`~anarchon.errors.BackendError` for that item alone. Each item is
         decided on its own. Override to answer in one round trip; the core gathers renewals
         that fall due together. Default: :meth:`renew` per ticket."""
-        out: list[Ticket | BackendError] = []
-        for ticket in tickets:
-            try:
-                out.append(await self.renew(ticket))
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                out.append(exc)
-        return out
+        return await _one_by_one(tickets, self.renew)
 
     @abc.abstractmethod
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
