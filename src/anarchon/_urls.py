@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import EntryPoint, entry_points
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from ._redact import redact_url
 from .backend import Backend
 from .errors import AnarchonError, InvalidOption
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["ENTRY_POINT_GROUP", "backend_from_url"]
 
@@ -76,7 +78,10 @@ def _from_url(url: str, shown: str) -> Backend:
 
 
 def _outside_schemes() -> dict[str, EntryPoint]:
-    """The schemes installed packages register (entry-point group ``anarchon.backends``)."""
+    """The schemes installed packages register (entry-point group ``anarchon.backends``);
+    importlib.metadata is imported here, only when a URL names no built-in scheme."""
+    from importlib.metadata import entry_points
+
     return {ep.name.lower(): ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
