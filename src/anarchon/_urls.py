@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import importlib
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from ._redact import redact_url
 from .backend import Backend
 from .errors import AnarchonError, InvalidOption
 
-__all__ = ["backend_from_url"]
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+__all__ = ["ENTRY_POINT_GROUP", "backend_from_url"]
+
+ENTRY_POINT_GROUP: Final = "anarchon.backends"
+"""Packages register backends for :func:`backend_from_url` in this entry-point group: the name
+is the URL scheme, the value a :class:`~anarchon.backend.Backend` class with a
+``from_url(url)`` class method (or any callable taking the URL and returning a backend)."""
 
 SCHEMES: Final = {
     "sqlite": ("anarchon.backends.sqlite", "SQLiteBackend"),
@@ -32,6 +40,9 @@ def backend_from_url(url: str) -> Backend:
     ``postgresql://host/db?schema=public&table_prefix=anarchon_``,
     ``nats://host:4222?stream=CRON&prefix=cron.``.
 
+    Other schemes are looked up in the entry-point group ``anarchon.backends`` of the installed
+    packages (:data:`ENTRY_POINT_GROUP`); the built-in schemes win over entry points.
+
     A URL that is not one of these raises :class:`~anarchon.errors.InvalidOption`; no message
     ever shows its password or token (see :func:`anarchon._redact.redact_url`).
     """
@@ -52,28 +63,50 @@ def backend_from_url(url: str) -> Backend:
 
 def _from_url(url: str, shown: str) -> Backend:
     scheme = urlsplit(url).scheme.lower()
-    if scheme == "sqlite":
-        from .backends.sqlite import SQLiteBackend
-
-        path = url[len("sqlite:///") :] if url.lower().startswith("sqlite:///") else ""
-        if not path:
-            raise InvalidOption(
-                f"backend URL {shown!r} names no file; write sqlite:///relative.db or "
-                "sqlite:////absolute/path.db"
-            )
-        return SQLiteBackend(path)
     if scheme == "memory":
         from .backends.memory import MemoryBackend
 
         return MemoryBackend()
     target = SCHEMES.get(scheme)
     if target is None:
-        raise InvalidOption(
-            f"backend URL {shown!r} has an unknown scheme {scheme!r}; use one of "
-            + ", ".join(f"{s}://" for s in sorted(SCHEMES))
-        )
+        return _from_entry_point(url, shown, scheme)
     module = importlib.import_module(target[0])
     cls = getattr(module, target[1])
     backend = cls.from_url(url)
     assert isinstance(backend, Backend)
+    return backend
+
+
+def _outside_schemes() -> dict[str, EntryPoint]:
+    """The schemes installed packages register (entry-point group ``anarchon.backends``);
+    importlib.metadata is imported here, only when a URL names no built-in scheme."""
+    from importlib.metadata import entry_points
+
+    return {ep.name.lower(): ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _from_entry_point(url: str, shown: str, scheme: str) -> Backend:
+    outside = _outside_schemes()
+    found = outside.get(scheme)
+    if found is None:
+        known = sorted(SCHEMES) + sorted(set(outside) - set(SCHEMES))
+        raise InvalidOption(
+            f"backend URL {shown!r} has an unknown scheme {scheme!r}; use one of "
+            + ", ".join(f"{s}://" for s in known)
+            + f" (packages add schemes through the entry-point group {ENTRY_POINT_GROUP!r})"
+        )
+    try:
+        target = found.load()
+    except Exception as exc:
+        raise InvalidOption(
+            f"backend URL {shown!r}: the entry point {found.name} = {found.value!r} of the "
+            f"group {ENTRY_POINT_GROUP!r} cannot be loaded: {exc!r}"
+        ) from exc
+    make = getattr(target, "from_url", target)
+    backend = make(url)
+    if not isinstance(backend, Backend):
+        raise InvalidOption(
+            f"backend URL {shown!r}: the entry point {found.name} = {found.value!r} gave "
+            f"{backend!r}, not an anarchon.backend.Backend"
+        )
     return backend

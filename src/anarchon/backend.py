@@ -19,7 +19,7 @@ Vocabulary:
   backend's clock does not go back; docs/guarantees.md says where that stops.
 * **backend clock**: lease expiry is measured on the backend's clock, never an instance's.
 
-Rules every lease backend shares (``anarchon.backends._lease_rules`` is the reference; the
+Rules every lease backend shares (``anarchon.kit.lease`` is the reference; the
 differential test holds SQLite, PostgreSQL and Redis to its answers):
 
 * **pruning** runs when a result is accepted, on whole slots (every attempt of a slot key
@@ -42,17 +42,24 @@ current one. Any other :class:`~anarchon.errors.BackendError` is treated as perm
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Final
+from typing import Final, TypeVar
 
 from ._models import Overlap, Run, Trigger
 from .errors import BackendError, BackendUnavailable
 
 __all__ = [
+    "HANDED_OVER",
+    "LEASE_LOST",
+    "OVERLAP",
+    "PRUNED_REASON",
+    "TOO_LATE",
     "Backend",
     "Capability",
+    "ChangeEvent",
+    "ChangeListener",
     "ClaimOutcome",
     "ClaimRequest",
     "ClaimStatus",
@@ -67,6 +74,26 @@ __all__ = [
 ]
 
 LEASE_BACKENDS: Final = "Redis, PostgreSQL or SQLite"
+Item = TypeVar("Item")
+Answer = TypeVar("Answer")
+
+# -- the verdict vocabulary: the reasons a record carries, the same on every backend ----------
+# (Lua and SQL backends spell them in their own files; tests/conformance holds them to these.)
+
+LEASE_LOST: Final = "lease lost"
+"""Reason of an attempt whose lease expired and that a backup took over (or that ran out of
+attempts); the keeper's message to a runner whose renewal failed starts with it too."""
+HANDED_OVER: Final = "handed over"
+"""Reason of an attempt released on a graceful stop (:meth:`LeaseBackend.release`) and then
+taken over; also the ``reason`` the core passes to :meth:`LeaseBackend.release`."""
+OVERLAP: Final = "overlap: "
+"""Prefix of the reason of a slot skipped because another run of the job holds a live lease:
+``overlap: run <run_id> (slot <iso> | manual) still holds its lease``."""
+TOO_LATE: Final = "too late: "
+"""Prefix of the reason of a slot skipped because the instance reached it after ``max_late_ms``
+(the core's ``skip_reason``)."""
+PRUNED_REASON: Final = "too old: the job's history is pruned past this slot"
+"""Reason of the LOST answer to a claim of a slot the job's history was pruned past."""
 
 
 class Capability(StrEnum):
@@ -170,7 +197,24 @@ class Ticket:
 
 
 FinishRequest = tuple[Ticket, str, str | None]
-"""``(ticket, status, error)``: one result for :meth:`Backend.finish_many`."""
+"""``(ticket, status, error)``: one result for :meth:`Backend.finish_many`; ``status`` is a
+:class:`~anarchon.RunStatus` (``succeeded`` or ``failed``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One change a lease backend reports to its subscribers: the attempt of
+    ``(job, slot_key)`` was released (``released`` True: a backup should take it over now) or
+    ended (False: backups stop watching)."""
+
+    job: str
+    slot_key: str
+    released: bool
+
+
+ChangeListener = Callable[[str, str, bool], None]
+"""A subscriber of :meth:`LeaseBackend.subscribe`, called as ``on_change(job, slot_key,
+released)`` (the fields of a :class:`ChangeEvent`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,12 +275,54 @@ class TakeoverOutcome:
     backend_now_ms: int | None = None
 
 
+def _implements(cls: type, name: str, base: type) -> bool:
+    """True if ``cls`` defines ``name`` itself or through a class other than ``base``."""
+    return getattr(cls, name) is not getattr(base, name)
+
+
+async def _one_by_one(
+    items: Sequence[Item], call: Callable[[Item], Awaitable[Answer]]
+) -> list[Answer | BackendError]:
+    """The default batch form: ``call`` per item, its error returned for that item alone; an
+    unavailable backend fails the whole call."""
+    out: list[Answer | BackendError] = []
+    for item in items:
+        try:
+            out.append(await call(item))
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            out.append(exc)
+    return out
+
+
+# Calls a backend may implement in either form: (single, batch, the class defining both).
+_PAIRS: Final = (("finish", "finish_many"), ("renew", "renew_many"), ("last_slot", "last_slots"))
+
+
 class Backend(abc.ABC):
     """Decides, slot by slot, which instance runs, and keeps the history of runs.
 
     Implementations must be safe for many instances (processes, hosts) sharing one store and for
     many concurrent calls from one event loop.
+
+    ``finish`` and ``finish_many`` (and for leases ``renew``/``renew_many``,
+    ``last_slot``/``last_slots``) come in pairs: implement either form, the default of the
+    other calls it. A class that implements neither cannot be made (TypeError naming both).
     """
+
+    def __new__(cls, *args: object, **kwargs: object) -> Backend:
+        """Refuse a backend that implements neither form of a paired call."""
+        for single, batch in _PAIRS:
+            base = LeaseBackend if single != "finish" else Backend
+            if not issubclass(cls, base):
+                continue
+            if not _implements(cls, single, base) and not _implements(cls, batch, base):
+                raise TypeError(
+                    f"{cls.__name__} implements neither {single}() nor {batch}(): a backend "
+                    f"implements one of them (see anarchon.backend.{base.__name__})"
+                )
+        return super().__new__(cls)
 
     #: Short name used in messages and logs ("sqlite", "nats" ...).
     name: str = "backend"
@@ -310,7 +396,6 @@ class Backend(abc.ABC):
         then fails closed and retries with the same tokens.
         """
 
-    @abc.abstractmethod
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """Record the end of the attempt ``ticket`` holds (``succeeded``, ``failed``), return it.
 
@@ -324,7 +409,13 @@ class Backend(abc.ABC):
         (module docstring): never the slot being finished, never a running slot, never a
         record another instance may still need to refuse a claim. A refused result prunes
         nothing.
+
+        Default: one :meth:`finish_many` call (implement either of the two).
         """
+        [answer] = await self.finish_many([(ticket, status, error)])
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """Record several results: for each ``(ticket, status, error)``, what :meth:`finish`
@@ -336,17 +427,9 @@ class Backend(abc.ABC):
         Each item is decided on its own (one failing item never fails the others); raise
         :class:`~anarchon.errors.BackendUnavailable` only if the call as a whole failed. The core
         gathers results that arrive together (10 000 jobs finishing in one second) into one
-        call; override to answer them in one round trip.
+        call; override to answer them in one round trip. Default: :meth:`finish` per item.
         """
-        out: list[Run | BackendError] = []
-        for ticket, status, error in items:
-            try:
-                out.append(await self.finish(ticket, status, error))
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                out.append(exc)
-        return out
+        return await _one_by_one(items, lambda item: self.finish(*item))
 
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 100) -> list[Run]:
@@ -384,30 +467,27 @@ class LeaseBackend(Backend):
     #: least this often (ms), so a hand-over is noticed without waiting for lease expiry.
     release_poll_ms: int | None = None
 
-    @abc.abstractmethod
     async def renew(self, ticket: Ticket) -> Ticket:
         """Extend the lease of ``ticket`` to ``ticket.lease_ms`` from the backend's now.
 
         Atomically accept only if the attempt is current, ``running``, not released and holds
         ``ticket.token`` (an expired lease nobody took over may still be renewed); return the
         ticket with the new expiry. Otherwise raise :class:`~anarchon.errors.LeaseLost`.
+
+        Default: one :meth:`renew_many` call (implement either of the two).
         """
+        [answer] = await self.renew_many([ticket])
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
 
     async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
         """Renew several leases: for each ticket what :meth:`renew` returns, or the error it
         would raise for that item (returned, not raised): :class:`~anarchon.errors.LeaseLost`,
         or another :class:`~anarchon.errors.BackendError` for that item alone. Each item is
         decided on its own. Override to answer in one round trip; the core gathers renewals
-        that fall due together."""
-        out: list[Ticket | BackendError] = []
-        for ticket in tickets:
-            try:
-                out.append(await self.renew(ticket))
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                out.append(exc)
-        return out
+        that fall due together. Default: :meth:`renew` per ticket."""
+        return await _one_by_one(tickets, self.renew)
 
     @abc.abstractmethod
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
@@ -438,25 +518,30 @@ class LeaseBackend(Backend):
         :class:`~anarchon.errors.LeaseLost` if ``ticket`` is no longer the current holder.
         """
 
-    @abc.abstractmethod
     async def last_slot(self, job: str) -> int | None:
         """Return the newest scheduled or catch-up slot of ``job`` (any status), or None.
 
         Pruned slots count: the answer is the newest of the recorded slots and the job's
-        pruned-through mark, so catch-up behaves the same after history was trimmed."""
+        pruned-through mark, so catch-up behaves the same after history was trimmed.
+
+        Default: one :meth:`last_slots` call (implement either of the two)."""
+        return (await self.last_slots([job])).get(job)
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """Return :meth:`last_slot` for each job. Override to answer in one round trip: a
-        scheduler with thousands of jobs asks for all of them when it starts."""
+        scheduler with thousands of jobs asks for all of them when it starts. Default:
+        :meth:`last_slot` per job."""
         return {job: await self.last_slot(job) for job in jobs}
 
-    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
-        """Call ``on_change(job, slot_key, released)`` when an attempt is released (``released``
-        True: a backup should take it over now) or finishes (False: backups stop watching).
+    async def subscribe(self, on_change: ChangeListener) -> None:
+        """Call ``on_change(job, slot_key, released)`` (a :class:`ChangeEvent`'s fields) when an
+        attempt is released (``released`` True: a backup should take it over now) or finishes
+        (False: backups stop watching).
 
         Optional: a backend that can push notifications (pub/sub, LISTEN/NOTIFY, a polled
         events table) wakes backups with it; others leave it and set :attr:`release_poll_ms`.
         Losing a notification must be harmless: backups still check at lease expiry.
+        :class:`anarchon.kit.feed.ChangeFeed` keeps the listeners and isolates a failing one.
         """
 
     def clone(self) -> LeaseBackend | None:

@@ -13,7 +13,7 @@ import pytest
 
 from anarchon import BackendError, LeaseBackend, LeaseLost, Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimStatus, TakeoverStatus
-from tests.conformance.test_contract import LEASE_MS, SLOT, request, takeover
+from anarchon.testing.contract import LEASE_MS, SLOT, request, takeover
 from tests.harness import Harness, Namespace
 
 Make = Callable[[], LeaseBackend]

@@ -19,6 +19,7 @@ import pytest
 
 from anarchon import BackendError, BackendUnavailable, RunStatus, SQLiteBackend, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
+from anarchon.backends.sqlite._connection import Connection
 
 SLOT = 1_800_000_000_000
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -55,7 +56,7 @@ async def test_a_failed_commit_is_rolled_back(
     the transaction must not stay open (every later BEGIN would fail, and other processes
     would stay locked out)."""
     path = tmp_path / "journal.db"
-    monkeypatch.setattr(SQLiteBackend, "_enable_wal", lambda self, conn: None)
+    monkeypatch.setattr(Connection, "_enable_wal", lambda self, conn: None)
     backend = SQLiteBackend(path, busy_timeout_ms=200)
     await backend.start()
     reader = sqlite3.connect(path, isolation_level=None)
@@ -80,7 +81,7 @@ async def test_a_database_without_wal_is_refused(tmp_path: Path) -> None:
     """SQLite keeps its journal mode where WAL cannot work and says which in its answer; an
     in-memory database is one such place (a file system without shared memory another)."""
     backend = SQLiteBackend(tmp_path / "any.db")
-    backend.path = Path(":memory:")  # what SQLite opens: a private in-memory database
+    backend._db.path = Path(":memory:")  # what SQLite opens: a private in-memory database
     with pytest.raises(BackendError, match=r"cannot use WAL mode \(its journal_mode is 'memory'\)"):
         await backend.start()
 

@@ -11,7 +11,8 @@ import pytest
 
 from anarchon import BackendError, InvalidOption, RunStatus, Scheduler, SQLiteBackend, Trigger
 from anarchon.backend import ClaimRequest
-from anarchon.backends import sqlite as sqlite_module
+from anarchon.backends.sqlite import _clock as sqlite_clock
+from anarchon.backends.sqlite import _queries as sqlite_queries
 
 SLOT = 1_800_000_000_000
 
@@ -91,7 +92,7 @@ async def test_bad_arguments(tmp_path: Path) -> None:
 async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "old.db")
     conn.executescript(
-        sqlite_module.Q["create_schema_table"] + ";" + sqlite_module.Q["migration_1"]
+        sqlite_queries.Q["create_schema_table"] + ";" + sqlite_queries.Q["migration_1"]
     )
     conn.execute("INSERT INTO anarchon_schema (version) VALUES (1)")
     conn.commit()
@@ -118,8 +119,8 @@ async def test_history_orders_one_millisecond_by_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A clock that does not move: the wall clock and the boot clock both stand still.
-    monkeypatch.setattr(sqlite_module, "_wall_ms", lambda: 1_900_000_000_000)
-    monkeypatch.setattr(sqlite_module, "_boot_ms", lambda: 5_000)
+    monkeypatch.setattr(sqlite_clock, "_wall_ms", lambda: 1_900_000_000_000)
+    monkeypatch.setattr(sqlite_clock, "_boot_ms", lambda: 5_000)
     backend = SQLiteBackend(tmp_path / "tie.db")
     await backend.start()
     for n in range(3):
@@ -133,12 +134,13 @@ async def test_history_orders_one_millisecond_by_record(
 def test_history_reads_the_start_index_in_reverse(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "plan.db")
     conn.executescript(
-        sqlite_module.Q["create_schema_table"]
+        sqlite_queries.Q["create_schema_table"]
         + ";"
-        + ";".join(sqlite_module.MIGRATIONS[n] for n in sorted(sqlite_module.MIGRATIONS))
+        + ";".join(step.sql for step in sqlite_queries.STEPS)
     )
     plan = " ".join(
-        row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sqlite_module.Q["history"], ("j", 5))
+        row[3]
+        for row in conn.execute("EXPLAIN QUERY PLAN " + sqlite_queries.Q["history"], ("j", 5))
     )
     assert "anarchon_runs_by_start" in plan and "TEMP B-TREE" not in plan, plan
 

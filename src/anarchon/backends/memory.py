@@ -13,10 +13,9 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from .._clock import Clock, SystemClock
-from .._models import Run, RunStatus
-from .._options import HISTORY_SIZE, check_int
 from ..backend import (
+    ChangeEvent,
+    ChangeListener,
     ClaimOutcome,
     ClaimRequest,
     LeaseBackend,
@@ -25,8 +24,10 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
-from . import _lease_rules as rules
-from ._lease_rules import RunRow
+from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
+from ..kit import lease as rules
+from ..kit.feed import ChangeFeed
+from ..kit.lease import RunRow
 
 __all__ = ["MemoryBackend"]
 
@@ -46,7 +47,7 @@ def _serialised(method: F) -> F:
 
 
 class _MemoryRows:
-    """The :class:`~anarchon.backends._lease_rules.RowStore` over dictionaries."""
+    """The :class:`~anarchon.kit.lease.RowStore` over dictionaries."""
 
     def __init__(self, history_size: int) -> None:
         self.history_size = history_size
@@ -92,7 +93,7 @@ class _MemoryRows:
         return out
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
-        """The reference pruning (see :meth:`~anarchon.backends._lease_rules.RowStore.prune`)."""
+        """The reference pruning (see :meth:`~anarchon.kit.lease.RowStore.prune`)."""
         keys = self.by_job.get(job, {})
         slots = sorted(keys, key=lambda k: self._first_start(job, k))
 
@@ -152,7 +153,7 @@ class MemoryBackend(LeaseBackend):
         self._clock: Clock = clock or SystemClock()
         self._history_size = check_int("history_size", history_size, HISTORY_SIZE, "MemoryBackend")
         self._rows = _MemoryRows(self._history_size)
-        self._listeners: list[Callable[[str, str, bool], None]] = []
+        self._feed = ChangeFeed(self.name)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -208,13 +209,13 @@ class MemoryBackend(LeaseBackend):
         """The clock this backend uses."""
         return self._now()
 
-    async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
-        """Call ``on_change`` synchronously on every release and finish."""
-        self._listeners.append(on_change)
+    async def subscribe(self, on_change: ChangeListener) -> None:
+        """Call ``on_change`` synchronously on every release and finish; a listener that raises
+        is logged and the others are still called."""
+        self._feed.add(on_change)
 
     def _notify(self, job: str, slot_key: str, released: bool) -> None:
-        for listener in self._listeners:
-            listener(job, slot_key, released)
+        self._feed.dispatch(ChangeEvent(job, slot_key, released))
 
     def clone(self) -> MemoryBackend:
         """This backend itself: its operations take a lock, so the scheduler's lease keeper can

@@ -3,12 +3,22 @@
 
 A backend (in this repository or outside it) imports the contract from :mod:`anarchon.backend`,
 the errors from :mod:`anarchon.errors`, and its plumbing from here: name checks, option checks,
-backoff, time conversion, URL redaction, the lease rules (:mod:`anarchon.kit.lease`) and named
-SQL queries (:mod:`anarchon.kit.sql`). It never imports the core's private modules; a test
-(``tests/unit/test_import_boundary.py``) fails when one does.
+backoff, time conversion, URL redaction and the outage log actions here, and in submodules:
+
+* :mod:`anarchon.kit.lease`: the lease rules, written once (fences, pruning, overlap, answers);
+* :mod:`anarchon.kit.calls`: one bounded call and one retry loop on anarchon's backoff;
+* :mod:`anarchon.kit.urls`: the URL redactor and the one splitter of URL options;
+* :mod:`anarchon.kit.feed`: the change feed (listeners, isolated dispatch, supervised loop);
+* :mod:`anarchon.kit.migrations`: the migration runner of SQL backends;
+* :mod:`anarchon.kit.sql`: named SQL queries from a ``queries.sql`` file.
+
+A backend never imports the core's private modules; ``tests/unit/test_import_boundary.py``
+fails when one does.
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 from .._clock import Clock, SystemClock
 from .._job import check_name
@@ -17,8 +27,29 @@ from .._options import HISTORY_SIZE, Bound, check_bool, check_int, ms_text
 from .._redact import redact_url
 from .._retry import backoff
 
+BACKEND_UNAVAILABLE: Final = "backend_unavailable"
+"""Log action: calls to the backend started failing (logged once per outage)."""
+BACKEND_RECOVERED: Final = "backend_recovered"
+"""Log action: the backend answers again after :data:`BACKEND_UNAVAILABLE`."""
+NOTIFICATIONS_LOST: Final = "notifications_lost"
+"""Log action: the backend's change notifications stopped (backups fall back to lease expiry)."""
+NOTIFICATIONS_RESUMED: Final = "notifications_resumed"
+"""Log action: change notifications flow again after :data:`NOTIFICATIONS_LOST`."""
+OUTAGE_ACTIONS: Final = (
+    BACKEND_UNAVAILABLE,
+    BACKEND_RECOVERED,
+    NOTIFICATIONS_LOST,
+    NOTIFICATIONS_RESUMED,
+)
+"""The ``action`` field of every backend's outage log records, the same for every backend."""
+
 __all__ = [
+    "BACKEND_RECOVERED",
+    "BACKEND_UNAVAILABLE",
     "HISTORY_SIZE",
+    "NOTIFICATIONS_LOST",
+    "NOTIFICATIONS_RESUMED",
+    "OUTAGE_ACTIONS",
     "Bound",
     "Clock",
     "Overlap",

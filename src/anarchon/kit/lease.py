@@ -2,45 +2,68 @@
 
 Backends that run the rules in Python (memory, SQLite) call these functions inside one atomic
 step over a :class:`RowStore`; backends that run them in their own language (Lua, SQL) use
-:class:`RunRow` and the helpers that build outcomes and errors. See
-:mod:`anarchon.backends._lease_rules` for the rules in prose.
+:class:`RunRow` and the helpers that build outcomes and errors.
+
+:class:`~anarchon.backends.memory.MemoryBackend` and
+:class:`~anarchon.backends.sqlite.SQLiteBackend` keep their rows differently but decide the same
+way: each calls these functions inside one atomic step (the event loop for memory, a
+``BEGIN IMMEDIATE`` transaction for SQLite) over a :class:`RowStore`. Redis and PostgreSQL express
+the same rules in Lua and SQL; the conformance suite holds all of them to the same answers, and
+``tests/conformance/test_differential.py`` drives random sequences of calls against each of them
+and this reference side by side.
+
+The rules every lease backend follows (the contract's docstrings in ``anarchon/backend.py`` say
+the same):
+
+* **Fences**: a new fence is ``max(the job's last fence + 1, the backend's clock in ms)``, so it
+  rises even when the store lost its counter, as long as the backend's clock does not go back.
+* **Pruning** happens when a result is accepted, on whole slots (every attempt of a slot key
+  together), never on a slot whose latest attempt runs and never on the slot being finished.
+  By age: a slot whose latest attempt ended more than ``history_ttl_ms`` ago. By count: while
+  the job holds more than ``history_size`` slots, the oldest ended ones (oldest by the start of
+  their first attempt). At most :data:`PRUNE_BATCH` slots per result. The newest pruned slot
+  raises the job's ``pruned_through``; a claim of a slot at or below it that has no record is
+  refused. A slot that has a record is always answered by its record.
+* **last_slot** remembers pruned slots: it is the newest of the recorded slots and
+  ``pruned_through``.
+* **Overlap**: the holder named in an overlap reason is the first recorded attempt of the job
+  that is running under a live lease.
+* **Numbers**: every time a backend stores is epoch milliseconds, and the durations a request
+  carries must keep them within :data:`MAX_MS`; a request outside that is refused on its own
+  (:func:`unstorable`), never failing the other items of its batch.
 """
 
 from __future__ import annotations
 
-from ..backends._lease_rules import (
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
+from ..backend import (
     HANDED_OVER,
     LEASE_LOST,
-    MAX_ATTEMPTS,
-    MAX_MS,
-    PRUNE_BATCH,
+    OVERLAP,
     PRUNED_REASON,
-    RowStore,
-    RunRow,
-    already_recorded,
-    answer_existing,
-    check_ticket,
-    claim,
-    finish,
-    lease_lost,
-    next_fence,
-    peek_takeover,
-    pruned_outcome,
-    refused_outcome,
-    release,
-    renew,
-    take_over,
-    ttl_cutoff,
-    unstorable,
+    TOO_LATE,
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimStatus,
+    TakeoverOutcome,
+    TakeoverRequest,
+    TakeoverStatus,
+    Ticket,
 )
+from ..errors import BackendError, LeaseLost
 
 __all__ = [
     "HANDED_OVER",
     "LEASE_LOST",
     "MAX_ATTEMPTS",
     "MAX_MS",
+    "OVERLAP",
     "PRUNED_REASON",
     "PRUNE_BATCH",
+    "TOO_LATE",
     "RowStore",
     "RunRow",
     "already_recorded",
@@ -59,3 +82,421 @@ __all__ = [
     "ttl_cutoff",
     "unstorable",
 ]
+
+# At most this many slots are pruned per accepted result, so a result stays a short step.
+PRUNE_BATCH: Final = 100
+# The largest time or duration in ms a backend stores (about 142 000 years): below 2**53, so it
+# is exact as a Lua number (Redis) and a sum of two never leaves a 64-bit integer.
+MAX_MS: Final = 2**52
+# The largest attempt count a backend stores (a 32-bit integer on PostgreSQL).
+MAX_ATTEMPTS: Final = 2**31 - 1
+
+
+@dataclass(slots=True, kw_only=True)
+class RunRow:
+    """One attempt as a lease backend stores it."""
+
+    job: str
+    slot_key: str
+    slot: int | None
+    attempt: int
+    run_id: str
+    token: str
+    instance: str
+    trigger: str
+    status: str
+    fence: int
+    started_at: int
+    finished_at: int | None = None
+    lease_expires_at: int | None = None
+    released: bool = False
+    error: str | None = None
+    reason: str | None = None
+
+    def to_run(self) -> Run:
+        """Return the public, immutable record."""
+        started = ms_to_datetime(self.started_at)
+        assert started is not None
+        return Run(
+            job=self.job,
+            slot=ms_to_datetime(self.slot),
+            run_id=self.run_id,
+            instance=self.instance,
+            trigger=Trigger(self.trigger),
+            attempt=self.attempt,
+            status=RunStatus(self.status),
+            started_at=started,
+            finished_at=ms_to_datetime(self.finished_at),
+            error=self.error,
+            fence=self.fence or None,
+            reason=self.reason,
+        )
+
+    def ticket(self, lease_ms: int, now: int, history_ttl_ms: int | None) -> Ticket:
+        """Return the holder's ticket for this attempt."""
+        return Ticket(
+            job=self.job,
+            slot=self.slot,
+            slot_key=self.slot_key,
+            run_id=self.run_id,
+            token=self.token,
+            instance=self.instance,
+            trigger=Trigger(self.trigger),
+            attempt=self.attempt,
+            fence=self.fence,
+            started_at_ms=self.started_at,
+            lease_ms=lease_ms,
+            lease_expires_at_ms=self.lease_expires_at,
+            backend_now_ms=now,
+            history_ttl_ms=history_ttl_ms,
+        )
+
+    def live(self, now: int) -> bool:
+        """True while running under a lease that has neither expired nor been released."""
+        return (
+            self.status == RunStatus.RUNNING
+            and not self.released
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+class RowStore(Protocol):
+    """The storage a backend gives the rules, valid for one atomic step."""
+
+    def current(self, job: str, slot_key: str) -> RunRow | None:
+        """The highest attempt of ``(job, slot_key)``."""
+
+    def live_holder(self, job: str, now: int) -> RunRow | None:
+        """Any running attempt of ``job`` whose lease is live at ``now`` and not released."""
+
+    def insert(self, row: RunRow) -> None:
+        """Store a new attempt."""
+
+    def update(self, row: RunRow) -> None:
+        """Store changes to an existing attempt (same job, slot_key, attempt)."""
+
+    def next_fence(self, job: str, now: int) -> int:
+        """Store and return the job's next fence, :func:`next_fence` of the stored one."""
+
+    def pruned_through(self, job: str) -> int | None:
+        """The newest slot of ``job`` whose record pruning removed, or None."""
+
+    def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
+        """Prune ``job``'s history by the module's rules: whole slots, never ``keep_key`` nor a
+        slot whose latest attempt runs; those that ended before ``cutoff`` (if given), then the
+        oldest while the job holds more slots than the backend's ``history_size``; at most
+        :data:`PRUNE_BATCH` slots; raise ``pruned_through`` to the newest pruned slot."""
+
+
+def unstorable(req: ClaimRequest | TakeoverRequest) -> BackendError | None:
+    """The error for a request whose numbers a backend cannot store, or None if it is fine."""
+    checks: list[tuple[str, object, int, int]] = [("lease_ms", req.lease_ms, 0, MAX_MS)]
+    if isinstance(req, ClaimRequest):
+        if req.slot is not None:
+            checks.append(("slot", req.slot, 0, MAX_MS))
+    else:
+        checks.append(("max_attempts", req.max_attempts, 1, MAX_ATTEMPTS))
+    for name, value, low, high in checks:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            return BackendError(
+                f"job {req.job!r}: {name}={value!r} is out of range: a lease backend stores "
+                f"{name} as an integer from {low} to {high}; the request was not decided"
+            )
+    return None
+
+
+def ttl_cutoff(now: int, history_ttl_ms: int | None) -> int | None:
+    """Records that ended before this may be pruned by age (None: no TTL). A TTL longer than
+    :data:`MAX_MS` keeps everything, as an infinite one would."""
+    if not history_ttl_ms or history_ttl_ms <= 0:
+        return None
+    return now - min(history_ttl_ms, MAX_MS)
+
+
+def next_fence(stored: int | None, now: int) -> int:
+    """The fence after ``stored``: above it, and at least the backend's clock ``now`` in ms, so
+    fences keep rising across a store that lost its counter (see the module docstring)."""
+    return max((stored or 0) + 1, now)
+
+
+def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOutcome:
+    """The answer to a claim this backend could not decide (``error``): nothing is stored, the
+    caller does not run."""
+    gone = RunRow(
+        job=req.job,
+        slot_key=req.slot_key,
+        slot=req.slot if isinstance(req.slot, int) and 0 <= req.slot <= MAX_MS else None,
+        attempt=1,
+        run_id=req.run_id,
+        token="",
+        instance=req.instance,
+        trigger=req.trigger,
+        status=RunStatus.SKIPPED,
+        fence=0,
+        started_at=now,
+        reason=f"refused by the backend: {error}",
+    )
+    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now, error=error)
+
+
+def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
+    """Decide one claim (see :meth:`anarchon.backend.Backend.claim`)."""
+    error = unstorable(req)
+    if error is not None:
+        return refused_outcome(req, now, error)
+    existing = store.current(req.job, req.slot_key)
+    if existing is not None:
+        return answer_existing(existing, req, now)
+    pruned = store.pruned_through(req.job)
+    if req.slot is not None and pruned is not None and req.slot <= pruned:
+        return pruned_outcome(req, now)
+    reason = req.skip_reason
+    if reason is None and req.overlap is Overlap.SKIP:
+        holder = store.live_holder(req.job, now)
+        if holder is not None:
+            reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
+    row = RunRow(
+        job=req.job,
+        slot_key=req.slot_key,
+        slot=req.slot,
+        attempt=1,
+        run_id=req.run_id,
+        token=req.token,
+        instance=req.instance,
+        trigger=req.trigger,
+        status=RunStatus.RUNNING if reason is None else RunStatus.SKIPPED,
+        fence=store.next_fence(req.job, now) if reason is None else 0,
+        started_at=now,
+        lease_expires_at=now + req.lease_ms if reason is None else None,
+        reason=reason,
+    )
+    if reason is not None:
+        row.finished_at = now
+        store.insert(row)
+        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+    store.insert(row)
+    ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
+    return ClaimOutcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+
+
+def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
+    """The answer to a claim of a slot older than what the job's history was pruned to."""
+    gone = RunRow(
+        job=req.job,
+        slot_key=req.slot_key,
+        slot=req.slot,
+        attempt=1,
+        run_id=req.run_id,
+        token="",
+        instance=req.instance,
+        trigger=req.trigger,
+        status=RunStatus.SKIPPED,
+        fence=0,
+        started_at=now,
+        reason=PRUNED_REASON,
+    )
+    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
+
+
+def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
+    """The answer to a claim of a slot that already has a record ``row``."""
+    if row.status == RunStatus.SKIPPED and row.attempt == 1:
+        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+    if (
+        row.token == req.token
+        and row.attempt == 1
+        and row.status == RunStatus.RUNNING
+        and not row.released
+    ):
+        # A retried claim: the caller is still the runner. Once attempt 1 has ended (recorded
+        # failed when its lease ran out on the last attempt), the retry is told LOST, so no
+        # handler starts on a run that history already shows as over.
+        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
+        return ClaimOutcome(
+            status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now
+        )
+    return ClaimOutcome(
+        status=ClaimStatus.LOST,
+        run=row.to_run(),
+        lease_expires_at_ms=row.lease_expires_at if row.status == RunStatus.RUNNING else None,
+        backend_now_ms=now,
+    )
+
+
+def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome | None:
+    """Answer a takeover that needs no write (ENDED, HELD), or None when it does.
+
+    Lets a backend answer the common case, a backup checking a live lease, without a write lock.
+    """
+    row = store.current(req.job, req.slot_key)
+    if row is None or row.status != RunStatus.RUNNING:
+        return TakeoverOutcome(
+            status=TakeoverStatus.ENDED, run=row.to_run() if row else None, backend_now_ms=now
+        )
+    if row.token == req.token and not row.released:
+        # A retried takeover whose first answer was lost: the caller already holds the run.
+        return TakeoverOutcome(
+            status=TakeoverStatus.TAKEN,
+            run=row.to_run(),
+            ticket=row.ticket(req.lease_ms, now, req.history_ttl_ms),
+            lease_expires_at_ms=row.lease_expires_at,
+            backend_now_ms=now,
+        )
+    if row.live(now):
+        return TakeoverOutcome(
+            status=TakeoverStatus.HELD,
+            run=row.to_run(),
+            lease_expires_at_ms=row.lease_expires_at,
+            backend_now_ms=now,
+        )
+    return None
+
+
+def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcome:
+    """Decide one takeover (see :meth:`anarchon.backend.LeaseBackend.take_over`).
+
+    Raises :class:`~anarchon.errors.BackendError` for numbers out of range (:func:`unstorable`).
+    """
+    error = unstorable(req)
+    if error is not None:
+        raise error
+    answer = peek_takeover(store, req, now)
+    if answer is not None:
+        return answer
+    row = store.current(req.job, req.slot_key)
+    assert row is not None
+    why = HANDED_OVER if row.released else LEASE_LOST
+    row.status = RunStatus.FAILED
+    row.finished_at = now
+    row.reason = why
+    if row.attempt >= req.max_attempts:
+        row.error = (
+            f"{why} on attempt {row.attempt} of max_attempts={req.max_attempts}; not retried"
+        )
+        store.update(row)
+        return TakeoverOutcome(
+            status=TakeoverStatus.EXHAUSTED, run=row.to_run(), backend_now_ms=now
+        )
+    row.error = f"{why}: attempt {row.attempt + 1} taken over by {req.instance}"
+    store.update(row)
+    new = RunRow(
+        job=row.job,
+        slot_key=row.slot_key,
+        slot=row.slot,
+        attempt=row.attempt + 1,
+        run_id=req.run_id,
+        token=req.token,
+        instance=req.instance,
+        trigger=row.trigger,
+        status=RunStatus.RUNNING,
+        fence=store.next_fence(row.job, now),
+        started_at=now,
+        lease_expires_at=now + req.lease_ms,
+    )
+    store.insert(new)
+    return TakeoverOutcome(
+        status=TakeoverStatus.TAKEN,
+        run=new.to_run(),
+        ticket=new.ticket(req.lease_ms, now, req.history_ttl_ms),
+        lease_expires_at_ms=new.lease_expires_at,
+        backend_now_ms=now,
+    )
+
+
+def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> LeaseLost:
+    """The error for a ``ticket`` whose slot is now at ``attempt`` (None: no record)."""
+    holder = "nobody" if attempt is None else f"attempt {attempt} ({status})"
+    return LeaseLost(
+        f"run {ticket.run_id} of job {ticket.job!r} (attempt {ticket.attempt}) no longer "
+        f"holds its lease: the slot is now at {holder}"
+    )
+
+
+def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
+    # Token and fence: a record made again with the same token (a manual run claimed again
+    # after its record was pruned) is not the attempt an old ticket holds.
+    row = store.current(ticket.job, ticket.slot_key)
+    if (
+        row is None
+        or row.token != ticket.token
+        or row.fence != ticket.fence
+        or row.status != RunStatus.RUNNING
+    ):
+        raise lease_lost(ticket, row.attempt if row else None, row.status if row else None)
+    return row
+
+
+def check_ticket(ticket: Ticket) -> BackendError | None:
+    """The error for a ticket whose lease length a backend cannot store, or None."""
+    value = ticket.lease_ms
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MS:
+        return BackendError(
+            f"job {ticket.job!r}: lease_ms={value!r} is out of range: a lease backend stores "
+            f"lease_ms as an integer from 0 to {MAX_MS}"
+        )
+    return None
+
+
+def renew(store: RowStore, ticket: Ticket, now: int) -> Ticket:
+    """Extend a lease (see :meth:`anarchon.backend.LeaseBackend.renew`)."""
+    error = check_ticket(ticket)
+    if error is not None:
+        raise error
+    row = _held_by(store, ticket)
+    if row.released:
+        raise LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
+    row.lease_expires_at = now + ticket.lease_ms
+    store.update(row)
+    return ticket.renewed(row.lease_expires_at, now)
+
+
+def release(store: RowStore, ticket: Ticket, now: int) -> None:
+    """Hand a run over (see :meth:`anarchon.backend.LeaseBackend.release`)."""
+    row = _held_by(store, ticket)
+    row.released = True
+    row.lease_expires_at = now
+    store.update(row)
+
+
+def already_recorded(row: RunRow | None, ticket: Ticket, status: str, error: str | None) -> bool:
+    """True if ``row`` is this very result, recorded by an earlier :func:`finish` (a retry whose
+    answer was lost): same attempt and token, same status and error, and not a failure a backup
+    recorded (those carry a reason, such as ``lease lost`` after ``exhausted``)."""
+    return (
+        row is not None
+        and row.attempt == ticket.attempt
+        and row.token == ticket.token
+        and row.fence == ticket.fence
+        and row.status == status
+        and row.error == error
+        and row.reason is None
+    )
+
+
+def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now: int) -> Run:
+    """Record a result (see :meth:`anarchon.backend.Backend.finish`), then prune the job's
+    history (:meth:`RowStore.prune`). A refused result raises
+    :class:`~anarchon.errors.LeaseLost` and prunes nothing."""
+    done = store.current(ticket.job, ticket.slot_key)
+    if already_recorded(done, ticket, status, error):
+        assert done is not None
+        run = done.to_run()
+    else:
+        row = _held_by(store, ticket)
+        row.status = RunStatus(status)
+        row.error = error
+        row.finished_at = now
+        row.lease_expires_at = None
+        store.update(row)
+        run = row.to_run()
+    store.prune(ticket.job, ticket.slot_key, ttl_cutoff(now, ticket.history_ttl_ms))
+    return run
+
+
+def _describe(row: RunRow) -> str:
+    if row.slot is None:
+        return "manual"
+    moment = ms_to_datetime(row.slot)
+    assert moment is not None
+    return f"slot {moment.isoformat()}"

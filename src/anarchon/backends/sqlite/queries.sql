@@ -148,7 +148,7 @@ SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY 
 -- name: prune_events
 DELETE FROM anarchon_events WHERE at < ?;
 
--- Pruning (see anarchon.backends._lease_rules): whole slots, never the slot being finished,
+-- Pruning (see anarchon.kit.lease): whole slots, never the slot being finished,
 -- never one whose latest attempt runs; a slot is represented by its attempt 1.
 
 -- name: slot_count

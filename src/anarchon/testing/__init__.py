@@ -1,5 +1,8 @@
 """Tools for testing your own jobs: the in-memory backend and a clock you move by hand.
 
+(For testing your own *backend*, see :mod:`anarchon.testing.contract`: the conformance suite as
+pytest classes.)
+
 Example::
 
     clock = FakeClock(start_ms=1_767_225_600_000)
@@ -15,7 +18,7 @@ import asyncio
 import heapq
 import itertools
 
-from .backends.memory import MemoryBackend
+from ..backends.memory import MemoryBackend
 
 __all__ = ["FakeClock", "MemoryBackend"]
 

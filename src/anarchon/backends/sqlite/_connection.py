@@ -1,0 +1,209 @@
+"""The SQLite connection: one file, one thread, short ``BEGIN IMMEDIATE`` transactions.
+
+Every call runs on the backend's own thread (sqlite3 blocks) and its errors are translated in
+one place (:mod:`._errors`). A write is one transaction that reads the anchored clock first
+(:class:`._clock.AnchoredClock`) and is rolled back whatever fails, COMMIT included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from ...backend import ChangeEvent
+from ...errors import BackendError
+from ...kit import backoff
+from ...kit.migrations import migrate
+from ._clock import AnchoredClock
+from ._errors import DATA_ERRORS, is_busy, translate
+from ._options import EVENTS_KEEP_MS, EVENTS_POLL_MS, EVENTS_PRUNE_EVERY_MS
+from ._queries import STEPS, Q
+from ._rows import SQLiteRows
+
+__all__ = ["Connection"]
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+
+class Connection:
+    """The backend's one connection to ``path`` and the thread it runs on."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int, history_size: int) -> None:
+        self.path = path
+        self.busy_timeout_s = busy_timeout_ms / 1000
+        self.history_size = history_size
+        self.clock = AnchoredClock()
+        self._conn: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._events_pruned_at = 0
+
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self._conn is not None
+
+    async def open(self) -> None:
+        """Open the file on a new thread: WAL, busy timeout, migrations, the clock's anchor."""
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="anarchon-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            self._conn = await loop.run_in_executor(self._thread, self._open)
+        except (sqlite3.Error, BackendError) as exc:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+            if isinstance(exc, BackendError):
+                raise
+            raise BackendError(f"cannot open SQLite database {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the file and end the thread."""
+        conn, thread = self._conn, self._thread
+        self._conn = self._thread = None
+        if conn is not None and thread is not None:
+            await asyncio.get_running_loop().run_in_executor(thread, conn.close)
+            thread.shutdown(wait=True)
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the connection's thread; sqlite3's errors translated."""
+        if self._thread is None or self._conn is None:
+            raise BackendError(
+                f"SQLiteBackend({str(self.path)!r}) is not started; start the scheduler first"
+            )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, self._conn)
+        except sqlite3.Error as exc:
+            translated = translate(exc, str(self.path))
+            if translated is None:
+                raise
+            raise translated from exc
+
+    def write(self, conn: sqlite3.Connection, fn: Callable[[SQLiteRows, int], T]) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction. Whatever fails, COMMIT included,
+        the transaction is rolled back, so a failed commit cannot leave the connection inside
+        a transaction that locks every other process out."""
+        with self._transaction(conn):
+            return fn(SQLiteRows(conn, self.history_size), self.clock.tick(conn))
+
+    def write_each(
+        self,
+        conn: sqlite3.Connection,
+        items: list[Item],
+        decide: Callable[[SQLiteRows, Item, int], T],
+        refuse: Callable[[Item, int, BackendError], T],
+    ) -> list[T]:
+        """Decide each item in one transaction. An item whose values the file cannot hold is
+        answered by ``refuse`` and the others are decided as usual: the batch is tried as a
+        whole, and only if an item fails that way again with a savepoint per item."""
+
+        def run(rows: SQLiteRows, now: int, guarded: bool) -> list[T]:
+            out: list[T] = []
+            for item in items:
+                if not guarded:
+                    out.append(decide(rows, item, now))
+                    continue
+                conn.execute("SAVEPOINT item")
+                try:
+                    out.append(decide(rows, item, now))
+                except DATA_ERRORS as exc:
+                    conn.execute("ROLLBACK TO item")
+                    error = BackendError(f"SQLite {self.path}: cannot store this item: {exc!r}")
+                    out.append(refuse(item, now, error))
+                conn.execute("RELEASE item")
+            return out
+
+        try:
+            return self.write(conn, lambda rows, now: run(rows, now, False))
+        except DATA_ERRORS:
+            return self.write(conn, lambda rows, now: run(rows, now, True))
+
+    def events_after(self, since: int) -> Callable[[], Awaitable[list[ChangeEvent]]]:
+        """The change feed's stream: every :data:`~._options.EVENTS_POLL_MS`, the events
+        written after the last one seen (``since`` at first)."""
+        last = since
+
+        async def next_changes() -> list[ChangeEvent]:
+            nonlocal last
+            await asyncio.sleep(EVENTS_POLL_MS / 1000)
+            found = await self.call(lambda c: c.execute(Q["events_since"], (last,)).fetchall())
+            if found:
+                last = int(found[-1][0])
+            return [ChangeEvent(job, key, bool(released)) for _, job, key, released in found]
+
+        return next_changes
+
+    def prune_events(self, conn: sqlite3.Connection) -> None:
+        """Trim the events table, at most every :data:`~._options.EVENTS_PRUNE_EVERY_MS`."""
+        now = self.clock.now()
+        if now - self._events_pruned_at >= EVENTS_PRUNE_EVERY_MS:
+            self._events_pruned_at = now
+            self.write(
+                conn, lambda rows, at: rows.conn.execute(Q["prune_events"], (at - EVENTS_KEEP_MS,))
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path.parent and not self.path.parent.exists():
+            raise BackendError(f"SQLite database directory {self.path.parent} does not exist")
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._enable_wal(conn)
+            # FULL: a claim the backend confirmed survives a power cut, not only a crash.
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            with self._transaction(conn):
+                migrate(
+                    conn,
+                    STEPS,
+                    create_table=Q["create_schema_table"],
+                    read_version=Q["schema_version"],
+                    write_version=Q["set_schema_version"],
+                    where=f"SQLite {self.path}",
+                )
+            self.write(conn, lambda rows, now: None)  # read or set the clock's anchor
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is
+        # locked" at once, without its busy handler, while another process opens the same new
+        # file: retry for as long as the busy timeout allows.
+        deadline = time.monotonic() + self.busy_timeout_s
+        for delay in backoff(first=0.01, cap=0.1):
+            try:
+                found = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                break
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+        mode = str(found[0]).lower() if found else "unknown"
+        if mode != "wal":
+            # SQLite answers with the mode in effect; it keeps the old one where WAL cannot
+            # work (an in-memory database, a file system without shared memory).
+            raise BackendError(
+                f"SQLite {self.path} cannot use WAL mode (its journal_mode is {mode!r}): the "
+                "backend needs WAL so that several processes share one file safely; use a "
+                "file on a local disk (not ':memory:', not a network file system)"
+            )

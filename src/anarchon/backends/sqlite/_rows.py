@@ -1,0 +1,101 @@
+"""The lease rules' :class:`~anarchon.kit.lease.RowStore` over one open SQLite transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ...kit.lease import PRUNE_BATCH, RunRow
+from ._queries import Q
+
+__all__ = ["SQLiteRows", "row_of"]
+
+
+class SQLiteRows:
+    """The :class:`~anarchon.kit.lease.RowStore` over one open transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, history_size: int) -> None:
+        self.conn = conn
+        self.history_size = history_size
+
+    def current(self, job: str, slot_key: str) -> RunRow | None:
+        """See :meth:`~anarchon.kit.lease.RowStore.current`."""
+        return row_of(self.conn.execute(Q["current"], (job, slot_key)).fetchone())
+
+    def live_holder(self, job: str, now: int) -> RunRow | None:
+        """See :meth:`~anarchon.kit.lease.RowStore.live_holder`."""
+        return row_of(self.conn.execute(Q["live_holder"], (job, now)).fetchone())
+
+    def insert(self, row: RunRow) -> None:
+        """See :meth:`~anarchon.kit.lease.RowStore.insert`."""
+        self.conn.execute(Q["insert"], _params(row))
+
+    def update(self, row: RunRow) -> None:
+        """See :meth:`~anarchon.kit.lease.RowStore.update`."""
+        self.conn.execute(Q["update"], _params(row))
+
+    def next_fence(self, job: str, now: int) -> int:
+        """See :meth:`~anarchon.kit.lease.RowStore.next_fence`."""
+        return int(self.conn.execute(Q["next_fence"], {"job": job, "now": now}).fetchone()[0])
+
+    def pruned_through(self, job: str) -> int | None:
+        """See :meth:`~anarchon.kit.lease.RowStore.pruned_through`."""
+        found = self.conn.execute(Q["pruned_through"], (job,)).fetchone()
+        return None if found is None or found[0] is None else int(found[0])
+
+    def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
+        """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
+        conn = self.conn
+        total = int(conn.execute(Q["slot_count"], (job,)).fetchone()[0])
+        victims: list[str] = []
+        if cutoff is not None:
+            aged = {"job": job, "keep_key": keep_key, "cutoff": cutoff, "limit": PRUNE_BATCH}
+            victims += [key for (key,) in conn.execute(Q["prune_aged"], aged)]
+        slots = [s for key in victims for (s,) in conn.execute(Q["drop_slot"], (job, key))]
+        room = min(PRUNE_BATCH, total - self.history_size) - len(victims)
+        if room > 0:
+            oldest = {"job": job, "keep_key": keep_key, "limit": room}
+            for (key,) in conn.execute(Q["prune_oldest"], oldest).fetchall():
+                slots += [s for (s,) in conn.execute(Q["drop_slot"], (job, key))]
+        slots = [s for s in slots if s is not None]
+        if slots:
+            conn.execute(Q["raise_pruned_through"], {"job": job, "slot": max(slots)})
+
+    def add_event(self, job: str, slot_key: str, released: bool, now: int) -> None:
+        """Record a release or a result for the other processes' pollers."""
+        self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
+
+
+_COLUMNS = (
+    "job",
+    "slot_key",
+    "slot",
+    "attempt",
+    "run_id",
+    "token",
+    "instance",
+    "trigger",
+    "status",
+    "fence",
+    "started_at",
+    "finished_at",
+    "lease_expires_at",
+    "released",
+    "error",
+    "reason",
+)
+
+
+def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
+    """The row a query answered (columns in :data:`_COLUMNS` order), or None."""
+    if values is None:
+        return None
+    fields = dict(zip(_COLUMNS, values, strict=True))
+    fields["released"] = bool(fields["released"])
+    return RunRow(**fields)
+
+
+def _params(row: RunRow) -> dict[str, Any]:
+    params = {name: getattr(row, name) for name in _COLUMNS}
+    params.update(trigger=str(row.trigger), status=str(row.status), released=int(row.released))
+    return params

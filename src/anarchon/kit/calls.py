@@ -1,0 +1,102 @@
+"""One bounded call and one retry loop, for every backend.
+
+A backend names only what differs: how its driver's exceptions become anarchon's
+(``translate``) and which of them are worth another try (``is_transient``). The rest, written
+once here:
+
+* :func:`bounded_call` runs one operation in a task of its own behind :func:`asyncio.shield`
+  with a timeout. Cancelling the caller always cancels the caller (a driver that swallows a
+  cancellation arriving as a write completes cannot keep it waiting); the abandoned task is
+  cancelled and its result consumed, so no "exception was never retrieved" is left behind; a
+  timeout becomes :class:`~anarchon.errors.BackendUnavailable`; a driver error goes through
+  ``translate``.
+* :func:`retrying` calls an operation again, on anarchon's backoff, while ``is_transient``
+  says the error is temporary, and gives up at a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .._retry import backoff
+from ..errors import AnarchonError, BackendError, BackendUnavailable
+
+__all__ = ["Translate", "bounded_call", "consume", "retrying"]
+
+T = TypeVar("T")
+
+Translate = Callable[[BaseException], BackendError | None]
+"""Turn a driver's exception into :class:`~anarchon.errors.BackendUnavailable` (transient) or
+another :class:`~anarchon.errors.BackendError`; None when it is not the driver's (re-raised)."""
+
+
+def consume(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of an abandoned task as seen (a done callback): nobody awaits it."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def bounded_call(
+    operation: Awaitable[T],
+    *,
+    where: str,
+    timeout_s: float | None,
+    translate: Translate,
+) -> T:
+    """Await ``operation`` for at most ``timeout_s`` seconds (None: no limit).
+
+    ``where`` names the backend and its address in messages (``"Redis 127.0.0.1:6379"``,
+    never a password). Raises :class:`~anarchon.errors.BackendUnavailable` on a timeout, what
+    ``translate`` returns for a driver's error, and anything else (anarchon's own errors,
+    cancellation, bugs) unchanged.
+    """
+    task = asyncio.ensure_future(operation)
+    task.add_done_callback(consume)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(task)
+    except BaseException as exc:
+        failed_inside = task.done()
+        if not failed_inside:
+            task.cancel()
+        if isinstance(exc, asyncio.CancelledError | AnarchonError):
+            raise
+        if not failed_inside and isinstance(exc, TimeoutError):
+            assert timeout_s is not None
+            raise BackendUnavailable(f"{where}: no answer within {timeout_s:g} s") from None
+        translated = translate(exc) if isinstance(exc, Exception) else None
+        if translated is not None:
+            raise translated from exc
+        raise
+
+
+async def retrying(
+    operation: Callable[[], Awaitable[T]],
+    *,
+    is_transient: Callable[[BaseException], bool],
+    deadline_s: float,
+    first_s: float = 0.1,
+    cap_s: float = 5.0,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Call ``operation`` until it returns, retrying while ``is_transient(error)`` is true.
+
+    Waits follow :func:`anarchon.kit.backoff` (exponential from ``first_s`` to ``cap_s``, with
+    jitter). The last error is raised once ``deadline_s`` seconds have passed (on the monotonic
+    clock) or at once for an error that is not transient.
+    """
+    if deadline_s < 0:
+        raise ValueError(f"deadline_s={deadline_s!r} must be 0 or more seconds")
+    give_up_at = time.monotonic() + deadline_s
+    delays = backoff(first=first_s, cap=cap_s)
+    while True:
+        try:
+            return await operation()
+        except Exception as exc:
+            left = give_up_at - time.monotonic()
+            if not is_transient(exc) or left <= 0:
+                raise
+            await sleep(min(next(delays), left))

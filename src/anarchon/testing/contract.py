@@ -1,0 +1,410 @@
+"""The backend contract's conformance suite, shipped: run it on your own backend with one fixture.
+
+Subclass :class:`LeaseBackendContract` (or :class:`BackendContract` for a broker that keeps no
+leases) in a test module and give it a ``backend_factory`` fixture: a callable that returns a
+new, *unstarted* backend on a fresh, empty store (one store per test)::
+
+    import pytest
+    from anarchon.testing.contract import LeaseBackendContract
+
+    class TestMyBackend(LeaseBackendContract):
+        @pytest.fixture
+        def backend_factory(self, tmp_path):
+            return lambda: MyBackend(tmp_path / "store")
+
+The tests are async: they need pytest-asyncio (``asyncio_mode = "auto"``, or the classes' own
+``asyncio`` mark, which they carry). They check every call of :mod:`anarchon.backend` as its
+docstrings specify: one winner per slot, idempotent claims, rising fences, history order,
+pruning, takeovers, release, overlap, batches. A few wait for short leases (0.6 s) to expire.
+anarchon's own backends run the same classes (``tests/conformance/test_contract.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from ..backend import (
+    Backend,
+    ClaimRequest,
+    ClaimStatus,
+    LeaseBackend,
+    TakeoverRequest,
+    TakeoverStatus,
+)
+from ..errors import BackendError, LeaseLost
+from ..kit import Overlap, RunStatus, Trigger
+
+__all__ = ["LEASE_MS", "SLOT", "BackendContract", "LeaseBackendContract", "request", "takeover"]
+
+SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+"""The slot the tests claim (epoch ms), and the ones after it."""
+LEASE_MS = 600
+"""The lease the tests take (ms): short, so expiry tests are quick."""
+
+
+def request(
+    job: str = "job", slot: int | None = SLOT, token: str | None = None, **kw: Any
+) -> ClaimRequest:
+    """A claim request for the tests: a new run id and token, instance ``i1``, by schedule."""
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=token or uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "i1")),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE),
+        **kw,
+    )
+
+
+def lease(backend: Backend, **kw: Any) -> dict[str, Any]:
+    """``lease_ms`` for a lease backend, nothing for a broker; plus ``kw``."""
+    return {"lease_ms": LEASE_MS, **kw} if isinstance(backend, LeaseBackend) else dict(kw)
+
+
+def takeover(job: str, slot_key: str, **kw: Any) -> TakeoverRequest:
+    """A takeover request for the tests: instance ``backup``, 3 attempts."""
+    return TakeoverRequest(
+        job=job,
+        slot_key=slot_key,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "backup")),
+        lease_ms=int(kw.pop("lease_ms", LEASE_MS)),
+        max_attempts=int(kw.pop("max_attempts", 3)),
+    )
+
+
+@pytest.mark.asyncio
+class BackendContract:
+    """The calls every backend answers (:class:`~anarchon.backend.Backend`).
+
+    Provide the fixture ``backend_factory``: a callable returning a new, unstarted backend on a
+    fresh store. The fixture ``backend`` is that backend, started, and stopped after the test.
+    """
+
+    @pytest.fixture
+    def backend_factory(self) -> Callable[[], Backend]:
+        """Override: return a callable that makes a new, unstarted backend on a fresh store."""
+        pytest.fail("subclass the contract and provide a backend_factory fixture")
+
+    @pytest.fixture
+    async def backend(self, backend_factory: Callable[[], Backend]) -> AsyncIterator[Backend]:
+        """The backend under test, started; stopped after the test."""
+        instance = backend_factory()
+        await instance.start()
+        try:
+            yield instance
+        finally:
+            await instance.stop()
+
+    async def test_one_winner_per_slot(self, backend: Backend) -> None:
+        """One winner per slot."""
+        first, second = request(**lease(backend)), request(instance="i2", **lease(backend))
+        [won] = await backend.claim([first])
+        [lost] = await backend.claim([second])
+        assert won.status is ClaimStatus.WON and won.ticket is not None
+        assert won.ticket.token == first.token
+        assert won.run.status is RunStatus.RUNNING and won.run.instance == "i1"
+        assert lost.status is ClaimStatus.LOST and lost.ticket is None
+        assert lost.run.run_id == first.run_id and lost.run.instance == "i1"
+
+    async def test_claim_is_idempotent_per_token(self, backend: Backend) -> None:
+        """Claim is idempotent per token."""
+        req = request(**lease(backend))
+        [first] = await backend.claim([req])
+        [again] = await backend.claim([req])
+        assert first.status is again.status is ClaimStatus.WON
+        assert first.ticket and again.ticket and first.ticket.fence == again.ticket.fence
+
+    async def test_concurrent_claims_have_one_winner(self, backend: Backend) -> None:
+        """Concurrent claims have one winner."""
+        reqs = [request(instance=f"i{n}", **lease(backend)) for n in range(8)]
+        outcomes = await asyncio.gather(*(backend.claim([r]) for r in reqs))
+        statuses = [o[0].status for o in outcomes]
+        assert statuses.count(ClaimStatus.WON) == 1, statuses
+
+    async def test_batch_claims_answer_in_order(self, backend: Backend) -> None:
+        """Batch claims answer in order."""
+        reqs = [request(job=f"job{n}", **lease(backend)) for n in range(5)]
+        outcomes = await backend.claim(reqs)
+        assert [o.run.job for o in outcomes] == [f"job{n}" for n in range(5)]
+        assert all(o.status is ClaimStatus.WON for o in outcomes)
+
+    async def test_fence_rises_per_job(self, backend: Backend) -> None:
+        """Fence rises per job."""
+        fences = []
+        for n in range(3):
+            [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+            assert won.ticket is not None and won.ticket.fence is not None
+            fences.append(won.ticket.fence)
+        assert fences == sorted(fences) and len(set(fences)) == 3
+
+    async def test_finish_records_result_and_history_is_newest_first(
+        self, backend: Backend
+    ) -> None:
+        """Finish records result and history is newest first."""
+        for n in range(3):
+            [won] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+            assert won.ticket is not None
+            status = RunStatus.FAILED if n == 1 else RunStatus.SUCCEEDED
+            run = await backend.finish(won.ticket, status, "boom" if n == 1 else None)
+            assert run.status is status and run.finished_at is not None
+        history = await backend.history("job", limit=10)
+        assert [r.slot_ms for r in history] == [SLOT + 2000, SLOT + 1000, SLOT]
+        assert history[1].error == "boom" and history[1].status is RunStatus.FAILED
+        assert await backend.last_run("job") == history[0]
+        assert len(await backend.history("job", limit=2)) == 2
+        assert await backend.history("nobody", limit=5) == []
+
+    async def test_runs_recorded_in_one_millisecond_keep_their_order(
+        self, backend: Backend
+    ) -> None:
+        """Runs recorded in one millisecond keep their order."""
+        # One batch of claims is decided at one instant of the backend's clock on most backends.
+        slots = [SLOT + n * 1000 for n in range(4)]
+        outcomes = await backend.claim([request(slot=s, **lease(backend)) for s in slots])
+        assert all(o.status is ClaimStatus.WON for o in outcomes)
+        history = await backend.history("job", limit=10)
+        assert [r.slot_ms for r in history] == slots[::-1]
+        assert await backend.last_run("job") == history[0]
+
+    async def test_manual_runs_have_slot_keys_of_their_own(self, backend: Backend) -> None:
+        """Manual runs have slot keys of their own."""
+        a = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
+        b = request(slot=None, trigger=Trigger.MANUAL, **lease(backend))
+        outcomes = await backend.claim([a, b])
+        assert [o.status for o in outcomes] == [ClaimStatus.WON, ClaimStatus.WON]
+        assert outcomes[0].run.slot is None and outcomes[0].run.trigger is Trigger.MANUAL
+
+    async def test_skip_reason_records_a_skip_unless_claimed(self, backend: Backend) -> None:
+        """Skip reason records a skip unless claimed."""
+        [won] = await backend.claim([request(**lease(backend))])
+        [late] = await backend.claim([request(skip_reason="too late: test", **lease(backend))])
+        assert won.status is ClaimStatus.WON and late.status is ClaimStatus.LOST
+        other = SLOT + 60_000
+        [skip] = await backend.claim(
+            [request(slot=other, skip_reason="too late: t", **lease(backend))]
+        )
+        assert skip.status is ClaimStatus.SKIPPED and skip.run.reason == "too late: t"
+        [after] = await backend.claim([request(slot=other, **lease(backend))])
+        assert after.status is ClaimStatus.SKIPPED
+        runs = {r.slot_ms: r for r in await backend.history("job")}
+        assert runs[other].status is RunStatus.SKIPPED
+
+    async def test_server_time_is_close_to_ours(self, backend: Backend) -> None:
+        """Server time is close to ours."""
+        server = await backend.server_time_ms()
+        if server is not None:
+            assert abs(server - time.time() * 1000) < 5_000
+
+    async def test_finish_many_decides_each_result(self, backend: Backend) -> None:
+        """Finish many decides each result."""
+        won = []
+        for n in range(3):
+            [outcome] = await backend.claim([request(slot=SLOT + n * 1000, **lease(backend))])
+            assert outcome.ticket is not None
+            won.append(outcome.ticket)
+        results = await backend.finish_many(
+            [
+                (won[0], RunStatus.SUCCEEDED, None),
+                (won[1], RunStatus.FAILED, "boom"),
+                (won[0], RunStatus.FAILED, "a second, different result"),
+                (won[2], RunStatus.SUCCEEDED, None),
+            ]
+        )
+        statuses = [getattr(r, "status", None) for r in results]
+        assert [statuses[0], statuses[1], statuses[3]] == [
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.SUCCEEDED,
+        ]
+        if backend.is_lease_backend:
+            assert isinstance(results[2], LeaseLost), "a second result for one attempt was accepted"
+        history = {r.slot_ms: r for r in await backend.history("job")}
+        assert history[SLOT + 1000].error == "boom"
+        assert history[SLOT].status is RunStatus.SUCCEEDED
+        # The same result again (a retry whose answer was lost) is not an error.
+        [again] = await backend.finish_many([(won[0], RunStatus.SUCCEEDED, None)])
+        assert not isinstance(again, BackendError) and again.run_id == won[0].run_id
+
+
+class LeaseBackendContract(BackendContract):
+    """The calls of a lease backend (:class:`~anarchon.backend.LeaseBackend`) besides those of
+    :class:`BackendContract`. A backend that is not a LeaseBackend skips them."""
+
+    @pytest.fixture
+    def lease_backend(self, backend: Backend) -> LeaseBackend:
+        """The backend under test, when it keeps leases; the test is skipped otherwise."""
+        if not isinstance(backend, LeaseBackend):
+            pytest.skip(f"{backend.name} is a broker: no leases, backups, overlap, hand-over")
+        return backend
+
+    async def test_renew_extends_on_the_backend_clock(self, lease_backend: LeaseBackend) -> None:
+        """Renew extends on the backend clock."""
+        [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+        assert won.ticket is not None and won.ticket.lease_expires_at_ms is not None
+        await asyncio.sleep(0.2)
+        renewed = await lease_backend.renew(won.ticket)
+        assert renewed.lease_expires_at_ms is not None and renewed.backend_now_ms is not None
+        assert renewed.lease_expires_at_ms > won.ticket.lease_expires_at_ms
+        assert renewed.lease_expires_at_ms - renewed.backend_now_ms == LEASE_MS
+
+    async def test_takeover_waits_for_expiry_then_raises_attempt_and_fence(
+        self,
+        lease_backend: LeaseBackend,
+    ) -> None:
+        """Takeover waits for expiry then raises attempt and fence."""
+        [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+        assert won.ticket is not None
+        key = won.ticket.slot_key
+        held = await lease_backend.take_over(takeover("job", key))
+        assert held.status is TakeoverStatus.HELD and held.lease_expires_at_ms is not None
+        await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+        taken = await lease_backend.take_over(takeover("job", key))
+        assert taken.status is TakeoverStatus.TAKEN and taken.ticket is not None
+        assert taken.ticket.attempt == 2
+        assert taken.ticket.fence is not None and won.ticket.fence is not None
+        assert taken.ticket.fence > won.ticket.fence
+        # Only one backup wins the compare-and-set.
+        again = await lease_backend.take_over(takeover("job", key))
+        assert again.status is TakeoverStatus.HELD
+        # The stale runner is fenced off: no renew, no result.
+        with pytest.raises(LeaseLost):
+            await lease_backend.renew(won.ticket)
+        with pytest.raises(LeaseLost):
+            await lease_backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+        await lease_backend.finish(taken.ticket, RunStatus.SUCCEEDED, None)
+        history = await lease_backend.history("job")
+        assert [(r.attempt, r.status) for r in history] == [
+            (2, RunStatus.SUCCEEDED),
+            (1, RunStatus.FAILED),
+        ]
+        assert history[1].reason == "lease lost" and history[1].fence == won.ticket.fence
+        assert history[0].fence == taken.ticket.fence
+        ended = await lease_backend.take_over(takeover("job", key))
+        assert ended.status is TakeoverStatus.ENDED
+
+    async def test_concurrent_takeovers_have_one_winner(self, lease_backend: LeaseBackend) -> None:
+        """Concurrent takeovers have one winner."""
+        [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+        assert won.ticket is not None
+        await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+        outcomes = await asyncio.gather(
+            *(lease_backend.take_over(takeover("job", won.ticket.slot_key)) for _ in range(6))
+        )
+        # One winner; the losers are told HELD (the winner's lease), never ENDED, so they keep
+        # watching (tests/conformance/test_rules.py races separate instances too).
+        statuses = [o.status for o in outcomes]
+        assert statuses.count(TakeoverStatus.TAKEN) == 1, statuses
+        assert statuses.count(TakeoverStatus.HELD) == 5, statuses
+
+    async def test_release_hands_over_at_once(self, lease_backend: LeaseBackend) -> None:
+        """Release hands over at once."""
+        [won] = await lease_backend.claim([request(lease_ms=60_000)])
+        assert won.ticket is not None
+        await lease_backend.release(won.ticket, "handed over")
+        taken = await lease_backend.take_over(takeover("job", won.ticket.slot_key, lease_ms=60_000))
+        assert taken.status is TakeoverStatus.TAKEN
+        history = await lease_backend.history("job")
+        assert history[1].reason == "handed over"
+        with pytest.raises(LeaseLost):
+            await lease_backend.release(won.ticket, "handed over")
+
+    async def test_attempts_are_bounded(self, lease_backend: LeaseBackend) -> None:
+        """Attempts are bounded."""
+        [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+        assert won.ticket is not None
+        await asyncio.sleep(LEASE_MS / 1000 + 0.3)
+        out = await lease_backend.take_over(takeover("job", won.ticket.slot_key, max_attempts=1))
+        assert out.status is TakeoverStatus.EXHAUSTED
+        [last] = await lease_backend.history("job")
+        assert last.status is RunStatus.FAILED and last.error is not None
+        assert "max_attempts=1" in last.error
+
+    async def test_renewed_lease_is_not_taken_over(self, lease_backend: LeaseBackend) -> None:
+        """Renewed lease is not taken over."""
+        [won] = await lease_backend.claim([request(lease_ms=LEASE_MS)])
+        ticket = won.ticket
+        assert ticket is not None
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            ticket = await lease_backend.renew(ticket)
+            out = await lease_backend.take_over(takeover("job", ticket.slot_key))
+            assert out.status is TakeoverStatus.HELD
+            await asyncio.sleep(LEASE_MS / 3000)
+
+    async def test_overlap_skip_is_recorded_once(self, lease_backend: LeaseBackend) -> None:
+        """Overlap skip is recorded once."""
+        [first] = await lease_backend.claim([request(lease_ms=5_000)])
+        nxt = SLOT + 1000
+        a = request(slot=nxt, lease_ms=5_000, overlap=Overlap.SKIP)
+        b = request(slot=nxt, lease_ms=5_000, overlap=Overlap.SKIP, instance="i2")
+        [skip_a], [skip_b] = await asyncio.gather(
+            lease_backend.claim([a]), lease_backend.claim([b])
+        )
+        assert skip_a.status is skip_b.status is ClaimStatus.SKIPPED
+        assert skip_a.run.run_id == skip_b.run.run_id
+        assert skip_a.run.reason and "overlap" in skip_a.run.reason
+        assert first.run.run_id in skip_a.run.reason
+        allowed = request(slot=SLOT + 2000, lease_ms=5_000)
+        [won] = await lease_backend.claim([allowed])
+        assert won.status is ClaimStatus.WON, "overlap='allow' runs concurrently"
+        history = await lease_backend.history("job")
+        assert sum(1 for r in history if r.slot_ms == nxt) == 1
+
+    async def test_last_slot(self, lease_backend: LeaseBackend) -> None:
+        """Last slot."""
+        assert await lease_backend.last_slot("job") is None
+        await lease_backend.claim([request(slot=SLOT + 5000, lease_ms=LEASE_MS)])
+        await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
+        await lease_backend.claim([request(slot=None, trigger=Trigger.MANUAL, lease_ms=LEASE_MS)])
+        assert await lease_backend.last_slot("job") == SLOT + 5000
+
+    async def test_history_is_pruned_by_age_and_pruned_slots_stay_claimed(
+        self,
+        lease_backend: LeaseBackend,
+    ) -> None:
+        """History is pruned by age and pruned slots stay claimed."""
+        ttl = 400
+        for n in range(3):
+            [won] = await lease_backend.claim(
+                [request(slot=SLOT + n * 1000, lease_ms=LEASE_MS, history_ttl_ms=ttl)]
+            )
+            assert won.ticket is not None
+            await lease_backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+        await asyncio.sleep(ttl / 1000 + 0.3)
+        [fresh] = await lease_backend.claim(
+            [request(slot=SLOT + 10_000, lease_ms=LEASE_MS, history_ttl_ms=ttl)]
+        )
+        assert fresh.ticket is not None
+        await lease_backend.finish(fresh.ticket, RunStatus.SUCCEEDED, None)
+        assert [r.slot_ms for r in await lease_backend.history("job")] == [SLOT + 10_000]
+        # A very late instance claiming a slot whose record was pruned must not run it again.
+        [late] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
+        assert late.status is not ClaimStatus.WON
+
+    async def test_last_slots_answers_for_many_jobs(self, lease_backend: LeaseBackend) -> None:
+        """Last slots answers for many jobs."""
+        jobs = [f"job{n}" for n in range(1200)]
+        await lease_backend.claim(
+            [request(job=j, slot=SLOT + n, lease_ms=LEASE_MS) for n, j in enumerate(jobs[:700])]
+        )
+        found = await lease_backend.last_slots(jobs)
+        assert found == {j: (SLOT + n if n < 700 else None) for n, j in enumerate(jobs)}
+
+    async def test_renew_many_refuses_only_stale_tickets(self, lease_backend: LeaseBackend) -> None:
+        """Renew many refuses only stale tickets."""
+        [a] = await lease_backend.claim([request(slot=SLOT, lease_ms=LEASE_MS)])
+        [b] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
+        assert a.ticket is not None and b.ticket is not None
+        await lease_backend.release(b.ticket, "handed over")
+        renewed = await lease_backend.renew_many([a.ticket, b.ticket])
+        assert not isinstance(renewed[0], BackendError) and isinstance(renewed[1], LeaseLost)
+        assert renewed[0].lease_expires_at_ms is not None

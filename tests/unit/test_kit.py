@@ -1,0 +1,279 @@
+"""The backend kit's plumbing: bounded call, retry loop, URL options, change feed, migrations,
+and the contract's paired calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from anarchon import (
+    BackendError,
+    BackendUnavailable,
+    InvalidOption,
+    Run,
+    SQLiteBackend,
+    backend_from_url,
+)
+from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
+from anarchon.kit import OUTAGE_ACTIONS, Bound
+from anarchon.kit.calls import bounded_call, retrying
+from anarchon.kit.feed import ChangeFeed
+from anarchon.kit.migrations import Step, migrate
+from anarchon.kit.urls import bool_option, int_option, ms_option, split_url, str_option
+
+
+def translate(exc: BaseException) -> BackendError | None:
+    if isinstance(exc, ConnectionError):
+        return BackendUnavailable(f"toy: {exc}")
+    if isinstance(exc, KeyError):
+        return BackendError(f"toy: {exc}")
+    return None
+
+
+async def test_bounded_call_returns_translates_and_times_out() -> None:
+    async def answer(
+        value: object = 1, fail: BaseException | None = None, wait: float = 0
+    ) -> object:
+        await asyncio.sleep(wait)
+        if fail is not None:
+            raise fail
+        return value
+
+    assert await bounded_call(answer(7), where="toy", timeout_s=1, translate=translate) == 7
+    with pytest.raises(BackendUnavailable, match="toy: refused"):
+        await bounded_call(
+            answer(fail=ConnectionError("refused")), where="x", timeout_s=1, translate=translate
+        )
+    with pytest.raises(BackendError, match="toy: 'k'") as caught:
+        await bounded_call(answer(fail=KeyError("k")), where="x", timeout_s=1, translate=translate)
+    assert not isinstance(caught.value, BackendUnavailable)
+    with pytest.raises(ZeroDivisionError):  # not the driver's: unchanged
+        await bounded_call(
+            answer(fail=ZeroDivisionError()), where="x", timeout_s=1, translate=translate
+        )
+    with pytest.raises(BackendUnavailable, match=r"toy db: no answer within 0\.05 s"):
+        await bounded_call(answer(wait=5), where="toy db", timeout_s=0.05, translate=translate)
+
+
+async def test_bounded_call_cancels_the_abandoned_operation() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller = asyncio.ensure_future(
+        bounded_call(hang(), where="x", timeout_s=None, translate=translate)
+    )
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(cancelled.wait(), 1)
+
+
+async def test_retrying_retries_transient_errors_only() -> None:
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise BackendUnavailable("down")
+        return "up"
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    transient = lambda exc: isinstance(exc, BackendUnavailable)  # noqa: E731
+    assert await retrying(flaky, is_transient=transient, deadline_s=5, sleep=no_sleep) == "up"
+    assert len(calls) == 3
+
+    async def broken() -> None:
+        calls.append(1)
+        raise BackendError("permanent")
+
+    calls.clear()
+    with pytest.raises(BackendError, match="permanent"):
+        await retrying(broken, is_transient=transient, deadline_s=5, sleep=no_sleep)
+    assert len(calls) == 1
+
+    async def down() -> None:
+        raise BackendUnavailable("still down")
+
+    with pytest.raises(BackendUnavailable, match="still down"):
+        await retrying(down, is_transient=transient, deadline_s=0.05, first_s=0.01)
+    with pytest.raises(ValueError, match="deadline_s=-1"):
+        await retrying(down, is_transient=transient, deadline_s=-1)
+
+
+def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
+    known = {
+        "size": int_option(Bound(1, 10)),
+        "tls": bool_option,
+        "prefix": str_option,
+        "wait_ms": ms_option(Bound(0, 60_000)),
+    }
+    split = split_url("toy://u:pw@host/x?size=3&tls=yes&prefix=a:&wait_ms=500", known)
+    assert split.options == {"size": 3, "tls": True, "prefix": "a:", "wait_ms": 500}
+    assert (
+        split.url == "toy://u:pw@host/x"
+        and split.shown == "toy://u:***@host/x?size=3&tls=yes&prefix=a:&wait_ms=500"
+    )
+    with pytest.raises(InvalidOption) as caught:
+        split_url("toy://u:pw@host/x?colour=red", known, backend="Toy")
+    text = str(caught.value)
+    assert "'colour'" in text and "u:***@host" in text and "pw" not in text
+    assert "prefix, size, tls, wait_ms" in text
+    passed = split_url("toy://host/?size=2&socket_timeout=3", known, pass_on=True)
+    assert passed.options == {"size": 2} and passed.url == "toy://host/?socket_timeout=3"
+    for bad, rule in [
+        ("size=11", "from 1 to 10"),
+        ("size=x", "from 1 to 10"),
+        ("tls=maybe", "true or false"),
+        ("prefix=", "must not be empty"),
+        ("size=1&size=2", "twice"),
+        ("wait_ms=-1", "from 0 to 60000"),
+    ]:
+        with pytest.raises(InvalidOption, match=rule):
+            split_url(f"toy://host/?{bad}", known)
+
+
+def test_outage_actions_are_the_four_names() -> None:
+    assert OUTAGE_ACTIONS == (
+        "backend_unavailable",
+        "backend_recovered",
+        "notifications_lost",
+        "notifications_resumed",
+    )
+
+
+async def test_feed_isolates_a_failing_listener_and_logs_each_outage_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed = ChangeFeed("toy")
+    heard: list[tuple[str, str, bool]] = []
+
+    def broken(job: str, slot_key: str, released: bool) -> None:
+        raise RuntimeError("listener bug")
+
+    feed.add(broken)
+    feed.add(lambda *args: heard.append(args))
+    answers: list[object] = [
+        [ChangeEvent("a", "1", True)],
+        BackendUnavailable("gone"),
+        BackendUnavailable("gone"),
+        [ChangeEvent("b", "2", False)],
+    ]
+    done = asyncio.Event()
+
+    async def next_changes() -> Sequence[ChangeEvent]:
+        if not answers:
+            done.set()
+            await asyncio.sleep(60)
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        assert isinstance(answer, list)
+        return answer
+
+    with caplog.at_level(logging.INFO, logger="anarchon.backends.toy"):
+        feed.start(next_changes, retry_s=0.01, errors=(BackendError,))
+        await asyncio.wait_for(done.wait(), 2)
+        await feed.stop()
+    assert heard == [("a", "1", True), ("b", "2", False)]
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert actions == [
+        "listener_failed",
+        "notifications_lost",
+        "notifications_resumed",
+        "listener_failed",
+    ]
+    assert not feed.running
+
+
+STEPS = [
+    Step(1, "runs", "CREATE TABLE runs (id INTEGER); CREATE INDEX runs_id ON runs (id)"),
+    Step(2, "jobs", "CREATE TABLE jobs (name TEXT)"),
+]
+VERSION = {
+    "create_table": "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    "read_version": "SELECT max(version) FROM schema_version",
+    "write_version": "INSERT INTO schema_version (version) VALUES (?)",
+    "where": "toy.db",
+}
+
+
+def test_migrate_runs_pending_steps_once_and_refuses_newer_stores() -> None:
+    conn = sqlite3.connect(":memory:")
+    assert [s.name for s in migrate(conn, STEPS[:1], **VERSION)] == ["runs"]
+    assert [s.name for s in migrate(conn, STEPS, **VERSION)] == ["jobs"]
+    assert migrate(conn, STEPS, **VERSION) == []
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "jobs", "schema_version"} <= tables
+    with pytest.raises(
+        BackendError, match=r"toy\.db: database schema version 2 is newer .* upgrade"
+    ):
+        migrate(conn, STEPS[:1], **VERSION)
+    with pytest.raises(ValueError, match=r"numbered 1, 2, 3 ... in order, not \[2\]"):
+        migrate(conn, STEPS[1:], **VERSION)
+
+
+class _Half(LeaseBackend):
+    """Implements the batch form of finish and renew, the single form of last_slot."""
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        return []
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        return []
+
+    async def take_over(self, request: object) -> object:  # type: ignore[override]
+        return None
+
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        return None
+
+    async def finish_many(self, items: Sequence[object]) -> list[Run | BackendError]:
+        return [BackendError("refused") for _ in items]
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+        return list(tickets)
+
+    async def last_slot(self, job: str) -> int | None:
+        return 5 if job == "a" else None
+
+
+async def test_either_form_of_a_paired_call_serves_both() -> None:
+    backend = _Half()
+    assert await backend.last_slots(["a", "b"]) == {"a": 5, "b": None}
+    with pytest.raises(BackendError, match="refused"):
+        await backend.finish(object(), "succeeded", None)  # type: ignore[arg-type]
+    ticket = object()
+    assert await backend.renew(ticket) is ticket  # type: ignore[arg-type]
+
+
+def test_a_backend_with_neither_form_cannot_be_made() -> None:
+    class NoRenew(_Half):
+        renew_many = LeaseBackend.renew_many
+
+    with pytest.raises(TypeError, match=r"NoRenew implements neither renew\(\) nor renew_many\(\)"):
+        NoRenew()
+
+
+def test_sqlite_urls_take_their_options_through_the_kit(tmp_path: Path) -> None:
+    backend = backend_from_url(f"sqlite:///{tmp_path}/a.db?history_size=5&busy_timeout_ms=200")
+    assert isinstance(backend, SQLiteBackend)
+    assert backend.history_size == 5 and backend.path == tmp_path / "a.db"
+    with pytest.raises(
+        InvalidOption, match=r"unknown option 'mode'.*busy_timeout_ms, history_size"
+    ):
+        backend_from_url(f"sqlite:///{tmp_path}/a.db?mode=ro")
