@@ -91,6 +91,7 @@ class Action(StrEnum):
     BACKEND_RECOVERED = "backend_recovered"
     NOTIFICATIONS_LOST = "notifications_lost"
     NOTIFICATIONS_RESUMED = "notifications_resumed"
+    LISTENER_FAILED = "listener_failed"
     # backends
     MIGRATED = "migrated"
     SQLITE_PATH = "sqlite_path"

@@ -3,8 +3,8 @@
 Every module under ``src/anarchon/backends/`` is parsed (not imported, so no driver is needed).
 An import from anarchon must be ``anarchon.backend``, ``anarchon.errors``, ``anarchon.kit`` (or
 a submodule) or the module's own backend package. :data:`ALLOWED` lists the imports the
-PostgreSQL package still makes of private modules (Redis and NATS make none since their
-layouts were merged); it may only shrink: an entry no longer needed fails the test until removed.
+backend packages still make of private modules: none since every backend moved onto the kit;
+it may only shrink: an entry no longer needed fails the test until removed.
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ BACKENDS = Path(__file__).resolve().parents[2] / "src" / "anarchon" / "backends"
 PUBLIC = ("anarchon.backend", "anarchon.errors", "anarchon.kit")
 
 # (module file relative to backends/, what it imports): to be emptied, never extended.
-ALLOWED = {
-    ("postgres/_backend.py", "anarchon._models"),
-    ("postgres/_backend.py", "anarchon.backends._lease_rules"),
-    ("postgres/_listener.py", "anarchon._retry"),
-    ("postgres/_queries.py", "anarchon.backends._sql"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

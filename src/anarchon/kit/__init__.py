@@ -26,14 +26,15 @@ from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._options import HISTORY_SIZE, Bound, check_bool, check_int, ms_text
 from .._redact import redact_url
 from .._retry import backoff
+from ..logs import Action
 
-BACKEND_UNAVAILABLE: Final = "backend_unavailable"
+BACKEND_UNAVAILABLE: Final = Action.BACKEND_UNAVAILABLE
 """Log action: calls to the backend started failing (logged once per outage)."""
-BACKEND_RECOVERED: Final = "backend_recovered"
+BACKEND_RECOVERED: Final = Action.BACKEND_RECOVERED
 """Log action: the backend answers again after :data:`BACKEND_UNAVAILABLE`."""
-NOTIFICATIONS_LOST: Final = "notifications_lost"
+NOTIFICATIONS_LOST: Final = Action.NOTIFICATIONS_LOST
 """Log action: the backend's change notifications stopped (backups fall back to lease expiry)."""
-NOTIFICATIONS_RESUMED: Final = "notifications_resumed"
+NOTIFICATIONS_RESUMED: Final = Action.NOTIFICATIONS_RESUMED
 """Log action: change notifications flow again after :data:`NOTIFICATIONS_LOST`."""
 OUTAGE_ACTIONS: Final = (
     BACKEND_UNAVAILABLE,

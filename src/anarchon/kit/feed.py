@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..backend import ChangeEvent, ChangeListener
-from . import NOTIFICATIONS_LOST, NOTIFICATIONS_RESUMED
+from ..logs import Action
 from .calls import consume
 
 __all__ = ["ChangeFeed"]
@@ -59,7 +59,7 @@ class ChangeFeed:
                     "a change listener failed on %s/%s; the others were still told",
                     event.job,
                     event.slot_key,
-                    extra={"action": "listener_failed", "job": event.job},
+                    extra={"action": Action.LISTENER_FAILED, "job": event.job},
                 )
 
     def start(
@@ -91,7 +91,7 @@ class ChangeFeed:
             self.logger.warning(
                 "change notifications lost: %s; backups check at lease expiry until they resume",
                 error,
-                extra={"action": NOTIFICATIONS_LOST},
+                extra={"action": Action.NOTIFICATIONS_LOST},
             )
 
     def resumed(self) -> None:
@@ -99,7 +99,7 @@ class ChangeFeed:
         if self._lost:
             self._lost = False
             self.logger.info(
-                "change notifications resumed", extra={"action": NOTIFICATIONS_RESUMED}
+                "change notifications resumed", extra={"action": Action.NOTIFICATIONS_RESUMED}
             )
 
     async def _run(
