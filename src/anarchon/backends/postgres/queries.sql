@@ -397,7 +397,7 @@ FROM ({held_by_ticket}) held;
 -- one statement, after lock_job in the same transaction. The result is accepted when the
 -- attempt is still ours and running, or when it already holds this very result (a retry whose
 -- answer was lost: same token, status and error, no reason from a backup). Only an accepted
--- result prunes, by the rules of anarchon.backends._lease_rules: whole slots, never this slot
+-- result prunes, by the rules of anarchon.kit.lease: whole slots, never this slot
 -- nor a running one; slots whose every attempt ended before now - ttl_ms (oldest first), then
 -- the oldest ended slots while the job holds more than keep slots; at most batch slots. The
 -- newest slot dropped is remembered in {pruned} in the same statement, so a late claim of a

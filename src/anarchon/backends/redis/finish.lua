@@ -1,5 +1,5 @@
 -- finish: record the result of the attempt A holds (Backend.finish), then prune the job's
--- history (the rules of anarchon.backends._lease_rules) and wake the backups.
+-- history (the rules of anarchon.kit.lease) and wake the backups.
 -- A: slot_key, attempt, token, fence, status, error (optional), history_ttl_ms (optional),
 --    history_size, prune_batch, prune_scan, channel.
 local done = current(A.slot_key)
