@@ -27,6 +27,7 @@ from ..backend import (
 )
 from . import _lease_rules as rules
 from ._lease_rules import RunRow
+from .memory_registry import MemoryRegistry
 
 __all__ = ["MemoryBackend"]
 
@@ -157,6 +158,11 @@ class MemoryBackend(LeaseBackend):
 
     def __repr__(self) -> str:
         return f"MemoryBackend(history_size={self._history_size})"
+
+    def registry(self) -> MemoryRegistry:
+        """The registry, in this object (shared by the schedulers that share the object)."""
+        self._registry: MemoryRegistry = getattr(self, "_registry", None) or MemoryRegistry()
+        return self._registry
 
     def _now(self) -> int:
         return self._clock.now_ms()

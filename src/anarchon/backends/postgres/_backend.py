@@ -30,6 +30,7 @@ from .._lease_rules import RunRow, answer_existing, lease_lost, pruned_outcome
 from ._errors import translate
 from ._listener import Listener
 from ._queries import SCHEMA_VERSION, Names, Queries, check_schema, check_table_prefix
+from ._registry import PostgresRegistry
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -870,6 +871,10 @@ class PostgresBackend(LeaseBackend):
             return None if row is None else int(row[0])
 
         return await self._call(work)
+
+    def registry(self) -> PostgresRegistry:
+        """The registry, in a table of its own beside the backend's (see ``_registry``)."""
+        return PostgresRegistry(self)
 
     def clone(self) -> PostgresBackend | None:
         """A new, unstarted backend on the same database, schema and prefix with a small pool

@@ -47,6 +47,7 @@ from ...errors import BackendError, BackendUnavailable, LeaseLost
 from .. import _lease_rules as rules
 from .._lease_rules import RunRow
 from .._sql import load_queries
+from ._registry import SQLiteRegistry
 
 __all__ = ["SQLiteBackend"]
 
@@ -653,6 +654,10 @@ class SQLiteBackend(LeaseBackend):
         """The backend's clock: the host's wall clock as anchored for this boot (see the
         module docstring), the one leases are measured on."""
         return self._clock.now()
+
+    def registry(self) -> SQLiteRegistry:
+        """The registry, in a table of its own in this file (see ``_registry``)."""
+        return SQLiteRegistry(self)
 
     def clone(self) -> SQLiteBackend:
         """A new, unstarted backend on the same file with the same options and a connection of
