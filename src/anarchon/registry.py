@@ -20,15 +20,21 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ._models import Run
+    from .backend import Backend
 
 __all__ = [
     "ClusterView",
     "Drift",
     "InstanceRecord",
     "JobDefinition",
+    "JobView",
     "RegistryStore",
     "build_view",
+    "describe_jobs",
 ]
 
 #: Instances silent for this many of their heartbeats are removed from the registry.
@@ -249,3 +255,58 @@ class RegistryStore(Protocol):
 
         A record refreshed at or after the cutoff is never removed (the check and the removal
         are one step, or the store's documentation says where they are not)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobView:
+    """One job as ``anarchon jobs`` shows it: its definition, where it runs and how it went.
+
+    Built from a :class:`ClusterView` and the backend's history by :func:`describe_jobs`.
+    """
+
+    name: str
+    definition: JobDefinition
+    """The definition most instances carry (see :attr:`drift` for the others)."""
+    instances: tuple[str, ...]
+    """The instances that carry the job."""
+    next_slot_ms: int | None
+    """The next slot of :attr:`definition` after the view's ``now_ms``."""
+    last_run: Run | None
+    """The newest finished attempt (succeeded, failed or skipped), if any is recorded."""
+    running: tuple[Run, ...]
+    """Attempts running now, newest first."""
+    drift: Drift | None = None
+    paused: bool | None = None
+    """Reserved for cluster-wide pause (issue 13, item 4): None while anarchon cannot tell."""
+
+
+async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> list[JobView]:
+    """One :class:`JobView` per job the view's instances carry, reading up to ``runs`` recent
+    attempts of each from ``backend`` (started)."""
+    from ._schedule import CronSchedule
+
+    drifts = {d.job: d for d in view.drift}
+    out = []
+    for name, definitions in view.definitions.items():
+        definition = definitions[0]
+        try:
+            next_slot: int | None = CronSchedule(definition.expression, definition.zone).next_slot(
+                view.now_ms
+            )
+        except (ValueError, LookupError):  # a definition this version cannot read
+            next_slot = None
+        history = await backend.history(name, limit=runs)
+        running = tuple(r for r in history if not r.status.finished)
+        last = next((r for r in history if r.status.finished), None)
+        out.append(
+            JobView(
+                name=name,
+                definition=definition,
+                instances=view.carriers(name),
+                next_slot_ms=next_slot,
+                last_run=last,
+                running=running,
+                drift=drifts.get(name),
+            )
+        )
+    return out
