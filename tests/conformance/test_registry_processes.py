@@ -1,5 +1,5 @@
 """The registry with real processes: three instances on SQLite and on PostgreSQL, read with the
-``anarchon instances`` and ``anarchon jobs`` commands as an operator would."""
+``anarchon instances`` and ``anarchon jobs`` commands as an operator would (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "anarchon",
     "anarchon.backend",
     "anarchon.errors",
+    "anarchon.registry",
     "anarchon.testing",
     "anarchon.integrations.starlette",
     "anarchon.integrations.django",
