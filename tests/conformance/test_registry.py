@@ -72,6 +72,9 @@ async def test_records_are_replaced_whole_and_removed(store: RegistryStore) -> N
     assert by_id["b/ü x"] == _record("b/ü x", 2_000)
     await store.remove("a")
     assert [r.id for r in await store.instances()] == ["b/ü x"]
+    await store.remove("b/ü x")
+    assert await store.instances() == []
+    assert await store.exists()  # no instance now is not "never any instance"
 
 
 async def test_silent_instances_are_removed_and_fresh_ones_kept(store: RegistryStore) -> None:

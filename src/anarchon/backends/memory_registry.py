@@ -14,10 +14,12 @@ class MemoryRegistry:
 
     def __init__(self) -> None:
         self._records: dict[str, InstanceRecord] = {}
+        self._recorded = False
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
         self._records[instance.id] = instance
+        self._recorded = True
 
     async def instances(self) -> list[InstanceRecord]:
         """See :meth:`anarchon.registry.RegistryStore.instances`."""
@@ -25,7 +27,7 @@ class MemoryRegistry:
 
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
-        return bool(self._records)
+        return self._recorded
 
     async def remove(self, instance_id: str) -> None:
         """See :meth:`anarchon.registry.RegistryStore.remove`."""

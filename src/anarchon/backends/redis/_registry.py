@@ -5,6 +5,8 @@ key                            type   contents
 =============================  =====  ========================================================
 ``P{registry}:instances``      hash   instance id -> its record as JSON
 ``P{registry}:beats``          zset   instance id scored by its last heartbeat (epoch ms)
+``P{registry}:since``          str    the first heartbeat ever recorded here (epoch ms): tells
+                                      "no instance now" from "never any instance"
 =============================  =====  ========================================================
 
 Both carry the hash tag ``{registry}`` (one Redis Cluster slot) and every step is one script,
@@ -26,6 +28,7 @@ __all__ = ["RedisRegistry"]
 RECORD: Final = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('SET', KEYS[3], ARGV[2], 'NX')
 return 1
 """
 REMOVE: Final = """
@@ -53,11 +56,11 @@ class RedisRegistry:
     def __init__(self, backend: RedisBackend) -> None:
         self._backend = backend
         base = f"{backend.prefix}{{registry}}:"
-        self._keys = [base + "instances", base + "beats"]
+        self._keys = [base + "instances", base + "beats", base + "since"]
 
     async def _eval(self, script: str, *args: str | int) -> Any:
         connection = self._backend._connection
-        return await connection.call(connection.client().eval(script, 2, *self._keys, *args))
+        return await connection.call(connection.client().eval(script, 3, *self._keys, *args))
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
@@ -73,7 +76,7 @@ class RedisRegistry:
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
         connection = self._backend._connection
-        count = await connection.call(connection.client().exists(self._keys[0]))
+        count = await connection.call(connection.client().exists(self._keys[2]))
         return bool(count)
 
     async def remove(self, instance_id: str) -> None:
