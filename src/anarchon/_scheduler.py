@@ -39,6 +39,7 @@ from typing import Any, Final, TypeVar, Unpack
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
+from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat, read_cluster
 from ._job import Handler, Job, JobKwargs, JobOptions, Timezone, build_job
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
 from ._metrics import Counters, Metrics
@@ -57,8 +58,10 @@ from .errors import (
     InvalidOption,
     JobNotFound,
     SchedulerStateError,
+    UnsupportedFeature,
 )
 from .logs import Action, log_fields
+from .registry import ClusterView
 
 __all__ = ["Scheduler"]
 
@@ -158,6 +161,8 @@ class Scheduler:
         ``docs/clocks.md``.
     :param max_workers: threads for plain (non-async) handlers, 1 to 1024. A slot of a plain
         job is claimed only while a thread is free for it.
+    :param heartbeat_ms: how often this instance records itself and its jobs in the backend's
+        registry (:meth:`cluster`, ``anarchon instances``), 100 to 3 600 000.
     """
 
     def __init__(
@@ -168,11 +173,14 @@ class Scheduler:
         grace_ms: int = DEFAULT_GRACE_MS,
         clock: Clock | None = None,
         max_workers: int = DEFAULT_MAX_WORKERS,
+        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
     ) -> None:
         if backend is not None and not isinstance(backend, Backend):
             raise InvalidOption(f"backend {backend!r} is not an anarchon Backend")
         grace_ms = check_int("grace_ms", grace_ms, GRACE, "Scheduler")
         max_workers = check_int("max_workers", max_workers, MAX_WORKERS, "Scheduler")
+        self.heartbeat_ms = check_int("heartbeat_ms", heartbeat_ms, HEARTBEAT, "Scheduler")
+        self._heartbeat: Heartbeat | None = None
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
         if backend is None:
@@ -397,6 +405,13 @@ class Scheduler:
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(_cancel_and_wait, [timer, skew])
         self._spawn(self._catching_up.start(list(self._jobs.values())))
+        store = backend.registry()
+        if store is not None:  # the registry: see _heartbeat
+            jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
+            beat = Heartbeat(store, self._clock, self.heartbeat_ms, self.instance_id, jobs, offset)
+            self._heartbeat = beat
+            beat.start()
+            stack.push_async_callback(beat.stop)
 
     async def _start_keeper(self, stack: AsyncExitStack, loop: asyncio.AbstractEventLoop) -> None:
         """Start the lease keeper: on the scheduler's own thread, with its own connection, when
@@ -683,6 +698,15 @@ class Scheduler:
             if recorded.run_id == request.run_id:
                 return recorded
         return outcome.run
+
+    async def cluster(self) -> ClusterView:
+        """Read the backend's registry: every live instance, the jobs each carries, and the jobs
+        whose definitions differ between instances (:mod:`anarchon.registry`)."""
+        self._require_started()
+        beat = self._heartbeat
+        if beat is None:
+            raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
+        return await read_cluster(beat.store, beat.backend_now_ms())
 
     def metrics(self) -> Metrics:
         """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not

@@ -49,6 +49,7 @@ from typing import Final, TypeVar
 
 from ._models import Overlap, Run, Trigger
 from .errors import BackendError, BackendUnavailable
+from .registry import RegistryStore
 
 __all__ = [
     "HANDED_OVER",
@@ -452,6 +453,11 @@ class Backend(abc.ABC):
 
         The core compares it with the local clock to warn about skew.
         """
+        return None
+
+    def registry(self) -> RegistryStore | None:
+        """Return where this backend keeps the registry of instances and job definitions
+        (:mod:`anarchon.registry`), on its own connection; None (the default) if it has none."""
         return None
 
 

@@ -1,4 +1,5 @@
-"""The ``anarchon`` command: run a scheduler, read history, preview a schedule, run the demo.
+"""The ``anarchon`` command: run a scheduler, list jobs and instances, read history, preview a
+schedule, run the demo.
 
 Every failure is one line on stderr and a documented exit code (README, "Command line"):
 
@@ -8,12 +9,15 @@ Every failure is one line on stderr and a documented exit code (README, "Command
 2     bad command line or configuration: an unknown option, a bad number, a malformed or
       unknown backend URL, a bad cron expression, a ``run`` target that is not a Scheduler or
       that was already run (a module that calls ``scheduler.run()`` when imported)
-3     ``history`` found no anarchon data where the backend points (no SQLite file, or a file
-      anarchon never wrote)
+3     ``history``, ``jobs`` or ``instances`` found no anarchon data where the backend points (no
+      SQLite file, a file anarchon never wrote, no registry: no scheduler ever ran there)
 4     the backend cannot be reached or refused the request
 ====  ==========================================================================================
 
 No message and no log line shows a password or token: URLs pass through one redactor.
+
+``jobs --json`` and ``instances --json`` print one JSON object whose shape is stable (fields are
+only ever added), documented in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
 import sqlite3
 import sys
+import textwrap
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 from urllib.parse import quote
 
 from . import __version__
@@ -45,6 +52,7 @@ from .errors import (
     MissingDependency,
     SchedulerStateError,
 )
+from .registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
 
 __all__ = ["main"]
 
@@ -243,6 +251,208 @@ async def _history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+WIDTH: Final = 100
+"""Every table line fits in this many columns."""
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _table(header: list[str], rows: list[list[str]], caps: list[int]) -> list[str]:
+    """Columns padded to their widest cell, each cut to its cap (``~`` marks a cut)."""
+    rows = [[_cut(c, cap) for c, cap in zip(row, caps, strict=True)] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _age(ms: int) -> str:
+    """A duration as a person reads it at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``."""
+    if ms < 1_000:
+        return f"{max(ms, 0)}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m"
+    return f"{ms // 3_600_000}h"
+
+
+def _moment(ms: int | None, now_ms: int) -> str:
+    """UTC time of day within a day of now, else month-day and minutes."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.strftime("%H:%M:%S" if abs(ms - now_ms) < 86_400_000 else "%m-%d %H:%M")
+
+
+def _run_json(run: Run | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    finished = run.finished_at
+    return {
+        "status": run.status.value,
+        "trigger": run.trigger.value,
+        "slot_ms": run.slot_ms,
+        "started_ms": round(run.started_at.timestamp() * 1000),
+        "finished_ms": None if finished is None else round(finished.timestamp() * 1000),
+        "took_ms": None if run.duration is None else round(run.duration * 1000),
+        "instance": run.instance,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "error": run.error,
+        "reason": run.reason,
+    }
+
+
+async def _require_postgres_data(backend: Backend) -> None:
+    """Exit with EXIT_NO_DATA unless the registry table exists, checked on a connection of our
+    own before the backend starts (starting it would create its tables)."""
+    dsn = getattr(backend, "dsn", None)
+    if dsn is None:
+        return  # a pool or connection passed in: nothing to check without starting
+    import psycopg
+
+    name = f"{backend.schema}.{backend.table_prefix}registry"  # type: ignore[attr-defined]
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=5) as conn:
+            cursor = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+            row = await cursor.fetchone()
+    except psycopg.Error as exc:
+        raise _Exit(EXIT_BACKEND, f"cannot reach {redact_url(repr(backend))}: {exc}") from None
+    if not (row and row[0]):
+        raise _Exit(EXIT_NO_DATA, f"no anarchon data at {redact_url(repr(backend))}")
+
+
+async def _read_cluster(
+    url: str | None, *, with_jobs: bool
+) -> tuple[Backend, ClusterView, list[JobView]]:
+    """Open the backend read-only, read the registry (and each job's recent history)."""
+    backend = _backend(url)
+    store = backend.registry()
+    where = redact_url(repr(backend))
+    if store is None:
+        raise _Exit(EXIT_USAGE, f"the {backend.name} backend keeps no registry ({where})")
+    from .backends.postgres import PostgresBackend
+    from .backends.sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        _require_sqlite_data(backend.path)
+    elif isinstance(backend, PostgresBackend):
+        await _require_postgres_data(backend)
+    await backend.start_reader()
+    try:
+        if not await store.exists():
+            raise _Exit(EXIT_NO_DATA, f"no anarchon data at {where}: no scheduler recorded itself")
+        server_ms = await backend.server_time_ms()
+        now_ms = server_ms if server_ms is not None else int(time.time() * 1000)
+        view = build_view(await store.instances(), now_ms)
+        jobs = await describe_jobs(backend, view) if with_jobs else []
+    finally:
+        await backend.stop()
+    return backend, view, jobs
+
+
+def _instance_json(record: InstanceRecord, now_ms: int) -> dict[str, Any]:
+    return {**record.to_dict(), "heartbeat_age_ms": now_ms - record.heartbeat_ms}
+
+
+async def _instances(args: argparse.Namespace) -> int:
+    backend, view, _ = await _read_cluster(args.backend, with_jobs=False)
+    now = view.now_ms
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "backend": redact_url(repr(backend)),
+                    "now_ms": now,
+                    "instances": [_instance_json(i, now) for i in view.instances],
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    if not view.instances:
+        print(f"no live instances in {redact_url(repr(backend))}")
+        return EXIT_OK
+    header = ["instance", "host", "pid", "version", "heartbeat", "offset", "jobs"]
+    rows = [
+        [
+            i.id,
+            i.host,
+            str(i.pid),
+            i.version,
+            _age(now - i.heartbeat_ms) + " ago",
+            "-" if i.clock_offset_ms is None else f"{i.clock_offset_ms:+d}ms",
+            f"{len(i.jobs)}: " + ",".join(j.name for j in i.jobs) if i.jobs else "0",
+        ]
+        for i in view.instances
+    ]
+    print("\n".join(_table(header, rows, [24, 16, 7, 10, 10, 9, 30])))
+    return EXIT_OK
+
+
+def _job_json(job: JobView) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        **{k: v for k, v in job.definition.to_dict().items() if k != "name"},
+        "instances": list(job.instances),
+        "next_slot_ms": job.next_slot_ms,
+        "last_run": _run_json(job.last_run),
+        "running": [_run_json(r) for r in job.running],
+        "paused": job.paused,
+        "drift": None if job.drift is None else job.drift.to_dict(),
+    }
+
+
+def _job_row(job: JobView, now: int) -> list[str]:
+    zone = job.definition.zone
+    schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
+    last = job.last_run
+    took = last.duration if last is not None else None
+    running = ",".join(f"{r.instance}#{r.attempt}" for r in job.running) or "-"
+    return [
+        job.name + ("*" if job.drift else ""),
+        schedule,
+        _moment(job.next_slot_ms, now),
+        last.status.value if last else "-",
+        _moment(round(last.started_at.timestamp() * 1000), now) if last else "-",
+        last.instance if last else "-",
+        "-" if took is None else _age(round(took * 1000)),
+        running,
+    ]
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    backend, view, jobs = await _read_cluster(args.backend, with_jobs=True)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "backend": redact_url(repr(backend)),
+                    "now_ms": view.now_ms,
+                    "jobs": [_job_json(j) for j in jobs],
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    if not jobs:
+        print(f"no live instance carries a job in {redact_url(repr(backend))}")
+        return EXIT_OK
+    header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
+    rows = [_job_row(j, view.now_ms) for j in jobs]
+    print("\n".join(_table(header, rows, [14, 15, 11, 9, 11, 10, 6, 10])))
+    if view.drift:
+        print("\n* definitions differ between instances (each fires its own schedule):")
+        for drift in view.drift:
+            print(
+                textwrap.fill(
+                    drift.describe(), WIDTH, initial_indent="  ", subsequent_indent="    "
+                )
+            )
+    return EXIT_OK
+
+
 def _next(args: argparse.Namespace) -> int:
     schedule = CronSchedule(args.expression, args.tz)
     for moment in schedule.next_times(datetime.now(UTC), args.n):
@@ -273,6 +483,20 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument(
         "-n", type=_count(1, 100_000), default=20, help="how many runs, at least 1 (default 20)"
     )
+
+    for name, text in (
+        ("jobs", "list the jobs live instances carry: schedule, next slot, last run, drift"),
+        ("instances", "list the live instances: heartbeat, clock offset, version, jobs"),
+    ):
+        command = sub.add_parser(name, help=text)
+        command.add_argument(
+            "--backend",
+            help=f"backend URL; default ${ENV_BACKEND}, else SQLite at $ANARCHON_DB or "
+            "./anarchon.db",
+        )
+        command.add_argument(
+            "--json", action="store_true", help="print one JSON object (docs/operations.md)"
+        )
 
     nxt = sub.add_parser("next", help="print the next fire times of a cron expression")
     nxt.add_argument("expression")
@@ -312,6 +536,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = _run(args.target)
         elif args.command == "history":
             code = asyncio.run(_history(args))
+        elif args.command == "jobs":
+            code = asyncio.run(_jobs(args))
+        elif args.command == "instances":
+            code = asyncio.run(_instances(args))
         elif args.command == "next":
             code = _next(args)
         else:

@@ -23,6 +23,7 @@ PUBLIC_MODULES = (
     "anarchon.backend",
     "anarchon.errors",
     "anarchon.logs",
+    "anarchon.registry",
     "anarchon.testing",
     "anarchon.testing.contract",
     "anarchon.kit",

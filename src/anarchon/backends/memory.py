@@ -28,6 +28,7 @@ from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
 from ..kit import lease as rules
 from ..kit.feed import ChangeFeed
 from ..kit.lease import RunRow
+from .memory_registry import MemoryRegistry
 
 __all__ = ["MemoryBackend"]
 
@@ -158,6 +159,11 @@ class MemoryBackend(LeaseBackend):
 
     def __repr__(self) -> str:
         return f"MemoryBackend(history_size={self._history_size})"
+
+    def registry(self) -> MemoryRegistry:
+        """The registry, in this object (shared by the schedulers that share the object)."""
+        self._registry: MemoryRegistry = getattr(self, "_registry", None) or MemoryRegistry()
+        return self._registry
 
     def _now(self) -> int:
         return self._clock.now_ms()

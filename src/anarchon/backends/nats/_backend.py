@@ -35,6 +35,7 @@ from ._options import (
     parse_url,
     url_secrets,
 )
+from ._registry import NatsRegistry
 from ._subjects import check_prefix, check_stream
 from ._window import Window
 
@@ -261,6 +262,10 @@ class NatsBackend(Backend):
             after = found.seq + 1
         runs = await self.history(job, limit=1)
         return runs[0] if runs else None
+
+    def registry(self) -> NatsRegistry:
+        """The registry, in a key-value bucket beside the stream (see ``_registry``)."""
+        return NatsRegistry(self)
 
     async def server_time_ms(self) -> int | None:
         """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),

@@ -31,6 +31,7 @@ from ._listener import Listener
 from ._migrations import check_readable, migrate
 from ._options import DEFAULT_DSN, DEFAULT_PREFIX, DEFAULT_SCHEMA, check_options, split_url
 from ._queries import Names, Queries
+from ._registry import PostgresRegistry
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -327,6 +328,10 @@ class PostgresBackend(LeaseBackend):
             )
         self._listener.add(on_change)
         await self._listener.start(LISTEN_WAIT_S)
+
+    def registry(self) -> PostgresRegistry:
+        """The registry, in a table of its own beside the backend's (see ``_registry``)."""
+        return PostgresRegistry(self)
 
     def clone(self) -> PostgresBackend | None:
         """A new, unstarted backend on the same database, schema and prefix with a small pool

@@ -30,6 +30,7 @@ from ._options import (
     require_driver,
     split_url,
 )
+from ._registry import RedisRegistry
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -181,6 +182,10 @@ class RedisBackend(LeaseBackend):
         if limit <= 0:
             return []
         return rows.runs(await self._connection.script("history", keys, self._args(limit=limit)))
+
+    def registry(self) -> RedisRegistry:
+        """The registry, in three keys of its own under the prefix (see ``_registry``)."""
+        return RedisRegistry(self)
 
     async def server_time_ms(self) -> int | None:
         """Redis's clock (``TIME``), the one every lease is measured on."""

@@ -30,6 +30,7 @@ from ...kit.feed import ChangeFeed
 from ._connection import Connection
 from ._options import DEFAULT_PATH, ENV_PATH, EVENTS_POLL_MS, Options, parse_url
 from ._queries import Q
+from ._registry import SQLiteRegistry
 from ._rows import SQLiteRows, row_of
 
 __all__ = ["SQLiteBackend"]
@@ -234,6 +235,10 @@ class SQLiteBackend(LeaseBackend):
             self._feed.start(
                 self._db.events_after(since), retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
             )
+
+    def registry(self) -> SQLiteRegistry:
+        """The registry, in a table of its own in this file (see ``_registry``)."""
+        return SQLiteRegistry(self)
 
     def clone(self) -> SQLiteBackend:
         """A new, unstarted backend on the same file with the same options and a connection of

@@ -1,0 +1,193 @@
+"""The heartbeat: each scheduler records itself and its jobs in the backend's registry.
+
+Every ``heartbeat_ms`` the instance writes its :class:`~anarchon.registry.InstanceRecord` (one
+document, whole), removes records silent for longer than
+:data:`~anarchon.registry.SILENT_HEARTBEATS` of its own heartbeats, and reads the registry back
+to look for definition drift: one WARNING (action ``definition_drift``) per distinct drift,
+naming the instances and the definitions.
+
+It runs as a task of its own and nothing waits on it: the claim path never reads the registry,
+so a slow or failing registry delays no slot. A failing write is logged once per outage (action
+``registry_unavailable``) and retried at the next beat; recovery is logged once too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from ._clock import Clock
+from ._job import Job
+from ._options import Bound
+from .errors import AnarchonError
+from .registry import (
+    SILENT_HEARTBEATS,
+    ClusterView,
+    InstanceRecord,
+    JobDefinition,
+    RegistryStore,
+    build_view,
+)
+
+__all__ = ["DEFAULT_HEARTBEAT_MS", "HEARTBEAT", "Heartbeat", "definition_of", "read_cluster"]
+
+logger = logging.getLogger("anarchon.heartbeat")
+
+DEFAULT_HEARTBEAT_MS: Final = 5_000
+HEARTBEAT: Final = Bound(100, 3_600_000, ms=True)
+"""The range of the Scheduler's ``heartbeat_ms``."""
+# On stop, removing this instance's record may take this long (s) before it is left to expire.
+LEAVE_TIMEOUT_S: Final = 2.0
+
+
+def definition_of(job: Job) -> JobDefinition:
+    """The definition of ``job`` that every instance should share: expression, zone and the
+    resolved options (defaults filled in)."""
+    policy = job.policy
+    options: dict[str, str | int | bool | None] = {
+        "jitter_ms": policy.jitter_ms,
+        "max_late_ms": policy.max_late_ms,
+        "lease_ms": policy.lease_ms,
+        "max_attempts": policy.max_attempts,
+        "overlap": policy.overlap.value,
+        "catch_up": str(policy.catch_up),
+        "catch_up_window_ms": policy.catch_up_window_ms,
+        "handover": policy.handover,
+        "history_ttl_ms": policy.history_ttl_ms,
+        "timeout_ms": job.timeout_ms,
+    }
+    return JobDefinition(
+        name=job.name,
+        expression=job.schedule.expression,
+        zone=job.schedule.timezone,
+        options=options,
+    )
+
+
+async def read_cluster(store: RegistryStore, now_ms: int) -> ClusterView:
+    """Read the registry once: the instances, their definitions and the drift among them."""
+    return build_view(await store.instances(), now_ms)
+
+
+class Heartbeat:
+    """Records one instance in a :class:`~anarchon.registry.RegistryStore`, on a task of its
+    own, from :meth:`start` until :meth:`stop` (which removes the record)."""
+
+    def __init__(
+        self,
+        store: RegistryStore,
+        clock: Clock,
+        interval_ms: int,
+        instance_id: str,
+        jobs: Callable[[], Iterable[Job]],
+        clock_offset_ms: Callable[[], int | None],
+    ) -> None:
+        self.store = store
+        self.interval_ms = interval_ms
+        self._clock = clock
+        self._id = instance_id
+        self._jobs = jobs
+        self._offset = clock_offset_ms
+        self._started_ms = self.backend_now_ms()
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self._warned: set[tuple[str, frozenset[str]]] = set()
+
+    def backend_now_ms(self) -> int:
+        """Now on the backend's clock, as this instance last measured its offset."""
+        return self._clock.now_ms() + (self._offset() or 0)
+
+    def record(self) -> InstanceRecord:
+        """This instance as it records itself now."""
+        from . import __version__  # the package imports this module while it loads
+
+        return InstanceRecord(
+            id=self._id,
+            host=self._host,
+            pid=self._pid,
+            version=__version__,
+            started_ms=self._started_ms,
+            heartbeat_ms=self.backend_now_ms(),
+            interval_ms=self.interval_ms,
+            clock_offset_ms=self._offset(),
+            jobs=tuple(sorted((definition_of(j) for j in self._jobs()), key=lambda d: d.name)),
+        )
+
+    def start(self) -> None:
+        """Begin beating on the running event loop."""
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        """Stop beating and remove this instance's record (bounded: on failure the record is
+        left for the others to remove after the silent window)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(AnarchonError, TimeoutError):
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await self.store.remove(self._id)
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await self._clock.sleep(self.interval_ms / 1000)
+
+    async def beat(self) -> ClusterView | None:
+        """Record, clean up, look for drift; None when the registry could not be reached."""
+        try:
+            await self.store.record(self.record())
+            now = self.backend_now_ms()
+            removed = await self.store.remove_silent(now - SILENT_HEARTBEATS * self.interval_ms)
+            view = await read_cluster(self.store, now)
+        except AnarchonError as exc:
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "instance %s cannot record itself in the registry (retrying every %d ms): %s",
+                    self._id,
+                    self.interval_ms,
+                    exc,
+                    extra={"action": "registry_unavailable"},
+                )
+            return None
+        if self._failing:
+            self._failing = False
+            logger.info(
+                "instance %s records itself in the registry again",
+                self._id,
+                extra={"action": "registry_recovered"},
+            )
+        for gone in removed:
+            logger.info(
+                "removed instance %s from the registry: silent for over %d heartbeats",
+                gone,
+                SILENT_HEARTBEATS,
+                extra={"action": "instance_removed", "instance": gone},
+            )
+        self._warn_drift(view)
+        return view
+
+    def _warn_drift(self, view: ClusterView) -> None:
+        for drift in view.drift:
+            key = (drift.job, frozenset(d.fingerprint for d, _ in drift.variants))
+            if key in self._warned:
+                continue
+            self._warned.add(key)
+            logger.warning(
+                "%s; until every instance carries one definition, each instance fires the slots "
+                "of its own (both schedules run)",
+                drift.describe(),
+                extra={
+                    "action": "definition_drift",
+                    "job": drift.job,
+                    "instances": [list(ids) for _, ids in drift.variants],
+                },
+            )

@@ -1,0 +1,88 @@
+"""The Redis backend's registry: two keys of its own under the backend's prefix ``P``.
+
+=============================  =====  ========================================================
+key                            type   contents
+=============================  =====  ========================================================
+``P{registry}:instances``      hash   instance id -> its record as JSON
+``P{registry}:beats``          zset   instance id scored by its last heartbeat (epoch ms)
+``P{registry}:since``          str    the first heartbeat ever recorded here (epoch ms): tells
+                                      "no instance now" from "never any instance"
+=============================  =====  ========================================================
+
+Both carry the hash tag ``{registry}`` (one Redis Cluster slot) and every step is one script,
+so each step is atomic. No job's keys collide with them: a job's keys end in ``:meta``,
+``:runs``, ``:slots``, ``:order`` or ``:leases``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from anarchon.registry import InstanceRecord
+
+if TYPE_CHECKING:
+    from . import RedisBackend
+
+__all__ = ["RedisRegistry"]
+
+RECORD: Final = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('SET', KEYS[3], ARGV[2], 'NX')
+return 1
+"""
+REMOVE: Final = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+REMOVE_SILENT: Final = """
+local silent = redis.call('ZRANGE', KEYS[2], '-inf', '(' .. ARGV[1], 'BYSCORE')
+for _, id in ipairs(silent) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+return silent
+"""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisRegistry:
+    """A :class:`~anarchon.registry.RegistryStore` in a hash and a sorted set."""
+
+    def __init__(self, backend: RedisBackend) -> None:
+        self._backend = backend
+        base = f"{backend.prefix}{{registry}}:"
+        self._keys = [base + "instances", base + "beats", base + "since"]
+
+    async def _eval(self, script: str, *args: str | int) -> Any:
+        connection = self._backend._connection
+        return await connection.call(connection.client().eval(script, 3, *self._keys, *args))
+
+    async def record(self, instance: InstanceRecord) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.record`."""
+        await self._eval(RECORD, instance.id, instance.heartbeat_ms, instance.to_json())
+
+    async def instances(self) -> list[InstanceRecord]:
+        """See :meth:`anarchon.registry.RegistryStore.instances`."""
+        connection = self._backend._connection
+        values = await connection.call(connection.client().hvals(self._keys[0]))
+        found = (InstanceRecord.from_json(_text(v)) for v in values)
+        return [record for record in found if record is not None]
+
+    async def exists(self) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.exists`."""
+        connection = self._backend._connection
+        count = await connection.call(connection.client().exists(self._keys[2]))
+        return bool(count)
+
+    async def remove(self, instance_id: str) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.remove`."""
+        await self._eval(REMOVE, instance_id)
+
+    async def remove_silent(self, cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
+        return [_text(v) for v in await self._eval(REMOVE_SILENT, cutoff_ms)]

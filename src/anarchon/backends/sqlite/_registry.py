@@ -1,0 +1,88 @@
+"""The SQLite backend's registry: one table of its own, ``anarchon_registry``, in the same file.
+
+Every statement runs on the backend's connection (its thread), so it shares the backend's busy
+timeout and error translation. The table is created (``IF NOT EXISTS``) before the first write
+and never by a read: a reader of a file where no scheduler recorded itself sees no instances.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Final
+
+from anarchon.registry import InstanceRecord
+
+if TYPE_CHECKING:
+    from ._backend import SQLiteBackend
+
+__all__ = ["SQLiteRegistry"]
+
+TABLE: Final = "anarchon_registry"
+CREATE: Final = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (instance TEXT PRIMARY KEY, "
+    "heartbeat_ms INTEGER NOT NULL, record TEXT NOT NULL)"
+)
+UPSERT: Final = (
+    f"INSERT INTO {TABLE} (instance, heartbeat_ms, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, "
+    "record = excluded.record"
+)
+EXISTS: Final = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{TABLE}'"
+SELECT: Final = f"SELECT record FROM {TABLE}"
+DELETE: Final = f"DELETE FROM {TABLE} WHERE instance = ?"
+DELETE_SILENT: Final = f"DELETE FROM {TABLE} WHERE heartbeat_ms < ? RETURNING instance"
+
+
+class SQLiteRegistry:
+    """A :class:`~anarchon.registry.RegistryStore` in the backend's SQLite file; each step is
+    one statement, so each is atomic."""
+
+    def __init__(self, backend: SQLiteBackend) -> None:
+        self._backend = backend
+        self._created = False
+
+    async def record(self, instance: InstanceRecord) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.record`."""
+        create = not self._created
+
+        def write(conn: sqlite3.Connection) -> None:
+            if create:
+                conn.execute(CREATE)
+            conn.execute(UPSERT, (instance.id, instance.heartbeat_ms, instance.to_json()))
+
+        await self._backend._db.call(write)
+        self._created = True
+
+    async def instances(self) -> list[InstanceRecord]:
+        """See :meth:`anarchon.registry.RegistryStore.instances`."""
+
+        def read(conn: sqlite3.Connection) -> list[str]:
+            if conn.execute(EXISTS).fetchone() is None:
+                return []
+            return [row[0] for row in conn.execute(SELECT).fetchall()]
+
+        found = (InstanceRecord.from_json(text) for text in await self._backend._db.call(read))
+        return [record for record in found if record is not None]
+
+    async def exists(self) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.exists`."""
+        return await self._backend._db.call(lambda c: c.execute(EXISTS).fetchone() is not None)
+
+    async def remove(self, instance_id: str) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.remove`."""
+
+        def delete(conn: sqlite3.Connection) -> None:
+            if conn.execute(EXISTS).fetchone() is not None:
+                conn.execute(DELETE, (instance_id,))
+
+        await self._backend._db.call(delete)
+
+    async def remove_silent(self, cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
+
+        def delete(conn: sqlite3.Connection) -> list[str]:
+            if conn.execute(EXISTS).fetchone() is None:
+                return []
+            return [row[0] for row in conn.execute(DELETE_SILENT, (cutoff_ms,)).fetchall()]
+
+        return await self._backend._db.call(delete)

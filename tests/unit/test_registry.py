@@ -1,0 +1,116 @@
+"""The registry's pure parts and the heartbeat, with the in-memory backend and a fake clock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from anarchon import InvalidOption, RunContext, Scheduler
+from anarchon._heartbeat import Heartbeat
+from anarchon.backends.memory_registry import MemoryRegistry
+from anarchon.cli import _table
+from anarchon.errors import BackendUnavailable
+from anarchon.registry import InstanceRecord, JobDefinition, build_view
+from anarchon.testing import FakeClock, MemoryBackend
+
+
+def definition(expression: str = "*/2 * * * *", **options: int) -> JobDefinition:
+    return JobDefinition(name="sync", expression=expression, zone="UTC", options=options)
+
+
+def record(instance_id: str, *jobs: JobDefinition, beat: int = 1_000) -> InstanceRecord:
+    return InstanceRecord(
+        id=instance_id,
+        host="h",
+        pid=1,
+        version="0",
+        started_ms=0,
+        heartbeat_ms=beat,
+        interval_ms=5_000,
+        clock_offset_ms=3,
+        jobs=jobs,
+    )
+
+
+def test_the_fingerprint_is_stable_and_ignores_spacing_and_option_order() -> None:
+    one = JobDefinition(name="a", expression="*/2  * * * *", zone="UTC", options={"x": 1, "y": 2})
+    two = JobDefinition(name="a", expression="*/2 * * * *", zone="UTC", options={"y": 2, "x": 1})
+    assert one.fingerprint == two.fingerprint == "ebf3461187332e73"
+    assert definition(lease_ms=1).fingerprint != definition(lease_ms=2).fingerprint
+
+
+def test_records_read_back_and_unreadable_documents_are_skipped() -> None:
+    original = record("a", definition(lease_ms=15_000))
+    assert InstanceRecord.from_json(original.to_json()) == original
+    assert InstanceRecord.from_json("not json") is None
+    assert InstanceRecord.from_json('{"record_version": 99}') is None
+
+
+def test_drift_names_each_definition_with_its_instances_and_the_options_that_differ() -> None:
+    view = build_view(
+        [
+            record("c", definition("*/3 * * * *", lease_ms=1)),
+            record("a", definition(lease_ms=1)),
+            record("b", definition(lease_ms=2)),
+        ],
+        now_ms=5,
+    )
+    (drift,) = view.drift
+    assert [ids for _, ids in drift.variants] == [("a",), ("b",), ("c",)]
+    assert drift.differing_options() == ["lease_ms"]
+    assert drift.describe() == (
+        "job 'sync' is defined differently: '*/2 * * * *' in UTC (lease_ms=1) on a; "
+        "'*/2 * * * *' in UTC (lease_ms=2) on b; '*/3 * * * *' in UTC (lease_ms=1) on c"
+    )
+    agreed = build_view([record("a", definition()), record("b", definition())], now_ms=5)
+    assert agreed.drift == () and agreed.carriers("sync") == ("a", "b")
+
+
+@pytest.mark.parametrize("value", [0, 99, 3_600_001, "5000", True, None])
+def test_a_bad_heartbeat_is_refused(value: object) -> None:
+    with pytest.raises(InvalidOption, match=r"heartbeat_ms=.* for Scheduler"):
+        Scheduler(MemoryBackend(), heartbeat_ms=value)  # type: ignore[arg-type]
+
+
+class FailingRegistry(MemoryRegistry):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    async def record(self, instance: InstanceRecord) -> None:
+        if self.down:
+            raise BackendUnavailable("registry down")
+        await super().record(instance)
+
+
+async def test_an_outage_is_logged_once_and_the_drift_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
+
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    scheduler.add("sync", "0 0 1 1 *", handler)
+    store = FailingRegistry()
+    beat = Heartbeat(store, clock, 1_000, "me", scheduler._jobs.values, lambda: None)
+    caplog.set_level(logging.INFO, logger="anarchon.heartbeat")
+    for _ in range(3):
+        assert await beat.beat() is None
+    store.down = False
+    await store.record(record("other", definition("0 0 2 1 *"), beat=clock.now_ms()))
+    for _ in range(3):
+        assert await beat.beat() is not None
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert actions == ["registry_unavailable", "registry_recovered", "definition_drift"]
+    await clock.advance(6_001)  # "other" silent for over 6 heartbeats of 1 s
+    view = await beat.beat()
+    assert view is not None and [i.id for i in view.instances] == ["me"]
+
+
+def test_tables_fit_in_100_columns() -> None:
+    lines = _table(["a", "b"], [["x" * 200, "y" * 200]], [40, 50])
+    assert lines[1] == "x" * 39 + "~  " + "y" * 49 + "~"
+    assert all(len(line) <= 100 for line in lines)
