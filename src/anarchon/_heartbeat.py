@@ -25,6 +25,7 @@ from ._clock import Clock
 from ._job import Job
 from ._options import Bound
 from .errors import AnarchonError
+from .logs import Action
 from .registry import (
     SILENT_HEARTBEATS,
     ClusterView,
@@ -155,7 +156,7 @@ class Heartbeat:
                     self._id,
                     self.interval_ms,
                     exc,
-                    extra={"action": "registry_unavailable"},
+                    extra={"action": Action.REGISTRY_UNAVAILABLE},
                 )
             return None
         if self._failing:
@@ -163,14 +164,14 @@ class Heartbeat:
             logger.info(
                 "instance %s records itself in the registry again",
                 self._id,
-                extra={"action": "registry_recovered"},
+                extra={"action": Action.REGISTRY_RECOVERED},
             )
         for gone in removed:
             logger.info(
                 "removed instance %s from the registry: silent for over %d heartbeats",
                 gone,
                 SILENT_HEARTBEATS,
-                extra={"action": "instance_removed", "instance": gone},
+                extra={"action": Action.INSTANCE_REMOVED, "instance": gone},
             )
         self._warn_drift(view)
         return view
@@ -186,7 +187,7 @@ class Heartbeat:
                 "of its own (both schedules run)",
                 drift.describe(),
                 extra={
-                    "action": "definition_drift",
+                    "action": Action.DEFINITION_DRIFT,
                     "job": drift.job,
                     "instances": [list(ids) for _, ids in drift.variants],
                 },

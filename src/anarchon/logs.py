@@ -92,6 +92,11 @@ class Action(StrEnum):
     NOTIFICATIONS_LOST = "notifications_lost"
     NOTIFICATIONS_RESUMED = "notifications_resumed"
     LISTENER_FAILED = "listener_failed"
+    # the registry (anarchon.registry)
+    DEFINITION_DRIFT = "definition_drift"
+    INSTANCE_REMOVED = "instance_removed"
+    REGISTRY_UNAVAILABLE = "registry_unavailable"
+    REGISTRY_RECOVERED = "registry_recovered"
     # backends
     MIGRATED = "migrated"
     SQLITE_PATH = "sqlite_path"

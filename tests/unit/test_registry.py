@@ -8,7 +8,7 @@ import pytest
 
 from anarchon import InvalidOption, RunContext, Scheduler
 from anarchon._heartbeat import Heartbeat
-from anarchon.backends.memory_registry import MemoryRegistry
+from anarchon.backends.memory import MemoryRegistry
 from anarchon.cli import _table
 from anarchon.errors import BackendUnavailable
 from anarchon.registry import InstanceRecord, JobDefinition, build_view

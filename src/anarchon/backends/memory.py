@@ -28,9 +28,9 @@ from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
 from ..kit import lease as rules
 from ..kit.feed import ChangeFeed
 from ..kit.lease import RunRow
-from .memory_registry import MemoryRegistry
+from ..registry import InstanceRecord
 
-__all__ = ["MemoryBackend"]
+__all__ = ["MemoryBackend", "MemoryRegistry"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -227,3 +227,36 @@ class MemoryBackend(LeaseBackend):
         """This backend itself: its operations take a lock, so the scheduler's lease keeper can
         renew from its own thread (there is no connection to open)."""
         return self
+
+
+class MemoryRegistry:
+    """A :class:`~anarchon.registry.RegistryStore` in a dict; every step is atomic (one event
+    loop, no await inside a step)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, InstanceRecord] = {}
+        self._recorded = False
+
+    async def record(self, instance: InstanceRecord) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.record`."""
+        self._records[instance.id] = instance
+        self._recorded = True
+
+    async def instances(self) -> list[InstanceRecord]:
+        """See :meth:`anarchon.registry.RegistryStore.instances`."""
+        return list(self._records.values())
+
+    async def exists(self) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.exists`."""
+        return self._recorded
+
+    async def remove(self, instance_id: str) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.remove`."""
+        self._records.pop(instance_id, None)
+
+    async def remove_silent(self, cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
+        silent = [i for i, r in self._records.items() if r.heartbeat_ms < cutoff_ms]
+        for instance_id in silent:
+            del self._records[instance_id]
+        return silent
