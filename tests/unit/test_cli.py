@@ -58,9 +58,19 @@ def test_run_and_history(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    time.sleep(3.5)
+    # SIGTERM once two beats ran (not after a fixed sleep: under load the import alone can take
+    # seconds, and a SIGTERM before run() installs its handler kills the process).
+    seen: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while sum(line.startswith("beat ") for line in seen) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
     proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(seen) + rest
     assert proc.returncode == 0, output
     assert output.count("beat ") >= 2, output
     assert "stopped" in output
