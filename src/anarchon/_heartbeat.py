@@ -37,7 +37,7 @@ from .registry import (
 
 __all__ = ["DEFAULT_HEARTBEAT_MS", "HEARTBEAT", "Heartbeat", "definition_of", "read_cluster"]
 
-logger = logging.getLogger("anarchon.heartbeat")
+logger = logging.getLogger("anarchon.scheduler")
 
 DEFAULT_HEARTBEAT_MS: Final = 5_000
 HEARTBEAT: Final = Bound(100, 3_600_000, ms=True)

@@ -100,7 +100,7 @@ async def test_schedulers_see_each_other_and_the_drift(
     a.add("sync", "0 0 1 1 *", handler)
     b.add("sync", "0 0 1 1 *", handler)
     c.add("sync", "0 0 2 1 *", handler)
-    caplog.set_level(logging.WARNING, logger="anarchon.heartbeat")
+    caplog.set_level(logging.WARNING, logger="anarchon.scheduler")
     try:
         for scheduler in (a, b, c):
             await scheduler.start()

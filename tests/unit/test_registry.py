@@ -96,7 +96,7 @@ async def test_an_outage_is_logged_once_and_the_drift_once(
     scheduler.add("sync", "0 0 1 1 *", handler)
     store = FailingRegistry()
     beat = Heartbeat(store, clock, 1_000, "me", scheduler._jobs.values, lambda: None)
-    caplog.set_level(logging.INFO, logger="anarchon.heartbeat")
+    caplog.set_level(logging.INFO, logger="anarchon.scheduler")
     for _ in range(3):
         assert await beat.beat() is None
     store.down = False
