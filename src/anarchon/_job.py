@@ -7,7 +7,7 @@ import itertools
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 from zoneinfo import ZoneInfo
 
@@ -101,26 +101,21 @@ class JobKwargs(TypedDict, total=False):
     handover: bool | None
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Job:
     """A registered job: validated schedule, handler and resolved policy."""
 
-    __slots__ = ("handler", "is_async", "name", "options", "policy", "schedule", "timeout_ms")
+    name: str
+    schedule: CronSchedule
+    handler: Handler
+    options: JobOptions
+    policy: JobPolicy
+    is_async: bool = field(init=False)
+    timeout_ms: int | None = field(init=False)
 
-    def __init__(
-        self,
-        name: str,
-        schedule: CronSchedule,
-        handler: Handler,
-        options: JobOptions,
-        policy: JobPolicy,
-    ) -> None:
-        self.name = name
-        self.schedule = schedule
-        self.handler = handler
-        self.is_async = _is_async(handler)
-        self.options = options
-        self.policy = policy
-        self.timeout_ms = options.timeout_ms
+    def __post_init__(self) -> None:
+        self.is_async = _is_async(self.handler)
+        self.timeout_ms = self.options.timeout_ms
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, {self.schedule.expression!r}, tz={self.schedule.timezone!r})"

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._batch import isolate
 from ._clock import Clock, sleep_or_wake
 from ._supervisor import supervised
-from .backend import LeaseBackend, Ticket
+from .backend import LEASE_LOST, LeaseBackend, Ticket
 from .errors import LeaseLost
 from .logs import Action, log_fields
 
@@ -40,7 +40,6 @@ __all__ = ["KeeperThread", "LeaseKeeper", "Mailbox"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
-LEASE_LOST = "lease lost"
 RENEWAL_HUNG = "the renewal call hung"
 # While renewals fail, retry at least this often (ms) until the lease is over.
 RENEW_RETRY_MS: Final = 1_000

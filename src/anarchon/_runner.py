@@ -28,7 +28,7 @@ from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
 from ._threads import HandlerThreads, NoThreadFree
-from .backend import Backend, FinishRequest, LeaseBackend, Ticket
+from .backend import HANDED_OVER, LEASE_LOST, Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
 from .logs import Action, log_fields
 
@@ -39,7 +39,6 @@ __all__ = ["ActiveRun", "RunExecutor"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
-HANDED_OVER: Final = "handed over"
 STOPPED: Final = "stopped"
 # After the grace period, cancelled handlers and their hand-over calls get this long (s).
 CANCEL_GRACE_S: Final = 10.0
@@ -75,30 +74,26 @@ class ActiveRun:
         self.ctx._deadline = deadline
 
 
+@dataclass(eq=False)
 class RunExecutor:
     """Runs won tickets: calls the handler, records the result, drains and hands over on stop."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        clock: Clock,
-        threads: HandlerThreads,
-        counters: Counters,
-        grace_ms: int,
-    ) -> None:
-        self._backend = backend
-        self._clock = clock
-        self._threads = threads
-        self._counters = counters
-        self._grace_ms = grace_ms
-        self.active: dict[str, ActiveRun] = {}
-        self._results: Coalescer[FinishRequest, Run] = Coalescer(
-            backend.finish_many, lambda item: item[0].job, "recording the result"
+    backend: Backend
+    clock: Clock
+    threads: HandlerThreads
+    counters: Counters
+    grace_ms: int
+    active: dict[str, ActiveRun] = field(default_factory=dict, init=False)
+    keeper: LeaseKeeper | None = field(default=None, init=False)
+    """Set by the scheduler when it starts (lease backends)."""
+    closed: bool = field(default=False, init=False)
+    """After the grace period: a run won now is handed over at once instead of started."""
+    _results: Coalescer[FinishRequest, Run] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._results = Coalescer(
+            self.backend.finish_many, lambda item: item[0].job, "recording the result"
         )
-        self.keeper: LeaseKeeper | None = None
-        """Set by the scheduler when it starts (lease backends)."""
-        self.closed = False
-        """After the grace period: a run won now is handed over at once instead of started."""
 
     def start(
         self, job: Job, ticket: Ticket, *, reserved: bool = False, sent_ms: int | None = None
@@ -117,11 +112,11 @@ class RunExecutor:
             fence=ticket.fence,
             trigger=ticket.trigger,
             instance=ticket.instance,
-            monotonic_ms=self._clock.monotonic_ms,
+            monotonic_ms=self.clock.monotonic_ms,
         )
         active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved)
         if ticket.lease_expires_at_ms is not None:
-            sent = sent_ms if sent_ms is not None else self._clock.monotonic_ms()
+            sent = sent_ms if sent_ms is not None else self.clock.monotonic_ms()
             active.set_deadline(sent + _lease_left(ticket))
         self.active[ticket.run_id] = active
         active.task = asyncio.get_running_loop().create_task(
@@ -150,7 +145,7 @@ class RunExecutor:
         finally:
             if active.reserved:
                 active.reserved = False
-                self._threads.unreserve()
+                self.threads.unreserve()
         if not active.result.done():
             active.result.set_result(run)
 
@@ -224,14 +219,14 @@ class RunExecutor:
         ticket = active.ticket
         if _lease_left(ticket) > ticket.lease_ms // 3:
             return True
-        assert isinstance(self._backend, LeaseBackend)
-        started = self._clock.monotonic_ms()
+        assert isinstance(self.backend, LeaseBackend)
+        started = self.clock.monotonic_ms()
         for delay in backoff():
-            sent = self._clock.monotonic_ms()
+            sent = self.clock.monotonic_ms()
             try:
-                renewed = await self._backend.renew(ticket)
+                renewed = await self.backend.renew(ticket)
             except LeaseLost as exc:
-                self._counters.lease_lost += 1
+                self.counters.lease_lost += 1
                 _log(
                     logging.WARNING,
                     Action.LEASE_LOST,
@@ -242,13 +237,13 @@ class RunExecutor:
                     ticket.attempt,
                     exc,
                 )
-                active.ctx._mark_lost(f"lease lost: {exc}")
+                active.ctx._mark_lost(f"{LEASE_LOST}: {exc}")
                 return False
             except BackendError as exc:
-                left = active.deadline - self._clock.monotonic_ms()
+                left = active.deadline - self.clock.monotonic_ms()
                 if left > 0:
                     return True  # some lease is left: start, the keeper retries at once
-                if self._clock.monotonic_ms() - started > ticket.lease_ms:
+                if self.clock.monotonic_ms() - started > ticket.lease_ms:
                     _log(
                         logging.WARNING,
                         Action.LEFT_TO_BACKUP,
@@ -260,7 +255,7 @@ class RunExecutor:
                         exc,
                     )
                     return False
-                await self._clock.sleep(delay)
+                await self.clock.sleep(delay)
                 continue
             active.ticket = renewed
             active.set_deadline(sent + _lease_left(renewed))
@@ -312,7 +307,7 @@ class RunExecutor:
         reserved, active.reserved = active.reserved, False
         try:
             handler = functools.partial(job.handler, ctx)
-            call = self._threads.submit(handler, label, reserved=reserved)
+            call = self.threads.submit(handler, label, reserved=reserved)
         except NoThreadFree as exc:
             return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
         waiting = asyncio.wrap_future(call)
@@ -333,7 +328,7 @@ class RunExecutor:
                 # renewing it) until the handler returns, so overlap='skip' still holds and no
                 # backup starts the slot beside it; ctx.timed_out tells the handler.
                 ctx._timed_out = True
-                self._counters.timed_out_threads += 1
+                self.counters.timed_out_threads += 1
                 _log(
                     logging.WARNING,
                     Action.TIMED_OUT,
@@ -353,7 +348,7 @@ class RunExecutor:
         """The keeper found the lease lost: tell the handler and stop waiting for it."""
         if active.task is None or active.task.done():
             return
-        self._counters.lease_lost += 1
+        self.counters.lease_lost += 1
         _log(
             logging.WARNING,
             Action.LEASE_LOST,
@@ -381,7 +376,7 @@ class RunExecutor:
             try:
                 run = await self._results.submit((ticket, status, error))
             except LeaseLost as refused:
-                self._counters.result_refused += 1
+                self.counters.result_refused += 1
                 _log(
                     logging.WARNING,
                     Action.RESULT_REFUSED,
@@ -404,10 +399,10 @@ class RunExecutor:
                     ticket.job,
                     unavailable,
                 )
-                await self._clock.sleep(delay)
+                await self.clock.sleep(delay)
                 continue
             except BackendError as broken:  # refused for good (logged with its traceback)
-                self._counters.result_errors += 1
+                self.counters.result_errors += 1
                 _log(
                     logging.WARNING,
                     Action.RESULT_FAILED,
@@ -419,7 +414,7 @@ class RunExecutor:
                     broken,
                 )
                 return None
-            self._counters.count_run(status)
+            self.counters.count_run(status)
             if status is RunStatus.SUCCEEDED:
                 if logger.isEnabledFor(logging.INFO):
                     _log(
@@ -449,7 +444,7 @@ class RunExecutor:
 
     async def _release(self, active: ActiveRun) -> None:
         ticket = active.ticket
-        backend = self._backend
+        backend = self.backend
         if isinstance(backend, LeaseBackend) and active.job.policy.handover:
             try:
                 await backend.release(ticket, HANDED_OVER)
@@ -463,7 +458,7 @@ class RunExecutor:
                     exc,
                 )
                 return
-            self._counters.handed_over += 1
+            self.counters.handed_over += 1
             _log(
                 logging.INFO,
                 Action.HANDED_OVER,
@@ -475,7 +470,7 @@ class RunExecutor:
             return
         reason = (
             f"{STOPPED}: the scheduler stopped before the handler finished "
-            f"(grace_ms={self._grace_ms})"
+            f"(grace_ms={self.grace_ms})"
         )
         await self._finish(active, RunStatus.FAILED, reason, None)
 
@@ -485,11 +480,11 @@ class RunExecutor:
         # Waits on the tasks themselves: a result future may be cancelled by whoever awaited
         # it (a catch-up), while the run goes on.
         pending = [a.task for a in self.active.values() if a.task is not None]
-        left_s = (deadline_ms - self._clock.monotonic_ms()) / 1000
+        left_s = (deadline_ms - self.clock.monotonic_ms()) / 1000
         if pending and left_s > 0:
             # The clock's sleep; and never longer than the grace in real time, so that a test
             # clock nobody moves cannot make stop() hang.
-            await _all_or_sleep(pending, self._clock.sleep(left_s), left_s)
+            await _all_or_sleep(pending, self.clock.sleep(left_s), left_s)
         self.closed = True
         leftover = [a for a in self.active.values() if a.task is not None and not a.task.done()]
         for active in leftover:
@@ -500,7 +495,7 @@ class RunExecutor:
         # still stuck after that (an unreachable backend) is abandoned: the lease expires
         # and a backup takes the run over.
         tasks = [a.task for a in leftover if a.task is not None]
-        await _all_or_sleep(tasks, self._clock.sleep(CANCEL_GRACE_S), CANCEL_GRACE_S)
+        await _all_or_sleep(tasks, self.clock.sleep(CANCEL_GRACE_S), CANCEL_GRACE_S)
         # A handler still in its code swallowed the cancellation and works on. Handing its run
         # over now would let a backup run the slot beside it: its lease stays renewed until it
         # ends (a process that exits meanwhile ends it; the lease then expires).
@@ -508,7 +503,7 @@ class RunExecutor:
             a for a in leftover if a.in_handler and a.task is not None and not a.task.done()
         ]
         for active in stubborn:
-            self._counters.cancel_ignored += 1
+            self.counters.cancel_ignored += 1
             _log(
                 logging.WARNING,
                 Action.CANCEL_IGNORED,

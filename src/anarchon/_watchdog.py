@@ -21,6 +21,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -43,6 +44,7 @@ Describe = Callable[[FrameType | None], tuple[str, str | None]]
 """Given the loop thread's innermost frame, say what is running (text, job name or None)."""
 
 
+@dataclass(eq=False)
 class LoopWatchdog:
     """Watches one event loop from another thread (see the module's docstring).
 
@@ -50,31 +52,23 @@ class LoopWatchdog:
     ``blocked_ms`` how long the loop has been blocked right now (0 when it runs).
     """
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        loop_thread: int,
-        monotonic_ms: Callable[[], int],
-        describe: Describe,
-        threshold_ms: int = BLOCK_WARN_MS,
-    ) -> None:
-        self._loop = loop
-        self._loop_thread = loop_thread
-        self._monotonic = monotonic_ms
-        self._describe = describe
-        self._threshold = threshold_ms
-        self._lock = threading.Lock()
-        self._sent: int | None = None
-        self._blocker: tuple[str, str | None] | None = None
-        self.lag_ms = 0
-        self.max_lag_ms = 0
-        self.blocks = 0
+    loop: asyncio.AbstractEventLoop
+    loop_thread: int
+    monotonic_ms: Callable[[], int]
+    describe: Describe
+    threshold_ms: int = BLOCK_WARN_MS
+    lag_ms: int = field(default=0, init=False)
+    max_lag_ms: int = field(default=0, init=False)
+    blocks: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _sent: int | None = field(default=None, init=False)
+    _blocker: tuple[str, str | None] | None = field(default=None, init=False)
 
     @property
     def blocked_ms(self) -> int:
         """How long the current probe has waited (0 when none is outstanding)."""
         sent = self._sent
-        return 0 if sent is None else max(0, self._monotonic() - sent)
+        return 0 if sent is None else max(0, self.monotonic_ms() - sent)
 
     async def run(self) -> None:
         """Probe and check until cancelled (on the watchdog's own loop)."""
@@ -83,21 +77,21 @@ class LoopWatchdog:
             await asyncio.sleep(TICK_MS / 1000)
 
     def _tick(self) -> None:
-        now = self._monotonic()
+        now = self.monotonic_ms()
         with self._lock:
             sent, warned = self._sent, self._blocker is not None
             if sent is None:
                 self._sent = now
                 try:
-                    self._loop.call_soon_threadsafe(self._pong, now)
+                    self.loop.call_soon_threadsafe(self._pong, now)
                 except RuntimeError:  # the loop is closed
                     self._sent = None
                 return
-        if sent is None or warned or now - sent < self._threshold:
+        if sent is None or warned or now - sent < self.threshold_ms:
             return
-        frame = sys._current_frames().get(self._loop_thread)
+        frame = sys._current_frames().get(self.loop_thread)
         try:
-            text, job = self._describe(frame)
+            text, job = self.describe(frame)
         except Exception as exc:  # describing must never kill the watchdog
             text, job = f"(could not tell: {exc!r})", None
         finally:
@@ -118,7 +112,7 @@ class LoopWatchdog:
 
     def _pong(self, sent: int) -> None:
         """Runs on the watched loop."""
-        now = self._monotonic()
+        now = self.monotonic_ms()
         lag = max(0, now - sent)
         with self._lock:
             if self._sent != sent:

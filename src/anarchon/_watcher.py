@@ -11,6 +11,7 @@ import heapq
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 from ._clock import Clock, sleep_or_wake
@@ -34,45 +35,36 @@ OnTaken = Callable[[Job, Ticket, bool, int], None]
 handler thread is set aside for it; ``sent_ms``: when the takeover was sent, monotonic)."""
 
 
+@dataclass(eq=False)
 class BackupWatcher:
     """Keeps a heap of watched runs by when to check them; one task for all of them."""
 
-    def __init__(
-        self,
-        backend: LeaseBackend,
-        clock: Clock,
-        instance: str,
-        jobs: Callable[[str], Job | None],
-        on_taken: OnTaken,
-        counters: Counters,
-        threads: HandlerThreads,
-    ) -> None:
-        self._backend = backend
-        self._clock = clock
-        self.instance = instance
-        self._jobs = jobs
-        self._on_taken = on_taken
-        self._counters = counters
-        self._threads = threads
-        self._heap: list[tuple[int, int, str, str]] = []
-        self._watched: dict[tuple[str, str], int] = {}
-        # A takeover whose answer was lost is retried with the same request (run id and
-        # token), so the backend can recognise it as ours instead of spending an attempt.
-        self._requests: dict[tuple[str, str], TakeoverRequest] = {}
-        self._seq = 0
-        self._wake = asyncio.Event()
-        self._checks: set[asyncio.Future[None]] = set()
+    backend: LeaseBackend
+    clock: Clock
+    instance: str
+    jobs: Callable[[str], Job | None]
+    on_taken: OnTaken
+    counters: Counters
+    threads: HandlerThreads
+    _heap: list[tuple[int, int, str, str]] = field(default_factory=list, init=False)
+    _watched: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    # A takeover whose answer was lost is retried with the same request (run id and token),
+    # so the backend can recognise it as ours instead of spending an attempt.
+    _requests: dict[tuple[str, str], TakeoverRequest] = field(default_factory=dict, init=False)
+    _seq: int = field(default=0, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _checks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
 
     def watch(
         self, job: str, slot_key: str, expires_at_ms: int | None, backend_now_ms: int | None
     ) -> None:
         """Watch ``(job, slot_key)``; check it when its lease should have ended."""
-        now = self._clock.monotonic_ms()
+        now = self.clock.monotonic_ms()
         if expires_at_ms is not None and backend_now_ms is not None:
             due = now + max(0, expires_at_ms - backend_now_ms) + EXPIRY_MARGIN_MS
         else:
             due = now + RETRY_MS
-        poll = self._backend.release_poll_ms
+        poll = self.backend.release_poll_ms
         if poll is not None:
             due = min(due, now + poll)
         self._schedule(job, slot_key, due)
@@ -83,7 +75,7 @@ class BackupWatcher:
         if (job, slot_key) not in self._watched:
             return
         if released:
-            self._schedule(job, slot_key, self._clock.monotonic_ms())
+            self._schedule(job, slot_key, self.clock.monotonic_ms())
         else:
             self._forget(job, slot_key)
 
@@ -104,7 +96,7 @@ class BackupWatcher:
     async def run(self) -> None:
         """Check watched runs as they come due, until cancelled."""
         while True:
-            now = self._clock.monotonic_ms()
+            now = self.clock.monotonic_ms()
             while self._heap and self._heap[0][0] <= now:
                 _, seq, job, slot_key = heapq.heappop(self._heap)
                 if self._watched.get((job, slot_key)) == seq:
@@ -113,7 +105,7 @@ class BackupWatcher:
                     check.add_done_callback(self._checks.discard)
             delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
             self._wake.clear()
-            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
+            await sleep_or_wake(self.clock.sleep(min(delay, 30.0)), self._wake)
 
     def _request(self, job: Job, slot_key: str) -> TakeoverRequest:
         key = (job.name, slot_key)
@@ -132,7 +124,7 @@ class BackupWatcher:
         return request
 
     async def _check(self, job_name: str, slot_key: str) -> None:
-        job = self._jobs(job_name)
+        job = self.jobs(job_name)
         if job is None:
             self._forget(job_name, slot_key)
             return
@@ -140,23 +132,23 @@ class BackupWatcher:
         # run over (it would hold the lease of a run that cannot start); others may.
         reserved = False
         if not job.is_async:
-            reserved = self._threads.reserve()
+            reserved = self.threads.reserve()
             if not reserved:
-                self._counters.no_thread += 1
+                self.counters.no_thread += 1
                 logger.debug(
                     "not taking over %s %s now: every handler thread is busy (max_workers=%d)",
                     job_name,
                     slot_key,
-                    self._threads.max_workers,
+                    self.threads.max_workers,
                     extra=log_fields(Action.NO_THREAD, job_name, _slot_of(slot_key)),
                 )
-                self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
+                self._schedule(job_name, slot_key, self.clock.monotonic_ms() + RETRY_MS)
                 return
         request = self._request(job, slot_key)
-        sent = self._clock.monotonic_ms()
+        sent = self.clock.monotonic_ms()
         try:
             try:
-                outcome = await self._backend.take_over(request)
+                outcome = await self.backend.take_over(request)
             except BackendError as exc:
                 logger.warning(
                     "checking %s %s failed, retrying with the same request: %s",
@@ -165,13 +157,13 @@ class BackupWatcher:
                     exc,
                     extra=log_fields(Action.TAKEOVER_RETRY, job_name, _slot_of(slot_key)),
                 )
-                self._schedule(job_name, slot_key, self._clock.monotonic_ms() + RETRY_MS)
+                self._schedule(job_name, slot_key, self.clock.monotonic_ms() + RETRY_MS)
                 return
             if self._decide(job, slot_key, outcome, sent, reserved):
                 reserved = False  # passed on with the taken run
         finally:
             if reserved:
-                self._threads.unreserve()
+                self.threads.unreserve()
 
     def _decide(
         self, job: Job, slot_key: str, outcome: TakeoverOutcome, sent: int, reserved: bool
@@ -185,7 +177,7 @@ class BackupWatcher:
         self._forget(job_name, slot_key)
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
-            self._counters.taken_over += 1
+            self.counters.taken_over += 1
             logger.warning(
                 "took over %s %s as attempt %d (fence %s)",
                 job_name,
@@ -194,7 +186,7 @@ class BackupWatcher:
                 outcome.ticket.fence,
                 extra=log_fields(Action.TAKEN_OVER, ticket=outcome.ticket),
             )
-            self._on_taken(job, outcome.ticket, reserved, sent)
+            self.on_taken(job, outcome.ticket, reserved, sent)
             return True
         if outcome.status is TakeoverStatus.EXHAUSTED:
             logger.error(

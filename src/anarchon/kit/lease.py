@@ -71,6 +71,7 @@ __all__ = [
     "check_ticket",
     "claim",
     "finish",
+    "first_attempt",
     "lease_lost",
     "next_fence",
     "peek_takeover",
@@ -223,21 +224,39 @@ def next_fence(stored: int | None, now: int) -> int:
 def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOutcome:
     """The answer to a claim this backend could not decide (``error``): nothing is stored, the
     caller does not run."""
-    gone = RunRow(
+    slot = req.slot if isinstance(req.slot, int) and 0 <= req.slot <= MAX_MS else None
+    gone = first_attempt(req, now, RunStatus.SKIPPED, f"refused by the backend: {error}", slot=slot)
+    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now, error=error)
+
+
+def first_attempt(
+    req: ClaimRequest,
+    now: int,
+    status: RunStatus,
+    reason: str | None,
+    *,
+    slot: int | None,
+    token: str = "",
+    fence: int = 0,
+    lease_expires_at: int | None = None,
+) -> RunRow:
+    """The record of attempt 1 of ``req``'s slot, started at ``now``; by default it holds no
+    token, fence or lease (a refused or pruned claim)."""
+    return RunRow(
         job=req.job,
         slot_key=req.slot_key,
-        slot=req.slot if isinstance(req.slot, int) and 0 <= req.slot <= MAX_MS else None,
+        slot=slot,
         attempt=1,
         run_id=req.run_id,
-        token="",
+        token=token,
         instance=req.instance,
         trigger=req.trigger,
-        status=RunStatus.SKIPPED,
-        fence=0,
+        status=status,
+        fence=fence,
         started_at=now,
-        reason=f"refused by the backend: {error}",
+        lease_expires_at=lease_expires_at,
+        reason=reason,
     )
-    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now, error=error)
 
 
 def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
@@ -256,25 +275,21 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         holder = store.live_holder(req.job, now)
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
-    row = RunRow(
-        job=req.job,
-        slot_key=req.slot_key,
-        slot=req.slot,
-        attempt=1,
-        run_id=req.run_id,
-        token=req.token,
-        instance=req.instance,
-        trigger=req.trigger,
-        status=RunStatus.RUNNING if reason is None else RunStatus.SKIPPED,
-        fence=store.next_fence(req.job, now) if reason is None else 0,
-        started_at=now,
-        lease_expires_at=now + req.lease_ms if reason is None else None,
-        reason=reason,
-    )
     if reason is not None:
+        row = first_attempt(req, now, RunStatus.SKIPPED, reason, slot=req.slot, token=req.token)
         row.finished_at = now
         store.insert(row)
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+    row = first_attempt(
+        req,
+        now,
+        RunStatus.RUNNING,
+        None,
+        slot=req.slot,
+        token=req.token,
+        fence=store.next_fence(req.job, now),
+        lease_expires_at=now + req.lease_ms,
+    )
     store.insert(row)
     ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
     return ClaimOutcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
@@ -282,20 +297,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot older than what the job's history was pruned to."""
-    gone = RunRow(
-        job=req.job,
-        slot_key=req.slot_key,
-        slot=req.slot,
-        attempt=1,
-        run_id=req.run_id,
-        token="",
-        instance=req.instance,
-        trigger=req.trigger,
-        status=RunStatus.SKIPPED,
-        fence=0,
-        started_at=now,
-        reason=PRUNED_REASON,
-    )
+    gone = first_attempt(req, now, RunStatus.SKIPPED, PRUNED_REASON, slot=req.slot)
     return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
 
 
@@ -336,13 +338,7 @@ def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOu
         )
     if row.token == req.token and not row.released:
         # A retried takeover whose first answer was lost: the caller already holds the run.
-        return TakeoverOutcome(
-            status=TakeoverStatus.TAKEN,
-            run=row.to_run(),
-            ticket=row.ticket(req.lease_ms, now, req.history_ttl_ms),
-            lease_expires_at_ms=row.lease_expires_at,
-            backend_now_ms=now,
-        )
+        return _taken(row, req, now)
     if row.live(now):
         return TakeoverOutcome(
             status=TakeoverStatus.HELD,
@@ -395,11 +391,16 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
         lease_expires_at=now + req.lease_ms,
     )
     store.insert(new)
+    return _taken(new, req, now)
+
+
+def _taken(row: RunRow, req: TakeoverRequest, now: int) -> TakeoverOutcome:
+    """The answer to a takeover whose caller now holds attempt ``row``."""
     return TakeoverOutcome(
         status=TakeoverStatus.TAKEN,
-        run=new.to_run(),
-        ticket=new.ticket(req.lease_ms, now, req.history_ttl_ms),
-        lease_expires_at_ms=new.lease_expires_at,
+        run=row.to_run(),
+        ticket=row.ticket(req.lease_ms, now, req.history_ttl_ms),
+        lease_expires_at_ms=row.lease_expires_at,
         backend_now_ms=now,
     )
 
