@@ -209,14 +209,6 @@ class PostgresBackend(LeaseBackend):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
         return [rows.claim_outcome(req, row) for req, row in zip(reqs, found, strict=True)]
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
-        """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history and tells
-        backups (NOTIFY) in the same statement."""
-        [answer] = await self.finish_many([(ticket, status, error)])
-        if isinstance(answer, BackendError):
-            raise answer
-        return answer
-
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: each result its own transaction
         (the job's row locked, then one statement records, prunes and notifies), all sent in
@@ -246,13 +238,6 @@ class PostgresBackend(LeaseBackend):
         """The database clock, ``clock_timestamp()``, in epoch ms."""
         [row] = await self._db.read(self._queries["now"])
         return int(row["now"])
-
-    async def renew(self, ticket: Ticket) -> Ticket:
-        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
-        [answer] = await self.renew_many([ticket])
-        if isinstance(answer, BackendError):
-            raise answer
-        return answer
 
     async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one statement per ticket, each

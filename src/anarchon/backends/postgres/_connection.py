@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.kit.calls import consume
 
 from ._errors import first_line, translate
 
@@ -232,13 +233,13 @@ class Connections:
             # The call goes on in the background until the driver gives it up; its connection
             # is then discarded. The caller hears at once that the backend did not answer.
             task.cancel()
-            task.add_done_callback(_consume)
+            task.add_done_callback(consume)
             raise BackendUnavailable(
                 f"PostgreSQL {self.where}: no answer within timeout_ms={self.options.timeout_ms}"
             ) from None
         except asyncio.CancelledError:
             task.cancel()
-            task.add_done_callback(_consume)
+            task.add_done_callback(consume)
             raise
 
     async def _on_connection(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
@@ -506,8 +507,3 @@ async def _resolve(value: Any) -> Any:
     if inspect.isawaitable(value):
         value = await value
     return value
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()

@@ -9,6 +9,7 @@ by the shared lease rules (:mod:`anarchon.kit.lease`), so they are the other bac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any, Final
 
 from anarchon.backend import (
@@ -47,24 +48,8 @@ __all__ = [
     "without_repeats",
 ]
 
-_RUN_COLUMNS: Final = (
-    "job",
-    "slot_key",
-    "slot",
-    "attempt",
-    "run_id",
-    "token",
-    "instance",
-    "trigger",
-    "status",
-    "fence",
-    "started_at",
-    "finished_at",
-    "lease_expires_at",
-    "released",
-    "error",
-    "reason",
-)
+# What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
+_RUN_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
 
 # -- parameters -----------------------------------------------------------------------------
 

@@ -137,14 +137,6 @@ class RedisBackend(LeaseBackend):
                 out.append(rows.claim_outcome(req, answer))
         return out
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
-        """See :meth:`anarchon.backend.Backend.finish`; prunes the job's history in the same
-        script (by ``ticket.history_ttl_ms`` and ``history_size``)."""
-        [answer] = await self.finish_many([(ticket, status, error)])
-        if isinstance(answer, BackendError):
-            raise answer
-        return answer
-
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
         each result is its own script (record, prune, notify)."""
@@ -194,13 +186,6 @@ class RedisBackend(LeaseBackend):
 
     # -- LeaseBackend -----------------------------------------------------------------------
 
-    async def renew(self, ticket: Ticket) -> Ticket:
-        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
-        [answer] = await self.renew_many([ticket])
-        if isinstance(answer, BackendError):
-            raise answer
-        return answer
-
     async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one pipeline, one round trip."""
         out: list[Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
@@ -247,10 +232,6 @@ class RedisBackend(LeaseBackend):
         lost = rows.lost(ticket, answer)
         if lost is not None:
             raise lost
-
-    async def last_slot(self, job: str) -> int | None:
-        """See :meth:`anarchon.backend.LeaseBackend.last_slot`; one HGET."""
-        return (await self.last_slots([job]))[job]
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """See :meth:`anarchon.backend.LeaseBackend.last_slots`: one HGET per job, pipelined."""

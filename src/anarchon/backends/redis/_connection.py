@@ -1,11 +1,11 @@
 """The Redis backend's way to Redis: the client, the bounded call, pipelines and pub/sub.
 
-Every call to Redis goes through :func:`bounded` (time-limited, its driver errors translated by
-:mod:`._errors`), and those of a started backend through :class:`Connection`, which logs one line
-when Redis stops answering (``backend_unavailable``) and one when it answers again
-(``backend_recovered``), not one per failed call. :class:`Notifications` keeps the pub/sub
-subscription that wakes backups, re-made with backoff after a failure (``notifications_lost``,
-``notifications_resumed``).
+Every call to Redis goes through :func:`bounded` (:func:`anarchon.kit.calls.bounded_call`,
+its driver errors translated by :mod:`._errors`), and those of a started backend through
+:class:`Connection`, which logs one line when Redis stops answering (``backend_unavailable``)
+and one when it answers again (``backend_recovered``), not one per failed call.
+:class:`Notifications` keeps the pub/sub subscription that wakes backups, re-made with backoff
+after a failure (``notifications_lost``, ``notifications_resumed``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ...errors import AnarchonError, BackendError, BackendUnavailable, InvalidOption
+from ...errors import BackendError, BackendUnavailable, InvalidOption
 from ...kit import backoff, redact_url
-from ._errors import is_driver_error, is_unreachable, translate
+from ...kit.calls import bounded_call
+from ._errors import is_driver_error, is_unreachable, translate, translator
 from ._rows import text
 from ._scripts import Call, ScriptRunner
 
@@ -48,39 +49,20 @@ PUBSUB_PING_S: Final = 10.0
 
 
 async def bounded(aw: Awaitable[T], where: str, timeout_s: float | None = CALL_TIMEOUT_S) -> T:
-    """Await a call to Redis: driver errors translated, abandoned after ``timeout_s``.
+    """Await a call to Redis with :func:`anarchon.kit.calls.bounded_call`: driver errors
+    translated, abandoned after ``timeout_s``.
 
-    The call runs in a task of its own behind :func:`asyncio.shield`, so cancelling the caller
-    always cancels the caller. redis-py (>= 8 sends every command through
-    ``asyncio.wait_for`` when ``socket_timeout`` is set, its default) can otherwise swallow a
+    The shield matters on Redis: redis-py (>= 8 sends every command through
+    ``asyncio.wait_for`` when ``socket_timeout`` is set, its default) can swallow a
     cancellation that arrives as a write completes on Python 3.11, and the scheduler cancels
     tasks that may be talking to Redis (lease renewals, skew checks) when a run ends and on
-    stop. The inner task is cancelled too; if it finishes its command anyway, no harm done:
-    every script is safe to have run once more or less from a caller that went away.
+    stop; behind the shield, cancelling the caller always cancels the caller. The inner task is
+    cancelled too; if it finishes its command anyway, no harm done: every script is safe to
+    have run once more or less from a caller that went away.
     """
-    task = asyncio.ensure_future(aw)
-    task.add_done_callback(_retrieve)
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await asyncio.shield(task)
-    except BaseException as exc:
-        failed_inside = task.done()
-        if not failed_inside:
-            task.cancel()
-        if isinstance(exc, asyncio.CancelledError | AnarchonError):
-            raise
-        if not failed_inside and isinstance(exc, TimeoutError):
-            raise BackendUnavailable(f"Redis {where}: no answer within {timeout_s:g} s") from None
-        if is_driver_error(exc):
-            raise translate(exc, where) from exc
-        raise
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    # The caller may be gone (cancelled, timed out): mark the outcome seen, it is translated
-    # above when anybody still waits for it.
-    if not task.cancelled():
-        task.exception()
+    return await bounded_call(
+        aw, where=f"Redis {where}", timeout_s=timeout_s, translate=translator(where)
+    )
 
 
 def renewal_timeout(lease_ms: int) -> float:

@@ -9,11 +9,14 @@ permissions, anything else the server answers with an error.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ...errors import BackendError, BackendUnavailable
 
-__all__ = ["is_driver_error", "is_transient", "is_unreachable", "translate"]
+if TYPE_CHECKING:
+    from ...kit.calls import Translate
+
+__all__ = ["is_driver_error", "is_transient", "is_unreachable", "translate", "translator"]
 
 # Error replies (by their first word) that say "not now" rather than "never".
 TRANSIENT_REPLIES: Final = (
@@ -78,3 +81,13 @@ def translate(exc: BaseException, where: str) -> BackendError:
     if is_transient(exc):
         return BackendUnavailable(text)
     return BackendError(text)
+
+
+def translator(where: str) -> Translate:
+    """:func:`translate` for :func:`anarchon.kit.calls.bounded_call`: None for what is not
+    redis-py's (raised unchanged)."""
+
+    def translated(exc: BaseException) -> BackendError | None:
+        return translate(exc, where) if is_driver_error(exc) else None
+
+    return translated

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from dataclasses import fields
+from typing import Any, Final
 
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
@@ -66,24 +67,8 @@ class SQLiteRows:
         self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
 
 
-_COLUMNS = (
-    "job",
-    "slot_key",
-    "slot",
-    "attempt",
-    "run_id",
-    "token",
-    "instance",
-    "trigger",
-    "status",
-    "fence",
-    "started_at",
-    "finished_at",
-    "lease_expires_at",
-    "released",
-    "error",
-    "reason",
-)
+# The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
+_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
