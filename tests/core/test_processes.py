@@ -161,5 +161,6 @@ def test_run_returns_after_sigterm_even_if_a_handler_ignores_cancellation() -> N
         raise AssertionError(f"the process did not exit:\n{exc.stderr!r}") from None
     took = time.monotonic() - began
     assert done.returncode == 0 and "run() returned" in done.stdout, done.stderr
-    assert "did not stop when cancelled" in done.stderr, done.stderr
+    # Not handed over (a backup would run the slot beside it): left with its lease to expire.
+    assert "ignore their cancellation still running" in done.stderr, done.stderr
     assert took < 25, took
