@@ -499,10 +499,7 @@ class RunExecutor:
         # A handler still in its code swallowed the cancellation and works on. Handing its run
         # over now would let a backup run the slot beside it: its lease stays renewed until it
         # ends (a process that exits meanwhile ends it; the lease then expires).
-        stubborn = [
-            a for a in leftover if a.in_handler and a.task is not None and not a.task.done()
-        ]
-        for active in stubborn:
+        for active in filter(_still_in_handler, leftover):
             self.counters.cancel_ignored += 1
             _log(
                 logging.WARNING,
@@ -520,11 +517,12 @@ class RunExecutor:
 
     def stubborn(self) -> list[asyncio.Task[None]]:
         """Runs whose handlers ignored their cancellation and still work (after :meth:`drain`)."""
-        return [
-            a.task
-            for a in self.active.values()
-            if a.in_handler and a.task is not None and not a.task.done()
-        ]
+        return [a.task for a in self.active.values() if _still_in_handler(a) and a.task]
+
+
+def _still_in_handler(active: ActiveRun) -> bool:
+    """The run's task is alive and still inside the handler's code."""
+    return active.in_handler and active.task is not None and not active.task.done()
 
 
 async def _all_or_sleep(

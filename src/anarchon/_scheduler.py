@@ -590,13 +590,14 @@ class Scheduler:
                     loop.run_until_complete(asyncio.wait([self._lingering], timeout=EXIT_WAIT_S))
                 # Cancelling them again would only hurry them to an end whose result could not
                 # be recorded any more: they are left as they are and end with the process.
-                spared = {*self._executor.stubborn(), self._lingering}
-                if self._executor.stubborn():
+                stubborn = self._executor.stubborn()
+                spared = {*stubborn, self._lingering}
+                if stubborn:
                     logger.warning(
                         "exiting with %d handler(s) that ignore their cancellation still "
                         "running; their runs are not handed over: a backup takes each over when "
                         "its lease expires",
-                        len(self._executor.stubborn()),
+                        len(stubborn),
                         extra=log_fields(Action.LEFT_TO_EXPIRE),
                     )
                 # asyncio.run() would wait for every task to accept its cancellation, for ever.
