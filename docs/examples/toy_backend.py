@@ -17,6 +17,7 @@ from anarchon.backend import (
     TakeoverRequest,
     Ticket,
 )
+from anarchon.control import Pause
 from anarchon.kit import HISTORY_SIZE, Run, RunStatus, SystemClock, check_int
 from anarchon.kit import lease as rules
 from anarchon.kit.lease import RunRow
@@ -54,6 +55,10 @@ class DictRows:
 
     def pruned_through(self, job: str) -> int | None:
         return self.pruned.get(job)
+
+    def pauses(self, job: str) -> list[Pause]:
+        """The toy keeps no control store (``control()`` is None): nothing is ever paused."""
+        return []
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         keys = [key for (owner, key) in self.runs if owner == job]  # oldest first

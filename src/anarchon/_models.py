@@ -20,6 +20,8 @@ class Trigger(StrEnum):
     """``Scheduler.run_now()``."""
     CATCH_UP = "catch-up"
     """A slot missed while no instance ran, claimed when an instance started."""
+    RETRY = "retry"
+    """A slot run again after its handler raised (the job's ``retries``)."""
 
 
 class RunStatus(StrEnum):
@@ -29,6 +31,10 @@ class RunStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    """Recorded without running: overlap, too late or paused (see the run's ``reason``)."""
+    MISSED = "missed"
+    """Recorded after the fact: no instance carried the job at its time and catch-up did not
+    run it (see the run's ``reason`` for the gap)."""
 
     @property
     def finished(self) -> bool:
@@ -82,6 +88,8 @@ class Run:
     """The fencing token this attempt ran under; it only rises per job."""
     reason: str | None = None
     """Why a run was skipped or superseded (``overlap``, ``too late``, ``lease lost`` ...)."""
+    requested_by: str | None = None
+    """Who asked for a manual run (``anarchon trigger``, ``Scheduler.trigger``), if recorded."""
 
     @property
     def slot_ms(self) -> int | None:

@@ -9,7 +9,8 @@ return, what to raise. ``tests/conformance`` checks every backend against it.
 Vocabulary:
 
 * **slot key**: ``str(slot)`` for a scheduled or catch-up slot (epoch ms), ``manual-<run_id>`` for
-  a manual run. ``(job, slot_key)`` names one run everywhere; its attempts are numbered from 1.
+  a manual run, ``<slot key>-retry-<n>`` for a retry (:func:`anarchon.control.retry_key`).
+  ``(job, slot_key)`` names one run everywhere; its attempts are numbered from 1.
 * **token**: a random string an instance generates per claim or takeover. Only the holder of the
   current attempt's token may renew, release or finish it.
 * **fence**: an integer that rises with every claim and takeover of a job (per job, never reused),
@@ -47,7 +48,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final, TypeVar
 
-from ._models import Overlap, Run, Trigger
+from ._models import Overlap, Run, RunStatus, Trigger
+from .control import ControlStore
 from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
 
@@ -149,13 +151,22 @@ class ClaimRequest:
     history_ttl_ms: int | None = None
     """Records of this job older than this may be pruned (lease backends)."""
     skip_reason: str | None = None
-    """If set, record the slot as ``skipped`` with this reason instead of running it (used for a
-    slot that became too late), unless somebody already holds it."""
+    """If set, record the slot with status :attr:`skip_status` and this reason instead of
+    running it (a slot that became too late, or one nobody ran), unless it has a record."""
+    skip_status: RunStatus = RunStatus.SKIPPED
+    """The status a ``skip_reason`` records: ``skipped``, or ``missed`` for a slot nobody ran
+    while no instance carried the job."""
+    key: str | None = None
+    """The slot key, when it is not :func:`slot_key_of` ``(slot, run_id)``: a retry's
+    (:func:`anarchon.control.retry_key`), or a triggered run's ``manual-<request id>``."""
+    requested_by: str | None = None
+    """Who asked for this run (a trigger, a retry); stored and returned in the run's
+    ``requested_by``."""
 
     @property
     def slot_key(self) -> str:
-        """See :func:`slot_key_of`."""
-        return slot_key_of(self.slot, self.run_id)
+        """:attr:`key` if set, else :func:`slot_key_of` ``(slot, run_id)``."""
+        return self.key if self.key is not None else slot_key_of(self.slot, self.run_id)
 
 
 class ClaimStatus(StrEnum):
@@ -376,16 +387,22 @@ class Backend(abc.ABC):
         For each request, atomically (one winner among every instance, however they interleave):
 
         * if ``(job, slot_key)`` has no record and the slot has not been pruned: when
-          ``skip_reason`` is set, record a ``skipped`` run with that reason and answer SKIPPED;
-          when ``overlap`` is SKIP and another run of the job is ``running`` with a live lease,
+          ``skip_reason`` is set, record a run with status ``skip_status`` (``skipped`` or
+          ``missed``) and that reason and answer SKIPPED; when the job (or the whole cluster)
+          is paused and the trigger is not ``manual``
+          (:func:`anarchon.control.active_pause`, on the backend's clock), record it
+          ``skipped`` with :func:`anarchon.control.paused_reason` and answer SKIPPED; when
+          ``overlap`` is SKIP and another run of the job is ``running`` with a live lease,
           record this slot ``skipped`` with a reason naming that run and answer SKIPPED;
           otherwise record attempt 1 ``running`` (lease ``lease_ms`` from the backend's now, a
           new fence above every earlier fence of the job) and answer WON with a :class:`Ticket`.
+          Every record keeps the request's ``requested_by``.
         * if a record exists and its token is this request's token (a retried claim), answer WON
           with the stored ticket again while attempt 1 is still ``running`` and not released:
           claims must be idempotent per token. Once that attempt has ended, answer LOST.
-        * if a record exists otherwise: answer SKIPPED when it is a skip record, else LOST with
-          the current attempt and, if running on a lease, its expiry.
+        * if a record exists otherwise: answer SKIPPED when it is a skip record (``skipped`` or
+          ``missed``, attempt 1), else LOST with the current attempt and, if running on a
+          lease, its expiry.
 
         The overlap reason names the first recorded attempt of the job that is running under a
         live lease. A new fence is ``max(last fence + 1, backend clock in ms)``.
@@ -455,9 +472,21 @@ class Backend(abc.ABC):
         """
         return None
 
+    async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """Return the newest recorded slot of each job, or None where unknown. Lease backends
+        answer it exactly (:meth:`LeaseBackend.last_slot`); a broker may answer from what it
+        keeps. The core uses it for catch-up and to record the slots nobody ran. Default:
+        unknown for every job."""
+        return dict.fromkeys(jobs)
+
     def registry(self) -> RegistryStore | None:
         """Return where this backend keeps the registry of instances and job definitions
         (:mod:`anarchon.registry`), on its own connection; None (the default) if it has none."""
+        return None
+
+    def control(self) -> ControlStore | None:
+        """Return where this backend keeps pauses and run requests (:mod:`anarchon.control`),
+        on its own connection; None (the default) if it has none."""
         return None
 
 

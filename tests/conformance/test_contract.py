@@ -15,6 +15,8 @@ from tests.harness import Namespace
 class TestContract(LeaseBackendContract):
     """Every backend; brokers skip the lease classes' tests."""
 
+    control_required = True
+
     @pytest.fixture
     def backend_factory(self, ns: Namespace) -> Callable[[], Backend]:
         return ns.make

@@ -24,13 +24,14 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
+from ..control import ALL_JOBS, Pause, RunRequest
 from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
 from ..kit import lease as rules
 from ..kit.feed import ChangeFeed
 from ..kit.lease import RunRow
 from ..registry import InstanceRecord
 
-__all__ = ["MemoryBackend", "MemoryRegistry"]
+__all__ = ["MemoryBackend", "MemoryControl", "MemoryRegistry"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -59,6 +60,7 @@ class _MemoryRows:
         self.pruned: dict[str, int] = {}
         self.order = itertools.count()
         self.seq: dict[tuple[str, str, int], int] = {}
+        self.control = MemoryControl()
 
     def current(self, job: str, slot_key: str) -> RunRow | None:
         attempts = self.runs.get((job, slot_key))
@@ -87,6 +89,10 @@ class _MemoryRows:
 
     def pruned_through(self, job: str) -> int | None:
         return self.pruned.get(job)
+
+    def pauses(self, job: str) -> list[Pause]:
+        held = self.control.paused
+        return [held[name] for name in (job, ALL_JOBS) if name in held]
 
     def rows(self, job: str) -> list[RunRow]:
         out = [row for key in self.by_job.get(job, {}) for row in self.runs[(job, key)]]
@@ -164,6 +170,10 @@ class MemoryBackend(LeaseBackend):
         """The registry, in this object (shared by the schedulers that share the object)."""
         self._registry: MemoryRegistry = getattr(self, "_registry", None) or MemoryRegistry()
         return self._registry
+
+    def control(self) -> MemoryControl:
+        """Pauses and run requests, in this object; its claims read the same pauses."""
+        return self._rows.control
 
     def _now(self) -> int:
         return self._clock.now_ms()
@@ -260,3 +270,41 @@ class MemoryRegistry:
         for instance_id in silent:
             del self._records[instance_id]
         return silent
+
+
+class MemoryControl:
+    """A :class:`~anarchon.control.ControlStore` in dicts; every step is atomic (no await inside
+    a step), and :class:`MemoryBackend`'s claims read its pauses."""
+
+    def __init__(self) -> None:
+        self.paused: dict[str, Pause] = {}
+        self._requests: dict[str, RunRequest] = {}
+
+    async def pause(self, pause: Pause) -> None:
+        """See :meth:`anarchon.control.ControlStore.pause`."""
+        self.paused[pause.job] = pause
+
+    async def resume(self, job: str) -> Pause | None:
+        """See :meth:`anarchon.control.ControlStore.resume`."""
+        return self.paused.pop(job, None)
+
+    async def pauses(self) -> list[Pause]:
+        """See :meth:`anarchon.control.ControlStore.pauses`."""
+        return list(self.paused.values())
+
+    async def request(self, request: RunRequest) -> bool:
+        """See :meth:`anarchon.control.ControlStore.request`."""
+        if request.id in self._requests:
+            return False
+        self._requests[request.id] = request
+        return True
+
+    async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
+        """See :meth:`anarchon.control.ControlStore.requests`."""
+        wanted = None if jobs is None else set(jobs)
+        found = [r for r in self._requests.values() if wanted is None or r.job in wanted]
+        return sorted(found, key=lambda r: (r.due_ms, r.requested_at_ms, r.id))
+
+    async def done(self, request_id: str) -> None:
+        """See :meth:`anarchon.control.ControlStore.done`."""
+        self._requests.pop(request_id, None)

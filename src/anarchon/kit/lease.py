@@ -26,6 +26,9 @@ the same):
   refused. A slot that has a record is always answered by its record.
 * **last_slot** remembers pruned slots: it is the newest of the recorded slots and
   ``pruned_through``.
+* **Pause**: a claim that would run (no ``skip_reason``) of a paused job, by any trigger but
+  ``manual``, is recorded ``skipped`` with :func:`anarchon.control.paused_reason`; the pause is
+  read in the same atomic step (:meth:`RowStore.pauses`) on the backend's clock.
 * **Overlap**: the holder named in an overlap reason is the first recorded attempt of the job
   that is running under a live lease.
 * **Numbers**: every time a backend stores is epoch milliseconds, and the durations a request
@@ -53,6 +56,7 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
+from ..control import Pause, active_pause, paused_reason
 from ..errors import BackendError, LeaseLost
 
 __all__ = [
@@ -63,6 +67,7 @@ __all__ = [
     "OVERLAP",
     "PRUNED_REASON",
     "PRUNE_BATCH",
+    "SKIP_STATUSES",
     "TOO_LATE",
     "RowStore",
     "RunRow",
@@ -89,6 +94,8 @@ PRUNE_BATCH: Final = 100
 # The largest time or duration in ms a backend stores (about 142 000 years): below 2**53, so it
 # is exact as a Lua number (Redis) and a sum of two never leaves a 64-bit integer.
 MAX_MS: Final = 2**52
+# The statuses of a record made instead of a run: the claim's answer to them is SKIPPED.
+SKIP_STATUSES: Final = frozenset({RunStatus.SKIPPED, RunStatus.MISSED})
 # The largest attempt count a backend stores (a 32-bit integer on PostgreSQL).
 MAX_ATTEMPTS: Final = 2**31 - 1
 
@@ -113,6 +120,7 @@ class RunRow:
     released: bool = False
     error: str | None = None
     reason: str | None = None
+    requested_by: str | None = None
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
@@ -131,6 +139,7 @@ class RunRow:
             error=self.error,
             fence=self.fence or None,
             reason=self.reason,
+            requested_by=self.requested_by,
         )
 
     def ticket(self, lease_ms: int, now: int, history_ttl_ms: int | None) -> Ticket:
@@ -182,6 +191,9 @@ class RowStore(Protocol):
 
     def pruned_through(self, job: str) -> int | None:
         """The newest slot of ``job`` whose record pruning removed, or None."""
+
+    def pauses(self, job: str) -> list[Pause]:
+        """The stored pauses of ``job`` and of every job (:data:`anarchon.control.ALL_JOBS`)."""
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """Prune ``job``'s history by the module's rules: whole slots, never ``keep_key`` nor a
@@ -256,6 +268,7 @@ def first_attempt(
         started_at=now,
         lease_expires_at=lease_expires_at,
         reason=reason,
+        requested_by=req.requested_by,
     )
 
 
@@ -271,12 +284,17 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     if req.slot is not None and pruned is not None and req.slot <= pruned:
         return pruned_outcome(req, now)
     reason = req.skip_reason
+    status = req.skip_status if reason is not None else RunStatus.SKIPPED
+    if reason is None:
+        pause = active_pause(store.pauses(req.job), req.job, req.trigger, now)
+        if pause is not None:
+            reason = paused_reason(pause)
     if reason is None and req.overlap is Overlap.SKIP:
         holder = store.live_holder(req.job, now)
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
     if reason is not None:
-        row = first_attempt(req, now, RunStatus.SKIPPED, reason, slot=req.slot, token=req.token)
+        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token)
         row.finished_at = now
         store.insert(row)
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
@@ -303,7 +321,7 @@ def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
 
 def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot that already has a record ``row``."""
-    if row.status == RunStatus.SKIPPED and row.attempt == 1:
+    if row.status in SKIP_STATUSES and row.attempt == 1:
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     if (
         row.token == req.token
@@ -385,6 +403,7 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
         token=req.token,
         instance=req.instance,
         trigger=row.trigger,
+        requested_by=row.requested_by,
         status=RunStatus.RUNNING,
         fence=store.next_fence(row.job, now),
         started_at=now,

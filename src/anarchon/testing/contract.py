@@ -15,7 +15,8 @@ new, *unstarted* backend on a fresh, empty store (one store per test)::
 The tests are async: they need pytest-asyncio (``asyncio_mode = "auto"``, or the classes' own
 ``asyncio`` mark, which they carry). They check every call of :mod:`anarchon.backend` as its
 docstrings specify: one winner per slot, idempotent claims, rising fences, history order,
-pruning, takeovers, release, overlap, batches. A few wait for short leases (0.6 s) to expire.
+pruning, takeovers, release, overlap, batches, pauses, run requests and missed records
+(:mod:`anarchon.control`). A few wait for short leases (0.6 s) to expire.
 anarchon's own backends run the same classes (``tests/conformance/test_contract.py``).
 """
 
@@ -39,6 +40,7 @@ from ..backend import (
 )
 from ..errors import BackendError, LeaseLost
 from ..kit import Overlap, RunStatus, Trigger
+from ._control import ControlContract
 
 __all__ = ["LEASE_MS", "SLOT", "BackendContract", "LeaseBackendContract", "request", "takeover"]
 
@@ -82,7 +84,7 @@ def takeover(job: str, slot_key: str, **kw: Any) -> TakeoverRequest:
 
 
 @pytest.mark.asyncio
-class BackendContract:
+class BackendContract(ControlContract):
     """The calls every backend answers (:class:`~anarchon.backend.Backend`).
 
     Provide the fixture ``backend_factory``: a callable returning a new, unstarted backend on a

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 # What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
-_RUN_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
+_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow) if f.name != "requested_by")
 
 # -- parameters -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import sqlite3
 from dataclasses import fields
 from typing import Any, Final
 
+from ...control import Pause
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
 
@@ -44,6 +45,10 @@ class SQLiteRows:
         found = self.conn.execute(Q["pruned_through"], (job,)).fetchone()
         return None if found is None or found[0] is None else int(found[0])
 
+    def pauses(self, job: str) -> list[Pause]:
+        """See :meth:`~anarchon.kit.lease.RowStore.pauses` (not stored yet: none)."""
+        return []
+
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
         conn = self.conn
@@ -68,7 +73,7 @@ class SQLiteRows:
 
 
 # The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
-_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
+_COLUMNS: Final = tuple(field.name for field in fields(RunRow) if field.name != "requested_by")
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:

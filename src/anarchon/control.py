@@ -1,0 +1,185 @@
+"""Steering the cluster: pauses and run requests, kept in the backend every instance shares.
+
+A **pause** stops every instance from running a job's slots (or every job's, :data:`ALL_JOBS`)
+until it is resumed or its ``until_ms`` passes. Lease backends check it inside their atomic
+claim, so no instance can start a slot after the pause is stored; a paused slot is recorded
+``skipped`` with the reason ``paused by <who>`` (:func:`paused_reason`) once, and runs already
+running are not touched. Manual runs are not paused: an operator who triggers a paused job
+means it.
+
+A **run request** asks the cluster to run a job once: ``anarchon trigger`` stores one
+(:attr:`~anarchon.Trigger.MANUAL`), and a failed run stores one for its retry
+(:attr:`~anarchon.Trigger.RETRY`, due after the job's backoff). Every instance that carries the
+job reads the requests that are due about once a second and claims each under its
+:attr:`RunRequest.key`; the claim decides, as for any slot, that exactly one instance runs it.
+The request is then removed.
+
+A backend offers both through :meth:`anarchon.backend.Backend.control`, which returns a
+:class:`ControlStore`. Times are epoch milliseconds on the backend's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from ._models import Trigger, ms_to_datetime
+
+__all__ = [
+    "ALL_JOBS",
+    "PAUSED",
+    "ControlStore",
+    "Pause",
+    "RunRequest",
+    "active_pause",
+    "paused_reason",
+    "retry_key",
+]
+
+ALL_JOBS: Final = "*"
+"""The job name of a whole-cluster pause (``anarchon pause --all``)."""
+PAUSED: Final = "paused by "
+"""Prefix of the reason of a slot skipped because its job was paused."""
+PAUSED_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP, Trigger.RETRY})
+"""The triggers a pause holds back; manual runs still run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pause:
+    """One job (or :data:`ALL_JOBS`) paused by someone, until resumed or ``until_ms``."""
+
+    job: str
+    by: str
+    """Who paused it (``user@host`` by default)."""
+    at_ms: int
+    """When it was paused (backend clock)."""
+    until_ms: int | None = None
+    """When it ends by itself (backend clock); None: until resumed."""
+
+    def active(self, now_ms: int) -> bool:
+        """True while the pause holds at ``now_ms`` (backend clock)."""
+        return self.until_ms is None or now_ms < self.until_ms
+
+    def to_json(self) -> str:
+        """The JSON document a store keeps (and ``--json`` prints)."""
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Pause:
+        """Read back what :meth:`to_json` wrote."""
+        data = json.loads(text)
+        until = data.get("until_ms")
+        return cls(
+            job=str(data["job"]),
+            by=str(data["by"]),
+            at_ms=int(data["at_ms"]),
+            until_ms=None if until is None else int(until),
+        )
+
+
+def paused_reason(pause: Pause) -> str:
+    """The reason a slot skipped under ``pause`` records: ``paused by alice@web-1`` (with
+    ``until <iso>`` when it ends by itself, and ``(all jobs)`` for a whole-cluster pause)."""
+    text = f"{PAUSED}{pause.by}"
+    if pause.job == ALL_JOBS:
+        text += " (all jobs)"
+    until = ms_to_datetime(pause.until_ms)
+    if until is not None:
+        text += f" until {until.isoformat()}"
+    return text
+
+
+def active_pause(pauses: Sequence[Pause], job: str, trigger: str, now_ms: int) -> Pause | None:
+    """The pause that holds a claim of ``job`` by ``trigger`` at ``now_ms``: the job's own pause,
+    else a whole-cluster one; None if none holds or the trigger is not paused (manual runs)."""
+    if trigger not in PAUSED_TRIGGERS:
+        return None
+    for name in (job, ALL_JOBS):
+        for pause in pauses:
+            if pause.job == name and pause.active(now_ms):
+                return pause
+    return None
+
+
+def retry_key(slot_key: str, retry: int) -> str:
+    """The slot key of the ``retry``-th retry of the run under ``slot_key``:
+    ``<slot_key>-retry-<n>`` (a retry of a retry keeps the first key)."""
+    base = slot_key.split("-retry-", 1)[0]
+    return f"{base}-retry-{retry}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRequest:
+    """A request that the cluster run ``job`` once: a manual trigger or a retry."""
+
+    id: str
+    """Unique; it is the run id of the run it starts (32 hex digits)."""
+    job: str
+    trigger: Trigger
+    """:attr:`~anarchon.Trigger.MANUAL` or :attr:`~anarchon.Trigger.RETRY`."""
+    key: str
+    """The slot key the run is claimed under: ``manual-<id>`` for a trigger,
+    :func:`retry_key` for a retry."""
+    slot: int | None
+    """The slot a retry runs again; None for a manual run."""
+    due_ms: int
+    """Not run before this (backend clock): the retry's backoff; a trigger's is its request."""
+    requested_by: str
+    requested_at_ms: int
+    retry: int = 0
+    """The retry's number (1 for the first retry); 0 for a manual run."""
+
+    def to_json(self) -> str:
+        """The JSON document a store keeps."""
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunRequest:
+        """Read back what :meth:`to_json` wrote."""
+        data: dict[str, Any] = json.loads(text)
+        slot = data.get("slot")
+        return cls(
+            id=str(data["id"]),
+            job=str(data["job"]),
+            trigger=Trigger(data["trigger"]),
+            key=str(data["key"]),
+            slot=None if slot is None else int(slot),
+            due_ms=int(data["due_ms"]),
+            requested_by=str(data["requested_by"]),
+            requested_at_ms=int(data["requested_at_ms"]),
+            retry=int(data.get("retry", 0)),
+        )
+
+
+@runtime_checkable
+class ControlStore(Protocol):
+    """Where a backend keeps pauses and run requests.
+
+    Implementations run on their backend's connection (started by its ``start``), create their
+    storage with the backend's own (a read of a store that was never written answers empty,
+    without creating anything), and raise :class:`~anarchon.errors.BackendUnavailable` for
+    transient faults. Lease backends read the same pauses inside :meth:`~anarchon.backend.
+    Backend.claim` (see :func:`active_pause`); a backend that cannot do that atomically says so
+    in its documentation.
+    """
+
+    async def pause(self, pause: Pause) -> None:
+        """Store ``pause``, replacing any pause of the same job."""
+
+    async def resume(self, job: str) -> Pause | None:
+        """Remove the pause of ``job`` (or :data:`ALL_JOBS`); return it, or None if there was
+        none."""
+
+    async def pauses(self) -> list[Pause]:
+        """Every stored pause, expired ones included (any order)."""
+
+    async def request(self, request: RunRequest) -> bool:
+        """Store ``request`` unless one with its id exists; True if stored (idempotent)."""
+
+    async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
+        """The stored requests of ``jobs`` (None: of every job), due first."""
+
+    async def done(self, request_id: str) -> None:
+        """Remove a request (its claim was decided); no error if it is absent."""

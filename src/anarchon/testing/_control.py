@@ -1,0 +1,207 @@
+"""The contract of :meth:`~anarchon.backend.Backend.control` and of the claim's pause check:
+pauses, run requests, missed records, retry keys and ``requested_by``. Part of
+:class:`~anarchon.testing.contract.BackendContract`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ..backend import Backend, ClaimRequest, ClaimStatus
+from ..control import ALL_JOBS, PAUSED, ControlStore, Pause, RunRequest, retry_key
+from ..kit import RunStatus, Trigger
+
+__all__ = ["ControlContract"]
+
+SLOT = 1_800_000_000_000
+LEASE_MS = 600
+
+
+def _claim(backend: Backend, job: str = "job", slot: int | None = SLOT, **kw: Any) -> ClaimRequest:
+    lease: dict[str, Any] = {"lease_ms": LEASE_MS} if backend.is_lease_backend else {}
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "i1")),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE),
+        **lease,
+        **kw,
+    )
+
+
+async def _now(backend: Backend) -> int:
+    return await backend.server_time_ms() or int(time.time() * 1000)
+
+
+def _store(backend: Backend, required: bool) -> ControlStore:
+    store = backend.control()
+    if store is None:
+        if required:
+            pytest.fail(f"{backend.name} keeps no pauses or run requests (control() is None)")
+        pytest.skip(f"{backend.name} keeps no pauses or run requests (control() is None)")
+    return store
+
+
+def _run_request(job: str, due_ms: int, **kw: Any) -> RunRequest:
+    request_id = uuid.uuid4().hex
+    return RunRequest(
+        id=request_id,
+        job=job,
+        trigger=kw.pop("trigger", Trigger.MANUAL),
+        key=kw.pop("key", f"manual-{request_id}"),
+        slot=kw.pop("slot", None),
+        due_ms=due_ms,
+        requested_by=kw.pop("requested_by", "alice@ops"),
+        requested_at_ms=due_ms,
+        **kw,
+    )
+
+
+class ControlContract:
+    """Pauses and run requests (:mod:`anarchon.control`), on every backend.
+
+    A backend whose :meth:`~anarchon.backend.Backend.control` is None skips the tests of the
+    store (its jobs cannot be paused or triggered from outside) unless :attr:`control_required`
+    is set, as it is for anarchon's own backends; missed records, retry keys and
+    ``requested_by`` are claim semantics every backend keeps.
+    """
+
+    #: Fail, rather than skip, when the backend has no control store.
+    control_required = False
+
+    async def test_pauses_are_stored_replaced_and_resumed(self, backend: Backend) -> None:
+        """Pauses are stored, replaced and resumed."""
+        store = _store(backend, self.control_required)
+        assert await store.pauses() == []
+        now = await _now(backend)
+        first = Pause(job="job", by="alice@ops", at_ms=now)
+        await store.pause(first)
+        assert await store.pauses() == [first]
+        second = Pause(job="job", by="bob@ops", at_ms=now + 1, until_ms=now + 3_600_000)
+        await store.pause(second)
+        await store.pause(Pause(job=ALL_JOBS, by="carol@ops", at_ms=now))
+        assert sorted(await store.pauses(), key=lambda p: p.job) == [
+            Pause(job=ALL_JOBS, by="carol@ops", at_ms=now),
+            second,
+        ]
+        assert await store.resume("job") == second
+        assert await store.resume("job") is None
+        assert [p.job for p in await store.pauses()] == [ALL_JOBS]
+
+    async def test_a_paused_job_skips_its_slots_once_but_runs_manual_ones(
+        self, backend: Backend
+    ) -> None:
+        """A paused job skips its slots once but runs manual ones."""
+        store = _store(backend, self.control_required)
+        await store.pause(Pause(job="job", by="alice@ops", at_ms=await _now(backend)))
+        [paused] = await backend.claim([_claim(backend)])
+        assert paused.status is ClaimStatus.SKIPPED
+        assert paused.run.status is RunStatus.SKIPPED
+        assert paused.run.reason == f"{PAUSED}alice@ops"
+        [again] = await backend.claim([_claim(backend, instance="i2")])
+        assert again.status is ClaimStatus.SKIPPED
+        [manual] = await backend.claim([_claim(backend, slot=None, trigger=Trigger.MANUAL)])
+        assert manual.status is ClaimStatus.WON
+        [other] = await backend.claim([_claim(backend, job="other")])
+        assert other.status is ClaimStatus.WON
+        slots = [r for r in await backend.history("job") if r.slot_ms == SLOT]
+        assert [(r.status, r.reason) for r in slots] == [(RunStatus.SKIPPED, f"{PAUSED}alice@ops")]
+        await store.resume("job")
+        [after] = await backend.claim([_claim(backend, slot=SLOT + 1000)])
+        assert after.status is ClaimStatus.WON
+
+    async def test_a_cluster_pause_holds_every_job_and_a_pause_ends_by_itself(
+        self, backend: Backend
+    ) -> None:
+        """A cluster pause holds every job and a pause ends by itself."""
+        store = _store(backend, self.control_required)
+        now = await _now(backend)
+        await store.pause(Pause(job=ALL_JOBS, by="ops", at_ms=now))
+        await store.pause(Pause(job="ended", by="ops", at_ms=now - 2000, until_ms=now - 1000))
+        [held] = await backend.claim([_claim(backend, job="any")])
+        assert held.status is ClaimStatus.SKIPPED
+        assert held.run.reason is not None and held.run.reason.startswith(f"{PAUSED}ops")
+        assert "(all jobs)" in held.run.reason
+        await store.resume(ALL_JOBS)
+        [ended] = await backend.claim([_claim(backend, job="ended")])
+        assert ended.status is ClaimStatus.WON
+        until = now + 3_600_000
+        await store.pause(Pause(job="later", by="ops", at_ms=now, until_ms=until))
+        [later] = await backend.claim([_claim(backend, job="later", trigger=Trigger.CATCH_UP)])
+        assert later.status is ClaimStatus.SKIPPED
+        assert later.run.reason is not None and " until " in later.run.reason
+
+    async def test_a_slot_nobody_ran_is_recorded_missed(self, backend: Backend) -> None:
+        """A slot nobody ran is recorded missed."""
+        reason = "missed: no instance carried the job from a to b"
+        [missed] = await backend.claim(
+            [_claim(backend, skip_reason=reason, skip_status=RunStatus.MISSED)]
+        )
+        assert missed.status is ClaimStatus.SKIPPED
+        assert missed.run.status is RunStatus.MISSED and missed.run.reason == reason
+        [again] = await backend.claim([_claim(backend, instance="i2")])
+        assert again.status is ClaimStatus.SKIPPED and again.run.status is RunStatus.MISSED
+        [stored] = await backend.history("job")
+        assert stored.status is RunStatus.MISSED and stored.reason == reason
+
+    async def test_a_retry_is_a_run_of_its_own_key_and_keeps_who_asked(
+        self, backend: Backend
+    ) -> None:
+        """A retry is a run of its own key and keeps who asked."""
+        [first] = await backend.claim([_claim(backend)])
+        assert first.ticket is not None
+        await backend.finish(first.ticket, RunStatus.FAILED, "boom")
+        key = retry_key(str(SLOT), 1)
+        retry = _claim(backend, key=key, trigger=Trigger.RETRY, requested_by="retry of x")
+        [won] = await backend.claim([retry])
+        assert won.status is ClaimStatus.WON and won.ticket is not None
+        assert won.ticket.slot_key == key and won.run.slot_ms == SLOT
+        [lost] = await backend.claim([_claim(backend, key=key, trigger=Trigger.RETRY)])
+        assert lost.status is ClaimStatus.LOST
+        await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+        runs = [r for r in await backend.history("job") if r.slot_ms == SLOT]
+        assert [(r.trigger, r.status) for r in runs] == [
+            (Trigger.RETRY, RunStatus.SUCCEEDED),
+            (Trigger.SCHEDULE, RunStatus.FAILED),
+        ]
+        assert runs[0].requested_by == "retry of x" and runs[1].requested_by is None
+        request_id = uuid.uuid4().hex
+        manual = _claim(
+            backend,
+            slot=None,
+            key=f"manual-{request_id}",
+            trigger=Trigger.MANUAL,
+            requested_by="alice@ops",
+        )
+        [triggered] = await backend.claim([manual])
+        assert triggered.status is ClaimStatus.WON
+        assert triggered.run.requested_by == "alice@ops"
+        [twice] = await backend.claim([replace(manual, token=uuid.uuid4().hex)])
+        assert twice.status is ClaimStatus.LOST
+
+    async def test_run_requests_are_stored_once_listed_due_first_and_removed(
+        self, backend: Backend
+    ) -> None:
+        """Run requests are stored once, listed due first and removed."""
+        store = _store(backend, self.control_required)
+        assert await store.requests() == []
+        now = await _now(backend)
+        later = _run_request("job", now + 5000)
+        sooner = _run_request("job", now, trigger=Trigger.RETRY, slot=SLOT, retry=2)
+        other = _run_request("other", now)
+        assert await store.request(later) is True
+        assert await store.request(later) is False
+        assert await store.request(sooner) is True
+        assert await store.request(other) is True
+        assert await store.requests(["job"]) == [sooner, later]
+        assert {r.id for r in await store.requests()} == {later.id, sooner.id, other.id}
+        assert await store.requests(["nobody"]) == []
+        await store.done(sooner.id)
+        await store.done(sooner.id)
+        assert await store.requests(["job", "other"]) == [other, later]
