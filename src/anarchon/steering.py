@@ -1,0 +1,112 @@
+"""Steer the cluster from anywhere with the backend's URL: pause, resume and trigger jobs.
+
+These functions need no scheduler and no handler in the calling process: they write to the
+backend's :class:`~anarchon.control.ControlStore`, and every instance that carries the job acts
+on it (a pause inside its next claim, a trigger within about a second).
+:class:`~anarchon.Scheduler`'s ``pause``, ``resume`` and ``trigger`` and the ``anarchon pause``,
+``resume`` and ``trigger`` commands call them. The backend must be started.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+import uuid
+
+from ._job import check_name
+from ._models import Trigger
+from .backend import Backend
+from .control import ALL_JOBS, ControlStore, Pause, RunRequest
+from .errors import InvalidOption, UnsupportedFeature
+
+__all__ = ["backend_now_ms", "control_of", "pause", "pauses", "requester", "resume", "trigger"]
+
+
+def requester() -> str:
+    """Who is asking, as recorded by default: ``user@host`` (``$ANARCHON_REQUESTER`` if set)."""
+    named = os.environ.get("ANARCHON_REQUESTER")
+    if named:
+        return named
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's random user)
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def control_of(backend: Backend) -> ControlStore:
+    """The backend's control store; :class:`~anarchon.errors.UnsupportedFeature` if it has
+    none."""
+    store = backend.control()
+    if store is None:
+        raise UnsupportedFeature(
+            f"the {backend.name} backend keeps no pauses or run requests (its control() is "
+            "None): its jobs cannot be paused, resumed, triggered or retried from outside"
+        )
+    return store
+
+
+async def backend_now_ms(backend: Backend) -> int:
+    """The backend's clock now (epoch ms), or this host's when the backend cannot tell."""
+    now = await backend.server_time_ms()
+    return now if now is not None else int(time.time() * 1000)
+
+
+def _check_job(job: str) -> None:
+    if job != ALL_JOBS:
+        check_name(job)
+
+
+async def pause(
+    backend: Backend, job: str, *, until_ms: int | None = None, by: str | None = None
+) -> Pause:
+    """Pause ``job`` (or every job: :data:`~anarchon.control.ALL_JOBS`) on every instance until
+    :func:`resume`, or until ``until_ms`` (epoch ms, in the future) passes; return the stored
+    pause. Runs already running are not touched; manual runs still run."""
+    _check_job(job)
+    now = await backend_now_ms(backend)
+    if until_ms is not None and until_ms <= now:
+        raise InvalidOption(
+            f"until={until_ms!r} ms is not in the future (the backend's clock reads {now}): a "
+            "pause ends at a later time, or leave it out to pause until resumed"
+        )
+    stored = Pause(job=job, by=by or requester(), at_ms=now, until_ms=until_ms)
+    await control_of(backend).pause(stored)
+    return stored
+
+
+async def resume(backend: Backend, job: str) -> Pause | None:
+    """End the pause of ``job`` (or of :data:`~anarchon.control.ALL_JOBS`); return it, or None
+    if it was not paused. A job paused on its own stays paused when the cluster is resumed."""
+    _check_job(job)
+    return await control_of(backend).resume(job)
+
+
+async def pauses(backend: Backend) -> list[Pause]:
+    """The pauses that hold now (expired ones left out), by job name."""
+    now = await backend_now_ms(backend)
+    held = [p for p in await control_of(backend).pauses() if p.active(now)]
+    return sorted(held, key=lambda p: p.job)
+
+
+async def trigger(backend: Backend, job: str, *, by: str | None = None) -> RunRequest:
+    """Ask the cluster to run ``job`` once now; return the stored request. An instance that
+    carries the job claims it within about a second and exactly one runs it; its history shows
+    trigger ``manual``, the request's id as the run id, and ``by`` as ``requested_by``."""
+    check_name(job)
+    now = await backend_now_ms(backend)
+    request_id = uuid.uuid4().hex
+    request = RunRequest(
+        id=request_id,
+        job=job,
+        trigger=Trigger.MANUAL,
+        key=f"manual-{request_id}",
+        slot=None,
+        due_ms=now,
+        requested_by=by or requester(),
+        requested_at_ms=now,
+    )
+    await control_of(backend).request(request)
+    return request

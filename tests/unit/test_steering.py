@@ -1,0 +1,78 @@
+"""anarchon.steering on the memory backend: pause, resume, trigger, and their errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from anarchon import MemoryBackend, Trigger, steering
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.control import ALL_JOBS
+from anarchon.errors import InvalidJobName, InvalidOption, UnsupportedFeature
+from anarchon.testing import FakeClock
+
+NOW = 1_800_000_000_000
+
+
+def _claim(job: str, slot: int) -> ClaimRequest:
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=f"r{slot}",
+        token=f"t{slot}",
+        instance="i",
+        trigger=Trigger.SCHEDULE,
+        lease_ms=1000,
+    )
+
+
+async def test_pause_holds_claims_until_resumed_and_names_who_asked() -> None:
+    backend = MemoryBackend(clock=FakeClock(NOW))
+    stored = await steering.pause(backend, "job", by="alice@ops")
+    assert stored.at_ms == NOW and stored.until_ms is None
+    assert await steering.pauses(backend) == [stored]
+    [held] = await backend.claim([_claim("job", NOW)])
+    assert held.status is ClaimStatus.SKIPPED and held.run.reason == "paused by alice@ops"
+    assert await steering.resume(backend, "job") == stored
+    assert await steering.resume(backend, "job") is None
+    [ran] = await backend.claim([_claim("job", NOW + 1000)])
+    assert ran.status is ClaimStatus.WON
+
+
+async def test_a_pause_with_an_end_expires_and_the_default_requester_is_user_at_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(NOW)
+    backend = MemoryBackend(clock=clock)
+    monkeypatch.setenv("ANARCHON_REQUESTER", "deploy-bot")
+    stored = await steering.pause(backend, ALL_JOBS, until_ms=NOW + 60_000)
+    assert stored.by == "deploy-bot"
+    assert [p.job for p in await steering.pauses(backend)] == [ALL_JOBS]
+    clock.step(60_000)
+    assert await steering.pauses(backend) == []
+    monkeypatch.delenv("ANARCHON_REQUESTER")
+    assert "@" in steering.requester()
+
+
+async def test_trigger_stores_one_manual_request() -> None:
+    backend = MemoryBackend(clock=FakeClock(NOW))
+    request = await steering.trigger(backend, "job", by="bob@ops")
+    assert request.trigger is Trigger.MANUAL and request.key == f"manual-{request.id}"
+    assert request.due_ms == NOW and request.requested_by == "bob@ops"
+    assert await backend.control().requests(["job"]) == [request]
+
+
+async def test_bad_input_is_refused_with_the_value_and_the_rule() -> None:
+    backend = MemoryBackend(clock=FakeClock(NOW))
+    with pytest.raises(InvalidOption, match=r"until=1799999999000 ms is not in the future"):
+        await steering.pause(backend, "job", until_ms=NOW - 1000)
+    with pytest.raises(InvalidJobName, match="no such"):
+        await steering.trigger(backend, "no such")
+    with pytest.raises(InvalidJobName):
+        await steering.trigger(backend, ALL_JOBS)
+
+    class NoControl(MemoryBackend):
+        def control(self) -> None:  # type: ignore[override]
+            return None
+
+    with pytest.raises(UnsupportedFeature, match="keeps no pauses or run requests"):
+        await steering.pause(NoControl(), "job")
