@@ -88,16 +88,20 @@ class NatsControl:
         return f"{self._space}.r.{token(request_id)}"
 
     async def _bounded(self, aw: Awaitable[T], doing: str) -> T:
+        """``aw`` within CALL_TIMEOUT_S, its failure translated. After a failure the bucket is
+        looked up again on the next call (it may have been deleted, or re-created)."""
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 return await aw
         except TimeoutError:
+            self._kv = None
             raise BackendUnavailable(
                 f"NATS: {doing} failed: no answer within {CALL_TIMEOUT_S:g} s"
             ) from None
         except BackendError:
             raise
         except Exception as exc:
+            self._kv = None
             raise errors.translate(exc, doing) from exc
 
     async def _open(self, create: bool) -> KeyValue | None:
