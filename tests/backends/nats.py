@@ -7,6 +7,7 @@ is never reconfigured.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -42,8 +43,9 @@ class NatsHarness:
             )
         finally:
             await delete_stream(server, stream)
-            for kind in ("registry", "control"):
-                await delete_stream(server, f"KV_{bucket_name(stream, kind)}")
+            for kind in ("registry", "control"):  # cleanup only: a failure here is not the test's
+                with contextlib.suppress(Exception):
+                    await delete_stream(server, f"KV_{bucket_name(stream, kind)}")
 
 
 HARNESS = NatsHarness()
