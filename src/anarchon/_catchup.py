@@ -60,9 +60,10 @@ class CatchingUp:
     _spawn: Callable[[Coroutine[Any, Any, Any]], None]
     _missed: MissedSlots | None = None
 
-    async def start(self, jobs: list[Job]) -> None:
+    async def start(self, jobs: list[Job], now: int) -> None:
         """Look up the last recorded slot of every job, in one backend call; start a catch-up
-        for each job that missed slots, and record the missed slots it does not run."""
+        for each job that missed slots, and record the missed slots it does not run. ``now``:
+        when the scheduler started carrying the jobs (this host's clock)."""
         backend = self._backend
         lease = isinstance(backend, LeaseBackend)
         wanted = [j for j in jobs if lease and j.policy.catch_up != CatchUp.NONE]
@@ -75,7 +76,6 @@ class CatchingUp:
             logger.warning("catch-up skipped: %s", exc, extra=log_fields(Action.CATCH_UP_FAILED))
             return
         # Slots are wall-clock instants computed from this host's clock, as the timer's are.
-        now = self._clock.now_ms()
         planned: dict[str, list[int]] = {}
         for job in wanted:
             policy = job.policy

@@ -373,8 +373,9 @@ class Scheduler:
         self._jobs[name] = job
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:
-            self._schedule_next(job, self._clock.now_ms())
-            self._spawn(self._catching_up.start([job]))
+            now = self._clock.now_ms()
+            self._schedule_next(job, now)
+            self._spawn(self._catching_up.start([job], now))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -465,7 +466,7 @@ class Scheduler:
         timer = self._loop_task("timer", self._timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(_cancel_and_wait, [timer, skew])
-        self._spawn(self._catching_up.start(list(self._jobs.values())))
+        self._spawn(self._catching_up.start(list(self._jobs.values()), now))
         control = backend.control()
         if control is not None:  # triggers and retries: see _requests
             poller = RequestPoller(
@@ -805,15 +806,20 @@ class Scheduler:
         return await steering.pause(self.backend, ALL_JOBS, until_ms=_until_ms(until), by=by)
 
     async def resume(self, job: str) -> bool:
-        """End the pause of ``job`` on every instance; False if it was not paused."""
+        """End the pause of ``job`` on every instance; False if it was not paused (or its pause
+        had already ended by itself)."""
         self._require_started()
-        return await steering.resume(self.backend, job) is not None
+        return await self._resume(job)
 
     async def resume_all(self) -> bool:
         """End the whole-cluster pause (:meth:`pause_all`); jobs paused on their own stay
         paused. False if the cluster was not paused."""
         self._require_started()
-        return await steering.resume(self.backend, ALL_JOBS) is not None
+        return await self._resume(ALL_JOBS)
+
+    async def _resume(self, job: str) -> bool:
+        ended = await steering.resume(self.backend, job)
+        return ended is not None and ended.active(await steering.backend_now_ms(self.backend))
 
     async def paused(self) -> list[Pause]:
         """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""
