@@ -34,7 +34,7 @@ async def test_a_trigger_runs_once_among_three_processes(tmp_path: Path) -> None
         assert len(starts) == 1, (starts, fleet.logs())
         [start] = starts
         assert start["run_id"] == request.id and start["trigger"] == "manual"
-        assert start["t"] - asked < 2.5, (start, asked)  # within about a second (and a poll)
+        assert start["t"] - asked < 4.0, (start, asked)  # about a second; slack for a busy host
         [run] = await backend.history("report")
         assert run.trigger is Trigger.MANUAL and run.requested_by == "ops@test"
         assert run.status is RunStatus.SUCCEEDED
