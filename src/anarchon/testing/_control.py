@@ -14,25 +14,13 @@ import pytest
 from ..backend import Backend, ClaimRequest, ClaimStatus
 from ..control import ALL_JOBS, PAUSED, ControlStore, Pause, RunRequest, retry_key
 from ..kit import RunStatus, Trigger
+from ._requests import SLOT, lease, request
 
 __all__ = ["ControlContract"]
 
-SLOT = 1_800_000_000_000
-LEASE_MS = 600
-
 
 def _claim(backend: Backend, job: str = "job", slot: int | None = SLOT, **kw: Any) -> ClaimRequest:
-    lease: dict[str, Any] = {"lease_ms": LEASE_MS} if backend.is_lease_backend else {}
-    return ClaimRequest(
-        job=job,
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=str(kw.pop("instance", "i1")),
-        trigger=kw.pop("trigger", Trigger.SCHEDULE),
-        **lease,
-        **kw,
-    )
+    return request(job, slot, **lease(backend, **kw))
 
 
 async def _now(backend: Backend) -> int:
