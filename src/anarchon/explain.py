@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -43,6 +44,8 @@ __all__ = ["HISTORY_LIMIT", "Attempt", "Fate", "SlotFate", "explain", "nearest_s
 
 HISTORY_LIMIT: Final = 10_000
 """How many of a job's newest records :func:`explain` reads by default to find a slot's."""
+WIDTH: Final = 100
+"""The widest line :meth:`SlotFate.describe` prints."""
 SEARCH_LIMIT_MS: Final = 50 * 366 * 86_400_000
 """How far :func:`nearest_slots` looks for a previous slot (the schedule's own horizon)."""
 
@@ -205,10 +208,11 @@ class SlotFate:
         return f"{self.job} @ {self._when(self.slot_ms)}: {what}"
 
     def describe(self) -> str:
-        """The text ``anarchon explain`` prints: a headline, the facts, and the attempts."""
+        """The text ``anarchon explain`` prints: a headline, the facts, and the attempts, in
+        lines of at most 100 characters (a long error or reason is wrapped)."""
         d = self.definition
         lines = [self.headline(), f"  schedule: {d.expression!r} in {d.zone}"]
-        if not self.is_slot:
+        if self.attempts and not self.is_slot:
             lines.append("  (not a slot of this schedule: the records are of an earlier one)")
         if self.fate is Fate.NOT_A_SLOT:
             lines.append(f"  previous slot: {self._when(self.previous_slot_ms)}")
@@ -217,17 +221,22 @@ class SlotFate:
             carried = ", ".join(self.instances) or "none: it runs only if an instance carries it"
             lines.append(f"  carried by: {carried}")
             if self.pause is not None:
-                lines.append(
-                    f"  the job is {paused_reason(self.pause)}: this slot is skipped unless it "
-                    "is resumed first"
+                lines += _wrap(
+                    f"the job is {paused_reason(self.pause)}: this slot is skipped unless it is "
+                    "resumed first"
                 )
         if self.reason:
             label = "why" if self.fate is Fate.NO_RECORD else "reason"
-            lines.append(f"  {label}: {self.reason}")
-        lines += [f"  note: {note}" for note in self.notes]
+            lines += _wrap(f"{label}: {self.reason}")
+        for note in self.notes:
+            lines += _wrap(f"note: {note}")
         if self.attempts:
             lines.append("  attempts (oldest first):")
             lines += ["    " + line for line in _attempt_table(self.attempts)]
+            for n, a in enumerate(self.attempts, 1):
+                detail = a.error or a.reason
+                if detail and detail != self.reason:
+                    lines += _wrap(f"#{n}: {detail}", indent="    ")
         return "\n".join(lines)
 
     def _when(self, ms: int | None) -> str:
@@ -271,18 +280,20 @@ def _pause_dict(pause: Pause) -> dict[str, Any]:
     return {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms, "until_ms": pause.until_ms}
 
 
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
 def _attempt_table(attempts: Sequence[Attempt]) -> list[str]:
-    rows = [["run", "attempt", "instance", "fence", "trigger", "started (UTC)", "took", "result"]]
-    for a in attempts:
-        result = a.status.value
-        detail = a.error or a.reason
-        if detail:
-            result += f": {detail}"
-        if a.requested_by:
-            result += f" (asked by {a.requested_by})"
-        took = a.took_ms
+    """One row per attempt; errors and reasons follow the table (numbered as the rows)."""
+    rows = [["#", "run", "attempt", "instance", "fence", "trigger", "started (UTC)", "took"]]
+    rows[0].append("result")
+    for n, a in enumerate(attempts, 1):
+        took = a.took_ms if a.status not in (RunStatus.SKIPPED, RunStatus.MISSED) else None
+        result = a.status.value + (f" (asked by {a.requested_by})" if a.requested_by else "")
         rows.append(
             [
+                str(n),
                 "slot" if a.retry == 0 else f"retry {a.retry}",
                 str(a.attempt),
                 a.instance,
@@ -293,10 +304,8 @@ def _attempt_table(attempts: Sequence[Attempt]) -> list[str]:
                 result,
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows
-    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def nearest_slots(schedule: CronSchedule, moment_ms: int) -> tuple[int | None, int]:
