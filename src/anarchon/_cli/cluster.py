@@ -8,6 +8,7 @@ import json
 import textwrap
 from typing import Any
 
+from .._models import RunStatus
 from .._redact import redact_url
 from ..control import ALL_JOBS, Pause
 from ..registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
@@ -85,11 +86,14 @@ def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
     }
 
 
+_RAN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
 def _job_row(job: JobView, now: int) -> list[str]:
     zone = job.definition.zone
     schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
     last = job.last_run
-    took = last.duration if last is not None else None
+    took = last.duration if last is not None and last.status in _RAN else None
     running = ",".join(
         f"{r.instance}#{r.attempt} {age(now - ms_of(r.started_at))}" for r in job.running
     )
