@@ -23,7 +23,6 @@ import pytest
 from anarchon import Backend, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.registry import InstanceRecord, JobDefinition
-from tests.conformance.conftest import CONTROL_PENDING
 from tests.harness import Harness, Namespace
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,17 +60,6 @@ def ok(url: str, *argv: str) -> str:
 def as_json(url: str, *argv: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(ok(url, *argv, "--json"))
     return data
-
-
-def pending(harness: Harness, request: pytest.FixtureRequest) -> None:
-    """Mark the test xfail where the backend's control store has not landed yet."""
-    if harness.name in CONTROL_PENDING:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason=f"the {harness.name} control store (issue 13) has not landed on main",
-                strict=False,
-            )
-        )
 
 
 async def _drop_buckets(backend: Backend) -> None:
@@ -232,7 +220,6 @@ def _assert_nothing_created(harness: Harness, ns: Namespace) -> None:
 async def test_explain_says_each_fate(
     harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
 ) -> None:
-    pending(harness, request)
     assert ns.url is not None
     slots = await populate(started)
     ran = ok(ns.url, "explain", JOB, _iso(slots.ran))
@@ -261,7 +248,6 @@ async def test_explain_says_each_fate(
 async def test_pause_resume_and_trigger(
     harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
 ) -> None:
-    pending(harness, request)
     assert ns.url is not None
     await populate(started)
     [job] = as_json(ns.url, "jobs")["jobs"]
