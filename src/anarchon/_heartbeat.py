@@ -61,6 +61,9 @@ def definition_of(job: Job) -> JobDefinition:
         "handover": policy.handover,
         "history_ttl_ms": policy.history_ttl_ms,
         "timeout_ms": job.timeout_ms,
+        "retries": job.retry.retries,
+        "retry_backoff_ms": job.retry.backoff_ms,
+        "retry_backoff_max_ms": job.retry.backoff_max_ms,
     }
     return JobDefinition(
         name=job.name,

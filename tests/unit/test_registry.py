@@ -114,3 +114,20 @@ def test_tables_fit_in_100_columns() -> None:
     lines = _table(["a", "b"], [["x" * 200, "y" * 200]], [40, 50])
     assert lines[1] == "x" * 39 + "~  " + "y" * 49 + "~"
     assert all(len(line) <= 100 for line in lines)
+
+
+def test_retry_options_are_part_of_the_definition() -> None:
+    from anarchon._heartbeat import definition_of
+
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    definitions = []
+    for retries in (0, 2):
+        scheduler = Scheduler(MemoryBackend())
+        scheduler.add("job", "* * * * *", handler, retries=retries)
+        definitions.append(definition_of(scheduler._jobs["job"]))
+    assert definitions[0].options["retries"] == 0
+    assert definitions[1].options["retry_backoff_ms"] == 1000
+    drift = build_view([record(f"i{n}", d) for n, d in enumerate(definitions)], now_ms=0).drift
+    assert [d.differing_options() for d in drift] == [["retries"]]
