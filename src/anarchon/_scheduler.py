@@ -82,6 +82,9 @@ from .errors import (
 from .logs import Action, log_fields
 from .registry import ClusterView
 
+ENV_BACKEND: Final = "ANARCHON_BACKEND"
+"""The environment variable naming the default backend's URL."""
+
 __all__ = ["Scheduler"]
 
 logger = logging.getLogger("anarchon.scheduler")
@@ -160,6 +163,18 @@ def _until_ms(until: datetime | None) -> int | None:
     return round(until.timestamp() * 1000)
 
 
+def _default_backend() -> tuple[Backend, str | None]:
+    """The backend of a scheduler given none: ``$ANARCHON_BACKEND``'s URL, else SQLite."""
+    url = os.environ.get(ENV_BACKEND)
+    if url:
+        from ._urls import backend_from_url
+
+        return backend_from_url(url), url
+    from .backends.sqlite import SQLiteBackend
+
+    return SQLiteBackend(), None
+
+
 def _check_clock(clock: object) -> Clock | None:
     if clock is None:
         return None
@@ -177,9 +192,10 @@ class Scheduler:
     """Runs cron jobs so that each slot of each job runs on exactly one instance.
 
     Every instance of the application creates the same scheduler with the same jobs; the backend
-    decides who runs each slot. With no backend, a :class:`~anarchon.SQLiteBackend` on
-    ``anarchon.db`` in the working directory (``ANARCHON_DB`` overrides the path) serves several
-    processes on one host.
+    decides who runs each slot. With no backend, the backend named by the URL in
+    ``$ANARCHON_BACKEND`` (which ``anarchon run --backend URL`` sets) if set, else a
+    :class:`~anarchon.SQLiteBackend` on ``anarchon.db`` in the working directory (``ANARCHON_DB``
+    overrides the path), which serves several processes on one host.
 
     :param backend: where claims, leases and history live.
     :param instance_id: this instance's name in history and logs: printable, 1 to 256
@@ -219,10 +235,11 @@ class Scheduler:
         self._heartbeat: Heartbeat | None = None
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
+        #: The URL the backend was made from when the scheduler was given none and
+        #: ``$ANARCHON_BACKEND`` was set; None otherwise.
+        self.backend_url: str | None = None
         if backend is None:
-            from .backends.sqlite import SQLiteBackend
-
-            backend = SQLiteBackend()
+            backend, self.backend_url = _default_backend()
         self.backend = backend
         self.grace_ms = grace_ms
         self.max_workers = max_workers

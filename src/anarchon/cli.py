@@ -31,6 +31,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -144,8 +145,17 @@ def _load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-def _run(target: str) -> int:
+def _run(target: str, backend_url: str | None = None) -> int:
+    if backend_url is not None:
+        os.environ[ENV_BACKEND] = backend_url  # Scheduler() made without a backend reads it
     scheduler = _load_scheduler(target)
+    if backend_url is not None and scheduler.backend_url != backend_url:
+        raise _Exit(
+            EXIT_USAGE,
+            f"anarchon run: --backend applies to a Scheduler() made without a backend, but "
+            f"{target} was given its own ({scheduler.backend.name}); drop --backend or build "
+            "the scheduler with Scheduler() and no backend",
+        )
     module = target.partition(":")[0]
     guard = (
         f"guard the call with 'if __name__ == \"__main__\":' in {module!r} so that importing "
@@ -244,6 +254,11 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a Scheduler object until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler (or a function making one)")
+    run.add_argument(
+        "--backend",
+        help=f"backend URL for a Scheduler() made without one (sets ${ENV_BACKEND} before the "
+        "import)",
+    )
 
     def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
         made = sub.add_parser(name, help=text, description=text)
@@ -340,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(args.log_level)
     try:
         if args.command == "run":
-            code = _run(args.target)
+            code = _run(args.target, args.backend)
         elif args.command in COMMANDS:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":

@@ -40,18 +40,21 @@ def test_next_with_a_bad_expression_says_why() -> None:
     assert "minute field '61'" in out.stderr
 
 
-def test_run_and_history(tmp_path: Path) -> None:
-    app = tmp_path / "cronapp.py"
-    app.write_text(
-        "from anarchon import Scheduler\n"
-        "scheduler = Scheduler()\n"
-        "@scheduler.job('beat', '* * * * * *', jitter_ms=0)\n"
-        "def beat(ctx):\n"
-        "    print('beat', ctx.fence, flush=True)\n"
-    )
+APP = (
+    "from anarchon import Scheduler\n"
+    "scheduler = Scheduler()\n"
+    "@scheduler.job('beat', '* * * * * *', jitter_ms=0)\n"
+    "def beat(ctx):\n"
+    "    print('beat', ctx.fence, flush=True)\n"
+)
+
+
+def run_two_beats(tmp_path: Path, *extra: str) -> str:
+    """``anarchon run cronapp:scheduler *extra`` until two beats ran, then SIGTERM; its output."""
+    (tmp_path / "cronapp.py").write_text(APP)
     env = {**os.environ, "ANARCHON_DB": str(tmp_path / "app.db"), "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "anarchon", "run", "cronapp:scheduler"],
+        [sys.executable, "-m", "anarchon", "run", "cronapp:scheduler", *extra],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -74,6 +77,11 @@ def test_run_and_history(tmp_path: Path) -> None:
     assert proc.returncode == 0, output
     assert output.count("beat ") >= 2, output
     assert "stopped" in output
+    return output
+
+
+def test_run_and_history(tmp_path: Path) -> None:
+    run_two_beats(tmp_path)
 
     out = cli("history", "beat", "-n", "2", cwd=tmp_path, ANARCHON_DB=str(tmp_path / "app.db"))
     assert out.returncode == 0, out.stderr
@@ -85,6 +93,39 @@ def test_run_and_history(tmp_path: Path) -> None:
         cli("history", "beat", "--backend", url).stdout
         == cli("history", "beat", cwd=tmp_path, ANARCHON_DB=str(tmp_path / "app.db")).stdout
     )
+
+
+def test_run_with_backend_uses_that_url_for_a_scheduler_made_without_one(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    run_two_beats(tmp_path, "--backend", f"sqlite:///{other}")
+    assert not (tmp_path / "app.db").exists()
+    out = cli("history", "beat", "--backend", f"sqlite:///{other}")
+    assert out.returncode == 0 and out.stdout.count("succeeded") >= 2, out
+
+
+def test_run_with_backend_refuses_a_scheduler_that_has_its_own(tmp_path: Path) -> None:
+    (tmp_path / "ownapp.py").write_text(
+        "from anarchon import MemoryBackend, Scheduler\nscheduler = Scheduler(MemoryBackend())\n"
+    )
+    out = cli("run", "ownapp:scheduler", "--backend", "redis://127.0.0.1:6379/0", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "--backend applies to a Scheduler() made without a backend" in out.stderr
+    assert "was given its own (memory)" in out.stderr
+
+
+def test_a_scheduler_made_without_a_backend_reads_anarchon_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anarchon import RedisBackend, Scheduler, SQLiteBackend
+
+    monkeypatch.setenv("ANARCHON_BACKEND", "redis://127.0.0.1:6379/0")
+    made = Scheduler()
+    assert isinstance(made.backend, RedisBackend)
+    assert made.backend_url == "redis://127.0.0.1:6379/0"
+    monkeypatch.delenv("ANARCHON_BACKEND")
+    monkeypatch.setenv("ANARCHON_DB", str(tmp_path / "x.db"))
+    default = Scheduler()
+    assert isinstance(default.backend, SQLiteBackend) and default.backend_url is None
 
 
 def test_run_with_a_bad_target_says_why() -> None:

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from .._models import Run
 from .._redact import redact_url
+from .._scheduler import ENV_BACKEND as ENV_BACKEND
 from .._urls import backend_from_url
 from ..backend import Backend
 from ..errors import BackendError
@@ -23,7 +24,6 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NO_DATA: Final = 3
 EXIT_BACKEND: Final = 4
-ENV_BACKEND: Final = "ANARCHON_BACKEND"
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
 
