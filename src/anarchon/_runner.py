@@ -384,7 +384,7 @@ class RunExecutor:
         ticket = active.ticket
         for delay in backoff():
             try:
-                run = await self._results.submit((ticket, status, error))
+                run = await self._results.submit(FinishRequest(ticket, status, error))
             except LeaseLost as refused:
                 self.counters.result_refused += 1
                 _log(

@@ -46,9 +46,9 @@ import abc
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
-from ._models import Overlap, Run, RunStatus, Trigger
+from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
 from .control import ControlStore
 from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
@@ -128,7 +128,7 @@ class JobPolicy:
     lease_ms: int
     max_attempts: int
     overlap: Overlap
-    catch_up: str
+    catch_up: CatchUp
     catch_up_window_ms: int
     handover: bool
     history_ttl_ms: int | None
@@ -208,9 +208,13 @@ class Ticket:
         return replace(self, lease_expires_at_ms=expires_at_ms, backend_now_ms=backend_now_ms)
 
 
-FinishRequest = tuple[Ticket, str, str | None]
-"""``(ticket, status, error)``: one result for :meth:`Backend.finish_many`; ``status`` is a
-:class:`~anarchon.RunStatus` (``succeeded`` or ``failed``)."""
+class FinishRequest(NamedTuple):
+    """One result for :meth:`Backend.finish_many`: the attempt ``ticket`` holds ended with
+    ``status`` (a :class:`~anarchon.RunStatus`: ``succeeded`` or ``failed``) and ``error``."""
+
+    ticket: Ticket
+    status: RunStatus
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,7 +434,7 @@ class Backend(abc.ABC):
 
         Default: one :meth:`finish_many` call (implement either of the two).
         """
-        [answer] = await self.finish_many([(ticket, status, error)])
+        [answer] = await self.finish_many([FinishRequest(ticket, RunStatus(status), error)])
         if isinstance(answer, BackendError):
             raise answer
         return answer

@@ -31,6 +31,7 @@ import pytest
 from ..backend import (
     Backend,
     ClaimStatus,
+    FinishRequest,
     LeaseBackend,
     TakeoverStatus,
 )
@@ -174,10 +175,10 @@ class BackendContract(ControlContract):
             won.append(outcome.ticket)
         results = await backend.finish_many(
             [
-                (won[0], RunStatus.SUCCEEDED, None),
-                (won[1], RunStatus.FAILED, "boom"),
-                (won[0], RunStatus.FAILED, "a second, different result"),
-                (won[2], RunStatus.SUCCEEDED, None),
+                FinishRequest(won[0], RunStatus.SUCCEEDED, None),
+                FinishRequest(won[1], RunStatus.FAILED, "boom"),
+                FinishRequest(won[0], RunStatus.FAILED, "a second, different result"),
+                FinishRequest(won[2], RunStatus.SUCCEEDED, None),
             ]
         )
         statuses = [getattr(r, "status", None) for r in results]
@@ -192,7 +193,7 @@ class BackendContract(ControlContract):
         assert history[SLOT + 1000].error == "boom"
         assert history[SLOT].status is RunStatus.SUCCEEDED
         # The same result again (a retry whose answer was lost) is not an error.
-        [again] = await backend.finish_many([(won[0], RunStatus.SUCCEEDED, None)])
+        [again] = await backend.finish_many([FinishRequest(won[0], RunStatus.SUCCEEDED, None)])
         assert not isinstance(again, BackendError) and again.run_id == won[0].run_id
 
 
