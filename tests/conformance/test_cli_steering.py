@@ -208,7 +208,7 @@ def _assert_nothing_created(harness: Harness, ns: Namespace) -> None:
 
             nc = await nats.connect(str(ns.extra["server"]))
             try:
-                return [i.config.name for i in await nc.jetstream().streams_info()]
+                return [str(i.config.name) for i in await nc.jetstream().streams_info()]
             finally:
                 await nc.close()
 

@@ -48,6 +48,7 @@ from anarchon import BackendError, LeaseBackend, MemoryBackend, Overlap, Run, Ru
 from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
+    FinishRequest,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
@@ -334,8 +335,8 @@ class Differential(RuleBasedStateMachine):
         if not self.tickets:
             return
         chosen = [(self.tickets[p % len(self.tickets)], s, e) for p, s, e in picks]
-        ref_items = [(pair[0], s, e) for pair, s, e in chosen]
-        real_items = [(pair[1], s, e) for pair, s, e in chosen]
+        ref_items = [FinishRequest(pair[0], s, e) for pair, s, e in chosen]
+        real_items = [FinishRequest(pair[1], s, e) for pair, s, e in chosen]
         if len(chosen) == 1:
             one, other = self.run(
                 lambda b: b.finish(*(ref_items if b is self.ref.backend else real_items)[0])

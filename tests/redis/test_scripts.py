@@ -16,6 +16,7 @@ from anarchon import InvalidJobName, InvalidOption, LeaseLost, Overlap, RunStatu
 from anarchon.backend import (
     ClaimRequest,
     ClaimStatus,
+    FinishRequest,
     TakeoverRequest,
     TakeoverStatus,
 )
@@ -352,7 +353,8 @@ async def test_batches_answer_each_item_in_one_call(make: Make) -> None:
     assert isinstance(renewed[1], LeaseLost) and "handed over" in str(renewed[1])
     assert all(not isinstance(r, LeaseLost) for n, r in enumerate(renewed) if n != 1)
     finished = await backend.finish_many(
-        [(t, RunStatus.SUCCEEDED, None) for t in tickets[2:]] + [(tickets[2], "failed", "again")]
+        [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets[2:]]
+        + [FinishRequest(tickets[2], RunStatus.FAILED, "again")]
     )
     assert [type(r).__name__ for r in finished] == ["Run", "Run", "LeaseLost"]
     assert await backend.last_slots(["j0", "j3", "nobody", "j0"]) == {
@@ -380,5 +382,7 @@ async def test_one_failing_call_of_a_batch_fails_alone(make: Make, prefix: str) 
     assert [o.status for o in outcomes] == [ClaimStatus.WON, ClaimStatus.LOST, ClaimStatus.WON]
     assert outcomes[1].error is not None and "WRONGTYPE" in str(outcomes[1].error)
     tickets = [o.ticket for o in outcomes if o.ticket is not None]
-    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])
+    results = await backend.finish_many(
+        [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets]
+    )
     assert [getattr(r, "status", None) for r in results] == [RunStatus.SUCCEEDED] * 2

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from anarchon import BackendError, BackendUnavailable, RunStatus, SQLiteBackend, Trigger
-from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
+from anarchon.backend import (
+    ClaimRequest,
+    ClaimStatus,
+    FinishRequest,
+    TakeoverRequest,
+    TakeoverStatus,
+)
 from anarchon.backends.sqlite._connection import Connection
 
 SLOT = 1_800_000_000_000
@@ -183,8 +189,8 @@ async def test_an_item_the_file_cannot_store_fails_alone(tmp_path: Path) -> None
     tickets = [o.ticket for o in outcomes if o.ticket is not None]
     results = await backend.finish_many(
         [
-            (tickets[0], RunStatus.FAILED, "boom \udc80"),
-            (tickets[1], RunStatus.SUCCEEDED, None),
+            FinishRequest(tickets[0], RunStatus.FAILED, "boom \udc80"),
+            FinishRequest(tickets[1], RunStatus.SUCCEEDED, None),
         ]
     )
     assert isinstance(results[0], BackendError)

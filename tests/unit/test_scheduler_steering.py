@@ -356,7 +356,7 @@ def test_retry_options_are_checked_at_add(clock: FakeClock) -> None:
         ({"on_failure": lambda: None}, "cannot be called with one positional argument"),
     ):
         with pytest.raises(InvalidOption) as info:
-            scheduler.add("bad", "* * * * *", _noop, **bad)  # type: ignore[arg-type]
+            scheduler.add("bad", "* * * * *", _noop, **bad)
         assert rule in str(info.value)
 
     class NoControl(MemoryBackend):

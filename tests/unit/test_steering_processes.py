@@ -38,7 +38,7 @@ async def test_a_trigger_runs_once_among_three_processes(tmp_path: Path) -> None
         [run] = await backend.history("report")
         assert run.trigger is Trigger.MANUAL and run.requested_by == "ops@test"
         assert run.status is RunStatus.SUCCEEDED
-        assert await backend.control().requests() == []  # type: ignore[union-attr]
+        assert await backend.control().requests() == []
     finally:
         await backend.stop()
         fleet.stop_all()
