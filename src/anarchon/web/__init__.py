@@ -16,16 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import MissingDependency
-
-try:
-    import jinja2  # noqa: F401
-    import starlette  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise MissingDependency(
-        f"anarchon.web needs Starlette and Jinja2 ({exc.name} is missing): "
-        "pip install 'anarchon[web]'"
-    ) from exc
-
 from ._auth import TokenCheck
 
 if TYPE_CHECKING:
@@ -57,6 +47,12 @@ def dashboard(
     :param title: shown in the header and the browser's tab.
     :param refresh_ms: how often an open page refreshes its content (0: never).
     """
-    from ._app import build_app
+    try:
+        from ._app import build_app
+    except ImportError as exc:  # pragma: no cover - exercised without the extra
+        raise MissingDependency(
+            f"the dashboard needs Starlette and Jinja2 ({exc.name} is missing): "
+            "pip install 'anarchon[web]'"
+        ) from exc
 
     return build_app(scheduler_or_backend, token, title=title, refresh_ms=refresh_ms)

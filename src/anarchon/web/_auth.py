@@ -7,14 +7,15 @@ import hmac
 import inspect
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 __all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "Guard", "TokenCheck"]
 
-TokenCheck = Callable[[Request], "Awaitable[str | None] | str | None"]
+TokenCheck: TypeAlias = "Callable[[Request], Awaitable[str | None] | str | None]"
 """The host app's check: given the request, the operator's name, or None to refuse."""
 
 CSRF_COOKIE: Final = "anarchon_csrf"
