@@ -93,7 +93,7 @@ async def schedulers(ns: Namespace) -> AsyncIterator[Callable[..., list[Schedule
 
 # Backends whose pauses, run requests, missed records and retry keys (issue 13) are being built
 # on their own branch; each removes itself from this set when it passes the control contract.
-CONTROL_PENDING = {"sqlite", "redis", "postgres", "nats", "nats_current"}
+CONTROL_PENDING = {"nats", "nats_current"}
 CONTROL_TESTS = {
     name
     for name in dir(__import__("anarchon.testing._control", fromlist=["x"]).ControlContract)

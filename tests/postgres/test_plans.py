@@ -19,7 +19,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from anarchon import Overlap, Trigger
+from anarchon.backend import ClaimRequest
 from anarchon.backends.postgres import PostgresBackend
+from anarchon.backends.postgres._rows import claim_params
 from tests.backends.postgres import DSN
 
 pytestmark = pytest.mark.slow
@@ -156,18 +159,20 @@ async def _check(filled: PostgresBackend, job: str) -> None:
         "last_slot": (q["last_slot"], {"job": job}),
         "claim_lookup": (
             q["claim"],
-            {
-                "job": [job],
-                "slot_key": [str(SLOT)],
-                "slot": [SLOT],
-                "run_id": [uuid.uuid4().hex],
-                "token": [uuid.uuid4().hex],
-                "instance": ["i"],
-                "trigger": ["schedule"],
-                "lease_ms": [5000],
-                "overlap_skip": [True],
-                "skip_reason": [None],
-            },
+            claim_params(
+                [
+                    ClaimRequest(
+                        job=job,
+                        slot=SLOT,
+                        run_id=uuid.uuid4().hex,
+                        token=uuid.uuid4().hex,
+                        instance="i",
+                        trigger=Trigger.SCHEDULE,
+                        lease_ms=5000,
+                        overlap=Overlap.SKIP,
+                    )
+                ]
+            ),
         ),
         "finish_and_prune": (
             q["finish"],
@@ -201,6 +206,12 @@ async def _check(filled: PostgresBackend, job: str) -> None:
             # Below jit_above_cost (100 000 by default): no statement pays for JIT compilation.
             assert plan["Total Cost"] < 100_000, f"{name} costs {plan['Total Cost']}"
             print(f"\npostgres plan {name}({job}): {', '.join(scans)}; cost {plan['Total Cost']}")
+            if name.startswith("claim"):
+                # The pause check: a lookup of the job's and the cluster's pause.
+                pauses = _scans_of(plan, "anarchon_pauses")
+                assert pauses, f"{name}: the claim does not read anarchon_pauses?\n{plan}"
+                assert any("anarchon_pauses_pkey" in s for s in pauses), f"{name}: {pauses}"
+                print(f"postgres plan {name}({job}) of the pauses: {', '.join(pauses)}")
 
     # The backend's own calls, timed: an index scan of 50 rows, not a scan of a million.
     began = time.perf_counter()

@@ -131,7 +131,9 @@ async def test_reserved_words_are_quoted_identifiers() -> None:
         )
         assert [t for (t,) in tables] == [
             "order_jobs",
+            "order_pauses",
             "order_pruned",
+            "order_requests",
             "order_runs",
             "order_schema_version",
         ]
@@ -217,7 +219,7 @@ async def test_instances_migrating_a_fresh_schema_at_once(make: Make, schema: st
         .format(sql.Identifier(schema, "anarchon_schema_version"))
         .as_string(None)
     )
-    assert versions == [(1,), (2,)]
+    assert versions == [(1,), (2,), (3,)]
     await backends[0].stop()
     await backends[0].start()  # again: nothing to migrate, no error
 
@@ -251,7 +253,7 @@ async def test_a_version_1_schema_is_migrated_and_keeps_its_history(schema: str)
         .format(sql.Identifier(schema, "anarchon_schema_version"))
         .as_string(None)
     )
-    assert versions == [(1,), (2,)]
+    assert versions == [(1,), (2,), (3,)]
 
 
 async def test_a_newer_schema_version_is_refused(make: Make, schema: str) -> None:

@@ -18,7 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REDIS_SERVER = "/usr/bin/redis-server"
-PORTS = range(16400, 16500)
+RANGE = range(16400, 16500)
+
+
+def _ports() -> range:
+    """This process's share of the range: pytest-xdist workers split it, so one worker never
+    takes a port another worker's test just freed by killing its server (its client would then
+    reach the wrong server)."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    share = len(RANGE) // max(count, 1)
+    start = RANGE.start + (index % max(count, 1)) * share
+    return range(start, start + share)
+
+
+PORTS = _ports()
 _taken: set[int] = set()
 
 

@@ -15,8 +15,9 @@ import pytest
 from anarchon import BackendUnavailable, RunStatus
 from anarchon.backend import ClaimStatus, TakeoverStatus
 from anarchon.backends.redis import RedisBackend
+from anarchon.control import ALL_JOBS, Pause
 from tests.redis.servers import RedisServer, free_port
-from tests.redis.test_scripts import claim_request, takeover_request
+from tests.redis.test_scripts import SLOT, claim_request, takeover_request
 
 pytestmark = pytest.mark.slow
 
@@ -112,6 +113,21 @@ async def test_cluster_client(cluster: list[RedisServer]) -> None:
         again = await backend.claim([claim_request(job=j, slot=None) for j in jobs])
         assert [o.status for o in again] == [ClaimStatus.WON] * len(jobs)
         assert await backend.last_slot("job3") == outcomes[3].run.slot_ms
+
+        # The pauses live in their own slot: read before a batch of claims, held in each.
+        store = other.control()
+        assert await store.pauses() == []
+        await store.pause(Pause(job="job1", by="ops", at_ms=0))
+        later = [claim_request(job=j, slot=SLOT + 60_000) for j in jobs]
+        paused = await backend.claim(later)
+        assert [o.status for o in paused] == [
+            ClaimStatus.SKIPPED if n == 1 else ClaimStatus.WON for n in range(len(jobs))
+        ]
+        assert paused[1].run.reason == "paused by ops"
+        await store.pause(Pause(job=ALL_JOBS, by="ops", at_ms=0))
+        held = await backend.claim([claim_request(job=j, slot=SLOT + 120_000) for j in jobs])
+        assert {o.run.reason for o in held} == {"paused by ops", "paused by ops (all jobs)"}
+        assert await store.resume(ALL_JOBS) is not None
     finally:
         await backend.stop()
         await other.stop()

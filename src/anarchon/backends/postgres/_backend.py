@@ -27,6 +27,7 @@ from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 
 from . import _rows as rows
 from ._connection import Connections, Statement, Work, describe_server
+from ._control import PostgresControl
 from ._listener import Listener
 from ._migrations import check_readable, migrate
 from ._options import DEFAULT_DSN, DEFAULT_PREFIX, DEFAULT_SCHEMA, check_options, split_url
@@ -317,6 +318,11 @@ class PostgresBackend(LeaseBackend):
     def registry(self) -> PostgresRegistry:
         """The registry, in a table of its own beside the backend's (see ``_registry``)."""
         return PostgresRegistry(self)
+
+    def control(self) -> PostgresControl:
+        """Pauses and run requests, in tables beside the runs (see ``_control``); the claim
+        reads the pauses in its own statement."""
+        return PostgresControl(self)
 
     def clone(self) -> PostgresBackend | None:
         """A new, unstarted backend on the same database, schema and prefix with a small pool

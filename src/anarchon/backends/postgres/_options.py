@@ -44,7 +44,8 @@ _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 # PostgreSQL truncates identifiers at 63 bytes; the longest name built from the prefix is
-# "<prefix>runs_recorded" (13 more characters), hence 40 for the prefix.
+# "<prefix>runs_status_check" (17 more characters), so 40 for the prefix leaves room (and
+# PostgreSQL named migration 1's status check exactly that, untruncated).
 _SCHEMA_RULE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PREFIX_RULE: Final = re.compile(r"([a-z_][a-z0-9_]{0,39})?")
 

@@ -60,6 +60,11 @@ class Names:
             "jobs": table("jobs"),
             "runs": table("runs"),
             "pruned": table("pruned"),
+            "pauses": table("pauses"),
+            "requests": table("requests"),
+            "requests_due": sql.Identifier(self.prefix + "requests_due"),
+            # The name PostgreSQL gave migration 1's check of the status column.
+            "runs_status_check": sql.Identifier(self.prefix + "runs_status_check"),
             "runs_newest": sql.Identifier(self.prefix + "runs_newest"),
             "runs_recorded": sql.Identifier(self.prefix + "runs_recorded"),
             "runs_running": sql.Identifier(self.prefix + "runs_running"),

@@ -20,6 +20,7 @@ from anarchon.backend import (
     TakeoverStatus,
     Ticket,
 )
+from anarchon.control import PAUSED_TRIGGERS
 from anarchon.errors import BackendUnavailable, LeaseLost
 from anarchon.kit import Overlap, Run, RunStatus
 from anarchon.kit.lease import (
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 # What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
-_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow) if f.name != "requested_by")
+_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
 
 # -- parameters -----------------------------------------------------------------------------
 
@@ -67,6 +68,10 @@ def claim_params(reqs: Sequence[ClaimRequest]) -> dict[str, Any]:
         "lease_ms": [r.lease_ms for r in reqs],
         "overlap_skip": [r.overlap is Overlap.SKIP for r in reqs],
         "skip_reason": [r.skip_reason for r in reqs],
+        "skip_status": [str(RunStatus(r.skip_status)) for r in reqs],
+        # Whether a pause may hold the request (the statement looks the pause up itself).
+        "pausable": [r.skip_reason is None and r.trigger in PAUSED_TRIGGERS for r in reqs],
+        "requested_by": [r.requested_by for r in reqs],
     }
 
 

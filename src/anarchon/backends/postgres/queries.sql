@@ -1,6 +1,6 @@
 -- Every statement the PostgreSQL backend runs.
 --
--- {schema}, {versions}, {jobs}, {pruned}, {runs} and index names are identifiers, substituted with
+-- {schema}, {versions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
 -- Parts: run_columns, current_attempt and held_by_ticket are not statements but pieces of the
@@ -26,7 +26,8 @@
 -- name: run_columns
 -- The columns of a run record, in RunRow's order (rows.py decodes them by name).
 x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger, x.status,
-x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released, x.error, x.reason
+x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released, x.error, x.reason,
+x.requested_by
 
 -- name: current_attempt
 -- The highest attempt of %(job)s's %(slot_key)s, found by the primary key.
@@ -108,6 +109,36 @@ ALTER TABLE {runs} ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY;
 DROP INDEX {schema}.{runs_newest};
 CREATE INDEX {runs_recorded} ON {runs} (job, started_at DESC, seq DESC);
 
+-- name: migration_3
+-- Steering (anarchon.control): who asked for a run, slots recorded 'missed', pauses and run
+-- requests. The status check of migration 1 has the name PostgreSQL gave it,
+-- <prefix>runs_status_check (never truncated: the prefix is at most 40 characters). It is
+-- replaced by one of the same name that also allows 'missed'. The trigger column has no check.
+-- (Migrations are split into statements at each semicolon: none in their comments.)
+ALTER TABLE {runs} ADD COLUMN requested_by text;
+ALTER TABLE {runs} DROP CONSTRAINT {runs_status_check};
+ALTER TABLE {runs} ADD CONSTRAINT {runs_status_check}
+    CHECK (status IN ('running', 'succeeded', 'failed', 'skipped', 'missed'));
+-- One pause per job name, '*' for every job. A claim looks both up by the primary key.
+CREATE TABLE {pauses} (
+    job text PRIMARY KEY,
+    paused_by text NOT NULL,
+    at_ms bigint NOT NULL,
+    until_ms bigint
+);
+CREATE TABLE {requests} (
+    id text PRIMARY KEY,
+    job text NOT NULL,
+    trigger text NOT NULL,
+    slot_key text NOT NULL,
+    slot bigint,
+    due_ms bigint NOT NULL,
+    requested_by text NOT NULL,
+    requested_at_ms bigint NOT NULL,
+    retry integer NOT NULL DEFAULT 0
+);
+CREATE INDEX {requests_due} ON {requests} (job, due_ms, requested_at_ms, id);
+
 -- name: now
 SELECT {now_ms} AS now;
 
@@ -173,19 +204,23 @@ req AS (
     FROM unnest(
         %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
         %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
-        %(overlap_skip)s::boolean[], %(skip_reason)s::text[]
+        %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
+        %(pausable)s::boolean[], %(requested_by)s::text[]
     ) WITH ORDINALITY AS r (job, slot_key, slot, run_id, token, instance, trigger, lease_ms,
-                            overlap_skip, skip_reason, ord)
+                            overlap_skip, skip_reason, skip_status, pausable, requested_by,
+                            ord)
 ),
 looked AS (
     SELECT r.*, clock.now, j.fence AS job_fence, h.run_id AS holder_run_id,
-           h.slot AS holder_slot,
+           h.slot AS holder_slot, pz.job AS pause_job, pz.paused_by AS pause_by,
+           pz.until_ms AS pause_until,
            CASE
                WHEN EXISTS (
                    SELECT 1 FROM {runs} x WHERE x.job = r.job AND x.slot_key = r.slot_key
                ) THEN 'existing'
                WHEN r.slot IS NOT NULL AND r.slot <= p.through THEN 'pruned'
                WHEN r.skip_reason IS NOT NULL THEN 'skip'
+               WHEN pz.job IS NOT NULL THEN 'paused'
                WHEN h.run_id IS NOT NULL THEN 'overlap'
                ELSE 'candidate'
            END AS kind
@@ -193,6 +228,15 @@ looked AS (
     CROSS JOIN clock
     JOIN {jobs} j ON j.job = r.job
     LEFT JOIN {pruned} p ON p.job = r.job
+    LEFT JOIN LATERAL (
+        -- The pause that holds the request (anarchon.control.active_pause): the job's own, else
+        -- the whole cluster's ('*'); two lookups by the primary key, on the statement's clock.
+        SELECT z.job, z.paused_by, z.until_ms FROM {pauses} z
+        WHERE r.pausable AND z.job IN (r.job, '*')
+          AND (z.until_ms IS NULL OR clock.now < z.until_ms)
+        ORDER BY z.job = '*'
+        LIMIT 1
+    ) pz ON true
     LEFT JOIN LATERAL (
         -- The first recorded live holder: the one every backend names.
         SELECT x.run_id, x.slot FROM {runs} x
@@ -217,7 +261,11 @@ decided AS (
                ELSE 'overlap_batch'
            END AS verdict,
            CASE WHEN f.kind = 'overlap' THEN f.holder_run_id ELSE first.run_id END AS named_run_id,
-           CASE WHEN f.kind = 'overlap' THEN f.holder_slot ELSE first.slot END AS named_slot
+           CASE WHEN f.kind = 'overlap' THEN f.holder_slot ELSE first.slot END AS named_slot,
+           CASE WHEN f.kind = 'paused' THEN f.pause_until
+                WHEN f.kind = 'overlap' THEN f.holder_slot
+                ELSE first.slot
+           END AS named_ms
     FROM firsts f
     LEFT JOIN req first ON first.ord = f.first_ord
 ),
@@ -230,31 +278,42 @@ numbered AS (
            END AS new_fence,
            CASE
                WHEN d.verdict = 'skip' THEN d.skip_reason
-               -- The slot as Python's datetime.isoformat() writes it.
+               -- anarchon.control.paused_reason(pause), character for character.
+               WHEN d.verdict = 'paused' THEN 'paused by ' || d.pause_by
+                   || CASE WHEN d.pause_job = '*' THEN ' (all jobs)' ELSE '' END
+                   || coalesce(' until ' || d.named_iso, '')
                WHEN d.verdict IN ('overlap', 'overlap_batch') THEN 'overlap: run '
                    || d.named_run_id || ' ('
-                   || CASE WHEN d.named_slot IS NULL THEN 'manual' ELSE 'slot '
-                      || to_char(to_timestamp(d.named_slot / 1000) AT TIME ZONE 'UTC',
-                                 'YYYY-MM-DD"T"HH24:MI:SS')
-                      || CASE WHEN mod(d.named_slot, 1000) = 0 THEN ''
-                              ELSE '.' || lpad((mod(d.named_slot, 1000) * 1000)::text, 6, '0')
-                         END || '+00:00' END
+                   || CASE WHEN d.named_slot IS NULL THEN 'manual' ELSE 'slot ' || d.named_iso END
                    || ') still holds its lease'
            END AS new_reason
-    FROM decided d
+    FROM (
+        -- The time the reason names (a slot, a pause's end) as Python's datetime.isoformat()
+        -- writes it.
+        SELECT d.*,
+               CASE WHEN d.verdict IN ('paused', 'overlap', 'overlap_batch') THEN
+                   to_char(to_timestamp(d.named_ms / 1000) AT TIME ZONE 'UTC',
+                           'YYYY-MM-DD"T"HH24:MI:SS')
+                   || CASE WHEN mod(d.named_ms, 1000) = 0 THEN ''
+                           ELSE '.' || lpad((mod(d.named_ms, 1000) * 1000)::text, 6, '0')
+                      END || '+00:00'
+               END AS named_iso
+        FROM decided d
+    ) d
 ),
 inserted AS (
     INSERT INTO {runs} AS x (job, slot_key, attempt, slot, run_id, token, instance, trigger,
                              status, fence, started_at, finished_at, lease_expires_at, released,
-                             error, reason)
+                             error, reason, requested_by)
     SELECT n.job, n.slot_key, 1, n.slot, n.run_id, n.token, n.instance, n.trigger,
-           CASE WHEN n.verdict = 'won' THEN 'running' ELSE 'skipped' END,
+           CASE n.verdict WHEN 'won' THEN 'running' WHEN 'skip' THEN n.skip_status
+                          ELSE 'skipped' END,
            coalesce(n.new_fence, 0), n.now,
            CASE WHEN n.verdict = 'won' THEN NULL ELSE n.now END,
            CASE WHEN n.verdict = 'won' THEN n.now + n.lease_ms END,
-           false, NULL, n.new_reason
+           false, NULL, n.new_reason, n.requested_by
     FROM numbered n
-    WHERE n.verdict IN ('won', 'skip', 'overlap', 'overlap_batch')
+    WHERE n.verdict IN ('won', 'skip', 'paused', 'overlap', 'overlap_batch')
     ORDER BY n.ord
     ON CONFLICT (job, slot_key, attempt) DO NOTHING
     RETURNING {run_columns}
@@ -339,10 +398,10 @@ bumped AS (
 inserted AS (
     INSERT INTO {runs} AS x (job, slot_key, attempt, slot, run_id, token, instance, trigger,
                              status, fence, started_at, finished_at, lease_expires_at, released,
-                             error, reason)
+                             error, reason, requested_by)
     SELECT v.job, v.slot_key, v.attempt + 1, v.slot, %(run_id)s, %(token)s, %(instance)s,
            v.trigger, 'running', b.fence, v.now, NULL, v.now + %(lease_ms)s::bigint, false,
-           NULL, NULL
+           NULL, NULL, v.requested_by
     FROM judged v CROSS JOIN bumped b
     RETURNING {run_columns}
 )
@@ -495,3 +554,41 @@ SELECT greatest(
     (SELECT max(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL),
     (SELECT through FROM {pruned} WHERE job = %(job)s)
 ) AS slot;
+
+-- Steering (anarchon.control, _control.py): pauses and run requests, each call one statement
+-- in autocommit. The tables are made by migration_3; a read of tables that are not there is
+-- answered empty by the caller, which creates nothing.
+
+-- name: pause
+INSERT INTO {pauses} AS z (job, paused_by, at_ms, until_ms)
+VALUES (%(job)s, %(by)s, %(at_ms)s, %(until_ms)s)
+ON CONFLICT (job) DO UPDATE
+SET paused_by = EXCLUDED.paused_by, at_ms = EXCLUDED.at_ms, until_ms = EXCLUDED.until_ms
+RETURNING z.job;
+
+-- name: resume
+DELETE FROM {pauses} WHERE job = %(job)s
+RETURNING job, paused_by, at_ms, until_ms;
+
+-- name: pauses
+SELECT job, paused_by, at_ms, until_ms FROM {pauses};
+
+-- name: request
+-- Idempotent by id: answers a row only when the request was stored.
+INSERT INTO {requests} (id, job, trigger, slot_key, slot, due_ms, requested_by,
+                        requested_at_ms, retry)
+VALUES (%(id)s, %(job)s, %(trigger)s, %(key)s, %(slot)s, %(due_ms)s, %(requested_by)s,
+        %(requested_at_ms)s, %(retry)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: requests
+-- Due first, then by request, then by id; %(jobs)s NULL for every job.
+SELECT id, job, trigger, slot_key, slot, due_ms, requested_by, requested_at_ms, retry
+FROM {requests}
+WHERE %(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[])
+ORDER BY due_ms, requested_at_ms, id;
+
+-- name: request_done
+DELETE FROM {requests} WHERE id = %(id)s
+RETURNING id;

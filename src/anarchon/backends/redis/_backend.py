@@ -21,6 +21,7 @@ from ...kit import Run, RunStatus
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
 from ._connection import Connection, Notifications, renewal_timeout
+from ._control import RedisControl
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._options import (
     DEFAULT_URL,
@@ -37,6 +38,13 @@ if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster
 
 __all__ = ["RedisBackend"]
+
+
+def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
+    """The pauses a claim script on a cluster is given: its job's and every job's."""
+    if held is None:
+        return None
+    return {name: held[name] for name in (job, "*") if name in held}
 
 
 class RedisBackend(LeaseBackend):
@@ -121,8 +129,17 @@ class RedisBackend(LeaseBackend):
             return []
         errors = [unstorable(r) for r in reqs]
         sent = [n for n, error in enumerate(errors) if error is None]
+        pauses_key = [self._keys.control.pauses]
+        held: dict[str, str] | None = None
+        if sent and self._on_cluster():
+            # The pauses live in another cluster slot than the jobs' keys: read them first.
+            pauses_key = []
+            held = await self.control().held([reqs[n].job for n in sent])
         calls = [
-            (self._keys.job(reqs[n].job).all(), self._args(**rows.claim_fields(reqs[n])))
+            (
+                self._keys.job(reqs[n].job).all() + pauses_key,
+                self._args(**rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job))),
+            )
             for n in sent
         ]
         answers = await self._connection.scripts("claim", calls, transient_raise=True)
@@ -178,6 +195,16 @@ class RedisBackend(LeaseBackend):
     def registry(self) -> RedisRegistry:
         """The registry, in three keys of its own under the prefix (see ``_registry``)."""
         return RedisRegistry(self)
+
+    def control(self) -> RedisControl:
+        """Pauses and run requests, in two hashes under the prefix (see ``_control``); the
+        claim script reads the same pauses."""
+        return RedisControl(self)
+
+    def _on_cluster(self) -> bool:
+        from redis.asyncio.cluster import RedisCluster
+
+        return isinstance(self._connection.client(), RedisCluster)
 
     async def server_time_ms(self) -> int | None:
         """Redis's clock (``TIME``), the one every lease is measured on."""

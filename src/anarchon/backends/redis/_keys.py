@@ -17,6 +17,17 @@ key                    type   contents
                               are running and not released: overlap checks
 =====================  =====  =============================================================
 
+Pauses and run requests (:mod:`._control`), two keys per prefix with the hash tag ``{control}``:
+
+=====================  =====  =============================================================
+``P{control}:pauses``  hash   job name or ``*`` -> the pause as JSON, with its rendered reason
+``P{control}:requests`` hash  request id -> the run request as JSON
+=====================  =====  =============================================================
+
+The claim script reads ``P{control}:pauses`` as its sixth key, except on a Redis Cluster, where
+a job's slot is not the pauses' slot (see ``docs/backends/redis.md``). No job's keys collide with
+them: a job's keys end in ``:meta``, ``:runs``, ``:slots``, ``:order`` or ``:leases``.
+
 One channel per prefix, ``P_changes`` (no job: PUBLISH reaches every node of a cluster),
 carries ``["<job>", "<slot key>", <released>]`` when an attempt is released (true) or
 finishes (false).
@@ -35,7 +46,7 @@ from typing import Final
 from ...errors import InvalidOption
 from ...kit import check_name
 
-__all__ = ["JobKeys", "Namespace", "check_prefix"]
+__all__ = ["ControlKeys", "JobKeys", "Namespace", "check_prefix"]
 
 DEFAULT_PREFIX: Final = "anarchon:"
 PREFIX_RULE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,98}:")
@@ -71,6 +82,14 @@ class JobKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class ControlKeys:
+    """The keys of the pauses and run requests under one prefix."""
+
+    pauses: str
+    requests: str
+
+
+@dataclass(frozen=True, slots=True)
 class Namespace:
     """Key names under one validated prefix."""
 
@@ -85,6 +104,12 @@ class Namespace:
         check_name(job)
         base = f"{self.prefix}{{{job}}}:"
         return JobKeys(*(base + kind for kind in KINDS))
+
+    @property
+    def control(self) -> ControlKeys:
+        """The keys of the pauses and run requests (one cluster slot: ``{control}``)."""
+        base = f"{self.prefix}{{control}}:"
+        return ControlKeys(pauses=base + "pauses", requests=base + "requests")
 
     @property
     def channel(self) -> str:

@@ -22,8 +22,9 @@ from ...backend import (
     TakeoverStatus,
     Ticket,
 )
+from ...control import PAUSED_TRIGGERS
 from ...errors import LeaseLost
-from ...kit import Run
+from ...kit import Run, RunStatus
 from ...kit.lease import HANDED_OVER, MAX_MS, RunRow, lease_lost
 
 __all__ = [
@@ -62,6 +63,7 @@ CLAIM_FIELDS: Final = (
     "lease_ms",
     "overlap",
     "skip_reason",
+    "requested_by",
 )
 # The fields of a takeover request the take_over script reads, under the same names.
 TAKEOVER_FIELDS: Final = ("slot_key", "run_id", "token", "instance", "lease_ms", "max_attempts")
@@ -83,9 +85,17 @@ def arguments(values: dict[str, Any], clock_offset_ms: int = 0) -> str:
     return json.dumps({k: v for k, v in values.items() if v is not None})
 
 
-def claim_fields(req: ClaimRequest) -> dict[str, Any]:
-    """What the claim script reads of ``req`` (enums go as their values)."""
+def claim_fields(req: ClaimRequest, pauses: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the claim script reads of ``req`` (enums go as their values): ``skip_status`` only
+    with a ``skip_reason``, ``pausable`` when a pause holds its trigger back, and ``pauses``
+    (the stored pauses of its job and of every job) where the script cannot read them itself
+    (a Redis Cluster, see ``_control``)."""
     fields = {name: getattr(req, name) for name in CLAIM_FIELDS}
+    if req.skip_reason is not None:
+        fields["skip_status"] = RunStatus(req.skip_status).value
+    elif req.trigger in PAUSED_TRIGGERS:
+        fields["pausable"] = True
+        fields["pauses"] = pauses
     return {**fields, "restart_margin_ms": RESTART_MARGIN_MS}
 
 
@@ -126,6 +136,7 @@ def run_row(data: dict[str, Any]) -> RunRow:
         released=bool(data.get("released", False)),
         error=data.get("error"),
         reason=data.get("reason"),
+        requested_by=data.get("requested_by"),
     )
 
 

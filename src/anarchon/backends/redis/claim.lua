@@ -1,6 +1,11 @@
 -- claim: become the runner of one slot (Backend.claim). Idempotent per token.
 -- A: job, slot_key, slot (absent for a manual run), run_id, token, instance, trigger,
---    lease_ms, overlap ('skip' or 'allow'), skip_reason (optional), restart_margin_ms.
+--    lease_ms, overlap ('skip' or 'allow'), skip_reason and skip_status (optional),
+--    requested_by (optional), pausable (true unless the trigger is manual), restart_margin_ms,
+--    and on a Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
+-- KEYS[6] (not on a cluster): the pauses hash (field: job name or '*'; value: the pause as
+-- JSON with its rendered reason), read here so a stored pause holds every later claim.
+local PAUSES = KEYS[6]
 
 -- Python's datetime.isoformat() of an aware UTC datetime, for the reasons we record.
 local function iso(ms)
@@ -61,13 +66,13 @@ local function refuse(reason)
   return reply({status = 'lost', run = {
     job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
     token = '', instance = A.instance, trigger = A.trigger, status = 'skipped', fence = 0,
-    started_at = NOW, reason = reason,
+    started_at = NOW, reason = reason, requested_by = A.requested_by,
   }})
 end
 
 local existing = current(A.slot_key)
 if existing then
-  if existing.status == 'skipped' and existing.attempt == 1 then
+  if (existing.status == 'skipped' or existing.status == 'missed') and existing.attempt == 1 then
     return reply({status = 'skipped', run = existing})
   end
   if existing.token == A.token and existing.attempt == 1 and existing.status == 'running'
@@ -108,7 +113,50 @@ if A.slot then
   end
 end
 
+-- The pause that holds this claim: the job's own, else the whole cluster's ('*'); active while
+-- it has no end or NOW is before it (this server's clock).
+local function active_pause()
+  for _, name in ipairs({A.job, '*'}) do
+    local raw
+    if PAUSES then
+      raw = redis.call('HGET', PAUSES, name)
+    else
+      raw = A.pauses and A.pauses[name]
+    end
+    if raw then
+      local pause = cjson.decode(raw)
+      local ends = tonumber(pause.until_ms)
+      if not ends or NOW < ends then
+        return pause
+      end
+    end
+  end
+  return nil
+end
+
+-- The reason anarchon.control.paused_reason gives (pause() stores it with the pause).
+local function paused_reason(pause)
+  if type(pause.reason) == 'string' then
+    return pause.reason
+  end
+  local out = 'paused by ' .. tostring(pause.by)
+  if pause.job == '*' then
+    out = out .. ' (all jobs)'
+  end
+  if tonumber(pause.until_ms) then
+    out = out .. ' until ' .. iso(tonumber(pause.until_ms))
+  end
+  return out
+end
+
 local reason = A.skip_reason
+local status = reason and (A.skip_status or 'skipped') or 'skipped'
+if not reason and A.pausable then
+  local pause = active_pause()
+  if pause then
+    reason = paused_reason(pause)
+  end
+end
 local stale = {}
 if not reason and A.overlap == 'skip' then
   local holder
@@ -122,9 +170,10 @@ end
 local row = {
   job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
   token = A.token, instance = A.instance, trigger = A.trigger, started_at = NOW,
+  requested_by = A.requested_by,
 }
 if reason then
-  row.status = 'skipped'
+  row.status = status
   row.fence = 0
   row.reason = reason
   row.finished_at = NOW

@@ -18,7 +18,8 @@ at boot). Without a boot id (not Linux) it is the wall clock.
 Where things are: the contract's methods in ``_backend.py`` (the claim path is
 :meth:`SQLiteBackend.claim` there, deciding with :func:`anarchon.kit.lease.claim`); the
 connection, its thread and transactions in ``_connection.py``; the anchored clock in
-``_clock.py``; the rows the lease rules read and write in ``_rows.py``; error translation in
+``_clock.py``; the rows the lease rules read and write in ``_rows.py``; pauses and run requests
+(:meth:`SQLiteBackend.control`) in ``_control.py``; error translation in
 ``_errors.py``; options and URLs in ``_options.py``; every SQL statement in ``queries.sql``.
 """
 

@@ -28,6 +28,7 @@ from ...kit import Run
 from ...kit import lease as rules
 from ...kit.feed import ChangeFeed
 from ._connection import Connection
+from ._control import SQLiteControl
 from ._options import DEFAULT_PATH, ENV_PATH, EVENTS_POLL_MS, Options, parse_url
 from ._queries import Q
 from ._registry import SQLiteRegistry
@@ -239,6 +240,11 @@ class SQLiteBackend(LeaseBackend):
     def registry(self) -> SQLiteRegistry:
         """The registry, in a table of its own in this file (see ``_registry``)."""
         return SQLiteRegistry(self)
+
+    def control(self) -> SQLiteControl:
+        """Pauses and run requests, in tables of their own in this file (see ``_control``);
+        claims read the pauses in their own transaction."""
+        return SQLiteControl(self)
 
     def clone(self) -> SQLiteBackend:
         """A new, unstarted backend on the same file with the same options and a connection of

@@ -10,7 +10,7 @@ from ...control import Pause
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
 
-__all__ = ["SQLiteRows", "row_of"]
+__all__ = ["SQLiteRows", "pause_of", "row_of"]
 
 
 class SQLiteRows:
@@ -46,8 +46,9 @@ class SQLiteRows:
         return None if found is None or found[0] is None else int(found[0])
 
     def pauses(self, job: str) -> list[Pause]:
-        """See :meth:`~anarchon.kit.lease.RowStore.pauses` (not stored yet: none)."""
-        return []
+        """See :meth:`~anarchon.kit.lease.RowStore.pauses`: one lookup by primary key, in the
+        claim's own transaction."""
+        return [pause_of(values) for values in self.conn.execute(Q["job_pauses"], (job,))]
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
@@ -73,7 +74,15 @@ class SQLiteRows:
 
 
 # The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
-_COLUMNS: Final = tuple(field.name for field in fields(RunRow) if field.name != "requested_by")
+_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
+
+
+def pause_of(values: tuple[Any, ...]) -> Pause:
+    """The pause a row of ``anarchon_pauses`` holds (job, paused_by, at_ms, until_ms)."""
+    job, by, at_ms, until_ms = values
+    return Pause(
+        job=job, by=by, at_ms=int(at_ms), until_ms=None if until_ms is None else int(until_ms)
+    )
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:

@@ -57,6 +57,30 @@ CREATE TABLE IF NOT EXISTS anarchon_clock (
     boot_ms INTEGER NOT NULL
 );
 
+-- name: migration_5
+-- Steering (anarchon.control): who asked for each attempt (a manual run, a retry), the pauses
+-- (one per job name, or '*' for every job, read by the claim in its own transaction) and
+-- the run requests (manual triggers and retries, listed by job and due time).
+ALTER TABLE anarchon_runs ADD COLUMN requested_by TEXT;
+CREATE TABLE IF NOT EXISTS anarchon_pauses (
+    job TEXT PRIMARY KEY,
+    paused_by TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    until_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS anarchon_requests (
+    id TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    slot_key TEXT NOT NULL,
+    slot INTEGER,
+    due_ms INTEGER NOT NULL,
+    requested_by TEXT NOT NULL,
+    requested_at_ms INTEGER NOT NULL,
+    retry INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS anarchon_requests_due ON anarchon_requests (job, due_ms);
+
 -- name: clock_anchor
 SELECT boot_id, wall_ms, boot_ms FROM anarchon_clock WHERE id = 1;
 
@@ -76,14 +100,14 @@ INSERT INTO anarchon_schema (version) VALUES (?);
 
 -- name: current
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason
+       finished_at, lease_expires_at, released, error, reason, requested_by
 FROM anarchon_runs WHERE job = ? AND slot_key = ? ORDER BY attempt DESC LIMIT 1;
 
 -- name: live_holder
 -- The first recorded attempt of the job that runs under a live lease (the one an overlap
 -- reason names, on every backend).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason
+       finished_at, lease_expires_at, released, error, reason, requested_by
 FROM anarchon_runs
 WHERE job = ? AND status = 'running' AND released = 0 AND lease_expires_at > ?
 ORDER BY rowid
@@ -92,9 +116,9 @@ LIMIT 1;
 -- name: insert
 INSERT INTO anarchon_runs (job, slot_key, slot, attempt, run_id, token, instance, trigger, status,
                            fence, started_at, finished_at, lease_expires_at, released, error,
-                           reason)
+                           reason, requested_by)
 VALUES (:job, :slot_key, :slot, :attempt, :run_id, :token, :instance, :trigger, :status, :fence,
-        :started_at, :finished_at, :lease_expires_at, :released, :error, :reason);
+        :started_at, :finished_at, :lease_expires_at, :released, :error, :reason, :requested_by);
 
 -- name: update
 UPDATE anarchon_runs
@@ -114,7 +138,7 @@ SELECT pruned_through FROM anarchon_jobs WHERE job = ?;
 
 -- name: history
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason
+       finished_at, lease_expires_at, released, error, reason, requested_by
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
 -- name: last_slot
@@ -184,3 +208,43 @@ DELETE FROM anarchon_runs WHERE job = ? AND slot_key = ? RETURNING slot;
 INSERT INTO anarchon_jobs (job, fence, pruned_through) VALUES (:job, 0, :slot)
 ON CONFLICT (job) DO UPDATE
 SET pruned_through = max(coalesce(pruned_through, :slot), :slot);
+
+-- Steering (anarchon.control), for _control.py and the claim.
+
+-- name: job_pauses
+-- The pauses a claim of the job obeys: its own and the whole cluster's ('*').
+SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses WHERE job IN (?, '*');
+
+-- name: all_pauses
+SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses;
+
+-- name: set_pause
+INSERT INTO anarchon_pauses (job, paused_by, at_ms, until_ms)
+VALUES (:job, :by, :at_ms, :until_ms)
+ON CONFLICT (job) DO UPDATE
+SET paused_by = excluded.paused_by, at_ms = excluded.at_ms, until_ms = excluded.until_ms;
+
+-- name: drop_pause
+DELETE FROM anarchon_pauses WHERE job = ? RETURNING job, paused_by, at_ms, until_ms;
+
+-- name: add_request
+INSERT INTO anarchon_requests (id, job, trigger, slot_key, slot, due_ms, requested_by,
+                               requested_at_ms, retry)
+VALUES (:id, :job, :trigger, :key, :slot, :due_ms, :requested_by, :requested_at_ms, :retry)
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: all_requests
+SELECT id, job, trigger, slot_key, slot, due_ms, requested_by, requested_at_ms, retry
+FROM anarchon_requests ORDER BY due_ms, requested_at_ms, id;
+
+-- name: job_requests
+SELECT id, job, trigger, slot_key, slot, due_ms, requested_by, requested_at_ms, retry
+FROM anarchon_requests WHERE job IN (?jobs) ORDER BY due_ms, requested_at_ms, id;
+
+-- name: drop_request
+DELETE FROM anarchon_requests WHERE id = ?;
+
+-- name: control_tables
+SELECT count(*) FROM sqlite_master
+WHERE type = 'table' AND name IN ('anarchon_pauses', 'anarchon_requests');

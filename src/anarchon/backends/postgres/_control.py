@@ -1,0 +1,121 @@
+"""The PostgreSQL backend's control store: pauses and run requests (:mod:`anarchon.control`) in
+two tables beside the runs, ``<schema>.<table_prefix>pauses`` and ``<table_prefix>requests``.
+
+The tables are made by the backend's migrations (``migration_3`` in ``queries.sql``), so a
+started backend has them; the claim statement reads ``pauses`` itself (the pause check adds no
+round trip). Every call here is one statement through the backend's pool (its timeout and error
+translation), so each is atomic. A read of tables that are not there (a reader on a schema no
+scheduler of this version has migrated) answers empty and creates nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from anarchon.control import Pause, RunRequest
+from anarchon.kit import Trigger
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+    from ._backend import PostgresBackend
+    from ._connection import Rows
+
+__all__ = ["PostgresControl"]
+
+
+class PostgresControl:
+    """A :class:`~anarchon.control.ControlStore` in the backend's ``pauses`` and ``requests``
+    tables."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+
+    async def _run(self, name: str, params: dict[str, Any] | None = None) -> Rows:
+        db = self._backend._db
+        query = self._backend._queries[name]
+        return await db.call(lambda conn: db.select(conn, query, params))
+
+    async def _read(self, name: str, params: dict[str, Any] | None = None) -> Rows:
+        """The rows of a read; none when the tables are not there."""
+        from psycopg import errors
+
+        db = self._backend._db
+        query = self._backend._queries[name]
+
+        async def work(conn: AsyncConnection[Any]) -> Rows:
+            try:
+                return await db.select(conn, query, params)
+            except (errors.UndefinedTable, errors.InvalidSchemaName):
+                return []
+
+        return await db.call(work)
+
+    async def pause(self, pause: Pause) -> None:
+        """See :meth:`anarchon.control.ControlStore.pause`."""
+        params = {
+            "job": pause.job,
+            "by": pause.by,
+            "at_ms": pause.at_ms,
+            "until_ms": pause.until_ms,
+        }
+        await self._run("pause", params)
+
+    async def resume(self, job: str) -> Pause | None:
+        """See :meth:`anarchon.control.ControlStore.resume`."""
+        found = await self._run("resume", {"job": job})
+        return _pause(found[0]) if found else None
+
+    async def pauses(self) -> list[Pause]:
+        """See :meth:`anarchon.control.ControlStore.pauses`."""
+        return [_pause(row) for row in await self._read("pauses")]
+
+    async def request(self, request: RunRequest) -> bool:
+        """See :meth:`anarchon.control.ControlStore.request`."""
+        params = {
+            "id": request.id,
+            "job": request.job,
+            "trigger": str(request.trigger),
+            "key": request.key,
+            "slot": request.slot,
+            "due_ms": request.due_ms,
+            "requested_by": request.requested_by,
+            "requested_at_ms": request.requested_at_ms,
+            "retry": request.retry,
+        }
+        return bool(await self._run("request", params))
+
+    async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
+        """See :meth:`anarchon.control.ControlStore.requests`: one index scan per job."""
+        found = await self._read("requests", {"jobs": None if jobs is None else list(jobs)})
+        return [_request(row) for row in found]
+
+    async def done(self, request_id: str) -> None:
+        """See :meth:`anarchon.control.ControlStore.done`."""
+        await self._run("request_done", {"id": request_id})
+
+
+def _pause(row: dict[str, Any]) -> Pause:
+    until = row["until_ms"]
+    return Pause(
+        job=row["job"],
+        by=row["paused_by"],
+        at_ms=int(row["at_ms"]),
+        until_ms=None if until is None else int(until),
+    )
+
+
+def _request(row: dict[str, Any]) -> RunRequest:
+    slot = row["slot"]
+    return RunRequest(
+        id=row["id"],
+        job=row["job"],
+        trigger=Trigger(row["trigger"]),
+        key=row["slot_key"],
+        slot=None if slot is None else int(slot),
+        due_ms=int(row["due_ms"]),
+        requested_by=row["requested_by"],
+        requested_at_ms=int(row["requested_at_ms"]),
+        retry=int(row["retry"]),
+    )
