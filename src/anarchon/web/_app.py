@@ -9,7 +9,7 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -317,7 +317,7 @@ class Dashboard:
             )
         if request.method == "GET":
             return await self._render(request, "login.html", failed=False)
-        form = await request.form()
+        form = await _form(request)
         if not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
         if not self.guard.check_token(_str(form.get("token")) or ""):
@@ -338,7 +338,7 @@ class Dashboard:
 
     async def logout(self, request: Request) -> Response:
         """Forget the operator's session cookie."""
-        form = await request.form()
+        form = await _form(request)
         if not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
         base = self._base(request)
@@ -358,7 +358,7 @@ class Dashboard:
         operator = await self.guard.operator(request)
         if operator is None:
             return _forbidden(request, "sign in as an operator to pause, resume or trigger")
-        form = await request.form()
+        form = await _form(request)
         if not self.guard.bearer(request) and not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
         if job != ALL_JOBS:
@@ -389,6 +389,21 @@ class Dashboard:
             back = base + "/"
         joiner = "&" if "?" in back else "?"
         return RedirectResponse(back + joiner + urlencode({"flash": done}), status_code=303)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The POSTed form (``application/x-www-form-urlencoded``, the only kind the pages send),
+    parsed without python-multipart; at most 64 KiB."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > 65_536:
+            raise _BadRequest("form too large: at most 64 KiB")
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if body and kind != "application/x-www-form-urlencoded":
+        raise _BadRequest(f"content-type {kind!r}: send application/x-www-form-urlencoded")
+    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return dict(pairs)
 
 
 def _what(job: str) -> str:
