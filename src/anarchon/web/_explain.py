@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._models import Run, RunStatus
+from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend
 from ..registry import JobDefinition
@@ -46,7 +47,7 @@ class SlotStory:
             "slot_ms": self.slot_ms,
             "slot": iso(self.slot_ms),
             "kind": self.kind,
-            "summary": self.summary,
+            "summary": redact_url(self.summary),
             "attempts": [run_dict(r) for r in self.attempts],
             "previous_slot_ms": self.previous_ms,
             "next_slot_ms": self.next_ms,
@@ -63,7 +64,7 @@ class SlotStory:
                 f"  attempt {run.attempt} on {run.instance} (fence {run.fence}): "
                 f"{run.status.value}{took}" + (f": {tail.splitlines()[-1]}" if tail else "")
             )
-        return "\n".join(lines)
+        return redact_url("\n".join(lines))
 
 
 def _neighbours(schedule: CronSchedule, slot_ms: int) -> tuple[int | None, int | None, bool]:
