@@ -392,7 +392,8 @@ def test_recent_slots() -> None:
 
     now = 1_800_000_000_000
     assert len(recent_slots(CronSchedule("* * * * * *"), now, 50)) == 50
-    assert len(recent_slots(CronSchedule("0 0 1 1 *"), now, 50)) in (1, 2)
+    yearly = recent_slots(CronSchedule("0 0 1 1 *"), now, 50)
+    assert len(yearly) == 50 and yearly[-1] <= now and yearly == sorted(yearly)
 
 
 def test_templates_and_assets_are_package_data() -> None:
@@ -444,3 +445,41 @@ def test_cli_parts(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "holds 3 characters" in refused.stderr
     port = command("--port", "70000")
     assert port.returncode == 2 and "port number from 1 to 65535" in port.stderr
+
+
+def test_fast_view_matches_build_view() -> None:
+    from anarchon.registry import InstanceRecord, build_view
+    from anarchon.web._data import fast_view
+
+    def record(name: str, *jobs: JobDefinition) -> InstanceRecord:
+        return InstanceRecord(
+            id=name,
+            host="h",
+            pid=1,
+            version="v",
+            started_ms=0,
+            heartbeat_ms=0,
+            interval_ms=5000,
+            clock_offset_ms=None,
+            jobs=jobs,
+        )
+
+    a = JobDefinition(name="a", expression="*/2 * * * *", zone="UTC", options={"lease_ms": 1})
+    a2 = JobDefinition(name="a", expression="*/3  * * * *", zone="UTC", options={"lease_ms": 1})
+    a_spaced = JobDefinition(
+        name="a", expression="*/2  *  * * *", zone="UTC", options={"lease_ms": 1}
+    )
+    b = JobDefinition(name="b", expression="0 3 * * *", zone="Europe/Paris")
+    b_true = JobDefinition(
+        name="b", expression="0 3 * * *", zone="Europe/Paris", options={"x": True}
+    )
+    b_one = JobDefinition(name="b", expression="0 3 * * *", zone="Europe/Paris", options={"x": 1})
+    cases = [
+        [record("w1", a, b), record("w0", a_spaced, b)],
+        [record("w0", a, b), record("w1", a2, b), record("w2", a2)],
+        [record("w0", b_true), record("w1", b_one)],
+        [],
+    ]
+    for instances in cases:
+        fast, exact = fast_view(instances, 5), build_view(instances, 5)
+        assert fast == exact

@@ -33,6 +33,7 @@ def dashboard(
     token: str | TokenCheck | None = None,
     title: str = "anarchon",
     refresh_ms: int = 5_000,
+    registry_ttl_ms: int = 1_000,
 ) -> Starlette:
     """The dashboard as a Starlette application, to mount in an ASGI app or serve alone.
 
@@ -46,6 +47,9 @@ def dashboard(
         operator's name, or None to refuse (it may be async): the host app's own auth.
     :param title: shown in the header and the browser's tab.
     :param refresh_ms: how often an open page refreshes its content (0: never).
+    :param registry_ttl_ms: pages within this time share one read of the registry (instances
+        refresh it every ``heartbeat_ms``, 5 s by default); 0 reads it for every page. Pauses
+        and history are read for every page.
     """
     try:
         from ._app import build_app
@@ -55,4 +59,10 @@ def dashboard(
             "pip install 'anarchon[web]'"
         ) from exc
 
-    return build_app(scheduler_or_backend, token, title=title, refresh_ms=refresh_ms)
+    return build_app(
+        scheduler_or_backend,
+        token,
+        title=title,
+        refresh_ms=refresh_ms,
+        registry_ttl_ms=registry_ttl_ms,
+    )

@@ -137,6 +137,7 @@ class Dashboard:
         *,
         title: str,
         refresh_ms: int,
+        registry_ttl_ms: int,
     ) -> None:
         self.source = Source(target)
         self.guard = Guard(token)
@@ -144,6 +145,9 @@ class Dashboard:
         if not 0 <= refresh_ms <= 3_600_000:
             raise ValueError(f"refresh_ms={refresh_ms!r} must be from 0 (off) to 3600000")
         self.refresh_ms = refresh_ms
+        if not 0 <= registry_ttl_ms <= 60_000:
+            raise ValueError(f"registry_ttl_ms={registry_ttl_ms!r} must be from 0 to 60000")
+        self.views = _data.ViewCache(registry_ttl_ms)
         self.env = _templates()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Dashboard:
         query = params.get("q", "")[:200]
         per = _int(params.get("per"), "per", 10, 500, JOBS_PER_PAGE)
         backend = await self.source.get()
-        snapshot = await _data.read_snapshot(backend)
+        snapshot = await _data.read_snapshot(backend, self.views)
         names = _data.select_jobs(snapshot, query)
         pages = max(1, math.ceil(len(names) / per))
         page = min(_int(params.get("page"), "page", 1, 1_000_000, 1), pages)
@@ -240,7 +244,7 @@ class Dashboard:
         name = request.path_params["name"]
         params = request.query_params
         backend = await self.source.get()
-        snapshot = await _data.read_snapshot(backend)
+        snapshot = await _data.read_snapshot(backend, self.views)
         definitions = snapshot.view.definitions.get(name)
         limit = _int(params.get("runs"), "runs", 100, 100_000, 10_000)
         runs = await backend.history(name, limit)
@@ -293,7 +297,7 @@ class Dashboard:
         name = request.path_params["name"]
         slot_ms = _int(request.path_params["slot"], "slot", 0, 2**53, 0)
         backend = await self.source.get()
-        snapshot = await _data.read_snapshot(backend)
+        snapshot = await _data.read_snapshot(backend, self.views)
         story = await explain(backend, snapshot, name, slot_ms)
         if request.query_params.get("format") == "json":
             return JSONResponse(story.to_dict())
@@ -302,7 +306,7 @@ class Dashboard:
     async def instances(self, request: Request) -> Response:
         """The instances page: heartbeat age, clock offset against the budget, jobs."""
         backend = await self.source.get()
-        snapshot = await _data.read_snapshot(backend)
+        snapshot = await _data.read_snapshot(backend, self.views)
         rows = [(i, _data.clock_threshold_ms(backend, i.jobs)) for i in snapshot.view.instances]
         return await self._render(request, "instances.html", snapshot=snapshot, rows=rows)
 
@@ -474,9 +478,12 @@ def build_app(
     *,
     title: str,
     refresh_ms: int,
+    registry_ttl_ms: int,
 ) -> Starlette:
     """The Starlette application of :func:`anarchon.web.dashboard`."""
-    board = Dashboard(target, token, title=title, refresh_ms=refresh_ms)
+    board = Dashboard(
+        target, token, title=title, refresh_ms=refresh_ms, registry_ttl_ms=registry_ttl_ms
+    )
 
     async def guarded(request: Request, handler: Any) -> Response:
         try:

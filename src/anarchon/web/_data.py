@@ -10,7 +10,7 @@ import asyncio
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -97,21 +97,83 @@ class Snapshot:
         return next((p for p in self.pauses if p.job == ALL_JOBS), None)
 
 
-async def read_snapshot(backend: Backend) -> Snapshot:
-    """Read the registry and the pauses of a started backend."""
+class ViewCache:
+    """The registry's view, kept ``ttl_ms`` so that pages loaded together (tabs, refreshes)
+    share one read: instances refresh their records every few seconds anyway. Pauses are not
+    cached."""
+
+    def __init__(self, ttl_ms: int) -> None:
+        self.ttl_ms = ttl_ms
+        self._kept: tuple[float, ClusterView] | None = None
+        self._lock = asyncio.Lock()
+
+    async def view(self, store: Any, now_ms: int) -> ClusterView:
+        """The cached view, or a new read of ``store`` (a registry store) when it is older
+        than ``ttl_ms``."""
+        async with self._lock:
+            kept = self._kept
+            if kept is not None and time.monotonic() - kept[0] < self.ttl_ms / 1000:
+                return kept[1]
+            view = fast_view(await store.instances(), now_ms)
+            if self.ttl_ms:
+                self._kept = (time.monotonic(), view)
+            return view
+
+
+async def read_snapshot(backend: Backend, cache: ViewCache | None = None) -> Snapshot:
+    """Read the registry (through ``cache`` if given) and the pauses of a started backend."""
     server = await backend.server_time_ms()
     now = server if server is not None else int(time.time() * 1000)
     store = backend.registry()
-    instances: list[InstanceRecord] = [] if store is None else await store.instances()
+    if store is None:
+        view = fast_view([], now)
+    elif cache is not None:
+        view = await cache.view(store, now)
+    else:
+        view = fast_view(await store.instances(), now)
     control = backend.control()
     pauses: list[Pause] = [] if control is None else await control.pauses()
     return Snapshot(
         now_ms=now,
-        view=build_view(instances, now),
+        view=view,
         pauses=tuple(p for p in pauses if p.active(now)),
         has_registry=store is not None,
         has_control=control is not None,
     )
+
+
+def _key(job: JobDefinition) -> tuple[str, str, str]:
+    """A cheap stand-in for :attr:`JobDefinition.fingerprint`: equal keys mean equal
+    fingerprints; unequal keys (options stored in another order) are settled by ``build_view``."""
+    return (" ".join(job.expression.split()), job.zone, repr(job.options))
+
+
+def fast_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
+    """:func:`anarchon.registry.build_view`, quick with thousands of jobs: definitions are
+    compared as tuples, and only the jobs that drift go through ``build_view`` itself."""
+    ordered = tuple(sorted(instances, key=lambda i: i.id))
+    seen: dict[str, dict[tuple[Any, ...], JobDefinition]] = {}
+    for instance in ordered:
+        for job in instance.jobs:
+            variants = seen.get(job.name)
+            if variants is None:
+                seen[job.name] = {_key(job): job}
+            else:
+                variants.setdefault(_key(job), job)
+    drifting = {name for name, variants in seen.items() if len(variants) > 1}
+    definitions: dict[str, tuple[JobDefinition, ...]] = {
+        name: (next(iter(variants.values())),)
+        for name, variants in sorted(seen.items())
+        if name not in drifting
+    }
+    drift: tuple[Drift, ...] = ()
+    if drifting:
+        reduced = [replace(i, jobs=tuple(j for j in i.jobs if j.name in drifting)) for i in ordered]
+        exact = build_view(reduced, now_ms)
+        definitions.update(exact.definitions)
+        definitions = dict(sorted(definitions.items()))
+        drift = exact.drift
+    return ClusterView(now_ms=now_ms, instances=ordered, definitions=definitions, drift=drift)
 
 
 _WEEKDAYS: Final = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
@@ -186,7 +248,9 @@ def _words5(parts: Sequence[str]) -> str | None:
 def recent_slots(schedule: CronSchedule, now_ms: int, count: int) -> list[int]:
     """The last ``count`` slots of ``schedule`` at or before ``now_ms``, oldest first (fewer when
     the schedule has fewer within about a year)."""
-    window = 64_000 if schedule.seconds_field else 3_840_000
+    first = schedule.next_slot(now_ms)
+    period = max(schedule.next_slot(first) - first, 1_000)
+    window = period * count + period // 2  # one walk for a regular schedule
     while True:
         found = schedule.slots(now_ms - window, now_ms)
         if len(found) >= count or window >= 400 * DAY_MS:
@@ -238,10 +302,20 @@ def _by_slot(runs: Iterable[Run]) -> dict[int, list[Run]]:
     return out
 
 
-def strip_of(schedule: CronSchedule, runs: Sequence[Run], now_ms: int) -> list[Cell]:
+def strip_of(
+    schedule: CronSchedule,
+    runs: Sequence[Run],
+    now_ms: int,
+    walked: dict[tuple[str, str], list[int]] | None = None,
+) -> list[Cell]:
     """The last :data:`STRIP_SLOTS` slots of ``schedule``, each with its newest attempt's fate;
-    slots older than the oldest run read are ``unread``, others without a record ``none``."""
-    slots = recent_slots(schedule, now_ms, STRIP_SLOTS)
+    slots older than the oldest run read are ``unread``, others without a record ``none``.
+    ``walked`` remembers the slots of schedules already walked (same ``now_ms``)."""
+    memo = {} if walked is None else walked
+    key = (schedule.expression, schedule.timezone)
+    slots = memo.get(key)
+    if slots is None:
+        slots = memo[key] = recent_slots(schedule, now_ms, STRIP_SLOTS)
     grouped = _by_slot(runs)
     oldest = min(grouped) if grouped and len(runs) >= ROW_RUNS else None
     cells = []
@@ -279,6 +353,7 @@ async def job_rows(backend: Backend, snapshot: Snapshot, names: Sequence[str]) -
         *(backend.history(name, ROW_RUNS) for name in names), return_exceptions=True
     )
     rows = []
+    walked: dict[tuple[str, str], list[int]] = {}  # jobs that share a schedule walk it once
     for name, history in zip(names, histories, strict=True):
         definition = view.definitions[name][0]
         schedule = _schedule(definition)
@@ -294,7 +369,7 @@ async def job_rows(backend: Backend, snapshot: Snapshot, names: Sequence[str]) -
             running=tuple(r for r in runs if not r.status.finished),
             pause=snapshot.pause_of(name),
             drift=drifts.get(name),
-            strip=[] if schedule is None else strip_of(schedule, runs, now),
+            strip=[] if schedule is None else strip_of(schedule, runs, now, walked),
         )
         if isinstance(history, BaseException):
             row.error = f"{type(history).__name__}: {history}"
