@@ -483,3 +483,41 @@ def test_fast_view_matches_build_view() -> None:
     for instances in cases:
         fast, exact = fast_view(instances, 5), build_view(instances, 5)
         assert fast == exact
+
+
+async def test_mounted_under_a_prefix() -> None:
+    """docs/dashboard.md: ``app.mount("/cron", dashboard(scheduler, token=...))`` in a
+    Starlette (or FastAPI) app: links, assets, cookies and redirects stay under the prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, instance_id="w0", heartbeat_ms=200)
+
+    async def report(ctx: RunContext) -> None:
+        pass
+
+    scheduler.add("report", "*/2 * * * * *", report)
+    app = Starlette(routes=[Mount("/cron", app=dashboard(scheduler, token=lambda r: "carol"))])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    async with scheduler:
+        task = asyncio.create_task(server.serve())
+        await asyncio.sleep(1.5)
+        try:
+            client = Client(f"http://127.0.0.1:{port}")
+            page = await client.call("/cron/")
+            assert page.status == 200
+            assert 'href="/cron/jobs/report"' in page.body
+            assert 'src="/cron/static/app.js"' in page.body
+            assert "Path=/cron/" in page.headers["set-cookie"]
+            assert (await client.call("/cron/static/app.css")).status == 200
+            done = await client.call(
+                "/cron/jobs/report/pause", {"csrf": client.csrf(), "next": "/cron/jobs/report"}
+            )
+            assert done.status == 303 and done.headers["location"].startswith("/cron/jobs/report?")
+            [held] = await backend.control().pauses()
+            assert held.by == "carol@dashboard"
+        finally:
+            server.should_exit = True
+            await task
