@@ -1,5 +1,6 @@
 """Catching up on start: which slots were missed while no instance ran, and claiming them, one
-at a time and oldest first."""
+at a time and oldest first; the missed slots catch-up does not run are recorded ``missed``
+(:mod:`._missed`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Final
 from ._claims import Claims
 from ._clock import Clock
 from ._job import Job
+from ._missed import MissedSlots
 from ._models import CatchUp, Overlap, Trigger
 from ._runner import ActiveRun
 from ._schedule import CronSchedule
@@ -56,21 +58,25 @@ class CatchingUp:
     _threads: HandlerThreads
     _running: Callable[[], bool]
     _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    _missed: MissedSlots | None = None
 
-    async def start(self, jobs: list[Job]) -> None:
-        """Look up the last recorded slot of every job that catches up, in one backend call, and
-        start a catch-up for each job that missed slots."""
+    async def start(self, jobs: list[Job], now: int) -> None:
+        """Look up the last recorded slot of every job, in one backend call; start a catch-up
+        for each job that missed slots, and record the missed slots it does not run. ``now``:
+        when the scheduler started carrying the jobs (this host's clock)."""
         backend = self._backend
-        wanted = [j for j in jobs if j.policy.catch_up != CatchUp.NONE]
-        if not wanted or not isinstance(backend, LeaseBackend):
+        lease = isinstance(backend, LeaseBackend)
+        wanted = [j for j in jobs if lease and j.policy.catch_up != CatchUp.NONE]
+        asked = jobs if self._missed is not None else wanted
+        if not asked:
             return
         try:
-            last_slots = await backend.last_slots([j.name for j in wanted])
+            last_slots = await backend.last_slots([j.name for j in asked])
         except BackendUnavailable as exc:
             logger.warning("catch-up skipped: %s", exc, extra=log_fields(Action.CATCH_UP_FAILED))
             return
         # Slots are wall-clock instants computed from this host's clock, as the timer's are.
-        now = self._clock.now_ms()
+        planned: dict[str, list[int]] = {}
         for job in wanted:
             policy = job.policy
             slots, left_out = missed_slots(
@@ -80,6 +86,7 @@ class CatchingUp:
                 policy.catch_up_window_ms,
                 CatchUp(policy.catch_up),
             )
+            planned[job.name] = slots
             if slots:
                 logger.info(
                     "catching up %d missed slot(s) of %s (%d older left out, catch_up=%s)",
@@ -90,6 +97,17 @@ class CatchingUp:
                     extra=log_fields(Action.CATCH_UP, job.name),
                 )
                 self._spawn(self._catch_up_slots(job, slots))
+        if self._missed is not None:
+            await self._missed.record(jobs, last_slots, await self._start_ms(now), planned)
+
+    async def _start_ms(self, now: int) -> int:
+        """When this instance started carrying the jobs: this host's clock, or the backend's if
+        it is behind (a slot the backend's clock still allows is not declared missed)."""
+        try:
+            server = await self._backend.server_time_ms()
+        except BackendUnavailable:
+            server = None
+        return now if server is None else min(now, server)
 
     async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
         policy = job.policy

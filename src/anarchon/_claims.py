@@ -21,7 +21,8 @@ from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
 from ._threads import HandlerThreads
 from ._watcher import BackupWatcher
-from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus
+from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus, slot_key_of
+from .control import PAUSED
 from .errors import BackendUnavailable
 from .logs import Action, log_fields
 
@@ -145,7 +146,7 @@ class Claims:
                 if not isinstance(outcome, ClaimOutcome):
                     continue  # refused for good; logged with its job
                 ours = request.run_id in reserved
-                if self.handle(outcome, ours, sent) is not None and ours:
+                if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
                     reserved.discard(request.run_id)
         finally:
             for _ in reserved:
@@ -236,9 +237,14 @@ class Claims:
     # -- outcomes ---------------------------------------------------------------------------
 
     def handle(
-        self, outcome: ClaimOutcome, reserved: bool = False, sent: int | None = None
+        self,
+        outcome: ClaimOutcome,
+        reserved: bool = False,
+        sent: int | None = None,
+        slot_key: str | None = None,
     ) -> ActiveRun | None:
         """Act on a claim's outcome: run what was won, log the rest, watch runs others hold.
+        ``slot_key``: the request's (a retry's differs from its slot's).
 
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
@@ -257,6 +263,8 @@ class Claims:
             self._spawn(self._backend.finish(outcome.ticket, RunStatus.FAILED, error))
         elif outcome.status is ClaimStatus.SKIPPED:
             self._counters.skipped += 1
+            if run.reason is not None and run.reason.startswith(PAUSED):
+                self._counters.slots_paused += 1
             logger.info(
                 "job %s slot %s skipped: %s",
                 run.job,
@@ -279,7 +287,8 @@ class Claims:
             self._counters.claims_lost += 1
             logger.debug("lost %s slot %s to %s", run.job, run.slot_ms, run.instance, extra=extra)
             if self._watcher is not None and run.status == "running" and job is not None:
-                slot_key = str(run.slot_ms) if run.slot_ms is not None else f"manual-{run.run_id}"
+                if slot_key is None:
+                    slot_key = slot_key_of(run.slot_ms, run.run_id)
                 self._watcher.watch(
                     run.job, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms
                 )

@@ -29,6 +29,9 @@ class _RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 class RunContext:
     """Passed to every handler: the run's identity and its lease.
 
+    ``attempt`` counts the takeovers of one run (a backup's attempt after a crash is 2);
+    ``retry`` counts the runs of a slot after its handler failed (the job's ``retries``).
+
     ``fence`` rises with every claim and takeover of the job. Pass it along with your writes and
     refuse a write whose fence is lower than the last one you accepted (for example
     ``UPDATE ... SET fence = :fence WHERE fence <= :fence``), so a stale runner that comes back
@@ -50,6 +53,7 @@ class RunContext:
         "fence",
         "instance",
         "job",
+        "retry",
         "run_id",
         "slot",
         "trigger",
@@ -66,6 +70,7 @@ class RunContext:
         trigger: Trigger,
         instance: str,
         monotonic_ms: Callable[[], int] | None = None,
+        retry: int = 0,
     ) -> None:
         self.job = job
         self.slot = slot
@@ -75,6 +80,11 @@ class RunContext:
         self.fence = fence
         self.trigger = trigger
         self.instance = instance
+        self.retry = retry
+        """Which retry this run is (the job's ``retries``): 0 for the first run of its slot (or
+        of a manual run), 1 for the first retry after it failed, and so on. Its ``trigger`` is
+        then :attr:`~anarchon.Trigger.RETRY`. Not to be confused with :attr:`attempt`, which
+        counts takeovers of one run."""
         # Made on first use: thousands of runs start at once when many jobs share a slot.
         self._logger: logging.LoggerAdapter | None = None  # type: ignore[type-arg]
         self._lost = False
@@ -98,6 +108,7 @@ class RunContext:
                     "run_id": self.run_id,
                     "attempt": self.attempt,
                     "fence": self.fence,
+                    "retry": self.retry,
                 },
             )
         return self._logger
@@ -162,5 +173,5 @@ class RunContext:
     def __repr__(self) -> str:
         return (
             f"RunContext(job={self.job!r}, slot={self.slot}, run_id={self.run_id!r}, "
-            f"attempt={self.attempt}, fence={self.fence})"
+            f"attempt={self.attempt}, fence={self.fence}, retry={self.retry})"
         )

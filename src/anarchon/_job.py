@@ -19,8 +19,9 @@ from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
 
 if TYPE_CHECKING:
     from ._context import RunContext
+    from ._models import Run
 
-__all__ = ["Handler", "Job", "JobOptions", "Timezone"]
+__all__ = ["Handler", "Job", "JobOptions", "OnFailure", "RetryPolicy", "Timezone"]
 
 Handler: TypeAlias = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
 
@@ -54,6 +55,18 @@ BOUNDS: Final = {
     "max_attempts": Bound(1, 100),
     "catch_up_window_ms": Bound(1, 10 * 365 * _DAY, ms=True),
 }
+# The retry options: never None, so apart from the options a backend resolves.
+RETRY_BOUNDS: Final = {
+    "retries": Bound(0, 1000),
+    "retry_backoff_ms": Bound(0, _DAY, ms=True),
+    "retry_backoff_max_ms": Bound(0, 7 * _DAY, ms=True),
+}
+DEFAULT_RETRY_BACKOFF_MS: Final = 1_000
+DEFAULT_RETRY_BACKOFF_MAX_MS: Final = 300_000
+
+OnFailure: TypeAlias = Callable[["Run"], Awaitable[Any]] | Callable[["Run"], Any]
+"""A job's ``on_failure`` hook: called with the failed :class:`~anarchon.Run` once per finally
+failed slot (sync or async)."""
 # How far ahead the shortest gap between slots is looked for: enough slots to see every
 # irregularity of a usual cron pattern (a step that does not divide the minute or the hour
 # repeats within 9 slots, weekdays within 5), never more than a year.
@@ -81,6 +94,26 @@ class JobOptions:
     catch_up: CatchUp | str | None = None
     catch_up_window_ms: int | None = None
     handover: bool | None = None
+    retries: int = 0
+    retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
+    retry_backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS
+    on_failure: OnFailure | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """A job's retries on failure, validated: how many, and the backoff between them."""
+
+    retries: int = 0
+    backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
+    backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS
+
+    def delay_ms(self, retry: int) -> int:
+        """The backoff before retry number ``retry`` (1 for the first), before jitter:
+        ``min(retry_backoff_ms * 2**(retry - 1), retry_backoff_max_ms)``."""
+        exponent = min(max(retry - 1, 0), 62)
+        delay: int = self.backoff_ms << exponent
+        return min(delay, self.backoff_max_ms)
 
 
 class JobKwargs(TypedDict, total=False):
@@ -99,6 +132,10 @@ class JobKwargs(TypedDict, total=False):
     catch_up: CatchUp | str | None
     catch_up_window_ms: int | None
     handover: bool | None
+    retries: int
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    on_failure: OnFailure | None
 
 
 @dataclass(slots=True, eq=False, repr=False)
@@ -110,6 +147,7 @@ class Job:
     handler: Handler
     options: JobOptions
     policy: JobPolicy
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     is_async: bool = field(init=False)
     timeout_ms: int | None = field(init=False)
 
@@ -129,8 +167,59 @@ def build_job(
     check_handler(name, handler)
     schedule = CronSchedule(expression, _zone_argument(options.timezone))
     policy = resolve(name, options, backend, schedule)
+    retry = resolve_retries(name, options, backend)
+    check_on_failure(name, options.on_failure)
     backend.check_job(policy)
-    return Job(name, schedule, handler, options, policy)
+    return Job(name, schedule, handler, options, policy, retry)
+
+
+def resolve_retries(name: str, opts: JobOptions, backend: Backend) -> RetryPolicy:
+    """Check the retry options of job ``name`` and return them; a job that retries needs a
+    backend that keeps run requests (:meth:`~anarchon.backend.Backend.control`)."""
+    owner = f"job {name!r}"
+    retries = check_int("retries", opts.retries, RETRY_BOUNDS["retries"], owner)
+    backoff = check_int(
+        "retry_backoff_ms", opts.retry_backoff_ms, RETRY_BOUNDS["retry_backoff_ms"], owner
+    )
+    cap = check_int(
+        "retry_backoff_max_ms",
+        opts.retry_backoff_max_ms,
+        RETRY_BOUNDS["retry_backoff_max_ms"],
+        owner,
+    )
+    if cap < backoff:
+        raise InvalidOption(
+            f"retry_backoff_max_ms={cap} for {owner} must be at least retry_backoff_ms="
+            f"{backoff}: it caps the backoff, which starts at retry_backoff_ms"
+        )
+    if retries and backend.control() is None:
+        raise UnsupportedFeature(
+            f"job {name!r} asks for retries={retries}, but the {backend.name} backend keeps no "
+            "run requests (its control() is None), where retries are stored; use retries=0"
+        )
+    return RetryPolicy(retries=retries, backoff_ms=backoff, backoff_max_ms=cap)
+
+
+def check_on_failure(name: str, hook: object) -> None:
+    """Raise :class:`InvalidOption` unless ``hook`` is None or can be called as ``hook(run)``."""
+    if hook is None:
+        return
+    if not callable(hook):
+        raise InvalidOption(
+            f"on_failure={hook!r} for job {name!r} must be None or a callable taking the failed "
+            "Run (sync or async)"
+        )
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return  # a callable whose signature Python cannot tell
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise InvalidOption(
+            f"on_failure={hook!r} for job {name!r} cannot be called with one positional "
+            "argument: anarchon calls on_failure(run) with the failed Run"
+        ) from None
 
 
 def check_name(name: str) -> None:

@@ -35,6 +35,11 @@ class Counters:
     taken_over: int = 0
     clock_steps: int = 0
     clock_skew_warnings: int = 0
+    slots_missed: int = 0
+    slots_paused: int = 0
+    retries_scheduled: int = 0
+    requests_run: int = 0
+    failure_hook_errors: int = 0
 
     def count_run(self, status: RunStatus) -> None:
         """Count a run whose result was recorded (``succeeded`` or ``failed``)."""
@@ -78,6 +83,14 @@ class Metrics(Counters, Mapping[str, "int | None"]):
     :ivar taken_over: runs of dead instances this instance took over as a backup.
     :ivar clock_steps: wall-clock steps the timer saw.
     :ivar clock_skew_warnings: warnings that this clock is off the backend's.
+    :ivar slots_missed: slots this instance recorded ``missed`` when it started (nobody carried
+        the job at their time and catch-up does not run them).
+    :ivar slots_paused: slots answered ``skipped`` because their job (or the cluster) was
+        paused (also counted in ``skipped``).
+    :ivar retries_scheduled: retries stored after a handler failed (the job's ``retries``).
+    :ivar requests_run: run requests (``anarchon trigger``, ``Scheduler.trigger``, retries)
+        this instance won and ran.
+    :ivar failure_hook_errors: calls of a job's ``on_failure`` hook that raised (logged).
 
     Gauges (now):
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -27,6 +27,7 @@ from ._job import Job
 from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
 from ._retry import backoff
+from ._retrying import retry_number
 from ._threads import HandlerThreads, NoThreadFree
 from .backend import HANDED_OVER, LEASE_LOST, Backend, FinishRequest, LeaseBackend, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
@@ -45,6 +46,8 @@ CANCEL_GRACE_S: Final = 10.0
 
 Outcome = tuple[RunStatus, str | None, BaseException | None]
 """(status, error text, the exception to log with its traceback)."""
+OnFailed = Callable[[Job, Ticket, Run], Awaitable[None]]
+"""``on_failed(job, ticket, run)``: a handler failed and its ``failed`` result was accepted."""
 
 
 @dataclass(eq=False)
@@ -88,6 +91,9 @@ class RunExecutor:
     """Set by the scheduler when it starts (lease backends)."""
     closed: bool = field(default=False, init=False)
     """After the grace period: a run won now is handed over at once instead of started."""
+    on_failed: OnFailed | None = field(default=None, init=False)
+    """Set by the scheduler: retries and the ``on_failure`` hook (see :mod:`._retrying`);
+    awaited in the run's task, so a drain waits for it too."""
     _results: Coalescer[FinishRequest, Run] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +119,7 @@ class RunExecutor:
             trigger=ticket.trigger,
             instance=ticket.instance,
             monotonic_ms=self.clock.monotonic_ms,
+            retry=retry_number(ticket.slot_key),
         )
         active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved)
         if ticket.lease_expires_at_ms is not None:
@@ -181,7 +188,10 @@ class RunExecutor:
             active.ctx._deadline = None  # the handler is over: only a real loss counts now
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
-            return await self._finish(active, *outcome)
+            run = await self._finish(active, *outcome)
+            if run is not None and outcome[0] is RunStatus.FAILED and self.on_failed is not None:
+                await self.on_failed(job, active.ticket, run)
+            return run
         if active.cancel_reason == HANDED_OVER and active.thread_running:
             # A thread cannot be stopped: releasing now would let a backup start the slot while
             # it still works. The lease is left to expire (the process exits meanwhile).

@@ -5,7 +5,10 @@ A slot's life, module by module: the timer (:mod:`._timer`) fires it here (``_on
 :mod:`._claims` builds the request, claims it (fail-closed retries) and acts on the outcome;
 :mod:`._runner` runs what was won and records the result while :mod:`._keeper` renews the lease;
 :mod:`._watcher` takes over runs of instances that died; :mod:`._catchup` claims slots missed
-while no instance ran. The counters are in :mod:`._metrics`, the log fields in :mod:`.logs`.
+while no instance ran and :mod:`._missed` records those it does not run; :mod:`._requests` runs
+the cluster's run requests (triggers, retries) and :mod:`._retrying` stores retries and calls
+``on_failure`` hooks; pauses are the backend's (:mod:`anarchon.steering`). The counters are in
+:mod:`._metrics`, the log fields in :mod:`.logs`.
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
@@ -32,19 +35,34 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
+from datetime import datetime
 from enum import Enum
 from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
+from . import steering
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat, read_cluster
-from ._job import Handler, Job, JobKwargs, JobOptions, Timezone, build_job
+from ._job import (
+    DEFAULT_RETRY_BACKOFF_MAX_MS,
+    DEFAULT_RETRY_BACKOFF_MS,
+    Handler,
+    Job,
+    JobKwargs,
+    JobOptions,
+    OnFailure,
+    Timezone,
+    build_job,
+)
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
 from ._metrics import Counters, Metrics
+from ._missed import MissedSlots
 from ._models import CatchUp, Overlap, Run, Trigger
 from ._options import Bound, check_int
+from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
+from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
 from ._supervisor import supervised
 from ._threads import HandlerThreads
@@ -52,6 +70,7 @@ from ._timer import Due, SlotTimer
 from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimRequest, ClaimStatus, LeaseBackend, Ticket
+from .control import ALL_JOBS, Pause, RunRequest
 from .errors import (
     BackendUnavailable,
     DuplicateJob,
@@ -130,6 +149,17 @@ def _check_instance_id(value: object) -> str | None:
     return value
 
 
+def _until_ms(until: datetime | None) -> int | None:
+    if until is None:
+        return None
+    if not isinstance(until, datetime) or until.tzinfo is None:
+        raise InvalidOption(
+            f"until={until!r} must be an aware datetime (with a time zone, e.g. "
+            "datetime.now(timezone.utc) + timedelta(hours=1)) or None"
+        )
+    return round(until.timestamp() * 1000)
+
+
 def _check_clock(clock: object) -> Clock | None:
     if clock is None:
         return None
@@ -163,6 +193,8 @@ class Scheduler:
         job is claimed only while a thread is free for it.
     :param heartbeat_ms: how often this instance records itself and its jobs in the backend's
         registry (:meth:`cluster`, ``anarchon instances``), 100 to 3 600 000.
+    :param control_poll_ms: how often this instance reads the run requests (triggers, retries)
+        of the jobs it carries, 100 to 60 000; backends without a control store have none.
     """
 
     def __init__(
@@ -174,12 +206,16 @@ class Scheduler:
         clock: Clock | None = None,
         max_workers: int = DEFAULT_MAX_WORKERS,
         heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+        control_poll_ms: int = DEFAULT_CONTROL_POLL_MS,
     ) -> None:
         if backend is not None and not isinstance(backend, Backend):
             raise InvalidOption(f"backend {backend!r} is not an anarchon Backend")
         grace_ms = check_int("grace_ms", grace_ms, GRACE, "Scheduler")
         max_workers = check_int("max_workers", max_workers, MAX_WORKERS, "Scheduler")
         self.heartbeat_ms = check_int("heartbeat_ms", heartbeat_ms, HEARTBEAT, "Scheduler")
+        self.control_poll_ms = check_int(
+            "control_poll_ms", control_poll_ms, CONTROL_POLL, "Scheduler"
+        )
         self._heartbeat: Heartbeat | None = None
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
@@ -231,7 +267,18 @@ class Scheduler:
             self._threads,
             lambda: self.running,
             self._spawn,
+            MissedSlots(backend, self._claims, self._counters),
         )
+        self._failures = Failures(
+            backend.control(),
+            self._clock,
+            self._backend_clock.time,
+            self._counters,
+            lambda: self.running,
+        )
+        self._executor.on_failed = self._failures.failed
+        if self._watcher is not None:
+            self._watcher.on_exhausted = self._on_exhausted
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loops: list[asyncio.Future[Any]] = []
         self._stack: AsyncExitStack | None = None
@@ -287,10 +334,20 @@ class Scheduler:
         catch_up: CatchUp | str | None = None,
         catch_up_window_ms: int | None = None,
         handover: bool | None = None,
+        retries: int = 0,
+        retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS,
+        retry_backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS,
+        on_failure: OnFailure | None = None,
     ) -> None:
         """Register a job; allowed while the scheduler runs.
 
         Options left as None take the backend's default (see the options table in the README).
+        ``retries`` (0 to 1000): a run whose handler fails is run again up to this many times,
+        each a new run (trigger ``retry``) on whichever instance claims it, after
+        ``retry_backoff_ms`` doubling per retry up to ``retry_backoff_max_ms`` (jittered down to
+        half); it needs a backend with a control store. ``on_failure``: called (sync or async)
+        with the failed :class:`~anarchon.Run` once per finally failed slot, on the instance
+        that recorded the failure; what it raises is logged.
         Raises a :class:`~anarchon.errors.ConfigurationError` naming the value and the rule.
         """
         if name in self._jobs:
@@ -307,13 +364,18 @@ class Scheduler:
             catch_up=catch_up,
             catch_up_window_ms=catch_up_window_ms,
             handover=handover,
+            retries=retries,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms,
+            on_failure=on_failure,
         )
         job = build_job(name, schedule, handler, options, self.backend)
         self._jobs[name] = job
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:
-            self._schedule_next(job, self._clock.now_ms())
-            self._spawn(self._catching_up.start([job]))
+            now = self._clock.now_ms()
+            self._schedule_next(job, now)
+            self._spawn(self._catching_up.start([job], now))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -404,7 +466,21 @@ class Scheduler:
         timer = self._loop_task("timer", self._timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(_cancel_and_wait, [timer, skew])
-        self._spawn(self._catching_up.start(list(self._jobs.values())))
+        self._spawn(self._catching_up.start(list(self._jobs.values()), now))
+        control = backend.control()
+        if control is not None:  # triggers and retries: see _requests
+            poller = RequestPoller(
+                control,
+                self._clock,
+                self._backend_clock.time,
+                lambda: list(self._jobs.values()),
+                self._claims,
+                self._threads,
+                self._counters,
+                self.control_poll_ms,
+            )
+            polling = self._loop_task("requests", poller.run)
+            stack.push_async_callback(self._stop_poller, poller, polling)
         store = backend.registry()
         if store is not None:  # the registry: see _heartbeat
             jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
@@ -471,6 +547,15 @@ class Scheduler:
         task = asyncio.ensure_future(supervised(name, loop, self._clock.sleep))
         self._loops.append(task)
         return task
+
+    async def _stop_poller(self, poller: RequestPoller, task: asyncio.Future[None]) -> None:
+        await poller.stop(task, SETTLE_S)
+        await _cancel_and_wait([task])
+
+    def _on_exhausted(self, job: Job, run: Run) -> None:
+        """A backup's takeover recorded ``run`` failed on its last attempt: the slot finally
+        failed here."""
+        self._spawn(self._failures.finally_failed(job, run))
 
     async def _stop_watcher(self, task: asyncio.Future[None]) -> None:
         await _cancel_and_wait([task])
@@ -699,6 +784,56 @@ class Scheduler:
             if recorded.run_id == request.run_id:
                 return recorded
         return outcome.run
+
+    # -- steering (anarchon.steering) ---------------------------------------------------------
+
+    async def pause(
+        self, job: str, *, until: datetime | None = None, by: str | None = None
+    ) -> Pause:
+        """Pause ``job`` on every instance (it need not be registered here) until :meth:`resume`
+        or ``until`` (an aware datetime in the future); return the stored pause. Each instance
+        records the job's slots ``skipped`` (``paused by <by>``) instead of running them; runs
+        already running go on, and manual runs (:meth:`trigger`, :meth:`run_now`) still run.
+        ``by`` defaults to ``user@host``."""
+        self._require_started()
+        until_ms = _until_ms(until)
+        return await steering.pause(self.backend, job, until_ms=until_ms, by=by)
+
+    async def pause_all(self, *, until: datetime | None = None, by: str | None = None) -> Pause:
+        """Pause every job of the cluster (:data:`~anarchon.control.ALL_JOBS`); see
+        :meth:`pause`. A job's own pause outlives :meth:`resume_all`."""
+        self._require_started()
+        return await steering.pause(self.backend, ALL_JOBS, until_ms=_until_ms(until), by=by)
+
+    async def resume(self, job: str) -> bool:
+        """End the pause of ``job`` on every instance; False if it was not paused (or its pause
+        had already ended by itself)."""
+        self._require_started()
+        return await self._resume(job)
+
+    async def resume_all(self) -> bool:
+        """End the whole-cluster pause (:meth:`pause_all`); jobs paused on their own stay
+        paused. False if the cluster was not paused."""
+        self._require_started()
+        return await self._resume(ALL_JOBS)
+
+    async def _resume(self, job: str) -> bool:
+        ended = await steering.resume(self.backend, job)
+        return ended is not None and ended.active(await steering.backend_now_ms(self.backend))
+
+    async def paused(self) -> list[Pause]:
+        """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""
+        self._require_started()
+        return await steering.pauses(self.backend)
+
+    async def trigger(self, job: str, *, by: str | None = None) -> RunRequest:
+        """Ask the cluster to run ``job`` once now; return the stored request. It needs no
+        handler here: an instance that carries the job claims it within about a second
+        (``control_poll_ms``) and exactly one runs it, with trigger ``manual``, the request's
+        id as run id and ``by`` (default ``user@host``) as ``requested_by``. Unlike
+        :meth:`run_now`, it does not wait for the run."""
+        self._require_started()
+        return await steering.trigger(self.backend, job, by=by)
 
     async def cluster(self) -> ClusterView:
         """Read the backend's registry: every live instance, the jobs each carries, and the jobs

@@ -17,6 +17,7 @@ from typing import Final
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
 from ._metrics import Counters
+from ._models import Run
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import BackendError
@@ -54,6 +55,9 @@ class BackupWatcher:
     _seq: int = field(default=0, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _checks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
+    on_exhausted: Callable[[Job, Run], None] | None = field(default=None, init=False)
+    """Set by the scheduler: a run this instance recorded failed on its last attempt (the
+    job's ``on_failure`` hook)."""
 
     def watch(
         self, job: str, slot_key: str, expires_at_ms: int | None, backend_now_ms: int | None
@@ -195,6 +199,8 @@ class BackupWatcher:
                 slot_key,
                 extra=log_fields(Action.ATTEMPTS_EXHAUSTED, job_name, _slot_of(slot_key)),
             )
+            if self.on_exhausted is not None and outcome.run is not None:
+                self.on_exhausted(job, outcome.run)
         return False
 
     async def close(self, settle_s: float) -> None:

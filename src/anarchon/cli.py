@@ -1,23 +1,27 @@
-"""The ``anarchon`` command: run a scheduler, list jobs and instances, read history, preview a
-schedule, run the demo.
+"""The ``anarchon`` command: run a scheduler; list jobs and instances; read history; explain a
+slot; pause, resume and trigger jobs; preview a schedule; run the demo.
 
-Every failure is one line on stderr and a documented exit code (README, "Command line"):
+Every failure is one line on stderr and a documented exit code (README, "Command line";
+docs/operations.md):
 
 ====  ==========================================================================================
 0     done
 1     ``demo`` saw a duplicate or a missed slot; any other anarchon error
 2     bad command line or configuration: an unknown option, a bad number, a malformed or
-      unknown backend URL, a bad cron expression, a ``run`` target that is not a Scheduler or
-      that was already run (a module that calls ``scheduler.run()`` when imported)
-3     ``history``, ``jobs`` or ``instances`` found no anarchon data where the backend points (no
-      SQLite file, a file anarchon never wrote, no registry: no scheduler ever ran there)
+      unknown backend URL, a bad cron expression, a bad time or duration, a ``run`` target
+      that is not a Scheduler or that was already run (a module that calls
+      ``scheduler.run()`` when imported), a backend with no registry or control store
+3     no anarchon data where the backend points (no SQLite file, a file anarchon never wrote, no
+      PostgreSQL tables, no NATS stream, no registry: no scheduler ever ran there), or
+      (``explain``) no live instance carries the job; read and write commands alike create
+      nothing then
 4     the backend cannot be reached or refused the request
 ====  ==========================================================================================
 
 No message and no log line shows a password or token: URLs pass through one redactor.
 
-``jobs --json`` and ``instances --json`` print one JSON object whose shape is stable (fields are
-only ever added), documented in docs/operations.md.
+``--json`` prints one JSON object whose shape is stable (fields are only ever added),
+documented in docs/operations.md. The commands live in :mod:`anarchon._cli`.
 """
 
 from __future__ import annotations
@@ -27,24 +31,30 @@ import asyncio
 import importlib
 import json
 import logging
-import os
-import sqlite3
 import sys
-import textwrap
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final, NoReturn
-from urllib.parse import quote
 
 from . import __version__
+from ._cli import cluster, steer
+from ._cli.common import (
+    ENV_BACKEND,
+    EXIT_BACKEND,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Exit,
+    no_data,
+    opened,
+    run_json,
+    storage_checked,
+    table,
+)
 from ._models import Run
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
-from ._urls import backend_from_url
-from .backend import Backend
 from .errors import (
     AnarchonError,
     BackendError,
@@ -52,26 +62,13 @@ from .errors import (
     MissingDependency,
     SchedulerStateError,
 )
-from .registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
 
 __all__ = ["main"]
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_NO_DATA: Final = 3
-EXIT_BACKEND: Final = 4
-ENV_BACKEND: Final = "ANARCHON_BACKEND"
 LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
-
-
-class _Exit(Exception):
-    """Leave the command with one line on stderr and an exit code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+_Exit = Exit
+_table = table  # kept for tests/unit/test_registry.py
 
 
 class _Parser(argparse.ArgumentParser):
@@ -170,41 +167,13 @@ def _run(target: str) -> int:
     return EXIT_OK
 
 
-def _backend(url: str | None) -> Backend:
-    """The backend to read: ``--backend``, else ``$ANARCHON_BACKEND``, else the SQLite file."""
-    url = url or os.environ.get(ENV_BACKEND) or None
-    if url is None:
-        from .backends.sqlite import SQLiteBackend
-
-        return SQLiteBackend()
-    return backend_from_url(url)
-
-
-def _require_sqlite_data(path: Path) -> None:
-    """Exit with EXIT_NO_DATA unless ``path`` is a SQLite file that anarchon wrote; never
-    create or change the file (opening it read-only)."""
-    missing = _Exit(EXIT_NO_DATA, f"no anarchon data at {path}")
-    if not path.is_file():
-        raise missing
-    try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
-        try:
-            found = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'anarchon_schema'"
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        raise _Exit(EXIT_NO_DATA, f"no anarchon data at {path}: {exc}") from None
-    if found is None:
-        raise missing
-
-
 def _row(run: Run) -> list[str]:
     def when(moment: datetime | None) -> str:
         return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if moment else "-"
 
     note = run.error or run.reason or ""
+    if run.requested_by:
+        note = f"{note} (asked by {run.requested_by})".lstrip()
     duration = f"{run.duration:.3f}s" if run.duration is not None else "-"
     return [
         when(run.started_at),
@@ -220,18 +189,22 @@ def _row(run: Run) -> list[str]:
 
 
 async def _history(args: argparse.Namespace) -> int:
-    backend = _backend(args.backend)
-    from .backends.sqlite import SQLiteBackend
-
-    if isinstance(backend, SQLiteBackend):
-        _require_sqlite_data(backend.path)
-    await backend.start_reader()
-    try:
+    async with opened(args.backend, registry=False) as backend:
         runs = await backend.history(args.job, limit=args.n)
-    finally:
-        await backend.stop()
+        if not runs and not storage_checked(backend):
+            store = backend.registry()
+            if store is not None and not await store.exists():
+                raise no_data(backend, ": no scheduler recorded itself and no runs are recorded")
+        name = redact_url(repr(backend))
+    if args.json:
+        print(
+            json.dumps(
+                {"backend": name, "job": args.job, "runs": [run_json(r) for r in runs]}, indent=2
+            )
+        )
+        return EXIT_OK
     if not runs:
-        print(f"no runs of {args.job!r} recorded in {redact_url(repr(backend))}")
+        print(f"no runs of {args.job!r} recorded in {name}")
         return EXIT_OK
     header = [
         "started (UTC)",
@@ -248,208 +221,6 @@ async def _history(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    return EXIT_OK
-
-
-WIDTH: Final = 100
-"""Every table line fits in this many columns."""
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "~"
-
-
-def _table(header: list[str], rows: list[list[str]], caps: list[int]) -> list[str]:
-    """Columns padded to their widest cell, each cut to its cap (``~`` marks a cut)."""
-    rows = [[_cut(c, cap) for c, cap in zip(row, caps, strict=True)] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-
-
-def _age(ms: int) -> str:
-    """A duration as a person reads it at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``."""
-    if ms < 1_000:
-        return f"{max(ms, 0)}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m"
-    return f"{ms // 3_600_000}h"
-
-
-def _moment(ms: int | None, now_ms: int) -> str:
-    """UTC time of day within a day of now, else month-day and minutes."""
-    if ms is None:
-        return "-"
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.strftime("%H:%M:%S" if abs(ms - now_ms) < 86_400_000 else "%m-%d %H:%M")
-
-
-def _run_json(run: Run | None) -> dict[str, Any] | None:
-    if run is None:
-        return None
-    finished = run.finished_at
-    return {
-        "status": run.status.value,
-        "trigger": run.trigger.value,
-        "slot_ms": run.slot_ms,
-        "started_ms": round(run.started_at.timestamp() * 1000),
-        "finished_ms": None if finished is None else round(finished.timestamp() * 1000),
-        "took_ms": None if run.duration is None else round(run.duration * 1000),
-        "instance": run.instance,
-        "attempt": run.attempt,
-        "fence": run.fence,
-        "error": run.error,
-        "reason": run.reason,
-    }
-
-
-async def _require_postgres_data(backend: Backend) -> None:
-    """Exit with EXIT_NO_DATA unless the registry table exists, checked on a connection of our
-    own before the backend starts (starting it would create its tables)."""
-    dsn = getattr(backend, "dsn", None)
-    if dsn is None:
-        return  # a pool or connection passed in: nothing to check without starting
-    import psycopg
-
-    name = f"{backend.schema}.{backend.table_prefix}registry"  # type: ignore[attr-defined]
-    try:
-        async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=5) as conn:
-            cursor = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
-            row = await cursor.fetchone()
-    except psycopg.Error as exc:
-        raise _Exit(EXIT_BACKEND, f"cannot reach {redact_url(repr(backend))}: {exc}") from None
-    if not (row and row[0]):
-        raise _Exit(EXIT_NO_DATA, f"no anarchon data at {redact_url(repr(backend))}")
-
-
-async def _read_cluster(
-    url: str | None, *, with_jobs: bool
-) -> tuple[Backend, ClusterView, list[JobView]]:
-    """Open the backend read-only, read the registry (and each job's recent history)."""
-    backend = _backend(url)
-    store = backend.registry()
-    where = redact_url(repr(backend))
-    if store is None:
-        raise _Exit(EXIT_USAGE, f"the {backend.name} backend keeps no registry ({where})")
-    from .backends.postgres import PostgresBackend
-    from .backends.sqlite import SQLiteBackend
-
-    if isinstance(backend, SQLiteBackend):
-        _require_sqlite_data(backend.path)
-    elif isinstance(backend, PostgresBackend):
-        await _require_postgres_data(backend)
-    await backend.start_reader()
-    try:
-        if not await store.exists():
-            raise _Exit(EXIT_NO_DATA, f"no anarchon data at {where}: no scheduler recorded itself")
-        server_ms = await backend.server_time_ms()
-        now_ms = server_ms if server_ms is not None else int(time.time() * 1000)
-        view = build_view(await store.instances(), now_ms)
-        jobs = await describe_jobs(backend, view) if with_jobs else []
-    finally:
-        await backend.stop()
-    return backend, view, jobs
-
-
-def _instance_json(record: InstanceRecord, now_ms: int) -> dict[str, Any]:
-    return {**record.to_dict(), "heartbeat_age_ms": now_ms - record.heartbeat_ms}
-
-
-async def _instances(args: argparse.Namespace) -> int:
-    backend, view, _ = await _read_cluster(args.backend, with_jobs=False)
-    now = view.now_ms
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "backend": redact_url(repr(backend)),
-                    "now_ms": now,
-                    "instances": [_instance_json(i, now) for i in view.instances],
-                },
-                indent=2,
-            )
-        )
-        return EXIT_OK
-    if not view.instances:
-        print(f"no live instances in {redact_url(repr(backend))}")
-        return EXIT_OK
-    header = ["instance", "host", "pid", "version", "heartbeat", "offset", "jobs"]
-    rows = [
-        [
-            i.id,
-            i.host,
-            str(i.pid),
-            i.version,
-            _age(now - i.heartbeat_ms) + " ago",
-            "-" if i.clock_offset_ms is None else f"{i.clock_offset_ms:+d}ms",
-            f"{len(i.jobs)}: " + ",".join(j.name for j in i.jobs) if i.jobs else "0",
-        ]
-        for i in view.instances
-    ]
-    print("\n".join(_table(header, rows, [24, 16, 7, 10, 10, 9, 30])))
-    return EXIT_OK
-
-
-def _job_json(job: JobView) -> dict[str, Any]:
-    return {
-        "name": job.name,
-        **{k: v for k, v in job.definition.to_dict().items() if k != "name"},
-        "instances": list(job.instances),
-        "next_slot_ms": job.next_slot_ms,
-        "last_run": _run_json(job.last_run),
-        "running": [_run_json(r) for r in job.running],
-        "paused": job.paused,
-        "drift": None if job.drift is None else job.drift.to_dict(),
-    }
-
-
-def _job_row(job: JobView, now: int) -> list[str]:
-    zone = job.definition.zone
-    schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
-    last = job.last_run
-    took = last.duration if last is not None else None
-    running = ",".join(f"{r.instance}#{r.attempt}" for r in job.running) or "-"
-    return [
-        job.name + ("*" if job.drift else ""),
-        schedule,
-        _moment(job.next_slot_ms, now),
-        last.status.value if last else "-",
-        _moment(round(last.started_at.timestamp() * 1000), now) if last else "-",
-        last.instance if last else "-",
-        "-" if took is None else _age(round(took * 1000)),
-        running,
-    ]
-
-
-async def _jobs(args: argparse.Namespace) -> int:
-    backend, view, jobs = await _read_cluster(args.backend, with_jobs=True)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "backend": redact_url(repr(backend)),
-                    "now_ms": view.now_ms,
-                    "jobs": [_job_json(j) for j in jobs],
-                },
-                indent=2,
-            )
-        )
-        return EXIT_OK
-    if not jobs:
-        print(f"no live instance carries a job in {redact_url(repr(backend))}")
-        return EXIT_OK
-    header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
-    rows = [_job_row(j, view.now_ms) for j in jobs]
-    print("\n".join(_table(header, rows, [14, 15, 11, 9, 11, 10, 6, 10])))
-    if view.drift:
-        print("\n* definitions differ between instances (each fires its own schedule):")
-        for drift in view.drift:
-            print(
-                textwrap.fill(
-                    drift.describe(), WIDTH, initial_indent="  ", subsequent_indent="    "
-                )
-            )
     return EXIT_OK
 
 
@@ -474,29 +245,54 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a Scheduler object until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler (or a function making one)")
 
-    history = sub.add_parser("history", help="print a job's runs, newest first")
-    history.add_argument("job")
-    history.add_argument(
-        "--backend",
-        help=f"backend URL; default ${ENV_BACKEND}, else SQLite at $ANARCHON_DB or ./anarchon.db",
-    )
-    history.add_argument(
-        "-n", type=_count(1, 100_000), default=20, help="how many runs, at least 1 (default 20)"
-    )
-
-    for name, text in (
-        ("jobs", "list the jobs live instances carry: schedule, next slot, last run, drift"),
-        ("instances", "list the live instances: heartbeat, clock offset, version, jobs"),
-    ):
-        command = sub.add_parser(name, help=text)
-        command.add_argument(
+    def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
+        made = sub.add_parser(name, help=text, description=text)
+        made.add_argument(
             "--backend",
             help=f"backend URL; default ${ENV_BACKEND}, else SQLite at $ANARCHON_DB or "
             "./anarchon.db",
         )
-        command.add_argument(
-            "--json", action="store_true", help="print one JSON object (docs/operations.md)"
+        if json_flag:
+            made.add_argument(
+                "--json", action="store_true", help="print one JSON object (docs/operations.md)"
+            )
+        return made
+
+    history = command("history", "print a job's runs, newest first")
+    history.add_argument("job")
+    history.add_argument(
+        "-n", type=_count(1, 100_000), default=20, help="how many runs, at least 1 (default 20)"
+    )
+    command("jobs", "list the jobs live instances carry: next slot, last run, running, paused")
+    command("instances", "list the live instances: heartbeat, clock offset, version, jobs")
+
+    explain = command("explain", "say what became of one slot of a job, and why")
+    explain.add_argument("job")
+    explain.add_argument(
+        "slot",
+        help="ISO 8601 time (without a zone: the job's zone) or epoch milliseconds",
+    )
+    for name, verb in (("pause", "pause"), ("resume", "resume")):
+        steering = command(
+            name,
+            f"{verb} a job (or every job: --all) on every instance"
+            + (", until resumed or --until" if name == "pause" else ""),
         )
+        steering.add_argument("job", nargs="?", help="the job's name")
+        steering.add_argument("--all", action="store_true", help=f"{verb} every job")
+        if name == "pause":
+            steering.add_argument(
+                "--until",
+                metavar="TIME",
+                help="end the pause by itself: ISO 8601 (without a zone: UTC), epoch ms, or "
+                "a duration from now such as 30m, 2h, 1d, 1h30m",
+            )
+            steering.add_argument(
+                "--by", help="who pauses (default $ANARCHON_REQUESTER or user@host)"
+            )
+    trigger = command("trigger", "run a job once now on an instance that carries it; print the id")
+    trigger.add_argument("job")
+    trigger.add_argument("--by", help="who asks (default $ANARCHON_REQUESTER or user@host)")
 
     nxt = sub.add_parser("next", help="print the next fire times of a cron expression")
     nxt.add_argument("expression")
@@ -530,6 +326,17 @@ def _one_line(text: str) -> str:
     return redact_url(" ".join(part.strip() for part in text.splitlines() if part.strip()))
 
 
+COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]] = {
+    "history": _history,
+    "jobs": cluster.jobs,
+    "instances": cluster.instances,
+    "explain": steer.explain,
+    "pause": steer.pause,
+    "resume": steer.resume,
+    "trigger": steer.trigger,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
     args = _parser().parse_args(argv)
@@ -537,12 +344,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.command == "run":
             code = _run(args.target)
-        elif args.command == "history":
-            code = asyncio.run(_history(args))
-        elif args.command == "jobs":
-            code = asyncio.run(_jobs(args))
-        elif args.command == "instances":
-            code = asyncio.run(_instances(args))
+        elif args.command in COMMANDS:
+            code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":
             code = _next(args)
         elif args.command == "dashboard":

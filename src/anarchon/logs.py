@@ -61,6 +61,15 @@ class Action(StrEnum):
     BATCH_ITEM_FAILED = "batch_item_failed"
     CATCH_UP = "catch_up"
     CATCH_UP_FAILED = "catch_up_failed"
+    SLOTS_MISSED = "slots_missed"
+    # pauses, run requests, retries (anarchon.control)
+    REQUEST_CLAIMED = "request_claimed"
+    CONTROL_UNAVAILABLE = "control_unavailable"
+    CONTROL_RECOVERED = "control_recovered"
+    RETRY_SCHEDULED = "retry_scheduled"
+    RETRY_FAILED = "retry_failed"
+    FAILURE_HOOK = "failure_hook"
+    FAILURE_HOOK_FAILED = "failure_hook_failed"
     # runs
     RUN_STARTED = "run_started"
     RUN_SUCCEEDED = "run_succeeded"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from ._models import Run
     from .backend import Backend
+    from .control import Pause
 
 __all__ = [
     "ClusterView",
@@ -277,15 +278,22 @@ class JobView:
     """Attempts running now, newest first."""
     drift: Drift | None = None
     paused: bool | None = None
-    """Reserved for cluster-wide pause (issue 13, item 4): None while anarchon cannot tell."""
+    """True while a pause holds the job (its own or the whole cluster's), False if none does;
+    None when the backend keeps no pauses (its ``control()`` is None)."""
+    pause: Pause | None = None
+    """The pause that holds the job: its own, else the whole cluster's (``job == "*"``)."""
 
 
 async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> list[JobView]:
     """One :class:`JobView` per job the view's instances carry, reading up to ``runs`` recent
-    attempts of each from ``backend`` (started)."""
+    attempts of each from ``backend`` (started), and the pauses once."""
+    from ._models import Trigger
     from ._schedule import CronSchedule
+    from .control import active_pause
 
     drifts = {d.job: d for d in view.drift}
+    control = backend.control()
+    pauses = None if control is None else await control.pauses()
     out = []
     for name, definitions in view.definitions.items():
         definition = definitions[0]
@@ -298,6 +306,9 @@ async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> 
         history = await backend.history(name, limit=runs)
         running = tuple(r for r in history if not r.status.finished)
         last = next((r for r in history if r.status.finished), None)
+        pause = (
+            None if pauses is None else active_pause(pauses, name, Trigger.SCHEDULE, view.now_ms)
+        )
         out.append(
             JobView(
                 name=name,
@@ -307,6 +318,8 @@ async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> 
                 last_run=last,
                 running=running,
                 drift=drifts.get(name),
+                paused=None if pauses is None else pause is not None,
+                pause=pause,
             )
         )
     return out

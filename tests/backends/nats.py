@@ -1,16 +1,19 @@
 """Conformance harness: the shared NATS JetStream service on 127.0.0.1:4222 (nats-server 2.9.10).
 
-Each namespace is a stream and subject prefix of its own, deleted afterwards; the service itself
+Each namespace is a stream and subject prefix of its own, deleted afterwards with its key-value
+buckets (registry, control); the service itself
 is never reconfigured.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from anarchon.backends.nats import NatsBackend
+from anarchon.backends.nats._registry import bucket_name
 from tests.harness import Namespace
 from tests.nats.servers import SHARED_URL, delete_stream, unique_names
 
@@ -40,6 +43,9 @@ class NatsHarness:
             )
         finally:
             await delete_stream(server, stream)
+            for kind in ("registry", "control"):  # cleanup only: a failure here is not the test's
+                with contextlib.suppress(Exception):
+                    await delete_stream(server, f"KV_{bucket_name(stream, kind)}")
 
 
 HARNESS = NatsHarness()

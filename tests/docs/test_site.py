@@ -24,6 +24,7 @@ PUBLIC_MODULES = (
     "anarchon.errors",
     "anarchon.logs",
     "anarchon.registry",
+    "anarchon.explain",
     "anarchon.testing",
     "anarchon.testing.contract",
     "anarchon.kit",

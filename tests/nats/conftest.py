@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from anarchon.backends.nats import NatsBackend
+from anarchon.backends.nats._registry import bucket_name
 from tests.nats.servers import (
     BINARIES,
     SHARED_URL,
@@ -36,10 +38,14 @@ def server_url(version: str) -> str:
 
 @pytest.fixture
 async def names(server_url: str) -> AsyncIterator[tuple[str, str]]:
-    """A fresh stream name and prefix; the stream is deleted afterwards."""
+    """A fresh stream name and prefix; the stream and its key-value buckets (registry, control)
+    are deleted afterwards."""
     stream, prefix = unique_names()
     yield stream, prefix
     await delete_stream(server_url, stream)
+    for kind in ("registry", "control"):  # cleanup only: a failure here is not the test's
+        with contextlib.suppress(Exception):
+            await delete_stream(server_url, f"KV_{bucket_name(stream, kind)}")
 
 
 @pytest.fixture

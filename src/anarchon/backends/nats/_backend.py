@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from ...backend import Backend, ClaimOutcome, ClaimRequest, JobPolicy, Ticket
-from ...kit import Run, check_name, redact_url
+from ...kit import Run, Trigger, check_name, redact_url
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
 from ._claims import ClaimPath
 from ._connection import Connection, import_nats
+from ._control import NatsControl
 from ._options import (
     DEFAULT_SERVERS,
     Access,
@@ -46,6 +47,8 @@ __all__ = ["NatsBackend"]
 
 # last_run() looks at most this many results after the newest claim before reading the job.
 LAST_RUN_SCAN: Final = 32
+# last_slots() reads at most this many jobs' newest claims at once.
+LAST_SLOTS_AT_ONCE: Final = 32
 
 
 class NatsBackend(Backend):
@@ -132,8 +135,13 @@ class NatsBackend(Backend):
         self._window = Window(
             self._conn, stream=self.stream, duplicate_window_ms=self.duplicate_window_ms
         )
+        self._control = NatsControl(self)
         self._claims = ClaimPath(
-            self._conn, self._window, prefix=self.prefix, history_size=self.history_size
+            self._conn,
+            self._window,
+            prefix=self.prefix,
+            history_size=self.history_size,
+            control=self._control,
         )
         self._upkeep: asyncio.Future[None] | None = None
 
@@ -262,6 +270,34 @@ class NatsBackend(Backend):
             after = found.seq + 1
         runs = await self.history(job, limit=1)
         return runs[0] if runs else None
+
+    async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """The slot of each job's newest claim (a claim, or a skip record), one read per job;
+        None when the job has none or its newest claim is not a scheduled or catch-up slot's
+        (a manual run or a retry: the slot before it is not looked for)."""
+        self._conn.require()
+        for job in jobs:
+            check_name(job)
+        gate = asyncio.Semaphore(LAST_SLOTS_AT_ONCE)
+
+        async def one(job: str) -> int | None:
+            async with gate:
+                newest = await self._conn.get_retrying(
+                    {"last_by_subj": subjects.CLAIMS.format(prefix=self.prefix, job=job)},
+                    f"reading last claim of {job}",
+                )
+            claim = records.decode_claim(newest) if newest is not None else None
+            if claim is None or claim.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP):
+                return None
+            return claim.slot if claim.slot_key == str(claim.slot) else None
+
+        slots = await asyncio.gather(*(one(job) for job in jobs))
+        return dict(zip(jobs, slots, strict=True))
+
+    def control(self) -> NatsControl:
+        """Pauses and run requests, in a key-value bucket beside the stream (see ``_control``:
+        the claim reads pauses before it publishes, not atomically with it)."""
+        return self._control
 
     def registry(self) -> NatsRegistry:
         """The registry, in a key-value bucket beside the stream (see ``_registry``)."""

@@ -8,6 +8,10 @@ wins, with no further call: the ack is the proof. A duplicate ack is resolved by
 stored message by sequence and comparing tokens, so a publish the client retried (lost ack,
 timeout, reconnect) still counts as its own.
 
+Before publishing, a claim reads the job's pauses (:mod:`._control`, cached for a second); a
+paused slot is published as a skip record with the pause's reason instead, which JetStream
+de-duplicates like any claim. That check is not atomic with the claim (see :mod:`._control`).
+
 A publish that went out unanswered may have been stored; when the scheduler gives up on such a
 claim, it is settled in the background (:meth:`ClaimPath.settle`) so that history never shows it
 ``running`` with no runner. Results go to ``<prefix><job>.results`` once, by message id.
@@ -23,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, Ticket
+from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
 from ...kit import Run, RunStatus, SystemClock
 from . import _connection
@@ -35,6 +40,8 @@ from ._window import CLAIM_MARGIN_MS, Window
 
 if TYPE_CHECKING:
     from nats.js.api import PubAck
+
+    from ._control import NatsControl
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -65,9 +72,16 @@ class ClaimPath:
     """Claims and results of one backend on its stream."""
 
     def __init__(
-        self, connection: Connection, window: Window, *, prefix: str, history_size: int
+        self,
+        connection: Connection,
+        window: Window,
+        *,
+        prefix: str,
+        history_size: int,
+        control: NatsControl | None = None,
     ) -> None:
         self._connection = connection
+        self._control = control
         self._window = window
         self._prefix = prefix
         self._history_size = history_size
@@ -87,6 +101,7 @@ class ClaimPath:
         # Every publish of this call starts within CLAIM_RETRY_S of now (CLAIM_MARGIN_MS),
         # however long a request waits for the in-flight gate.
         deadline = self._connection.retry_deadline()
+        requests = await self._paused(requests)
 
         async def one(req: ClaimRequest) -> ClaimOutcome:
             async with gate:
@@ -105,6 +120,24 @@ class ClaimPath:
             raise (permanent or problems)[0]
         return [a for a in answers if isinstance(a, ClaimOutcome)]
 
+    async def _paused(self, requests: Sequence[ClaimRequest]) -> Sequence[ClaimRequest]:
+        """The requests, each one a pause holds turned into a skip record with the pause's
+        reason. The pauses of the batch's jobs are read once (see :mod:`._control`)."""
+        if self._control is None:
+            return requests
+        jobs = {r.job for r in requests if r.skip_reason is None and r.trigger in PAUSED_TRIGGERS}
+        if not jobs:
+            return requests
+        held = await self._control.holding(jobs, CLOCK.now_ms())
+        if not held:
+            return requests
+        return [
+            replace(r, skip_reason=paused_reason(held[r.job]), skip_status=RunStatus.SKIPPED)
+            if r.job in held and r.skip_reason is None and r.trigger in PAUSED_TRIGGERS
+            else r
+            for r in requests
+        ]
+
     def _safe_until_ms(self, slot: int, margin_ms: int) -> int:
         """Until when a message under the slot's claim id is surely still de-duplicated."""
         window = self._window.ms
@@ -113,10 +146,11 @@ class ClaimPath:
     async def _claim_one(self, req: ClaimRequest, deadline: float) -> ClaimOutcome:
         now = CLOCK.now_ms()
         loop = asyncio.get_running_loop()
-        if req.slot is not None:
+        slot = _own_slot(req)
+        if slot is not None:
             # Never publish a claim whose id JetStream may have forgotten: it would be stored.
             margin = SKIP_SAFETY_MS if req.skip_reason is not None else 0
-            safe_ms = self._safe_until_ms(req.slot, margin)
+            safe_ms = self._safe_until_ms(slot, margin)
             if req.skip_reason is not None and now >= safe_ms:
                 return self._unrecorded_skip(req, now)
             deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
@@ -293,9 +327,10 @@ class ClaimPath:
         """True once the scheduler has surely stopped retrying the claim: its slot is later than
         max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
         req = entry.request
-        if req.slot is None:
+        slot = _own_slot(req)
+        if slot is None:
             return now >= entry.since_ms + MANUAL_SETTLE_AFTER_MS
-        return now > req.slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
+        return now > slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
 
     async def upkeep(self) -> None:
         """While started: every WINDOW_CHECK_S read the stream's window and raise it again if it
@@ -361,8 +396,9 @@ class ClaimPath:
         loop = asyncio.get_running_loop()
         deadline = self._connection.retry_deadline()
         now = CLOCK.now_ms()
-        if req.slot is not None:
-            safe_ms = self._safe_until_ms(req.slot, SKIP_SAFETY_MS)
+        slot = _own_slot(req)
+        if slot is not None:
+            safe_ms = self._safe_until_ms(slot, SKIP_SAFETY_MS)
             if now >= safe_ms:
                 logger.info(
                     "claim %s not settled: the slot is too close to the end of the duplicate "
@@ -400,6 +436,15 @@ class ClaimPath:
             reason,
             extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
         )
+
+
+def _own_slot(req: ClaimRequest) -> int | None:
+    """The slot whose time bounds the claim id's life in the duplicate window: the request's
+    slot when it is claimed under the slot's own key. A retry (``<slot>-retry-<n>``) or a
+    triggered run is first claimed when its request falls due, not at its slot: None."""
+    if req.slot is not None and req.slot_key == str(req.slot):
+        return req.slot
+    return None
 
 
 def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:

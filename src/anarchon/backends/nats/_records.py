@@ -1,7 +1,8 @@
 """What the NATS backend stores in a message, and how stored messages become runs.
 
-A claim's payload carries the claim request (job, slot, run id, token, instance, trigger; plus
-``status`` and ``reason`` for a skip record). A result's payload repeats the run's identity, fence
+A claim's payload carries the claim request (job, slot, slot key, run id, token, instance,
+trigger, and ``requested_by`` when set; plus ``status``, ``skipped`` or ``missed``, and ``reason``
+for a skip record). A result's payload repeats the run's identity, fence
 and start, so a result whose claim was already trimmed still shows in history. Times are never in
 payloads: a run starts at its claim's stream timestamp and ends at its result's, both stamped by
 the stream leader (the backend's clock).
@@ -22,6 +23,8 @@ from . import _subjects as subjects
 VERSION: Final = 1
 #: The fields that name a run, the same in a claim request, a claim, a ticket and both payloads.
 IDENTITY: Final = ("job", "slot", "slot_key", "run_id", "token", "instance", "trigger")
+#: The statuses a skip record carries.
+SKIP_STATUSES: Final = frozenset({RunStatus.SKIPPED, RunStatus.MISSED})
 
 
 class Identified(Protocol):
@@ -53,6 +56,7 @@ def run_of(
     fence: int | None = None,
     error: str | None = None,
     reason: str | None = None,
+    requested_by: str | None = None,
 ) -> Run:
     """The run ``source`` names, with this status and these stream (or local) times."""
     return Run(
@@ -68,12 +72,15 @@ def run_of(
         error=error,
         fence=fence,
         reason=reason,
+        requested_by=requested_by,
     )
 
 
 def unrecorded(req: ClaimRequest, at_ms: int, reason: str) -> Run:
     """A skipped run that only an answer carries: nothing of it is stored."""
-    return run_of(req, RunStatus.SKIPPED, at_ms, at_ms, reason=reason)
+    return run_of(
+        req, RunStatus.SKIPPED, at_ms, at_ms, reason=reason, requested_by=req.requested_by
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +108,31 @@ class Claim:
     time_ms: int
     reason: str | None = None
     """Set for a skip record."""
+    status: RunStatus = RunStatus.SKIPPED
+    """A skip record's status: ``skipped`` or ``missed``."""
+    requested_by: str | None = None
 
     @property
     def skipped(self) -> bool:
-        """True for a skip record (a too-late instance recorded the slot as skipped)."""
+        """True for a skip record (the slot recorded ``skipped`` or ``missed``: too late,
+        paused, or nobody ran it)."""
         return self.reason is not None
 
     def run(self) -> Run:
-        """The run this claim started (``running``; a skip record is ``skipped``)."""
+        """The run this claim started (``running``; a skip record is ``skipped`` or
+        ``missed``)."""
         if self.skipped:
-            return run_of(self, RunStatus.SKIPPED, self.time_ms, self.time_ms, reason=self.reason)
-        return run_of(self, RunStatus.RUNNING, self.time_ms, fence=self.seq)
+            return run_of(
+                self,
+                self.status,
+                self.time_ms,
+                self.time_ms,
+                reason=self.reason,
+                requested_by=self.requested_by,
+            )
+        return run_of(
+            self, RunStatus.RUNNING, self.time_ms, fence=self.seq, requested_by=self.requested_by
+        )
 
     def ticket(self) -> Ticket:
         """The winner's ticket: the fence is the claim's stream sequence."""
@@ -127,8 +148,10 @@ class Claim:
 def encode_claim(req: ClaimRequest) -> bytes:
     """The payload of a claim message."""
     body: dict[str, Any] = {"v": VERSION, **identity(req)}
+    if req.requested_by is not None:
+        body["requested_by"] = req.requested_by
     if req.skip_reason is not None:
-        body["status"] = str(RunStatus.SKIPPED)
+        body["status"] = str(req.skip_status)
         body["reason"] = req.skip_reason
     return _dump(body)
 
@@ -137,11 +160,16 @@ def decode_claim(msg: Stored) -> Claim | None:
     """The claim in ``msg``, or None if it is not one of anarchon's."""
     body = _load(msg.data)
     try:
+        status = body.get("status")
+        skip = status in SKIP_STATUSES
+        requested_by = body.get("requested_by")
         return Claim(
             **_identity_of(body),
             seq=msg.seq,
             time_ms=msg.time_ms,
-            reason=str(body["reason"]) if body.get("status") == RunStatus.SKIPPED else None,
+            reason=str(body["reason"]) if skip else None,
+            status=RunStatus(str(status)) if skip else RunStatus.SKIPPED,
+            requested_by=None if requested_by is None else str(requested_by),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -149,7 +177,14 @@ def decode_claim(msg: Stored) -> Claim | None:
 
 def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
     """The claim a request would store, for answers built without reading it back."""
-    return Claim(**identity(req), seq=seq, time_ms=time_ms, reason=req.skip_reason)
+    return Claim(
+        **identity(req),
+        seq=seq,
+        time_ms=time_ms,
+        reason=req.skip_reason,
+        status=req.skip_status,
+        requested_by=req.requested_by,
+    )
 
 
 def encode_result(

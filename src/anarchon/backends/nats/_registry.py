@@ -34,22 +34,24 @@ if TYPE_CHECKING:
 
     from ._backend import NatsBackend
 
-__all__ = ["NatsRegistry", "bucket_name"]
+__all__ = ["NatsRegistry", "bucket_name", "token"]
 
 T = TypeVar("T")
 CALL_TIMEOUT_S: Final = 5.0
 BUCKET_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 
-def bucket_name(stream: str) -> str:
-    """The key-value bucket that holds the registry of ``stream``'s instances."""
+def bucket_name(stream: str, kind: str = "registry") -> str:
+    """The key-value bucket beside ``stream`` that holds ``kind`` (``registry``: its instances;
+    ``control``: pauses and run requests)."""
     if BUCKET_RULE.fullmatch(stream):
-        return f"{stream}_registry"
+        return f"{stream}_{kind}"
     digest = hashlib.sha256(stream.encode()).hexdigest()[:16]
-    return f"anarchon_registry_{digest}"
+    return f"anarchon_{kind}_{digest}"
 
 
-def _token(text: str) -> str:
+def token(text: str) -> str:
+    """``text`` as one key-value key token (base64url, unpadded; ``_`` for the empty text)."""
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=") or "_"
 
 
@@ -60,10 +62,10 @@ class NatsRegistry:
         self._backend = backend
         self._bucket = bucket_name(backend.stream)
         self._kv: KeyValue | None = None
-        self._space = _token(backend.prefix)
+        self._space = token(backend.prefix)
 
     def _key(self, instance_id: str) -> str:
-        return f"{self._space}.{_token(instance_id)}"
+        return f"{self._space}.{token(instance_id)}"
 
     async def _bounded(self, aw: Awaitable[T], doing: str) -> T:
         try:

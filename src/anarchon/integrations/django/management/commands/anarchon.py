@@ -1,11 +1,10 @@
 """``python manage.py anarchon COMMAND``: the ``anarchon`` command with Django's settings.
 
 ``run`` runs the scheduler built by :func:`anarchon.integrations.django.build_scheduler`.
-Every other command is the ``anarchon`` command of the same name (``history`` today), run with
-the backend the settings name (through ``$ANARCHON_BACKEND``, so a password never sits on a
-command line and is never printed). The commands that come with the CLI later (``jobs``,
-``instances``, ``explain``, ``pause``, ``resume``, ``trigger``) are passed on the same way, with
-no change here.
+Every other command (``history``, ``jobs``, ``instances``, ``explain``, ``pause``,
+``resume``, ``trigger``) is the ``anarchon`` command of the same name, run with the backend the
+settings name (through ``$ANARCHON_BACKEND``, so a password never sits on a command line and is
+never printed).
 """
 
 from __future__ import annotations
@@ -72,7 +71,8 @@ class Command(BaseCommand):
             "command",
             metavar="COMMAND",
             help=(
-                "run, or a command of the anarchon CLI (history; see 'anarchon --help'), "
+                "run, or a command of the anarchon CLI (history, jobs, instances, explain, pause, "
+                "resume, trigger; see 'anarchon --help'), "
                 "with the backend of settings.ANARCHON"
             ),
         )

@@ -1,0 +1,156 @@
+"""``anarchon jobs`` and ``anarchon instances``: the registry, each job's last run, what runs
+now and the pauses, as tables within 100 columns or one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from typing import Any
+
+from .._models import RunStatus
+from .._redact import redact_url
+from ..control import ALL_JOBS, Pause
+from ..registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
+from ..steering import backend_now_ms
+from .common import EXIT_OK, WIDTH, age, iso, moment, ms_of, opened, run_json, table
+
+
+async def read_cluster(
+    url: str | None, *, with_jobs: bool
+) -> tuple[str, ClusterView, list[JobView]]:
+    """The backend's redacted name, the registry and (``with_jobs``) each job's view."""
+    async with opened(url, registry=True) as backend:
+        store = backend.registry()
+        assert store is not None  # opened() checked it
+        now_ms = await backend_now_ms(backend)
+        view = build_view(await store.instances(), now_ms)
+        jobs = await describe_jobs(backend, view) if with_jobs else []
+        return redact_url(repr(backend)), view, jobs
+
+
+def _instance_json(record: InstanceRecord, now_ms: int) -> dict[str, Any]:
+    return {**record.to_dict(), "heartbeat_age_ms": now_ms - record.heartbeat_ms}
+
+
+async def instances(args: argparse.Namespace) -> int:
+    """``anarchon instances [--json]``."""
+    name, view, _ = await read_cluster(args.backend, with_jobs=False)
+    now = view.now_ms
+    if args.json:
+        shape = {
+            "backend": name,
+            "now_ms": now,
+            "instances": [_instance_json(i, now) for i in view.instances],
+        }
+        print(json.dumps(shape, indent=2))
+        return EXIT_OK
+    if not view.instances:
+        print(f"no live instances in {name}")
+        return EXIT_OK
+    header = ["instance", "host", "pid", "version", "heartbeat", "offset", "jobs"]
+    rows = [
+        [
+            i.id,
+            i.host,
+            str(i.pid),
+            i.version,
+            age(now - i.heartbeat_ms) + " ago",
+            "-" if i.clock_offset_ms is None else f"{i.clock_offset_ms:+d}ms",
+            f"{len(i.jobs)}: " + ",".join(j.name for j in i.jobs) if i.jobs else "0",
+        ]
+        for i in view.instances
+    ]
+    print("\n".join(table(header, rows, [24, 16, 7, 10, 10, 9, 30])))
+    return EXIT_OK
+
+
+def pause_json(pause: Pause | None) -> dict[str, Any] | None:
+    """The documented JSON shape of a pause."""
+    if pause is None:
+        return None
+    return {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms, "until_ms": pause.until_ms}
+
+
+def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        **{k: v for k, v in job.definition.to_dict().items() if k != "name"},
+        "instances": list(job.instances),
+        "next_slot_ms": job.next_slot_ms,
+        "last_run": run_json(job.last_run),
+        "running": [run_json(r, now_ms) for r in job.running],
+        "paused": job.paused,
+        "pause": pause_json(job.pause),
+        "drift": None if job.drift is None else job.drift.to_dict(),
+    }
+
+
+_RAN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+def _job_row(job: JobView, now: int) -> list[str]:
+    zone = job.definition.zone
+    schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
+    last = job.last_run
+    took = last.duration if last is not None and last.status in _RAN else None
+    running = ",".join(
+        f"{r.instance}#{r.attempt} {age(now - ms_of(r.started_at))}" for r in job.running
+    )
+    return [
+        job.name + ("*" if job.drift else ""),
+        schedule,
+        "paused" if job.paused else moment(job.next_slot_ms, now),
+        last.status.value if last else "-",
+        moment(ms_of(last.started_at), now) if last else "-",
+        last.instance if last else "-",
+        "-" if took is None else age(round(took * 1000)),
+        running or "-",
+    ]
+
+
+def _pause_line(pause: Pause, jobs: list[str]) -> str:
+    who = f"by {pause.by} since {iso(pause.at_ms)}"
+    until = "until resumed" if pause.until_ms is None else f"until {iso(pause.until_ms)}"
+    what = "every job (the whole cluster)" if pause.job == ALL_JOBS else ", ".join(jobs)
+    return f"{what}: {who}, {until}"
+
+
+async def jobs(args: argparse.Namespace) -> int:
+    """``anarchon jobs [--json]``."""
+    name, view, found = await read_cluster(args.backend, with_jobs=True)
+    if args.json:
+        shape = {
+            "backend": name,
+            "now_ms": view.now_ms,
+            "jobs": [_job_json(j, view.now_ms) for j in found],
+        }
+        print(json.dumps(shape, indent=2))
+        return EXIT_OK
+    if not found:
+        print(f"no live instance carries a job in {name}")
+        return EXIT_OK
+    header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
+    rows = [_job_row(j, view.now_ms) for j in found]
+    print("\n".join(table(header, rows, [12, 15, 11, 9, 11, 10, 6, 12])))
+    pauses: dict[Pause, list[str]] = {}
+    for job in found:
+        if job.pause is not None:
+            pauses.setdefault(job.pause, []).append(job.name)
+    if pauses:
+        print("\npaused (instances skip their slots; manual triggers still run):")
+        for pause, names in pauses.items():
+            print(
+                textwrap.fill(
+                    _pause_line(pause, names), WIDTH, initial_indent="  ", subsequent_indent="    "
+                )
+            )
+    if view.drift:
+        print("\n* definitions differ between instances (each fires its own schedule):")
+        for drift in view.drift:
+            print(
+                textwrap.fill(
+                    drift.describe(), WIDTH, initial_indent="  ", subsequent_indent="    "
+                )
+            )
+    return EXIT_OK

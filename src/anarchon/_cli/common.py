@@ -1,0 +1,228 @@
+"""What every ``anarchon`` command shares: exit codes, opening a backend without creating
+anything, and tables that fit in 100 columns."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+from .._models import Run
+from .._redact import redact_url
+from .._urls import backend_from_url
+from ..backend import Backend
+from ..errors import BackendError
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_NO_DATA: Final = 3
+EXIT_BACKEND: Final = 4
+ENV_BACKEND: Final = "ANARCHON_BACKEND"
+WIDTH: Final = 100
+"""Every table line fits in this many columns."""
+
+
+class Exit(Exception):
+    """Leave the command with one line on stderr and an exit code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def make_backend(url: str | None) -> Backend:
+    """The backend to use: ``--backend``, else ``$ANARCHON_BACKEND``, else the SQLite file."""
+    url = url or os.environ.get(ENV_BACKEND) or None
+    if url is None:
+        from ..backends.sqlite import SQLiteBackend
+
+        return SQLiteBackend()
+    return backend_from_url(url)
+
+
+def where(backend: Backend) -> str:
+    """The backend as messages name it: a SQLite file's path, else its redacted repr."""
+    from ..backends.sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        return str(backend.path)
+    return redact_url(repr(backend))
+
+
+def no_data(backend: Backend, detail: str = "") -> Exit:
+    """The exit for a backend that holds no anarchon data."""
+    return Exit(EXIT_NO_DATA, f"no anarchon data at {where(backend)}" + detail)
+
+
+def require_sqlite_data(path: Path) -> None:
+    """Exit with EXIT_NO_DATA unless ``path`` is a SQLite file that anarchon wrote; never
+    create or change the file (opening it read-only)."""
+    missing = Exit(EXIT_NO_DATA, f"no anarchon data at {path}")
+    if not path.is_file():
+        raise missing
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'anarchon_schema'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise Exit(EXIT_NO_DATA, f"no anarchon data at {path}: {exc}") from None
+    if found is None:
+        raise missing
+
+
+async def require_postgres_data(backend: Backend) -> None:
+    """Exit with EXIT_NO_DATA unless anarchon's tables exist in the schema, checked on a
+    connection of our own before the backend starts (starting it could create them)."""
+    dsn = getattr(backend, "dsn", None)
+    if dsn is None:
+        return  # a pool or connection passed in: nothing to check without starting
+    import psycopg
+
+    name = f"{backend.schema}.{backend.table_prefix}schema_version"  # type: ignore[attr-defined]
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=5) as conn:
+            cursor = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+            row = await cursor.fetchone()
+    except psycopg.Error as exc:
+        raise Exit(EXIT_BACKEND, f"anarchon: cannot reach {where(backend)}: {exc}") from None
+    if not (row and row[0]):
+        raise no_data(backend)
+
+
+async def require_storage(backend: Backend) -> bool:
+    """Before starting ``backend``: exit with EXIT_NO_DATA where its storage is missing (a
+    SQLite file, PostgreSQL tables); True if the storage was checked here, False where only a
+    read can tell (Redis, NATS)."""
+    from ..backends.postgres import PostgresBackend
+    from ..backends.sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        require_sqlite_data(backend.path)
+        return True
+    if isinstance(backend, PostgresBackend):
+        await require_postgres_data(backend)
+        return True
+    return False
+
+
+def storage_checked(backend: Backend) -> bool:
+    """True where opening ``backend`` proves anarchon's storage exists (a SQLite file,
+    PostgreSQL tables, a NATS stream); False where only a record can tell (Redis)."""
+    return backend.name in ("sqlite", "postgres", "nats")
+
+
+def _missing_stream(backend: Backend, exc: BackendError) -> bool:
+    # NatsBackend.start_reader raises a plain BackendError when the stream does not exist.
+    return backend.name == "nats" and "does not exist" in str(exc)
+
+
+@asynccontextmanager
+async def opened(url: str | None, *, registry: bool) -> AsyncIterator[Backend]:
+    """The backend ``url`` names, opened with ``start_reader`` (which creates no file, table,
+    stream or bucket and changes no stream's settings) and stopped afterwards.
+
+    Exit with EXIT_NO_DATA where it holds no anarchon data: a missing SQLite file or
+    PostgreSQL tables, a missing NATS stream, and with ``registry`` where no scheduler ever
+    recorded itself (the registry does not exist). Writes (pauses, run requests) go through
+    the same opening: they never create a store either.
+    """
+    backend = make_backend(url)
+    await require_storage(backend)
+    try:
+        await backend.start_reader()
+    except BackendError as exc:
+        if _missing_stream(backend, exc):
+            raise no_data(backend, f": {exc}") from None
+        raise
+    try:
+        if registry:
+            store = backend.registry()
+            if store is None:
+                raise Exit(
+                    EXIT_USAGE, f"the {backend.name} backend keeps no registry ({where(backend)})"
+                )
+            if not await store.exists():
+                raise no_data(backend, ": no scheduler recorded itself")
+        yield backend
+    finally:
+        await backend.stop()
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, ``~`` marking the cut."""
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def table(header: list[str], rows: list[list[str]], caps: list[int]) -> list[str]:
+    """Columns padded to their widest cell, each cut to its cap (``~`` marks a cut)."""
+    rows = [[cut(c, cap) for c, cap in zip(row, caps, strict=True)] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def age(ms: int) -> str:
+    """A duration as a person reads it at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``."""
+    if ms < 1_000:
+        return f"{max(ms, 0)}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m"
+    return f"{ms // 3_600_000}h"
+
+
+def moment(ms: int | None, now_ms: int) -> str:
+    """UTC time of day within a day of now, else month-day and minutes."""
+    if ms is None:
+        return "-"
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    return at.strftime("%H:%M:%S" if abs(ms - now_ms) < 86_400_000 else "%m-%d %H:%M")
+
+
+def iso(ms: int | None) -> str:
+    """Epoch ms as ISO 8601 in UTC (``Z``), or ``-``."""
+    if ms is None:
+        return "-"
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    )
+
+
+def ms_of(at: datetime) -> int:
+    """Epoch ms of an aware datetime."""
+    return round(at.timestamp() * 1000)
+
+
+def run_json(run: Run | None, now_ms: int | None = None) -> dict[str, Any] | None:
+    """The documented JSON shape of one attempt (``jobs --json``); a running attempt also has
+    ``running_ms`` when ``now_ms`` is given."""
+    if run is None:
+        return None
+    finished = run.finished_at
+    out: dict[str, Any] = {
+        "status": run.status.value,
+        "trigger": run.trigger.value,
+        "slot_ms": run.slot_ms,
+        "started_ms": ms_of(run.started_at),
+        "finished_ms": None if finished is None else ms_of(finished),
+        "took_ms": None if run.duration is None else round(run.duration * 1000),
+        "instance": run.instance,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "error": run.error,
+        "reason": run.reason,
+        "requested_by": run.requested_by,
+    }
+    if now_ms is not None and not run.status.finished:
+        out["running_ms"] = now_ms - ms_of(run.started_at)
+    return out

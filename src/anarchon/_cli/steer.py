@@ -1,0 +1,160 @@
+"""``anarchon explain``, ``pause``, ``resume`` and ``trigger``: one slot's fate, and steering the
+cluster through the backend's control store (:mod:`anarchon.steering`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import datetime
+from typing import Final
+
+from .. import steering
+from .._job import check_name
+from .._schedule import load_timezone
+from ..backend import Backend
+from ..control import ALL_JOBS, RunRequest
+from ..errors import ConfigurationError
+from ..explain import explain as explain_slot
+from ..registry import ClusterView, build_view
+from .cluster import pause_json
+from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, iso, ms_of, opened
+
+UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
+
+
+def parse_duration_ms(text: str) -> int | None:
+    """``30m``, ``2h``, ``1d``, ``1h30m`` as milliseconds; None if ``text`` is not one."""
+    if not DURATION.fullmatch(text.strip()):
+        return None
+    return sum(int(n) * UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text))
+
+
+def parse_time_ms(text: str, zone: str = "UTC", *, what: str) -> int:
+    """Epoch ms of an ISO 8601 time (naive: in ``zone``) or of epoch ms digits; Exit(2) with
+    the rule otherwise."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise Exit(
+            EXIT_USAGE,
+            f"anarchon: {what} {text!r} is not an ISO 8601 time (2026-01-15T10:33:00, with or "
+            "without a zone such as +02:00 or Z) nor epoch milliseconds",
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=load_timezone(zone))
+    return ms_of(at)
+
+
+async def _view(backend: Backend, now_ms: int) -> ClusterView:
+    store = backend.registry()
+    assert store is not None  # opened(registry=True) checked it
+    return build_view(await store.instances(), now_ms)
+
+
+def _warn(text: str) -> None:
+    print(f"anarchon: warning: {text}", file=sys.stderr)
+
+
+async def _carried_or_warn(backend: Backend, job: str, doing: str) -> None:
+    if job == ALL_JOBS:
+        return
+    view = await _view(backend, await steering.backend_now_ms(backend))
+    if not view.carriers(job):
+        _warn(f"no live instance carries job {job!r}: {doing}")
+
+
+async def explain(args: argparse.Namespace) -> int:
+    """``anarchon explain JOB SLOT [--json]``."""
+    async with opened(args.backend, registry=True) as backend:
+        now_ms = await steering.backend_now_ms(backend)
+        view = await _view(backend, now_ms)
+        definitions = view.definitions.get(args.job)
+        if not definitions:
+            raise Exit(
+                EXIT_NO_DATA,
+                f"anarchon explain: no live instance carries job {args.job!r}, so its schedule "
+                f"is unknown (live jobs: {', '.join(view.definitions) or 'none'}); "
+                f"'anarchon history {args.job}' shows its records",
+            )
+        slot_ms = parse_time_ms(args.slot, definitions[0].zone, what="SLOT")
+        fate = await explain_slot(backend, args.job, slot_ms, view=view, now_ms=now_ms)
+    print(json.dumps(fate.to_dict(), indent=2) if args.json else fate.describe())
+    return EXIT_OK
+
+
+async def pause(args: argparse.Namespace) -> int:
+    """``anarchon pause JOB|--all [--until TIME] [--by WHO]``."""
+    job = _job_or_all(args, "pause")
+    async with opened(args.backend, registry=True) as backend:
+        until_ms = None
+        if args.until is not None:
+            span = parse_duration_ms(args.until)
+            now = await steering.backend_now_ms(backend)
+            until_ms = now + span if span is not None else parse_time_ms(args.until, what="--until")
+        stored = await steering.pause(backend, job, until_ms=until_ms, by=args.by)
+        await _carried_or_warn(backend, job, "the pause holds once one carries it")
+    if args.json:
+        print(json.dumps(pause_json(stored), indent=2))
+        return EXIT_OK
+    what = "every job" if job == ALL_JOBS else f"job {job!r}"
+    until = "until resumed" if stored.until_ms is None else f"until {iso(stored.until_ms)}"
+    print(f"paused {what} on every instance, {until} (by {stored.by})")
+    return EXIT_OK
+
+
+async def resume(args: argparse.Namespace) -> int:
+    """``anarchon resume JOB|--all``."""
+    job = _job_or_all(args, "resume")
+    async with opened(args.backend, registry=True) as backend:
+        ended = await steering.resume(backend, job)
+        held = [p for p in await steering.pauses(backend) if p.job in (ALL_JOBS, job)]
+    if args.json:
+        print(
+            json.dumps(
+                {"resumed": pause_json(ended), "still_paused": [pause_json(p) for p in held]},
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    what = "every job" if job == ALL_JOBS else f"job {job!r}"
+    if ended is None:
+        print(f"{what} was not paused")
+    else:
+        print(f"resumed {what} (paused by {ended.by} since {iso(ended.at_ms)})")
+    for other in held:
+        scope = "the whole cluster" if other.job == ALL_JOBS else f"job {other.job!r}"
+        command = "anarchon resume " + ("--all" if other.job == ALL_JOBS else other.job)
+        print(f"note: {scope} is still paused by {other.by} ('{command}' ends it)")
+    return EXIT_OK
+
+
+async def trigger(args: argparse.Namespace) -> int:
+    """``anarchon trigger JOB [--by WHO]``: print the request id (the run's id)."""
+    async with opened(args.backend, registry=True) as backend:
+        request: RunRequest = await steering.trigger(backend, args.job, by=args.by)
+        await _carried_or_warn(backend, args.job, "the request waits until one does")
+    print(request.to_json() if args.json else request.id)
+    return EXIT_OK
+
+
+def _job_or_all(args: argparse.Namespace, command: str) -> str:
+    if args.all and args.job:
+        raise Exit(EXIT_USAGE, f"anarchon {command}: give a JOB or --all, not both")
+    if not args.all and not args.job:
+        raise Exit(EXIT_USAGE, f"anarchon {command}: give a JOB, or --all for every job")
+    if args.all:
+        return ALL_JOBS
+    job: str = args.job
+    if job == ALL_JOBS:
+        raise Exit(EXIT_USAGE, f"anarchon {command}: use --all, not '*', for every job")
+    try:
+        check_name(job)
+    except ConfigurationError as exc:
+        raise Exit(EXIT_USAGE, f"anarchon {command}: {exc}") from None
+    return job

@@ -1,0 +1,191 @@
+"""Missed slots: recording, when an instance starts, the slots nobody ran while no instance
+carried the job.
+
+For each job whose backend knows its last recorded slot ``L`` (``Backend.last_slots``), the
+slots after ``L`` that are older than ``start - max_late_ms - jitter_ms -``
+:data:`MARGIN_MS` (so no instance that is running could still claim them) and that catch-up does
+not run are claimed as ``missed`` (``ClaimRequest.skip_status``), with the reason
+``missed: no instance carried the job from <L> to <start>``. Only the newest
+:data:`MAX_RECORDED` are recorded; when there were more, the reason says how many. A slot that
+has a record keeps it (a claim never overwrites one), so instances that start together record
+each slot once. The claims of every job go in one batch, from a task of their own: no slot
+waits on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, replace
+from typing import Final
+
+from ._batch import isolate
+from ._claims import Claims
+from ._job import Job
+from ._metrics import Counters
+from ._models import CatchUp, RunStatus, Trigger
+from ._schedule import CronSchedule
+from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus
+from .errors import BackendUnavailable
+from .logs import Action, log_fields, slot_iso
+
+__all__ = ["MAX_RECORDED", "Gap", "MissedSlots", "gap_slots", "missed_reason"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+MAX_RECORDED: Final = 20
+"""At most this many missed slots are recorded per job and start: the newest."""
+MARGIN_MS: Final = 5_000
+"""Slots this close to ``start - max_late_ms - jitter_ms`` are left to running instances."""
+COUNT_LIMIT: Final = 200_000
+"""Missed slots are counted up to this many; beyond, the reason says "more than"."""
+_YIELD_EVERY: Final = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The missed slots of one job: the newest (oldest first), how many in all, exact or not."""
+
+    newest: list[int]
+    total: int
+    exact: bool = True
+
+
+def missed_reason(from_ms: int, to_ms: int, gap: Gap) -> str:
+    """``missed: no instance carried the job from <iso> to <iso>`` and, when more slots were
+    missed than recorded, ``; <N> slots missed in all, the newest <n> recorded``."""
+    text = f"missed: no instance carried the job from {slot_iso(from_ms)} to {slot_iso(to_ms)}"
+    if gap.total > len(gap.newest):
+        count = str(gap.total) if gap.exact else f"more than {gap.total}"
+        text += f"; {count} slots missed in all, the newest {len(gap.newest)} recorded"
+    return text
+
+
+async def gap_slots(
+    schedule: CronSchedule,
+    after_ms: int,
+    until_ms: int,
+    exclude: frozenset[int] = frozenset(),
+    keep: int = MAX_RECORDED,
+    limit: int = COUNT_LIMIT,
+) -> Gap:
+    """The slots of ``schedule`` in ``(after_ms, until_ms]`` that are not in ``exclude``: the
+    newest ``keep`` and how many. Counting stops at ``limit`` (an every-second job down for a
+    month); the newest are then found by walking back from ``until_ms``. Yields to the event
+    loop as it goes."""
+    newest: collections.deque[int] = collections.deque(maxlen=keep)
+    total = 0
+    last = after_ms
+    for n, second in enumerate(schedule._walk(after_ms)):
+        slot = second * 1000
+        if slot > until_ms:
+            return Gap(list(newest), total)
+        if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+        if slot in exclude:
+            continue
+        newest.append(slot)
+        total += 1
+        last = slot
+        if total >= limit:
+            break
+    else:
+        return Gap(list(newest), total)
+    # Too many to count: look for the newest in a span that should hold about 2 * keep slots,
+    # widened until it does (or reaches what was walked already).
+    span = max(1, (last - after_ms) * 2 * keep // max(total, 1))
+    while True:
+        start = max(last, until_ms - span)
+        found = [s for s in schedule.slots(start, until_ms) if s not in exclude]
+        if len(found) >= keep or start == last:
+            newest.extend(found)
+            return Gap(list(newest), total, exact=False)
+        span *= 2
+        await asyncio.sleep(0)
+
+
+@dataclass(eq=False)
+class MissedSlots:
+    """Records the missed slots of the jobs an instance starts with (see the module doc)."""
+
+    _backend: Backend
+    _claims: Claims
+    _counters: Counters
+
+    async def record(
+        self,
+        jobs: list[Job],
+        last_slots: dict[str, int | None],
+        start_ms: int,
+        catch_up: dict[str, list[int]],
+    ) -> None:
+        """Claim the missed slots of ``jobs`` (``last_slots`` from the backend, ``catch_up``:
+        the slots catch-up runs, per job) as ``missed``, in one batch; log each job once."""
+        requests: list[ClaimRequest] = []
+        gaps: dict[str, tuple[int, Gap]] = {}
+        for job in jobs:
+            last = last_slots.get(job.name)
+            if last is None:
+                continue
+            policy = job.policy
+            until = start_ms - policy.max_late_ms - policy.jitter_ms - MARGIN_MS
+            planned = catch_up.get(job.name, [])
+            if policy.catch_up == CatchUp.ALL and planned:
+                # catch-up runs every slot from the start of its window on
+                until = min(until, planned[0] - 1)
+            if until <= last:
+                continue
+            gap = await gap_slots(job.schedule, last, until, frozenset(planned))
+            if not gap.newest:
+                continue
+            reason = missed_reason(last, start_ms, gap)
+            gaps[job.name] = (last, gap)
+            for slot in gap.newest:
+                request = self._claims.request(job, slot, Trigger.SCHEDULE)
+                requests.append(replace(request, skip_reason=reason, skip_status=RunStatus.MISSED))
+        if not requests:
+            return
+        # One try: these are records of the past, not runs (the claim path's retries would drop
+        # them as too late anyway); if the backend cannot take them now, they stay unrecorded.
+        try:
+            answers = await isolate(
+                self._backend.claim, requests, _job_of, "recording missed slots"
+            )
+        except BackendUnavailable as exc:
+            logger.warning(
+                "missed slots of %d job(s) not recorded: %s",
+                len(gaps),
+                exc,
+                extra=log_fields(Action.CATCH_UP_FAILED),
+            )
+            return
+        recorded: collections.Counter[str] = collections.Counter()
+        for request, outcome in zip(requests, answers, strict=True):
+            if (
+                isinstance(outcome, ClaimOutcome)
+                and outcome.status is ClaimStatus.SKIPPED
+                and outcome.run.run_id == request.run_id
+            ):
+                recorded[request.job] += 1
+        for name, count in recorded.items():
+            last, gap = gaps[name]
+            self._counters.slots_missed += count
+            logger.warning(
+                "job %s: %d slot(s) missed while no instance carried it, from %s to %s "
+                "(%s in all); recorded missed",
+                name,
+                count,
+                slot_iso(last),
+                slot_iso(start_ms),
+                gap.total if gap.exact else f"more than {gap.total}",
+                extra={
+                    **log_fields(Action.SLOTS_MISSED, name, count=count, total=gap.total),
+                    "from": slot_iso(last),
+                    "to": slot_iso(start_ms),
+                },
+            )
+
+
+def _job_of(request: ClaimRequest) -> str:
+    return request.job

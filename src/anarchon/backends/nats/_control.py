@@ -1,0 +1,380 @@
+"""The NATS backend's steering store: pauses and run requests in a JetStream key-value bucket.
+
+The bucket is ``<stream>_control`` (``anarchon_control_<hash of the stream name>`` when the
+stream's name has characters a bucket name cannot), one revision per key, created on the first
+write and never by a read. Keys start with the base64url form of the backend's prefix, so
+backends that share a stream under different prefixes keep apart:
+
+* ``<prefix>.p.<job>`` (the job's name base64url-encoded; ``*`` for the whole cluster): the
+  job's :class:`~anarchon.control.Pause` as JSON;
+* ``<prefix>.r.<request id>`` (base64url-encoded): a :class:`~anarchon.control.RunRequest`.
+
+What is atomic here and what is not:
+
+* storing a pause is one ``put``; storing a request is one ``create``, which the server refuses
+  when the key exists, so a request is stored once per id;
+* resuming reads the pause and deletes it with a compare-and-set on the revision read, so the
+  pause returned is the one removed (a pause replaced in between is read again);
+* removing a request purges its key's subject: one step, and it leaves no tombstone behind;
+* listing requests lists the keys, then reads each: a snapshot, not one step;
+* **the claim's pause check is not atomic with the claim.** JetStream's de-duplication decides
+  the claim, and it cannot read the bucket. Before it publishes a claim, an instance reads the
+  job's and ``*``'s pauses (each remembered for at most :data:`PAUSE_CACHE_S`; a write through
+  this backend object updates them at once) and, if one holds on its own clock, publishes a skip
+  record instead. A pause stored while another instance's claim is already past that check (or
+  within that instance's cache time) does not stop that claim: a pause takes effect within about
+  a second, not at an instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Collection, Sequence
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+
+from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
+from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.kit import Trigger
+
+from . import _errors as errors
+from ._registry import CALL_TIMEOUT_S, bucket_name, token
+
+if TYPE_CHECKING:
+    from nats.js.client import JetStreamContext
+    from nats.js.kv import KeyValue
+
+    from ._backend import NatsBackend
+
+__all__ = ["PAUSE_CACHE_S", "NatsControl"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+PAUSE_CACHE_S: Final = 1.0
+"""How long an instance's claims trust a pause (or its absence) they read."""
+#: A compare-and-set resume is tried this many times while others replace the pause.
+RESUME_TRIES: Final = 5
+#: At most this many pause reads are in flight at once (a batch of claims of many jobs).
+READS_AT_ONCE: Final = 64
+#: A bucket the claims cannot read is warned about at most this often.
+UNREADABLE_WARN_S: Final = 60.0
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+
+class NatsControl:
+    """A :class:`~anarchon.control.ControlStore` in a JetStream key-value bucket; the backend's
+    claims read its pauses through :meth:`active`. One per backend (its cache is shared)."""
+
+    def __init__(self, backend: NatsBackend) -> None:
+        self._backend = backend
+        self.bucket = bucket_name(backend.stream, "control")
+        self._space = token(backend.prefix)
+        self._kv: KeyValue | None = None
+        self._js: JetStreamContext | None = None
+        self._absent_until = 0.0  # loop time until which a missing bucket is believed missing
+        self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._cache: dict[str, tuple[float, Pause | None]] = {}
+        self._loading: dict[str, asyncio.Future[Pause | None]] = {}
+        self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._quiet_until = 0.0
+
+    # -- keys and the bucket ----------------------------------------------------------------
+
+    def _pause_key(self, job: str) -> str:
+        return f"{self._space}.p.{token(job)}"
+
+    def _request_key(self, request_id: str) -> str:
+        return f"{self._space}.r.{token(request_id)}"
+
+    async def _bounded(self, aw: Awaitable[T], doing: str) -> T:
+        """``aw`` within CALL_TIMEOUT_S, its failure translated. After a failure the bucket is
+        looked up again on the next call (it may have been deleted, or re-created)."""
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                return await aw
+        except TimeoutError:
+            self._kv = None
+            raise BackendUnavailable(
+                f"NATS: {doing} failed: no answer within {CALL_TIMEOUT_S:g} s"
+            ) from None
+        except BackendError:
+            raise
+        except Exception as exc:
+            self._kv = None
+            raise errors.translate(exc, doing) from exc
+
+    async def _open(self, create: bool) -> KeyValue | None:
+        _, js = self._backend._conn.require()
+        if self._kv is not None and self._js is js:
+            return self._kv
+        loop = asyncio.get_running_loop()
+        if not create and loop.time() < self._absent_until:
+            return None
+        if self._opening is None or self._opening[0] is not loop:
+            self._opening = (loop, asyncio.Lock())
+        async with self._opening[1]:
+            if self._kv is not None and self._js is js:
+                return self._kv
+            if not create and loop.time() < self._absent_until:
+                return None
+            from nats.js.errors import BucketNotFoundError
+
+            try:
+                kv = await self._bounded(js.key_value(self.bucket), "opening the control bucket")
+            except BackendError as exc:
+                if not isinstance(exc.__cause__, BucketNotFoundError):
+                    raise
+                if not create:
+                    self._absent_until = loop.time() + PAUSE_CACHE_S
+                    return None
+                from nats.js.api import KeyValueConfig
+
+                config = KeyValueConfig(bucket=self.bucket, history=1)
+                kv = await self._bounded(
+                    js.create_key_value(config), f"creating key-value bucket {self.bucket!r}"
+                )
+            self._kv, self._js, self._absent_until = kv, js, 0.0
+            return kv
+
+    def _remember(self, job: str, pause: Pause | None) -> None:
+        self._cache[job] = (asyncio.get_running_loop().time() + PAUSE_CACHE_S, pause)
+
+    # -- pauses -----------------------------------------------------------------------------
+
+    async def pause(self, pause: Pause) -> None:
+        """See :meth:`anarchon.control.ControlStore.pause`."""
+        kv = await self._open(create=True)
+        assert kv is not None
+        await self._bounded(
+            kv.put(self._pause_key(pause.job), pause.to_json().encode()), "storing a pause"
+        )
+        self._remember(pause.job, pause)
+
+    async def _read_pause(self, kv: KeyValue, job: str) -> tuple[Pause | None, int]:
+        from nats.js.errors import NotFoundError
+
+        key = self._pause_key(job)
+
+        async def read() -> tuple[Pause | None, int]:
+            try:
+                entry = await kv.get(key)
+            except NotFoundError:
+                return None, 0
+            if not entry.value:
+                return None, 0
+            return _decode(Pause, entry.value, key), entry.revision or 0
+
+        return await self._bounded(read(), f"reading the pause of {job!r}")
+
+    async def resume(self, job: str) -> Pause | None:
+        """See :meth:`anarchon.control.ControlStore.resume`: read, then delete by revision."""
+        kv = await self._open(create=False)
+        if kv is None:
+            return None
+        for _ in range(RESUME_TRIES):
+            pause, revision = await self._read_pause(kv, job)
+            if pause is None:
+                self._remember(job, None)
+                return None
+            if not await self._bounded(
+                _unless_changed(kv.delete(self._pause_key(job), last=revision)),
+                f"resuming {job!r}",
+            ):
+                continue  # replaced since it was read: read it again
+            self._remember(job, None)
+            return pause
+        raise BackendUnavailable(
+            f"NATS: resuming {job!r} failed: its pause was replaced {RESUME_TRIES} times while "
+            "it was being removed; try again"
+        )
+
+    async def pauses(self) -> list[Pause]:
+        """See :meth:`anarchon.control.ControlStore.pauses`."""
+        kv = await self._open(create=False)
+        if kv is None:
+            return []
+        found = []
+        for key in await self._keys(kv, "p"):
+            entry = await self._get(kv, key, "reading the pauses")
+            if entry is not None:
+                found.append(_decode(Pause, entry, key))
+        return found
+
+    async def holding(self, jobs: Collection[str], now_ms: int) -> dict[str, Pause]:
+        """The pause that holds each of ``jobs`` at ``now_ms`` (this instance's clock), for the
+        jobs one holds: the job's own, else the whole cluster's. Each is read from the bucket
+        at most every :data:`PAUSE_CACHE_S`; nothing is read while the bucket is known not to
+        exist. A permanent failure to read (a user not allowed to read the bucket) is logged
+        and answers no pause; a transient one raises BackendUnavailable."""
+        try:
+            found = await self._read_cached([*jobs, ALL_JOBS])
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            self._warn_unreadable(exc)
+            return {}
+        held = {}
+        for job in jobs:
+            pause = active_pause(
+                [p for p in (found[job], found[ALL_JOBS]) if p is not None],
+                job,
+                Trigger.SCHEDULE,
+                now_ms,
+            )
+            if pause is not None:
+                held[job] = pause
+        return held
+
+    def _warn_unreadable(self, exc: BackendError) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._quiet_until:
+            return
+        self._quiet_until = loop.time() + UNREADABLE_WARN_S
+        logger.warning(
+            "pauses not checked: cannot read key-value bucket %s (%s); claims go on as if "
+            "nothing were paused",
+            self.bucket,
+            exc,
+            extra={"action": "nats_error"},
+        )
+
+    async def _read_cached(self, names: Sequence[str]) -> dict[str, Pause | None]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        found: dict[str, Pause | None] = {}
+        missing = []
+        for name in names:
+            known = self._cache.get(name)
+            if known is not None and now < known[0]:
+                found[name] = known[1]
+            else:
+                missing.append(name)
+        if not missing:
+            return found
+        if now < self._absent_until:
+            return {**found, **dict.fromkeys(missing)}
+        if self._reads is None or self._reads[0] is not loop:
+            self._reads = (loop, asyncio.Semaphore(READS_AT_ONCE))
+        gate = self._reads[1]
+
+        async def load(name: str) -> Pause | None:
+            async with gate:
+                return await self._load(name)
+
+        def one(name: str) -> asyncio.Future[Pause | None]:
+            loading = self._loading.get(name)
+            if loading is None:
+                loading = asyncio.ensure_future(load(name))
+                self._loading[name] = loading
+                loading.add_done_callback(lambda _: self._loading.pop(name, None))
+            return asyncio.shield(loading)
+
+        answers = await asyncio.gather(*(one(name) for name in missing))
+        found.update(zip(missing, answers, strict=True))
+        return found
+
+    async def _load(self, job: str) -> Pause | None:
+        kv = await self._open(create=False)
+        pause = None if kv is None else (await self._read_pause(kv, job))[0]
+        self._remember(job, pause)
+        return pause
+
+    # -- run requests -----------------------------------------------------------------------
+
+    async def request(self, request: RunRequest) -> bool:
+        """See :meth:`anarchon.control.ControlStore.request`: a ``create``, refused if the key
+        exists."""
+        kv = await self._open(create=True)
+        assert kv is not None
+        return await self._bounded(
+            _unless_changed(kv.create(self._request_key(request.id), request.to_json().encode())),
+            f"storing run request {request.id}",
+        )
+
+    async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
+        """See :meth:`anarchon.control.ControlStore.requests`: lists the keys, reads each."""
+        kv = await self._open(create=False)
+        if kv is None:
+            return []
+        wanted = None if jobs is None else set(jobs)
+        if wanted is not None and not wanted:
+            return []
+        found = []
+        for key in await self._keys(kv, "r"):
+            entry = await self._get(kv, key, "reading run requests")
+            if entry is None:
+                continue
+            request = _decode(RunRequest, entry, key)
+            if wanted is None or request.job in wanted:
+                found.append(request)
+        return sorted(found, key=lambda r: (r.due_ms, r.requested_at_ms, r.id))
+
+    async def done(self, request_id: str) -> None:
+        """See :meth:`anarchon.control.ControlStore.done`: purges the key's subject (no
+        tombstone is left)."""
+        kv = await self._open(create=False)
+        if kv is None:
+            return
+        _, js = self._backend._conn.require()
+        subject = f"$KV.{self.bucket}.{self._request_key(request_id)}"
+        await self._bounded(
+            js.purge_stream(f"KV_{self.bucket}", subject=subject),
+            f"removing run request {request_id}",
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _keys(self, kv: KeyValue, kind: str) -> list[str]:
+        from nats.js.errors import NoKeysError
+
+        start = f"{self._space}.{kind}."
+
+        async def read() -> list[str]:
+            try:
+                keys = await kv.keys()  # its filters are ignored by servers before 2.10
+            except NoKeysError:
+                return []
+            return [key for key in keys if key.startswith(start)]
+
+        return await self._bounded(read(), "listing the control bucket")
+
+    async def _get(self, kv: KeyValue, key: str, doing: str) -> bytes | None:
+        from nats.js.errors import NotFoundError
+
+        async def read() -> bytes | None:
+            try:
+                entry = await kv.get(key)
+            except NotFoundError:
+                return None  # removed since it was listed
+            return entry.value or None
+
+        return await self._bounded(read(), doing)
+
+
+class _Document(Protocol[T_co]):
+    def from_json(self, text: bytes) -> T_co: ...
+
+
+def _decode(kind: _Document[T], data: bytes, key: str) -> T:
+    """Read a stored document; BackendError naming the key if it is not one of anarchon's."""
+    try:
+        return kind.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BackendError(
+            f"NATS: key {key!r} of the control bucket holds {data[:80]!r}, not an anarchon "
+            f"document ({type(exc).__name__}: {exc}); is something else writing to it?"
+        ) from exc
+
+
+async def _unless_changed(write: Awaitable[object]) -> bool:
+    """True once ``write`` is done; False if the server refused it because the key's revision
+    is not the one expected (a ``create`` of a key that exists, a compare-and-set lost).
+    Caught here: nats-py's error for it has no ``err_code`` for the generic translation."""
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    try:
+        await write
+    except KeyWrongLastSequenceError:
+        return False
+    return True

@@ -1,0 +1,495 @@
+"""Every slot's fate: why a job did or did not run at a given time (``anarchon explain``).
+
+:func:`explain` reads a job's records and definition from the backend and answers, for any
+moment, one :class:`Fate`:
+
+* ``not-a-slot``: the job's schedule has no slot then (with the nearest slot before and after);
+* ``future``: the slot is to come (when, which live instances carry the job, a pause that holds);
+* ``running``: an attempt runs now;
+* ``ran``: it ran, ``succeeded`` or ``failed`` in the end; every attempt is listed (backup
+  takeovers, hand-overs, retries of the slot with trigger ``retry``) with its instance, fence,
+  duration and result or error;
+* ``skipped``: recorded without running (overlap, too late, paused by …);
+* ``missed``: recorded after the fact because no instance carried the job then (the gap);
+* ``no-record``: in the past and nothing recorded: either history was pruned (the slot is older
+  than the oldest record) or nobody claimed it.
+
+It finds the slot's records in the job's newest ``limit`` records
+(:meth:`~anarchon.backend.Backend.history`, default :data:`HISTORY_LIMIT`): a slot older than
+those is reported ``no-record`` and says that it lies beyond what was read.
+
+Example::
+
+    fate = await explain(backend, "sync", datetime(2026, 1, 1, 10, 33, tzinfo=UTC))
+    print(fate.describe())        # or fate.to_dict() for JSON
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from ._models import Run, RunStatus, Trigger
+from ._schedule import CronSchedule, load_timezone
+from .backend import Backend
+from .control import Pause, active_pause, paused_reason
+from .errors import ConfigurationError, InvalidOption, JobNotFound
+from .registry import ClusterView, JobDefinition, build_view
+
+__all__ = ["HISTORY_LIMIT", "Attempt", "Fate", "SlotFate", "explain", "nearest_slots"]
+
+HISTORY_LIMIT: Final = 10_000
+"""How many of a job's newest records :func:`explain` reads by default to find a slot's."""
+WIDTH: Final = 100
+"""The widest line :meth:`SlotFate.describe` prints."""
+SEARCH_LIMIT_MS: Final = 50 * 366 * 86_400_000
+"""How far :func:`nearest_slots` looks for a previous slot (the schedule's own horizon)."""
+
+
+class Fate(StrEnum):
+    """What became of one slot (see the module docstring)."""
+
+    NOT_A_SLOT = "not-a-slot"
+    FUTURE = "future"
+    RUNNING = "running"
+    RAN = "ran"
+    SKIPPED = "skipped"
+    MISSED = "missed"
+    NO_RECORD = "no-record"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """One recorded attempt at the slot: a claim, a backup's takeover, a retry or a skip."""
+
+    run_id: str
+    instance: str
+    trigger: Trigger
+    """``schedule``, ``catch-up`` or ``retry`` (a retry of a failed run)."""
+    retry: int
+    """0 for the slot's own run; n for its n-th retry."""
+    attempt: int
+    """The attempt number within its run (a backup's takeover is ``attempt + 1``)."""
+    fence: int | None
+    status: RunStatus
+    started_ms: int
+    finished_ms: int | None
+    error: str | None
+    reason: str | None
+    """Why it was skipped or superseded (``lease lost``, ``overlap …``, ``paused by …``)."""
+    requested_by: str | None
+
+    @property
+    def took_ms(self) -> int | None:
+        """Milliseconds from start to finish; None while running."""
+        return None if self.finished_ms is None else self.finished_ms - self.started_ms
+
+    @classmethod
+    def of(cls, run: Run, retry: int) -> Attempt:
+        """The attempt a recorded :class:`~anarchon.Run` is."""
+        finished = run.finished_at
+        return cls(
+            run_id=run.run_id,
+            instance=run.instance,
+            trigger=run.trigger,
+            retry=retry,
+            attempt=run.attempt,
+            fence=run.fence,
+            status=run.status,
+            started_ms=_ms(run.started_at),
+            finished_ms=None if finished is None else _ms(finished),
+            error=run.error,
+            reason=run.reason,
+            requested_by=run.requested_by,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of one attempt in ``anarchon explain --json``."""
+        return {
+            "run_id": self.run_id,
+            "instance": self.instance,
+            "trigger": self.trigger.value,
+            "retry": self.retry,
+            "attempt": self.attempt,
+            "fence": self.fence,
+            "status": self.status.value,
+            "started_ms": self.started_ms,
+            "finished_ms": self.finished_ms,
+            "took_ms": self.took_ms,
+            "error": self.error,
+            "reason": self.reason,
+            "requested_by": self.requested_by,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotFate:
+    """The fate of one slot of one job, as :func:`explain` found it. Immutable."""
+
+    job: str
+    slot_ms: int
+    """The moment asked about (epoch ms, UTC)."""
+    fate: Fate
+    definition: JobDefinition
+    """The definition the slot was judged by (the one most live instances carry, or the one
+    given)."""
+    now_ms: int
+    """When it was judged (backend clock)."""
+    outcome: RunStatus | None = None
+    """For ``ran``: ``succeeded`` or ``failed``, the status of the last attempt that ran."""
+    reason: str | None = None
+    """For ``skipped`` and ``missed``: the recorded reason; for ``no-record``: what anarchon can
+    tell about why (pruned, beyond the records read, or nobody claimed it)."""
+    attempts: tuple[Attempt, ...] = ()
+    """Every recorded attempt at the slot, retries included, oldest first."""
+    previous_slot_ms: int | None = None
+    """For ``not-a-slot``: the nearest slot before (None if none in 50 years)."""
+    next_slot_ms: int | None = None
+    """For ``not-a-slot``: the nearest slot after."""
+    instances: tuple[str, ...] = ()
+    """For ``future``: the live instances that carry the job."""
+    pause: Pause | None = None
+    """For ``future``: a pause that holds the job now (the slot is skipped unless resumed)."""
+    history_pruned: bool | None = None
+    """For ``no-record``: True when the slot is older than the oldest record (history may have
+    been pruned or not read that far), False when records older than it exist, None when the
+    job has no records."""
+    oldest_record_ms: int | None = None
+    """The slot of the oldest record read (its start for a manual run); None: no records."""
+    records_read: int = 0
+    """How many of the job's records were read (at most ``history_limit``)."""
+    history_limit: int = HISTORY_LIMIT
+    is_slot: bool = True
+    """False when records exist for a time that is not a slot of :attr:`definition` (the
+    schedule changed since)."""
+    notes: tuple[str, ...] = field(default=())
+    """Further remarks, one sentence each (a drift between instances, a slot due just now)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape printed by ``anarchon explain --json`` (docs/operations.md); stable:
+        fields are only ever added."""
+        return {
+            "job": self.job,
+            "slot_ms": self.slot_ms,
+            "slot": _iso(self.slot_ms),
+            "fate": self.fate.value,
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "reason": self.reason,
+            "definition": self.definition.to_dict(),
+            "is_slot": self.is_slot,
+            "now_ms": self.now_ms,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "previous_slot_ms": self.previous_slot_ms,
+            "next_slot_ms": self.next_slot_ms,
+            "instances": list(self.instances),
+            "pause": None if self.pause is None else _pause_dict(self.pause),
+            "history_pruned": self.history_pruned,
+            "oldest_record_ms": self.oldest_record_ms,
+            "records_read": self.records_read,
+            "history_limit": self.history_limit,
+            "notes": list(self.notes),
+        }
+
+    def headline(self) -> str:
+        """One line: the job, the slot and its fate."""
+        what = {
+            Fate.NOT_A_SLOT: "not a slot of this schedule",
+            Fate.FUTURE: f"in the future ({_span(self.slot_ms - self.now_ms)} from now)",
+            Fate.RUNNING: "running now",
+            Fate.RAN: f"ran, {self.outcome.value if self.outcome else 'finished'}",
+            Fate.SKIPPED: "skipped",
+            Fate.MISSED: "missed",
+            Fate.NO_RECORD: "no record",
+        }[self.fate]
+        return f"{self.job} @ {self._when(self.slot_ms)}: {what}"
+
+    def describe(self) -> str:
+        """The text ``anarchon explain`` prints: a headline, the facts, and the attempts, in
+        lines of at most 100 characters (a long error or reason is wrapped)."""
+        d = self.definition
+        lines = [self.headline(), f"  schedule: {d.expression!r} in {d.zone}"]
+        if self.attempts and not self.is_slot:
+            lines.append("  (not a slot of this schedule: the records are of an earlier one)")
+        if self.fate is Fate.NOT_A_SLOT:
+            lines.append(f"  previous slot: {self._when(self.previous_slot_ms)}")
+            lines.append(f"  next slot:     {self._when(self.next_slot_ms)}")
+        if self.fate is Fate.FUTURE:
+            carried = ", ".join(self.instances) or "none: it runs only if an instance carries it"
+            lines.append(f"  carried by: {carried}")
+            if self.pause is not None:
+                lines += _wrap(
+                    f"the job is {paused_reason(self.pause)}: this slot is skipped unless it is "
+                    "resumed first"
+                )
+        if self.reason:
+            label = "why" if self.fate is Fate.NO_RECORD else "reason"
+            lines += _wrap(f"{label}: {self.reason}")
+        for note in self.notes:
+            lines += _wrap(f"note: {note}")
+        if self.attempts:
+            lines.append("  attempts (oldest first):")
+            lines += ["    " + line for line in _attempt_table(self.attempts)]
+            for n, a in enumerate(self.attempts, 1):
+                detail = a.error or a.reason
+                if detail and detail != self.reason:
+                    lines += _wrap(f"#{n}: {detail}", indent="    ")
+        return "\n".join(lines)
+
+    def _when(self, ms: int | None) -> str:
+        if ms is None:
+            return "none"
+        text = _iso(ms)
+        if self.definition.zone != "UTC":
+            try:
+                local = datetime.fromtimestamp(ms / 1000, load_timezone(self.definition.zone))
+                text += f" ({local.isoformat(timespec='seconds')} {self.definition.zone})"
+            except ConfigurationError:
+                pass
+        return text
+
+
+def _ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def _iso(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    spec = "milliseconds" if ms % 1000 else "seconds"
+    return moment.isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+def _span(ms: int) -> str:
+    """A duration in words at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``, ``2d``."""
+    ms = abs(ms)
+    if ms < 1_000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m"
+    if ms < 2 * 86_400_000:
+        return f"{ms // 3_600_000}h"
+    return f"{ms // 86_400_000}d"
+
+
+def _pause_dict(pause: Pause) -> dict[str, Any]:
+    return {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms, "until_ms": pause.until_ms}
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _attempt_table(attempts: Sequence[Attempt]) -> list[str]:
+    """One row per attempt; errors and reasons follow the table (numbered as the rows)."""
+    rows = [["#", "run", "attempt", "instance", "fence", "trigger", "started (UTC)", "took"]]
+    rows[0].append("result")
+    for n, a in enumerate(attempts, 1):
+        took = a.took_ms if a.status not in (RunStatus.SKIPPED, RunStatus.MISSED) else None
+        result = a.status.value + (f" (asked by {a.requested_by})" if a.requested_by else "")
+        rows.append(
+            [
+                str(n),
+                "slot" if a.retry == 0 else f"retry {a.retry}",
+                str(a.attempt),
+                a.instance,
+                "-" if a.fence is None else str(a.fence),
+                a.trigger.value,
+                datetime.fromtimestamp(a.started_ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3],
+                "-" if took is None else _span(took),
+                result,
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def nearest_slots(schedule: CronSchedule, moment_ms: int) -> tuple[int | None, int]:
+    """The slots of ``schedule`` nearest to ``moment_ms``: the last one strictly before (None
+    if none in 50 years) and the first one strictly after."""
+    after = schedule.next_slot(moment_ms)
+    window = 2_000
+    while window <= SEARCH_LIMIT_MS:
+        found = schedule.slots(moment_ms - window - 1, moment_ms - 1)
+        if found:
+            return found[-1], after
+        window *= 2
+    return None, after
+
+
+def _is_slot(schedule: CronSchedule, moment_ms: int) -> bool:
+    return schedule.next_slot(moment_ms - 1) == moment_ms
+
+
+def slot_ms_of(slot: datetime | int) -> int:
+    """Epoch ms of ``slot``: an aware datetime or epoch ms (InvalidOption for a naive
+    datetime: its zone is ambiguous here)."""
+    if isinstance(slot, bool) or not isinstance(slot, datetime | int):
+        raise InvalidOption(
+            f"slot={slot!r} must be an aware datetime or epoch milliseconds (an int)"
+        )
+    if isinstance(slot, int):
+        return slot
+    if slot.tzinfo is None or slot.utcoffset() is None:
+        raise InvalidOption(
+            f"slot={slot.isoformat()!r} has no time zone: pass an aware datetime "
+            "(e.g. with tzinfo=ZoneInfo(the job's zone))"
+        )
+    return _ms(slot)
+
+
+async def _definitions(
+    backend: Backend, job: str, view: ClusterView | None, now_ms: int
+) -> tuple[tuple[JobDefinition, ...], ClusterView | None]:
+    if view is None:
+        store = backend.registry()
+        if store is not None:
+            view = build_view(await store.instances(), now_ms)
+    found = () if view is None else tuple(view.definitions.get(job, ()))
+    return found, view
+
+
+async def _pause_of(backend: Backend, job: str, now_ms: int) -> Pause | None:
+    store = backend.control()
+    if store is None:
+        return None
+    return active_pause(await store.pauses(), job, Trigger.SCHEDULE, now_ms)
+
+
+def _retry_numbers(runs: Sequence[Run]) -> list[int]:
+    """Number each record (oldest first): 0 for the slot's own attempts, n for the attempts of
+    its n-th retry (a retry starts at attempt 1; a backup's takeover of it follows it)."""
+    count = 0
+    out = []
+    for run in runs:
+        if run.trigger is Trigger.RETRY and run.attempt == 1:
+            count += 1
+        out.append(count if run.trigger is Trigger.RETRY else 0)
+    return out
+
+
+def _from_records(runs: Sequence[Run]) -> tuple[Fate, RunStatus | None, str | None]:
+    if any(not r.status.finished for r in runs):
+        return Fate.RUNNING, None, None
+    ran = [r for r in runs if r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)]
+    if ran:
+        return Fate.RAN, ran[-1].status, None
+    first = runs[0]
+    fate = Fate.MISSED if first.status is RunStatus.MISSED else Fate.SKIPPED
+    return fate, None, first.reason
+
+
+async def explain(
+    backend: Backend,
+    job: str,
+    slot: datetime | int,
+    *,
+    definition: JobDefinition | None = None,
+    view: ClusterView | None = None,
+    now_ms: int | None = None,
+    limit: int = HISTORY_LIMIT,
+) -> SlotFate:
+    """Say what became of ``job``'s slot at ``slot`` (an aware datetime or epoch ms).
+
+    ``backend`` must be started (``start`` or ``start_reader``). The job's expression and zone
+    come from ``definition``, else from the registry (``view``, else read now): the definition
+    most live instances carry. ``now_ms`` defaults to the backend's clock. The slot's records
+    are looked for among the job's newest ``limit`` records.
+
+    Raises :class:`~anarchon.errors.JobNotFound` when no definition is given and no live
+    instance carries the job, :class:`~anarchon.errors.InvalidOption` for a bad ``slot`` or
+    ``limit``.
+    """
+    slot_ms = slot_ms_of(slot)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidOption(f"limit={limit!r} must be a whole number of records, at least 1")
+    if now_ms is None:
+        server = await backend.server_time_ms()
+        now_ms = server if server is not None else _ms(datetime.now(UTC))
+    variants, view = await _definitions(backend, job, view, now_ms)
+    if definition is not None:
+        variants = (definition,)
+    if not variants:
+        raise JobNotFound(
+            f"job {job!r} has no definition: no live instance carries it in "
+            f"{backend!r}; pass definition=JobDefinition(...) to explain it anyway"
+        )
+    schedules = [CronSchedule(d.expression, d.zone) for d in variants]
+    matching = next((n for n, s in enumerate(schedules) if _is_slot(s, slot_ms)), None)
+    used = variants[0 if matching is None else matching]
+    notes = []
+    if len(variants) > 1:
+        notes.append(
+            f"instances define {job!r} differently ({len(variants)} definitions); judged by "
+            f"{used.expression!r} in {used.zone}"
+        )
+    history = await backend.history(job, limit=limit)
+    runs = [r for r in reversed(history) if r.slot_ms == slot_ms]
+    oldest = min((_record_ms(r) for r in history), default=None)
+    base = SlotFate(
+        job=job,
+        slot_ms=slot_ms,
+        fate=Fate.NO_RECORD,
+        definition=used,
+        now_ms=now_ms,
+        records_read=len(history),
+        history_limit=limit,
+        oldest_record_ms=oldest,
+        is_slot=matching is not None,
+        notes=tuple(notes),
+    )
+    if runs:
+        fate, outcome, reason = _from_records(runs)
+        attempts = tuple(Attempt.of(r, n) for r, n in zip(runs, _retry_numbers(runs), strict=True))
+        return replace(base, fate=fate, outcome=outcome, reason=reason, attempts=attempts)
+    if matching is None:
+        before, after = nearest_slots(schedules[0], slot_ms)
+        return replace(base, fate=Fate.NOT_A_SLOT, previous_slot_ms=before, next_slot_ms=after)
+    if slot_ms > now_ms:
+        return replace(
+            base,
+            fate=Fate.FUTURE,
+            instances=() if view is None else view.carriers(job),
+            pause=await _pause_of(backend, job, now_ms),
+        )
+    window = _claim_window(used)
+    if window is not None and now_ms - slot_ms <= window:
+        notes.append(
+            f"the slot was due {_span(now_ms - slot_ms)} ago, within its claim window "
+            f"(jitter_ms + max_late_ms = {window} ms): an instance may still claim it"
+        )
+    pruned = None if oldest is None else oldest > slot_ms
+    if oldest is None:
+        reason = "the job has no records at all: no instance ever claimed a slot of it here"
+    elif oldest > slot_ms and len(history) >= limit:
+        reason = (
+            f"the slot is older than the {limit} newest records read (the oldest from "
+            f"{_iso(oldest)}); explain with a larger limit to look further"
+        )
+    elif oldest > slot_ms:
+        reason = (
+            f"the slot is older than the oldest record ({_iso(oldest)}): its record may have "
+            "been pruned (history_size, history_ttl_ms)"
+        )
+    else:
+        reason = (
+            "nobody claimed it: no instance carried the job then (all were down or not yet "
+            "deployed), or the slot was dropped before anarchon recorded missed slots"
+        )
+    return replace(base, reason=reason, history_pruned=pruned, notes=tuple(notes))
+
+
+def _record_ms(run: Run) -> int:
+    """Where a record stands in time: its slot, or its start for a manual run."""
+    return run.slot_ms if run.slot_ms is not None else _ms(run.started_at)
+
+
+def _claim_window(definition: JobDefinition) -> int | None:
+    jitter, late = definition.options.get("jitter_ms"), definition.options.get("max_late_ms")
+    if isinstance(jitter, int) and isinstance(late, int):
+        return jitter + late
+    return None

@@ -1,0 +1,291 @@
+"""The steering and explain commands as an operator runs them: the real ``anarchon`` process on
+every backend's real service (docs/operations.md, "Steering from the shell" and "Explaining a
+slot").
+
+Records are made in-process by claims (a run, a skipped slot, a missed slot) and an instance
+record in the registry; the commands then read and write them through the backend's URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon import Backend, RunStatus, Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.registry import InstanceRecord, JobDefinition
+from tests.harness import Harness, Namespace
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = ["sqlite", "postgres", "redis", "nats"]
+MINUTE = 60_000
+JOB = "sync"
+DEFINITION = JobDefinition(
+    name=JOB,
+    expression="* * * * * *",
+    zone="UTC",
+    options={"jitter_ms": 0, "max_late_ms": 5000, "lease_ms": 15000},
+)
+
+
+def anarchon(url: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``anarchon ARGV --backend URL`` as a process."""
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", "--log-level", "WARNING", *argv, "--backend", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def ok(url: str, *argv: str) -> str:
+    out = anarchon(url, *argv)
+    assert out.returncode == 0, (argv, out.returncode, out.stdout, out.stderr)
+    return out.stdout
+
+
+def as_json(url: str, *argv: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(ok(url, *argv, "--json"))
+    return data
+
+
+async def _drop_buckets(backend: Backend) -> None:
+    """NATS keeps the registry and the control store in buckets the harness does not delete."""
+    from anarchon.backends.nats import NatsBackend
+
+    if isinstance(backend, NatsBackend):
+        with contextlib.suppress(Exception):
+            _, js = backend._conn.require()
+            for name in await _bucket_names(js, backend.stream):
+                await js.delete_key_value(name)
+
+
+async def _bucket_names(js: Any, stream: str) -> list[str]:
+    names = []
+    with contextlib.suppress(Exception):
+        for info in await js.streams_info():
+            name = info.config.name
+            if name.startswith("KV_") and stream in name:
+                names.append(name[3:])
+    return names
+
+
+@pytest.fixture
+async def started(ns: Namespace) -> AsyncIterator[Backend]:
+    backend = ns.make()
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await _drop_buckets(backend)
+        await backend.stop()
+
+
+class Slots:
+    """Slots (every second) just before the backend's now: one ran, one skipped, one missed,
+    one unclaimed; one ten minutes ahead; a moment between two slots."""
+
+    def __init__(self, now_ms: int) -> None:
+        second = now_ms - now_ms % 1000
+        self.ran = second - 9000
+        self.skipped = second - 8000
+        self.missed = second - 7000
+        self.unclaimed = second - 6000
+        self.future = second + 10 * MINUTE
+        self.not_a_slot = second - 9000 + 500
+
+
+def _claim(slot: int, **kw: Any) -> ClaimRequest:
+    return ClaimRequest(
+        job=JOB,
+        slot=slot,
+        run_id=f"run{slot}",
+        token=f"token{slot}",
+        instance="w0",
+        trigger=Trigger.SCHEDULE,
+        **kw,
+    )
+
+
+async def populate(backend: Backend) -> Slots:
+    """An instance record carrying the job, and the records of three slots."""
+    now = await backend.server_time_ms()
+    assert now is not None
+    slots = Slots(now)
+    registry = backend.registry()
+    assert registry is not None
+    await registry.record(
+        InstanceRecord(
+            id="w0",
+            host="vm",
+            pid=1,
+            version="0.1.0",
+            started_ms=now,
+            heartbeat_ms=now,
+            interval_ms=5000,
+            clock_offset_ms=0,
+            jobs=(DEFINITION,),
+        )
+    )
+    lease = 15000 if backend.is_lease_backend else 0
+    [won] = await backend.claim([_claim(slots.ran, lease_ms=lease)])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    await backend.finish(won.ticket, "succeeded", None)
+    [skip] = await backend.claim([_claim(slots.skipped, skip_reason="too late: test")])
+    assert skip.status is ClaimStatus.SKIPPED
+    gap = "no instance carried the job from 10:00 to 10:05 (test)"
+    [miss] = await backend.claim(
+        [_claim(slots.missed, skip_reason=gap, skip_status=RunStatus.MISSED)]
+    )
+    assert miss.status is ClaimStatus.SKIPPED
+    return slots
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+def test_no_data_exits_3_and_creates_nothing(harness: Harness, ns: Namespace) -> None:
+    assert ns.url is not None
+    for argv in (
+        ("jobs",),
+        ("instances",),
+        ("history", JOB),
+        ("explain", JOB, "2026-01-01T00:00:00Z"),
+        ("pause", JOB),
+        ("pause", "--all", "--until", "30m"),
+        ("resume", JOB),
+        ("trigger", JOB),
+    ):
+        out = anarchon(ns.url, *argv)
+        assert out.returncode == 3, (argv, out.returncode, out.stdout, out.stderr)
+        assert "no anarchon data at " in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    _assert_nothing_created(harness, ns)
+
+
+def _assert_nothing_created(harness: Harness, ns: Namespace) -> None:
+    import asyncio
+
+    if harness.name == "sqlite":
+        assert ns.url is not None
+        assert not Path(ns.url.removeprefix("sqlite:///")).exists()
+    elif harness.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(str(ns.extra["dsn"])) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                (ns.extra["schema"],),
+            ).fetchone()
+        assert row is not None and row[0] == 0
+    elif harness.name == "redis":
+        from redis import Redis
+
+        client = Redis.from_url("redis://127.0.0.1:6379/0")
+        try:
+            assert list(client.scan_iter(match=f"{ns.extra['prefix']}*")) == []
+        finally:
+            client.close()
+    elif harness.name == "nats":
+
+        async def streams() -> list[str]:
+            import nats
+
+            nc = await nats.connect(str(ns.extra["server"]))
+            try:
+                return [i.config.name for i in await nc.jetstream().streams_info()]
+            finally:
+                await nc.close()
+
+        found = asyncio.run(streams())
+        assert not [n for n in found if str(ns.extra["stream"]) in n], found
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_explain_says_each_fate(
+    harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
+) -> None:
+    assert ns.url is not None
+    slots = await populate(started)
+    ran = ok(ns.url, "explain", JOB, _iso(slots.ran))
+    assert f"{JOB} @ " in ran and "ran, succeeded" in ran and "w0" in ran, ran
+    skipped = ok(ns.url, "explain", JOB, str(slots.skipped))
+    assert "skipped" in skipped and "too late: test" in skipped, skipped
+    missed = as_json(ns.url, "explain", JOB, str(slots.missed))
+    assert missed["fate"] == "missed" and "no instance carried" in missed["reason"], missed
+    naive = datetime.fromtimestamp(slots.future / 1000, UTC).replace(tzinfo=None).isoformat()
+    assert "+" not in naive and "Z" not in naive  # no zone: the job's (UTC)
+    future = ok(ns.url, "explain", JOB, naive)
+    assert "in the future" in future and "carried by: w0" in future, future
+    unclaimed = as_json(ns.url, "explain", JOB, str(slots.unclaimed))
+    assert unclaimed["fate"] == "no-record" and unclaimed["history_pruned"] is False, unclaimed
+    not_a_slot = as_json(ns.url, "explain", JOB, str(slots.not_a_slot))
+    assert not_a_slot["fate"] == "not-a-slot", not_a_slot
+    assert not_a_slot["previous_slot_ms"] == slots.ran
+    assert not_a_slot["next_slot_ms"] == slots.ran + 1000
+    out = anarchon(ns.url, "explain", "other", str(slots.ran))
+    assert out.returncode == 3 and "no live instance carries job 'other'" in out.stderr
+    out = anarchon(ns.url, "explain", JOB, "yesterday")
+    assert out.returncode == 2 and "'yesterday' is not an ISO 8601 time" in out.stderr
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_pause_resume_and_trigger(
+    harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
+) -> None:
+    assert ns.url is not None
+    await populate(started)
+    [job] = as_json(ns.url, "jobs")["jobs"]
+    assert job["paused"] is False and job["last_run"]["status"] == "missed", job
+
+    said = ok(ns.url, "pause", JOB, "--by", "alice@ops")
+    assert said.strip() == f"paused job {JOB!r} on every instance, until resumed (by alice@ops)"
+    [job] = as_json(ns.url, "jobs")["jobs"]
+    assert job["paused"] is True and job["pause"]["by"] == "alice@ops", job
+    table = ok(ns.url, "jobs")
+    assert "paused" in table and "alice@ops" in table, table
+    assert all(len(line) <= 100 for line in table.splitlines()), table
+
+    assert "resumed job 'sync'" in ok(ns.url, "resume", JOB)
+    assert as_json(ns.url, "jobs")["jobs"][0]["paused"] is False
+    assert "was not paused" in ok(ns.url, "resume", JOB)
+
+    until = as_json(ns.url, "pause", "--all", "--until", "2h", "--by", "bob@ops")
+    now = await started.server_time_ms()
+    assert now is not None and until["job"] == "*"
+    assert abs(until["until_ms"] - (now + 7_200_000)) < 60_000, until
+    [job] = as_json(ns.url, "jobs")["jobs"]
+    assert job["paused"] is True and job["pause"]["job"] == "*"
+    assert "every job (the whole cluster)" in ok(ns.url, "jobs")
+    assert "resumed every job" in ok(ns.url, "resume", "--all")
+
+    printed = ok(ns.url, "trigger", JOB, "--by", "carol@ops").strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", printed), printed
+    control = started.control()
+    assert control is not None
+    [stored] = [r for r in await control.requests([JOB]) if r.id == printed]
+    assert stored.trigger is Trigger.MANUAL and stored.requested_by == "carol@ops"
+
+    out = anarchon(ns.url, "pause")
+    assert out.returncode == 2 and "give a JOB, or --all" in out.stderr
+    out = anarchon(ns.url, "pause", JOB, "--until", "soon")
+    assert out.returncode == 2 and "'soon'" in out.stderr
+    out = anarchon(ns.url, "pause", JOB, "--until", "2001-01-01T00:00:00")
+    assert out.returncode == 2 and "not in the future" in out.stderr
+    out = anarchon(ns.url, "trigger", "unknown-job")
+    assert out.returncode == 0 and "no live instance carries job 'unknown-job'" in out.stderr

@@ -1,0 +1,193 @@
+"""Pauses and run requests on real servers (2.9.10 and current): the key-value bucket beside the
+stream, the pause check before a claim, missed records, retries and ``requested_by``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from anarchon import RunStatus, Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.backends.nats import NatsBackend
+from anarchon.backends.nats._control import PAUSE_CACHE_S
+from anarchon.control import ALL_JOBS, Pause, RunRequest, paused_reason, retry_key
+from tests.nats.servers import connect, read_subject
+
+SLOT = 1_800_000_000_000
+Make = Callable[..., Any]
+
+
+def request(job: str = "sync", slot: int | None = SLOT, **kw: Any) -> ClaimRequest:
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=kw.pop("instance", "i1"),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE if slot is not None else Trigger.MANUAL),
+        **kw,
+    )
+
+
+async def bucket_exists(server_url: str, backend: NatsBackend) -> bool:
+    import nats.js.errors
+
+    nc = await connect(server_url)
+    try:
+        await nc.jetstream().key_value(backend.control().bucket)
+    except nats.js.errors.BucketNotFoundError:
+        return False
+    finally:
+        await nc.close()
+    return True
+
+
+async def test_reads_and_claims_create_no_bucket(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    store = backend.control()
+    assert store is backend.control()  # one store per backend: claims share its pause cache
+    assert await store.pauses() == []
+    assert await store.requests() == []
+    assert await store.resume("sync") is None
+    await store.done(uuid.uuid4().hex)
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON
+    assert not await bucket_exists(server_url, backend)
+    await store.pause(Pause(job="sync", by="ops", at_ms=int(time.time() * 1000)))
+    assert await bucket_exists(server_url, backend)
+    assert backend.control().bucket == f"{backend.stream}_control"
+
+
+async def test_a_pause_stored_elsewhere_holds_within_the_cache_time(make: Make) -> None:
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    [first] = await runner.claim([request()])  # reads (and remembers) "no pause"
+    assert first.status is ClaimStatus.WON
+    pause = Pause(job=ALL_JOBS, by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    await asyncio.sleep(PAUSE_CACHE_S + 0.2)
+    [held] = await runner.claim([request(slot=SLOT + 1000)])
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)
+    assert await operator.control().resume(ALL_JOBS) == pause
+    await asyncio.sleep(PAUSE_CACHE_S + 0.2)
+    [after] = await runner.claim([request(slot=SLOT + 2000)])
+    assert after.status is ClaimStatus.WON
+
+
+async def test_a_paused_slot_claimed_before_the_pause_keeps_its_run(make: Make) -> None:
+    backend: NatsBackend = await make()
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON
+    await backend.control().pause(Pause(job="sync", by="ops", at_ms=int(time.time() * 1000)))
+    [again] = await backend.claim([request(instance="i2")])
+    assert again.status is ClaimStatus.LOST and again.run.run_id == won.run.run_id
+    [run] = await backend.history("sync")
+    assert run.status is RunStatus.RUNNING
+
+
+async def test_skip_records_carry_their_status_and_who_asked(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    [missed] = await backend.claim(
+        [request(skip_reason="missed: nobody", skip_status=RunStatus.MISSED)]
+    )
+    assert missed.status is ClaimStatus.SKIPPED and missed.run.status is RunStatus.MISSED
+    key = f"manual-{uuid.uuid4().hex}"
+    [manual] = await backend.claim(
+        [request(slot=None, key=key, trigger=Trigger.MANUAL, requested_by="alice@ops")]
+    )
+    assert manual.status is ClaimStatus.WON and manual.ticket is not None
+    assert manual.ticket.slot_key == key
+    stored = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
+    bodies = [json.loads(m.data) for m in stored]
+    assert bodies[0]["status"] == "missed" and "requested_by" not in bodies[0]
+    assert bodies[1]["requested_by"] == "alice@ops" and bodies[1]["slot_key"] == key
+    assert "status" not in bodies[1]
+    assert [m.headers["Nats-Msg-Id"] for m in stored] == [f"sync:{SLOT}", f"sync:{key}"]
+    await backend.finish(manual.ticket, RunStatus.SUCCEEDED, None)
+    runs = await backend.history("sync")
+    assert [(r.status, r.requested_by) for r in runs] == [
+        (RunStatus.SUCCEEDED, "alice@ops"),
+        (RunStatus.MISSED, None),
+    ]
+    last = await backend.last_run("sync")
+    assert last is not None and last.requested_by == "alice@ops"
+
+
+async def test_a_retry_of_a_slot_older_than_the_window_is_claimed(make: Make) -> None:
+    backend: NatsBackend = await make(duplicate_window_ms=60_000)
+    old = int(time.time() * 1000) - 3_600_000
+    key = retry_key(str(old), 1)
+    retry = request(slot=old, key=key, trigger=Trigger.RETRY, requested_by="retry of r1")
+    [won] = await backend.claim([retry])
+    assert won.status is ClaimStatus.WON and won.ticket is not None
+    assert won.ticket.slot_key == key and won.run.slot_ms == old
+    [lost] = await backend.claim([request(slot=old, key=key, trigger=Trigger.RETRY)])
+    assert lost.status is ClaimStatus.LOST
+
+
+async def test_last_slots_reads_each_jobs_newest_claim(make: Make) -> None:
+    backend: NatsBackend = await make()
+    for claim in (
+        request(job="a"),
+        request(job="a", slot=SLOT + 1000),
+        request(job="b", skip_reason="too late: x"),
+        request(job="c"),
+        request(job="c", slot=None),
+    ):
+        await backend.claim([claim])  # one at a time: a batch is published concurrently
+    assert await backend.last_slots(["a", "b", "c", "nobody"]) == {
+        "a": SLOT + 1000,
+        "b": SLOT,
+        "c": None,
+        "nobody": None,
+    }
+
+
+async def test_run_requests_leave_no_tombstones(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    store = backend.control()
+    now = int(time.time() * 1000)
+    made = RunRequest(
+        id=uuid.uuid4().hex,
+        job="sync",
+        trigger=Trigger.MANUAL,
+        key="manual-x",
+        slot=None,
+        due_ms=now,
+        requested_by="ops",
+        requested_at_ms=now,
+    )
+    assert await store.request(made) is True
+    assert await store.requests(["sync"]) == [made]
+    await store.done(made.id)
+    assert await store.requests() == []
+    nc = await connect(server_url)
+    try:
+        info = await nc.jetstream().stream_info(f"KV_{store.bucket}")
+    finally:
+        await nc.close()
+    assert info.state.messages == 0
+
+
+async def test_a_bucket_the_claims_cannot_read_pauses_nothing(
+    make: Make, monkeypatch: Any, caplog: Any
+) -> None:
+    from anarchon.errors import BackendError
+
+    backend: NatsBackend = await make()
+    control = backend.control()
+    await control.pause(Pause(job="sync", by="ops", at_ms=int(time.time() * 1000)))
+    control._cache.clear()
+
+    async def refused(*_: Any) -> Any:
+        raise BackendError("NATS: reading the pause failed: permissions violation")
+
+    monkeypatch.setattr(control, "_read_pause", refused)
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON
+    assert "pauses not checked" in caplog.text
