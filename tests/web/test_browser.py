@@ -79,15 +79,35 @@ def post(base: str, path: str, data: dict[str, str], cookie: str = "") -> int:
 
 
 def strip_of(driver: Any, job: str) -> list[tuple[int, str]]:
-    cells = driver.find_elements("css selector", f'tr[data-job="{job}"] td.strip a.cell')
-    return [(int(c.get_attribute("data-slot")), c.get_attribute("data-fate")) for c in cells]
+    # One script reads the whole strip: the page refreshes its content every few seconds, so
+    # elements found one call earlier may be gone.
+    cells = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(c => [Number(c.dataset.slot), c.dataset.fate]);",
+        f'tr[data-job="{job}"] td.strip a.cell',
+    )
+    return [(int(slot), str(fate)) for slot, fate in cells]
+
+
+def stable(action: Any) -> Any:
+    """Run ``action()`` again when a refresh replaced the element it used (bounded)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            return action()
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    return action()
 
 
 def check_rows_against_history(driver: Any, url: str) -> None:
     """Every settled slot of every row's strip shows the fate history records for it."""
     page_now = int(driver.find_element("tag name", "body").get_attribute("data-now"))
-    rows = driver.find_elements("css selector", "tr.job")
-    assert {r.get_attribute("data-job") for r in rows} == {"tick", "flaky", "minutely"}
+    jobs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('tr.job')).map(r => r.dataset.job);"
+    )
+    assert set(jobs) == {"tick", "flaky", "minutely"}
     for job in ("tick", "flaky", "minutely"):
         shown = strip_of(driver, job)
         assert len(shown) == 50, (job, len(shown))
@@ -102,8 +122,12 @@ def check_rows_against_history(driver: Any, url: str) -> None:
             assert fate == expected, (job, slot, fate, expected)
         recorded = sum(1 for _, f in settled if f != "none")
         assert recorded >= {"tick": 3, "flaky": 1, "minutely": 0}[job], (job, settled)
-    badge = driver.find_element("css selector", 'tr[data-job="flaky"] td[data-last] .badge')
-    assert badge.text == "failed", badge.text
+    badge = stable(
+        lambda: (
+            driver.find_element("css selector", 'tr[data-job="flaky"] td[data-last] .badge').text
+        )
+    )
+    assert badge == "failed", badge
     flaky = [f for _, f in strip_of(driver, "flaky") if f not in ("none", "unread")]
     assert flaky and set(flaky) <= {"failed", "running"}, flaky
     tick = [f for _, f in strip_of(driver, "tick") if f not in ("none", "unread")]
@@ -119,10 +143,11 @@ def sign_in(driver: Any, base: str) -> None:
 
 
 def click_action(driver: Any, job: str, action: str) -> None:
-    button = driver.find_element(
-        "css selector", f'tr[data-job="{job}"] button[data-action="{action}"]'
+    stable(
+        lambda: driver.find_element(
+            "css selector", f'tr[data-job="{job}"] button[data-action="{action}"]'
+        ).click()
     )
-    button.click()
     wait_until(
         lambda: driver.find_elements("css selector", "p.flash"), f"{action} of {job} to answer", 10
     )
@@ -164,7 +189,9 @@ def test_dashboard_in_a_browser(installed: None, url: str, tmp_path: Path) -> No
             for r in after
         ), [(r.slot_ms, r.status, r.reason, r.instance) for r in after]
         driver.get(base + "/")
-        assert driver.find_elements("css selector", 'tr[data-job="tick"] [data-paused]')
+        assert stable(
+            lambda: driver.find_elements("css selector", 'tr[data-job="tick"] [data-paused]')
+        )
         assert "paused" in {f for _, f in strip_of(driver, "tick")}
 
         # Resume: it runs again.
@@ -181,16 +208,17 @@ def test_dashboard_in_a_browser(installed: None, url: str, tmp_path: Path) -> No
 
         # A missed slot's explanation opens from the job's timeline.
         driver.get(base + "/jobs/minutely?range=1h")
-        cell = driver.find_element(
-            "css selector", f'.timeline a.cell[data-fate="missed"][data-slot="{missed_slot}"]'
+        stable(
+            lambda: driver.find_element(
+                "css selector", f'.timeline a.cell[data-fate="missed"][data-slot="{missed_slot}"]'
+            ).click()
         )
-        cell.click()
         wait_until(
             lambda: driver.find_elements("css selector", '#explain .story[data-kind="missed"]'),
             "the missed slot's explanation",
             10,
         )
-        text = driver.find_element("css selector", "#explain .story").text
+        text = stable(lambda: driver.find_element("css selector", "#explain .story").text)
         assert reason in text and "missed" in text, text
 
         # No page shows the backend URL's password.
@@ -200,11 +228,6 @@ def test_dashboard_in_a_browser(installed: None, url: str, tmp_path: Path) -> No
         assert PASSWORD not in found.logs()
 
 
-@pytest.mark.xfail(
-    reason="needs the scheduler's request poller (issue 13 item 5): a stored trigger is run by "
-    "an instance only once it lands on main",
-    strict=False,
-)
 def test_trigger_click_runs_the_job(installed: None, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cron.db'}"
     with cluster(url, tmp_path) as found, chromium.browser() as driver:

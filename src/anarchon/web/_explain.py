@@ -1,7 +1,7 @@
 """One slot's fate for the dashboard's explanation panel, behind one function (:func:`explain`).
 
-It reads the job's history and the registry itself; when :mod:`anarchon.explain` lands this is
-the one place that calls it instead.
+It asks :func:`anarchon.explain.explain` (as ``anarchon explain`` does), and reads the history
+itself only for a job no live instance carries any more (no definition to judge the slot by).
 """
 
 from __future__ import annotations
@@ -10,10 +10,14 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._models import Run, RunStatus
+from .._models import Run, RunStatus, ms_to_datetime
 from .._redact import redact_url
-from .._schedule import CronSchedule
+from .._schedule import CronSchedule, slot_to_datetime
 from ..backend import Backend
+from ..control import PAUSED
+from ..errors import JobNotFound
+from ..explain import Attempt, Fate, SlotFate
+from ..explain import explain as official_explain
 from ..registry import JobDefinition
 from ._data import Snapshot, fate_of, iso, run_dict
 
@@ -98,8 +102,63 @@ def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
     return kind, f"{job} at {when} was skipped: {last.reason or 'no reason recorded'}."
 
 
+def _kind(fate: SlotFate) -> str:
+    if fate.fate is Fate.RAN:
+        return fate.outcome.value if fate.outcome is not None else "succeeded"
+    if fate.fate is Fate.SKIPPED:
+        reason = fate.reason or ""
+        if reason.startswith(PAUSED):
+            return "paused"
+        return "late" if reason.startswith(("too late", "too old")) else "skipped"
+    return fate.fate.value
+
+
+def _run_of(job: str, slot_ms: int, a: Attempt) -> Run:
+    return Run(
+        job=job,
+        slot=ms_to_datetime(slot_ms),
+        run_id=a.run_id,
+        instance=a.instance,
+        trigger=a.trigger,
+        attempt=a.attempt,
+        status=a.status,
+        started_at=slot_to_datetime(a.started_ms),
+        finished_at=ms_to_datetime(a.finished_ms),
+        error=a.error,
+        fence=a.fence,
+        reason=a.reason,
+        requested_by=a.requested_by,
+    )
+
+
 async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
-    """What became of ``job``'s slot ``slot_ms``: its recorded attempts, or why there are none."""
+    """What became of ``job``'s slot ``slot_ms``: :func:`anarchon.explain.explain`'s answer."""
+    try:
+        fate = await official_explain(
+            backend, job, slot_ms, view=snapshot.view, now_ms=snapshot.now_ms, limit=EXPLAIN_RUNS
+        )
+    except JobNotFound:
+        return await _from_history(backend, snapshot, job, slot_ms)
+    summary = " ".join(
+        [fate.headline() + "."]
+        + ([f"Reason: {fate.reason}."] if fate.reason else [])
+        + [f"Note: {note}" for note in fate.notes]
+    )
+    return SlotStory(
+        job=job,
+        slot_ms=slot_ms,
+        kind=_kind(fate),
+        summary=summary,
+        attempts=[_run_of(job, slot_ms, a) for a in fate.attempts],
+        previous_ms=fate.previous_slot_ms,
+        next_ms=fate.next_slot_ms,
+        carriers=snapshot.view.carriers(job),
+        definition=fate.definition,
+    )
+
+
+async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
+    """The slot's records alone, for a job no live instance carries."""
     definitions = snapshot.view.definitions.get(job, ())
     definition = definitions[0] if definitions else None
     carriers = snapshot.view.carriers(job)
