@@ -139,6 +139,11 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
         )
     except JobNotFound:
         return await _from_history(backend, snapshot, job, slot_ms)
+    before, after = fate.previous_slot_ms, fate.next_slot_ms
+    if before is None and after is None:
+        with contextlib.suppress(ValueError, LookupError):
+            schedule = CronSchedule(fate.definition.expression, fate.definition.zone)
+            before, after, _ = _neighbours(schedule, slot_ms)
     summary = " ".join(
         [fate.headline() + "."]
         + ([f"Reason: {fate.reason}."] if fate.reason else [])
@@ -150,8 +155,8 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
         kind=_kind(fate),
         summary=summary,
         attempts=[_run_of(job, slot_ms, a) for a in fate.attempts],
-        previous_ms=fate.previous_slot_ms,
-        next_ms=fate.next_slot_ms,
+        previous_ms=before,
+        next_ms=after,
         carriers=snapshot.view.carriers(job),
         definition=fate.definition,
     )
