@@ -70,5 +70,11 @@ chaos: install-test services
 	ANARCHON_DIFF_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/conformance/test_differential.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q tests/unit/test_cron_oracle.py tests/unit/test_dst_oracle.py
 
+## The dashboard's screenshots (docs/img/dashboard-*.png): three real instances on SQLite and
+## headless Chromium (Debian's, installed when missing), about 30 s.
+.PHONY: screenshots
+screenshots: install-test
+	$(BIN)/python -m tests.web.screenshots docs/img
+
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

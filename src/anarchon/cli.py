@@ -314,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
     nxt.add_argument("-n", type=_count(1, 10_000), default=5, help="how many (default 5)")
 
+    from .web._command import add_parser as add_dashboard
+
+    add_dashboard(sub, ENV_BACKEND)
     demo = sub.add_parser("demo", help="several processes share one SQLite file and one job")
     demo.add_argument("--instances", type=_count(1, 20), default=3, help="1 to 20 (default 3)")
     demo.add_argument("--seconds", type=_seconds, default=20.0, help="run time (default 20)")
@@ -360,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":
             code = _next(args)
+        elif args.command == "dashboard":
+            from .web._command import run_dashboard
+
+            code = run_dashboard(args)
         else:
             from ._demo import run_demo
 

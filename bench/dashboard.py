@@ -1,0 +1,167 @@
+"""The dashboard's server time (issue 15, item 5): the jobs page with 10 000 jobs and the
+timeline of a year of a per-minute job, on SQLite.
+
+    python -m bench.dashboard [--jobs 10000] [--runs 12000] [--repeat 7]
+
+Each request goes through the whole ASGI application in process (routing, backend reads,
+template rendering), without a network; the figures are the wall time of that call and the
+process's CPU time during it (the wall time grows on a machine busy with other work). The first
+call (templates compiled, connections opened) is reported apart. Not yet part of ``make bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from anarchon import SQLiteBackend, Trigger
+from anarchon.backend import ClaimRequest
+from anarchon.registry import InstanceRecord, JobDefinition
+from anarchon.web import dashboard
+
+EXPRESSIONS = ("*/5 * * * *", "0 * * * *", "30 3 * * *", "* * * * *", "15 */2 * * *")
+MINUTE = 60_000
+CPU: list[float] = []
+
+
+async def call(app: Any, path: str) -> tuple[int, bytes, float]:
+    """GET ``path`` through the ASGI app; (status, body, seconds)."""
+    target, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": target,
+        "raw_path": target.encode(),
+        "root_path": "",
+        "query_string": query.encode(),
+        "headers": [(b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    started = time.perf_counter()
+    cpu = time.process_time()
+    await app(scope, receive, send)
+    took = time.perf_counter() - started
+    CPU.append(time.process_time() - cpu)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body, took
+
+
+async def seed(backend: SQLiteBackend, jobs: int, runs: int) -> None:
+    now = int(time.time() * 1000)
+    names = [f"job-{n:05d}" for n in range(jobs)]
+    definitions = (
+        *(
+            JobDefinition(name=name, expression=EXPRESSIONS[n % len(EXPRESSIONS)], zone="UTC")
+            for n, name in enumerate(names)
+        ),
+        JobDefinition(name="per-minute", expression="* * * * *", zone="UTC"),
+    )
+    store = backend.registry()
+    for i in range(3):
+        await store.record(
+            InstanceRecord(
+                id=f"w{i}",
+                host="bench",
+                pid=1000 + i,
+                version="0.1.0",
+                started_ms=now - 3_600_000,
+                heartbeat_ms=now,
+                interval_ms=5_000,
+                clock_offset_ms=3,
+                jobs=definitions,
+            )
+        )
+    # History for the first page of jobs (the rows the page reads), and a long one for the
+    # per-minute job.
+    plan = [(name, now - (k + 1) * 5 * MINUTE) for name in names[:50] for k in range(20)]
+    top = now // MINUTE * MINUTE
+    plan += [("per-minute", top - k * MINUTE) for k in range(runs)]
+    for start in range(0, len(plan), 500):
+        batch = plan[start : start + 500]
+        requests = [
+            ClaimRequest(
+                job=job,
+                slot=slot,
+                run_id=uuid.uuid4().hex,
+                token=uuid.uuid4().hex,
+                instance=f"w{n % 3}",
+                trigger=Trigger.SCHEDULE,
+                lease_ms=60_000,
+            )
+            for n, (job, slot) in enumerate(batch)
+        ]
+        outcomes = await backend.claim(requests)
+        finish = [
+            (o.ticket, "failed" if n % 7 == 0 else "succeeded", None)
+            for n, o in enumerate(outcomes)
+            if o.ticket is not None
+        ]
+        await backend.finish_many(finish)
+
+
+async def measure(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="anarchon-bench-web-") as folder:
+        path = Path(folder) / "cron.db"
+        writer = SQLiteBackend(path)
+        await writer.start()
+        started = time.perf_counter()
+        await seed(writer, args.jobs, args.runs)
+        await writer.stop()
+        print(f"seeded {args.jobs} jobs, {args.runs} runs in {time.perf_counter() - started:.1f} s")
+        for ttl in (0, 1_000):
+            print(
+                f"registry_ttl_ms={ttl}"
+                + (
+                    " (every page reads the registry)"
+                    if not ttl
+                    else " (the default: pages within a second share one registry read)"
+                )
+            )
+            await pages(path, args, ttl)
+
+
+async def pages(path: Path, args: argparse.Namespace, ttl: int) -> None:
+    app = dashboard(SQLiteBackend(path), refresh_ms=0, registry_ttl_ms=ttl)
+    for label, url in (
+        (f"jobs page, {args.jobs} jobs (page 1 of 50 rows)", "/"),
+        (f"jobs page, {args.jobs} jobs, search 'job-09'", "/?q=job-09"),
+        ("timeline, a year of a per-minute job", "/jobs/per-minute?range=365d"),
+        ("timeline, a day of a per-minute job", "/jobs/per-minute?range=24h"),
+    ):
+        status, body, first = await call(app, url)
+        assert status == 200, body[:500]
+        CPU.clear()
+        times = [(await call(app, url))[2] for _ in range(args.repeat)]
+        print(
+            f"{label}: median {statistics.median(times) * 1e3:.0f} ms "
+            f"(CPU {statistics.median(CPU) * 1e3:.0f} ms), max {max(times) * 1e3:.0f} ms, "
+            f"first {first * 1e3:.0f} ms ({len(body) // 1024} KiB)"
+        )
+    await app.state.dashboard.source.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=12_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    asyncio.run(measure(parser.parse_args()))

@@ -1,0 +1,527 @@
+"""The dashboard's Starlette application: pages, the explanation panel and the actions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qsl, quote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import steering
+from .._job import check_name
+from .._redact import redact_url
+from .._scheduler import Scheduler
+from ..backend import Backend
+from ..control import ALL_JOBS
+from ..errors import AnarchonError, BackendError, InvalidOption
+from . import _data
+from ._auth import CSRF_COOKIE, SESSION_COOKIE, Guard, TokenCheck, clean_name, csrf_ok, new_csrf
+from ._explain import explain
+
+__all__ = ["build_app"]
+
+logger = logging.getLogger("anarchon.web")
+HERE: Final = Path(__file__).resolve().parent
+PARTIAL_HEADER: Final = "x-anarchon-partial"
+#: Timeline ranges offered, by name: span in ms.
+RANGES: Final = {
+    "1h": 3_600_000,
+    "6h": 6 * 3_600_000,
+    "24h": 86_400_000,
+    "7d": 7 * 86_400_000,
+    "30d": 30 * 86_400_000,
+    "365d": 365 * 86_400_000,
+}
+#: "Pause for" choices on the forms, in minutes (0: until resumed).
+PAUSE_FOR: Final = (0, 15, 60, 240, 1440)
+HISTORY_ROWS: Final = 200
+JOBS_PER_PAGE: Final = 50
+
+
+class Source:
+    """The backend the dashboard reads: a scheduler's (started by it), or one of its own,
+    started on the first request with ``start_reader`` and stopped by :meth:`close`."""
+
+    def __init__(self, target: Scheduler | Backend) -> None:
+        if isinstance(target, Scheduler):
+            self.scheduler: Scheduler | None = target
+            self.backend = target.backend
+        elif isinstance(target, Backend):
+            self.scheduler = None
+            self.backend = target
+        else:
+            raise TypeError(f"dashboard({target!r}): pass an anarchon Scheduler or Backend")
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def label(self) -> str:
+        """The backend, as pages name it (no secret)."""
+        return redact_url(repr(self.backend))
+
+    async def get(self) -> Backend:
+        """The started backend."""
+        if self.scheduler is not None:
+            if not self.scheduler.running:
+                raise AnarchonError("the scheduler is not running: start it before the dashboard")
+            return self.backend
+        async with self._lock:
+            if not self._started:
+                await self.backend.start_reader()
+                self._started = True
+        return self.backend
+
+    async def close(self) -> None:
+        """Stop the backend if the dashboard started it."""
+        async with self._lock:
+            if self._started:
+                self._started = False
+                await self.backend.stop()
+
+
+def _templates() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        iso=_data.iso,
+        span=_data.span,
+        redact=redact_url,
+        q=lambda s: quote(str(s), safe=""),
+        words=_data.schedule_in_words,
+        fate=_data.fate_of,
+        ms=lambda d: None if d is None else round(d.timestamp() * 1000),
+        lastline=lambda s: (s or "").strip().splitlines()[-1] if (s or "").strip() else "",
+    )
+    env.globals.update(FATES=_data.FATES, RANGES=RANGES, PAUSE_FOR=PAUSE_FOR, ALL_JOBS=ALL_JOBS)
+    return env
+
+
+def _int(value: str | None, name: str, low: int, high: int, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise _BadRequest(f"{name}={value!r} must be a whole number from {low} to {high}")
+    return number
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class Dashboard:
+    """The application's state and its request handlers."""
+
+    def __init__(
+        self,
+        target: Scheduler | Backend,
+        token: str | TokenCheck | None,
+        *,
+        title: str,
+        refresh_ms: int,
+        registry_ttl_ms: int,
+    ) -> None:
+        self.source = Source(target)
+        self.guard = Guard(token)
+        self.title = title
+        if not 0 <= refresh_ms <= 3_600_000:
+            raise ValueError(f"refresh_ms={refresh_ms!r} must be from 0 (off) to 3600000")
+        self.refresh_ms = refresh_ms
+        if not 0 <= registry_ttl_ms <= 60_000:
+            raise ValueError(f"registry_ttl_ms={registry_ttl_ms!r} must be from 0 to 60000")
+        self.views = _data.ViewCache(registry_ttl_ms)
+        self.env = _templates()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _base(self, request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    async def _render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        started = time.perf_counter()
+        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
+        operator = await self.guard.operator(request)
+        partial = request.headers.get(PARTIAL_HEADER) == "1"
+        base = self._base(request)
+        html = self.env.get_template(template).render(
+            request=request,
+            base=base,
+            title=self.title,
+            backend_label=self.source.label,
+            operator=operator,
+            writable=self.guard.writable,
+            login_form=self.guard.login_form,
+            csrf=csrf,
+            partial=partial,
+            refresh_ms=self.refresh_ms,
+            flash=request.query_params.get("flash", "")[:200],
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        response.headers["cache-control"] = "no-store"
+        response.headers["x-frame-options"] = "DENY"
+        response.headers["content-security-policy"] = (
+            "default-src 'self'; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
+        )
+        response.headers["server-timing"] = (
+            f"render;dur={(time.perf_counter() - started) * 1e3:.1f}"
+        )
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(
+                CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base + "/"
+            )
+        return response
+
+    async def _failure(self, request: Request, exc: Exception, status: int) -> HTMLResponse:
+        message = redact_url(f"{type(exc).__name__}: {exc}")
+        return await self._render(request, "error.html", status=status, message=message)
+
+    # -- pages ------------------------------------------------------------------------------
+
+    async def jobs(self, request: Request) -> Response:
+        """The jobs page: every job with its next slot, last run, pause and strip."""
+        started = time.perf_counter()
+        params = request.query_params
+        query = params.get("q", "")[:200]
+        per = _int(params.get("per"), "per", 10, 500, JOBS_PER_PAGE)
+        backend = await self.source.get()
+        snapshot = await _data.read_snapshot(backend, self.views)
+        names = _data.select_jobs(snapshot, query)
+        pages = max(1, math.ceil(len(names) / per))
+        page = min(_int(params.get("page"), "page", 1, 1_000_000, 1), pages)
+        shown = names[(page - 1) * per : page * per]
+        rows = await _data.job_rows(backend, snapshot, shown)
+        if params.get("format") == "json":
+            return JSONResponse(
+                {
+                    "now_ms": snapshot.now_ms,
+                    "total": len(names),
+                    "page": page,
+                    "pages": pages,
+                    "jobs": [_row_dict(r) for r in rows],
+                }
+            )
+        response = await self._render(
+            request,
+            "jobs.html",
+            snapshot=snapshot,
+            rows=rows,
+            total=len(names),
+            all_jobs=len(snapshot.view.definitions),
+            page=page,
+            pages=pages,
+            per=per,
+            query=query,
+            page_link=lambda n: "?" + urlencode({"q": query, "page": n, "per": per}),
+        )
+        _timing(response, started)
+        return response
+
+    async def job(self, request: Request) -> Response:
+        """One job: its timeline over a range, the explanation panel, its history."""
+        started = time.perf_counter()
+        name = request.path_params["name"]
+        params = request.query_params
+        backend = await self.source.get()
+        snapshot = await _data.read_snapshot(backend, self.views)
+        definitions = snapshot.view.definitions.get(name)
+        limit = _int(params.get("runs"), "runs", 100, 100_000, 10_000)
+        runs = await backend.history(name, limit)
+        if not definitions and not runs:
+            return await self._render(
+                request,
+                "error.html",
+                status=404,
+                message=f"no live instance carries a job named {name!r} and it has no history",
+            )
+        range_name = params.get("range", "")
+        if range_name and range_name not in RANGES:
+            raise _BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
+        now = snapshot.now_ms
+        if params.get("from") or params.get("to"):
+            end = _int(params.get("to"), "to", 0, 2**53, now)
+            start = _int(params.get("from"), "from", 0, end - 1, end - RANGES["24h"])
+        else:
+            span = RANGES[range_name or "24h"]
+            end = _int(params.get("end"), "end", span, 2**53, now)
+            start = end - span
+        definition = definitions[0] if definitions else None
+        line = None
+        if definition is not None:
+            line = _data.timeline(definition, runs, start, end, now, complete=len(runs) < limit)
+        table = _filter(runs, params)[:HISTORY_ROWS]
+        row = (await _data.job_rows(backend, snapshot, [name]))[0] if definitions else None
+        response = await self._render(
+            request,
+            "job.html",
+            name=name,
+            row=row,
+            definition=definition,
+            snapshot=snapshot,
+            pause=snapshot.pause_of(name),
+            line=line,
+            range_name=range_name or ("" if params.get("from") else "24h"),
+            start=start,
+            end=end,
+            runs=table,
+            runs_read=len(runs),
+            instances=sorted({r.instance for r in runs}),
+            filters={k: params.get(k, "") for k in ("status", "trigger", "instance")},
+        )
+        _timing(response, started)
+        return response
+
+    async def slot(self, request: Request) -> Response:
+        """The explanation of one slot (a fragment for the panel, a page, or JSON)."""
+        name = request.path_params["name"]
+        slot_ms = _int(request.path_params["slot"], "slot", 0, 2**53, 0)
+        backend = await self.source.get()
+        snapshot = await _data.read_snapshot(backend, self.views)
+        story = await explain(backend, snapshot, name, slot_ms)
+        if request.query_params.get("format") == "json":
+            return JSONResponse(story.to_dict())
+        return await self._render(request, "slot.html", story=story, name=name)
+
+    async def instances(self, request: Request) -> Response:
+        """The instances page: heartbeat age, clock offset against the budget, jobs."""
+        backend = await self.source.get()
+        snapshot = await _data.read_snapshot(backend, self.views)
+        rows = [(i, _data.clock_threshold_ms(backend, i.jobs)) for i in snapshot.view.instances]
+        return await self._render(request, "instances.html", snapshot=snapshot, rows=rows)
+
+    async def login(self, request: Request) -> Response:
+        """Sign in with the operator token (GET: the form; POST: check it, set the cookie)."""
+        if not self.guard.login_form:
+            return await self._render(
+                request,
+                "error.html",
+                status=404,
+                message="this dashboard has no operator token to sign in with",
+            )
+        if request.method == "GET":
+            return await self._render(request, "login.html", failed=False)
+        form = await _form(request)
+        if not csrf_ok(request, _str(form.get("csrf"))):
+            return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        if not self.guard.check_token(_str(form.get("token")) or ""):
+            logger.warning("dashboard: wrong operator token from %s", _client(request))
+            return await self._render(request, "login.html", status=403, failed=True)
+        name = clean_name(_str(form.get("name")) or "operator")
+        logger.info("dashboard: %s signed in from %s", name, _client(request))
+        base = self._base(request)
+        response = RedirectResponse(base + "/", status_code=303)
+        response.set_cookie(
+            SESSION_COOKIE,
+            self.guard.session_value(name),
+            httponly=True,
+            samesite="strict",
+            path=base + "/",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        """Forget the operator's session cookie."""
+        form = await _form(request)
+        if not csrf_ok(request, _str(form.get("csrf"))):
+            return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        base = self._base(request)
+        response = RedirectResponse(base + "/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path=base + "/")
+        return response
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def action(self, request: Request) -> Response:
+        """Pause, resume or trigger a job (or pause and resume all): operators only, with the
+        page's CSRF token (or the token as a bearer, for scripts)."""
+        what = request.path_params["action"]
+        job = request.path_params.get("name", ALL_JOBS)
+        if not self.guard.writable:
+            return _forbidden(request, "read-only dashboard: no operator token is configured")
+        operator = await self.guard.operator(request)
+        if operator is None:
+            return _forbidden(request, "sign in as an operator to pause, resume or trigger")
+        form = await _form(request)
+        if not self.guard.bearer(request) and not csrf_ok(request, _str(form.get("csrf"))):
+            return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        if job != ALL_JOBS:
+            check_name(job)
+        by = f"{operator}@dashboard"
+        backend = await self.source.get()
+        if what == "pause":
+            minutes = _int(_str(form.get("for_minutes")), "for_minutes", 0, 525_600, 0)
+            until = None
+            if minutes:
+                until = await steering.backend_now_ms(backend) + minutes * 60_000
+            await steering.pause(backend, job, until_ms=until, by=by)
+            done = f"paused {_what(job)}" + (f" for {minutes} min" if minutes else "")
+        elif what == "resume":
+            ended = await steering.resume(backend, job)
+            done = f"resumed {_what(job)}" if ended else f"{_what(job)} was not paused"
+        elif what == "trigger" and job != ALL_JOBS:
+            request_ = await steering.trigger(backend, job, by=by)
+            done = f"asked the cluster to run {job} now (request {request_.id[:8]})"
+        else:
+            raise _BadRequest(f"unknown action {what!r}")
+        logger.info("dashboard: %s by %s from %s", done, by, _client(request))
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "done": done, "by": by})
+        back = _str(form.get("next")) or ""
+        base = self._base(request)
+        if not back.startswith(base + "/") or back.startswith("//"):
+            back = base + "/"
+        joiner = "&" if "?" in back else "?"
+        return RedirectResponse(back + joiner + urlencode({"flash": done}), status_code=303)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The POSTed form (``application/x-www-form-urlencoded``, the only kind the pages send),
+    parsed without python-multipart; at most 64 KiB."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > 65_536:
+            raise _BadRequest("form too large: at most 64 KiB")
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if body and kind != "application/x-www-form-urlencoded":
+        raise _BadRequest(f"content-type {kind!r}: send application/x-www-form-urlencoded")
+    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return dict(pairs)
+
+
+def _what(job: str) -> str:
+    return "every job" if job == ALL_JOBS else job
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _wants_json(request: Request) -> bool:
+    return "application/json" in request.headers.get("accept", "")
+
+
+def _forbidden(request: Request, message: str) -> Response:
+    logger.warning(
+        "dashboard: refused %s %s from %s: %s",
+        request.method,
+        request.url.path,
+        _client(request),
+        message,
+    )
+    if _wants_json(request):
+        return JSONResponse({"ok": False, "error": message}, status_code=403)
+    return HTMLResponse(f"<!doctype html><title>403</title><p>403: {message}</p>", status_code=403)
+
+
+def _timing(response: Response, started: float) -> None:
+    response.headers["server-timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
+
+
+def _filter(runs: list[Any], params: Any) -> list[Any]:
+    status, trigger, instance = (params.get(k) for k in ("status", "trigger", "instance"))
+    return [
+        r
+        for r in runs
+        if (not status or _data.fate_of(r) == status or r.status.value == status)
+        and (not trigger or r.trigger.value == trigger)
+        and (not instance or r.instance == instance)
+    ]
+
+
+def _row_dict(row: _data.JobRow) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "expression": row.definition.expression,
+        "zone": row.definition.zone,
+        "words": row.words,
+        "instances": list(row.instances),
+        "next_slot_ms": row.next_slot_ms,
+        "last_run": None if row.last_run is None else _data.run_dict(row.last_run),
+        "running": [_data.run_dict(r) for r in row.running],
+        "paused": None
+        if row.pause is None
+        else {"by": row.pause.by, "until_ms": row.pause.until_ms},
+        "drift": None if row.drift is None else row.drift.describe(),
+        "strip": [{"slot_ms": c.slot_ms, "fate": c.fate} for c in row.strip],
+    }
+
+
+def build_app(
+    target: Scheduler | Backend,
+    token: str | TokenCheck | None,
+    *,
+    title: str,
+    refresh_ms: int,
+    registry_ttl_ms: int,
+) -> Starlette:
+    """The Starlette application of :func:`anarchon.web.dashboard`."""
+    board = Dashboard(
+        target, token, title=title, refresh_ms=refresh_ms, registry_ttl_ms=registry_ttl_ms
+    )
+
+    async def guarded(request: Request, handler: Any) -> Response:
+        try:
+            response: Response = await handler(request)
+            return response
+        except _BadRequest as exc:
+            return await board._failure(request, exc, 400)
+        except InvalidOption as exc:
+            return await board._failure(request, exc, 400)
+        except BackendError as exc:
+            return await board._failure(request, exc, 503)
+        except AnarchonError as exc:
+            return await board._failure(request, exc, 409)
+
+    def route(path: str, handler: Any, methods: list[str] | None = None) -> Route:
+        async def endpoint(request: Request) -> Response:
+            return await guarded(request, handler)
+
+        return Route(path, endpoint, methods=methods or ["GET"])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        yield
+        await board.source.close()
+
+    app = Starlette(
+        routes=[
+            route("/", board.jobs),
+            route("/instances", board.instances),
+            route("/jobs/{name}", board.job),
+            route("/jobs/{name}/slots/{slot}", board.slot),
+            route("/jobs/{name}/{action}", board.action, ["POST"]),
+            route("/all/{action}", board.action, ["POST"]),
+            route("/login", board.login, ["GET", "POST"]),
+            route("/logout", board.logout, ["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.dashboard = board
+    return app

@@ -1,0 +1,145 @@
+"""``anarchon dashboard``: serve the dashboard alone, on loopback unless told otherwise.
+
+    anarchon dashboard --backend URL [--host 127.0.0.1] [--port 8080] [--token-file F]
+
+Exit codes follow the other commands (README, "Command line"): 2 for a bad option, a token file
+that cannot be read or a missing ``web`` extra, 3 when the backend holds no anarchon data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+from .._redact import redact_url
+from ..errors import MissingDependency
+
+__all__ = ["add_parser", "run_dashboard"]
+
+EXIT_USAGE: Final = 2
+EXIT_NO_DATA: Final = 3
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a port number from 1 to 65535")
+    return value
+
+
+def add_parser(sub: Any, env_backend: str) -> None:
+    """Add the ``dashboard`` command to the ``anarchon`` parser's subcommands."""
+    command = sub.add_parser(
+        "dashboard", help="serve the web dashboard: jobs, slots, instances, pause and trigger"
+    )
+    command.add_argument(
+        "--backend",
+        help=f"backend URL; default ${env_backend}, else SQLite at $ANARCHON_DB or ./anarchon.db",
+    )
+    command.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback)"
+    )
+    command.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
+    command.add_argument(
+        "--token-file",
+        type=Path,
+        help="file holding the operator token (8+ characters); without it the dashboard is "
+        "read-only",
+    )
+    command.add_argument("--title", default="anarchon", help="shown in the header")
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"anarchon dashboard: {message}", file=sys.stderr)
+    return code
+
+
+def _read_token(path: Path) -> str:
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the token file {str(path)!r}: {exc}") from None
+    if len(token) < 8:
+        raise ValueError(
+            f"the token file {str(path)!r} holds {len(token)} characters; an operator token "
+            "has at least 8"
+        )
+    return token
+
+
+def _sqlite_has_data(path: Path) -> bool:
+    """True if ``path`` is a SQLite file anarchon wrote (opened read-only: nothing created)."""
+    if not path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            row = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'anarchon_schema'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
+    return row is not None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard until SIGINT/SIGTERM; return the exit code."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise MissingDependency(
+            "anarchon dashboard needs uvicorn, Starlette and Jinja2: pip install 'anarchon[web]'"
+        ) from None
+    from .._urls import backend_from_url
+    from ..backends.sqlite import SQLiteBackend
+    from . import dashboard
+
+    token = None
+    if args.token_file is not None:
+        try:
+            token = _read_token(args.token_file)
+        except ValueError as exc:
+            return _fail(EXIT_USAGE, str(exc))
+    url = args.backend or os.environ.get("ANARCHON_BACKEND") or None
+    backend = SQLiteBackend() if url is None else backend_from_url(url)
+    where = redact_url(repr(backend))
+    if isinstance(backend, SQLiteBackend) and not _sqlite_has_data(backend.path):
+        return _fail(EXIT_NO_DATA, f"no anarchon data at {backend.path}")
+    if not _loopback(args.host):
+        print(
+            f"anarchon dashboard: listening on {args.host}, beyond this host"
+            + ("" if token else "; read-only (no --token-file)"),
+            file=sys.stderr,
+        )
+    app = dashboard(backend, token=token, title=args.title)
+    mode = "operators sign in with the token" if token else "read-only"
+    print(
+        f"anarchon dashboard on http://{args.host}:{args.port}/ for {where} ({mode})",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False
+    )
+    uvicorn.Server(config).run()
+    return 0

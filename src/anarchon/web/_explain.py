@@ -1,0 +1,217 @@
+"""One slot's fate for the dashboard's explanation panel, behind one function (:func:`explain`).
+
+It asks :func:`anarchon.explain.explain` (as ``anarchon explain`` does), and reads the history
+itself only for a job no live instance carries any more (no definition to judge the slot by).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .._models import Run, RunStatus, ms_to_datetime
+from .._redact import redact_url
+from .._schedule import CronSchedule, slot_to_datetime
+from ..backend import Backend
+from ..control import PAUSED
+from ..errors import JobNotFound
+from ..explain import Attempt, Fate, SlotFate
+from ..explain import explain as official_explain
+from ..registry import JobDefinition
+from ._data import Snapshot, fate_of, iso, run_dict
+
+__all__ = ["EXPLAIN_RUNS", "SlotStory", "explain"]
+
+#: Runs of the job read to find one slot's attempts.
+EXPLAIN_RUNS: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SlotStory:
+    """What became of one slot: a ``kind``, one sentence, the attempts (oldest first) and
+    what else helps (the nearest slots, the instances that carry the job)."""
+
+    job: str
+    slot_ms: int
+    kind: str
+    """``not-a-slot``, ``future``, ``succeeded``, ``failed``, ``running``, ``skipped``,
+    ``paused``, ``late``, ``missed``, ``no-record`` or ``unread``."""
+    summary: str
+    attempts: list[Run] = field(default_factory=list)
+    previous_ms: int | None = None
+    next_ms: int | None = None
+    carriers: tuple[str, ...] = ()
+    definition: JobDefinition | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of ``/jobs/<name>/slots/<ms>?format=json``."""
+        return {
+            "job": self.job,
+            "slot_ms": self.slot_ms,
+            "slot": iso(self.slot_ms),
+            "kind": self.kind,
+            "summary": redact_url(self.summary),
+            "attempts": [run_dict(r) for r in self.attempts],
+            "previous_slot_ms": self.previous_ms,
+            "next_slot_ms": self.next_ms,
+            "carriers": list(self.carriers),
+        }
+
+    def describe(self) -> str:
+        """The summary and one line per attempt."""
+        lines = [self.summary]
+        for run in self.attempts:
+            took = "" if run.duration is None else f" in {run.duration:.3f} s"
+            tail = run.error or run.reason or ""
+            lines.append(
+                f"  attempt {run.attempt} on {run.instance} (fence {run.fence}): "
+                f"{run.status.value}{took}" + (f": {tail.splitlines()[-1]}" if tail else "")
+            )
+        return redact_url("\n".join(lines))
+
+
+def _neighbours(schedule: CronSchedule, slot_ms: int) -> tuple[int | None, int | None, bool]:
+    """The slots before and after ``slot_ms`` and whether it is one."""
+    after = schedule.next_slot(slot_ms)
+    before = None
+    window = 3_600_000
+    while before is None and window <= 400 * 86_400_000:
+        found = [s for s in schedule.slots(slot_ms - window, slot_ms) if s < slot_ms]
+        before = found[-1] if found else None
+        window *= 8
+    is_slot = schedule.next_slot(slot_ms - 1) == slot_ms
+    return before, after, is_slot
+
+
+def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
+    last = attempts[-1]
+    kind = fate_of(last)
+    where = f"on {last.instance}"
+    tries = f" after {len(attempts)} attempts" if len(attempts) > 1 else ""
+    if last.status is RunStatus.SUCCEEDED:
+        took = "" if last.duration is None else f", took {last.duration:.3f} s"
+        return kind, f"{job} at {when} ran {where} and succeeded{tries}{took}."
+    if last.status is RunStatus.FAILED:
+        cause = (last.error or last.reason or "no error recorded").strip().splitlines()[-1]
+        return kind, f"{job} at {when} ran {where} and failed{tries}: {cause}"
+    if last.status is RunStatus.RUNNING:
+        return kind, f"{job} at {when} is running {where} (attempt {last.attempt})."
+    if last.status is RunStatus.MISSED:
+        return kind, f"{job} at {when} was missed: {last.reason or 'no instance ran it'}."
+    return kind, f"{job} at {when} was skipped: {last.reason or 'no reason recorded'}."
+
+
+def _kind(fate: SlotFate) -> str:
+    if fate.fate is Fate.RAN:
+        return fate.outcome.value if fate.outcome is not None else "succeeded"
+    if fate.fate is Fate.SKIPPED:
+        reason = fate.reason or ""
+        if reason.startswith(PAUSED):
+            return "paused"
+        return "late" if reason.startswith(("too late", "too old")) else "skipped"
+    return fate.fate.value
+
+
+def _run_of(job: str, slot_ms: int, a: Attempt) -> Run:
+    return Run(
+        job=job,
+        slot=ms_to_datetime(slot_ms),
+        run_id=a.run_id,
+        instance=a.instance,
+        trigger=a.trigger,
+        attempt=a.attempt,
+        status=a.status,
+        started_at=slot_to_datetime(a.started_ms),
+        finished_at=ms_to_datetime(a.finished_ms),
+        error=a.error,
+        fence=a.fence,
+        reason=a.reason,
+        requested_by=a.requested_by,
+    )
+
+
+async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
+    """What became of ``job``'s slot ``slot_ms``: :func:`anarchon.explain.explain`'s answer."""
+    try:
+        fate = await official_explain(
+            backend, job, slot_ms, view=snapshot.view, now_ms=snapshot.now_ms, limit=EXPLAIN_RUNS
+        )
+    except JobNotFound:
+        return await _from_history(backend, snapshot, job, slot_ms)
+    before, after = fate.previous_slot_ms, fate.next_slot_ms
+    if before is None and after is None:
+        with contextlib.suppress(ValueError, LookupError):
+            schedule = CronSchedule(fate.definition.expression, fate.definition.zone)
+            before, after, _ = _neighbours(schedule, slot_ms)
+    summary = " ".join(
+        [fate.headline() + "."]
+        + ([f"Reason: {fate.reason}."] if fate.reason else [])
+        + [f"Note: {note}" for note in fate.notes]
+    )
+    return SlotStory(
+        job=job,
+        slot_ms=slot_ms,
+        kind=_kind(fate),
+        summary=summary,
+        attempts=[_run_of(job, slot_ms, a) for a in fate.attempts],
+        previous_ms=before,
+        next_ms=after,
+        carriers=snapshot.view.carriers(job),
+        definition=fate.definition,
+    )
+
+
+async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
+    """The slot's records alone, for a job no live instance carries."""
+    definitions = snapshot.view.definitions.get(job, ())
+    definition = definitions[0] if definitions else None
+    carriers = snapshot.view.carriers(job)
+    when = iso(slot_ms)
+    base: dict[str, Any] = {
+        "job": job,
+        "slot_ms": slot_ms,
+        "carriers": carriers,
+        "definition": definition,
+    }
+    before = after = None
+    is_slot = True
+    if definition is not None:
+        with contextlib.suppress(ValueError, LookupError):
+            before, after, is_slot = _neighbours(
+                CronSchedule(definition.expression, definition.zone), slot_ms
+            )
+    base.update(previous_ms=before, next_ms=after)
+    runs = await backend.history(job, EXPLAIN_RUNS)
+    attempts = sorted(
+        (r for r in runs if r.slot_ms == slot_ms), key=lambda r: (r.attempt, r.started_at)
+    )
+    if attempts:
+        kind, text = _summary(job, when, attempts)
+        return SlotStory(kind=kind, summary=text, attempts=attempts, **base)
+    if not is_slot:
+        text = (
+            f"{when} is not a slot of {job} ({definition.expression!r} in {definition.zone})"
+            if definition
+            else f"{when}: no record of {job}"
+        )
+        text += f"; nearest: {iso(before)} and {iso(after)}."
+        return SlotStory(kind="not-a-slot", summary=text, **base)
+    if slot_ms > snapshot.now_ms:
+        who = ", ".join(carriers) or "no instance carries it now"
+        return SlotStory(
+            kind="future", summary=f"{job} at {when} is in the future; carried by: {who}.", **base
+        )
+    oldest = min((r.slot_ms for r in runs if r.slot_ms is not None), default=None)
+    if len(runs) >= EXPLAIN_RUNS and oldest is not None and slot_ms < oldest:
+        text = (
+            f"{job} at {when} is older than the {EXPLAIN_RUNS} newest records read "
+            f"(oldest slot read: {iso(oldest)})."
+        )
+        return SlotStory(kind="unread", summary=text, **base)
+    text = (
+        f"{job} at {when}: no record. No instance claimed it (none carried the job then, or "
+        "it came after the job's history was pruned); slots nobody ran are recorded 'missed' "
+        "when instances come back."
+    )
+    return SlotStory(kind="no-record", summary=text, **base)

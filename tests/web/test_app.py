@@ -1,0 +1,523 @@
+"""The dashboard in process: pages, the JSON shapes, who may act (token, callable, CSRF), bad
+input, and the pure parts (schedule in words, strips, timelines, explanations)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, Trigger
+from anarchon.registry import JobDefinition
+from anarchon.web import dashboard
+from anarchon.web._data import (
+    FATES,
+    MAX_WALK,
+    fate_of,
+    recent_slots,
+    schedule_in_words,
+    timeline,
+)
+from tests.web.cluster import free_port
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = "operator-token-123"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Reply:
+    status: int
+    body: str
+    headers: dict[str, str]
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Client:
+    """Blocking HTTP calls run in a thread, so the server in this loop answers them."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.cookies: dict[str, str] = {}
+
+    async def call(
+        self,
+        path: str,
+        data: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        cookies: bool = True,
+    ) -> Reply:
+        def send() -> Reply:
+            body = None if data is None else urllib.parse.urlencode(data).encode()
+            request = urllib.request.Request(self.base + path, data=body)
+            if body is not None:
+                request.add_header("Content-Type", "application/x-www-form-urlencoded")
+            for key, value in (headers or {}).items():
+                request.add_header(key, value)
+            if cookies and self.cookies:
+                request.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in self.cookies.items()))
+            opener = urllib.request.build_opener(_NoRedirect)
+            try:
+                response = opener.open(request, timeout=20)
+            except urllib.error.HTTPError as exc:
+                response = exc
+            with response:
+                for value in response.headers.get_all("set-cookie") or []:
+                    name, _, rest = value.partition("=")
+                    self.cookies[name] = rest.split(";")[0].strip('"')
+                return Reply(
+                    response.status, response.read().decode(), dict(response.headers.items())
+                )
+
+        return await asyncio.to_thread(send)
+
+    def csrf(self) -> str:
+        return self.cookies["anarchon_csrf"]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+@dataclass
+class Served:
+    client: Client
+    backend: MemoryBackend
+    scheduler: Scheduler
+
+
+async def _serve(token: Any, jobs: bool = True) -> AsyncIterator[Served]:
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, instance_id="w0", heartbeat_ms=200)
+
+    async def ok(ctx: RunContext) -> None:
+        pass
+
+    async def bad(ctx: RunContext) -> None:
+        raise RuntimeError("boom at postgresql://app:hunter2pw@db/x")
+
+    if jobs:
+        scheduler.add("every-second", "* * * * * *", ok)
+        scheduler.add("failing", "* * * * * *", bad)
+        scheduler.add("daily", "0 3 * * *", ok)
+    port = free_port()
+    app = dashboard(scheduler, token=token, refresh_ms=0)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    async with scheduler:
+        task = asyncio.create_task(server.serve())
+        await asyncio.sleep(2.2)  # uvicorn starts meanwhile
+        assert server.started
+        try:
+            yield Served(Client(f"http://127.0.0.1:{port}"), backend, scheduler)
+        finally:
+            server.should_exit = True
+            await task
+
+
+@pytest.fixture
+async def readonly() -> AsyncIterator[Served]:
+    async for served in _serve(None):
+        yield served
+
+
+@pytest.fixture
+async def guarded() -> AsyncIterator[Served]:
+    async for served in _serve(TOKEN):
+        yield served
+
+
+ACTIONS = [
+    "/jobs/every-second/pause",
+    "/jobs/every-second/resume",
+    "/jobs/every-second/trigger",
+    "/all/pause",
+    "/all/resume",
+]
+
+
+async def test_pages_render_and_show_no_secret(readonly: Served) -> None:
+    client = readonly.client
+    for path in (
+        "/",
+        "/?q=fail",
+        "/?page=2&per=10",
+        "/instances",
+        "/jobs/failing",
+        "/jobs/failing?range=1h&status=failed&trigger=schedule&instance=w0",
+        "/jobs/every-second?range=365d",
+        "/jobs/daily?from=0&to=86400000",
+    ):
+        reply = await client.call(path)
+        assert reply.status == 200, (path, reply.body[:500])
+        assert "hunter2pw" not in reply.body, path
+        assert "default-src 'self'" in reply.headers["content-security-policy"]
+    jobs = await client.call("/")
+    assert len(re.findall(r'<tr class="job[ "]', jobs.body)) == 3
+    assert '<script src="/static/app.js"' in jobs.body
+    assert "data-action" not in jobs.body  # read-only: no buttons
+    searched = await client.call("/?q=FAIL")
+    assert 'data-job="failing"' in searched.body and 'data-job="daily"' not in searched.body
+    for asset in ("/static/app.js", "/static/app.css"):
+        assert (await client.call(asset)).status == 200
+    failing = await client.call("/jobs/failing")
+    assert "RuntimeError: boom at postgresql://app:***@db/x" in failing.body
+
+
+async def test_json_shapes(readonly: Served) -> None:
+    client = readonly.client
+    data = (await client.call("/?format=json")).json()
+    assert data["total"] == 3 and [j["name"] for j in data["jobs"]] == [
+        "daily",
+        "every-second",
+        "failing",
+    ]
+    failing = data["jobs"][2]
+    assert failing["last_run"]["status"] == "failed"
+    assert "hunter2pw" not in json.dumps(data)
+    assert len(failing["strip"]) == 50 and failing["strip"][-1]["fate"] in FATES
+    slot = failing["last_run"]["slot_ms"]
+    story = (await client.call(f"/jobs/failing/slots/{slot}?format=json")).json()
+    assert story["kind"] == "failed" and story["attempts"][0]["status"] == "failed"
+    assert "hunter2pw" not in json.dumps(story)
+    panel = await client.call(f"/jobs/failing/slots/{slot}", headers={"X-Anarchon-Partial": "1"})
+    assert panel.body.lstrip().startswith("<section") and 'data-kind="failed"' in panel.body
+
+
+async def test_read_only_refuses_every_action(readonly: Served) -> None:
+    client = readonly.client
+    await client.call("/")
+    for path in ACTIONS:
+        reply = await client.call(path, {"csrf": client.csrf()})
+        assert reply.status == 403, path
+        assert "read-only" in reply.body
+        bearer = await client.call(path, {}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status == 403, path
+    assert await readonly.backend.control().pauses() == []
+    assert (await client.call("/login")).status == 404
+
+
+async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
+    client, control = guarded.client, guarded.backend.control()
+    await client.call("/")
+    for path in ACTIONS:  # not signed in
+        assert (await client.call(path, {"csrf": client.csrf()})).status == 403, path
+    wrong = await client.call("/login", {"csrf": client.csrf(), "token": "nope", "name": "x"})
+    assert wrong.status == 403 and "not the operator token" in wrong.body
+    no_csrf = await client.call("/login", {"token": TOKEN, "name": "alice"})
+    assert no_csrf.status == 403
+    signed = await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
+    assert signed.status == 303 and "anarchon_operator" in client.cookies
+    assert TOKEN not in client.cookies["anarchon_operator"]
+    # Signed in, but without the CSRF token, with a wrong one, or from another site: refused.
+    for data, headers in (
+        ({}, {}),
+        ({"csrf": "0" * 32}, {}),
+        ({"csrf": client.csrf()}, {"Origin": "http://evil.example"}),
+        ({"csrf": client.csrf()}, {"Origin": "null"}),
+    ):
+        reply = await client.call("/jobs/every-second/pause", data, headers=headers)
+        assert reply.status == 403, (data, headers)
+    assert await control.pauses() == []
+    page = await client.call("/")
+    assert 'data-action="pause"' in page.body and "data-operator>alice" in page.body
+    paused = await client.call(
+        "/jobs/every-second/pause",
+        {"csrf": client.csrf(), "for_minutes": "15", "next": "/jobs/every-second"},
+        headers={"Origin": client.base},
+    )
+    assert paused.status == 303
+    assert paused.headers["location"].startswith("/jobs/every-second?flash=paused")
+    [held] = await control.pauses()
+    assert held.job == "every-second" and held.by == "alice@dashboard" and held.until_ms
+    # Paused slots are recorded skipped, 'paused by alice@dashboard'.
+    await asyncio.sleep(2.2)
+    runs = await guarded.backend.history("every-second", 5)
+    assert any((r.reason or "").startswith("paused by alice@dashboard") for r in runs)
+    assert "data-paused" in (await client.call("/")).body
+    resumed = await client.call("/jobs/every-second/resume", {"csrf": client.csrf()})
+    assert resumed.status == 303 and await control.pauses() == []
+    triggered = await client.call(
+        "/jobs/daily/trigger", {"csrf": client.csrf()}, headers={"Accept": "application/json"}
+    )
+    assert triggered.status == 200 and triggered.json()["by"] == "alice@dashboard"
+    [request] = await control.requests(["daily"])
+    assert request.trigger is Trigger.MANUAL and request.requested_by == "alice@dashboard"
+    # The next page link never leaves the dashboard.
+    away = await client.call("/all/pause", {"csrf": client.csrf(), "next": "//evil.example/"})
+    assert away.headers["location"].startswith("/?flash=")
+    await client.call("/all/resume", {"csrf": client.csrf()})
+    # A script with the token as a bearer needs no cookie and no CSRF token.
+    bearer = await client.call(
+        "/jobs/failing/pause",
+        {},
+        headers={"Authorization": f"Bearer {TOKEN}", "Accept": "application/json"},
+        cookies=False,
+    )
+    assert bearer.status == 200 and bearer.json()["by"] == "token@dashboard"
+    bad = await client.call("/jobs/failing/pause", {"csrf": client.csrf(), "for_minutes": "x"})
+    assert bad.status == 400 and "for_minutes=&#39;x&#39; must be a whole number" in bad.body
+    unknown = await client.call("/jobs/failing/explode", {"csrf": client.csrf()})
+    assert unknown.status == 400
+
+
+async def test_host_callable_decides_who_acts() -> None:
+    def who(request: Any) -> str | None:
+        found: str | None = request.headers.get("x-user")
+        return found
+
+    async for served in _serve(who, jobs=True):
+        client = served.client
+        await client.call("/")
+        denied = await client.call("/jobs/daily/pause", {"csrf": client.csrf()})
+        assert denied.status == 403
+        done = await client.call(
+            "/jobs/daily/pause", {"csrf": client.csrf()}, headers={"X-User": "bob <script>"}
+        )
+        assert done.status == 303
+        [held] = await served.backend.control().pauses()
+        assert held.by == "bobscript@dashboard"
+
+
+async def test_bad_requests_are_clear(readonly: Served) -> None:
+    client = readonly.client
+    for path, text in (
+        ("/?per=3", "per=&#39;3&#39; must be a whole number from 10 to 500"),
+        ("/jobs/daily?range=2y", "range=&#39;2y&#39; must be one of"),
+        ("/jobs/daily/slots/abc", "slot=&#39;abc&#39; must be a whole number"),
+    ):
+        reply = await client.call(path)
+        assert reply.status == 400 and text in reply.body, (path, reply.body[-400:])
+    missing = await client.call("/jobs/nope")
+    assert missing.status == 404 and "no live instance carries a job named" in missing.body
+
+
+def test_dashboard_refuses_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="pass an anarchon Scheduler or Backend"):
+        dashboard("sqlite:///x.db")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 8 characters"):
+        dashboard(MemoryBackend(), token="short")
+    with pytest.raises(TypeError, match="must be None"):
+        dashboard(MemoryBackend(), token=42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="refresh_ms=-1"):
+        dashboard(MemoryBackend(), refresh_ms=-1)
+
+
+@pytest.mark.parametrize(
+    ("expression", "words"),
+    [
+        ("* * * * *", "every minute"),
+        ("*/5 * * * *", "every 5 minutes"),
+        ("7 * * * *", "every hour at :07"),
+        ("0 3 * * *", "every day at 03:00"),
+        ("30 9 * * 1-5", "every weekday at 09:30"),
+        ("0 0 * * 0", "every Sunday at 00:00"),
+        ("15 2 1 * *", "on day 1 of every month at 02:15"),
+        ("* * * * * *", "every second"),
+        ("*/10 * * * * *", "every 10 seconds"),
+        ("@hourly", "every hour at :00"),
+        ("0 */2 * * *", "every 2 hours at :00"),
+        ("1,2 3 * * *", None),
+        ("0 3 * 1 *", None),
+    ],
+)
+def test_schedule_in_words(expression: str, words: str | None) -> None:
+    assert schedule_in_words(expression) == words
+
+
+def _run(slot: int, status: RunStatus, attempt: int = 1, reason: str | None = None) -> Run:
+    moment = datetime.fromtimestamp(slot / 1000, UTC)
+    return Run(
+        job="j",
+        slot=moment,
+        run_id=f"r{slot}-{attempt}",
+        instance="w0",
+        trigger=Trigger.SCHEDULE,
+        attempt=attempt,
+        status=status,
+        started_at=moment,
+        finished_at=None if status is RunStatus.RUNNING else moment,
+        reason=reason,
+    )
+
+
+def test_fates() -> None:
+    assert fate_of(_run(0, RunStatus.SUCCEEDED)) == "succeeded"
+    assert fate_of(_run(0, RunStatus.SKIPPED, reason="paused by a@b")) == "paused"
+    assert fate_of(_run(0, RunStatus.SKIPPED, reason="too late: w0 reached")) == "late"
+    assert fate_of(_run(0, RunStatus.SKIPPED, reason="overlap: held")) == "skipped"
+    assert fate_of(_run(0, RunStatus.MISSED, reason="no instance")) == "missed"
+
+
+def test_timeline_cells_buckets_and_unread() -> None:
+    minute = 60_000
+    now = 1_800_000_000_000
+    definition = JobDefinition(name="j", expression="* * * * *", zone="UTC")
+    runs = [
+        _run(now - 1 * minute, RunStatus.RUNNING),
+        _run(now - 2 * minute, RunStatus.FAILED, attempt=2),
+        _run(now - 2 * minute, RunStatus.FAILED, attempt=1),
+        _run(now - 3 * minute, RunStatus.MISSED),
+    ]
+    line = timeline(definition, runs, now - 10 * minute, now, now, complete=True)
+    fates = {c.slot_ms: c.fate for c in line.cells}
+    assert len(line.cells) == 10 and not line.buckets
+    assert fates[now - minute] == "running" and fates[now - 3 * minute] == "missed"
+    assert fates[now - 4 * minute] == "none"
+    assert [c.attempts for c in line.cells if c.slot_ms == now - 2 * minute] == [2]
+    # Incomplete history: slots older than the oldest read are 'unread' buckets.
+    partial = timeline(definition, runs, now - 24 * 60 * minute, now, now, complete=False)
+    assert partial.buckets and partial.read_from_ms == now - 3 * minute
+    assert partial.buckets[0].fate == "unread" and partial.buckets[-1].fate != "unread"
+    # A year of a per-minute job: the walk stops at MAX_WALK slots.
+    year = timeline(definition, [], now - 365 * 1440 * minute, now, now, complete=True)
+    assert year.capped and year.slots == MAX_WALK and len(year.buckets) == 240
+
+
+def test_recent_slots() -> None:
+    from anarchon import CronSchedule
+
+    now = 1_800_000_000_000
+    assert len(recent_slots(CronSchedule("* * * * * *"), now, 50)) == 50
+    yearly = recent_slots(CronSchedule("0 0 1 1 *"), now, 50)
+    assert len(yearly) == 50 and yearly[-1] <= now and yearly == sorted(yearly)
+
+
+def test_templates_and_assets_are_package_data() -> None:
+    """Every file the dashboard serves is matched by pyproject's package-data patterns."""
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["anarchon"]
+    package = ROOT / "src" / "anarchon"
+    files = [
+        p.relative_to(package).as_posix()
+        for folder in ("web/templates", "web/static")
+        for p in (package / folder).iterdir()
+    ]
+    assert files
+    unmatched = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+    assert not unmatched
+
+
+def test_no_cdn_or_outside_address() -> None:
+    folder = ROOT / "src" / "anarchon" / "web"
+    for path in [*folder.glob("templates/*"), *folder.glob("static/*")]:
+        text = path.read_text()
+        assert not re.search(r"(?:src|href)=\"(?:https?:)?//", text), path
+        assert "@import" not in text and "url(http" not in text, path
+
+
+def test_cli_parts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def command(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "anarchon", "dashboard", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    nothing = command("--backend", f"sqlite:///{tmp_path / 'none.db'}")
+    assert nothing.returncode == 3 and "no anarchon data at" in nothing.stderr
+    assert not (tmp_path / "none.db").exists()
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    refused = command("--backend", "sqlite:///x.db", "--token-file", str(short))
+    assert refused.returncode == 2 and "holds 3 characters" in refused.stderr
+    port = command("--port", "70000")
+    assert port.returncode == 2 and "port number from 1 to 65535" in port.stderr
+
+
+def test_fast_view_matches_build_view() -> None:
+    from anarchon.registry import InstanceRecord, build_view
+    from anarchon.web._data import fast_view
+
+    def record(name: str, *jobs: JobDefinition) -> InstanceRecord:
+        return InstanceRecord(
+            id=name,
+            host="h",
+            pid=1,
+            version="v",
+            started_ms=0,
+            heartbeat_ms=0,
+            interval_ms=5000,
+            clock_offset_ms=None,
+            jobs=jobs,
+        )
+
+    a = JobDefinition(name="a", expression="*/2 * * * *", zone="UTC", options={"lease_ms": 1})
+    a2 = JobDefinition(name="a", expression="*/3  * * * *", zone="UTC", options={"lease_ms": 1})
+    a_spaced = JobDefinition(
+        name="a", expression="*/2  *  * * *", zone="UTC", options={"lease_ms": 1}
+    )
+    b = JobDefinition(name="b", expression="0 3 * * *", zone="Europe/Paris")
+    b_true = JobDefinition(
+        name="b", expression="0 3 * * *", zone="Europe/Paris", options={"x": True}
+    )
+    b_one = JobDefinition(name="b", expression="0 3 * * *", zone="Europe/Paris", options={"x": 1})
+    cases = [
+        [record("w1", a, b), record("w0", a_spaced, b)],
+        [record("w0", a, b), record("w1", a2, b), record("w2", a2)],
+        [record("w0", b_true), record("w1", b_one)],
+        [],
+    ]
+    for instances in cases:
+        fast, exact = fast_view(instances, 5), build_view(instances, 5)
+        assert fast == exact
+
+
+async def test_mounted_under_a_prefix() -> None:
+    """docs/dashboard.md: ``app.mount("/cron", dashboard(scheduler, token=...))`` in a
+    Starlette (or FastAPI) app: links, assets, cookies and redirects stay under the prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, instance_id="w0", heartbeat_ms=200)
+
+    async def report(ctx: RunContext) -> None:
+        pass
+
+    scheduler.add("report", "*/2 * * * * *", report)
+    app = Starlette(routes=[Mount("/cron", app=dashboard(scheduler, token=lambda r: "carol"))])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    async with scheduler:
+        task = asyncio.create_task(server.serve())
+        await asyncio.sleep(1.5)
+        try:
+            client = Client(f"http://127.0.0.1:{port}")
+            page = await client.call("/cron/")
+            assert page.status == 200
+            assert 'href="/cron/jobs/report"' in page.body
+            assert 'src="/cron/static/app.js"' in page.body
+            assert "Path=/cron/" in page.headers["set-cookie"]
+            assert (await client.call("/cron/static/app.css")).status == 200
+            done = await client.call(
+                "/cron/jobs/report/pause", {"csrf": client.csrf(), "next": "/cron/jobs/report"}
+            )
+            assert done.status == 303 and done.headers["location"].startswith("/cron/jobs/report?")
+            [held] = await backend.control().pauses()
+            assert held.by == "carol@dashboard"
+        finally:
+            server.should_exit = True
+            await task
