@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from anarchon import SQLiteBackend, Trigger
-from anarchon.backend import ClaimRequest
+from anarchon import RunStatus, SQLiteBackend, Trigger
+from anarchon.backend import ClaimRequest, FinishRequest
 from anarchon.registry import InstanceRecord, JobDefinition
 from anarchon.web import dashboard
 
@@ -111,7 +111,7 @@ async def seed(backend: SQLiteBackend, jobs: int, runs: int) -> None:
         ]
         outcomes = await backend.claim(requests)
         finish = [
-            (o.ticket, "failed" if n % 7 == 0 else "succeeded", None)
+            FinishRequest(o.ticket, RunStatus.FAILED if n % 7 == 0 else RunStatus.SUCCEEDED, None)
             for n, o in enumerate(outcomes)
             if o.ticket is not None
         ]

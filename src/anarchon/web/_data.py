@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .._models import Run, RunStatus
+from .._models import CatchUp, Run, RunStatus
 from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
@@ -527,7 +527,7 @@ def _policy(job: JobDefinition) -> JobPolicy | None:
             lease_ms=int(o.get("lease_ms") or 0),
             max_attempts=int(o.get("max_attempts") or 1),
             overlap=Overlap(str(o.get("overlap") or "skip")),
-            catch_up=str(o.get("catch_up") or "none"),
+            catch_up=CatchUp(str(o.get("catch_up") or "none")),
             catch_up_window_ms=int(o.get("catch_up_window_ms") or 0),
             handover=bool(o.get("handover")),
             history_ttl_ms=None if ttl is None else int(ttl),
