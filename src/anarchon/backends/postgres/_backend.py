@@ -22,7 +22,8 @@ from anarchon.backend import (
     Ticket,
 )
 from anarchon.errors import BackendError, BackendUnavailable
-from anarchon.kit import Run
+from anarchon.kit import Run, backoff
+from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 
 from . import _rows as rows
@@ -46,8 +47,10 @@ POLL_MS: Final = 500
 # Batches larger than this are planned for their size with JIT compilation off; smaller ones
 # reuse the prepared claim's generic plan (see no_jit, custom_plans, generic_plans in queries.sql).
 LARGE_BATCH: Final = 100
-# How long start() waits for the first LISTEN before going on without it.
+# How long the first subscribe() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
+# The waits between attempts to LISTEN again.
+_listen_backoff = functools.partial(backoff, first=0.2, cap=5.0)
 
 
 class PostgresBackend(LeaseBackend):
@@ -107,6 +110,7 @@ class PostgresBackend(LeaseBackend):
         self._queries = Queries(Names(options.schema, options.table_prefix))
         self._where = describe_server(options)
         self._db = Connections(options, self._queries, self._where, repr(self))
+        self._feed = ChangeFeed(self.name)
         self._listener: Listener | None = None
 
     @classmethod
@@ -147,9 +151,8 @@ class PostgresBackend(LeaseBackend):
 
     async def stop(self) -> None:
         """Stop listening and close the pool the backend opened (never the caller's)."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.stop()
+        await self._feed.stop()
+        self._listener = None
         await self._db.close()
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
@@ -305,15 +308,19 @@ class PostgresBackend(LeaseBackend):
     async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """LISTEN for releases and results on a dedicated connection (unless notifications are
         off); reconnects with backoff. Missed notifications only delay a backup until the
-        lease expires."""
+        lease expires. The first subscriber waits up to two seconds for the first LISTEN. A
+        listener that raises is logged and the others still hear of it."""
         if not self.notifications:
             return
+        self._feed.add(on_change)
         if self._listener is None:
             self._listener = Listener(
                 self._db.connect_listener, self._queries.names.channel, self._where
             )
-        self._listener.add(on_change)
-        await self._listener.start(LISTEN_WAIT_S)
+            self._feed.start(
+                self._listener.next_changes, delays=_listen_backoff, errors=(BackendError,)
+            )
+            await self._feed.wait_live(LISTEN_WAIT_S)
 
     def registry(self) -> PostgresRegistry:
         """The registry, in a table of its own beside the backend's (see ``_registry``)."""

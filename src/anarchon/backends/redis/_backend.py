@@ -17,10 +17,11 @@ from ...backend import (
     Ticket,
 )
 from ...errors import BackendError
-from ...kit import Run, RunStatus
+from ...kit import Run, RunStatus, backoff
+from ...kit.feed import ChangeFeed
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
-from ._connection import Connection, Notifications, renewal_timeout
+from ._connection import SUBSCRIBE_WAIT_S, Connection, Notifications, renewal_timeout
 from ._control import RedisControl
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._options import (
@@ -85,7 +86,7 @@ class RedisBackend(LeaseBackend):
         self.prefix = prefix
         self._keys = Namespace(prefix)
         self._connection.owner = repr(self)
-        self._notifications = Notifications(self._connection, self._keys.channel)
+        self._feed = ChangeFeed(self.name)
         #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
         #: see tests/conformance/test_differential.py).
         self._test_clock_offset_ms = 0
@@ -118,7 +119,7 @@ class RedisBackend(LeaseBackend):
 
     async def stop(self) -> None:
         """Stop listening and close the client this backend created (never one passed in)."""
-        await self._notifications.stop()
+        await self._feed.stop()
         await self._connection.close()
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
@@ -278,9 +279,15 @@ class RedisBackend(LeaseBackend):
 
         A listener task keeps one subscription open, pings it when quiet, and re-subscribes
         with backoff after a failure (messages published meanwhile are lost; backups then act
-        at lease expiry). Waits up to two seconds for the first subscription.
+        at lease expiry). The first subscriber waits up to two seconds for the subscription.
+        A listener that raises is logged and the others still hear of it.
         """
-        await self._notifications.add(on_change)
+        client = self._connection.client()
+        self._feed.add(on_change)
+        if not self._feed.running:
+            stream = Notifications(client, self._connection.where, self._keys.channel)
+            self._feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
+            await self._feed.wait_live(SUBSCRIBE_WAIT_S)
 
     def clone(self) -> RedisBackend | None:
         """A new, unstarted backend on the same Redis and prefix with a client of its own, for
@@ -294,6 +301,5 @@ class RedisBackend(LeaseBackend):
         if connection.where != self._connection.where:  # a copy of the client passed in
             twin.url = connection.where
         twin._connection = connection
-        twin._notifications = Notifications(connection, twin._keys.channel)
         connection.owner = repr(twin)
         return twin
