@@ -58,6 +58,14 @@ async def test_bounded_call_returns_translates_and_times_out() -> None:
         )
     with pytest.raises(BackendUnavailable, match=r"toy db: no answer within 0\.05 s"):
         await bounded_call(answer(wait=5), where="toy db", timeout_s=0.05, translate=translate)
+    with pytest.raises(BackendUnavailable, match=r"toy db: no answer within timeout_ms=50$"):
+        await bounded_call(
+            answer(wait=5),
+            where="toy db",
+            timeout_s=0.05,
+            limit="timeout_ms=50",
+            translate=translate,
+        )
 
 
 async def test_bounded_call_cancels_the_abandoned_operation() -> None:
