@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
-from anarchon.kit import OUTAGE_ACTIONS, Bound
+from anarchon.kit import OUTAGE_ACTIONS, Bound, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.migrations import Step, migrate
@@ -153,6 +154,14 @@ def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
     ]:
         with pytest.raises(InvalidOption, match=rule):
             split_url(f"toy://host/?{bad}", known)
+
+
+def test_check_pattern_returns_the_value_or_names_it_and_the_rule() -> None:
+    rule = re.compile(r"[a-z]+")
+    assert check_pattern("schema", "abc", rule, "must be lower-case letters") == "abc"
+    for bad in ("aB", "", 3, None):
+        with pytest.raises(InvalidOption, match=r"^schema=.* must be lower-case letters$"):
+            check_pattern("schema", bad, rule, "must be lower-case letters")
 
 
 def test_outage_actions_are_the_four_names() -> None:

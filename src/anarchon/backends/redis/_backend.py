@@ -7,15 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...backend import (
-    ClaimOutcome,
-    ClaimRequest,
-    FinishRequest,
-    LeaseBackend,
-    TakeoverOutcome,
-    TakeoverRequest,
-    Ticket,
-)
+from ... import backend as contract
 from ...errors import BackendError
 from ...kit import Run, RunStatus, backoff
 from ...kit.feed import ChangeFeed
@@ -48,7 +40,7 @@ def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
     return {name: held[name] for name in (job, "*") if name in held}
 
 
-class RedisBackend(LeaseBackend):
+class RedisBackend(contract.LeaseBackend):
     """Claims, leases and history in Redis, shared by every instance that uses the same prefix.
 
     :param url: where Redis is (``redis://``, ``rediss://`` or ``unix://``, with redis-py's
@@ -122,7 +114,7 @@ class RedisBackend(LeaseBackend):
         await self._feed.stop()
         await self._connection.close()
 
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+    async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
         one pipeline (one round trip)."""
         reqs = list(requests)
@@ -145,7 +137,7 @@ class RedisBackend(LeaseBackend):
         ]
         answers = await self._connection.scripts("claim", calls, transient_raise=True)
         decided = dict(zip(sent, answers, strict=True))
-        out: list[ClaimOutcome] = []
+        out: list[contract.ClaimOutcome] = []
         for n, req in enumerate(reqs):
             answer = decided.get(n, errors[n])
             if isinstance(answer, BackendError):
@@ -155,7 +147,9 @@ class RedisBackend(LeaseBackend):
                 out.append(rows.claim_outcome(req, answer))
         return out
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+    async def finish_many(
+        self, items: Sequence[contract.FinishRequest]
+    ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
         each result is its own script (record, prune, notify)."""
         if not items:
@@ -214,9 +208,11 @@ class RedisBackend(LeaseBackend):
 
     # -- LeaseBackend -----------------------------------------------------------------------
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+    async def renew_many(
+        self, tickets: Sequence[contract.Ticket]
+    ) -> list[contract.Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one pipeline, one round trip."""
-        out: list[Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
+        out: list[contract.Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
         sent = [n for n, error in enumerate(out) if error is None]
         if not sent:
             return [o for o in out if o is not None]
@@ -238,7 +234,7 @@ class RedisBackend(LeaseBackend):
                 out[n] = lost or ticket.renewed(int(answer["expires"]), int(answer["now"]))
         return [o for o in out if o is not None]
 
-    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+    async def take_over(self, request: contract.TakeoverRequest) -> contract.TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
         error = unstorable(request)
         if error is not None:
@@ -250,7 +246,7 @@ class RedisBackend(LeaseBackend):
         )
         return rows.takeover_outcome(request, answer)
 
-    async def release(self, ticket: Ticket, reason: str) -> None:
+    async def release(self, ticket: contract.Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; wakes the backups at once."""
         answer = await self._connection.script_json(
             "release",
