@@ -21,9 +21,9 @@ A backend offers both through :meth:`anarchon.backend.Backend.control`, which re
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, ClassVar, Final, Protocol, Self, runtime_checkable
 
 from ._models import Trigger, ms_to_datetime
 
@@ -46,8 +46,54 @@ PAUSED_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP, Trigger.
 """The triggers a pause holds back; manual runs still run."""
 
 
+# How a stored value becomes the value of a field, by the field's annotation.
+_READERS: Final[dict[str, Callable[[Any], Any]]] = {
+    "str": str,
+    "int": int,
+    "int | None": lambda value: None if value is None else int(value),
+    "Trigger": Trigger,
+}
+
+
+class _Stored:
+    """What a pause and a run request share: the plain values a store keeps of them (columns,
+    query parameters) and the JSON document (which ``--json`` prints)."""
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name, as a store keeps them."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """The JSON document a store keeps."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        """Read back what :meth:`to_json` wrote."""
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read back what :meth:`to_dict` gave (a row, a document): each field by its type; a
+        field left out takes its default (None when it may be None); :class:`KeyError` names a
+        required field that is missing."""
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            kind = str(field.type)
+            if field.name in data:
+                values[field.name] = _READERS[kind](data[field.name])
+            elif kind == "int | None":
+                values[field.name] = None
+            elif field.default is MISSING:
+                raise KeyError(field.name)
+        return cls(**values)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Pause:
+class Pause(_Stored):
     """One job (or :data:`ALL_JOBS`) paused by someone, until resumed or ``until_ms``."""
 
     job: str
@@ -61,22 +107,6 @@ class Pause:
     def active(self, now_ms: int) -> bool:
         """True while the pause holds at ``now_ms`` (backend clock)."""
         return self.until_ms is None or now_ms < self.until_ms
-
-    def to_json(self) -> str:
-        """The JSON document a store keeps (and ``--json`` prints)."""
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Pause:
-        """Read back what :meth:`to_json` wrote."""
-        data = json.loads(text)
-        until = data.get("until_ms")
-        return cls(
-            job=str(data["job"]),
-            by=str(data["by"]),
-            at_ms=int(data["at_ms"]),
-            until_ms=None if until is None else int(until),
-        )
 
 
 def paused_reason(pause: Pause) -> str:
@@ -111,7 +141,7 @@ def retry_key(slot_key: str, retry: int) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunRequest:
+class RunRequest(_Stored):
     """A request that the cluster run ``job`` once: a manual trigger or a retry."""
 
     id: str
@@ -131,26 +161,9 @@ class RunRequest:
     retry: int = 0
     """The retry's number (1 for the first retry); 0 for a manual run."""
 
-    def to_json(self) -> str:
-        """The JSON document a store keeps."""
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> RunRequest:
-        """Read back what :meth:`to_json` wrote."""
-        data: dict[str, Any] = json.loads(text)
-        slot = data.get("slot")
-        return cls(
-            id=str(data["id"]),
-            job=str(data["job"]),
-            trigger=Trigger(data["trigger"]),
-            key=str(data["key"]),
-            slot=None if slot is None else int(slot),
-            due_ms=int(data["due_ms"]),
-            requested_by=str(data["requested_by"]),
-            requested_at_ms=int(data["requested_at_ms"]),
-            retry=int(data.get("retry", 0)),
-        )
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name as plain values (the trigger as its text)."""
+        return {**asdict(self), "trigger": str(self.trigger)}
 
 
 @runtime_checkable

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
-from anarchon.kit import OUTAGE_ACTIONS, Bound
+from anarchon.kit import OUTAGE_ACTIONS, Bound, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.migrations import Step, migrate
@@ -58,6 +59,14 @@ async def test_bounded_call_returns_translates_and_times_out() -> None:
         )
     with pytest.raises(BackendUnavailable, match=r"toy db: no answer within 0\.05 s"):
         await bounded_call(answer(wait=5), where="toy db", timeout_s=0.05, translate=translate)
+    with pytest.raises(BackendUnavailable, match=r"toy db: no answer within timeout_ms=50$"):
+        await bounded_call(
+            answer(wait=5),
+            where="toy db",
+            timeout_s=0.05,
+            limit="timeout_ms=50",
+            translate=translate,
+        )
 
 
 async def test_bounded_call_cancels_the_abandoned_operation() -> None:
@@ -147,6 +156,14 @@ def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
             split_url(f"toy://host/?{bad}", known)
 
 
+def test_check_pattern_returns_the_value_or_names_it_and_the_rule() -> None:
+    rule = re.compile(r"[a-z]+")
+    assert check_pattern("schema", "abc", rule, "must be lower-case letters") == "abc"
+    for bad in ("aB", "", 3, None):
+        with pytest.raises(InvalidOption, match=r"^schema=.* must be lower-case letters$"):
+            check_pattern("schema", bad, rule, "must be lower-case letters")
+
+
 def test_outage_actions_are_the_four_names() -> None:
     assert OUTAGE_ACTIONS == (
         "backend_unavailable",
@@ -198,6 +215,74 @@ async def test_feed_isolates_a_failing_listener_and_logs_each_outage_once(
         "listener_failed",
     ]
     assert not feed.running
+
+
+async def test_feed_waits_for_its_stream_backs_off_per_outage_and_forgets_listeners_on_stop() -> (
+    None
+):
+    feed = ChangeFeed("toy")
+    feed.add(lambda *args: None)
+    calls = 0
+    series = 0
+    six = asyncio.Event()
+
+    def delays() -> Iterator[float]:
+        nonlocal series
+        series += 1
+        return iter([0.01, 0.02, 0.04])
+
+    async def next_changes() -> Sequence[ChangeEvent]:
+        nonlocal calls
+        calls += 1
+        if calls == 6:
+            six.set()
+        if calls in (1, 2, 4):  # two failures, a success, one failure, then successes
+            raise BackendUnavailable("not yet")
+        await asyncio.sleep(0.01)
+        return []
+
+    feed.start(next_changes, delays=delays, errors=(BackendError,))
+    assert await feed.wait_live(2)
+    await asyncio.wait_for(six.wait(), 2)
+    assert series == 2  # a fresh series of waits for each outage
+    await feed.stop()
+    assert not feed.listeners and not feed.live
+
+
+async def test_feed_stop_cancels_until_it_takes_and_logs_a_loop_that_died(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    swallowed = 0
+
+    async def stubborn() -> Sequence[ChangeEvent]:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 1:  # a driver that loses the first cancellation
+                    continue
+                raise
+
+    feed = ChangeFeed("toy")
+    feed.start(stubborn, retry_s=0.01)
+    await asyncio.sleep(0)
+    await asyncio.wait_for(feed.stop(), 5)
+    assert swallowed == 2 and not feed.running
+
+    async def broken() -> Sequence[ChangeEvent]:
+        raise KeyError("bug")
+
+    with caplog.at_level(logging.ERROR, logger="anarchon.backends.toy"):
+        feed.start(broken, retry_s=0.01, errors=(BackendError,))
+        await asyncio.sleep(0.01)
+        await feed.stop()
+    assert [r.getMessage() for r in caplog.records] == ["the change feed failed"]
+    with pytest.raises(ValueError, match="retry_s"):
+        feed.start(broken)
+    with pytest.raises(ValueError, match="retry_s"):
+        feed.start(broken, retry_s=1, delays=lambda: iter([1.0]))
 
 
 STEPS = [

@@ -6,7 +6,7 @@ import pytest
 
 from anarchon import MemoryBackend, Trigger, steering
 from anarchon.backend import ClaimRequest, ClaimStatus
-from anarchon.control import ALL_JOBS
+from anarchon.control import ALL_JOBS, Pause, RunRequest
 from anarchon.errors import InvalidJobName, InvalidOption, UnsupportedFeature
 from anarchon.testing import FakeClock
 
@@ -76,3 +76,29 @@ async def test_bad_input_is_refused_with_the_value_and_the_rule() -> None:
 
     with pytest.raises(UnsupportedFeature, match="keeps no pauses or run requests"):
         await steering.pause(NoControl(), "job")
+
+
+def test_pauses_and_requests_read_back_what_a_store_keeps() -> None:
+    pause = Pause(job="job", by="alice@ops", at_ms=NOW, until_ms=NOW + 1)
+    assert Pause.from_dict(pause.to_dict()) == pause
+    assert Pause.from_json(pause.to_json()) == pause
+    assert Pause.from_dict({"job": "j", "by": "b", "at_ms": "5"}) == Pause(job="j", by="b", at_ms=5)
+    request = RunRequest(
+        id="a" * 32,
+        job="job",
+        trigger=Trigger.MANUAL,
+        key="manual-" + "a" * 32,
+        slot=None,
+        due_ms=NOW,
+        requested_by="bob@ops",
+        requested_at_ms=NOW,
+    )
+    values = request.to_dict()
+    assert type(values["trigger"]) is str
+    assert RunRequest.from_dict(values) == request
+    assert RunRequest.from_json(request.to_json()) == request
+    del values["slot"], values["retry"]  # an optional field and one with a default
+    assert RunRequest.from_dict(values) == request
+    del values["due_ms"]
+    with pytest.raises(KeyError, match="due_ms"):
+        RunRequest.from_dict(values)

@@ -5,6 +5,7 @@ A backend (in this repository or outside it) imports the contract from :mod:`ana
 the errors from :mod:`anarchon.errors`, and its plumbing from here: name checks, option checks,
 backoff, time conversion, URL redaction and the outage log actions here, and in submodules:
 
+* :mod:`anarchon.kit.checks`: names checked by pattern (:func:`check_pattern`);
 * :mod:`anarchon.kit.lease`: the lease rules, written once (fences, pruning, overlap, answers);
 * :mod:`anarchon.kit.calls`: one bounded call and one retry loop on anarchon's backoff;
 * :mod:`anarchon.kit.urls`: the URL redactor and the one splitter of URL options;
@@ -27,6 +28,7 @@ from .._options import HISTORY_SIZE, Bound, check_bool, check_int, ms_text
 from .._redact import redact_url
 from .._retry import backoff
 from ..logs import Action
+from .checks import check_pattern
 
 BACKEND_UNAVAILABLE: Final = Action.BACKEND_UNAVAILABLE
 """Log action: calls to the backend started failing (logged once per outage)."""
@@ -62,6 +64,7 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_name",
+    "check_pattern",
     "ms_text",
     "ms_to_datetime",
     "redact_url",

@@ -45,13 +45,15 @@ async def bounded_call(
     where: str,
     timeout_s: float | None,
     translate: Translate,
+    limit: str | None = None,
 ) -> T:
     """Await ``operation`` for at most ``timeout_s`` seconds (None: no limit).
 
     ``where`` names the backend and its address in messages (``"Redis 127.0.0.1:6379"``,
-    never a password). Raises :class:`~anarchon.errors.BackendUnavailable` on a timeout, what
-    ``translate`` returns for a driver's error, and anything else (anarchon's own errors,
-    cancellation, bugs) unchanged.
+    never a password); ``limit`` names the limit in the timeout's message as the user set it
+    (``"timeout_ms=5000"``; default: ``timeout_s`` in seconds). Raises
+    :class:`~anarchon.errors.BackendUnavailable` on a timeout, what ``translate`` returns for a
+    driver's error, and anything else (anarchon's own errors, cancellation, bugs) unchanged.
     """
     task = asyncio.ensure_future(operation)
     task.add_done_callback(consume)
@@ -66,7 +68,8 @@ async def bounded_call(
             raise
         if not failed_inside and isinstance(exc, TimeoutError):
             assert timeout_s is not None
-            raise BackendUnavailable(f"{where}: no answer within {timeout_s:g} s") from None
+            shown = limit if limit is not None else f"{timeout_s:g} s"
+            raise BackendUnavailable(f"{where}: no answer within {shown}") from None
         translated = translate(exc) if isinstance(exc, Exception) else None
         if translated is not None:
             raise translated from exc

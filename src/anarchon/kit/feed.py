@@ -3,8 +3,10 @@
 supervised loop that polls (or reconnects to) the backend's stream of changes.
 
 A backend supplies only its stream: a coroutine that waits for the next changes and returns them
-as :class:`~anarchon.backend.ChangeEvent` objects (or raises while the backend is out of reach).
-The loop logs once per outage, on the logger ``anarchon.backends.<name>``, with the actions
+as :class:`~anarchon.backend.ChangeEvent` objects (or raises while the backend is out of reach),
+and the errors that mean "out of reach". A stream on a connection (pub/sub, LISTEN) connects in
+the first call after a failure and returns no events once subscribed, so the feed knows it is
+live. The loop logs once per outage, on the logger ``anarchon.backends.<name>``, with the actions
 ``notifications_lost`` and ``notifications_resumed``: losing notifications is harmless (backups
 still check at lease expiry), but an operator should see it.
 """
@@ -12,14 +14,22 @@ still check at lease expiry), but an operator should see it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from ..backend import ChangeEvent, ChangeListener
 from ..logs import Action
 from .calls import consume
 
-__all__ = ["ChangeFeed"]
+__all__ = ["ChangeFeed", "NextChanges"]
+
+NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent]]]
+"""A backend's stream of changes: wait for the next ones and return them (none is fine: a
+subscription made, a quiet connection checked); raise while the backend is out of reach."""
+
+# How long stop() waits for each cancellation before cancelling again.
+_CANCEL_WAIT_S = 0.5
 
 
 class ChangeFeed:
@@ -33,6 +43,7 @@ class ChangeFeed:
         self._listeners: list[ChangeListener] = []
         self._task: asyncio.Task[None] | None = None
         self._lost = False
+        self._live = asyncio.Event()
 
     @property
     def listeners(self) -> Sequence[ChangeListener]:
@@ -43,6 +54,11 @@ class ChangeFeed:
     def running(self) -> bool:
         """True while the supervised loop runs (see :meth:`start`)."""
         return self._task is not None
+
+    @property
+    def live(self) -> bool:
+        """True while the stream answers: since its last call returned, until one raises."""
+        return self._live.is_set()
 
     def add(self, listener: ChangeListener) -> None:
         """Subscribe ``listener``: it is called as ``listener(job, slot_key, released)``."""
@@ -64,28 +80,59 @@ class ChangeFeed:
 
     def start(
         self,
-        next_changes: Callable[[], Awaitable[Sequence[ChangeEvent]]],
+        next_changes: NextChanges,
         *,
-        retry_s: float,
+        retry_s: float | None = None,
+        delays: Callable[[], Iterator[float]] | None = None,
         errors: tuple[type[BaseException], ...] = (Exception,),
     ) -> None:
         """Start the supervised loop (once): await ``next_changes()`` again and again and
         dispatch what it returns. One of ``errors`` marks an outage: it is logged once
-        (``notifications_lost``), the call is tried again after ``retry_s`` seconds, and the
-        first success after it is logged (``notifications_resumed``)."""
+        (``notifications_lost``), the call is tried again after a wait, and the first success
+        after it is logged (``notifications_resumed``).
+
+        The waits: ``retry_s`` seconds each, or a fresh series from ``delays()`` for each
+        outage (:func:`anarchon.kit.backoff`, say); give one of the two."""
+        if (retry_s is None) == (delays is None):
+            raise ValueError(
+                f"give one of retry_s={retry_s!r} and delays={delays!r}: the waits after a "
+                "failed call are fixed or a series, not both or neither"
+            )
         if self._task is None:
-            self._task = asyncio.ensure_future(self._run(next_changes, retry_s, errors))
+            waits = delays if delays is not None else lambda: itertools.repeat(retry_s or 0.0)
+            self._task = asyncio.ensure_future(self._run(next_changes, waits, errors))
             self._task.add_done_callback(consume)
 
+    async def wait_live(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the stream to answer (a subscription made);
+        False if it has not by then. The first subscriber waits, so that the changes right
+        after it subscribes are not missed while the subscription is still being made."""
+        try:
+            await asyncio.wait_for(self._live.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
     async def stop(self) -> None:
-        """Stop the loop and wait for it; the listeners stay."""
+        """Stop the loop, wait for it, and forget the listeners (a backend's subscribers belong
+        to one start: the scheduler subscribes again when it starts again).
+
+        Cancels until the cancellation takes: a driver may swallow one (redis-py's socket
+        writes on Python 3.11, through ``asyncio.wait_for``, can lose a cancellation that
+        arrives as the write completes). A loop that died of an unexpected error is logged."""
         task, self._task = self._task, None
-        if task is not None:
+        while task is not None and not task.done():
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait([task], timeout=_CANCEL_WAIT_S)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            self.logger.error("the change feed failed", exc_info=task.exception())
+        self._live.clear()
+        self._lost = False
+        self._listeners.clear()
 
     def lost(self, error: BaseException) -> None:
         """Record that notifications stopped (logged once per outage)."""
+        self._live.clear()
         if not self._lost:
             self._lost = True
             self.logger.warning(
@@ -96,6 +143,7 @@ class ChangeFeed:
 
     def resumed(self) -> None:
         """Record that notifications flow again (logged once, after :meth:`lost`)."""
+        self._live.set()
         if self._lost:
             self._lost = False
             self.logger.info(
@@ -104,17 +152,23 @@ class ChangeFeed:
 
     async def _run(
         self,
-        next_changes: Callable[[], Awaitable[Sequence[ChangeEvent]]],
-        retry_s: float,
+        next_changes: NextChanges,
+        waits: Callable[[], Iterator[float]],
         errors: tuple[type[BaseException], ...],
     ) -> None:
+        delays: Iterator[float] | None = None
         while True:
             try:
                 events = await next_changes()
             except errors as exc:
+                if delays is None:
+                    delays = waits()
+                else:
+                    self.logger.debug("change notifications still lost: %s", exc)
                 self.lost(exc)
-                await asyncio.sleep(retry_s)
+                await asyncio.sleep(next(delays))
                 continue
+            delays = None
             self.resumed()
             for event in events:
                 self.dispatch(event)

@@ -79,12 +79,15 @@ __all__ = [
     "first_attempt",
     "lease_lost",
     "next_fence",
+    "not_run",
+    "peek_answer",
     "peek_takeover",
     "pruned_outcome",
     "refused_outcome",
     "release",
     "renew",
     "take_over",
+    "takeover_answer",
     "ttl_cutoff",
     "unstorable",
 ]
@@ -238,7 +241,13 @@ def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOu
     caller does not run."""
     slot = req.slot if isinstance(req.slot, int) and 0 <= req.slot <= MAX_MS else None
     gone = first_attempt(req, now, RunStatus.SKIPPED, f"refused by the backend: {error}", slot=slot)
-    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now, error=error)
+    return not_run(gone, now, error)
+
+
+def not_run(row: RunRow, now: int, error: BackendError | None = None) -> ClaimOutcome:
+    """The answer to a claim refused without storing anything: ``row``, attempt 1 of the slot
+    (not stored), says why in its reason; LOST, so the caller does not run."""
+    return ClaimOutcome(status=ClaimStatus.LOST, run=row.to_run(), backend_now_ms=now, error=error)
 
 
 def first_attempt(
@@ -315,12 +324,13 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot older than what the job's history was pruned to."""
-    gone = first_attempt(req, now, RunStatus.SKIPPED, PRUNED_REASON, slot=req.slot)
-    return ClaimOutcome(status=ClaimStatus.LOST, run=gone.to_run(), backend_now_ms=now)
+    return not_run(first_attempt(req, now, RunStatus.SKIPPED, PRUNED_REASON, slot=req.slot), now)
 
 
 def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
-    """The answer to a claim of a slot that already has a record ``row``."""
+    """The answer to a claim of a slot that already has a record ``row``; also the answer of
+    a backend that decides in its own language (Lua, SQL) from the attempt it found or just
+    recorded."""
     if row.status in SKIP_STATUSES and row.attempt == 1:
         return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     if (
@@ -349,7 +359,11 @@ def peek_takeover(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOu
 
     Lets a backend answer the common case, a backup checking a live lease, without a write lock.
     """
-    row = store.current(req.job, req.slot_key)
+    return peek_answer(store.current(req.job, req.slot_key), req, now)
+
+
+def peek_answer(row: RunRow | None, req: TakeoverRequest, now: int) -> TakeoverOutcome | None:
+    """:func:`peek_takeover` from the slot's current attempt ``row`` (None: no record)."""
     if row is None or row.status != RunStatus.RUNNING:
         return TakeoverOutcome(
             status=TakeoverStatus.ENDED, run=row.to_run() if row else None, backend_now_ms=now
@@ -389,9 +403,7 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
             f"{why} on attempt {row.attempt} of max_attempts={req.max_attempts}; not retried"
         )
         store.update(row)
-        return TakeoverOutcome(
-            status=TakeoverStatus.EXHAUSTED, run=row.to_run(), backend_now_ms=now
-        )
+        return takeover_answer(req, row, now, exhausted=True)
     row.error = f"{why}: attempt {row.attempt + 1} taken over by {req.instance}"
     store.update(row)
     new = RunRow(
@@ -411,6 +423,23 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
     )
     store.insert(new)
     return _taken(new, req, now)
+
+
+def takeover_answer(
+    req: TakeoverRequest, row: RunRow | None, now: int, *, exhausted: bool = False
+) -> TakeoverOutcome:
+    """The answer to ``req`` from the attempt a takeover left current: with ``exhausted``,
+    ``row`` recorded failed on its last attempt (EXHAUSTED); else what :func:`peek_answer`
+    says of it (the new attempt when taken, the winner's when another backup was first). For
+    backends that decide in their own language (Lua, SQL)."""
+    if exhausted:
+        assert row is not None
+        return TakeoverOutcome(
+            status=TakeoverStatus.EXHAUSTED, run=row.to_run(), backend_now_ms=now
+        )
+    answer = peek_answer(row, req, now)
+    assert answer is not None, "a takeover left an expired lease current"
+    return answer
 
 
 def _taken(row: RunRow, req: TakeoverRequest, now: int) -> TakeoverOutcome:

@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from anarchon.backend import (
-    ClaimOutcome,
-    ClaimRequest,
-    FinishRequest,
-    LeaseBackend,
-    TakeoverOutcome,
-    TakeoverRequest,
-    Ticket,
-)
+from anarchon import backend as contract
 from anarchon.errors import BackendError, BackendUnavailable
-from anarchon.kit import Run
+from anarchon.kit import Run, backoff
+from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 
 from . import _rows as rows
@@ -46,11 +40,13 @@ POLL_MS: Final = 500
 # Batches larger than this are planned for their size with JIT compilation off; smaller ones
 # reuse the prepared claim's generic plan (see no_jit, custom_plans, generic_plans in queries.sql).
 LARGE_BATCH: Final = 100
-# How long start() waits for the first LISTEN before going on without it.
+# How long the first subscribe() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
+# The waits between attempts to LISTEN again.
+_listen_backoff = functools.partial(backoff, first=0.2, cap=5.0)
 
 
-class PostgresBackend(LeaseBackend):
+class PostgresBackend(contract.LeaseBackend):
     """Claims, leases and history in PostgreSQL tables, for any number of hosts.
 
     :param dsn: a libpq connection string or URL; the backend opens (and closes) its own pool
@@ -96,6 +92,7 @@ class PostgresBackend(LeaseBackend):
             max_connections=max_connections,
             prepared_statements=prepared_statements,
         )
+        self._options = options
         self.dsn = options.dsn
         self.schema, self.table_prefix = options.schema, options.table_prefix
         self.history_size, self.timeout_ms = options.history_size, options.timeout_ms
@@ -107,6 +104,7 @@ class PostgresBackend(LeaseBackend):
         self._queries = Queries(Names(options.schema, options.table_prefix))
         self._where = describe_server(options)
         self._db = Connections(options, self._queries, self._where, repr(self))
+        self._feed = ChangeFeed(self.name)
         self._listener: Listener | None = None
 
     @classmethod
@@ -147,12 +145,11 @@ class PostgresBackend(LeaseBackend):
 
     async def stop(self) -> None:
         """Stop listening and close the pool the backend opened (never the caller's)."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.stop()
+        await self._feed.stop()
+        self._listener = None
         await self._db.close()
 
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+    async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`.
 
         A batch is one transaction, sent in one round trip: the rows of its jobs are locked,
@@ -162,7 +159,7 @@ class PostgresBackend(LeaseBackend):
         of one request, each request of it is decided alone.
         """
         reqs = list(requests)
-        outcomes: list[ClaimOutcome | None] = [None] * len(reqs)
+        outcomes: list[contract.ClaimOutcome | None] = [None] * len(reqs)
         good: list[int] = []
         for n, req in enumerate(reqs):
             error = unstorable(req)
@@ -186,7 +183,7 @@ class PostgresBackend(LeaseBackend):
                 outcomes[n] = outcome
         return [o for o in outcomes if o is not None]
 
-    async def _claim_alone(self, req: ClaimRequest) -> ClaimOutcome:
+    async def _claim_alone(self, req: contract.ClaimRequest) -> contract.ClaimOutcome:
         try:
             [outcome] = await self._db.call(functools.partial(self._claim, [req]))
         except BackendUnavailable:
@@ -196,8 +193,8 @@ class PostgresBackend(LeaseBackend):
         return outcome
 
     async def _claim(
-        self, reqs: list[ClaimRequest], conn: AsyncConnection[Any]
-    ) -> list[ClaimOutcome]:
+        self, reqs: list[contract.ClaimRequest], conn: AsyncConnection[Any]
+    ) -> list[contract.ClaimOutcome]:
         q = self._queries
         before: list[Statement] = []
         if len(reqs) > LARGE_BATCH:
@@ -210,7 +207,9 @@ class PostgresBackend(LeaseBackend):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
         return [rows.claim_outcome(req, row) for req, row in zip(reqs, found, strict=True)]
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+    async def finish_many(
+        self, items: Sequence[contract.FinishRequest]
+    ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: each result its own transaction
         (the job's row locked, then one statement records, prunes and notifies), all sent in
         one round trip (pipeline mode). One failing item fails alone."""
@@ -240,11 +239,13 @@ class PostgresBackend(LeaseBackend):
         [row] = await self._db.read(self._queries["now"])
         return int(row["now"])
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+    async def renew_many(
+        self, tickets: Sequence[contract.Ticket]
+    ) -> list[contract.Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one statement per ticket, each
         its own transaction, all sent in one round trip (pipeline mode)."""
         batch = list(tickets)
-        out: list[Ticket | BackendError | None] = [check_ticket(t) for t in batch]
+        out: list[contract.Ticket | BackendError | None] = [check_ticket(t) for t in batch]
         todo = [n for n, found in enumerate(out) if found is None]
         if todo:
             renew = self._queries["renew"]
@@ -260,7 +261,7 @@ class PostgresBackend(LeaseBackend):
                     out[n] = rows.renewed(batch[n], answer[0])
         return [o for o in out if o is not None]
 
-    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+    async def take_over(self, request: contract.TakeoverRequest) -> contract.TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`.
 
         A read answers the common cases (ENDED, HELD, a retried TAKEN) without a lock. An
@@ -273,7 +274,7 @@ class PostgresBackend(LeaseBackend):
         q = self._queries
         params = rows.takeover_params(request, q.names.channel)
 
-        async def work(conn: AsyncConnection[Any]) -> TakeoverOutcome:
+        async def work(conn: AsyncConnection[Any]) -> contract.TakeoverOutcome:
             [peeked] = await self._db.select(conn, q["peek_takeover"], params)
             answer = rows.peeked_takeover(request, peeked)
             if answer is not None:
@@ -284,7 +285,7 @@ class PostgresBackend(LeaseBackend):
 
         return await self._db.call(work)
 
-    async def release(self, ticket: Ticket, reason: str) -> None:
+    async def release(self, ticket: contract.Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; backups hear it by NOTIFY."""
         q = self._queries
         params = {**rows.ticket_params(ticket), "channel": q.names.channel}
@@ -305,15 +306,19 @@ class PostgresBackend(LeaseBackend):
     async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """LISTEN for releases and results on a dedicated connection (unless notifications are
         off); reconnects with backoff. Missed notifications only delay a backup until the
-        lease expires."""
+        lease expires. The first subscriber waits up to two seconds for the first LISTEN. A
+        listener that raises is logged and the others still hear of it."""
         if not self.notifications:
             return
+        self._feed.add(on_change)
         if self._listener is None:
             self._listener = Listener(
                 self._db.connect_listener, self._queries.names.channel, self._where
             )
-        self._listener.add(on_change)
-        await self._listener.start(LISTEN_WAIT_S)
+            self._feed.start(
+                self._listener.next_changes, delays=_listen_backoff, errors=(BackendError,)
+            )
+            await self._feed.wait_live(LISTEN_WAIT_S)
 
     def registry(self) -> PostgresRegistry:
         """The registry, in a table of its own beside the backend's (see ``_registry``)."""
@@ -332,13 +337,5 @@ class PostgresBackend(LeaseBackend):
         dsn = self._db.copyable_dsn()
         if dsn is None:
             return None
-        return PostgresBackend(
-            dsn,
-            schema=self.schema,
-            table_prefix=self.table_prefix,
-            history_size=self.history_size,
-            notifications=self.notifications,
-            timeout_ms=self.timeout_ms,
-            max_connections=2,
-            prepared_statements=self.prepared_statements,
-        )
+        own = replace(self._options, dsn=dsn, pool=None, max_connections=2)
+        return PostgresBackend(**own.arguments())

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
-from anarchon.kit.calls import consume
+from anarchon.kit.calls import bounded_call
 
 from ._errors import first_line, translate
 
@@ -226,37 +226,28 @@ class Connections:
         return result
 
     async def _bounded(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-        task = asyncio.ensure_future(self._on_connection(work))
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), self.options.timeout_ms / 1000)
-        except TimeoutError:
-            # The call goes on in the background until the driver gives it up; its connection
-            # is then discarded. The caller hears at once that the backend did not answer.
-            task.cancel()
-            task.add_done_callback(consume)
-            raise BackendUnavailable(
-                f"PostgreSQL {self.where}: no answer within timeout_ms={self.options.timeout_ms}"
-            ) from None
-        except asyncio.CancelledError:
-            task.cancel()
-            task.add_done_callback(consume)
-            raise
+        # On a timeout the call goes on in the background until the driver gives it up; its
+        # connection is then discarded. The caller hears at once that the backend did not answer.
+        return await bounded_call(
+            self._on_connection(work),
+            where=f"PostgreSQL {self.where}",
+            timeout_s=self.options.timeout_ms / 1000,
+            limit=f"timeout_ms={self.options.timeout_ms}",
+            translate=self._translate,
+        )
 
     async def _on_connection(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-        try:
-            async with self._connection() as conn:
-                if self._clock_offsets.get(conn, 0) != self.test_clock_offset_ms:
-                    await self._set_clock_offset(conn)
-                return await work(conn)
-        except BackendError:
-            raise
-        except Exception as exc:
-            error = translate(exc, self.where)
-            if error is None:
-                raise
-            if isinstance(error, BackendUnavailable):
-                self._check_pool()
-            raise error from exc
+        async with self._connection() as conn:
+            if self._clock_offsets.get(conn, 0) != self.test_clock_offset_ms:
+                await self._set_clock_offset(conn)
+            return await work(conn)
+
+    def _translate(self, exc: BaseException) -> BackendError | None:
+        """:func:`._errors.translate`; a lost server also has the idle connections checked."""
+        error = translate(exc, self.where)
+        if isinstance(error, BackendUnavailable):
+            self._check_pool()
+        return error
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:

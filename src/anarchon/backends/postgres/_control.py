@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from anarchon.control import Pause, RunRequest
-from anarchon.kit import Trigger
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -54,68 +53,26 @@ class PostgresControl:
 
     async def pause(self, pause: Pause) -> None:
         """See :meth:`anarchon.control.ControlStore.pause`."""
-        params = {
-            "job": pause.job,
-            "by": pause.by,
-            "at_ms": pause.at_ms,
-            "until_ms": pause.until_ms,
-        }
-        await self._run("pause", params)
+        await self._run("pause", pause.to_dict())
 
     async def resume(self, job: str) -> Pause | None:
         """See :meth:`anarchon.control.ControlStore.resume`."""
         found = await self._run("resume", {"job": job})
-        return _pause(found[0]) if found else None
+        return Pause.from_dict(found[0]) if found else None
 
     async def pauses(self) -> list[Pause]:
         """See :meth:`anarchon.control.ControlStore.pauses`."""
-        return [_pause(row) for row in await self._read("pauses")]
+        return [Pause.from_dict(row) for row in await self._read("pauses")]
 
     async def request(self, request: RunRequest) -> bool:
         """See :meth:`anarchon.control.ControlStore.request`."""
-        params = {
-            "id": request.id,
-            "job": request.job,
-            "trigger": str(request.trigger),
-            "key": request.key,
-            "slot": request.slot,
-            "due_ms": request.due_ms,
-            "requested_by": request.requested_by,
-            "requested_at_ms": request.requested_at_ms,
-            "retry": request.retry,
-        }
-        return bool(await self._run("request", params))
+        return bool(await self._run("request", request.to_dict()))
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
         """See :meth:`anarchon.control.ControlStore.requests`: one index scan per job."""
         found = await self._read("requests", {"jobs": None if jobs is None else list(jobs)})
-        return [_request(row) for row in found]
+        return [RunRequest.from_dict(row) for row in found]
 
     async def done(self, request_id: str) -> None:
         """See :meth:`anarchon.control.ControlStore.done`."""
         await self._run("request_done", {"id": request_id})
-
-
-def _pause(row: dict[str, Any]) -> Pause:
-    until = row["until_ms"]
-    return Pause(
-        job=row["job"],
-        by=row["paused_by"],
-        at_ms=int(row["at_ms"]),
-        until_ms=None if until is None else int(until),
-    )
-
-
-def _request(row: dict[str, Any]) -> RunRequest:
-    slot = row["slot"]
-    return RunRequest(
-        id=row["id"],
-        job=row["job"],
-        trigger=Trigger(row["trigger"]),
-        key=row["slot_key"],
-        slot=None if slot is None else int(slot),
-        due_ms=int(row["due_ms"]),
-        requested_by=row["requested_by"],
-        requested_at_ms=int(row["requested_at_ms"]),
-        retry=int(row["retry"]),
-    )

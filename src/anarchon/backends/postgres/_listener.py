@@ -1,11 +1,12 @@
-"""LISTEN on a dedicated connection and pass each release or result to the scheduler.
+"""LISTEN on a dedicated connection: the stream of changes the backend's
+:class:`~anarchon.kit.feed.ChangeFeed` reads to wake backups.
 
-The connection is the listener's own (never one of the pool's, never the caller's): it is
-opened here, kept open, checked with a round trip whenever it has been quiet for a while (a
-network that drops packets silently would otherwise leave it waiting forever), and reopened
-with backoff when it fails. Notifications sent while it was away are lost, which is harmless:
-backups still check a watched run when its lease expires. A loss is logged once
-(``notifications_lost``), and the LISTEN that ends it once (``notifications_resumed``).
+The connection is the stream's own (never one of the pool's, never the caller's): it is opened
+in the first call (and again in the first call after a failure), kept open, and checked with a
+round trip whenever it has been quiet for a while (a network that drops packets silently would
+otherwise leave it waiting forever). Notifications sent while it was away are lost, which is
+harmless: backups still check a watched run when its lease expires. The feed logs a loss once
+(``notifications_lost``) and the LISTEN that ends it once (``notifications_resumed``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from anarchon.kit import backoff
+from anarchon.backend import ChangeEvent
+from anarchon.errors import BackendUnavailable
 
 from ._errors import first_line
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
+    from psycopg import AsyncConnection, Notify
 
 __all__ = ["Listener"]
 
@@ -33,7 +35,7 @@ PING_TIMEOUT_S: Final = 5.0
 
 
 class Listener:
-    """One task that keeps ``LISTEN <channel>`` alive and calls back for each notification."""
+    """``LISTEN <channel>`` as a stream of changes: :meth:`next_changes` for the change feed."""
 
     def __init__(
         self,
@@ -44,87 +46,48 @@ class Listener:
         self._connect = connect
         self._channel = channel
         self._where = where
-        self._callbacks: list[Callable[[str, str, bool], None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
+        self._conn: AsyncConnection[Any] | None = None
 
-    @property
-    def listening(self) -> bool:
-        """True while LISTEN is in effect on a live connection."""
-        return self._listening.is_set()
+    async def next_changes(self) -> list[ChangeEvent]:
+        """Connect and LISTEN if not listening (no events then), else wait for the next
+        notifications (at most :data:`PING_EVERY_S`, then check the connection). Raises
+        :class:`~anarchon.errors.BackendUnavailable` when the connection fails, after closing
+        it."""
+        try:
+            if self._conn is None:
+                await self._listen()
+                return []
+            return await self._next(self._conn)
+        except BaseException as exc:
+            await self._close()
+            if isinstance(exc, Exception):
+                raise BackendUnavailable(
+                    f"PostgreSQL {self._where}: LISTEN connection failed ({first_line(exc)})"
+                ) from exc
+            raise
 
-    def add(self, on_change: Callable[[str, str, bool], None]) -> None:
-        """Call ``on_change(job, slot_key, released)`` for every notification from now on."""
-        self._callbacks.append(on_change)
-
-    async def start(self, wait_s: float) -> None:
-        """Start listening; wait up to ``wait_s`` for the first LISTEN, then go on regardless."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._listening.wait(), wait_s)
-
-    async def stop(self) -> None:
-        """Stop listening and close the connection."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._listening.clear()
-
-    async def _run(self) -> None:
+    async def _listen(self) -> None:
         from psycopg import sql
 
-        delays = backoff(first=0.2, cap=5.0)
-        lost = False
-        while True:
-            try:
-                conn = await self._connect()
-                async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    self._listening.set()
-                    delays = backoff(first=0.2, cap=5.0)
-                    if lost:
-                        lost = False
-                        logger.warning(
-                            "PostgreSQL %s: listening on %s again",
-                            self._where,
-                            self._channel,
-                            extra={"action": "notifications_resumed"},
-                        )
-                    else:
-                        logger.debug("listening on %s at %s", self._channel, self._where)
-                    await self._serve(conn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._listening.clear()
-                delay = next(delays)
-                if not lost:
-                    lost = True
-                    logger.warning(
-                        "PostgreSQL %s: LISTEN connection failed (%s); reconnecting with "
-                        "backoff, backups poll at lease expiry meanwhile",
-                        self._where,
-                        first_line(exc),
-                        extra={"action": "notifications_lost"},
-                    )
-                else:
-                    logger.debug("LISTEN again in %.1f s: %s", delay, first_line(exc))
-                await asyncio.sleep(delay)
+        self._conn = await self._connect()
+        await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        logger.debug("listening on %s at %s", self._channel, self._where)
 
-    async def _serve(self, conn: AsyncConnection[Any]) -> None:
-        while True:
-            async for note in conn.notifies(timeout=PING_EVERY_S):
-                # "<job> <slot_key> released|finished"; neither name contains a space.
-                job, _, rest = note.payload.partition(" ")
-                slot_key, _, kind = rest.partition(" ")
-                for callback in self._callbacks:
-                    try:
-                        callback(job, slot_key, kind != "finished")
-                    except Exception:
-                        logger.exception(
-                            "notification callback failed", extra={"action": "listen_callback"}
-                        )
+    async def _next(self, conn: AsyncConnection[Any]) -> list[ChangeEvent]:
+        notes = [note async for note in conn.notifies(timeout=PING_EVERY_S, stop_after=1)]
+        if not notes:  # quiet for a while: make sure the connection still works
             await asyncio.wait_for(conn.execute("SELECT 1"), PING_TIMEOUT_S)
+        return [_event(note) for note in notes]
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+def _event(note: Notify) -> ChangeEvent:
+    # "<job> <slot_key> released|finished"; neither name contains a space.
+    job, _, rest = note.payload.partition(" ")
+    slot_key, _, kind = rest.partition(" ")
+    return ChangeEvent(job, slot_key, kind != "finished")

@@ -8,12 +8,12 @@ every value of a statement is a query parameter.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
 from anarchon.errors import InvalidOption, MissingDependency
-from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int
+from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int, check_pattern
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -66,6 +66,11 @@ class Options:
     max_connections: int
     prepared_statements: bool
 
+    def arguments(self) -> dict[str, Any]:
+        """The options as :class:`~anarchon.backends.postgres.PostgresBackend`'s arguments
+        (the same names)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
     @property
     def prepare(self) -> bool | None:
         """psycopg's ``prepare`` argument: None prepares what runs often; False never."""
@@ -117,11 +122,13 @@ def check_options(
 
 def check_schema(schema: object) -> str:
     """Return ``schema`` if it is a plain lower-case identifier PostgreSQL will not fold."""
-    if not isinstance(schema, str) or not _SCHEMA_RULE.fullmatch(schema):
-        raise InvalidOption(
-            f"schema={schema!r} must be 1-63 characters of lower-case letters, digits and '_', "
-            "not starting with a digit (it is used as a quoted SQL identifier)"
-        )
+    schema = check_pattern(
+        "schema",
+        schema,
+        _SCHEMA_RULE,
+        "must be 1-63 characters of lower-case letters, digits and '_', not starting with a "
+        "digit (it is used as a quoted SQL identifier)",
+    )
     if schema.startswith("pg_"):
         raise InvalidOption(f"schema={schema!r} may not start with 'pg_' (reserved by PostgreSQL)")
     return schema
@@ -129,13 +136,13 @@ def check_schema(schema: object) -> str:
 
 def check_table_prefix(prefix: object) -> str:
     """Return ``prefix`` if the table and index names built from it are valid identifiers."""
-    if not isinstance(prefix, str) or not _PREFIX_RULE.fullmatch(prefix):
-        raise InvalidOption(
-            f"table_prefix={prefix!r} must be at most 40 characters of lower-case letters, "
-            "digits and '_', not starting with a digit (table names are <prefix>runs, "
-            "<prefix>jobs, <prefix>schema_version)"
-        )
-    return prefix
+    return check_pattern(
+        "table_prefix",
+        prefix,
+        _PREFIX_RULE,
+        "must be at most 40 characters of lower-case letters, digits and '_', not starting "
+        "with a digit (table names are <prefix>runs, <prefix>jobs, <prefix>schema_version)",
+    )
 
 
 def split_url(url: str) -> tuple[str, dict[str, Any]]:

@@ -17,7 +17,6 @@ from anarchon.backend import (
     ClaimRequest,
     TakeoverOutcome,
     TakeoverRequest,
-    TakeoverStatus,
     Ticket,
 )
 from anarchon.control import PAUSED_TRIGGERS
@@ -30,8 +29,9 @@ from anarchon.kit.lease import (
     already_recorded,
     answer_existing,
     lease_lost,
-    peek_takeover,
+    peek_answer,
     pruned_outcome,
+    takeover_answer,
 )
 
 __all__ = [
@@ -165,33 +165,14 @@ def peeked_takeover(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcom
     """Answer a takeover from ``peek_takeover``'s unlocked read (see the lease rules'
     ``peek_takeover``), or None when the lease expired or was released and the locked
     ``take_over`` statement must decide."""
-    return peek_takeover(_OneRow(_run_row(row)), req, int(row["now"]))  # type: ignore[arg-type]
-
-
-class _OneRow:
-    """The one row a read found, as the lease rules ask for the current attempt."""
-
-    def __init__(self, row: RunRow | None) -> None:
-        self._row = row
-
-    def current(self, job: str, slot_key: str) -> RunRow | None:
-        return self._row
+    return peek_answer(_run_row(row), req, int(row["now"]))
 
 
 def takeover_outcome(req: TakeoverRequest, row: dict[str, Any]) -> TakeoverOutcome:
-    """The answer to ``req`` from the ``take_over`` statement's row: EXHAUSTED, or what the
-    lease rules answer from the attempt the statement left current (the new one when taken,
-    the winner's when another backup was first)."""
-    now = int(row["now"])
-    stored = _run_row(row)
-    if row["verdict"] == "exhausted":
-        assert stored is not None
-        return TakeoverOutcome(
-            status=TakeoverStatus.EXHAUSTED, run=stored.to_run(), backend_now_ms=now
-        )
-    answer = peek_takeover(_OneRow(stored), req, now)  # type: ignore[arg-type]
-    assert answer is not None, "take_over left an expired lease current"
-    return answer
+    """The answer to ``req`` from the ``take_over`` statement's row (the lease rules'
+    ``takeover_answer``)."""
+    exhausted = row["verdict"] == "exhausted"
+    return takeover_answer(req, _run_row(row), int(row["now"]), exhausted=exhausted)
 
 
 def renewed(ticket: Ticket, row: dict[str, Any]) -> Ticket | LeaseLost:

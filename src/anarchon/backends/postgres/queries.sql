@@ -556,7 +556,7 @@ SELECT greatest(
 ) AS slot;
 
 -- Steering (anarchon.control, _control.py): pauses and run requests, each call one statement
--- in autocommit. The tables are made by migration_3; a read of tables that are not there is
+-- in autocommit. Parameters and columns go by the names of Pause and RunRequest (to_dict). The tables are made by migration_3; a read of tables that are not there is
 -- answered empty by the caller, which creates nothing.
 
 -- name: pause
@@ -568,10 +568,10 @@ RETURNING z.job;
 
 -- name: resume
 DELETE FROM {pauses} WHERE job = %(job)s
-RETURNING job, paused_by, at_ms, until_ms;
+RETURNING job, paused_by AS "by", at_ms, until_ms;
 
 -- name: pauses
-SELECT job, paused_by, at_ms, until_ms FROM {pauses};
+SELECT job, paused_by AS "by", at_ms, until_ms FROM {pauses};
 
 -- name: request
 -- Idempotent by id: answers a row only when the request was stored.
@@ -584,7 +584,7 @@ RETURNING id;
 
 -- name: requests
 -- Due first, then by request, then by id; %(jobs)s NULL for every job.
-SELECT id, job, trigger, slot_key, slot, due_ms, requested_by, requested_at_ms, retry
+SELECT id, job, trigger, slot_key AS "key", slot, due_ms, requested_by, requested_at_ms, retry
 FROM {requests}
 WHERE %(jobs)s::text[] IS NULL OR job = ANY (%(jobs)s::text[])
 ORDER BY due_ms, requested_at_ms, id;

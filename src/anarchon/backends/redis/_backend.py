@@ -7,20 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...backend import (
-    ClaimOutcome,
-    ClaimRequest,
-    FinishRequest,
-    LeaseBackend,
-    TakeoverOutcome,
-    TakeoverRequest,
-    Ticket,
-)
+from ... import backend as contract
 from ...errors import BackendError
-from ...kit import Run, RunStatus
+from ...kit import Run, RunStatus, backoff
+from ...kit.feed import ChangeFeed
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
-from ._connection import Connection, Notifications, renewal_timeout
+from ._connection import SUBSCRIBE_WAIT_S, Connection, Notifications, renewal_timeout
 from ._control import RedisControl
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._options import (
@@ -47,7 +40,7 @@ def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
     return {name: held[name] for name in (job, "*") if name in held}
 
 
-class RedisBackend(LeaseBackend):
+class RedisBackend(contract.LeaseBackend):
     """Claims, leases and history in Redis, shared by every instance that uses the same prefix.
 
     :param url: where Redis is (``redis://``, ``rediss://`` or ``unix://``, with redis-py's
@@ -85,7 +78,7 @@ class RedisBackend(LeaseBackend):
         self.prefix = prefix
         self._keys = Namespace(prefix)
         self._connection.owner = repr(self)
-        self._notifications = Notifications(self._connection, self._keys.channel)
+        self._feed = ChangeFeed(self.name)
         #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
         #: see tests/conformance/test_differential.py).
         self._test_clock_offset_ms = 0
@@ -118,10 +111,10 @@ class RedisBackend(LeaseBackend):
 
     async def stop(self) -> None:
         """Stop listening and close the client this backend created (never one passed in)."""
-        await self._notifications.stop()
+        await self._feed.stop()
         await self._connection.close()
 
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+    async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
         one pipeline (one round trip)."""
         reqs = list(requests)
@@ -144,7 +137,7 @@ class RedisBackend(LeaseBackend):
         ]
         answers = await self._connection.scripts("claim", calls, transient_raise=True)
         decided = dict(zip(sent, answers, strict=True))
-        out: list[ClaimOutcome] = []
+        out: list[contract.ClaimOutcome] = []
         for n, req in enumerate(reqs):
             answer = decided.get(n, errors[n])
             if isinstance(answer, BackendError):
@@ -154,7 +147,9 @@ class RedisBackend(LeaseBackend):
                 out.append(rows.claim_outcome(req, answer))
         return out
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+    async def finish_many(
+        self, items: Sequence[contract.FinishRequest]
+    ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
         each result is its own script (record, prune, notify)."""
         if not items:
@@ -213,9 +208,11 @@ class RedisBackend(LeaseBackend):
 
     # -- LeaseBackend -----------------------------------------------------------------------
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+    async def renew_many(
+        self, tickets: Sequence[contract.Ticket]
+    ) -> list[contract.Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`: one pipeline, one round trip."""
-        out: list[Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
+        out: list[contract.Ticket | BackendError | None] = [check_ticket(t) for t in tickets]
         sent = [n for n, error in enumerate(out) if error is None]
         if not sent:
             return [o for o in out if o is not None]
@@ -237,7 +234,7 @@ class RedisBackend(LeaseBackend):
                 out[n] = lost or ticket.renewed(int(answer["expires"]), int(answer["now"]))
         return [o for o in out if o is not None]
 
-    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+    async def take_over(self, request: contract.TakeoverRequest) -> contract.TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
         error = unstorable(request)
         if error is not None:
@@ -249,7 +246,7 @@ class RedisBackend(LeaseBackend):
         )
         return rows.takeover_outcome(request, answer)
 
-    async def release(self, ticket: Ticket, reason: str) -> None:
+    async def release(self, ticket: contract.Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; wakes the backups at once."""
         answer = await self._connection.script_json(
             "release",
@@ -278,9 +275,15 @@ class RedisBackend(LeaseBackend):
 
         A listener task keeps one subscription open, pings it when quiet, and re-subscribes
         with backoff after a failure (messages published meanwhile are lost; backups then act
-        at lease expiry). Waits up to two seconds for the first subscription.
+        at lease expiry). The first subscriber waits up to two seconds for the subscription.
+        A listener that raises is logged and the others still hear of it.
         """
-        await self._notifications.add(on_change)
+        client = self._connection.client()
+        self._feed.add(on_change)
+        if not self._feed.running:
+            stream = Notifications(client, self._connection.where, self._keys.channel)
+            self._feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
+            await self._feed.wait_live(SUBSCRIBE_WAIT_S)
 
     def clone(self) -> RedisBackend | None:
         """A new, unstarted backend on the same Redis and prefix with a client of its own, for
@@ -294,6 +297,5 @@ class RedisBackend(LeaseBackend):
         if connection.where != self._connection.where:  # a copy of the client passed in
             twin.url = connection.where
         twin._connection = connection
-        twin._notifications = Notifications(connection, twin._keys.channel)
         connection.owner = repr(twin)
         return twin

@@ -10,15 +10,15 @@ after a failure (``notifications_lost``, ``notifications_resumed``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from ...backend import ChangeEvent
 from ...errors import BackendError, BackendUnavailable, InvalidOption
-from ...kit import backoff, redact_url
+from ...kit import redact_url
 from ...kit.calls import bounded_call
 from ._errors import is_driver_error, is_unreachable, translate, translator
 from ._rows import text
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     Client = Redis | RedisCluster
 
-__all__ = ["CALL_TIMEOUT_S", "Connection", "Notifications", "bounded"]
+__all__ = ["CALL_TIMEOUT_S", "SUBSCRIBE_WAIT_S", "Connection", "Notifications", "bounded"]
 
 T = TypeVar("T")
 
@@ -306,99 +306,60 @@ class Connection:
 
 
 class Notifications:
-    """One pub/sub subscription to ``channel``, fanned out to the backend's listeners.
+    """The stream of changes under one prefix, for :class:`anarchon.kit.feed.ChangeFeed`: a
+    pub/sub subscription to ``channel``, made in the first call (and again in the first call
+    after a failure), pinged when quiet so a dead connection is noticed. Messages published
+    while it is down are lost (backups then act at lease expiry).
 
-    A listener task keeps the subscription open, pings it when quiet, and re-subscribes with
-    backoff after a failure; messages published meanwhile are lost (backups then act at lease
-    expiry).
+    :param client: the backend's open client.
+    :param where: how messages name the server.
     """
 
-    def __init__(self, connection: Connection, channel: str) -> None:
-        self._connection = connection
+    def __init__(self, client: Client, where: str, channel: str) -> None:
+        self._client = client
+        self._where = where
         self._channel = channel
-        self._listeners: list[Callable[[str, str, bool], None]] = []
-        self._task: asyncio.Future[None] | None = None
+        self._pubsub: PubSub | None = None
 
-    async def add(self, on_change: Callable[[str, str, bool], None]) -> None:
-        """Call ``on_change(job, slot_key, released)`` for every message; the first listener
-        starts the subscription and waits up to two seconds for it."""
-        self._listeners.append(on_change)
-        if self._task is not None:
-            return
-        client = self._connection.client()
-        ready = asyncio.Event()
-        self._task = asyncio.ensure_future(self._listen(client, ready))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT_S)
+    async def next_changes(self) -> list[ChangeEvent]:
+        """Subscribe if not subscribed (no events then), else wait for the next message (at
+        most :data:`PUBSUB_PING_S`, then ping). Raises :class:`BackendError` when Redis
+        fails, after closing the subscription."""
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+                await bounded(self._pubsub.subscribe(self._channel), self._where)
+                return []
+            return await self._next(self._pubsub)
+        except BaseException:
+            await self._close()
+            raise
 
-    async def stop(self) -> None:
-        """Stop listening and forget the listeners."""
-        task, self._task = self._task, None
-        while task is not None and not task.done():
-            # Cancel until it takes: on Python 3.11 redis-py's socket writes (asyncio.wait_for)
-            # can swallow a cancellation that arrives as the write completes.
-            task.cancel()
-            await asyncio.wait([task], timeout=0.5)
-        if task is not None and not task.cancelled() and task.exception():
-            logger.error("the Redis notification listener failed", exc_info=task.exception())
-        self._listeners.clear()
-
-    async def _listen(self, client: Client, ready: asyncio.Event) -> None:
-        where = self._connection.where
-        delays = backoff()
-        failing = False
-        while True:
-            pubsub: PubSub | None = None
-            try:
-                pubsub = client.pubsub()
-                await bounded(pubsub.subscribe(self._channel), where)
-                ready.set()
-                if failing:
-                    logger.info(
-                        "notifications from Redis resumed",
-                        extra={"action": "notifications_resumed"},
-                    )
-                failing, delays = False, backoff()
-                try:
-                    await self._pump(pubsub)
-                except Exception as exc:
-                    if not is_driver_error(exc):
-                        raise
-                    raise translate(exc, where) from exc
-            except BackendError as exc:
-                if not failing:
-                    logger.warning(
-                        "notifications from Redis interrupted (%s); re-subscribing, backups "
-                        "fall back to lease expiry meanwhile",
-                        exc,
-                        extra={"action": "notifications_lost"},
-                    )
-                failing = True
-                await asyncio.sleep(next(delays))
-            finally:
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    async def _pump(self, pubsub: PubSub) -> None:
-        while True:
+    async def _next(self, pubsub: PubSub) -> list[ChangeEvent]:
+        try:
             message = await pubsub.get_message(timeout=PUBSUB_PING_S)
             if message is None:  # quiet for a while: make sure the connection still works
                 await pubsub.ping()
-            elif message.get("type") == "message":
-                self._dispatch(message.get("data"))
+                return []
+        except Exception as exc:
+            if not is_driver_error(exc):
+                raise
+            raise translate(exc, self._where) from exc
+        if message.get("type") != "message":
+            return []
+        return self._decode(message.get("data"))
 
-    def _dispatch(self, data: Any) -> None:
+    @staticmethod
+    def _decode(data: Any) -> list[ChangeEvent]:
         try:
             job, slot_key, released = json.loads(text(data))
         except (ValueError, TypeError):
             logger.warning("ignoring a malformed notification %r", data, extra={"action": "notify"})
-            return
-        for listener in list(self._listeners):
-            try:
-                listener(str(job), str(slot_key), bool(released))
-            except Exception:
-                logger.exception(
-                    "a change listener failed",
-                    extra={"job": job, "slot": slot_key, "action": "notify"},
-                )
+            return []
+        return [ChangeEvent(str(job), str(slot_key), bool(released))]
+
+    async def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from anarchon.control import Pause, RunRequest, paused_reason
 
@@ -49,9 +49,7 @@ return value
 def stored_pause(pause: Pause) -> str:
     """The value the pauses hash keeps for ``pause``: its fields (no null: absent in Lua) and
     its rendered reason, so the claim script records exactly :func:`paused_reason`."""
-    fields: dict[str, Any] = {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms}
-    if pause.until_ms is not None:
-        fields["until_ms"] = pause.until_ms
+    fields = {k: v for k, v in pause.to_dict().items() if v is not None}
     fields["reason"] = paused_reason(pause)
     return json.dumps(fields, separators=(",", ":"), sort_keys=True)
 

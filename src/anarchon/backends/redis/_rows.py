@@ -13,19 +13,19 @@ import json
 import logging
 from typing import Any, Final
 
-from ...backend import (
-    ClaimOutcome,
-    ClaimRequest,
-    ClaimStatus,
-    TakeoverOutcome,
-    TakeoverRequest,
-    TakeoverStatus,
-    Ticket,
-)
+from ...backend import ClaimOutcome, ClaimRequest, TakeoverOutcome, TakeoverRequest, Ticket
 from ...control import PAUSED_TRIGGERS
 from ...errors import LeaseLost
 from ...kit import Run, RunStatus
-from ...kit.lease import HANDED_OVER, MAX_MS, RunRow, lease_lost
+from ...kit.lease import (
+    HANDED_OVER,
+    MAX_MS,
+    RunRow,
+    answer_existing,
+    lease_lost,
+    not_run,
+    takeover_answer,
+)
 
 __all__ = [
     "PRUNE_SCAN",
@@ -158,17 +158,14 @@ def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
 
 
 def claim_outcome(req: ClaimRequest, answer: dict[str, Any]) -> ClaimOutcome:
-    """The claim script's answer to ``req``; a slot refused because Redis lost its data before
-    it is logged, since it will never run."""
+    """The claim script's answer to ``req``, by the lease rules: from the attempt it found or
+    recorded, or, ``refused``, from the record it did not store. A slot refused because Redis
+    lost its data before it is logged, since it will never run."""
     now = int(answer["now"])
     row = run_row(answer["run"])
-    status = ClaimStatus(answer["status"])
-    if status is ClaimStatus.WON:
-        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-        return ClaimOutcome(status=status, run=row.to_run(), ticket=ticket, backend_now_ms=now)
-    if status is ClaimStatus.SKIPPED:
-        return ClaimOutcome(status=status, run=row.to_run(), backend_now_ms=now)
-    if not row.token and row.reason and row.reason.startswith("unknown"):
+    if not answer.get("refused"):
+        return answer_existing(row, req, now)
+    if row.reason and row.reason.startswith("unknown"):
         logger.warning(
             "job %s slot %s not run: %s",
             req.job,
@@ -176,27 +173,11 @@ def claim_outcome(req: ClaimRequest, answer: dict[str, Any]) -> ClaimOutcome:
             row.reason,
             extra={"job": req.job, "slot": req.slot, "action": "claim_refused_unknown"},
         )
-    return ClaimOutcome(
-        status=status,
-        run=row.to_run(),
-        lease_expires_at_ms=_opt_int(answer.get("expires")),
-        backend_now_ms=now,
-    )
+    return not_run(row, now)
 
 
 def takeover_outcome(req: TakeoverRequest, answer: dict[str, Any]) -> TakeoverOutcome:
-    """The take_over script's answer to ``req``."""
-    now = int(answer["now"])
-    status = TakeoverStatus(answer["status"])
+    """The take_over script's answer to ``req``, by the lease rules."""
     row = run_row(answer["run"]) if "run" in answer else None
-    ticket = None
-    if status is TakeoverStatus.TAKEN:
-        assert row is not None
-        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-    return TakeoverOutcome(
-        status=status,
-        run=row.to_run() if row is not None else None,
-        ticket=ticket,
-        lease_expires_at_ms=_opt_int(answer.get("expires")),
-        backend_now_ms=now,
-    )
+    exhausted = answer["status"] == "exhausted"
+    return takeover_answer(req, row, int(answer["now"]), exhausted=exhausted)

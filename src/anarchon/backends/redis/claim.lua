@@ -63,7 +63,7 @@ end
 
 -- An answer for a slot this data set cannot vouch for; nothing is stored.
 local function refuse(reason)
-  return reply({status = 'lost', run = {
+  return reply({status = 'lost', refused = true, run = {
     job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
     token = '', instance = A.instance, trigger = A.trigger, status = 'skipped', fence = 0,
     started_at = NOW, reason = reason, requested_by = A.requested_by,

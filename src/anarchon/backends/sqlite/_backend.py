@@ -12,17 +12,7 @@ import os
 import sqlite3
 from collections.abc import Sequence
 
-from ...backend import (
-    ChangeListener,
-    ClaimOutcome,
-    ClaimRequest,
-    FinishRequest,
-    LeaseBackend,
-    TakeoverOutcome,
-    TakeoverRequest,
-    TakeoverStatus,
-    Ticket,
-)
+from ... import backend as contract
 from ...errors import BackendError, LeaseLost
 from ...kit import Run
 from ...kit import lease as rules
@@ -39,7 +29,7 @@ __all__ = ["SQLiteBackend"]
 logger = logging.getLogger("anarchon.backends.sqlite")
 
 
-class SQLiteBackend(LeaseBackend):
+class SQLiteBackend(contract.LeaseBackend):
     """Claims, leases and history in one SQLite file shared by processes on one host.
 
     :param path: the database file; default ``$ANARCHON_DB`` or ``anarchon.db`` in the working
@@ -112,7 +102,7 @@ class SQLiteBackend(LeaseBackend):
         await self._feed.stop()
         await self._db.close()
 
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+    async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; the whole batch is one transaction, each
         request decided on its own."""
         reqs = list(requests)
@@ -120,12 +110,14 @@ class SQLiteBackend(LeaseBackend):
             lambda conn: self._db.write_each(conn, reqs, rules.claim, rules.refused_outcome)
         )
 
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+    async def finish_many(
+        self, items: Sequence[contract.FinishRequest]
+    ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`; the batch is one transaction, each
         result decided on its own, and the job's history pruned."""
         batch = list(items)
 
-        def decide(rows: SQLiteRows, item: FinishRequest, now: int) -> Run | BackendError:
+        def decide(rows: SQLiteRows, item: contract.FinishRequest, now: int) -> Run | BackendError:
             ticket, status, error = item
             try:
                 run = rules.finish(rows, ticket, status, error, now)
@@ -155,12 +147,16 @@ class SQLiteBackend(LeaseBackend):
         package docstring), the one leases are measured on."""
         return self._db.clock.now()
 
-    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+    async def renew_many(
+        self, tickets: Sequence[contract.Ticket]
+    ) -> list[contract.Ticket | BackendError]:
         """See :meth:`anarchon.backend.LeaseBackend.renew_many`; one transaction, each ticket
         decided on its own."""
         batch = list(tickets)
 
-        def decide(rows: SQLiteRows, ticket: Ticket, now: int) -> Ticket | BackendError:
+        def decide(
+            rows: SQLiteRows, ticket: contract.Ticket, now: int
+        ) -> contract.Ticket | BackendError:
             try:
                 return rules.renew(rows, ticket, now)
             except BackendError as exc:  # LeaseLost, or a lease_ms out of range
@@ -170,20 +166,20 @@ class SQLiteBackend(LeaseBackend):
             lambda conn: self._db.write_each(conn, batch, decide, lambda _item, _now, exc: exc)
         )
 
-    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+    async def take_over(self, request: contract.TakeoverRequest) -> contract.TakeoverOutcome:
         """See :meth:`anarchon.backend.LeaseBackend.take_over`.
 
         Backups poll this every :attr:`release_poll_ms`; while the lease is live the answer
         comes from a read, without taking the database's write lock.
         """
 
-        def decide(rows: SQLiteRows, now: int) -> TakeoverOutcome:
+        def decide(rows: SQLiteRows, now: int) -> contract.TakeoverOutcome:
             outcome = rules.take_over(rows, request, now)
-            if outcome.status is TakeoverStatus.EXHAUSTED:
+            if outcome.status is contract.TakeoverStatus.EXHAUSTED:
                 rows.add_event(request.job, request.slot_key, False, now)
             return outcome
 
-        def work(conn: sqlite3.Connection) -> TakeoverOutcome:
+        def work(conn: sqlite3.Connection) -> contract.TakeoverOutcome:
             if rules.unstorable(request) is None:
                 rows = SQLiteRows(conn, self.history_size)
                 peeked = rules.peek_takeover(rows, request, self._db.clock.now())
@@ -193,7 +189,7 @@ class SQLiteBackend(LeaseBackend):
 
         return await self._db.call(work)
 
-    async def release(self, ticket: Ticket, reason: str) -> None:
+    async def release(self, ticket: contract.Ticket, reason: str) -> None:
         """See :meth:`anarchon.backend.LeaseBackend.release`; other processes hear of it through
         the events table."""
 
@@ -226,7 +222,7 @@ class SQLiteBackend(LeaseBackend):
 
         return await self._db.call(read)
 
-    async def subscribe(self, on_change: ChangeListener) -> None:
+    async def subscribe(self, on_change: contract.ChangeListener) -> None:
         """Poll the events table every :data:`~._options.EVENTS_POLL_MS` and report new
         releases and results to ``on_change``; events written before this call are not
         reported. A listener that raises is logged and the others still hear of it."""

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...control import Pause, RunRequest
 from ...errors import BackendError
-from ...kit import Trigger
 from ._errors import DATA_ERRORS
 from ._queries import Q
-from ._rows import pause_of
+from ._rows import pause_of, request_of
 
 if TYPE_CHECKING:
     from ._backend import SQLiteBackend
@@ -60,13 +59,7 @@ class SQLiteControl:
 
     async def pause(self, pause: Pause) -> None:
         """See :meth:`anarchon.control.ControlStore.pause`."""
-        params = {
-            "job": pause.job,
-            "by": pause.by,
-            "at_ms": pause.at_ms,
-            "until_ms": pause.until_ms,
-        }
-        await self._write(pause, lambda conn: conn.execute(Q["set_pause"], params))
+        await self._write(pause, lambda conn: conn.execute(Q["set_pause"], pause.to_dict()))
 
     async def resume(self, job: str) -> Pause | None:
         """See :meth:`anarchon.control.ControlStore.resume`."""
@@ -91,19 +84,9 @@ class SQLiteControl:
 
     async def request(self, request: RunRequest) -> bool:
         """See :meth:`anarchon.control.ControlStore.request`."""
-        params = {
-            "id": request.id,
-            "job": request.job,
-            "trigger": str(request.trigger),
-            "key": request.key,
-            "slot": request.slot,
-            "due_ms": request.due_ms,
-            "requested_by": request.requested_by,
-            "requested_at_ms": request.requested_at_ms,
-            "retry": request.retry,
-        }
         return await self._write(
-            request, lambda conn: conn.execute(Q["add_request"], params).fetchone() is not None
+            request,
+            lambda conn: conn.execute(Q["add_request"], request.to_dict()).fetchone() is not None,
         )
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
@@ -122,7 +105,7 @@ class SQLiteControl:
                 rows += conn.execute(query, chunk).fetchall()
             return rows
 
-        found = [_request_of(values) for values in await self._backend._db.call(read)]
+        found = [request_of(values) for values in await self._backend._db.call(read)]
         if names is not None and len(names) > CHUNK:
             found.sort(key=lambda r: (r.due_ms, r.requested_at_ms, r.id))
         return found
@@ -135,18 +118,3 @@ class SQLiteControl:
                 conn.execute(Q["drop_request"], (request_id,))
 
         await self._backend._db.call(delete)
-
-
-def _request_of(values: tuple[Any, ...]) -> RunRequest:
-    request_id, job, trigger, key, slot, due_ms, by, at_ms, retry = values
-    return RunRequest(
-        id=request_id,
-        job=job,
-        trigger=Trigger(trigger),
-        key=key,
-        slot=None if slot is None else int(slot),
-        due_ms=int(due_ms),
-        requested_by=by,
-        requested_at_ms=int(at_ms),
-        retry=int(retry),
-    )

@@ -6,11 +6,15 @@ import sqlite3
 from dataclasses import fields
 from typing import Any, Final
 
-from ...control import Pause
+from ...control import Pause, RunRequest
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
 
-__all__ = ["SQLiteRows", "pause_of", "row_of"]
+__all__ = ["SQLiteRows", "pause_of", "request_of", "row_of"]
+
+# The columns of anarchon_pauses and anarchon_requests, in the order the queries select them.
+_PAUSE_FIELDS: Final = tuple(f.name for f in fields(Pause))
+_REQUEST_FIELDS: Final = tuple(f.name for f in fields(RunRequest))
 
 
 class SQLiteRows:
@@ -78,11 +82,15 @@ _COLUMNS: Final = tuple(field.name for field in fields(RunRow))
 
 
 def pause_of(values: tuple[Any, ...]) -> Pause:
-    """The pause a row of ``anarchon_pauses`` holds (job, paused_by, at_ms, until_ms)."""
-    job, by, at_ms, until_ms = values
-    return Pause(
-        job=job, by=by, at_ms=int(at_ms), until_ms=None if until_ms is None else int(until_ms)
-    )
+    """The pause a row of ``anarchon_pauses`` holds (job, paused_by, at_ms, until_ms: the
+    fields of :class:`~anarchon.control.Pause` in order)."""
+    return Pause.from_dict(dict(zip(_PAUSE_FIELDS, values, strict=True)))
+
+
+def request_of(values: tuple[Any, ...]) -> RunRequest:
+    """The request a row of ``anarchon_requests`` holds (the fields of
+    :class:`~anarchon.control.RunRequest` in order)."""
+    return RunRequest.from_dict(dict(zip(_REQUEST_FIELDS, values, strict=True)))
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
