@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from . import otel
 from ._batch import isolate
 from ._clock import BackendTime, Clock
 from ._job import Job
@@ -165,7 +166,9 @@ class Claims:
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await self._claim_retrying(list(requests), deadline_s)
+            claimed = await self._claim_retrying(list(requests), deadline_s)
+            otel.claimed(claimed, self._backend.name, self._clock.monotonic_ms())
+            return claimed
         finally:
             self._in_flight -= 1
             if not self._in_flight:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from . import otel
 from ._batch import Coalescer
 from ._clock import Clock
 from ._context import RunContext
@@ -127,7 +128,8 @@ class RunExecutor:
             active.set_deadline(sent + _lease_left(ticket))
         self.active[ticket.run_id] = active
         active.task = asyncio.get_running_loop().create_task(
-            self._execute(active), name=f"anarchon run of {job.name} ({ticket.run_id[:8]})"
+            otel.traced_run(active, self._execute(active)),
+            name=f"anarchon run of {job.name} ({ticket.run_id[:8]})",
         )
         active.task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
         return active
@@ -186,6 +188,7 @@ class RunExecutor:
                 assert self.keeper is not None
                 self.keeper.discard(active)
             active.ctx._deadline = None  # the handler is over: only a real loss counts now
+        otel.handler_done(outcome)
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
             run = await self._finish(active, *outcome)

@@ -1,0 +1,308 @@
+"""OpenTelemetry traces of claims and runs (``pip install anarchon[otel]``).
+
+anarchon uses only ``opentelemetry-api``. Tracing is on as soon as the application sets a
+tracer provider (``opentelemetry.trace.set_tracer_provider``, or the ``opentelemetry-instrument``
+agent): like any instrumented library, anarchon then sends its spans to that provider, and
+sends nothing (at no cost beyond one check per run) while none is set or the API is not
+installed. :func:`configure` picks another provider, or turns anarchon's spans off.
+
+Spans (``docs/observability.md`` lists every attribute):
+
+* ``claim <job>`` (kind CLIENT), one per slot an instance claims, on every instance: the
+  backend's answer in ``anarchon.outcome`` (``won``, ``lost``, ``skipped``, ``refused``);
+* ``run <job>`` (kind INTERNAL), one per attempt, around the handler, which runs inside it: the
+  handler's own spans nest under it (plain handlers too: their thread gets the context). The
+  result in ``anarchon.outcome``; a failure sets the status to ERROR and records the exception.
+
+**One trace per slot.** The trace id is derived from ``(job, slot key)`` (:func:`trace_id`), so
+every instance puts its spans about one slot in the same trace without talking to the others:
+the claims of all instances, the first attempt and a backup's takeover. Each attempt's span is
+the child of a parent derived from ``(job, slot key, attempt)`` (:func:`attempt_parent`), a
+remote span no process records; a taken-over attempt's span **links** to the parent of the
+attempt it took over (the crashed instance's span id died with it; its parent is the one span
+context both can compute). The remote parent is sampled, so a ``ParentBased`` sampler (the
+default) records every slot; ``TraceIdRatioBased`` samples whole slots alike on every instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Final
+
+from ._models import RunStatus
+from .backend import HANDED_OVER, ClaimOutcome, ClaimRequest, ClaimStatus
+from .logs import slot_iso
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, SpanContext, Tracer, TracerProvider
+
+    from ._runner import ActiveRun
+
+__all__ = ["TRACER_NAME", "attempt_parent", "configure", "enabled", "trace_id"]
+
+#: The instrumentation scope of anarchon's spans.
+TRACER_NAME: Final = "anarchon"
+
+_Attributes = dict[str, str | int | bool]
+_state: dict[str, Any] = {"provider": None, "enabled": True, "api": None, "cache": None}
+
+
+class _Attempt:
+    """The span of the run whose task this is, and what its handler returned."""
+
+    __slots__ = ("handler", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.handler: str | None = None
+
+
+# The attempt of the run whose task this is (None elsewhere), for handler_done().
+_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("anarchon_attempt", default=None)
+
+
+def configure(tracer_provider: TracerProvider | None = None, *, enabled: bool = True) -> None:
+    """Send anarchon's spans to ``tracer_provider`` (default: the global one, as set by
+    ``opentelemetry.trace.set_tracer_provider``), or, with ``enabled=False``, send none.
+
+    Raises :class:`~anarchon.errors.MissingDependency` when a provider is given but
+    ``opentelemetry-api`` is not installed."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled={enabled!r} must be True or False")
+    if tracer_provider is not None:
+        api = _api()
+        if api is None:
+            from .errors import MissingDependency
+
+            raise MissingDependency(
+                "a tracer provider needs opentelemetry-api: pip install 'anarchon[otel]'"
+            )
+        if not callable(getattr(tracer_provider, "get_tracer", None)):
+            raise TypeError(
+                f"tracer_provider={tracer_provider!r} is not an OpenTelemetry TracerProvider "
+                "(it has no get_tracer())"
+            )
+    _state.update(provider=tracer_provider, enabled=enabled, cache=None)
+
+
+def enabled() -> bool:
+    """True when anarchon's spans go somewhere now: ``opentelemetry-api`` is installed, a
+    tracer provider is set (or given to :func:`configure`) and tracing is not turned off."""
+    return _tracer() is not None
+
+
+def trace_id(job: str, slot_key: str) -> int:
+    """The trace id of every span about ``(job, slot_key)`` on every instance: 128 bits of
+    SHA-256 (``format(trace_id(...), "032x")`` is the id a tracing UI searches for). A
+    scheduled slot's key is its epoch milliseconds as a string (``"1767225600000"``)."""
+    digest = hashlib.sha256(f"anarchon\0{job}\0{slot_key}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1
+
+
+def attempt_parent(job: str, slot_key: str, attempt: int) -> SpanContext:
+    """The remote span context every instance derives for attempt ``attempt`` of
+    ``(job, slot_key)``: the parent of that attempt's ``run`` span, and what its successor's
+    span links to. Needs ``opentelemetry-api``."""
+    api = _api()
+    if api is None:
+        from .errors import MissingDependency
+
+        raise MissingDependency("attempt_parent() needs opentelemetry-api: anarchon[otel]")
+    digest = hashlib.sha256(f"anarchon\0{job}\0{slot_key}\0{attempt}".encode()).digest()
+    return api.SpanContext(  # type: ignore[no-any-return]
+        trace_id=trace_id(job, slot_key),
+        span_id=int.from_bytes(digest[:8], "big") or 1,
+        is_remote=True,
+        trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED),
+    )
+
+
+# -- the core's hooks ---------------------------------------------------------------------------
+
+
+def traced_run(active: ActiveRun, run: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
+    """The run's coroutine (``run``), inside the attempt's span when tracing is on."""
+    tracer = _tracer()
+    if tracer is None:
+        return run
+    return _traced_run(tracer, active, run)
+
+
+def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | None) -> None:
+    """The handler of the current run returned (``outcome``: status, error, exception; None if
+    it was cancelled): record its exception on the attempt's span."""
+    attempt = _ATTEMPT.get()
+    if attempt is None or outcome is None:
+        return
+    status, error, exc = outcome
+    span = attempt.span
+    attempt.handler = status.value
+    span.set_attribute("anarchon.handler", status.value)
+    if exc is not None:
+        span.record_exception(exc)
+    elif error:
+        span.add_event("handler failed", {"anarchon.error": error})
+
+
+def claimed(
+    answers: Sequence[tuple[ClaimRequest, ClaimOutcome | Exception, int]],
+    backend: str,
+    now_ms: int,
+) -> None:
+    """Claims were answered (``(request, outcome or error, sent)``, ``sent`` and ``now_ms`` on
+    the scheduler's monotonic clock): one ``claim`` span per request."""
+    tracer = _tracer()
+    if tracer is None or not answers:
+        return
+    api = _api()
+    end = time.time_ns()
+    for request, outcome, sent in answers:
+        attributes: _Attributes = {
+            **_slot_attributes(request.job, request.slot, request.slot_key),
+            "anarchon.instance": request.instance,
+            "anarchon.trigger": request.trigger.value,
+            "anarchon.backend": backend,
+        }
+        status = None
+        if isinstance(outcome, ClaimOutcome):
+            name = outcome.status.value
+            if outcome.status is ClaimStatus.LOST and outcome.error is not None:
+                name, status = "refused", str(outcome.error)
+            attributes["anarchon.outcome"] = name
+            attributes["anarchon.holder"] = outcome.run.instance
+            attributes["anarchon.run_id"] = outcome.run.run_id
+            if outcome.run.reason:
+                attributes["anarchon.reason"] = outcome.run.reason
+        else:
+            attributes["anarchon.outcome"] = "error"
+            status = f"{type(outcome).__name__}: {outcome}"
+        parent = attempt_parent(request.job, request.slot_key, 1)
+        span = tracer.start_span(
+            f"claim {request.job}",
+            context=api.set_span_in_context(api.NonRecordingSpan(parent)),
+            kind=api.SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=end - max(0, now_ms - sent) * 1_000_000,
+        )
+        if status is not None:
+            span.set_status(api.Status(api.StatusCode.ERROR, status))
+        span.end(end_time=end)
+
+
+# -- inside -------------------------------------------------------------------------------------
+
+
+def _api() -> Any:
+    """``opentelemetry.trace``, imported on first use; None when it is not installed."""
+    api = _state["api"]
+    if api is None:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            api = False
+        else:
+            api = trace
+        _state["api"] = api
+    return api or None
+
+
+def _tracer() -> Tracer | None:
+    if not _state["enabled"]:
+        return None
+    api = _api()
+    if api is None:
+        return None
+    provider = _state["provider"] or api.get_tracer_provider()
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+        return None  # nothing set: the API's tracers would make spans nobody records
+    cache = _state["cache"]
+    if cache is None or cache[0] is not provider:
+        from . import __version__
+
+        cache = _state["cache"] = (provider, provider.get_tracer(TRACER_NAME, __version__))
+    return cache[1]  # type: ignore[no-any-return]
+
+
+def _slot_attributes(job: str, slot: int | None, slot_key: str) -> _Attributes:
+    attributes: _Attributes = {"anarchon.job": job, "anarchon.slot_key": slot_key}
+    if slot is not None:  # None (a manual run) is no attribute value
+        attributes["anarchon.slot"] = slot
+        attributes["anarchon.slot_iso"] = slot_iso(slot) or ""
+    return attributes
+
+
+def _attempt_attributes(active: ActiveRun) -> Mapping[str, str | int | bool]:
+    ticket = active.ticket
+    attributes = {
+        **_slot_attributes(ticket.job, ticket.slot, ticket.slot_key),
+        "anarchon.run_id": ticket.run_id,
+        "anarchon.attempt": ticket.attempt,
+        "anarchon.trigger": ticket.trigger.value,
+        "anarchon.instance": ticket.instance,
+        "anarchon.retry": active.ctx.retry,
+    }
+    if ticket.fence is not None:
+        attributes["anarchon.fence"] = ticket.fence
+    return attributes
+
+
+async def _traced_run(tracer: Tracer, active: ActiveRun, run: Coroutine[Any, Any, None]) -> None:
+    api = _api()
+    ticket = active.ticket
+    links = []
+    if ticket.attempt > 1:  # a takeover: link to the attempt it took over
+        before = attempt_parent(ticket.job, ticket.slot_key, ticket.attempt - 1)
+        links.append(
+            api.Link(before, {"anarchon.link": "took_over", "anarchon.attempt": ticket.attempt - 1})
+        )
+    parent = attempt_parent(ticket.job, ticket.slot_key, ticket.attempt)
+    span = tracer.start_span(
+        f"run {ticket.job}",
+        context=api.set_span_in_context(api.NonRecordingSpan(parent)),
+        kind=api.SpanKind.INTERNAL,
+        attributes=_attempt_attributes(active),
+        links=links,
+    )
+    attempt = _Attempt(span)
+    token = _ATTEMPT.set(attempt)
+    try:
+        with api.use_span(
+            span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
+            await run
+    except asyncio.CancelledError:
+        span.set_attribute("anarchon.outcome", "cancelled")
+        raise
+    except BaseException as exc:
+        span.set_attribute("anarchon.outcome", "error")
+        span.record_exception(exc)
+        span.set_status(api.Status(api.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    else:
+        _set_outcome(api, attempt, active)
+    finally:
+        _ATTEMPT.reset(token)
+        span.end()
+
+
+def _set_outcome(api: Any, attempt: _Attempt, active: ActiveRun) -> None:
+    span, result = attempt.span, active.result
+    recorded = result.result() if result.done() and not result.cancelled() else None
+    if recorded is not None:
+        span.set_attribute("anarchon.outcome", recorded.status.value)
+        if recorded.status is RunStatus.FAILED:
+            span.set_status(api.Status(api.StatusCode.ERROR, recorded.error or "failed"))
+        return
+    if active.cancel_reason == HANDED_OVER:
+        outcome = "handed_over"  # on stop, after the grace period
+    elif active.ctx.lease_lost:
+        outcome = "lease_lost"
+    elif attempt.handler is None:
+        outcome = "not_started"  # won after the grace period, or its lease ran out first
+    else:
+        outcome = "not_recorded"  # the result was refused or could not be recorded
+    span.set_attribute("anarchon.outcome", outcome)
