@@ -44,6 +44,7 @@ from .errors import (
     SchedulerStateError,
     UnsupportedFeature,
 )
+from .health import Health
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigurationError",
     "CronSchedule",
     "DuplicateJob",
+    "Health",
     "InvalidJobName",
     "InvalidOption",
     "InvalidSchedule",

@@ -109,6 +109,7 @@ class RunContext:
                     "attempt": self.attempt,
                     "fence": self.fence,
                     "retry": self.retry,
+                    "instance": self.instance,
                 },
             )
         return self._logger

@@ -104,6 +104,8 @@ class Heartbeat:
         self._stopping = False
         self._failing = False
         self._warned: set[tuple[str, frozenset[str]]] = set()
+        self.last_beat_ms: int | None = None
+        """When this instance last recorded itself (monotonic ms)."""
 
     def backend_now_ms(self) -> int:
         """Now on the backend's clock, as this instance last measured its offset."""
@@ -168,6 +170,7 @@ class Heartbeat:
                     extra={"action": Action.REGISTRY_UNAVAILABLE},
                 )
             return None
+        self.last_beat_ms = self._clock.monotonic_ms()
         if self._failing:
             self._failing = False
             logger.info(

@@ -79,7 +79,8 @@ from .errors import (
     SchedulerStateError,
     UnsupportedFeature,
 )
-from .logs import Action, log_fields
+from .health import DEFAULT_TIMEOUT_S, Health, check
+from .logs import Action, bind_instance, log_fields
 from .registry import ClusterView
 
 ENV_BACKEND: Final = "ANARCHON_BACKEND"
@@ -455,6 +456,7 @@ class Scheduler:
         by :meth:`stop`: ``stack`` first, then ``base``."""
         backend = self.backend
         self._claims.instance = self._backend_clock.instance = self.instance_id
+        bind_instance(self.instance_id)
         base.push_async_callback(backend.stop)
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -561,7 +563,9 @@ class Scheduler:
             self._main_mailbox.post(self._executor.lose, active, reason)
 
     def _loop_task(self, name: str, loop: Callable[[], Any]) -> asyncio.Future[None]:
-        task = asyncio.ensure_future(supervised(name, loop, self._clock.sleep))
+        task = asyncio.get_running_loop().create_task(
+            supervised(name, loop, self._clock.sleep), name=f"anarchon {name}"
+        )
         self._loops.append(task)
         return task
 
@@ -879,6 +883,12 @@ class Scheduler:
             loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
             loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
         )
+
+    async def health(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
+        """Is this scheduler well (:class:`~anarchon.health.Health`)? Asks the backend its
+        clock (waiting up to ``timeout_s``) and looks at the loops, the event loop's lag, the
+        clock offset against the jobs' skew budget, the leases held and the last heartbeat."""
+        return await check(self, timeout_s)
 
     # -- firing -----------------------------------------------------------------------------
 

@@ -70,6 +70,13 @@ class LoopWatchdog:
         sent = self._sent
         return 0 if sent is None else max(0, self.monotonic_ms() - sent)
 
+    @property
+    def blocker(self) -> str | None:
+        """What blocks the loop now, as the warning named it (None when it runs, or before the
+        warning)."""
+        blocker = self._blocker
+        return None if blocker is None else blocker[0]
+
     async def run(self) -> None:
         """Probe and check until cancelled (on the watchdog's own loop)."""
         while True:

@@ -6,7 +6,8 @@ docs/operations.md):
 
 ====  ==========================================================================================
 0     done
-1     ``demo`` saw a duplicate or a missed slot; any other anarchon error
+1     ``demo`` saw a duplicate or a missed slot; ``health`` found a scheduler unhealthy; any
+      other anarchon error
 2     bad command line or configuration: an unknown option, a bad number, a malformed or
       unknown backend URL, a bad cron expression, a bad time or duration, a ``run`` target
       that is not a Scheduler or that was already run (a module that calls
@@ -38,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
 from . import __version__
-from ._cli import cluster, steer
+from ._cli import cluster, health, steer
 from ._cli.common import (
     ENV_BACKEND,
     EXIT_BACKEND,
@@ -63,11 +64,13 @@ from .errors import (
     MissingDependency,
     SchedulerStateError,
 )
+from .logs import JsonFormatter
 
 __all__ = ["main"]
 
 LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
+LOG_FORMATS: Final = ("text", "json")
 _Exit = Exit
 _table = table  # kept for tests/unit/test_registry.py
 
@@ -259,6 +262,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"backend URL for a Scheduler() made without one (sets ${ENV_BACKEND} before the "
         "import)",
     )
+    run.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text (default) or json: one JSON object a line (anarchon.logs.JsonFormatter)",
+    )
 
     def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
         made = sub.add_parser(name, help=text, description=text)
@@ -280,6 +289,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     command("jobs", "list the jobs live instances carry: next slot, last run, running, paused")
     command("instances", "list the live instances: heartbeat, clock offset, version, jobs")
+    probe = command("health", "exit 0 if this host's scheduler is healthy (a Kubernetes probe)")
+    probe.add_argument("--instance", help="the instance to check (default: those on this host)")
+    probe.add_argument(
+        "--timeout", type=_seconds, default=health.TIMEOUT_S, help="seconds (default 5)"
+    )
 
     explain = command("explain", "say what became of one slot of a job, and why")
     explain.add_argument("job")
@@ -323,9 +337,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, log_format: str = "text") -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(RedactingFormatter(LOG_FORMAT))
+    json_lines = log_format == "json"
+    handler.setFormatter(JsonFormatter() if json_lines else RedactingFormatter(LOG_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
 
 
@@ -349,13 +364,14 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
     "pause": steer.pause,
     "resume": steer.resume,
     "trigger": steer.trigger,
+    "health": health.health,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
     args = _parser().parse_args(argv)
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         if args.command == "run":
             code = _run(args.target, args.backend)

@@ -13,19 +13,25 @@ Loggers: :data:`SCHEDULER_LOGGER` (``anarchon.scheduler``) for the core, ``anarc
 
 from __future__ import annotations
 
+import json
 import logging
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from enum import StrEnum
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Final
 
 from ._models import ms_to_datetime
+from ._redact import redact_url
 
 if TYPE_CHECKING:
     from .backend import Ticket
 
 __all__ = [
+    "JSON_FIELDS",
     "SCHEDULER_LOGGER",
     "Action",
+    "JsonFormatter",
     "backend_logger",
     "job_logger",
     "log_fields",
@@ -154,9 +160,9 @@ def log_fields(
     **more: Any,
 ) -> dict[str, Any]:
     """The ``extra`` of a record: ``action``; with a ``ticket``, its ``job``, ``slot``,
-    ``slot_iso``, ``run_id``, ``attempt`` and ``fence``; else ``job`` and ``slot`` (with
-    ``slot_iso``) when given (a ``slot`` of None: a manual run); then ``more`` (``holder``,
-    ``reason``, ``offset_ms`` ...)."""
+    ``slot_iso``, ``run_id``, ``attempt``, ``fence`` and ``instance`` (the one running it);
+    else ``job`` and ``slot`` (with ``slot_iso``) when given (a ``slot`` of None: a manual
+    run); then ``more`` (``holder``, ``reason``, ``offset_ms`` ...)."""
     fields: dict[str, Any] = {"action": action.value}
     if ticket is not None:
         fields.update(
@@ -166,6 +172,7 @@ def log_fields(
             run_id=ticket.run_id,
             attempt=ticket.attempt,
             fence=ticket.fence,
+            instance=ticket.instance,
         )
     else:
         if job is not None:
@@ -185,3 +192,76 @@ def job_logger(job: str) -> logging.Logger:
 def backend_logger(name: str) -> logging.Logger:
     """``anarchon.backends.<name>``: the logger of the backend named ``name`` (``postgres``)."""
     return logging.getLogger(f"anarchon.backends.{name}")
+
+
+# -- JSON lines ---------------------------------------------------------------------------------
+
+# The instance a record is about when the record does not say: the scheduler whose task logs it
+# (set when it starts, inherited by its tasks and its handlers' threads), else the scheduler
+# that started last in this process (its own threads: the lease keeper, the loop watchdog).
+_INSTANCE: ContextVar[str | None] = ContextVar("anarchon_instance", default=None)
+_LAST_INSTANCE: list[str | None] = [None]
+# The attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+#: The contract's fields, first in every line (when the record has them), in this order.
+JSON_FIELDS: Final = ("action", "job", "slot", "slot_iso", "run_id", "attempt", "fence", "instance")
+
+
+def bind_instance(instance: str) -> None:
+    """Name ``instance`` as the one this task (and the tasks it starts) logs for; called by the
+    scheduler when it starts."""
+    _INSTANCE.set(instance)
+    _LAST_INSTANCE[0] = instance
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ``time`` (ISO 8601, UTC, milliseconds),
+    ``level``, ``logger``, ``message``; then the contract's fields the record has (``action``,
+    ``job``, ``slot`` in epoch ms and ``slot_iso``, ``run_id``, ``attempt``, ``fence``) and
+    ``instance``; then any other field given through ``extra``; and for a record with an
+    exception, ``traceback``. Secrets in URLs are masked, as in every anarchon message.
+
+    ``anarchon run --log-format json`` uses it; in a ``dictConfig``, name it as a formatter's
+    ``"()": "anarchon.logs.JsonFormatter"``. ``instance`` names the instance for records that
+    do not say (default: the scheduler that logs, as set when it starts)."""
+
+    def __init__(self, instance: str | None = None) -> None:
+        super().__init__()
+        if instance is not None and not isinstance(instance, str):
+            raise TypeError(f"instance={instance!r} must be a string or None")
+        self.instance = instance
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redact_url(record.getMessage()),
+        }
+        slot = fields.get("slot")
+        if isinstance(slot, str):  # ctx.logger gives the slot in ISO: give both, as elsewhere
+            ms = _ms_of(slot)
+            fields["slot"], fields["slot_iso"] = ms, slot if ms is None else slot_iso(ms)
+        instance = fields.get("instance") or self.instance or _INSTANCE.get() or _LAST_INSTANCE[0]
+        if instance is not None:  # None: logged before any scheduler started
+            fields["instance"] = instance
+        for name in JSON_FIELDS:
+            if name in fields:
+                out[name] = fields.pop(name)
+        out.update((k, redact_url(v) if isinstance(v, str) else v) for k, v in fields.items())
+        if record.exc_info:
+            out["traceback"] = redact_url(self.formatException(record.exc_info))
+        elif record.exc_text:
+            out["traceback"] = redact_url(record.exc_text)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def _ms_of(iso: str) -> int | None:
+    try:
+        return round(datetime.fromisoformat(iso).timestamp() * 1000)
+    except ValueError:
+        return None

@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from anarchon import RunContext, RunStatus, Scheduler, Trigger, otel
 from anarchon.backend import ClaimRequest
 from anarchon.testing import FakeClock, MemoryBackend
+from tests.docs.blocks import block
 from tests.unit.core_helpers import MINUTE, START
 
 SLOT = START + 60 * MINUTE
@@ -254,3 +255,33 @@ def test_without_opentelemetry_installed_runs_go_on_and_nothing_is_imported() ->
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+PAGE_RUN = """
+import asyncio
+from anarchon import Scheduler
+from anarchon.testing import MemoryBackend
+
+async def main():
+    scheduler = Scheduler(MemoryBackend(), instance_id="docs")
+
+    async def report(ctx):
+        pass
+
+    scheduler.add("report", "0 0 1 1 *", report)
+    async with scheduler:
+        await scheduler.run_now("report")
+
+asyncio.run(main())
+"""
+
+
+def test_the_observability_page_setup_traces_runs() -> None:
+    """The block of docs/observability.md marked otel-page-setup, then a run: its spans print."""
+    setup = block("docs/observability.md", "otel-page-setup")
+    out = subprocess.run(
+        [sys.executable, "-c", setup + PAGE_RUN], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"name": "run report"' in out.stdout and '"name": "claim report"' in out.stdout
+    assert '"anarchon.instance": "docs"' in out.stdout

@@ -1,0 +1,139 @@
+"""``anarchon health``: from outside the process, is this host's scheduler well? For a
+Kubernetes exec probe: the backend answers, and each instance on this host (or the one named)
+recorded itself in the registry recently with its clock within the jobs' skew budget.
+
+Exit codes: 0 healthy; 1 unhealthy (no live instance here, a stale heartbeat, a clock past
+its budget); 3 no anarchon data where the backend points; 4 the backend cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import time
+from typing import Any, Final
+
+from .._models import Overlap
+from .._redact import redact_url
+from ..backend import Backend, JobPolicy
+from ..errors import BackendError
+from ..health import STALE_HEARTBEATS
+from ..registry import InstanceRecord, JobDefinition
+from ..steering import backend_now_ms
+from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, Exit, age, opened, where
+
+#: How long the backend may take to answer, in all (s).
+TIMEOUT_S: Final = 5.0
+_POLICY_FIELDS: Final = (
+    "jitter_ms",
+    "max_late_ms",
+    "lease_ms",
+    "max_attempts",
+    "catch_up",
+    "catch_up_window_ms",
+    "handover",
+    "history_ttl_ms",
+)
+
+
+async def health(args: argparse.Namespace) -> int:
+    """``anarchon health [--backend URL] [--instance ID] [--json]``."""
+    host = socket.gethostname()
+    try:
+        async with asyncio.timeout(args.timeout):
+            report = await _check(args.backend, args.instance, host)
+    except (BackendError, TimeoutError) as exc:
+        text = f"no answer within {args.timeout:g} s" if isinstance(exc, TimeoutError) else exc
+        message = redact_url(f"the backend cannot be reached: {text}")
+        if args.json:
+            print(json.dumps({"healthy": False, "status": "failing", "problems": [message]}))
+        raise Exit(EXIT_BACKEND, f"anarchon health: {message}") from None
+    healthy = not report["problems"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        latency = report["backend_latency_ms"]
+        print(f"{report['status']}: {report['backend']} answered in {latency:g} ms")
+        for instance in report["instances"]:
+            offset = instance["clock_offset_ms"]
+            print(
+                f"  {instance['id']}: heartbeat {age(instance['heartbeat_age_ms'])} ago, "
+                f"clock offset {'-' if offset is None else f'{offset:+d}ms'}"
+            )
+        for problem in report["problems"]:
+            print(f"  problem: {problem}")
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+async def _check(url: str | None, instance_id: str | None, host: str) -> dict[str, Any]:
+    async with opened(url, registry=True) as backend:
+        began = time.perf_counter()
+        await backend.server_time_ms()
+        latency = round((time.perf_counter() - began) * 1000, 1)
+        store = backend.registry()
+        assert store is not None  # opened() checked it
+        now = await backend_now_ms(backend)
+        records = await store.instances()
+        name = where(backend)
+        if instance_id is not None:
+            mine = [r for r in records if r.id == instance_id]
+            missing = f"no live instance {instance_id!r} in the registry"
+        else:
+            mine = [r for r in records if r.host == host]
+            missing = f"no live instance on host {host!r} in the registry"
+        instances = [_instance(backend, r, now) for r in mine]
+    problems = [p for i in instances for p in i["problems"]] or ([] if mine else [missing])
+    return {
+        "healthy": not problems,
+        "status": "ok" if not problems else "failing",
+        "backend": name,
+        "backend_latency_ms": latency,
+        "host": host,
+        "now_ms": now,
+        "instances": instances,
+        "problems": problems,
+    }
+
+
+def _instance(backend: Backend, record: InstanceRecord, now_ms: int) -> dict[str, Any]:
+    problems: list[str] = []
+    heartbeat_age = max(0, now_ms - record.heartbeat_ms)
+    if heartbeat_age > STALE_HEARTBEATS * record.interval_ms:
+        problems.append(
+            f"instance {record.id} last recorded itself {heartbeat_age} ms ago (every "
+            f"{record.interval_ms} ms): its event loop is blocked or the process is gone"
+        )
+    budgets = [b for j in record.jobs if (b := _budget(backend, j)) is not None]
+    budget = min(budgets) if budgets else None
+    offset = record.clock_offset_ms
+    if offset is not None and budget is not None and abs(offset) > budget:
+        problems.append(
+            f"instance {record.id}'s clock is {offset:+d} ms off the backend's, past the skew "
+            f"budget of {budget} ms: a slot could run twice (synchronise clocks: NTP)"
+        )
+    return {
+        "id": record.id,
+        "pid": record.pid,
+        "heartbeat_age_ms": heartbeat_age,
+        "interval_ms": record.interval_ms,
+        "clock_offset_ms": offset,
+        "clock_budget_ms": budget,
+        "healthy": not problems,
+        "problems": problems,
+    }
+
+
+def _budget(backend: Backend, job: JobDefinition) -> int | None:
+    """The job's skew budget on this backend, from its recorded options (None if unknown)."""
+    options = job.options
+    try:
+        policy = JobPolicy(
+            name=job.name,
+            overlap=Overlap(str(options["overlap"])),
+            **{k: options[k] for k in _POLICY_FIELDS},  # type: ignore[arg-type]
+        )
+        return backend.skew_budget_ms(policy)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
