@@ -1,33 +1,47 @@
-"""The dashboard's server time (issue 15, item 5): the jobs page with 10 000 jobs and the
+"""7. Dashboard: its server time (issue 15, item 5): the jobs page with 10 000 jobs and the
 timeline of a year of a per-minute job, on SQLite.
 
-    python -m bench.dashboard [--jobs 10000] [--runs 12000] [--repeat 7]
+    python -m bench.dashboard [--jobs 10000] [--runs 12000] [--repeat 7] [--out f.json]
+    python -m bench --only dashboard          # the same, as a section of make bench
 
 Each request goes through the whole ASGI application in process (routing, backend reads,
 template rendering), without a network; the figures are the wall time of that call and the
 process's CPU time during it (the wall time grows on a machine busy with other work). The first
-call (templates compiled, connections opened) is reported apart. Not yet part of ``make bench``.
+call (templates compiled, connections opened) is reported apart. ``make bench`` runs it in a
+process of its own (:func:`measure`), so the runner's own sampling never counts in its CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anarchon import RunStatus, SQLiteBackend, Trigger
 from anarchon.backend import ClaimRequest, FinishRequest
 from anarchon.registry import InstanceRecord, JobDefinition
 from anarchon.web import dashboard
 
+from .report import JOBS_PAGE_TARGET_MS, TIMELINE_YEAR_TARGET_MS
+
+if TYPE_CHECKING:
+    from .context import Context
+
 EXPRESSIONS = ("*/5 * * * *", "0 * * * *", "30 3 * * *", "* * * * *", "15 */2 * * *")
 MINUTE = 60_000
 CPU: list[float] = []
+REGISTRY_TTLS = (0, 1_000)
+"""Every page reads the registry; the default (pages within a second share one read)."""
+LIMIT_S = 900.0
+"""The section's process is killed after this long."""
 
 
 async def call(app: Any, path: str) -> tuple[int, bytes, float]:
@@ -118,7 +132,20 @@ async def seed(backend: SQLiteBackend, jobs: int, runs: int) -> None:
         await backend.finish_many(finish)
 
 
-async def measure(args: argparse.Namespace) -> None:
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Seed a database, time every page under each registry TTL; print and return the rows."""
+    answer: dict[str, Any] = {
+        "jobs": args.jobs,
+        "runs": args.runs,
+        "repeat": args.repeat,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_start": _load(),
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory(prefix="anarchon-bench-web-") as folder:
         path = Path(folder) / "cron.db"
         writer = SQLiteBackend(path)
@@ -126,8 +153,9 @@ async def measure(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         await seed(writer, args.jobs, args.runs)
         await writer.stop()
-        print(f"seeded {args.jobs} jobs, {args.runs} runs in {time.perf_counter() - started:.1f} s")
-        for ttl in (0, 1_000):
+        answer["seed_s"] = time.perf_counter() - started
+        print(f"seeded {args.jobs} jobs, {args.runs} runs in {answer['seed_s']:.1f} s")
+        for ttl in REGISTRY_TTLS:
             print(
                 f"registry_ttl_ms={ttl}"
                 + (
@@ -136,27 +164,79 @@ async def measure(args: argparse.Namespace) -> None:
                     else " (the default: pages within a second share one registry read)"
                 )
             )
-            await pages(path, args, ttl)
+            answer["rows"] += await pages(path, args, ttl)
+    answer["load_end"] = _load()
+    return answer
 
 
-async def pages(path: Path, args: argparse.Namespace, ttl: int) -> None:
+async def pages(path: Path, args: argparse.Namespace, ttl: int) -> list[dict[str, Any]]:
+    """Each page once (the first call), then ``args.repeat`` times; one row per page."""
     app = dashboard(SQLiteBackend(path), refresh_ms=0, registry_ttl_ms=ttl)
-    for label, url in (
-        (f"jobs page, {args.jobs} jobs (page 1 of 50 rows)", "/"),
-        (f"jobs page, {args.jobs} jobs, search 'job-09'", "/?q=job-09"),
-        ("timeline, a year of a per-minute job", "/jobs/per-minute?range=365d"),
-        ("timeline, a day of a per-minute job", "/jobs/per-minute?range=24h"),
+    rows = []
+    for label, url, target in (
+        (f"jobs page, {args.jobs} jobs (page 1 of 50 rows)", "/", JOBS_PAGE_TARGET_MS),
+        (f"jobs page, {args.jobs} jobs, search 'job-09'", "/?q=job-09", JOBS_PAGE_TARGET_MS),
+        (
+            "timeline, a year of a per-minute job",
+            "/jobs/per-minute?range=365d",
+            TIMELINE_YEAR_TARGET_MS,
+        ),
+        ("timeline, a day of a per-minute job", "/jobs/per-minute?range=24h", None),
     ):
         status, body, first = await call(app, url)
         assert status == 200, body[:500]
         CPU.clear()
         times = [(await call(app, url))[2] for _ in range(args.repeat)]
+        row = {
+            "page": label,
+            "path": url,
+            "registry_ttl_ms": ttl,
+            "median_ms": statistics.median(times) * 1e3,
+            "cpu_ms": statistics.median(CPU) * 1e3,
+            "max_ms": max(times) * 1e3,
+            "first_ms": first * 1e3,
+            "kib": len(body) / 1024,
+            "target_ms": target,
+        }
+        rows.append(row)
         print(
-            f"{label}: median {statistics.median(times) * 1e3:.0f} ms "
-            f"(CPU {statistics.median(CPU) * 1e3:.0f} ms), max {max(times) * 1e3:.0f} ms, "
-            f"first {first * 1e3:.0f} ms ({len(body) // 1024} KiB)"
+            f"{label}: median {row['median_ms']:.0f} ms (CPU {row['cpu_ms']:.0f} ms), "
+            f"max {row['max_ms']:.0f} ms, first {row['first_ms']:.0f} ms "
+            f"({len(body) // 1024} KiB)"
         )
     await app.state.dashboard.source.close()
+    return rows
+
+
+async def measure(ctx: Context) -> dict[str, Any]:
+    """The section of ``python -m bench``: this module in a process of its own, sized by the
+    run's settings; its rows, or ``{"error": ...}``."""
+    import signal
+
+    from .fleet import poll, spawn
+
+    settings = ctx.settings
+    ctx.say(
+        f"dashboard: {settings.dashboard_jobs} jobs, {settings.dashboard_runs} runs, "
+        f"{settings.dashboard_repeat} calls per page"
+    )
+    argv = [
+        "bench.dashboard",
+        "--jobs",
+        str(settings.dashboard_jobs),
+        "--runs",
+        str(settings.dashboard_runs),
+        "--repeat",
+        str(settings.dashboard_repeat),
+    ]
+    proc = spawn("dashboard", argv, ctx.dir("dashboard"), ready=False)
+    if not await poll(lambda: not proc.alive(), LIMIT_S, every_s=0.25):
+        proc.send(signal.SIGKILL)
+        return {"error": f"took over {LIMIT_S:.0f} s"}
+    if proc.popen.returncode != 0 or not proc.out.exists():
+        return {"error": f"failed: {proc.log_tail(3)}"}
+    found: dict[str, Any] = json.loads(proc.out.read_text())
+    return found
 
 
 if __name__ == "__main__":
@@ -164,4 +244,8 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=12_000)
     parser.add_argument("--repeat", type=int, default=7)
-    asyncio.run(measure(parser.parse_args()))
+    parser.add_argument("--out", help="write the rows there as JSON too")
+    options = parser.parse_args()
+    result = asyncio.run(collect(options))
+    if options.out:
+        Path(options.out).write_text(json.dumps(result, indent=1))

@@ -14,6 +14,8 @@ BURST_TARGET_S = 2.0
 RATE_TARGET = 0.5
 IDLE_CPU_TARGET = 1.0
 IDLE_RSS_TARGET = 100.0
+JOBS_PAGE_TARGET_MS = 300.0
+TIMELINE_YEAR_TARGET_MS = 500.0
 
 
 def ms(value: float | None, digits: int | None = None) -> str:
@@ -498,6 +500,65 @@ def peers_section(results: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def dashboard_section(results: dict[str, Any]) -> list[str]:
+    board = results.get("dashboard")
+    if board is None:
+        return []
+    out = [
+        "## 7. Dashboard: server time of its pages (SQLite)",
+        "",
+    ]
+    if "error" in board:
+        return [*out, f"Not measured: {board['error']}", ""]
+    out += [
+        f"One SQLite file: {board['jobs']:,} jobs registered by three instances, 20 runs each "
+        f"for the first 50, and {board['runs']:,} runs of a per-minute job (the SQLite "
+        "backend keeps its newest 1,000 slots by default); seeded in "
+        f"{board['seed_s']:.1f} s. Each page is called through the whole ASGI application in "
+        f"one process of its own (routing, backend reads, rendering; no network): once (first: "
+        f"templates compiled, connections opened), then {board['repeat']} times. Wall time "
+        "(median, max) and the process's CPU time (median) per call. Registry TTL 0: every "
+        "page reads the registry; 1000 ms (the default): pages within a second share one read. "
+        f"Target (issue 15): jobs page < {JOBS_PAGE_TARGET_MS:.0f} ms, a year's timeline "
+        f"< {TIMELINE_YEAR_TARGET_MS:.0f} ms, by the median. Measured on {board['date']}, load "
+        f"average {board['load_start']} at start and {board['load_end']} at the end.",
+        "",
+    ]
+    rows = []
+    for row in board["rows"]:
+        target = row.get("target_ms")
+        rows.append(
+            [
+                row["page"],
+                f"`{row['path']}`",
+                f"{row['registry_ttl_ms']} ms",
+                ms(row["median_ms"], 0),
+                ms(row["cpu_ms"], 0),
+                ms(row["max_ms"], 0),
+                ms(row["first_ms"], 0),
+                f"{row['kib']:.0f} KiB",
+                "–" if target is None else f"< {target:.0f} ms",
+                verdict(None if target is None else row["median_ms"] < target),
+            ]
+        )
+    out += table(
+        [
+            "page",
+            "path",
+            "registry TTL",
+            "median",
+            "CPU median",
+            "max",
+            "first",
+            "size",
+            "target",
+            "met",
+        ],
+        rows,
+    )
+    return [*out, ""]
+
+
 def header(results: dict[str, Any]) -> list[str]:
     meta = results["meta"]
     lines = [
@@ -532,6 +593,7 @@ def markdown(results: dict[str, Any]) -> str:
         idle_section,
         failover_section,
         peers_section,
+        dashboard_section,
     ):
         lines += section(results)
     peaks = results.get("footprint") or {}

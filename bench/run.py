@@ -1,4 +1,4 @@
-"""The runner: namespaces, backend rows, the six measurements in order, the report."""
+"""The runner: namespaces, backend rows, the seven measurements in order, the report."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import burst, claim_rate, failover, fire_lag, idle, peers_bench, report
+from . import burst, claim_rate, dashboard, failover, fire_lag, idle, peers_bench, report
 from .context import Context
 from .fleet import ROOT, stop_everything
 from .footprint import Footprint
@@ -26,7 +26,7 @@ from .services import BACKENDS, NATS, Services, Target
 from .services import SHARED_REDIS as SHARED
 from .settings import FULL, QUICK
 
-SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers")
+SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard")
 BENCH = ROOT / "bench"
 DEFAULT_PEERS = BENCH / ".venv-peers" / "bin" / "python"
 _NO = Target("none", False)
@@ -137,6 +137,9 @@ async def _measure(
     if "peers" in sections:
         enter("peers")
         results["peers"] = await peers_bench.measure(ctx)
+    if "dashboard" in sections:
+        enter("dashboard")
+        results["dashboard"] = await dashboard.measure(ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

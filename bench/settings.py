@@ -37,6 +37,12 @@ class Settings:
     peers_jobs: int
     peers_period_s: int
     peers_window_s: int
+    # 7. dashboard
+    dashboard_jobs: int
+    dashboard_runs: int
+    """Runs of the per-minute job whose timeline is drawn."""
+    dashboard_repeat: int
+    """Calls per page after the first."""
 
 
 FULL = Settings(
@@ -56,6 +62,9 @@ FULL = Settings(
     peers_jobs=30,
     peers_period_s=10,
     peers_window_s=70,
+    dashboard_jobs=10_000,
+    dashboard_runs=12_000,
+    dashboard_repeat=7,
 )
 
 QUICK = Settings(
@@ -75,4 +84,7 @@ QUICK = Settings(
     peers_jobs=5,
     peers_period_s=10,
     peers_window_s=30,
+    dashboard_jobs=2_000,
+    dashboard_runs=3_000,
+    dashboard_repeat=3,
 )

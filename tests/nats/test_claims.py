@@ -8,17 +8,32 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from anarchon import RunStatus, Trigger
+from anarchon import Run, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.nats import NatsBackend
 from tests.nats.servers import connect, read_subject
 
 SLOT = 1_800_000_000_000
 Make = Callable[..., Any]
+
+
+def same_run(answered: Run, stored: Run) -> bool:
+    """True if ``answered`` (what finish() returned from its ack) is the ``stored`` run but for
+    its times, which are the runner's clock rather than the stream's (within 2 s here)."""
+    close = all(
+        a is not None and b is not None and abs((a - b).total_seconds()) < 2
+        for a, b in (
+            (answered.started_at, stored.started_at),
+            (answered.finished_at, stored.finished_at),
+        )
+    )
+    retimed = replace(answered, started_at=stored.started_at, finished_at=stored.finished_at)
+    return close and retimed == stored
 
 
 def request(job: str = "sync", slot: int | None = SLOT, token: str | None = None, **kw: Any):
@@ -44,11 +59,14 @@ async def test_claim_header_is_job_and_slot(make: Make, server_url: str) -> None
     assert body["token"] == req.token and body["run_id"] == req.run_id
     assert body["instance"] == "i1" and body["trigger"] == "schedule" and body["slot"] == SLOT
     assert won.ticket.fence == msg.seq, "the fence is the claim's stream sequence"
-    # Won on the ack alone: the ticket starts on the local clock; the run that finish() returns
-    # (and history) starts at the claim's stream timestamp.
+    # Won on the ack alone: the ticket starts on the local clock, and so does the run finish()
+    # returns (answered from its ack too); history starts it at the claim's stream timestamp.
     assert abs(won.ticket.started_at_ms - msg.time.timestamp() * 1000) < 2_000
     run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
-    assert abs(run.started_at.timestamp() * 1000 - msg.time.timestamp() * 1000) < 1
+    assert run.started_at.timestamp() * 1000 == won.ticket.started_at_ms
+    [shown] = await backend.history("sync")
+    assert abs(shown.started_at.timestamp() * 1000 - msg.time.timestamp() * 1000) < 1
+    assert same_run(run, shown)
 
 
 async def test_duplicate_with_our_token_wins_with_another_loses(
@@ -102,18 +120,20 @@ async def test_results_are_stored_once_and_merged_into_history(make: Make, serve
     done_b = await backend.finish(b.ticket, RunStatus.SUCCEEDED, None)
     done_a = await backend.finish(a.ticket, RunStatus.FAILED, "boom")
     again = await backend.finish(a.ticket, RunStatus.FAILED, "boom")  # a retried finish
-    assert again == done_a
+    assert same_run(done_a, again), "a duplicate ack answers with the stored run"
     results = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.results")
     assert [json.loads(m.data)["run_id"] for m in results] == [b.run.run_id, a.run.run_id]
     history = await backend.history("sync")
     assert [r.slot_ms for r in history] == [SLOT + 2000, SLOT + 1000, SLOT]
     assert history[0].status is RunStatus.RUNNING and history[0].finished_at is None
-    assert history[1] == done_b and history[2] == done_a
+    assert same_run(done_b, history[1]) and history[2] == again
     assert history[2].error == "boom" and history[2].fence == a.ticket.fence
     assert await backend.last_run("sync") == history[0]
     done_c = await backend.finish(c.ticket, RunStatus.SUCCEEDED, None)
-    assert await backend.last_run("sync") == done_c == (await backend.history("sync", 1))[0]
-    assert await backend.history("sync", limit=2) == [done_c, done_b]
+    newest = await backend.last_run("sync")
+    assert newest is not None and same_run(done_c, newest)
+    assert newest == (await backend.history("sync", 1))[0]
+    assert await backend.history("sync", limit=2) == [newest, history[1]]
     assert await backend.history("nobody") == [] and await backend.last_run("nobody") is None
 
 
@@ -124,9 +144,11 @@ async def test_manual_runs_claim_under_their_own_id(make: Make, server_url: str)
     assert won.status is ClaimStatus.WON and won.ticket is not None
     [msg] = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
     assert msg.headers == {"Nats-Msg-Id": "sync:manual-r1"}
+    reads = _count_reads(backend)
     run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
     assert run.trigger is Trigger.MANUAL and run.slot is None
-    assert await backend.last_run("sync") == run
+    assert len(reads) == 2, "a manual run's result is read back with its claim"
+    assert await backend.last_run("sync") == run, "run_now() returns the stored run"
 
 
 async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
@@ -215,9 +237,27 @@ async def test_a_non_duplicate_ack_wins_without_reading_back(make: Make) -> None
     [won] = await backend.claim([request()])
     assert won.status is ClaimStatus.WON and won.ticket is not None
     assert reads == [], "the seed reads the stored claim back only for a duplicate ack"
-    # The run still starts at the claim's stream timestamp: finish() reads it with the result.
+    # A result whose ack is not a duplicate is answered from what was published too.
     run = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
-    assert [run] == await backend.history("sync")
+    assert reads == [], "finish() reads back only for a duplicate ack"
+    assert run.status is RunStatus.SUCCEEDED and run.fence == won.ticket.fence
+    assert run.finished_at is not None and run.finished_at >= run.started_at
+    [shown] = await backend.history("sync")
+    assert same_run(run, shown)
+
+
+async def test_a_duplicate_result_ack_reads_the_stored_run_back(make: Make) -> None:
+    """A finish() retried after its answer was lost gets a duplicate ack: the stored result and
+    its claim are read back, so the run answered carries the stream's timestamps."""
+    backend: NatsBackend = await make()
+    [won] = await backend.claim([request()])
+    assert won.ticket is not None
+    first = await backend.finish(won.ticket, RunStatus.FAILED, "boom")
+    reads = _count_reads(backend)
+    again = await backend.finish(won.ticket, RunStatus.FAILED, "boom")
+    assert len(reads) == 2, "the stored result and the claim, read together"
+    assert [again] == await backend.history("sync")
+    assert same_run(first, again)
 
 
 async def test_a_won_claim_whose_read_back_would_fail_still_runs(make: Make) -> None:
@@ -376,3 +416,16 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
     )
     assert (run.fence is not None) is stored, "a closed claim keeps its fence"
     assert await backend.last_run("sync") == run
+
+
+async def test_a_result_of_another_run_for_the_slot_is_refused(make: Make) -> None:
+    """Only a duplicate ack can refuse a result: the slot already has another run's result."""
+    from anarchon import LeaseLost
+
+    backend: NatsBackend = await make()
+    [won] = await backend.claim([request()])
+    assert won.ticket is not None
+    await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    other = replace(won.ticket, run_id=uuid.uuid4().hex, token=uuid.uuid4().hex)
+    with pytest.raises(LeaseLost, match="already has a result from run"):
+        await backend.finish(other, RunStatus.SUCCEEDED, None)

@@ -225,8 +225,11 @@ class NatsBackend(Backend):
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """Publish the run's result to ``<prefix><job>.results`` (once, by message id).
 
-        The result and the claim are then read back together (one round trip), so the run
-        returned starts and ends at the stream's timestamps, as history shows it.
+        A scheduled run's non-duplicate ack is answered from what was published, with no
+        further call: the run returned starts at the ticket's start and ends on this instance's
+        clock (history shows the stream's timestamps). A manual run's result (what run_now()
+        returns) and a duplicate ack read the stored result and the claim back (one round
+        trip): the stored run, or LeaseLost if the slot has another run's result.
         """
         return await self._claims.finish(ticket, status, error)
 

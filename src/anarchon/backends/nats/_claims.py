@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, Ticket
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
-from ...kit import Run, RunStatus, SystemClock
+from ...kit import Run, RunStatus, SystemClock, Trigger
 from . import _connection
 from . import _errors as errors
 from . import _records as records
@@ -56,7 +56,7 @@ WINDOW_CHECK_S: Final = 60.0
 SETTLE_EVERY_S: Final = 5.0
 MANUAL_SETTLE_AFTER_MS: Final = 60_000
 MAX_UNSURE: Final = 100_000
-#: The local clock: a claim's start until finish() reads the stream's timestamp.
+#: The local clock: the start of a claim won on its ack, and the end finish() answers with.
 CLOCK: Final = SystemClock()
 
 
@@ -262,7 +262,16 @@ class ClaimPath:
     async def finish(
         self, ticket: Ticket, status: str, error: str | None, reason: str | None = None
     ) -> Run:
-        """Publish the run's result (once, by message id) and read it back with its claim."""
+        """Publish the run's result (once, by message id) and return the run.
+
+        A non-duplicate ack of a scheduled run's result (schedule, catch-up, retry) is answered
+        from what was published, with no further call (the seed reads back only on a
+        duplicate): the run starts at the ticket's start and ends on the local clock, at least
+        at its start; history shows the stream's timestamps. A manual run's result (run_now()
+        returns it, as on the other backends: the stored run) and a duplicate ack (a retried
+        publish, or another run's result for the slot) read the stored result and the claim
+        back together: the stored run, or LeaseLost if the result is another run's.
+        """
         self._connection.require()
         outcome = RunStatus(status)
         msg_id = subjects.RESULT_ID.format(job=ticket.job, slot_key=ticket.slot_key)
@@ -273,6 +282,16 @@ class ClaimPath:
             f"recording {msg_id}",
             self._connection.retry_deadline(),
         )
+        if not ack.duplicate and ticket.trigger is not Trigger.MANUAL:
+            return records.run_of(
+                ticket,
+                outcome,
+                ticket.started_at_ms,
+                max(CLOCK.now_ms(), ticket.started_at_ms),
+                fence=ticket.fence,
+                error=error,
+                reason=reason,
+            )
         stored, claimed = await asyncio.gather(
             self._connection.get_retrying({"seq": ack.seq}, f"reading result {msg_id}"),
             self._claim_time(ticket),
