@@ -123,7 +123,7 @@ async def main(args: argparse.Namespace) -> None:
             "t": time.time(),
             "stop_s": time.time() - stopping,
             "p": os.getpid(),
-            "metrics": scheduler.metrics(),
+            "metrics": scheduler.metrics().as_dict(),
         }
     )
     flusher.cancel()
