@@ -51,6 +51,7 @@ from ._cli.common import (
     storage_checked,
     table,
 )
+from ._http import HttpServer
 from ._models import Run
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
@@ -144,7 +145,7 @@ def _load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-def _run(target: str) -> int:
+def _run(target: str, metrics_port: int | None = None, metrics_host: str = "0.0.0.0") -> int:
     scheduler = _load_scheduler(target)
     module = target.partition(":")[0]
     guard = (
@@ -156,6 +157,7 @@ def _run(target: str) -> int:
             EXIT_USAGE,
             f"anarchon run: {target} is already running: importing {module!r} started it; {guard}",
         )
+    server = None if metrics_port is None else _serve(scheduler, metrics_port, metrics_host)
     try:
         scheduler.run()
     except SchedulerStateError:
@@ -164,7 +166,20 @@ def _run(target: str) -> int:
             f"anarchon run: {target} had already run and stopped while {module!r} was imported "
             f"(it calls scheduler.run() at import time), so there is nothing left to run; {guard}",
         ) from None
+    finally:
+        if server is not None:
+            server.stop()
     return EXIT_OK
+
+
+def _serve(scheduler: Scheduler, port: int, host: str) -> HttpServer:
+    """Start the metrics server of ``anarchon run --metrics-port`` (see :mod:`._http`)."""
+    server = HttpServer(scheduler, port, host)
+    try:
+        server.start()
+    except OSError as exc:
+        raise _Exit(EXIT_USAGE, f"anarchon run: cannot listen on {host}:{port}: {exc}") from None
+    return server
 
 
 def _row(run: Run) -> list[str]:
@@ -244,6 +259,15 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a Scheduler object until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler (or a function making one)")
+    run.add_argument(
+        "--metrics-port",
+        type=_count(0, 65_535),
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs anarchon[prometheus])",
+    )
+    run.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)"
+    )
 
     def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
         made = sub.add_parser(name, help=text, description=text)
@@ -340,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(args.log_level)
     try:
         if args.command == "run":
-            code = _run(args.target)
+            code = _run(args.target, args.metrics_port, args.metrics_host)
         elif args.command in COMMANDS:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":
