@@ -11,7 +11,8 @@ or let ``anarchon run app:scheduler --metrics-port 9464`` serve them on ``/metri
 
 Every value is read from :meth:`Scheduler.metrics() <anarchon.Scheduler.metrics>` at scrape
 time, so the exporter costs nothing between scrapes. Names follow Prometheus's conventions
-(``anarchon_`` prefix, counters end in ``_total``, durations in ``_seconds``); labels are the job,
+(``anarchon_`` prefix, counters end in ``_total``, durations in ``_seconds``); labels are the job
+(``anarchon_job``: Prometheus gives the label ``job`` to the scrape job, and would rename ours),
 and where it helps the backend, outcome, reason class or status, never a slot or a run id.
 Every series of every registered job is there from the start, at zero. docs/metrics.md lists
 them all with alert rules.
@@ -149,32 +150,34 @@ class AnarchonCollector:
             "Slots by outcome: ran (won and started here), missed (recorded when this instance "
             "started), skipped (skip record written here) by reason class. Summed over the "
             "instances, each equals history.",
-            labels=["job", "outcome", "reason"],
+            labels=["anarchon_job", "outcome", "reason"],
         )
         runs = core.CounterMetricFamily(
             "anarchon_runs",
             "Runs whose result this instance recorded, by status (retries and manual runs too).",
-            labels=["job", "status"],
+            labels=["anarchon_job", "status"],
         )
         counters = [
-            (core.CounterMetricFamily(name, text, labels=["job"]), field)
+            (core.CounterMetricFamily(name, text, labels=["anarchon_job"]), field)
             for name, text, field in _JOB_COUNTERS
         ]
         lag = core.HistogramMetricFamily(
             "anarchon_fire_lag_seconds",
             "From a scheduled slot's time to its handler's start (first attempts; jitter "
             "included).",
-            labels=["job"],
+            labels=["anarchon_job"],
         )
         duration = core.HistogramMetricFamily(
             "anarchon_handler_duration_seconds",
             "How long handlers ran (every attempt).",
-            labels=["job"],
+            labels=["anarchon_job"],
         )
         gauges: list[tuple[Any, Callable[[JobMetrics], float]]] = [
             (
                 core.GaugeMetricFamily(
-                    "anarchon_running_runs", "Runs in progress on this instance.", labels=["job"]
+                    "anarchon_running_runs",
+                    "Runs in progress on this instance.",
+                    labels=["anarchon_job"],
                 ),
                 lambda f: float(f.running),
             ),
@@ -182,7 +185,7 @@ class AnarchonCollector:
                 core.GaugeMetricFamily(
                     "anarchon_job_last_success_timestamp_seconds",
                     "When this instance last recorded a success of the job (0: never).",
-                    labels=["job"],
+                    labels=["anarchon_job"],
                 ),
                 lambda f: (f.last_success_ms or 0) / 1000,
             ),
@@ -191,7 +194,7 @@ class AnarchonCollector:
                     "anarchon_job_seconds_since_last_success",
                     "Seconds since this instance last recorded a success of the job, or since "
                     "it started if it has recorded none (take the min over instances).",
-                    labels=["job"],
+                    labels=["anarchon_job"],
                 ),
                 lambda f: _seconds(f.since_success_ms),
             ),
@@ -199,7 +202,7 @@ class AnarchonCollector:
                 core.GaugeMetricFamily(
                     "anarchon_job_next_slot_timestamp_seconds",
                     "The job's next slot.",
-                    labels=["job"],
+                    labels=["anarchon_job"],
                 ),
                 lambda f: _seconds(f.next_slot_ms),
             ),
@@ -207,7 +210,7 @@ class AnarchonCollector:
                 core.GaugeMetricFamily(
                     "anarchon_job_interval_seconds",
                     "The gap between the job's next slot and the one after it.",
-                    labels=["job"],
+                    labels=["anarchon_job"],
                 ),
                 lambda f: _seconds(f.interval_ms),
             ),
@@ -369,10 +372,11 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
         collector = AnarchonCollector(scheduler)
         try:
             registry.register(collector)
-        except ValueError as exc:
+        except ValueError:
             raise InvalidOption(
-                f"registry {registry!r} already holds anarchon metrics ({exc}); one registry "
-                "holds one scheduler's: give each scheduler a CollectorRegistry of its own"
+                f"registry {registry!r} already holds anarchon metrics (of another scheduler); "
+                "one registry holds one scheduler's: give each scheduler a CollectorRegistry of "
+                "its own"
             ) from None
         _registered[key] = collector
         return collector
