@@ -200,6 +200,7 @@ class Claims:
                     )
                 error = exc
             else:
+                self._counters.claimed(self._clock.monotonic_ms() - sent)
                 return [(r, a, sent) for r, a in zip(pending, answers, strict=True)]
             if not self._running():
                 return []
@@ -251,6 +252,7 @@ class Claims:
 
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
+        self._counters.claim_answered(outcome, self.instance)
         action = _CLAIM_ACTIONS[outcome.status]
         if outcome.status is ClaimStatus.LOST and outcome.error is not None:
             action = Action.CLAIM_REFUSED

@@ -82,6 +82,9 @@ class Heartbeat:
     """Records one instance in a :class:`~anarchon.registry.RegistryStore`, on a task of its
     own, from :meth:`start` until :meth:`stop` (which removes the record)."""
 
+    instances_seen: int | None = None
+    """Live instances in the registry at the last beat that read it (None before one)."""
+
     def __init__(
         self,
         store: RegistryStore,
@@ -186,6 +189,7 @@ class Heartbeat:
                 extra={"action": Action.INSTANCE_REMOVED, "instance": gone},
             )
         self._warn_drift(view)
+        self.instances_seen = len(view.instances)
         return view
 
     def _warn_drift(self, view: ClusterView) -> None:

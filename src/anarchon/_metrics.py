@@ -1,13 +1,205 @@
-"""The scheduler's counters, each named once, and the snapshot :meth:`Scheduler.metrics` returns."""
+"""The scheduler's counters, each named once; per-job figures and histograms; and the snapshot
+:meth:`Scheduler.metrics` returns (which :mod:`anarchon.prometheus` exports).
+
+The core's modules count through :class:`Counters`, on the event loop (the only writer): a flat
+counter is a field (``counters.claims_won += 1``); an event with a job calls one method
+(:meth:`Counters.count`, :meth:`Counters.claim_answered`, :meth:`Counters.count_run` ...), which
+counts both the flat counter and the job's. A scrape reads from another thread: the snapshot
+copies each container in one step (a ``list()`` or ``dict()`` of a builtin holds the GIL), so
+it never sees a container change size under it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import FrozenInstanceError, asdict, dataclass, fields
+import bisect
+import collections
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from ._models import RunStatus
+from ._models import RunStatus, Trigger
 
-__all__ = ["Counters", "Metrics"]
+if TYPE_CHECKING:
+    from ._job import Job
+    from .backend import ClaimOutcome, Ticket
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "LAG_BUCKETS",
+    "SLOT_OUTCOMES",
+    "Counters",
+    "Histogram",
+    "JobMetrics",
+    "Metrics",
+]
+
+LAG_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Upper bounds (s) of the claim latency and fire lag histograms: 1 ms to 10 s."""
+DURATION_BUCKETS: Final = (
+    0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0,
+)  # fmt: skip
+"""Upper bounds (s) of the handler duration histogram: 10 ms to 4 hours."""
+
+SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
+    "ran": ("ran", ""),
+    "missed": ("missed", ""),
+    "skipped_overlap": ("skipped", "overlap"),
+    "skipped_too_late": ("skipped", "too_late"),
+    "skipped_paused": ("skipped", "paused"),
+    "skipped_other": ("skipped", "other"),
+}
+"""The keys of :attr:`JobMetrics.slots`, each to its ``(outcome, reason)`` labels."""
+# The reason prefixes the backends record (anarchon.backend, anarchon.control), to their class.
+_SKIP_CLASSES: Final = (
+    ("overlap: ", "skipped_overlap"),
+    ("too late: ", "skipped_too_late"),
+    ("paused by ", "skipped_paused"),
+)
+_SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
+RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value)
+JobCounter = Literal["taken_over", "handed_over", "lease_lost", "result_refused"]
+"""The flat counters that are also counted per job (:meth:`Counters.count`)."""
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Observations (seconds) counted in buckets: ``bounds`` are the upper bounds (a value equal
+    to a bound falls in its bucket), with one more bucket for what is above the last.
+
+    :ivar bounds: the upper bounds, ascending (+Inf is implied).
+    :ivar counts: observations per bucket (not cumulative), ``len(bounds) + 1`` of them.
+    :ivar sum: the sum of every observation (s).
+    """
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        """Count one observation."""
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    @property
+    def count(self) -> int:
+        """How many observations."""
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations at or below it)`` per bucket, +Inf last (Prometheus's
+        ``le`` buckets)."""
+        total, out = 0, []
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+    def copy(self) -> Histogram:
+        """A copy that does not follow this histogram (safe from any thread)."""
+        return Histogram(self.bounds, list(self.counts), self.sum)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobMetrics:
+    """One job's figures on this instance: counters since the scheduler started, gauges as of
+    the snapshot. Every key is there from the start, at zero.
+
+    :ivar slots: slots by outcome (:data:`SLOT_OUTCOMES`): ``ran`` (scheduled or caught-up slots
+        this instance won and started), ``missed`` (recorded missed when this instance started),
+        and skipped slots whose skip record this instance wrote, by reason class:
+        ``skipped_overlap``, ``skipped_too_late``, ``skipped_paused``, ``skipped_other``. Added
+        over every instance, each equals what history records.
+    :ivar runs: runs whose result this instance recorded, by status (``succeeded``,
+        ``failed``); retries and manual runs included.
+    :ivar taken_over: runs of dead instances this instance took over.
+    :ivar handed_over: runs this instance released on stop for a backup.
+    :ivar lease_lost: runs of this instance whose lease was lost.
+    :ivar result_refused: results refused because the lease had moved on.
+    :ivar fire_lag: from a scheduled slot's time to its handler's start, first attempts only
+        (jitter included), on this host's wall clock.
+    :ivar handler_duration: how long handlers ran (every attempt, cancelled ones too).
+    :ivar last_success_ms: when this instance last recorded a success of the job (epoch ms),
+        None if it has not.
+    :ivar running: runs of the job in progress on this instance (snapshot only).
+    :ivar next_slot_ms: the job's next slot after now (snapshot only; None if it has none).
+    :ivar interval_ms: the gap between the next slot and the one after it (snapshot only;
+        None if there is no second slot).
+    :ivar since_success_ms: how long ago this instance last recorded a success of the job, or
+        started if it has recorded none (snapshot only; None before the scheduler started).
+    """
+
+    slots: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SLOT_OUTCOMES, 0))
+    runs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RUN_STATUSES, 0))
+    taken_over: int = 0
+    handed_over: int = 0
+    lease_lost: int = 0
+    result_refused: int = 0
+    fire_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    handler_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    last_success_ms: int | None = None
+    running: int = 0
+    next_slot_ms: int | None = None
+    interval_ms: int | None = None
+    since_success_ms: int | None = None
+
+    def copy(self, **gauges: Any) -> JobMetrics:
+        """A copy that does not follow these figures, with the given gauges."""
+        return JobMetrics(
+            slots=dict(self.slots),
+            runs=dict(self.runs),
+            taken_over=self.taken_over,
+            handed_over=self.handed_over,
+            lease_lost=self.lease_lost,
+            result_refused=self.result_refused,
+            fire_lag=self.fire_lag.copy(),
+            handler_duration=self.handler_duration.copy(),
+            last_success_ms=self.last_success_ms,
+            **gauges,
+        )
+
+
+def jobs_now(
+    counters: Counters,
+    jobs: Iterable[Job],
+    running: Iterable[str],
+    now_ms: int,
+    started_ms: int | None,
+) -> dict[str, JobMetrics]:
+    """The per-job figures of a snapshot: one :class:`JobMetrics` per registered job (at zero
+    if nothing happened to it yet), with its runs in progress (``running``: the job name of
+    each), its next slots after ``now_ms`` and the time since its last success (or since
+    ``started_ms``). Safe from any thread: reads only copies, and walks schedules on iterators
+    of its own."""
+    counted = dict(counters.by_job)
+    in_progress = collections.Counter(running)
+    out: dict[str, JobMetrics] = {}
+    for job in jobs:
+        walk = job.schedule._walk(now_ms)
+        following = [second * 1000 for second in itertools.islice(walk, 2)]
+        figures = counted.get(job.name) or JobMetrics()
+        since = figures.last_success_ms or started_ms
+        out[job.name] = figures.copy(
+            since_success_ms=None if since is None else max(0, now_ms - since),
+            running=in_progress[job.name],
+            next_slot_ms=following[0] if following else None,
+            interval_ms=following[1] - following[0] if len(following) == 2 else None,
+        )
+    return out
+
+
+def skip_class(reason: str | None) -> str:
+    """The :data:`SLOT_OUTCOMES` key of a skip record's reason."""
+    for prefix, key in _SKIP_CLASSES:
+        if reason is not None and reason.startswith(prefix):
+            return key
+    return "skipped_other"
 
 
 @dataclass(slots=True)
@@ -40,13 +232,66 @@ class Counters:
     retries_scheduled: int = 0
     requests_run: int = 0
     failure_hook_errors: int = 0
+    by_job: dict[str, JobMetrics] = field(default_factory=dict)
+    claim_latency: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
 
-    def count_run(self, status: RunStatus) -> None:
-        """Count a run whose result was recorded (``succeeded`` or ``failed``)."""
+    def job(self, name: str) -> JobMetrics:
+        """The figures of job ``name``, made at zero on first use (event loop only)."""
+        figures = self.by_job.get(name)
+        if figures is None:
+            figures = self.by_job[name] = JobMetrics()
+        return figures
+
+    def count(self, job: str, name: JobCounter) -> None:
+        """Count one event that has a flat counter and a per-job one."""
+        setattr(self, name, getattr(self, name) + 1)
+        figures = self.job(job)
+        setattr(figures, name, getattr(figures, name) + 1)
+
+    def count_run(self, status: RunStatus, job: str | None = None, now_ms: int = 0) -> None:
+        """Count a run whose result was recorded (``succeeded`` or ``failed``); with ``job``,
+        count it for the job too (``now_ms``: when, for a success)."""
         if status is RunStatus.SUCCEEDED:
             self.runs_succeeded += 1
         else:
             self.runs_failed += 1
+        if job is not None:
+            figures = self.job(job)
+            figures.runs[status.value] = figures.runs.get(status.value, 0) + 1
+            if status is RunStatus.SUCCEEDED:
+                figures.last_success_ms = now_ms
+
+    def claim_answered(self, outcome: ClaimOutcome, instance: str) -> None:
+        """Count a slot's outcome from a claim's answer: won (``ran``), or skipped when the skip
+        record is this instance's (each slot is then counted once over every instance)."""
+        from .backend import ClaimStatus
+
+        run = outcome.run
+        if run.trigger not in _SLOT_TRIGGERS:
+            return
+        if outcome.status is ClaimStatus.WON:
+            self.job(run.job).slots["ran"] += 1
+        elif outcome.status is ClaimStatus.SKIPPED and run.instance == instance:
+            self.job(run.job).slots[skip_class(run.reason)] += 1
+
+    def missed(self, job: str, count: int) -> None:
+        """Count ``count`` slots of ``job`` this instance recorded missed."""
+        self.slots_missed += count
+        self.job(job).slots["missed"] += count
+
+    def claimed(self, latency_ms: int) -> None:
+        """Observe one answered claim call's latency."""
+        self.claim_latency.observe(latency_ms / 1000)
+
+    def handler_started(self, ticket: Ticket, now_ms: int) -> None:
+        """A handler starts at ``now_ms`` (wall clock): observe the fire lag of a first attempt
+        at a scheduled slot."""
+        if ticket.trigger is Trigger.SCHEDULE and ticket.attempt == 1 and ticket.slot is not None:
+            self.job(ticket.job).fire_lag.observe(max(0, now_ms - ticket.slot) / 1000)
+
+    def handler_ended(self, job: str, took_ms: int) -> None:
+        """A handler of ``job`` ran ``took_ms``."""
+        self.job(job).handler_duration.observe(max(0, took_ms) / 1000)
 
 
 @dataclass(slots=True, kw_only=True, init=False)
@@ -55,7 +300,8 @@ class Metrics(Counters, Mapping[str, "int | None"]):
 
     Read it as attributes (``m.claims_won``) or by name like a mapping (``m["claims_won"]``,
     ``m.get("claims_won")``); :meth:`as_dict` gives a plain dict (for JSON). Every counter is
-    present from the start, at zero.
+    present from the start, at zero. The mapping holds the numbers; the per-job figures
+    (:attr:`by_job`) and the claim latency histogram are attributes only.
 
     Counters (since start):
 
@@ -91,6 +337,11 @@ class Metrics(Counters, Mapping[str, "int | None"]):
     :ivar requests_run: run requests (``anarchon trigger``, ``Scheduler.trigger``, retries)
         this instance won and ran.
     :ivar failure_hook_errors: calls of a job's ``on_failure`` hook that raised (logged).
+    :ivar by_job: each registered job's :class:`JobMetrics` (slots by outcome, runs by status,
+        fire lag and handler duration, takeovers, hand-overs, leases lost, results refused, last
+        success, runs in progress, next slot), every job present from the start.
+    :ivar claim_latency: the latency of claim calls the backend answered (a :class:`Histogram`
+        in seconds; one observation per call, which may carry many slots).
 
     Gauges (now):
 
@@ -104,6 +355,11 @@ class Metrics(Counters, Mapping[str, "int | None"]):
         without that thread, e.g. with a fake clock).
     :ivar loop_lag_max_ms: the largest lag seen since start (None without that thread).
     :ivar loop_blocked_ms: how long the loop has been blocked now (None without that thread).
+    :ivar instances_seen: live instances in the backend's registry at this instance's last
+        heartbeat (None before one, or without a registry).
+    :ivar clock_skew_budget_ms: how far this clock may drift from the backend's before a slot
+        could run twice: the tightest budget of the registered jobs (None: unbounded).
+    :ivar started_ms: when the scheduler started (epoch ms; None before).
     """
 
     jobs: int = 0
@@ -114,21 +370,33 @@ class Metrics(Counters, Mapping[str, "int | None"]):
     loop_lag_ms: int | None = None
     loop_lag_max_ms: int | None = None
     loop_blocked_ms: int | None = None
+    instances_seen: int | None = None
+    clock_skew_budget_ms: int | None = None
+    started_ms: int | None = None
 
     @classmethod
-    def of(cls, counters: Counters, **gauges: int | None) -> Metrics:
-        """The snapshot of ``counters`` with the given gauges (the others at their default)."""
+    def of(cls, counters: Counters, **gauges: Any) -> Metrics:
+        """The snapshot of ``counters`` with the given gauges (the others at their default);
+        ``by_job`` may be given whole, else the counters' per-job figures are copied."""
         snapshot = object.__new__(cls)
-        values = {**asdict(counters), **gauges}
-        for field in fields(cls):
-            value = values.get(field.name, field.default)
-            object.__setattr__(snapshot, field.name, value)
+        values: dict[str, Any] = {name: getattr(counters, name) for name in _COUNTED}
+        values["by_job"] = {name: f.copy() for name, f in list(counters.by_job.items())}
+        values["claim_latency"] = counters.claim_latency.copy()
+        values.update(gauges)
+        for f in fields(cls):
+            if f.name in values:
+                value = values[f.name]
+            elif f.default_factory is not MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(snapshot, f.name, value)
         return snapshot
 
     def __setattr__(self, name: str, value: object) -> None:
         raise FrozenInstanceError(f"a Metrics snapshot is read-only: cannot assign {name!r}")
 
-    def count_run(self, status: RunStatus) -> None:
+    def count_run(self, status: RunStatus, job: str | None = None, now_ms: int = 0) -> None:
         """Not on a snapshot: it is read-only."""
         raise FrozenInstanceError("a Metrics snapshot is read-only")
 
@@ -145,8 +413,10 @@ class Metrics(Counters, Mapping[str, "int | None"]):
         return len(_NAMES)
 
     def as_dict(self) -> dict[str, int | None]:
-        """Every counter and gauge by name, as a plain dict."""
+        """Every counter and gauge by name, as a plain dict (the per-job figures aside)."""
         return {name: getattr(self, name) for name in _NAMES}
 
 
-_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics))
+_STRUCTURED: Final = frozenset({"by_job", "claim_latency"})
+_COUNTED: tuple[str, ...] = tuple(f.name for f in fields(Counters) if f.name not in _STRUCTURED)
+_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics) if f.name not in _STRUCTURED)

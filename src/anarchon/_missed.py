@@ -170,7 +170,7 @@ class MissedSlots:
                 recorded[request.job] += 1
         for name, count in recorded.items():
             last, gap = gaps[name]
-            self._counters.slots_missed += count
+            self._counters.missed(name, count)
             logger.warning(
                 "job %s: %d slot(s) missed while no instance carried it, from %s to %s "
                 "(%s in all); recorded missed",

@@ -239,7 +239,7 @@ class RunExecutor:
             try:
                 renewed = await self.backend.renew(ticket)
             except LeaseLost as exc:
-                self.counters.lease_lost += 1
+                self.counters.count(ticket.job, "lease_lost")
                 _log(
                     logging.WARNING,
                     Action.LEASE_LOST,
@@ -278,6 +278,8 @@ class RunExecutor:
     async def _run_handler(self, active: ActiveRun) -> Outcome | None:
         """Call the handler; return its outcome, or None if we cancelled it ourselves."""
         active.in_handler = True
+        self.counters.handler_started(active.ticket, self.clock.now_ms())
+        began = self.clock.monotonic_ms()
         try:
             if active.job.is_async:
                 return await self._run_async(active)
@@ -296,6 +298,7 @@ class RunExecutor:
             return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", exc
         finally:
             active.in_handler = False
+            self.counters.handler_ended(active.job.name, self.clock.monotonic_ms() - began)
 
     async def _run_async(self, active: ActiveRun) -> Outcome:
         job, ctx = active.job, active.ctx
@@ -361,7 +364,7 @@ class RunExecutor:
         """The keeper found the lease lost: tell the handler and stop waiting for it."""
         if active.task is None or active.task.done():
             return
-        self.counters.lease_lost += 1
+        self.counters.count(active.job.name, "lease_lost")
         _log(
             logging.WARNING,
             Action.LEASE_LOST,
@@ -389,7 +392,7 @@ class RunExecutor:
             try:
                 run = await self._results.submit(FinishRequest(ticket, status, error))
             except LeaseLost as refused:
-                self.counters.result_refused += 1
+                self.counters.count(ticket.job, "result_refused")
                 _log(
                     logging.WARNING,
                     Action.RESULT_REFUSED,
@@ -427,7 +430,7 @@ class RunExecutor:
                     broken,
                 )
                 return None
-            self.counters.count_run(status)
+            self.counters.count_run(status, ticket.job, self.clock.now_ms())
             if status is RunStatus.SUCCEEDED:
                 if logger.isEnabledFor(logging.INFO):
                     _log(
@@ -471,7 +474,7 @@ class RunExecutor:
                     exc,
                 )
                 return
-            self.counters.handed_over += 1
+            self.counters.count(ticket.job, "handed_over")
             _log(
                 logging.INFO,
                 Action.HANDED_OVER,

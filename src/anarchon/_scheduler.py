@@ -57,7 +57,7 @@ from ._job import (
     build_job,
 )
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
-from ._metrics import Counters, Metrics
+from ._metrics import Counters, Metrics, jobs_now
 from ._missed import MissedSlots
 from ._models import CatchUp, Overlap, Run, Trigger
 from ._options import Bound, check_int
@@ -234,6 +234,7 @@ class Scheduler:
             "control_poll_ms", control_poll_ms, CONTROL_POLL, "Scheduler"
         )
         self._heartbeat: Heartbeat | None = None
+        self._started_ms: int | None = None
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
         #: The URL the backend was made from when the scheduler was given none and
@@ -429,6 +430,7 @@ class Scheduler:
             self._default_id = (os.getpid(), default_instance_id())
         await self.backend.start()
         self._state = _State.RUNNING
+        self._started_ms = self._clock.now_ms()
         self._stop_began = 0
         self._backend_clock.time.assume_local()
         base, stack = AsyncExitStack(), AsyncExitStack()
@@ -865,6 +867,21 @@ class Scheduler:
             raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
         return await read_cluster(beat.store, beat.backend_now_ms())
 
+    def _metrics_gauges(self) -> dict[str, Any]:
+        """The per-job figures and the registry's and clock's gauges of :meth:`metrics` (any
+        thread: a scrape calls it)."""
+        jobs = list(self._jobs.values())
+        budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
+        running = [a.job.name for a in list(self._executor.active.values())]
+        return {
+            "by_job": jobs_now(
+                self._counters, jobs, running, self._clock.now_ms(), self._started_ms
+            ),
+            "instances_seen": self._heartbeat.instances_seen if self._heartbeat else None,
+            "clock_skew_budget_ms": min(budgets) if budgets else None,
+            "started_ms": self._started_ms,
+        }
+
     def metrics(self) -> Metrics:
         """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not
         claimed for want of a thread ...), jobs, running and watched runs, busy handler threads,
@@ -874,6 +891,7 @@ class Scheduler:
         watchdog = self._watchdog
         return Metrics.of(
             self._counters,
+            **self._metrics_gauges(),
             jobs=len(self._jobs),
             running=len(self._executor.active),
             watched=len(self._watcher) if self._watcher is not None else 0,

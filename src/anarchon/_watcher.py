@@ -181,7 +181,7 @@ class BackupWatcher:
         self._forget(job_name, slot_key)
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
-            self.counters.taken_over += 1
+            self.counters.count(job_name, "taken_over")
             logger.warning(
                 "took over %s %s as attempt %d (fence %s)",
                 job_name,

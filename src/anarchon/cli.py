@@ -53,6 +53,7 @@ from ._cli.common import (
     storage_checked,
     table,
 )
+from ._http import HttpServer
 from ._models import Run
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
@@ -148,7 +149,12 @@ def _load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-def _run(target: str, backend_url: str | None = None) -> int:
+def _run(
+    target: str,
+    backend_url: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
+) -> int:
     if backend_url is not None:
         os.environ[ENV_BACKEND] = backend_url  # Scheduler() made without a backend reads it
     scheduler = _load_scheduler(target)
@@ -169,6 +175,7 @@ def _run(target: str, backend_url: str | None = None) -> int:
             EXIT_USAGE,
             f"anarchon run: {target} is already running: importing {module!r} started it; {guard}",
         )
+    server = None if metrics_port is None else _serve(scheduler, metrics_port, metrics_host)
     try:
         scheduler.run()
     except SchedulerStateError:
@@ -177,7 +184,20 @@ def _run(target: str, backend_url: str | None = None) -> int:
             f"anarchon run: {target} had already run and stopped while {module!r} was imported "
             f"(it calls scheduler.run() at import time), so there is nothing left to run; {guard}",
         ) from None
+    finally:
+        if server is not None:
+            server.stop()
     return EXIT_OK
+
+
+def _serve(scheduler: Scheduler, port: int, host: str) -> HttpServer:
+    """Start the metrics server of ``anarchon run --metrics-port`` (see :mod:`._http`)."""
+    server = HttpServer(scheduler, port, host)
+    try:
+        server.start()
+    except OSError as exc:
+        raise _Exit(EXIT_USAGE, f"anarchon run: cannot listen on {host}:{port}: {exc}") from None
+    return server
 
 
 def _row(run: Run) -> list[str]:
@@ -267,6 +287,15 @@ def _parser() -> argparse.ArgumentParser:
         choices=LOG_FORMATS,
         default="text",
         help="text (default) or json: one JSON object a line (anarchon.logs.JsonFormatter)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_count(0, 65_535),
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs anarchon[prometheus])",
+    )
+    run.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)"
     )
 
     def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -374,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         if args.command == "run":
-            code = _run(args.target, args.backend)
+            code = _run(args.target, args.backend, args.metrics_port, args.metrics_host)
         elif args.command in COMMANDS:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":

@@ -1,0 +1,176 @@
+"""The tiny HTTP server of ``anarchon run --metrics-port``: GET routes from a table, served on
+threads of their own (a scrape or a probe is answered while the event loop is busy or blocked).
+
+:data:`ROUTES` maps a path to a factory that is given the scheduler and returns the handler of
+that path; a handler takes the :class:`Request` and returns a :class:`Response`. ``/metrics``
+(the Prometheus exposition, :mod:`anarchon.prometheus`) and ``/healthz`` (200 when healthy,
+503 otherwise, :func:`anarchon.health.healthz`; ``/healthz?live=1`` for a liveness probe) are
+there; other modules may add theirs before the server starts. No ASGI or WSGI framework: the
+standard library's ``http.server``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Final
+from urllib.parse import parse_qs, urlsplit
+
+from ._options import Bound, check_int
+from .logs import Action, log_fields
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = ["PORT", "ROUTES", "HttpServer", "Request", "Response"]
+
+logger = logging.getLogger("anarchon.http")
+
+PORT: Final = Bound(0, 65_535)
+"""The range of the port (0: any free port)."""
+TEXT: Final = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A GET request: its path, its query (each name to its values) and the scheduler served."""
+
+    path: str
+    query: Mapping[str, list[str]]
+    scheduler: Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What a route answers: status, body and content type (and any more headers)."""
+
+    status: int
+    body: bytes
+    content_type: str = TEXT
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Request], Response]
+"""Answers one request to a route; called on the server's thread (not the event loop)."""
+RouteFactory = Callable[["Scheduler"], Handler]
+"""Given the scheduler when the server starts, returns the handler of a route."""
+
+
+def _metrics_route(scheduler: Scheduler) -> Handler:
+    from . import prometheus
+
+    prometheus.register(scheduler)  # raises MissingDependency without prometheus-client
+
+    def metrics(request: Request) -> Response:
+        body, content_type = prometheus.render()
+        return Response(200, body, content_type)
+
+    return metrics
+
+
+def _healthz_route(scheduler: Scheduler) -> Handler:
+    from .health import healthz
+
+    def probe(request: Request) -> Response:
+        live = request.query.get("live", ["0"])[-1] not in ("", "0", "false")
+        status, body = healthz(scheduler, live=live)
+        return Response(status, body, "application/json")
+
+    return probe
+
+
+ROUTES: dict[str, RouteFactory] = {"/metrics": _metrics_route, "/healthz": _healthz_route}
+"""The server's routes: path to :data:`RouteFactory`; add to it before a server starts."""
+
+
+class HttpServer:
+    """Serves :data:`ROUTES` for one scheduler on ``host:port`` from :meth:`start` to
+    :meth:`stop`; a path not in the table answers 404, a handler's error 500 (logged)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        port: int,
+        host: str = "0.0.0.0",
+        routes: Mapping[str, RouteFactory] | None = None,
+    ) -> None:
+        self.port = check_int("port", port, PORT, "the metrics server")
+        self.host = host
+        table = ROUTES if routes is None else routes
+        self.handlers: dict[str, Handler] = {path: make(scheduler) for path, make in table.items()}
+        self.scheduler = scheduler
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` listened on (the port chosen when 0 was asked for)."""
+        if self._server is None:
+            return self.host, self.port
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Listen and serve on a daemon thread. Raises :class:`OSError` if the address cannot
+        be bound (the port is taken, the host is not this machine's)."""
+        server = ThreadingHTTPServer((self.host, self.port), _handler_class(self))
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="anarchon http", daemon=True
+        )
+        self._thread.start()
+        host, port = self.address
+        logger.info(
+            "serving %s on http://%s:%d",
+            ", ".join(sorted(self.handlers)),
+            host,
+            port,
+            extra=log_fields(Action.STARTED),
+        )
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def answer(self, target: str) -> Response:
+        """The response to a GET of ``target`` (a path with its query)."""
+        parts = urlsplit(target)
+        handler = self.handlers.get(parts.path)
+        if handler is None:
+            known = ", ".join(sorted(self.handlers))
+            return Response(404, f"no route {parts.path!r}; routes: {known}\n".encode())
+        try:
+            return handler(Request(parts.path, parse_qs(parts.query), self.scheduler))
+        except Exception as exc:
+            logger.exception("GET %s failed", parts.path, extra=log_fields(Action.INTERNAL_ERROR))
+            return Response(500, f"{type(exc).__name__}: {exc}\n".encode())
+
+
+def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        server_version = "anarchon"
+
+        def do_GET(self) -> None:
+            response = server.answer(self.path)
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(response.body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            logger.debug(format, *args)
+
+    return _Handler

@@ -1,0 +1,252 @@
+"""The Prometheus exporter: names by the conventions, every series from the start, counts that
+follow the scheduler, and the tiny HTTP server of ``anarchon run --metrics-port``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import anarchon.prometheus
+from anarchon import MemoryBackend, RunContext, Scheduler
+from anarchon._http import ROUTES, HttpServer, Request, Response
+from anarchon._metrics import SLOT_OUTCOMES
+from anarchon.errors import InvalidOption, MissingDependency
+
+
+def _scrape(registry: CollectorRegistry) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return samples
+
+
+def _scheduler() -> Scheduler:
+    scheduler = Scheduler(MemoryBackend())
+    scheduler.add("report", "0 6 * * *", lambda ctx: None)
+    scheduler.add("sync", "*/5 * * * *", lambda ctx: None)
+    return scheduler
+
+
+def test_every_series_is_there_from_the_start_at_zero_and_named_by_the_conventions() -> None:
+    registry = CollectorRegistry()
+    anarchon.prometheus.register(_scheduler(), registry)
+    samples = _scrape(registry)
+    slots = samples["anarchon_slots_total"]
+    assert len(slots) == 2 * len(SLOT_OUTCOMES) and set(slots.values()) == {0.0}
+    assert (("anarchon_job", "sync"), ("outcome", "skipped"), ("reason", "paused")) in slots
+    runs = samples["anarchon_runs_total"]
+    assert sorted(dict(k)["status"] for k in runs if dict(k)["anarchon_job"] == "report") == [
+        "failed",
+        "succeeded",
+    ]
+    for name in (
+        "anarchon_takeovers_total",
+        "anarchon_handovers_total",
+        "anarchon_leases_lost_total",
+        "anarchon_results_refused_total",
+        "anarchon_fire_lag_seconds_count",
+        "anarchon_handler_duration_seconds_count",
+        "anarchon_running_runs",
+        "anarchon_job_next_slot_timestamp_seconds",
+        "anarchon_job_seconds_since_last_success",
+    ):
+        assert len(samples[name]) == 2, name
+    assert samples["anarchon_jobs"][()] == 2
+    assert samples["anarchon_scheduler_running"][()] == 0
+    assert samples["anarchon_claim_latency_seconds_count"][(("backend", "memory"),)] == 0
+    buckets = samples["anarchon_fire_lag_seconds_bucket"]
+    les = sorted(float(dict(k)["le"]) for k in buckets if dict(k)["anarchon_job"] == "sync")
+    assert les[0] == 0.001 and les[-2] == 10.0
+    interval = samples["anarchon_job_interval_seconds"]
+    assert interval[(("anarchon_job", "sync"),)] == 300 and interval[(("anarchon_job", "report"),)]
+    for name, series in samples.items():
+        assert name.startswith(("anarchon_", "process_", "python_")), name
+        for labels in series:
+            names = {label for label, _ in labels}
+            assert not names & {"job", "instance", "slot", "run_id"}, (name, names)
+
+
+async def test_the_counts_follow_the_scheduler() -> None:
+    scheduler = Scheduler(MemoryBackend())
+    calls = 0
+
+    async def flaky(ctx: RunContext) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("first call fails")
+
+    scheduler.add("flaky", "* * * * * *", flaky, jitter_ms=0)
+    registry = CollectorRegistry()
+    anarchon.prometheus.register(scheduler, registry)
+    async with scheduler:
+        for _ in range(60):
+            if scheduler.metrics().runs_succeeded >= 1:
+                break
+            await asyncio.sleep(0.1)
+        samples = _scrape(registry)
+    job = ("anarchon_job", "flaky")
+    ran = samples["anarchon_slots_total"][(job, ("outcome", "ran"), ("reason", ""))]
+    runs = samples["anarchon_runs_total"]
+    assert runs[(job, ("status", "failed"))] == 1 and runs[(job, ("status", "succeeded"))] >= 1
+    assert ran == sum(runs.values()) >= 2
+    assert samples["anarchon_fire_lag_seconds_count"][(job,)] == ran
+    assert samples["anarchon_handler_duration_seconds_count"][(job,)] == ran
+    assert samples["anarchon_claim_latency_seconds_count"][(("backend", "memory"),)] >= ran
+    assert samples["anarchon_job_last_success_timestamp_seconds"][(job,)] > 1e9
+    assert samples["anarchon_job_seconds_since_last_success"][(job,)] < 5
+    assert samples["anarchon_scheduler_running"][()] == 1
+    snapshot = scheduler.metrics()
+    figures = snapshot.by_job["flaky"]
+    assert figures.slots["ran"] == snapshot.claims_won and figures.runs["failed"] == 1
+    assert "by_job" not in snapshot.as_dict() and snapshot["runs_failed"] == 1
+
+
+def test_register_is_idempotent_and_one_registry_holds_one_scheduler() -> None:
+    registry = CollectorRegistry()
+    scheduler = _scheduler()
+    first = anarchon.prometheus.register(scheduler, registry)
+    assert anarchon.prometheus.register(scheduler, registry) is first
+    with pytest.raises(InvalidOption, match="one registry holds one scheduler"):
+        anarchon.prometheus.register(_scheduler(), registry)
+    with pytest.raises(InvalidOption, match="must be an anarchon Scheduler"):
+        anarchon.prometheus.register("scheduler", registry)  # type: ignore[arg-type]
+
+
+def test_without_prometheus_client_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client.core", None)
+    with pytest.raises(MissingDependency, match=r"anarchon\[prometheus\]"):
+        anarchon.prometheus.AnarchonCollector(_scheduler())
+
+
+@contextlib.contextmanager
+def socket_port() -> Iterator[int]:
+    """A port free on the loopback address (closed again on exit)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_http_server_serves_metrics_and_routes_others_add(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(
+        ROUTES, "/ping", lambda s: lambda r: Response(200, f"pong {sorted(r.query)}".encode())
+    )
+    server = HttpServer(_scheduler(), 0, "127.0.0.1")
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.address[1]}"
+        status, body = _get(f"{base}/metrics")
+        assert status == 200 and 'anarchon_slots_total{anarchon_job="sync"' in body
+        assert _get(f"{base}/ping?x=1") == (200, "pong ['x']")
+        status, body = _get(f"{base}/nope")
+        assert status == 404 and "/metrics" in body
+    finally:
+        server.stop()
+
+
+def test_a_failing_route_answers_500() -> None:
+    def broken(request: Request) -> Response:
+        raise RuntimeError("boom")
+
+    server = HttpServer(_scheduler(), 0, "127.0.0.1", routes={"/broken": lambda s: broken})
+    assert server.answer("/broken").status == 500
+
+
+@pytest.mark.parametrize("port", [-1, 65_536, "80"])
+def test_a_bad_port_is_refused_with_the_rule(port: object) -> None:
+    with pytest.raises(InvalidOption, match=r"port=.*0 to 65535|port=.*0 to 65 535|port="):
+        HttpServer(_scheduler(), port, "127.0.0.1", routes={})  # type: ignore[arg-type]
+
+
+APP = """
+from anarchon import MemoryBackend, Scheduler
+
+scheduler = Scheduler(MemoryBackend())
+scheduler.add("tick", "* * * * * *", lambda ctx: None, jitter_ms=0)
+"""
+
+
+@pytest.mark.slow
+def test_anarchon_run_serves_metrics_on_its_port(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    with socket_port() as port:
+        pass
+    args = [sys.executable, "-m", "anarchon", "run", "app:scheduler", "--metrics-port", str(port)]
+    args += ["--metrics-host", "127.0.0.1"]
+    log = tmp_path / "run.log"
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(args, cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        body = ""
+        while 'anarchon_slots_total{anarchon_job="tick",outcome="ran",reason=""} 0' in body or (
+            "anarchon_scheduler_running 1" not in body
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+            try:
+                body = _get(f"http://127.0.0.1:{port}/metrics")[1]
+            except OSError:
+                continue
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_anarchon_run_refuses_a_bad_metrics_port(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "anarchon", "run", "app:scheduler", "--metrics-port", "70000"]
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "from 0 to 65535" in done.stderr, done.stderr
+
+
+async def test_healthz_is_served_beside_metrics_and_answers_for_a_running_scheduler() -> None:
+    scheduler = _scheduler()
+    # The default registry holds another test's scheduler: serve the probe alone.
+    server = HttpServer(scheduler, 0, "127.0.0.1", routes={"/healthz": ROUTES["/healthz"]})
+    server.start()
+    base = f"http://127.0.0.1:{server.address[1]}"
+    try:
+        # Not started: not live, so both probes fail (the request runs on the server's thread).
+        status, body = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert status == 503 and json.loads(body)["live"] is False
+        await scheduler.start()
+        status, body = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert status == 200, body
+        assert json.loads(body)["healthy"] is True
+        status, _ = await asyncio.to_thread(_get, f"{base}/healthz?live=1")
+        assert status == 200
+    finally:
+        server.stop()
+        await scheduler.stop()
