@@ -2,14 +2,15 @@
 carried the job.
 
 For each job whose backend knows its last recorded slot ``L`` (``Backend.last_slots``), the
-slots after ``L`` that are older than ``start - max_late_ms - jitter_ms -``
-:data:`MARGIN_MS` (so no instance that is running could still claim them) and that catch-up does
-not run are claimed as ``missed`` (``ClaimRequest.skip_status``), with the reason
-``missed: no instance carried the job from <L> to <start>``. Only the newest
-:data:`MAX_RECORDED` are recorded; when there were more, the reason says how many. A slot that
-has a record keeps it (a claim never overwrites one), so instances that start together record
-each slot once. The claims of every job go in one batch, from a task of their own: no slot
-waits on them.
+slots after ``L`` and before the start that catch-up does not run are the gap; the newest
+:data:`MAX_RECORDED` of them are claimed as ``missed`` (``ClaimRequest.skip_status``), with the
+reason ``missed: no instance carried the job from <L> to <start>`` (and, when there were more,
+how many). Those older than ``start - max_late_ms - jitter_ms -`` :data:`MARGIN_MS` are claimed
+at once; the newer ones, which an instance that is running could still claim, once that much
+time has passed since the start (from the same task: lost if the instance stops first). A slot
+that has a record keeps it (a claim never overwrites one), so instances that start together
+record each slot once, and a slot a running instance claimed meanwhile keeps its run. The claims
+of every job go in one batch per pass, from a task of their own: no slot waits on them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Final
 
 from ._batch import isolate
 from ._claims import Claims
+from ._clock import Clock
 from ._job import Job
 from ._metrics import Counters
 from ._models import CatchUp, RunStatus, Trigger
@@ -37,7 +39,8 @@ logger = logging.getLogger("anarchon.scheduler")
 MAX_RECORDED: Final = 20
 """At most this many missed slots are recorded per job and start: the newest."""
 MARGIN_MS: Final = 5_000
-"""Slots this close to ``start - max_late_ms - jitter_ms`` are left to running instances."""
+"""Slots newer than ``start - max_late_ms - jitter_ms`` and this are recorded this much later
+than ``max_late_ms + jitter_ms`` after the start (a running instance could still claim them)."""
 COUNT_LIMIT: Final = 200_000
 """Missed slots are counted up to this many; beyond, the reason says "more than"."""
 _YIELD_EVERY: Final = 2_000
@@ -112,6 +115,7 @@ class MissedSlots:
     _backend: Backend
     _claims: Claims
     _counters: Counters
+    _clock: Clock
 
     async def record(
         self,
@@ -121,16 +125,20 @@ class MissedSlots:
         catch_up: dict[str, list[int]],
     ) -> None:
         """Claim the missed slots of ``jobs`` (``last_slots`` from the backend, ``catch_up``:
-        the slots catch-up runs, per job) as ``missed``, in one batch; log each job once."""
-        requests: list[ClaimRequest] = []
+        the slots catch-up runs, per job) as ``missed``: the old ones in one batch now, the
+        recent ones in batches once no running instance could claim them any more; log each
+        job once per batch. Returns when every batch is done."""
+        now: list[ClaimRequest] = []
+        later: dict[int, list[ClaimRequest]] = {}  # delay after the start (ms) -> claims
         gaps: dict[str, tuple[int, Gap]] = {}
         for job in jobs:
             last = last_slots.get(job.name)
             if last is None:
                 continue
             policy = job.policy
-            until = start_ms - policy.max_late_ms - policy.jitter_ms - MARGIN_MS
+            delay = policy.max_late_ms + policy.jitter_ms + MARGIN_MS
             planned = catch_up.get(job.name, [])
+            until = start_ms - 1  # the slots before the start: from it on, the timer's
             if policy.catch_up == CatchUp.ALL and planned:
                 # catch-up runs every slot from the start of its window on
                 until = min(until, planned[0] - 1)
@@ -143,9 +151,23 @@ class MissedSlots:
             gaps[job.name] = (last, gap)
             for slot in gap.newest:
                 request = self._claims.request(job, slot, Trigger.SCHEDULE)
-                requests.append(replace(request, skip_reason=reason, skip_status=RunStatus.MISSED))
-        if not requests:
-            return
+                missed = replace(request, skip_reason=reason, skip_status=RunStatus.MISSED)
+                if slot <= start_ms - delay:
+                    now.append(missed)
+                else:
+                    later.setdefault(delay, []).append(missed)
+        if now:
+            await self._claim(now, gaps, start_ms)
+        waited = 0
+        for delay in sorted(later):
+            await self._clock.sleep((delay - waited) / 1000)
+            waited = delay
+            await self._claim(later[delay], gaps, start_ms)
+
+    async def _claim(
+        self, requests: list[ClaimRequest], gaps: dict[str, tuple[int, Gap]], start_ms: int
+    ) -> None:
+        """One batch of missed claims; a WARNING per job with how many were recorded."""
         # One try: these are records of the past, not runs (the claim path's retries would drop
         # them as too late anyway); if the backend cannot take them now, they stay unrecorded.
         try:
@@ -155,7 +177,7 @@ class MissedSlots:
         except BackendUnavailable as exc:
             logger.warning(
                 "missed slots of %d job(s) not recorded: %s",
-                len(gaps),
+                len({r.job for r in requests}),
                 exc,
                 extra=log_fields(Action.CATCH_UP_FAILED),
             )

@@ -286,7 +286,7 @@ class Scheduler:
             self._threads,
             lambda: self.running,
             self._spawn,
-            MissedSlots(backend, self._claims, self._counters),
+            MissedSlots(backend, self._claims, self._counters, self._clock),
         )
         self._failures = Failures(
             backend.control(),

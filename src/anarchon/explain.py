@@ -478,7 +478,9 @@ async def explain(
     else:
         reason = (
             "nobody claimed it: no instance carried the job then (all were down or not yet "
-            "deployed), or the slot was dropped before anarchon recorded missed slots"
+            "deployed) and none recorded it missed since (an instance that starts records the "
+            "newest 20 slots of the gap, those of the last max_late_ms + jitter_ms + 5 s that "
+            "much later; not if it stops first)"
         )
     return replace(base, reason=reason, history_pruned=pruned, notes=tuple(notes))
 

@@ -413,13 +413,20 @@ async def test_slots_nobody_ran_are_recorded_missed_on_restart(
     second.add("tick", "* * * * *", _noop, jitter_ms=0)
     async with second:
         await clock.advance(1_000)
+        runs = await backend.history("tick", limit=1000)
+        recorded_at_once = [r.slot_ms or 0 for r in runs if r.status is RunStatus.MISSED]
+        await clock.advance(65_000)  # max_late_ms + jitter_ms + the margin after the start
         metrics = second.metrics()
     runs = await backend.history("tick", limit=1000)
     missed = sorted((r for r in runs if r.status is RunStatus.MISSED), key=lambda r: r.slot_ms or 0)
-    # Slots after the last run and older than start - max_late_ms - margin, but the newest
-    # (catch_up='latest' runs it): 59 slots, the newest 20 recorded.
+    # The slots after the last run and before the start, but the newest (catch_up='latest'
+    # runs it): 59 slots, the newest 20 recorded; those older than start - max_late_ms -
+    # the margin at once, the one after them 65 s later (a running instance could claim it).
     cutoff = start - 60_000 - MARGIN_MS
-    expected = list(range(last + MINUTE, cutoff + 1, MINUTE))
+    expected = list(range(last + MINUTE, start - MINUTE, MINUTE))
+    assert len(expected) == 59
+    assert sorted(recorded_at_once) == [s for s in expected[-MAX_RECORDED:] if s <= cutoff]
+    assert len(recorded_at_once) == MAX_RECORDED - 1
     assert len(missed) == MAX_RECORDED
     assert [r.slot_ms for r in missed] == expected[-MAX_RECORDED:]
     assert {r.trigger for r in missed} == {Trigger.SCHEDULE}
@@ -432,11 +439,13 @@ async def test_slots_nobody_ran_are_recorded_missed_on_restart(
     caught_up = [r for r in runs if r.trigger is Trigger.CATCH_UP]
     assert [r.slot_ms for r in caught_up] == [START + 62 * MINUTE]
     assert metrics.slots_missed == MAX_RECORDED
-    [record] = [r for r in caplog.records if getattr(r, "action", None) == "slots_missed"]
-    assert record.levelno == logging.WARNING
-    assert record.job == "tick" and record.count == MAX_RECORDED  # type: ignore[attr-defined]
-    assert getattr(record, "from") == "2026-01-01T00:02:00.000+00:00"
-    assert record.to == "2026-01-01T01:02:00.500+00:00"  # type: ignore[attr-defined]
+    logged = [r for r in caplog.records if getattr(r, "action", None) == "slots_missed"]
+    assert [r.count for r in logged] == [MAX_RECORDED - 1, 1]  # type: ignore[attr-defined]
+    for record in logged:
+        assert record.levelno == logging.WARNING
+        assert record.job == "tick"  # type: ignore[attr-defined]
+        assert getattr(record, "from") == "2026-01-01T00:02:00.000+00:00"
+        assert record.to == "2026-01-01T01:02:00.500+00:00"  # type: ignore[attr-defined]
 
 
 async def test_a_short_gap_is_recorded_whole_and_a_job_without_history_has_none(
@@ -453,11 +462,16 @@ async def test_a_short_gap_is_recorded_whole_and_a_job_without_history_has_none(
     second.add("fresh", "* * * * *", _noop, jitter_ms=0)
     async with second:
         await clock.advance(500)
+        early = [r for r in await backend.history("tick") if r.status is RunStatus.MISSED]
+        await clock.advance(65_000)
     missed = [r for r in await backend.history("tick") if r.status is RunStatus.MISSED]
-    # 00:02 to 00:04; 00:05 is within max_late_ms + the margin of the start (00:06:00.500)
-    assert sorted(r.slot_ms or 0 for r in missed) == [START + n * MINUTE for n in (2, 3, 4)]
+    # 00:02 to 00:04 at once; 00:05 and 00:06 are within max_late_ms + the margin of the start
+    # (00:06:00.500): recorded once that much time has passed.
+    assert sorted(r.slot_ms or 0 for r in early) == [START + n * MINUTE for n in (2, 3, 4)]
+    assert sorted(r.slot_ms or 0 for r in missed) == [START + n * MINUTE for n in range(2, 7)]
     assert all(r.reason is not None and "in all" not in r.reason for r in missed)
-    assert await backend.history("fresh") == []
+    fresh = await backend.history("fresh")
+    assert [r.slot_ms for r in fresh] == [START + 7 * MINUTE]  # ran; nothing recorded missed
 
 
 async def test_gap_slots_counts_to_a_limit_then_finds_the_newest() -> None:
