@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._models import Run, RunStatus, ms_to_datetime
+from .._readable import iso
 from .._redact import redact_url
 from .._schedule import CronSchedule, slot_to_datetime
 from ..backend import Backend
@@ -19,7 +20,7 @@ from ..errors import JobNotFound
 from ..explain import Attempt, Fate, SlotFate
 from ..explain import explain as official_explain
 from ..registry import JobDefinition
-from ._data import Snapshot, fate_of, iso, run_dict
+from ._data import Snapshot, fate_of, run_dict
 
 __all__ = ["EXPLAIN_RUNS", "SlotStory", "explain"]
 
