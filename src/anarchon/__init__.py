@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from . import errors
 from ._context import RunContext
 from ._metrics import Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
@@ -28,45 +29,18 @@ from .backends.nats import NatsBackend
 from .backends.postgres import PostgresBackend
 from .backends.redis import RedisBackend
 from .backends.sqlite import SQLiteBackend
-from .errors import (
-    AnarchonError,
-    BackendError,
-    BackendUnavailable,
-    ConfigurationError,
-    DuplicateJob,
-    InvalidJobName,
-    InvalidOption,
-    InvalidSchedule,
-    InvalidTimezone,
-    JobNotFound,
-    LeaseLost,
-    MissingDependency,
-    SchedulerStateError,
-    UnsupportedFeature,
-)
+from .errors import *  # noqa: F403  (every error: errors.__all__, re-exported below)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AnarchonError",
     "Backend",
-    "BackendError",
-    "BackendUnavailable",
     "Capability",
     "CatchUp",
-    "ConfigurationError",
     "CronSchedule",
-    "DuplicateJob",
-    "InvalidJobName",
-    "InvalidOption",
-    "InvalidSchedule",
-    "InvalidTimezone",
-    "JobNotFound",
     "LeaseBackend",
-    "LeaseLost",
     "MemoryBackend",
     "Metrics",
-    "MissingDependency",
     "NatsBackend",
     "Overlap",
     "PostgresBackend",
@@ -76,9 +50,8 @@ __all__ = [
     "RunStatus",
     "SQLiteBackend",
     "Scheduler",
-    "SchedulerStateError",
     "Trigger",
-    "UnsupportedFeature",
     "__version__",
     "backend_from_url",
 ]
+__all__ += errors.__all__
