@@ -83,6 +83,9 @@ class Attempt:
     reason: str | None
     """Why it was skipped or superseded (``lease lost``, ``overlap …``, ``paused by …``)."""
     requested_by: str | None
+    record: Run = field(repr=False, compare=False)
+    """The record this attempt was read from, as :meth:`~anarchon.backend.Backend.history`
+    returned it."""
 
     @property
     def took_ms(self) -> int | None:
@@ -106,6 +109,7 @@ class Attempt:
             error=run.error,
             reason=run.reason,
             requested_by=run.requested_by,
+            record=run,
         )
 
     def to_dict(self) -> dict[str, Any]:
