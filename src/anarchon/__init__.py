@@ -55,3 +55,4 @@ __all__ = [
     "backend_from_url",
 ]
 __all__ += errors.__all__
+__all__.sort()  # one sorted list, as dir() shows it
