@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from . import errors
 from ._context import RunContext
 from ._metrics import Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
@@ -28,47 +29,20 @@ from .backends.nats import NatsBackend
 from .backends.postgres import PostgresBackend
 from .backends.redis import RedisBackend
 from .backends.sqlite import SQLiteBackend
-from .errors import (
-    AnarchonError,
-    BackendError,
-    BackendUnavailable,
-    ConfigurationError,
-    DuplicateJob,
-    InvalidJobName,
-    InvalidOption,
-    InvalidSchedule,
-    InvalidTimezone,
-    JobNotFound,
-    LeaseLost,
-    MissingDependency,
-    SchedulerStateError,
-    UnsupportedFeature,
-)
+from .errors import *  # noqa: F403  (every error: errors.__all__, re-exported below)
 from .health import Health
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AnarchonError",
     "Backend",
-    "BackendError",
-    "BackendUnavailable",
     "Capability",
     "CatchUp",
-    "ConfigurationError",
     "CronSchedule",
-    "DuplicateJob",
     "Health",
-    "InvalidJobName",
-    "InvalidOption",
-    "InvalidSchedule",
-    "InvalidTimezone",
-    "JobNotFound",
     "LeaseBackend",
-    "LeaseLost",
     "MemoryBackend",
     "Metrics",
-    "MissingDependency",
     "NatsBackend",
     "Overlap",
     "PostgresBackend",
@@ -78,9 +52,9 @@ __all__ = [
     "RunStatus",
     "SQLiteBackend",
     "Scheduler",
-    "SchedulerStateError",
     "Trigger",
-    "UnsupportedFeature",
     "__version__",
     "backend_from_url",
 ]
+__all__ += errors.__all__
+__all__.sort()  # one sorted list, as dir() shows it

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from ._models import Run, RunStatus, Trigger
+from ._readable import ms_of, span
 from ._schedule import CronSchedule, load_timezone
 from .backend import Backend
 from .control import Pause, active_pause, paused_reason
@@ -82,6 +83,9 @@ class Attempt:
     reason: str | None
     """Why it was skipped or superseded (``lease lost``, ``overlap …``, ``paused by …``)."""
     requested_by: str | None
+    record: Run = field(repr=False, compare=False)
+    """The record this attempt was read from, as :meth:`~anarchon.backend.Backend.history`
+    returned it."""
 
     @property
     def took_ms(self) -> int | None:
@@ -100,11 +104,12 @@ class Attempt:
             attempt=run.attempt,
             fence=run.fence,
             status=run.status,
-            started_ms=_ms(run.started_at),
-            finished_ms=None if finished is None else _ms(finished),
+            started_ms=ms_of(run.started_at),
+            finished_ms=None if finished is None else ms_of(finished),
             error=run.error,
             reason=run.reason,
             requested_by=run.requested_by,
+            record=run,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +203,7 @@ class SlotFate:
         """One line: the job, the slot and its fate."""
         what = {
             Fate.NOT_A_SLOT: "not a slot of this schedule",
-            Fate.FUTURE: f"in the future ({_span(self.slot_ms - self.now_ms)} from now)",
+            Fate.FUTURE: f"in the future ({span(self.slot_ms - self.now_ms)} from now)",
             Fate.RUNNING: "running now",
             Fate.RAN: f"ran, {self.outcome.value if self.outcome else 'finished'}",
             Fate.SKIPPED: "skipped",
@@ -252,28 +257,10 @@ class SlotFate:
         return text
 
 
-def _ms(moment: datetime) -> int:
-    return round(moment.timestamp() * 1000)
-
-
 def _iso(ms: int) -> str:
     moment = datetime.fromtimestamp(ms / 1000, UTC)
     spec = "milliseconds" if ms % 1000 else "seconds"
     return moment.isoformat(timespec=spec).replace("+00:00", "Z")
-
-
-def _span(ms: int) -> str:
-    """A duration in words at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``, ``2d``."""
-    ms = abs(ms)
-    if ms < 1_000:
-        return f"{ms}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m"
-    if ms < 2 * 86_400_000:
-        return f"{ms // 3_600_000}h"
-    return f"{ms // 86_400_000}d"
 
 
 def _pause_dict(pause: Pause) -> dict[str, Any]:
@@ -300,7 +287,7 @@ def _attempt_table(attempts: Sequence[Attempt]) -> list[str]:
                 "-" if a.fence is None else str(a.fence),
                 a.trigger.value,
                 datetime.fromtimestamp(a.started_ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3],
-                "-" if took is None else _span(took),
+                "-" if took is None else span(took),
                 result,
             ]
         )
@@ -339,7 +326,7 @@ def slot_ms_of(slot: datetime | int) -> int:
             f"slot={slot.isoformat()!r} has no time zone: pass an aware datetime "
             "(e.g. with tzinfo=ZoneInfo(the job's zone))"
         )
-    return _ms(slot)
+    return ms_of(slot)
 
 
 async def _definitions(
@@ -409,7 +396,7 @@ async def explain(
         raise InvalidOption(f"limit={limit!r} must be a whole number of records, at least 1")
     if now_ms is None:
         server = await backend.server_time_ms()
-        now_ms = server if server is not None else _ms(datetime.now(UTC))
+        now_ms = server if server is not None else ms_of(datetime.now(UTC))
     variants, view = await _definitions(backend, job, view, now_ms)
     if definition is not None:
         variants = (definition,)
@@ -459,7 +446,7 @@ async def explain(
     window = _claim_window(used)
     if window is not None and now_ms - slot_ms <= window:
         notes.append(
-            f"the slot was due {_span(now_ms - slot_ms)} ago, within its claim window "
+            f"the slot was due {span(now_ms - slot_ms)} ago, within its claim window "
             f"(jitter_ms + max_late_ms = {window} ms): an instance may still claim it"
         )
     pruned = None if oldest is None else oldest > slot_ms
@@ -487,7 +474,7 @@ async def explain(
 
 def _record_ms(run: Run) -> int:
     """Where a record stands in time: its slot, or its start for a manual run."""
-    return run.slot_ms if run.slot_ms is not None else _ms(run.started_at)
+    return run.slot_ms if run.slot_ms is not None else ms_of(run.started_at)
 
 
 def _claim_window(definition: JobDefinition) -> int | None:

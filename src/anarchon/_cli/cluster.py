@@ -9,11 +9,12 @@ import textwrap
 from typing import Any
 
 from .._models import RunStatus
+from .._readable import iso, ms_of, span
 from .._redact import redact_url
 from ..control import ALL_JOBS, Pause
 from ..registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
 from ..steering import backend_now_ms
-from .common import EXIT_OK, WIDTH, age, iso, moment, ms_of, opened, run_json, table
+from .common import EXIT_OK, WIDTH, moment, opened, run_json, table
 
 
 async def read_cluster(
@@ -55,7 +56,7 @@ async def instances(args: argparse.Namespace) -> int:
             i.host,
             str(i.pid),
             i.version,
-            age(now - i.heartbeat_ms) + " ago",
+            span(now - i.heartbeat_ms) + " ago",
             "-" if i.clock_offset_ms is None else f"{i.clock_offset_ms:+d}ms",
             f"{len(i.jobs)}: " + ",".join(j.name for j in i.jobs) if i.jobs else "0",
         ]
@@ -95,7 +96,7 @@ def _job_row(job: JobView, now: int) -> list[str]:
     last = job.last_run
     took = last.duration if last is not None and last.status in _RAN else None
     running = ",".join(
-        f"{r.instance}#{r.attempt} {age(now - ms_of(r.started_at))}" for r in job.running
+        f"{r.instance}#{r.attempt} {span(now - ms_of(r.started_at))}" for r in job.running
     )
     return [
         job.name + ("*" if job.drift else ""),
@@ -104,7 +105,7 @@ def _job_row(job: JobView, now: int) -> list[str]:
         last.status.value if last else "-",
         moment(ms_of(last.started_at), now) if last else "-",
         last.instance if last else "-",
-        "-" if took is None else age(round(took * 1000)),
+        "-" if took is None else span(round(took * 1000)),
         running or "-",
     ]
 

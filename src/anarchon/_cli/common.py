@@ -13,6 +13,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from .._models import Run
+from .._readable import ms_of
 from .._redact import redact_url
 from .._scheduler import ENV_BACKEND as ENV_BACKEND
 from .._urls import backend_from_url
@@ -170,37 +171,12 @@ def table(header: list[str], rows: list[list[str]], caps: list[int]) -> list[str
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def age(ms: int) -> str:
-    """A duration as a person reads it at a glance: ``850ms``, ``4.2s``, ``3m``, ``5h``."""
-    if ms < 1_000:
-        return f"{max(ms, 0)}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m"
-    return f"{ms // 3_600_000}h"
-
-
 def moment(ms: int | None, now_ms: int) -> str:
     """UTC time of day within a day of now, else month-day and minutes."""
     if ms is None:
         return "-"
     at = datetime.fromtimestamp(ms / 1000, UTC)
     return at.strftime("%H:%M:%S" if abs(ms - now_ms) < 86_400_000 else "%m-%d %H:%M")
-
-
-def iso(ms: int | None) -> str:
-    """Epoch ms as ISO 8601 in UTC (``Z``), or ``-``."""
-    if ms is None:
-        return "-"
-    return (
-        datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
-
-
-def ms_of(at: datetime) -> int:
-    """Epoch ms of an aware datetime."""
-    return round(at.timestamp() * 1000)
 
 
 def run_json(run: Run | None, now_ms: int | None = None) -> dict[str, Any] | None:

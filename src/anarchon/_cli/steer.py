@@ -12,6 +12,7 @@ from typing import Final
 
 from .. import steering
 from .._job import check_name
+from .._readable import iso, ms_of
 from .._schedule import load_timezone
 from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
@@ -19,7 +20,7 @@ from ..errors import ConfigurationError
 from ..explain import explain as explain_slot
 from ..registry import ClusterView, build_view
 from .cluster import pause_json
-from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, iso, ms_of, opened
+from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
 
 UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")

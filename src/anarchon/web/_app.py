@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import steering
 from .._job import check_name
+from .._readable import iso, ms_of
 from .._redact import redact_url
 from .._scheduler import Scheduler
 from ..backend import Backend
@@ -98,13 +99,13 @@ def _templates() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        iso=_data.iso,
+        iso=iso,
         span=_data.span,
         redact=redact_url,
         q=lambda s: quote(str(s), safe=""),
         words=_data.schedule_in_words,
         fate=_data.fate_of,
-        ms=lambda d: None if d is None else round(d.timestamp() * 1000),
+        ms=lambda d: None if d is None else ms_of(d),
         lastline=lambda s: (s or "").strip().splitlines()[-1] if (s or "").strip() else "",
     )
     env.globals.update(FATES=_data.FATES, RANGES=RANGES, PAUSE_FOR=PAUSE_FOR, ALL_JOBS=ALL_JOBS)

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote
 
 from .._redact import redact_url
 from ..errors import MissingDependency
@@ -23,7 +20,6 @@ from ..errors import MissingDependency
 __all__ = ["add_parser", "run_dashboard"]
 
 EXIT_USAGE: Final = 2
-EXIT_NO_DATA: Final = 3
 
 
 def _port(text: str) -> int:
@@ -76,23 +72,6 @@ def _read_token(path: Path) -> str:
     return token
 
 
-def _sqlite_has_data(path: Path) -> bool:
-    """True if ``path`` is a SQLite file anarchon wrote (opened read-only: nothing created)."""
-    if not path.is_file():
-        return False
-    try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
-        try:
-            row = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'anarchon_schema'"
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError:
-        return False
-    return row is not None
-
-
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -110,7 +89,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise MissingDependency(
             "anarchon dashboard needs uvicorn, Starlette and Jinja2: pip install 'anarchon[web]'"
         ) from None
-    from .._urls import backend_from_url
+    from .._cli.common import Exit, make_backend, require_sqlite_data
     from ..backends.sqlite import SQLiteBackend
     from . import dashboard
 
@@ -120,11 +99,13 @@ def run_dashboard(args: argparse.Namespace) -> int:
             token = _read_token(args.token_file)
         except ValueError as exc:
             return _fail(EXIT_USAGE, str(exc))
-    url = args.backend or os.environ.get("ANARCHON_BACKEND") or None
-    backend = SQLiteBackend() if url is None else backend_from_url(url)
+    backend = make_backend(args.backend)
     where = redact_url(repr(backend))
-    if isinstance(backend, SQLiteBackend) and not _sqlite_has_data(backend.path):
-        return _fail(EXIT_NO_DATA, f"no anarchon data at {backend.path}")
+    if isinstance(backend, SQLiteBackend):
+        try:
+            require_sqlite_data(backend.path)
+        except Exit as exc:
+            return _fail(exc.code, str(exc))
     if not _loopback(args.host):
         print(
             f"anarchon dashboard: listening on {args.host}, beyond this host"

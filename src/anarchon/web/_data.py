@@ -11,10 +11,11 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Final
 
+from .. import _readable as readable
 from .._models import CatchUp, Run, RunStatus
+from .._readable import DAY_MS, ms_of
 from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
@@ -55,7 +56,6 @@ SLOT_CELLS: Final = 360
 BUCKETS: Final = 240
 #: Slots a timeline walks at most through the schedule (beyond: the history alone).
 MAX_WALK: Final = 5_000
-DAY_MS: Final = 86_400_000
 
 
 def fate_of(run: Run) -> str:
@@ -536,27 +536,10 @@ def _policy(job: JobDefinition) -> JobPolicy | None:
         return None
 
 
-def iso(ms: int | None) -> str:
-    """Epoch ms as ISO 8601 UTC to the second (``2026-01-02T03:04:05Z``), ``-`` for None."""
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def span(ms: float | None) -> str:
-    """A duration as a person reads it at a glance: ``850 ms``, ``4.2 s``, ``3 min``, ``5 h``."""
-    if ms is None:
-        return "-"
-    ms = max(ms, 0)
-    if ms < 1_000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    if ms < 3_600_000:
-        return f"{ms / 60_000:.0f} min"
-    if ms < 2 * DAY_MS:
-        return f"{ms / 3_600_000:.1f} h"
-    return f"{ms / DAY_MS:.0f} d"
+    """A duration as a person reads it at a glance: ``850 ms``, ``4.2 s``, ``3 min``, ``5.0 h``,
+    ``2 d``; ``-`` for None."""
+    return "-" if ms is None else readable.span(ms, readable.SPACED)
 
 
 def run_dict(run: Run) -> dict[str, Any]:
@@ -571,8 +554,8 @@ def run_dict(run: Run) -> dict[str, Any]:
         "attempt": run.attempt,
         "status": run.status.value,
         "fate": fate_of(run),
-        "started_ms": round(run.started_at.timestamp() * 1000),
-        "finished_ms": None if finished is None else round(finished.timestamp() * 1000),
+        "started_ms": ms_of(run.started_at),
+        "finished_ms": None if finished is None else ms_of(finished),
         "took_ms": None if run.duration is None else round(run.duration * 1000),
         "fence": run.fence,
         "error": None if run.error is None else redact_url(run.error),

@@ -10,16 +10,17 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._models import Run, RunStatus, ms_to_datetime
+from .._models import Run, RunStatus
+from .._readable import iso
 from .._redact import redact_url
-from .._schedule import CronSchedule, slot_to_datetime
+from .._schedule import CronSchedule
 from ..backend import Backend
 from ..control import PAUSED
 from ..errors import JobNotFound
-from ..explain import Attempt, Fate, SlotFate
+from ..explain import Fate, SlotFate, nearest_slots
 from ..explain import explain as official_explain
 from ..registry import JobDefinition
-from ._data import Snapshot, fate_of, iso, run_dict
+from ._data import Snapshot, fate_of, run_dict
 
 __all__ = ["EXPLAIN_RUNS", "SlotStory", "explain"]
 
@@ -71,19 +72,6 @@ class SlotStory:
         return redact_url("\n".join(lines))
 
 
-def _neighbours(schedule: CronSchedule, slot_ms: int) -> tuple[int | None, int | None, bool]:
-    """The slots before and after ``slot_ms`` and whether it is one."""
-    after = schedule.next_slot(slot_ms)
-    before = None
-    window = 3_600_000
-    while before is None and window <= 400 * 86_400_000:
-        found = [s for s in schedule.slots(slot_ms - window, slot_ms) if s < slot_ms]
-        before = found[-1] if found else None
-        window *= 8
-    is_slot = schedule.next_slot(slot_ms - 1) == slot_ms
-    return before, after, is_slot
-
-
 def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
     last = attempts[-1]
     kind = fate_of(last)
@@ -113,24 +101,6 @@ def _kind(fate: SlotFate) -> str:
     return fate.fate.value
 
 
-def _run_of(job: str, slot_ms: int, a: Attempt) -> Run:
-    return Run(
-        job=job,
-        slot=ms_to_datetime(slot_ms),
-        run_id=a.run_id,
-        instance=a.instance,
-        trigger=a.trigger,
-        attempt=a.attempt,
-        status=a.status,
-        started_at=slot_to_datetime(a.started_ms),
-        finished_at=ms_to_datetime(a.finished_ms),
-        error=a.error,
-        fence=a.fence,
-        reason=a.reason,
-        requested_by=a.requested_by,
-    )
-
-
 async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
     """What became of ``job``'s slot ``slot_ms``: :func:`anarchon.explain.explain`'s answer."""
     try:
@@ -143,7 +113,7 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
     if before is None and after is None:
         with contextlib.suppress(ValueError, LookupError):
             schedule = CronSchedule(fate.definition.expression, fate.definition.zone)
-            before, after, _ = _neighbours(schedule, slot_ms)
+            before, after = nearest_slots(schedule, slot_ms)
     summary = " ".join(
         [fate.headline() + "."]
         + ([f"Reason: {fate.reason}."] if fate.reason else [])
@@ -154,7 +124,7 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
         slot_ms=slot_ms,
         kind=_kind(fate),
         summary=summary,
-        attempts=[_run_of(job, slot_ms, a) for a in fate.attempts],
+        attempts=[a.record for a in fate.attempts],
         previous_ms=before,
         next_ms=after,
         carriers=snapshot.view.carriers(job),
@@ -163,55 +133,29 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
 
 
 async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
-    """The slot's records alone, for a job no live instance carries."""
-    definitions = snapshot.view.definitions.get(job, ())
-    definition = definitions[0] if definitions else None
-    carriers = snapshot.view.carriers(job)
+    """The slot's records alone, for a job no live instance carries: with no definition (the
+    registry holds none when no instance carries the job), no schedule tells slots apart."""
     when = iso(slot_ms)
-    base: dict[str, Any] = {
-        "job": job,
-        "slot_ms": slot_ms,
-        "carriers": carriers,
-        "definition": definition,
-    }
-    before = after = None
-    is_slot = True
-    if definition is not None:
-        with contextlib.suppress(ValueError, LookupError):
-            before, after, is_slot = _neighbours(
-                CronSchedule(definition.expression, definition.zone), slot_ms
-            )
-    base.update(previous_ms=before, next_ms=after)
     runs = await backend.history(job, EXPLAIN_RUNS)
     attempts = sorted(
         (r for r in runs if r.slot_ms == slot_ms), key=lambda r: (r.attempt, r.started_at)
     )
     if attempts:
         kind, text = _summary(job, when, attempts)
-        return SlotStory(kind=kind, summary=text, attempts=attempts, **base)
-    if not is_slot:
-        text = (
-            f"{when} is not a slot of {job} ({definition.expression!r} in {definition.zone})"
-            if definition
-            else f"{when}: no record of {job}"
-        )
-        text += f"; nearest: {iso(before)} and {iso(after)}."
-        return SlotStory(kind="not-a-slot", summary=text, **base)
+        return SlotStory(job, slot_ms, kind, text, attempts)
     if slot_ms > snapshot.now_ms:
-        who = ", ".join(carriers) or "no instance carries it now"
-        return SlotStory(
-            kind="future", summary=f"{job} at {when} is in the future; carried by: {who}.", **base
-        )
+        text = f"{job} at {when} is in the future; carried by: no instance carries it now."
+        return SlotStory(job, slot_ms, "future", text)
     oldest = min((r.slot_ms for r in runs if r.slot_ms is not None), default=None)
     if len(runs) >= EXPLAIN_RUNS and oldest is not None and slot_ms < oldest:
         text = (
             f"{job} at {when} is older than the {EXPLAIN_RUNS} newest records read "
             f"(oldest slot read: {iso(oldest)})."
         )
-        return SlotStory(kind="unread", summary=text, **base)
+        return SlotStory(job, slot_ms, "unread", text)
     text = (
         f"{job} at {when}: no record. No instance claimed it (none carried the job then, or "
         "it came after the job's history was pruned); slots nobody ran are recorded 'missed' "
         "when instances come back."
     )
-    return SlotStory(kind="no-record", summary=text, **base)
+    return SlotStory(job, slot_ms, "no-record", text)
