@@ -16,13 +16,14 @@ import time
 from typing import Any, Final
 
 from .._models import Overlap
+from .._readable import span
 from .._redact import redact_url
 from ..backend import Backend, JobPolicy
 from ..errors import BackendError
 from ..health import STALE_HEARTBEATS
 from ..registry import InstanceRecord, JobDefinition
 from ..steering import backend_now_ms
-from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, Exit, age, opened, where
+from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, Exit, opened, where
 
 #: How long the backend may take to answer, in all (s).
 TIMEOUT_S: Final = 5.0
@@ -59,7 +60,7 @@ async def health(args: argparse.Namespace) -> int:
         for instance in report["instances"]:
             offset = instance["clock_offset_ms"]
             print(
-                f"  {instance['id']}: heartbeat {age(instance['heartbeat_age_ms'])} ago, "
+                f"  {instance['id']}: heartbeat {span(instance['heartbeat_age_ms'])} ago, "
                 f"clock offset {'-' if offset is None else f'{offset:+d}ms'}"
             )
         for problem in report["problems"]:
