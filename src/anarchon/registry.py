@@ -59,17 +59,21 @@ class JobDefinition:
     expression: str
     zone: str
     options: Mapping[str, OptionValue] = field(default_factory=dict)
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def fingerprint(self) -> str:
         """A stable hash (16 hex digits) of the normalised definition; equal definitions give
-        equal fingerprints on every host and Python version."""
-        text = json.dumps(
-            [self.name, " ".join(self.expression.split()), self.zone, dict(self.options)],
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        equal fingerprints on every host and Python version. Computed once per object."""
+        if self._fingerprint is None:
+            text = json.dumps(
+                [self.name, " ".join(self.expression.split()), self.zone, dict(self.options)],
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+            object.__setattr__(self, "_fingerprint", hashlib.sha256(text.encode()).hexdigest()[:16])
+        assert self._fingerprint is not None
+        return self._fingerprint
 
     def describe(self, options: Iterable[str] = ()) -> str:
         """``'*/2 * * * *' in UTC (lease_ms=15000)``, naming only ``options``: for logs and the
@@ -131,15 +135,20 @@ class InstanceRecord:
         }
 
     def to_json(self) -> str:
-        """:meth:`to_dict` as compact JSON: the document a store keeps per instance."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+        """:meth:`to_dict` as compact JSON: the document a store keeps per instance. ``jobs``
+        comes last, encoded once per tuple of definitions (a heartbeat keeps its tuple while
+        the jobs do not change), so a beat of 10 000 jobs does not encode them again."""
+        head = self.to_dict()
+        del head["jobs"]
+        text = json.dumps(head, separators=(",", ":"), sort_keys=True)
+        return f"{text[:-1]},{_JOBS_KEY}{_encoded_jobs(self.jobs)}}}"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> InstanceRecord | None:
         """Read a stored document; None if it is not one this version can read (a newer
         anarchon's, or damaged): readers skip it rather than fail."""
         try:
-            data = json.loads(text)
+            data, jobs = _decoded(text.decode() if isinstance(text, bytes) else text)
             if not isinstance(data, dict) or data.get("record_version") != RECORD_VERSION:
                 return None
             offset = data.get("clock_offset_ms")
@@ -152,10 +161,55 @@ class InstanceRecord:
                 heartbeat_ms=int(data["heartbeat_ms"]),
                 interval_ms=int(data["interval_ms"]),
                 clock_offset_ms=None if offset is None else int(offset),
-                jobs=tuple(JobDefinition.from_dict(job) for job in data.get("jobs", ())),
+                jobs=jobs,
             )
         except (ValueError, KeyError, TypeError):
             return None
+
+
+# -- encoding and decoding the jobs of a record once ---------------------------------------------
+# A heartbeat writes its instance's record and reads every other's every few seconds; with
+# thousands of jobs the definitions are megabytes that rarely change. The jobs' JSON is the last
+# member of a record, so a reader splits it off and decodes each distinct text once.
+
+_JOBS_KEY: Final = '"jobs":'
+_CACHE_SIZE: Final = 64
+_encodings: dict[int, tuple[tuple[JobDefinition, ...], str]] = {}
+_decodings: dict[str, tuple[JobDefinition, ...]] = {}
+
+
+def _encoded_jobs(jobs: tuple[JobDefinition, ...]) -> str:
+    """The JSON of ``jobs``, remembered for this very tuple."""
+    found = _encodings.get(id(jobs))
+    if found is not None and found[0] is jobs:
+        return found[1]
+    text = json.dumps([job.to_dict() for job in jobs], separators=(",", ":"), sort_keys=True)
+    if len(_encodings) >= _CACHE_SIZE:
+        _encodings.clear()
+    _encodings[id(jobs)] = (jobs, text)  # the tuple is kept, so its id is not reused
+    return text
+
+
+def _decoded(text: str) -> tuple[Any, tuple[JobDefinition, ...]]:
+    """The record's other members and its jobs; each distinct jobs text is decoded once."""
+    cut = text.rfind("," + _JOBS_KEY)
+    if cut > 0 and text.endswith("]}"):
+        head, tail = text[:cut] + "}", text[cut + 1 + len(_JOBS_KEY) : -1]
+        try:
+            data = json.loads(head)
+        except ValueError:
+            data = None  # the marker stood inside a string: decode the whole text
+        if isinstance(data, dict) and "jobs" not in data:
+            jobs = _decodings.get(tail)
+            if jobs is None:
+                jobs = tuple(JobDefinition.from_dict(job) for job in json.loads(tail))
+                if len(_decodings) >= _CACHE_SIZE:
+                    _decodings.clear()
+                _decodings[tail] = jobs
+            return data, jobs
+    data = json.loads(text)
+    jobs_data = data.get("jobs", ()) if isinstance(data, dict) else ()
+    return data, tuple(JobDefinition.from_dict(job) for job in jobs_data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

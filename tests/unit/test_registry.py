@@ -131,3 +131,42 @@ def test_retry_options_are_part_of_the_definition() -> None:
     assert definitions[1].options["retry_backoff_ms"] == 1000
     drift = build_view([record(f"i{n}", d) for n, d in enumerate(definitions)], now_ms=0).drift
     assert [d.differing_options() for d in drift] == [["retries"]]
+
+
+def test_a_record_round_trips_with_its_jobs_last_and_old_layouts_still_read() -> None:
+    import json
+
+    jobs = (definition("*/2 * * * *", lease_ms=1), definition("*/3 * * * *"))
+    first = record("i1", *jobs, beat=5)
+    text = first.to_json()
+    assert text.endswith("]}") and json.loads(text)["jobs"][0]["fingerprint"]
+    assert InstanceRecord.from_json(text) == first
+    later = InstanceRecord.from_json(record("i1", *jobs, beat=9).to_json())
+    assert later is not None and later.heartbeat_ms == 9 and later.jobs == jobs
+    # A document with its keys sorted (as earlier versions wrote it) reads the same.
+    sorted_text = json.dumps(json.loads(text), sort_keys=True)
+    assert InstanceRecord.from_json(sorted_text) == first
+    # The marker inside a string does not confuse the reader.
+    odd = record("i2", JobDefinition(name="sync", expression='x,"jobs":[', zone="UTC"))
+    assert InstanceRecord.from_json(odd.to_json()) == odd
+    assert InstanceRecord.from_json(text[:-3] + "}") is None  # damaged: skipped
+
+
+def test_a_heartbeat_builds_its_definitions_again_only_when_the_jobs_change() -> None:
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    scheduler = Scheduler(MemoryBackend())
+    scheduler.add("a", "* * * * *", handler)
+    beat = Heartbeat(
+        MemoryRegistry(),
+        FakeClock(),
+        5_000,
+        "i",
+        lambda: scheduler._jobs.values(),
+        lambda: None,
+    )
+    first = beat.record().jobs
+    assert beat.record().jobs is first and [d.name for d in first] == ["a"]
+    scheduler.add("b", "* * * * *", handler)
+    assert [d.name for d in beat.record().jobs] == ["a", "b"]
