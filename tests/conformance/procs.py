@@ -112,3 +112,17 @@ class Fleet:
         return "\n".join(
             f"--- {w.log.name}\n{w.log.read_text()}" for w in self.workers if w.log.exists()
         )
+
+
+async def serve_until_signalled(scheduler: Any, ready: str) -> None:
+    """Run ``scheduler`` (a worker process's) until SIGTERM or SIGINT; create the file
+    ``ready`` once it has started, so the test knows the instance is up."""
+    import asyncio
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with scheduler:
+        os.close(os.open(ready, os.O_WRONLY | os.O_CREAT, 0o644))
+        await stop.wait()

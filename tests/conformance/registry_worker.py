@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
 from typing import Any
 
 from anarchon import RunContext, Scheduler, backend_from_url
+from tests.conformance.procs import serve_until_signalled
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -29,13 +28,7 @@ async def main(args: argparse.Namespace) -> None:
         pass
 
     scheduler.add("sync", args.schedule, handler)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with scheduler:
-        os.close(os.open(args.ready, os.O_WRONLY | os.O_CREAT, 0o644))
-        await stop.wait()
+    await serve_until_signalled(scheduler, args.ready)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import time
 from typing import Any
 
 from anarchon import Run, RunContext, Scheduler, backend_from_url
+from tests.conformance.procs import serve_until_signalled
 from tests.conformance.worker import _write
 
 
@@ -86,13 +86,7 @@ async def main(args: argparse.Namespace) -> None:
         scheduler.add("flaky", "*/2 * * * * *", flaky, **options)
         scheduler.add("doomed", "*/2 * * * * *", doomed, on_failure=on_failure, **options)
         scheduler.add("beat", "* * * * * *", plain, max_late_ms=1000, jitter_ms=0)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with scheduler:
-        os.close(os.open(args.ready, os.O_WRONLY | os.O_CREAT, 0o644))
-        await stop.wait()
+    await serve_until_signalled(scheduler, args.ready)
 
 
 if __name__ == "__main__":
