@@ -285,8 +285,11 @@ async def test_prometheus_counts_equal_history(tmp_path: Path) -> None:
         for key in (("ran", ""), ("missed", ""), ("skipped", "paused"), ("skipped", "overlap")):
             assert fleet[key] > 0, f"no {key} slot: the test did not exercise it ({report})"
         assert history_runs and any(k[1] == "failed" for k in history_runs), report
-        for key in set(delta) | set(in_window):
-            assert abs(delta.get(key, 0) - in_window[key]) <= 2, (key, report)
+        for key in (set(delta) | set(in_window)) - {("missed", "")}:
+            # Missed slots are counted when they are recorded, which is after the fact (the
+            # newer ones of a gap up to max_late_ms + jitter_ms + 5 s after a start): their
+            # counter grows in a later window than their slots'. Their totals are exact above.
+            assert abs(delta.get(key, 0) - in_window.get(key, 0)) <= 2, (key, report)
         assert in_window["skipped", "paused"] >= 2, report  # the pause was inside the window
         # increase() sees no growth before an instance's first scrape (the missed slots are
         # recorded at start): at most what history holds.
