@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,32 @@ async def serve_until_signalled(scheduler: Any, ready: str) -> None:
     async with scheduler:
         os.close(os.open(ready, os.O_WRONLY | os.O_CREAT, 0o644))
         await stop.wait()
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout_s: float = 30) -> None:
+    """SIGTERM every process still running, wait for each, and SIGKILL one that outlives
+    ``timeout_s``."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+
+
+def wait_for(
+    check: Callable[[], Any], what: str, timeout_s: float = 60.0, every_s: float = 0.3
+) -> Any:
+    """Call ``check`` every ``every_s`` until it returns something true, and return that; fail
+    the test naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
+        time.sleep(every_s)

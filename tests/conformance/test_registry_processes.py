@@ -8,13 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conformance import procs
+from tests.conformance.procs import stop_processes
 from tests.harness import Namespace
 
 pytestmark = pytest.mark.timeout(240)
@@ -44,13 +45,7 @@ def read_json(*argv: str) -> dict[str, Any]:
 
 
 def wait_for(check: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"waited {WAIT_S:g} s for {what}"
-        time.sleep(0.3)
+    return procs.wait_for(check, what, WAIT_S)
 
 
 class Instances:
@@ -74,15 +69,7 @@ class Instances:
         return (self.tmp / f"{name}.log").read_text()
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+        stop_processes(self.procs.values())
 
 
 @pytest.fixture

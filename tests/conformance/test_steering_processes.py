@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from tests.conformance import procs
+from tests.conformance.procs import stop_processes
 from tests.harness import Harness, Namespace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -82,13 +84,7 @@ def history(url: str, job: str) -> list[dict[str, Any]]:
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
-        time.sleep(0.2)
+    return procs.wait_for(check, what, timeout, every_s=0.2)
 
 
 def iso_ms(text: str) -> int:
@@ -132,15 +128,7 @@ class Instances:
             proc.wait(30)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
+        stop_processes(self.procs.values())
 
     def records(self, event: str = "start", job: str | None = None) -> list[dict[str, Any]]:
         found = []

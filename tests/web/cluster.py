@@ -8,7 +8,6 @@ stopped by its pid.
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Final
 
 from anarchon import Backend, RunStatus, Trigger, backend_from_url
 from anarchon.backend import ClaimRequest
+from tests.conformance.procs import stop_processes
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 TOKEN: Final = "s3cret-operator-token"
@@ -97,15 +97,7 @@ class Cluster:
         )
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes(self.procs.values(), timeout_s=20)
 
     def backend(self) -> Backend:
         return backend_from_url(self.url)
