@@ -16,14 +16,13 @@ from . import otel
 from ._batch import isolate
 from ._clock import BackendTime, Clock
 from ._job import Job
-from ._metrics import Counters
+from ._metrics import Counters, skip_class
 from ._models import RunStatus, Trigger
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
 from ._threads import HandlerThreads
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus, slot_key_of
-from .control import PAUSED
 from .errors import BackendUnavailable
 from .logs import Action, log_fields
 
@@ -268,7 +267,7 @@ class Claims:
             self._spawn(self._backend.finish(outcome.ticket, RunStatus.FAILED, error))
         elif outcome.status is ClaimStatus.SKIPPED:
             self._counters.skipped += 1
-            if run.reason is not None and run.reason.startswith(PAUSED):
+            if skip_class(run.reason) == "skipped_paused":
                 self._counters.slots_paused += 1
             logger.info(
                 "job %s slot %s skipped: %s",

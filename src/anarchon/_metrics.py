@@ -19,6 +19,8 @@ from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._models import RunStatus, Trigger
+from .backend import OVERLAP, TOO_LATE
+from .control import PAUSED
 
 if TYPE_CHECKING:
     from ._job import Job
@@ -54,9 +56,9 @@ SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
 """The keys of :attr:`JobMetrics.slots`, each to its ``(outcome, reason)`` labels."""
 # The reason prefixes the backends record (anarchon.backend, anarchon.control), to their class.
 _SKIP_CLASSES: Final = (
-    ("overlap: ", "skipped_overlap"),
-    ("too late: ", "skipped_too_late"),
-    ("paused by ", "skipped_paused"),
+    (OVERLAP, "skipped_overlap"),
+    (TOO_LATE, "skipped_too_late"),
+    (PAUSED, "skipped_paused"),
 )
 _SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
 RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value)
