@@ -138,11 +138,16 @@ class Claims:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    async def fire(self, requests: list[ClaimRequest], reserved: set[str]) -> None:
-        """Claim fired slots and act on each outcome; ``reserved`` names the requests (run ids)
-        holding a thread reservation, given back unless a run started with it."""
+    async def fire(
+        self, requests: list[ClaimRequest], reserved: set[str], deadline_s: float | None = None
+    ) -> list[Claimed]:
+        """Claim fired slots (or run requests) and act on each outcome; ``reserved`` names the
+        requests (run ids) holding a thread reservation, given back unless a run started with
+        it. Returns the decided claims (see :meth:`claim` for ``deadline_s``)."""
+        claimed: list[Claimed] = []
         try:
-            for request, outcome, sent in await self.claim(requests):
+            claimed = await self.claim(requests, deadline_s)
+            for request, outcome, sent in claimed:
                 if not isinstance(outcome, ClaimOutcome):
                     continue  # refused for good; logged with its job
                 ours = request.run_id in reserved
@@ -151,6 +156,7 @@ class Claims:
         finally:
             for _ in reserved:
                 self._threads.unreserve()
+        return claimed
 
     async def claim(
         self, requests: Sequence[ClaimRequest], deadline_s: float | None = None

@@ -119,40 +119,30 @@ class RequestPoller:
         if not claims:
             return
         by_id = {r.id: r for r in due}
-        try:
-            claimed = await self.claims.claim(claims, deadline_s=CLAIM_DEADLINE_S)
-            for sent_request, outcome, sent in claimed:
-                request = by_id[sent_request.run_id]
-                if not isinstance(outcome, ClaimOutcome):
-                    self._decided.add(request.id)  # refused for good: nobody runs it
-                else:
-                    ours = request.id in reserved
-                    if outcome.status is ClaimStatus.WON:
-                        self.counters.requests_run += 1
-                        logger.info(
-                            "running %s request %s of %s (asked by %s)",
-                            request.trigger.value,
-                            request.id,
-                            request.job,
-                            request.requested_by,
-                            extra=log_fields(
-                                Action.REQUEST_CLAIMED,
-                                request.job,
-                                request.slot,
-                                request=request.id,
-                                trigger=request.trigger.value,
-                                requested_by=request.requested_by,
-                            ),
-                        )
-                    started = self.claims.handle(outcome, ours, sent, sent_request.slot_key)
-                    if started is not None and ours:
-                        reserved.discard(request.id)
-                    self._decided.add(request.id)
-                self._pending.pop(request.id, None)
-                await self._done(request)
-        finally:
-            for _ in reserved:
-                self.threads.unreserve()
+        # The claims are acted on as fired slots are (runs started, threads given back); a
+        # request whose claim was decided, run or not (refused for good), is removed.
+        for sent_request, outcome, _ in await self.claims.fire(claims, reserved, CLAIM_DEADLINE_S):
+            request = by_id[sent_request.run_id]
+            if isinstance(outcome, ClaimOutcome) and outcome.status is ClaimStatus.WON:
+                self.counters.requests_run += 1
+                logger.info(
+                    "running %s request %s of %s (asked by %s)",
+                    request.trigger.value,
+                    request.id,
+                    request.job,
+                    request.requested_by,
+                    extra=log_fields(
+                        Action.REQUEST_CLAIMED,
+                        request.job,
+                        request.slot,
+                        request=request.id,
+                        trigger=request.trigger.value,
+                        requested_by=request.requested_by,
+                    ),
+                )
+            self._decided.add(request.id)
+            self._pending.pop(request.id, None)
+            await self._done(request)
 
     def _claim_request(self, job: Job, request: RunRequest) -> ClaimRequest:
         """The claim of ``request``: the same one again while it is undecided."""
