@@ -10,15 +10,13 @@ broken ``time.sleep`` on Python 3.11 (see there).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import threading
 from pathlib import Path
 from typing import Final
 
+from tests.debian import ensure_packages
+
 LIBRARY: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SITE_DIR: Final = Path(__file__).resolve().parent / "faketime_site"
-_install_lock = threading.Lock()
 
 
 def ensure_installed() -> str | None:
@@ -26,19 +24,7 @@ def ensure_installed() -> str | None:
 
     Returns None when the library is there, else why it could not be installed.
     """
-    with _install_lock:
-        if LIBRARY.exists():
-            return None
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            return f"{LIBRARY} is missing and apt-get cannot install 'faketime' here (not root)"
-        for command in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "faketime"],
-        ):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
-        return None if LIBRARY.exists() else f"installed 'faketime' but {LIBRARY} is missing"
+    return ensure_packages(["faketime"], [LIBRARY], timeout_s=600)
 
 
 class FakeClockFile:

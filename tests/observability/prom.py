@@ -6,43 +6,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Final
 
+from tests.debian import ensure_packages
+
 BINARY: Final = Path("/usr/bin/prometheus")
-_install_lock = threading.Lock()
 
 
 def ensure_installed() -> str | None:
     """Install Debian's ``prometheus`` package if the server is missing; None when it is there,
     else why it could not be installed."""
-    with _install_lock:
-        if BINARY.exists():
-            return None
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            return f"{BINARY} is missing and apt-get cannot install 'prometheus' here (not root)"
-        for command in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "prometheus"],
-        ):
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-            )
-            if done.returncode != 0:
-                return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
-        return None if BINARY.exists() else f"installed 'prometheus' but {BINARY} is missing"
+    return ensure_packages(["prometheus"], [BINARY], timeout_s=600)
 
 
 def free_port() -> int:

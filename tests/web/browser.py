@@ -4,15 +4,13 @@ by Selenium with the flags a closed network needs (shared/SERVICES.md)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+from tests.debian import ensure_packages
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -30,34 +28,13 @@ FLAGS: Final = (
     "--disable-sync",
     "--disable-dev-shm-usage",
 )
-_install_lock = threading.Lock()
 
 
 def ensure_installed() -> str | None:
     """Install Debian's ``chromium`` and ``chromium-driver`` if missing (CI runs as root).
 
     Returns None when both are there, else why they could not be installed."""
-    with _install_lock:
-        if CHROMIUM.exists() and DRIVER.exists():
-            return None
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            return "chromium is missing and apt-get cannot install it here (not root)"
-        for command in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"],
-        ):
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-            )
-            if done.returncode != 0:
-                return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
-        if CHROMIUM.exists() and DRIVER.exists():
-            return None
-        return "installed chromium and chromium-driver but a binary is missing"
+    return ensure_packages(["chromium", "chromium-driver"], [CHROMIUM, DRIVER])
 
 
 @contextmanager
