@@ -89,7 +89,9 @@ class RequestPoller:
         if not jobs:
             return
         try:
-            requests = await self.store.requests(sorted(jobs))
+            # Every stored request, filtered here: the store holds few, and naming thousands of
+            # carried jobs in the query every second would cost more than the answer.
+            requests = await self.store.requests()
         except AnarchonError as exc:
             self._outage(exc)
             return
