@@ -170,3 +170,15 @@ def test_a_heartbeat_builds_its_definitions_again_only_when_the_jobs_change() ->
     assert beat.record().jobs is first and [d.name for d in first] == ["a"]
     scheduler.add("b", "* * * * *", handler)
     assert [d.name for d in beat.record().jobs] == ["a", "b"]
+
+
+def test_instances_that_decode_to_the_same_definitions_give_the_same_view() -> None:
+    jobs = (definition("*/3 * * * *"), JobDefinition(name="a", expression="* * * * *", zone="UTC"))
+    decoded = [InstanceRecord.from_json(record(f"i{n}", *jobs).to_json()) for n in range(3)]
+    shared = [r for r in decoded if r is not None]
+    assert len({id(r.jobs) for r in shared}) == 1  # one decoded tuple: the quick path
+    separate = [record(f"i{n}", *jobs) for n in range(3)]  # equal, distinct tuples
+    quick, full = build_view(shared, now_ms=1), build_view(separate, now_ms=1)
+    assert list(quick.definitions) == list(full.definitions) == ["a", "sync"]
+    assert quick.definitions == full.definitions and quick.drift == full.drift == ()
+    assert quick.carriers("a") == ("i0", "i1", "i2")
