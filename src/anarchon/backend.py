@@ -63,6 +63,8 @@ __all__ = [
     "Capability",
     "ChangeEvent",
     "ChangeListener",
+    "ClaimListener",
+    "ClaimNotice",
     "ClaimOutcome",
     "ClaimRequest",
     "ClaimStatus",
@@ -231,6 +233,28 @@ class ChangeEvent:
 ChangeListener = Callable[[str, str, bool], None]
 """A subscriber of :meth:`LeaseBackend.subscribe`, called as ``on_change(job, slot_key,
 released)`` (the fields of a :class:`ChangeEvent`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNotice:
+    """A claim an instance won, announced to the others (:meth:`Backend.subscribe_claims`), so
+    an instance that was still waiting its rank delay for ``(job, slot_key)`` does not claim it
+    (a call that could only lose) and, on a lease backend, watches the run as a backup."""
+
+    job: str
+    slot_key: str
+    """:attr:`ClaimRequest.key` of the won claim: the slot in epoch ms as text for a scheduled
+    slot (``slot_key_of``), a run id or retry key for the others."""
+    instance: str
+    """The winner's instance id."""
+    lease_expires_at_ms: int | None
+    """When the winner's lease ends unless renewed (backend clock, epoch ms); None on a broker
+    backend (no lease, no backups)."""
+
+
+ClaimListener = Callable[[Sequence[ClaimNotice]], None]
+"""A subscriber of :meth:`Backend.subscribe_claims`, called with the notices of one batch of
+won claims (one backend message may carry many)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -482,6 +506,19 @@ class Backend(abc.ABC):
         keeps. The core uses it for catch-up and to record the slots nobody ran. Default:
         unknown for every job."""
         return dict.fromkeys(jobs)
+
+    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
+        """Call ``on_claims`` with a :class:`ClaimNotice` for every claim any instance wins from
+        now on (its own included); return True if this backend announces claims, False (the
+        default) if it does not.
+
+        Optional, and only ever an optimisation: with it, the instances that rank below a
+        slot's preferred instance (rendezvous hashing over the registry) skip a claim that could
+        only lose, so a healthy fleet makes about one claim per slot. A notice is sent only
+        after the claim was decided won (in the same transaction or script, or after the ack),
+        never for a claim that may still fail. A lost or late notice costs one losing claim,
+        never a run. :class:`anarchon.kit.feed.ChangeFeed` can keep the listeners."""
+        return False
 
     def registry(self) -> RegistryStore | None:
         """Return where this backend keeps the registry of instances and job definitions
