@@ -163,6 +163,11 @@ def test_from_url_takes_its_options_out_of_the_dsn() -> None:
         PostgresBackend.from_url("postgresql://h/db?notifications=maybe")
     with pytest.raises(InvalidOption, match="schema='Bad'"):
         PostgresBackend.from_url("postgresql://h/db?schema=Bad")
+    with pytest.raises(InvalidOption, match=r"timeout_ms=5 .*'postgresql://u:\*\*\*@h/db.*100 to"):
+        PostgresBackend.from_url("postgresql://u:pw@h/db?timeout_ms=5")
+    with pytest.raises(InvalidOption, match="'max_connections' twice"):
+        PostgresBackend.from_url("postgresql://h/db?max_connections=2&max_connections=3")
+    assert PostgresBackend.from_url("postgresql://h/db?table_prefix=").table_prefix == ""
 
 
 SOCKET_DIR = "/var/run/postgresql"

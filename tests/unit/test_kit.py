@@ -144,6 +144,10 @@ def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
     assert "prefix, size, tls, wait_ms" in text
     passed = split_url("toy://host/?size=2&socket_timeout=3", known, pass_on=True)
     assert passed.options == {"size": 2} and passed.url == "toy://host/?socket_timeout=3"
+    # Passed on exactly as written: '+' and %20 need not mean the same to the driver.
+    raw = split_url("toy://host/?opt=a%20b&size=2&name=c+d#f", known, pass_on=True)
+    assert raw.url == "toy://host/?opt=a%20b&name=c+d#f" and raw.options == {"size": 2}
+    assert split_url("toy://host/?prefix=a+b%2Bc", known).options == {"prefix": "a b+c"}
     for bad, rule in [
         ("size=11", "from 1 to 10"),
         ("size=x", "from 1 to 10"),

@@ -2,8 +2,9 @@
 
 Every ``from_url`` splits its URL the same way: the options a backend knows are taken out of
 the query and converted (:func:`int_option`, :func:`bool_option`, :func:`str_option`,
-:func:`ms_option`), the rest is either passed on to the driver (``pass_on=True``) or refused
-with one message naming the option, the URL (redacted) and the options that are known.
+:func:`ms_option`), the rest is either passed on to the driver exactly as written
+(``pass_on=True``) or refused with one message naming the option, the URL (redacted) and the
+options that are known.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .._options import Bound, check_int
 from .._redact import redact_url
@@ -91,15 +92,20 @@ def split_url(
 ) -> SplitURL:
     """Take the options in ``known`` out of ``url``'s query and convert them.
 
-    Any other query option is left in :attr:`SplitURL.url` for the driver when ``pass_on`` is
-    true, and refused otherwise: :class:`~anarchon.errors.InvalidOption` names the option, the
-    URL (redacted) and the known options. An option given twice is refused too.
+    Any other query option is left in :attr:`SplitURL.url` for the driver, exactly as written
+    (escapes included: ``+`` and ``%20`` need not mean the same to a driver), when ``pass_on``
+    is true, and refused otherwise: :class:`~anarchon.errors.InvalidOption` names the option,
+    the URL (redacted) and the known options. An option given twice is refused too.
     """
     shown = redact_url(url)
     parts = urlsplit(url)
     options: dict[str, Any] = {}
-    rest: list[tuple[str, str]] = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    rest: list[str] = []
+    for field in parts.query.split("&"):
+        if not field:
+            continue
+        raw_key, _, raw_value = field.partition("=")
+        key, value = _decoded(raw_key), _decoded(raw_value)
         convert = known.get(key)
         if convert is None:
             if not pass_on:
@@ -108,7 +114,7 @@ def split_url(
                     f"the {backend} URL {shown!r} has an unknown option {key!r}; "
                     f"the options it takes are: {names}"
                 )
-            rest.append((key, value))
+            rest.append(field)
             continue
         if key in options:
             raise InvalidOption(f"the {backend} URL {shown!r} gives the option {key!r} twice")
@@ -116,5 +122,10 @@ def split_url(
     # Rebuilt by hand: urlunsplit would turn sqlite:////absolute into sqlite://absolute.
     head = url.partition("?")[0].partition("#")[0]
     fragment = f"#{parts.fragment}" if parts.fragment else ""
-    plain = head + (f"?{urlencode(rest)}" if rest else "") + fragment
+    plain = head + (f"?{'&'.join(rest)}" if rest else "") + fragment
     return SplitURL(url=plain, options=options, shown=shown)
+
+
+def _decoded(text: str) -> str:
+    """A query string's key or value, decoded (``+`` is a space, ``%xx`` an escape)."""
+    return unquote(text.replace("+", " "))

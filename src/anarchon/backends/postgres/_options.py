@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote, urlsplit
 
 from anarchon.errors import InvalidOption, MissingDependency
 from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int, check_pattern
+from anarchon.kit.urls import Converter, bool_option, int_option, ms_option
+from anarchon.kit.urls import split_url as split_options
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_DSN",
     "DEFAULT_PREFIX",
     "DEFAULT_SCHEMA",
+    "URL_OPTIONS",
     "Options",
     "check_options",
     "check_schema",
@@ -36,12 +38,6 @@ DEFAULT_SCHEMA: Final = "public"
 DEFAULT_PREFIX: Final = "anarchon_"
 TIMEOUT: Final = Bound(100, 3_600_000, ms=True)
 MAX_CONNECTIONS: Final = Bound(1, 1_000)
-# The query parameters of a URL that are the backend's (the others are libpq's).
-_URL_INTS: Final = ("history_size", "timeout_ms", "max_connections")
-_URL_FLAGS: Final = ("notifications", "prepared_statements")
-_URL_TEXTS: Final = ("schema", "table_prefix")
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 # PostgreSQL truncates identifiers at 63 bytes; the longest name built from the prefix is
 # "<prefix>runs_status_check" (17 more characters), so 40 for the prefix leaves room (and
@@ -145,48 +141,31 @@ def check_table_prefix(prefix: object) -> str:
     )
 
 
+def _as_given(option: str, text: str, shown: str) -> str:
+    """Keep the text: :func:`check_options` checks it with the arguments' own rules (an empty
+    ``table_prefix`` is allowed)."""
+    return text
+
+
+# The query parameters of a URL that are the backend's (the others are libpq's).
+URL_OPTIONS: Final[dict[str, Converter]] = {
+    "schema": _as_given,
+    "table_prefix": _as_given,
+    "notifications": bool_option,
+    "prepared_statements": bool_option,
+    "history_size": int_option(HISTORY_SIZE),
+    "timeout_ms": ms_option(TIMEOUT),
+    "max_connections": int_option(MAX_CONNECTIONS),
+}
+
+
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Split ``postgresql://...?schema=s&sslmode=require`` into the DSN for libpq and the
-    backend's own options (``schema``, ``table_prefix``, ``notifications``,
-    ``prepared_statements``, ``history_size``, ``timeout_ms``, ``max_connections``), typed.
+    backend's own options (:data:`URL_OPTIONS`), converted by
+    :func:`anarchon.kit.urls.split_url`.
 
     Everything else stays in the DSN exactly as written, escapes included; so does an empty
     host (``postgresql:///db?host=/run/postgresql``: the socket directory).
     """
-    parts = urlsplit(url)
-    ours: dict[str, Any] = {}
-    theirs: list[str] = []
-    for field in parts.query.split("&"):
-        if not field:
-            continue
-        raw_key, _, raw_value = field.partition("=")
-        key, value = unquote(raw_key), unquote(raw_value.replace("+", " "))
-        if key in _URL_INTS:
-            ours[key] = _int_option(key, value)
-        elif key in _URL_FLAGS:
-            ours[key] = _bool_option(key, value)
-        elif key in _URL_TEXTS:
-            ours[key] = value
-        else:
-            theirs.append(field)
-    query = "&".join(theirs)
-    dsn = f"{parts.scheme}://{parts.netloc}{parts.path}"
-    dsn += f"?{query}" if query else ""
-    dsn += f"#{parts.fragment}" if parts.fragment else ""
-    return dsn, ours
-
-
-def _int_option(name: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidOption(f"URL option {name}={text!r} must be an integer") from None
-
-
-def _bool_option(name: str, text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise InvalidOption(f"URL option {name}={text!r} must be true or false")
+    split = split_options(url, URL_OPTIONS, pass_on=True, backend="PostgreSQL")
+    return split.url, split.options
