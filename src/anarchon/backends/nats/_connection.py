@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError, BackendUnavailable, MissingDependency
 from ...kit import backoff
+from ...kit.calls import bounded_call
 from . import _errors as errors
 from . import _records as records
 from . import _stream as stream_setup
@@ -89,6 +90,19 @@ def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
     except ValueError:
         return False
     return tuple(numbers) >= (major, minor)
+
+
+async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
+    """``aw`` (a call off the claim path: a key-value bucket's) within ``timeout_s``, by
+    :func:`anarchon.kit.calls.bounded_call`: no answer in time is
+    :class:`~anarchon.errors.BackendUnavailable`, a driver's failure of ``doing`` goes through
+    :func:`._errors.translate`."""
+    return await bounded_call(
+        aw,
+        where=f"NATS: {doing} failed",
+        timeout_s=timeout_s,
+        translate=lambda exc: errors.translate(exc, doing),
+    )
 
 
 class Connection:

@@ -37,7 +37,7 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from . import _errors as errors
+from ._connection import bounded
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
 
 if TYPE_CHECKING:
@@ -88,21 +88,14 @@ class NatsControl:
         return f"{self._space}.r.{token(request_id)}"
 
     async def _bounded(self, aw: Awaitable[T], doing: str) -> T:
-        """``aw`` within CALL_TIMEOUT_S, its failure translated. After a failure the bucket is
-        looked up again on the next call (it may have been deleted, or re-created)."""
+        """``aw`` within CALL_TIMEOUT_S, its failure translated (:func:`._connection.bounded`).
+        After a failure the bucket is looked up again on the next call (it may have been
+        deleted, or re-created)."""
         try:
-            async with asyncio.timeout(CALL_TIMEOUT_S):
-                return await aw
-        except TimeoutError:
-            self._kv = None
-            raise BackendUnavailable(
-                f"NATS: {doing} failed: no answer within {CALL_TIMEOUT_S:g} s"
-            ) from None
+            return await bounded(aw, doing, CALL_TIMEOUT_S)
         except BackendError:
-            raise
-        except Exception as exc:
             self._kv = None
-            raise errors.translate(exc, doing) from exc
+            raise
 
     async def _open(self, create: bool) -> KeyValue | None:
         _, js = self._backend._conn.require()
