@@ -163,23 +163,21 @@ def log_fields(
     ``slot_iso``, ``run_id``, ``attempt``, ``fence`` and ``instance`` (the one running it);
     else ``job`` and ``slot`` (with ``slot_iso``) when given (a ``slot`` of None: a manual
     run); then ``more`` (``holder``, ``reason``, ``offset_ms`` ...)."""
+    if ticket is not None:
+        job, slot = ticket.job, ticket.slot
     fields: dict[str, Any] = {"action": action.value}
+    if job is not None:
+        fields["job"] = job
+    if not isinstance(slot, EllipsisType):
+        fields["slot"] = slot
+        fields["slot_iso"] = slot_iso(slot)
     if ticket is not None:
         fields.update(
-            job=ticket.job,
-            slot=ticket.slot,
-            slot_iso=slot_iso(ticket.slot),
             run_id=ticket.run_id,
             attempt=ticket.attempt,
             fence=ticket.fence,
             instance=ticket.instance,
         )
-    else:
-        if job is not None:
-            fields["job"] = job
-        if not isinstance(slot, EllipsisType):
-            fields["slot"] = slot
-            fields["slot_iso"] = slot_iso(slot)
     fields.update(more)
     return fields
 
