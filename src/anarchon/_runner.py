@@ -239,16 +239,9 @@ class RunExecutor:
             try:
                 renewed = await self.backend.renew(ticket)
             except LeaseLost as exc:
-                self.counters.count(ticket.job, "lease_lost")
-                _log(
-                    logging.WARNING,
-                    Action.LEASE_LOST,
-                    ticket,
-                    "job %s attempt %d: its lease ran out before the handler could start (%s); "
-                    "not starting it",
-                    ticket.job,
-                    ticket.attempt,
-                    exc,
+                self._lease_lost(
+                    active,
+                    f"its lease ran out before the handler could start ({exc}); not starting it",
                 )
                 active.ctx._mark_lost(f"{LEASE_LOST}: {exc}")
                 return False
@@ -364,6 +357,11 @@ class RunExecutor:
         """The keeper found the lease lost: tell the handler and stop waiting for it."""
         if active.task is None or active.task.done():
             return
+        self._lease_lost(active, reason)
+        self._cancel(active, reason)
+
+    def _lease_lost(self, active: ActiveRun, why: str) -> None:
+        """Count and log (``lease_lost``) that ``active``'s lease is gone, ``why`` in words."""
         self.counters.count(active.job.name, "lease_lost")
         _log(
             logging.WARNING,
@@ -372,9 +370,8 @@ class RunExecutor:
             "job %s attempt %d: %s",
             active.job.name,
             active.ticket.attempt,
-            reason,
+            why,
         )
-        self._cancel(active, reason)
 
     def _cancel(self, active: ActiveRun, reason: str) -> None:
         if active.cancel_reason is not None:
