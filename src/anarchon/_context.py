@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, MutableMapping
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ class _RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, kwargs
 
 
+@dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class RunContext:
     """Passed to every handler: the run's identity and its lease.
 
@@ -41,58 +43,32 @@ class RunContext:
     call :meth:`check_lease`) between steps and return when it is True.
     """
 
-    __slots__ = (
-        "_deadline",
-        "_logger",
-        "_lost",
-        "_lost_async",
-        "_lost_reason",
-        "_monotonic",
-        "_timed_out",
-        "attempt",
-        "fence",
-        "instance",
-        "job",
-        "retry",
-        "run_id",
-        "slot",
-        "trigger",
-    )
+    job: str
+    slot: datetime | None
+    """The scheduled time (aware, UTC); None for a manual run."""
+    run_id: str
+    attempt: int
+    fence: int | None
+    trigger: Trigger
+    instance: str
+    monotonic_ms: InitVar[Callable[[], int] | None] = None
+    """The monotonic clock (ms) the lease's local deadline is measured on."""
+    retry: int = 0
+    """Which retry this run is (the job's ``retries``): 0 for the first run of its slot (or
+    of a manual run), 1 for the first retry after it failed, and so on. Its ``trigger`` is
+    then :attr:`~anarchon.Trigger.RETRY`. Not to be confused with :attr:`attempt`, which
+    counts takeovers of one run."""
+    # Made on first use: thousands of runs start at once when many jobs share a slot.
+    _logger: logging.LoggerAdapter | None = field(default=None, init=False)  # type: ignore[type-arg]
+    _lost: bool = field(default=False, init=False)
+    _lost_async: asyncio.Event | None = field(default=None, init=False)
+    _lost_reason: str | None = field(default=None, init=False)
+    _timed_out: bool = field(default=False, init=False)
+    # When the lease surely ends (monotonic ms) unless renewed; kept by the lease keeper.
+    _deadline: int | None = field(default=None, init=False)
+    _monotonic: Callable[[], int] | None = field(default=None, init=False)
 
-    def __init__(
-        self,
-        *,
-        job: str,
-        slot: datetime | None,
-        run_id: str,
-        attempt: int,
-        fence: int | None,
-        trigger: Trigger,
-        instance: str,
-        monotonic_ms: Callable[[], int] | None = None,
-        retry: int = 0,
-    ) -> None:
-        self.job = job
-        self.slot = slot
-        """The scheduled time (aware, UTC); None for a manual run."""
-        self.run_id = run_id
-        self.attempt = attempt
-        self.fence = fence
-        self.trigger = trigger
-        self.instance = instance
-        self.retry = retry
-        """Which retry this run is (the job's ``retries``): 0 for the first run of its slot (or
-        of a manual run), 1 for the first retry after it failed, and so on. Its ``trigger`` is
-        then :attr:`~anarchon.Trigger.RETRY`. Not to be confused with :attr:`attempt`, which
-        counts takeovers of one run."""
-        # Made on first use: thousands of runs start at once when many jobs share a slot.
-        self._logger: logging.LoggerAdapter | None = None  # type: ignore[type-arg]
-        self._lost = False
-        self._lost_async: asyncio.Event | None = None
-        self._lost_reason: str | None = None
-        self._timed_out = False
-        # When the lease surely ends (monotonic ms) unless renewed; kept by the lease keeper.
-        self._deadline: int | None = None
+    def __post_init__(self, monotonic_ms: Callable[[], int] | None) -> None:
         self._monotonic = monotonic_ms
 
     @property
