@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from ._metrics import SLOT_OUTCOMES, Histogram, JobMetrics, Metrics
 from .errors import InvalidOption, MissingDependency
@@ -37,59 +38,203 @@ if TYPE_CHECKING:
 __all__ = ["AnarchonCollector", "Histogram", "JobMetrics", "register", "render"]
 
 _INSTALL: Final = "pip install 'anarchon[prometheus]'"
-# Flat counters of Metrics: (metric name without _total, help, field).
-_FLAT_COUNTERS: Final = (
-    (
-        "anarchon_slots_without_thread",
-        "Slots of plain handlers not claimed because every handler thread was busy.",
-        "no_thread",
+
+S = TypeVar("S", JobMetrics, Metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class _Series(Generic[S]):
+    """One metric family whose single value per label set is one figure of a snapshot: of a
+    job's :class:`JobMetrics` (labelled ``anarchon_job``) or of the instance's :class:`Metrics`
+    (no labels)."""
+
+    kind: Literal["counter", "gauge", "histogram"]
+    name: str
+    """The family's name (a counter's without ``_total``: the client adds it)."""
+    help: str
+    read: Callable[[S], float | Histogram]
+    """The figure, from the snapshot."""
+
+
+def _seconds(ms: int | None) -> float:
+    """Milliseconds as seconds; NaN (Prometheus's "no value") for None."""
+    return math.nan if ms is None else ms / 1000
+
+
+def _count(n: int | None) -> float:
+    """A count as a sample; NaN for None (not measured yet)."""
+    return math.nan if n is None else float(n)
+
+
+# Per job, after the slots and runs by outcome, in this order.
+_JOB_SERIES: Final[tuple[_Series[JobMetrics], ...]] = (
+    _Series(
+        "counter",
+        "anarchon_takeovers",
+        "Runs of dead instances this instance took over.",
+        lambda f: f.taken_over,
     ),
-    (
-        "anarchon_slots_deferred_early",
-        "Slots due by this host's clock but early by the backend's, put back to wait.",
-        "early_slots_deferred",
+    _Series(
+        "counter",
+        "anarchon_handovers",
+        "Runs this instance released on stop for a backup.",
+        lambda f: f.handed_over,
     ),
-    (
-        "anarchon_threads_timed_out",
-        "Plain handlers whose thread was still running at their timeout.",
-        "timed_out_threads",
+    _Series(
+        "counter",
+        "anarchon_leases_lost",
+        "Runs of this instance whose lease was lost.",
+        lambda f: f.lease_lost,
     ),
-    (
-        "anarchon_cancellations_ignored",
-        "Async handlers that ignored their cancellation on stop.",
-        "cancel_ignored",
-    ),
-    ("anarchon_clock_steps", "Wall-clock steps the timer saw.", "clock_steps"),
-    (
-        "anarchon_clock_skew_warnings",
-        "Warnings that this host's clock is off the backend's.",
-        "clock_skew_warnings",
-    ),
-    (
-        "anarchon_retries_scheduled",
-        "Retries stored after a handler failed (the job's retries).",
-        "retries_scheduled",
-    ),
-    (
-        "anarchon_requests_run",
-        "Run requests (triggers, retries) this instance won and ran.",
-        "requests_run",
-    ),
-    (
-        "anarchon_failure_hook_errors",
-        "Calls of a job's on_failure hook that raised.",
-        "failure_hook_errors",
-    ),
-)
-# Per-job counters of JobMetrics: (metric name without _total, help, field).
-_JOB_COUNTERS: Final = (
-    ("anarchon_takeovers", "Runs of dead instances this instance took over.", "taken_over"),
-    ("anarchon_handovers", "Runs this instance released on stop for a backup.", "handed_over"),
-    ("anarchon_leases_lost", "Runs of this instance whose lease was lost.", "lease_lost"),
-    (
+    _Series(
+        "counter",
         "anarchon_results_refused",
         "Results the backend refused because the lease had moved on.",
-        "result_refused",
+        lambda f: f.result_refused,
+    ),
+    _Series(
+        "histogram",
+        "anarchon_fire_lag_seconds",
+        "From a scheduled slot's time to its handler's start (first attempts; jitter included).",
+        lambda f: f.fire_lag,
+    ),
+    _Series(
+        "histogram",
+        "anarchon_handler_duration_seconds",
+        "How long handlers ran (every attempt).",
+        lambda f: f.handler_duration,
+    ),
+    _Series(
+        "gauge",
+        "anarchon_running_runs",
+        "Runs in progress on this instance.",
+        lambda f: float(f.running),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_job_last_success_timestamp_seconds",
+        "When this instance last recorded a success of the job (0: never).",
+        lambda f: (f.last_success_ms or 0) / 1000,
+    ),
+    _Series(
+        "gauge",
+        "anarchon_job_seconds_since_last_success",
+        "Seconds since this instance last recorded a success of the job, or since it started "
+        "if it has recorded none (take the min over instances).",
+        lambda f: _seconds(f.since_success_ms),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_job_next_slot_timestamp_seconds",
+        "The job's next slot.",
+        lambda f: _seconds(f.next_slot_ms),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_job_interval_seconds",
+        "The gap between the job's next slot and the one after it.",
+        lambda f: _seconds(f.interval_ms),
+    ),
+)
+# Of the instance, after the claims, backend errors and claim latency, in this order.
+_INSTANCE_SERIES: Final[tuple[_Series[Metrics], ...]] = (
+    _Series(
+        "counter",
+        "anarchon_slots_without_thread",
+        "Slots of plain handlers not claimed because every handler thread was busy.",
+        lambda m: m.no_thread,
+    ),
+    _Series(
+        "counter",
+        "anarchon_slots_deferred_early",
+        "Slots due by this host's clock but early by the backend's, put back to wait.",
+        lambda m: m.early_slots_deferred,
+    ),
+    _Series(
+        "counter",
+        "anarchon_threads_timed_out",
+        "Plain handlers whose thread was still running at their timeout.",
+        lambda m: m.timed_out_threads,
+    ),
+    _Series(
+        "counter",
+        "anarchon_cancellations_ignored",
+        "Async handlers that ignored their cancellation on stop.",
+        lambda m: m.cancel_ignored,
+    ),
+    _Series(
+        "counter",
+        "anarchon_clock_steps",
+        "Wall-clock steps the timer saw.",
+        lambda m: m.clock_steps,
+    ),
+    _Series(
+        "counter",
+        "anarchon_clock_skew_warnings",
+        "Warnings that this host's clock is off the backend's.",
+        lambda m: m.clock_skew_warnings,
+    ),
+    _Series(
+        "counter",
+        "anarchon_retries_scheduled",
+        "Retries stored after a handler failed (the job's retries).",
+        lambda m: m.retries_scheduled,
+    ),
+    _Series(
+        "counter",
+        "anarchon_requests_run",
+        "Run requests (triggers, retries) this instance won and ran.",
+        lambda m: m.requests_run,
+    ),
+    _Series(
+        "counter",
+        "anarchon_failure_hook_errors",
+        "Calls of a job's on_failure hook that raised.",
+        lambda m: m.failure_hook_errors,
+    ),
+    _Series("gauge", "anarchon_jobs", "Jobs this instance carries.", lambda m: float(m.jobs)),
+    _Series(
+        "gauge",
+        "anarchon_watched_runs",
+        "Runs of other instances watched.",
+        lambda m: float(m.watched),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_handler_threads_busy",
+        "Handler threads running a plain handler.",
+        lambda m: float(m.handler_threads_busy),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_instances_seen",
+        "Live instances in the backend's registry at this instance's last heartbeat.",
+        lambda m: _count(m.instances_seen),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_clock_offset_seconds",
+        "The backend's clock minus this host's, as last measured.",
+        lambda m: _seconds(m.clock_offset_ms),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_clock_skew_budget_seconds",
+        "How far this clock may drift from the backend's before a slot could run twice (the "
+        "tightest of the jobs; +Inf: unbounded).",
+        lambda m: math.inf if m.clock_skew_budget_ms is None else m.clock_skew_budget_ms / 1000,
+    ),
+    _Series(
+        "gauge",
+        "anarchon_event_loop_lag_seconds",
+        "The event loop's lag, last measured.",
+        lambda m: _seconds(m.loop_lag_ms),
+    ),
+    _Series(
+        "gauge",
+        "anarchon_scheduler_start_time_seconds",
+        "When the scheduler started (0: not yet).",
+        lambda m: (m.started_ms or 0) / 1000,
     ),
 )
 # The backend errors by kind, from the flat counters: (operation, kind, field).
@@ -110,13 +255,35 @@ def _client() -> Any:
     return core
 
 
-def _seconds(ms: int | None) -> float:
-    """Milliseconds as seconds; NaN (Prometheus's "no value") for None."""
-    return math.nan if ms is None else ms / 1000
-
-
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return [("+Inf" if math.isinf(b) else repr(b), n) for b, n in histogram.cumulative()]
+
+
+class _Families(Generic[S]):
+    """The families of a table of :class:`_Series`, built once per scrape and filled with the
+    figures of each snapshot under its labels."""
+
+    def __init__(self, core: Any, table: Sequence[_Series[S]], labels: list[str]) -> None:
+        make = {
+            "counter": core.CounterMetricFamily,
+            "gauge": core.GaugeMetricFamily,
+            "histogram": core.HistogramMetricFamily,
+        }
+        self._filled: list[tuple[Any, Callable[[S], float | Histogram]]] = [
+            (make[s.kind](s.name, s.help, labels=labels), s.read) for s in table
+        ]
+
+    def add(self, labels: list[str], snapshot: S) -> None:
+        """Add the figures of ``snapshot`` under ``labels``."""
+        for family, read in self._filled:
+            value = read(snapshot)
+            if isinstance(value, Histogram):
+                family.add_metric(labels, _buckets(value), value.sum)
+            else:
+                family.add_metric(labels, value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return (family for family, _ in self._filled)
 
 
 class AnarchonCollector:
@@ -157,85 +324,16 @@ class AnarchonCollector:
             "Runs whose result this instance recorded, by status (retries and manual runs too).",
             labels=["anarchon_job", "status"],
         )
-        counters = [
-            (core.CounterMetricFamily(name, text, labels=["anarchon_job"]), field)
-            for name, text, field in _JOB_COUNTERS
-        ]
-        lag = core.HistogramMetricFamily(
-            "anarchon_fire_lag_seconds",
-            "From a scheduled slot's time to its handler's start (first attempts; jitter "
-            "included).",
-            labels=["anarchon_job"],
-        )
-        duration = core.HistogramMetricFamily(
-            "anarchon_handler_duration_seconds",
-            "How long handlers ran (every attempt).",
-            labels=["anarchon_job"],
-        )
-        gauges: list[tuple[Any, Callable[[JobMetrics], float]]] = [
-            (
-                core.GaugeMetricFamily(
-                    "anarchon_running_runs",
-                    "Runs in progress on this instance.",
-                    labels=["anarchon_job"],
-                ),
-                lambda f: float(f.running),
-            ),
-            (
-                core.GaugeMetricFamily(
-                    "anarchon_job_last_success_timestamp_seconds",
-                    "When this instance last recorded a success of the job (0: never).",
-                    labels=["anarchon_job"],
-                ),
-                lambda f: (f.last_success_ms or 0) / 1000,
-            ),
-            (
-                core.GaugeMetricFamily(
-                    "anarchon_job_seconds_since_last_success",
-                    "Seconds since this instance last recorded a success of the job, or since "
-                    "it started if it has recorded none (take the min over instances).",
-                    labels=["anarchon_job"],
-                ),
-                lambda f: _seconds(f.since_success_ms),
-            ),
-            (
-                core.GaugeMetricFamily(
-                    "anarchon_job_next_slot_timestamp_seconds",
-                    "The job's next slot.",
-                    labels=["anarchon_job"],
-                ),
-                lambda f: _seconds(f.next_slot_ms),
-            ),
-            (
-                core.GaugeMetricFamily(
-                    "anarchon_job_interval_seconds",
-                    "The gap between the job's next slot and the one after it.",
-                    labels=["anarchon_job"],
-                ),
-                lambda f: _seconds(f.interval_ms),
-            ),
-        ]
-        for job, figures in jobs:
+        figures = _Families(core, _JOB_SERIES, ["anarchon_job"])
+        for job, of_job in jobs:
             for key, (outcome, reason) in SLOT_OUTCOMES.items():
-                slots.add_metric([job, outcome, reason], figures.slots.get(key, 0))
-            for status, count in sorted(figures.runs.items()):
+                slots.add_metric([job, outcome, reason], of_job.slots.get(key, 0))
+            for status, count in sorted(of_job.runs.items()):
                 runs.add_metric([job, status], count)
-            for family, field in counters:
-                family.add_metric([job], getattr(figures, field))
-            lag.add_metric([job], _buckets(figures.fire_lag), figures.fire_lag.sum)
-            duration.add_metric(
-                [job], _buckets(figures.handler_duration), figures.handler_duration.sum
-            )
-            for gauge, value in gauges:
-                gauge.add_metric([job], value(figures))
+            figures.add([job], of_job)
         yield slots
         yield runs
-        for family, _ in counters:
-            yield family
-        yield lag
-        yield duration
-        for gauge, _ in gauges:
-            yield gauge
+        yield from figures
 
     def _instance_families(self, m: Metrics | None) -> Iterator[Metric]:
         core = self._core
@@ -256,58 +354,8 @@ class AnarchonCollector:
             "Latency of claim calls the backend answered (one call may carry many slots).",
             labels=["backend"],
         )
-        flat = [
-            (core.CounterMetricFamily(name, text), field) for name, text, field in _FLAT_COUNTERS
-        ]
-        gauge = core.GaugeMetricFamily
-        gauges = [
-            (gauge("anarchon_jobs", "Jobs this instance carries."), "jobs", 1),
-            (gauge("anarchon_watched_runs", "Runs of other instances watched."), "watched", 1),
-            (
-                gauge("anarchon_handler_threads_busy", "Handler threads running a plain handler."),
-                "handler_threads_busy",
-                1,
-            ),
-            (
-                gauge(
-                    "anarchon_instances_seen",
-                    "Live instances in the backend's registry at this instance's last heartbeat.",
-                ),
-                "instances_seen",
-                1,
-            ),
-            (
-                gauge(
-                    "anarchon_clock_offset_seconds",
-                    "The backend's clock minus this host's, as last measured.",
-                ),
-                "clock_offset_ms",
-                1000,
-            ),
-            (
-                gauge(
-                    "anarchon_clock_skew_budget_seconds",
-                    "How far this clock may drift from the backend's before a slot could run "
-                    "twice (the tightest of the jobs; +Inf: unbounded).",
-                ),
-                "clock_skew_budget_ms",
-                1000,
-            ),
-            (
-                gauge("anarchon_event_loop_lag_seconds", "The event loop's lag, last measured."),
-                "loop_lag_ms",
-                1000,
-            ),
-            (
-                gauge(
-                    "anarchon_scheduler_start_time_seconds",
-                    "When the scheduler started (0: not yet).",
-                ),
-                "started_ms",
-                1000,
-            ),
-        ]
-        running = gauge(
+        figures = _Families(core, _INSTANCE_SERIES, [])
+        running = core.GaugeMetricFamily(
             "anarchon_scheduler_running", "1 while the scheduler runs (started, not stopping)."
         )
         info = core.InfoMetricFamily(
@@ -321,17 +369,7 @@ class AnarchonCollector:
             for operation, kind, field in _BACKEND_ERRORS:
                 errors.add_metric([backend, operation, kind], getattr(m, field))
             latency.add_metric([backend], _buckets(m.claim_latency), m.claim_latency.sum)
-            for family, field in flat:
-                family.add_metric([], getattr(m, field))
-            for family, field, scale in gauges:
-                value = getattr(m, field)
-                if value is None:
-                    budget = field == "clock_skew_budget_ms"
-                    family.add_metric(
-                        [], math.inf if budget else (0.0 if field == "started_ms" else math.nan)
-                    )
-                else:
-                    family.add_metric([], value / scale)
+            figures.add([], m)
             running.add_metric([], 1.0 if scheduler.running else 0.0)
             info.add_metric(
                 [],
@@ -340,10 +378,7 @@ class AnarchonCollector:
         yield claims
         yield errors
         yield latency
-        for family, _ in flat:
-            yield family
-        for family, _, _ in gauges:
-            yield family
+        yield from figures
         yield running
         yield info
 
