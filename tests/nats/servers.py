@@ -41,9 +41,12 @@ def unique_names() -> tuple[str, str]:
 
 
 def free_ports(count: int, pool: range) -> list[int]:
-    """``count`` loopback ports of ``pool`` that nobody listens on right now."""
+    """``count`` loopback ports of ``pool`` that nobody listens on right now; each process
+    starts its search at its own place in the pool, so test workers rarely pick the same port
+    at the same moment (a server that loses that race anyway is started again elsewhere)."""
     found: list[int] = []
-    for port in pool:
+    start = os.getpid() % len(pool)
+    for port in [*pool[start:], *pool[:start]]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -222,9 +225,18 @@ def session_server() -> NatsServer:
     global _session
     if _session is None or not _session.running:
         directory = Path(tempfile.mkdtemp(prefix="anarchon-nats-"))
-        [port] = free_ports(1, SESSION_PORTS)
-        server = NatsServer(binary=CURRENT_BINARY, port=port, directory=directory, name="session")
-        server.start()
+        for attempt in range(5):
+            [port] = free_ports(1, SESSION_PORTS)
+            server = NatsServer(
+                binary=CURRENT_BINARY, port=port, directory=directory, name="session"
+            )
+            try:
+                server.start()
+                break
+            except RuntimeError:  # another worker took the port between the check and bind
+                server.stop()
+                if attempt == 4:
+                    raise
         _session = server
         atexit.register(_stop_session, server)
     return _session

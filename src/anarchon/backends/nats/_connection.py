@@ -302,6 +302,23 @@ class Connection:
         """The stream's info as the server reports it now (JetStreamError if none)."""
         return await self.api(subjects.API.format(verb="STREAM.INFO", stream=self.stream), None)
 
+    async def bucket_keys(self, bucket: str, start: str) -> list[str]:
+        """The keys of key-value bucket ``bucket`` that begin with ``start`` (which ends with a
+        dot), read from the bucket's stream info rather than nats-py's ``keys()``: its watcher
+        can report an empty bucket before the entries it already holds arrive (nats.py #842).
+        A key whose last entry is a delete marker is listed; reading it finds it deleted."""
+        prefix = f"$KV.{bucket}."
+        keys: list[str] = []
+        while True:
+            body = {"subjects_filter": f"{prefix}{start}>", "offset": len(keys)}
+            info = await self.api(
+                subjects.API.format(verb="STREAM.INFO", stream=f"KV_{bucket}"), body
+            )
+            page = (info.get("state") or {}).get("subjects") or {}
+            keys.extend(subject[len(prefix) :] for subject in page)
+            if not page or len(keys) >= int(info.get("total", len(keys))):
+                return keys
+
     # -- calls ------------------------------------------------------------------------------
 
     def require(self) -> tuple[NATS, JetStreamContext]:

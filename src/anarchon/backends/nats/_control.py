@@ -319,18 +319,10 @@ class NatsControl:
     # -- reading ----------------------------------------------------------------------------
 
     async def _keys(self, kv: KeyValue, kind: str) -> list[str]:
-        from nats.js.errors import NoKeysError
-
         start = f"{self._space}.{kind}."
-
-        async def read() -> list[str]:
-            try:
-                keys = await kv.keys()  # its filters are ignored by servers before 2.10
-            except NoKeysError:
-                return []
-            return [key for key in keys if key.startswith(start)]
-
-        return await self._bounded(read(), "listing the control bucket")
+        return await self._bounded(
+            self._backend._conn.bucket_keys(self.bucket, start), "listing the control bucket"
+        )
 
     async def _get(self, kv: KeyValue, key: str, doing: str) -> bytes | None:
         from nats.js.errors import NotFoundError

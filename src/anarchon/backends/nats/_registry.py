@@ -110,17 +110,12 @@ class NatsRegistry:
         )
 
     async def _entries(self, kv: KeyValue) -> list[tuple[str, int, InstanceRecord]]:
-        from nats.js.errors import KeyNotFoundError, NoKeysError
+        from nats.js.errors import KeyNotFoundError
 
         async def read() -> list[tuple[str, int, InstanceRecord]]:
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return []
+            keys = await self._backend._conn.bucket_keys(self._bucket, self._space + ".")
             found = []
             for key in keys:
-                if not key.startswith(self._space + "."):
-                    continue
                 try:
                     entry = await kv.get(key)
                 except KeyNotFoundError:
