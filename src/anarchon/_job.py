@@ -6,7 +6,7 @@ import inspect
 import itertools
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 from zoneinfo import ZoneInfo
@@ -136,6 +136,15 @@ class JobKwargs(TypedDict, total=False):
     retry_backoff_ms: int
     retry_backoff_max_ms: int
     on_failure: OnFailure | None
+
+
+def job_options(caller: str, options: Mapping[str, Any]) -> JobOptions:
+    """:class:`JobOptions` from keyword arguments; a TypeError naming ``caller`` and the first
+    unknown option, as a call with a misspelt keyword argument would raise."""
+    unknown = sorted(set(options) - JobKwargs.__optional_keys__)
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    return JobOptions(**options)
 
 
 @dataclass(slots=True, eq=False, repr=False)
