@@ -335,8 +335,17 @@ def slot_ms_of(slot: datetime | int) -> int:
 
 
 async def _definitions(
-    backend: Backend, job: str, view: ClusterView | None, now_ms: int
+    backend: Backend,
+    job: str,
+    definition: JobDefinition | None,
+    view: ClusterView | None,
+    now_ms: int,
 ) -> tuple[tuple[JobDefinition, ...], ClusterView | None]:
+    """The definitions to judge by: ``definition`` if given (the registry is then read only
+    later, for a future slot's carriers), else those of the live instances in ``view`` (read
+    now if None)."""
+    if definition is not None:
+        return (definition,), view
     if view is None:
         store = backend.registry()
         if store is not None:
@@ -403,9 +412,7 @@ async def explain(
     if now_ms is None:
         server = await backend.server_time_ms()
         now_ms = server if server is not None else ms_of(datetime.now(UTC))
-    variants, view = await _definitions(backend, job, view, now_ms)
-    if definition is not None:
-        variants = (definition,)
+    variants, view = await _definitions(backend, job, definition, view, now_ms)
     if not variants:
         raise JobNotFound(
             f"job {job!r} has no definition: no live instance carries it in "
@@ -441,6 +448,8 @@ async def explain(
         before, after = nearest_slots(schedules[0], slot_ms)
         return replace(base, fate=Fate.NOT_A_SLOT, previous_slot_ms=before, next_slot_ms=after)
     if slot_ms > now_ms:
+        if view is None:
+            _, view = await _definitions(backend, job, None, None, now_ms)
         return replace(
             base,
             fate=Fate.FUTURE,

@@ -116,6 +116,8 @@ async def test_a_future_slot_names_its_carriers_and_a_pause_that_holds() -> None
     future = T0 + 10 * MINUTE
     found = await explain(backend, "sync", future)
     assert found.fate is Fate.FUTURE and found.instances == ("w0",) and found.pause is None
+    given = await explain(backend, "sync", future, definition=DEF)
+    assert given.fate is Fate.FUTURE and given.instances == ("w0",)
     assert "10m from now" in found.describe()
     await steering.pause(backend, "sync", by="bob@ops")
     paused = await explain(backend, "sync", future)
