@@ -142,10 +142,14 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
 -- name: slot_records
--- Every attempt of a slot, its retries' too, oldest first (the partial index on (job, slot)).
+-- Every attempt of a slot, its retries' too, oldest first, through the partial index on
+-- (job, slot). Named: without statistics (the backend never runs ANALYZE) SQLite would rather
+-- read the job's runs in anarchon_runs_by_start's order to skip the sort, every one of them
+-- (260 ms for a job with 1 000 000 runs, against 0.1 ms).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
        finished_at, lease_expires_at, released, error, reason, requested_by
-FROM anarchon_runs WHERE job = ? AND slot = ? ORDER BY started_at, rowid;
+FROM anarchon_runs INDEXED BY anarchon_runs_slot
+WHERE job = ? AND slot = ? ORDER BY started_at, rowid;
 
 -- name: oldest_record
 -- The earliest recorded slot or start of the job: two index lookups (the partial index on
