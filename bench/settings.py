@@ -43,6 +43,13 @@ class Settings:
     """Runs of the per-minute job whose timeline is drawn."""
     dashboard_repeat: int
     """Calls per page after the first."""
+    # history at size
+    history_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    """Runs of one job at which its reads are timed (SQLite, PostgreSQL)."""
+    history_samples: int = 200
+    """Calls of each read per size."""
+    history_prune_cycles: int = 100
+    """Claims and finishes of the per-second job while its history is pruned."""
 
 
 FULL = Settings(
@@ -87,4 +94,7 @@ QUICK = Settings(
     dashboard_jobs=2_000,
     dashboard_runs=3_000,
     dashboard_repeat=3,
+    history_sizes=(10_000, 100_000),
+    history_samples=100,
+    history_prune_cycles=30,
 )

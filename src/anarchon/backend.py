@@ -71,6 +71,7 @@ __all__ = [
     "FinishRequest",
     "JobPolicy",
     "LeaseBackend",
+    "SlotRecords",
     "TakeoverOutcome",
     "TakeoverRequest",
     "TakeoverStatus",
@@ -315,6 +316,18 @@ class TakeoverOutcome:
     backend_now_ms: int | None = None
 
 
+class SlotRecords(NamedTuple):
+    """What :meth:`Backend.slot_records` answers: the records of one slot and where the job's
+    records begin."""
+
+    runs: list[Run]
+    """Every record of the slot (its attempts, its retries' attempts and a skip or missed
+    record), oldest first: by start, then in the order they were recorded."""
+    oldest_ms: int | None
+    """The earliest of the job's recorded slots and start times (epoch ms), whatever the slot
+    asked about; None when the job has no records."""
+
+
 def _implements(cls: type, name: str, base: type) -> bool:
     """True if ``cls`` defines ``name`` itself or through a class other than ``base``."""
     return getattr(cls, name) is not getattr(base, name)
@@ -492,6 +505,21 @@ class Backend(abc.ABC):
         """Return the newest run of ``job`` (running or finished), or None."""
         runs = await self.history(job, limit=1)
         return runs[0] if runs else None
+
+    async def slot_records(self, job: str, slot: int) -> SlotRecords | None:
+        """Return the records of ``job`` whose slot is ``slot`` (epoch ms) and the earliest
+        recorded time of the job (:class:`SlotRecords`), or None if this backend cannot look a
+        slot up (the default).
+
+        :func:`anarchon.explain.explain` asks it first, so explaining a slot costs a lookup
+        instead of a read of the job's history; on None it reads the newest records instead.
+        Implement it only if it costs about what :meth:`history` with a small limit does,
+        however many records the job has (index lookups, not a scan): every attempt whose
+        slot is ``slot`` (retries, keyed ``<slot>-retry-<n>``, carry the slot too; manual runs
+        never match), oldest first as :meth:`history` orders them, newest last. Unknown jobs
+        and slots give ``SlotRecords([], ...)``.
+        """
+        return None
 
     async def server_time_ms(self) -> int | None:
         """Return the backend's clock (epoch ms) now, or None if it cannot tell at the moment.
