@@ -58,6 +58,18 @@ bench: $(BIN)/python services
 		2>/dev/null || $(PEERS_VENV)/bin/pip install -q $(PEERS_REQS)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+## The soak (issue 17): 3 instances × 1 000 jobs on every backend at once (real processes) for
+## SOAK_MINUTES (60); RSS, CPU, descriptors, sockets, server connections and asyncio tasks over
+## time, a drift verdict per series, missed and duplicate runs (must be 0). Writes bench/soak.md
+## and bench/soak.png; fails on a failed verdict. SOAK_BACKENDS=redis (comma-separated) for fewer.
+.PHONY: soak
+SOAK_MINUTES ?= 60
+SOAK_BACKENDS ?= sqlite,redis,postgres,nats
+soak: $(BIN)/python services
+	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, nats' \
+		2>/dev/null || $(BIN)/pip install -q -e '.[all,bench]'
+	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) --backends $(SOAK_BACKENDS)
+
 ## The fault suite's long form (issue 10): every fault on every backend it applies to, CHAOS_TRIALS
 ## (5) trials each, CHAOS_PARALLEL (4) at a time, about 50 min; prints the table and fails on a
 ## count that is not 0. CHAOS_ARGS='--write-docs docs/guarantees.md' rewrites the docs' table.

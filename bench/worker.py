@@ -6,7 +6,8 @@
 
 Each group registers ``count`` jobs ``<prefix><n>`` with one schedule (or, with ``"schedule":
 "idle"``, daily schedules at least five hours away, so nothing fires while idle cost is
-measured). Every handler start is recorded (job, slot, host time, attempt, fence, pid) through
+measured; with ``"spread:<minutes>"``, :func:`spread_schedule`). Every handler start is
+recorded (job, slot, host time, attempt, fence, pid) through
 :class:`bench.peers._record.Recorder`; the ready file says when the scheduler had started and,
 later, when the work ``start()`` spawned (catch-up look-ups) had settled.
 """
@@ -39,6 +40,12 @@ def idle_schedule(n: int, now: datetime) -> str:
     return f"{n % 60} {hour} * * *"
 
 
+def spread_schedule(n: int, period: int) -> str:
+    """Job ``n`` every ``period`` minutes (a divisor of 60), at second ``n % 60`` and minute
+    offset ``(n // 60) % period``: 1 000 jobs spread evenly over the period (the soak's)."""
+    return f"{n % 60} {(n // 60) % period}-59/{period} * * * *"
+
+
 def make_handler(recorder: Recorder, sleep_ms: int) -> Any:
     """The bench's handler: record the start, then sleep ``sleep_ms`` (0: return at once)."""
 
@@ -66,6 +73,8 @@ def register(scheduler: Scheduler, spec: list[dict[str, Any]], recorder: Recorde
             schedule = group["schedule"]
             if schedule == "idle":
                 schedule = idle_schedule(n, now)
+            elif schedule.startswith("spread:"):
+                schedule = spread_schedule(n, int(schedule.removeprefix("spread:")))
             scheduler.add(f"{group['prefix']}{n}", schedule, handler, **options)
             added += 1
     return added
