@@ -751,8 +751,8 @@ def plot(results: dict[str, Any], path: Path) -> bool:
 
 
 def plot_history(results: dict[str, Any], path: Path) -> bool:
-    """Write the history curve: p99 of each read against the job's runs (log-log), one colour
-    per backend, one line style per read; False if the run has no history figures."""
+    """Write the history curve: p50 and p99 of each read against the job's runs (log-log), one
+    colour per backend, one line style per read; False if the run has no history figures."""
     found = results.get("history") or {}
     reads = found.get("reads") or []
     if not reads:
@@ -766,31 +766,33 @@ def plot_history(results: dict[str, Any], path: Path) -> bool:
     colors = {"sqlite": palette[0], "postgres": palette[2]}
     styles = ["-", "--", "-.", ":"]
     names = list(dict.fromkeys(r["read"] for r in reads))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for backend in dict.fromkeys(r["backend"] for r in reads):
-        for n, name in enumerate(names):
-            points = sorted(
-                (r["rows"], r["p99_ms"])
-                for r in reads
-                if r["backend"] == backend and r["read"] == name and r["p99_ms"] is not None
-            )
-            if points:
-                ax.plot(
-                    [x for x, _ in points],
-                    [y for _, y in points],
-                    marker="o",
-                    linestyle=styles[n % len(styles)],
-                    color=colors.get(backend, "black"),
-                    label=f"{backend}: {name}",
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, key in zip(axes, ("p50_ms", "p99_ms"), strict=True):
+        for backend in dict.fromkeys(r["backend"] for r in reads):
+            for n, name in enumerate(names):
+                points = sorted(
+                    (r["rows"], r[key])
+                    for r in reads
+                    if r["backend"] == backend and r["read"] == name and r[key] is not None
                 )
-    ax.axhline(HISTORY_TARGET_MS, color="grey", linestyle=":", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("recorded runs of the job (log scale)")
-    ax.set_ylabel("p99 latency (ms, log scale); dotted: the 10 ms target")
-    ax.set_title(f"History at size (load average {found.get('load_start', '?')} at start)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+                if points:
+                    ax.plot(
+                        [x for x, _ in points],
+                        [y for _, y in points],
+                        marker="o",
+                        linestyle=styles[n % len(styles)],
+                        color=colors.get(backend, "black"),
+                        label=f"{backend}: {name}",
+                    )
+        ax.axhline(HISTORY_TARGET_MS, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("recorded runs of the job (log scale)")
+        ax.set_title(f"{key.removesuffix('_ms')} (dotted: the 10 ms p99 target)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("latency (ms, log scale)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"History at size (load average {found.get('load_start', '?')} at start)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
