@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
-from ._options import Bound, check_bool, check_int, ms_text
+from ._options import Bound, check_bool, check_int, check_keywords, ms_text
 from ._schedule import CronSchedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
@@ -141,9 +141,7 @@ class JobKwargs(TypedDict, total=False):
 def job_options(caller: str, options: Mapping[str, Any]) -> JobOptions:
     """:class:`JobOptions` from keyword arguments; a TypeError naming ``caller`` and the first
     unknown option, as a call with a misspelt keyword argument would raise."""
-    unknown = sorted(set(options) - JobKwargs.__optional_keys__)
-    if unknown:
-        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    check_keywords(caller, options, JobKwargs.__optional_keys__)
     return JobOptions(**options)
 
 

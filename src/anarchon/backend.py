@@ -71,6 +71,7 @@ __all__ = [
     "FinishRequest",
     "JobPolicy",
     "LeaseBackend",
+    "RunIdentity",
     "SlotRecords",
     "TakeoverOutcome",
     "TakeoverRequest",
@@ -186,8 +187,9 @@ class ClaimStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ticket:
-    """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
+class RunIdentity:
+    """The fields that name one claim of a run: the slot, the run and who claimed it with which
+    token. A :class:`Ticket` starts with them; a backend's own record of a claim may too."""
 
     job: str
     slot: int | None
@@ -196,6 +198,12 @@ class Ticket:
     token: str
     instance: str
     trigger: Trigger
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket(RunIdentity):
+    """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
+
     attempt: int
     fence: int | None
     started_at_ms: int
