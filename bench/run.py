@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import burst, claim_rate, dashboard, failover, fire_lag, idle, peers_bench, report
+from . import burst, claim_rate, curves, dashboard, failover, fire_lag, idle, peers_bench, report
 from .context import Context
 from .fleet import ROOT, stop_everything
 from .footprint import Footprint
@@ -26,7 +26,7 @@ from .services import BACKENDS, NATS, Services, Target
 from .services import SHARED_REDIS as SHARED
 from .settings import FULL, QUICK
 
-SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard")
+SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard", "curves")
 BENCH = ROOT / "bench"
 DEFAULT_PEERS = BENCH / ".venv-peers" / "bin" / "python"
 _NO = Target("none", False)
@@ -140,6 +140,9 @@ async def _measure(
     if "dashboard" in sections:
         enter("dashboard")
         results["dashboard"] = await dashboard.measure(ctx)
+    if "curves" in sections:
+        enter("curves")
+        results["curves"] = await curves.measure(ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     text = report.markdown(results)
     if report.plot(results, Path(args.plot)):
         print(f"[bench] plot: {args.plot}", file=sys.stderr)
+    for path in curves.plots(results, Path(args.plot).parent):
+        print(f"[bench] plot: {path}", file=sys.stderr)
     Path(args.out).write_text(text + "\n")
     print(text)
     print(f"[bench] tables: {args.out}", file=sys.stderr)

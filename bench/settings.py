@@ -43,6 +43,13 @@ class Settings:
     """Runs of the per-minute job whose timeline is drawn."""
     dashboard_repeat: int
     """Calls per page after the first."""
+    # curves
+    curve_idle_jobs: tuple[int, ...] = (1_000, 10_000, 100_000)
+    """Registered jobs of the idle-cost curve."""
+    curve_burst_jobs: tuple[int, ...] = (1_000, 10_000, 50_000)
+    """Slots due at once of the burst-time curve."""
+    curve_instances: tuple[int, ...] = (3, 10, 30)
+    """Contending processes of the claim-latency curve."""
 
 
 FULL = Settings(
@@ -87,4 +94,7 @@ QUICK = Settings(
     dashboard_jobs=2_000,
     dashboard_runs=3_000,
     dashboard_repeat=3,
+    curve_idle_jobs=(500, 2_000, 5_000),
+    curve_burst_jobs=(500, 2_000, 5_000),
+    curve_instances=(3, 10, 30),
 )
