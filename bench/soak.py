@@ -310,6 +310,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await servers.open()
         for name in [n for n, t in targets.items() if t.available]:
             fleets.append(_spawn(services, name, args, work / "procs"))
+        if not fleets:
+            _say(began, "no backend available: nothing to soak")
+            return results
         every = [p for f in fleets for p in f.procs]
         problems = await wait_ready(every, READY_LIMIT_S, key="t_settled")
         results["meta"]["ready_problems"] = problems
@@ -443,6 +446,7 @@ def markdown(results: dict[str, Any]) -> str:
             d = r.get("drift", {}).get(key) if "error" not in r else None
             if d is None:
                 why = "no server count" if key == "server" else "too few samples"
+                why = "not run" if "error" in r else why
                 rows.append([series.title, name, "–", "–", "–", "–", "–", why])
                 continue
             rows.append(
