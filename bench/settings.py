@@ -43,6 +43,13 @@ class Settings:
     """Runs of the per-minute job whose timeline is drawn."""
     dashboard_repeat: int
     """Calls per page after the first."""
+    # history at size
+    history_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    """Runs of one job at which its reads are timed (SQLite, PostgreSQL)."""
+    history_samples: int = 200
+    """Calls of each read per size."""
+    history_prune_cycles: int = 100
+    """Claims and finishes of the per-second job while its history is pruned."""
     # curves
     curve_idle_jobs: tuple[int, ...] = (1_000, 10_000, 100_000)
     """Registered jobs of the idle-cost curve."""
@@ -94,6 +101,9 @@ QUICK = Settings(
     dashboard_jobs=2_000,
     dashboard_runs=3_000,
     dashboard_repeat=3,
+    history_sizes=(10_000, 100_000),
+    history_samples=100,
+    history_prune_cycles=30,
     curve_idle_jobs=(500, 2_000, 5_000),
     curve_burst_jobs=(500, 2_000, 5_000),
     curve_instances=(3, 10, 30),

@@ -6,13 +6,13 @@ import inspect
 import itertools
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
 from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
-from ._options import Bound, check_bool, check_int, ms_text
+from ._options import Bound, check_bool, check_int, check_keywords, ms_text
 from ._schedule import CronSchedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
@@ -136,6 +136,13 @@ class JobKwargs(TypedDict, total=False):
     retry_backoff_ms: int
     retry_backoff_max_ms: int
     on_failure: OnFailure | None
+
+
+def job_options(caller: str, options: Mapping[str, Any]) -> JobOptions:
+    """:class:`JobOptions` from keyword arguments; a TypeError naming ``caller`` and the first
+    unknown option, as a call with a misspelt keyword argument would raise."""
+    check_keywords(caller, options, JobKwargs.__optional_keys__)
+    return JobOptions(**options)
 
 
 @dataclass(slots=True, eq=False, repr=False)

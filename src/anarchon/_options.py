@@ -12,12 +12,13 @@ a TTL or a window) far inside a 64-bit millisecond timestamp.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from .errors import InvalidOption
 
-__all__ = ["HISTORY_SIZE", "Bound", "check_bool", "check_int", "ms_text"]
+__all__ = ["HISTORY_SIZE", "Bound", "check_bool", "check_int", "check_keywords", "ms_text"]
 
 _UNITS: Final = (
     (365 * 24 * 3600 * 1000, "year"),
@@ -79,3 +80,11 @@ def check_bool(option: str, value: object, owner: str) -> bool:
             f"{option}={value!r} for {owner} must be True or False, not a {type(value).__name__}"
         )
     return value
+
+
+def check_keywords(caller: str, options: Mapping[str, object], known: Collection[str]) -> None:
+    """Raise the TypeError a call to ``caller`` with a misspelt keyword argument raises, naming
+    the first of ``options`` that is not ``known`` (for ``**options: Unpack[SomeKwargs]``)."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")

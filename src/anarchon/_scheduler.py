@@ -45,21 +45,11 @@ from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat, read_cluster
-from ._job import (
-    DEFAULT_RETRY_BACKOFF_MAX_MS,
-    DEFAULT_RETRY_BACKOFF_MS,
-    Handler,
-    Job,
-    JobKwargs,
-    JobOptions,
-    OnFailure,
-    Timezone,
-    build_job,
-)
+from ._job import Handler, Job, JobKwargs, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
 from ._metrics import Counters, Metrics, jobs_now
 from ._missed import MissedSlots
-from ._models import CatchUp, Overlap, Run, Trigger
+from ._models import Run, Trigger
 from ._options import Bound, check_int
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
@@ -326,9 +316,7 @@ class Scheduler:
 
         ``@scheduler.job("report", "0 6 * * *", timezone="Europe/Athens", lease_ms=60_000)``
         """
-        unknown = sorted(set(options) - JobKwargs.__optional_keys__)
-        if unknown:  # at once, as a call to add() would, not when the decorator is applied
-            raise TypeError(f"Scheduler.job() got an unexpected keyword argument {unknown[0]!r}")
+        job_options("Scheduler.job", options)  # at once, not when the decorator is applied
 
         def register(handler: H) -> H:
             self.add(name, schedule, handler, **options)
@@ -336,33 +324,16 @@ class Scheduler:
 
         return register
 
-    def add(
-        self,
-        name: str,
-        schedule: str,
-        handler: Handler,
-        *,
-        timezone: Timezone = "UTC",
-        jitter_ms: int | None = None,
-        max_late_ms: int | None = None,
-        history_ttl_ms: int | None = None,
-        timeout_ms: int | None = None,
-        lease_ms: int | None = None,
-        max_attempts: int | None = None,
-        overlap: Overlap | str | None = None,
-        catch_up: CatchUp | str | None = None,
-        catch_up_window_ms: int | None = None,
-        handover: bool | None = None,
-        retries: int = 0,
-        retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS,
-        retry_backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS,
-        on_failure: OnFailure | None = None,
-    ) -> None:
+    def add(self, name: str, schedule: str, handler: Handler, **options: Unpack[JobKwargs]) -> None:
         """Register a job; allowed while the scheduler runs.
 
-        Options left as None take the backend's default (see the options table in the README).
-        ``retries`` (0 to 1000): a run whose handler fails is run again up to this many times,
-        each a new run (trigger ``retry``) on whichever instance claims it, after
+        The options (``timezone``,
+        ``jitter_ms``, ``max_late_ms``, ``history_ttl_ms``, ``timeout_ms``, ``lease_ms``,
+        ``max_attempts``, ``overlap``, ``catch_up``, ``catch_up_window_ms``, ``handover``,
+        ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``, ``on_failure``), with its
+        defaults; options left as None take the backend's default (see the options table in
+        the README). ``retries`` (0 to 1000): a run whose handler fails is run again up to this
+        many times, each a new run (trigger ``retry``) on whichever instance claims it, after
         ``retry_backoff_ms`` doubling per retry up to ``retry_backoff_max_ms`` (jittered down to
         half); it needs a backend with a control store. ``on_failure``: called (sync or async)
         with the failed :class:`~anarchon.Run` once per finally failed slot, on the instance
@@ -371,24 +342,8 @@ class Scheduler:
         """
         if name in self._jobs:
             raise DuplicateJob(f"job name {name!r} is already registered; job names are unique")
-        options = JobOptions(
-            timezone=timezone,
-            jitter_ms=jitter_ms,
-            max_late_ms=max_late_ms,
-            history_ttl_ms=history_ttl_ms,
-            timeout_ms=timeout_ms,
-            lease_ms=lease_ms,
-            max_attempts=max_attempts,
-            overlap=overlap,
-            catch_up=catch_up,
-            catch_up_window_ms=catch_up_window_ms,
-            handover=handover,
-            retries=retries,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            on_failure=on_failure,
-        )
-        job = build_job(name, schedule, handler, options, self.backend)
+        chosen = job_options("Scheduler.add", options)
+        job = build_job(name, schedule, handler, chosen, self.backend)
         self._jobs[name] = job
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:

@@ -21,15 +21,17 @@ is the URL scheme, the value a :class:`~anarchon.backend.Backend` class with a
 ``from_url(url)`` class method (or any callable taking the URL and returning a backend)."""
 
 SCHEMES: Final = {
-    "sqlite": ("anarchon.backends.sqlite", "SQLiteBackend"),
-    "memory": ("anarchon.backends.memory", "MemoryBackend"),
-    "redis": ("anarchon.backends.redis", "RedisBackend"),
-    "rediss": ("anarchon.backends.redis", "RedisBackend"),
-    "postgresql": ("anarchon.backends.postgres", "PostgresBackend"),
-    "postgres": ("anarchon.backends.postgres", "PostgresBackend"),
-    "nats": ("anarchon.backends.nats", "NatsBackend"),
-    "tls": ("anarchon.backends.nats", "NatsBackend"),
+    "sqlite": "anarchon.backends.sqlite:SQLiteBackend",
+    "memory": "anarchon.backends.memory:MemoryBackend",
+    "redis": "anarchon.backends.redis:RedisBackend",
+    "rediss": "anarchon.backends.redis:RedisBackend",
+    "postgresql": "anarchon.backends.postgres:PostgresBackend",
+    "postgres": "anarchon.backends.postgres:PostgresBackend",
+    "nats": "anarchon.backends.nats:NatsBackend",
+    "tls": "anarchon.backends.nats:NatsBackend",
 }
+"""The built-in schemes, each to its backend class written as an entry point's value
+(``module:attribute``), the form a package registers an outside scheme in."""
 
 
 def backend_from_url(url: str) -> Backend:
@@ -70,8 +72,8 @@ def _from_url(url: str, shown: str) -> Backend:
     target = SCHEMES.get(scheme)
     if target is None:
         return _from_entry_point(url, shown, scheme)
-    module = importlib.import_module(target[0])
-    cls = getattr(module, target[1])
+    module, _, name = target.partition(":")
+    cls = getattr(importlib.import_module(module), name)
     backend = cls.from_url(url)
     assert isinstance(backend, Backend)
     return backend

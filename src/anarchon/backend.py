@@ -71,6 +71,8 @@ __all__ = [
     "FinishRequest",
     "JobPolicy",
     "LeaseBackend",
+    "RunIdentity",
+    "SlotRecords",
     "TakeoverOutcome",
     "TakeoverRequest",
     "TakeoverStatus",
@@ -185,8 +187,9 @@ class ClaimStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ticket:
-    """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
+class RunIdentity:
+    """The fields that name one claim of a run: the slot, the run and who claimed it with which
+    token. A :class:`Ticket` starts with them; a backend's own record of a claim may too."""
 
     job: str
     slot: int | None
@@ -195,6 +198,12 @@ class Ticket:
     token: str
     instance: str
     trigger: Trigger
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket(RunIdentity):
+    """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
+
     attempt: int
     fence: int | None
     started_at_ms: int
@@ -313,6 +322,18 @@ class TakeoverOutcome:
     ticket: Ticket | None = None
     lease_expires_at_ms: int | None = None
     backend_now_ms: int | None = None
+
+
+class SlotRecords(NamedTuple):
+    """What :meth:`Backend.slot_records` answers: the records of one slot and where the job's
+    records begin."""
+
+    runs: list[Run]
+    """Every record of the slot (its attempts, its retries' attempts and a skip or missed
+    record), oldest first: by start, then in the order they were recorded."""
+    oldest_ms: int | None
+    """The earliest of the job's recorded slots and start times (epoch ms), whatever the slot
+    asked about; None when the job has no records."""
 
 
 def _implements(cls: type, name: str, base: type) -> bool:
@@ -492,6 +513,21 @@ class Backend(abc.ABC):
         """Return the newest run of ``job`` (running or finished), or None."""
         runs = await self.history(job, limit=1)
         return runs[0] if runs else None
+
+    async def slot_records(self, job: str, slot: int) -> SlotRecords | None:
+        """Return the records of ``job`` whose slot is ``slot`` (epoch ms) and the earliest
+        recorded time of the job (:class:`SlotRecords`), or None if this backend cannot look a
+        slot up (the default).
+
+        :func:`anarchon.explain.explain` asks it first, so explaining a slot costs a lookup
+        instead of a read of the job's history; on None it reads the newest records instead.
+        Implement it only if it costs about what :meth:`history` with a small limit does,
+        however many records the job has (index lookups, not a scan): every attempt whose
+        slot is ``slot`` (retries, keyed ``<slot>-retry-<n>``, carry the slot too; manual runs
+        never match), oldest first as :meth:`history` orders them, newest last. Unknown jobs
+        and slots give ``SlotRecords([], ...)``.
+        """
+        return None
 
     async def server_time_ms(self) -> int | None:
         """Return the backend's clock (epoch ms) now, or None if it cannot tell at the moment.

@@ -14,7 +14,9 @@ moment, one :class:`Fate`:
 * ``no-record``: in the past and nothing recorded: either history was pruned (the slot is older
   than the oldest record) or nobody claimed it.
 
-It finds the slot's records in the job's newest ``limit`` records
+It looks the slot's records up by slot (:meth:`~anarchon.backend.Backend.slot_records`: SQLite,
+PostgreSQL and memory), so a job with a million records costs no more than one with ten. On a
+backend that cannot, it finds them in the job's newest ``limit`` records
 (:meth:`~anarchon.backend.Backend.history`, default :data:`HISTORY_LIMIT`): a slot older than
 those is reported ``no-record`` and says that it lies beyond what was read.
 
@@ -164,10 +166,13 @@ class SlotFate:
     been pruned or not read that far), False when records older than it exist, None when the
     job has no records."""
     oldest_record_ms: int | None = None
-    """The slot of the oldest record read (its start for a manual run); None: no records."""
+    """The earliest slot or start among the job's records (of those read, on a backend
+    without :meth:`~anarchon.backend.Backend.slot_records`); None: no records."""
     records_read: int = 0
-    """How many of the job's records were read (at most ``history_limit``)."""
+    """How many of the job's records were read: the slot's own when the backend looks slots
+    up, else the newest ones (at most ``history_limit``)."""
     history_limit: int = HISTORY_LIMIT
+    """How many records are read on a backend that cannot look a slot up."""
     is_slot: bool = True
     """False when records exist for a time that is not a slot of :attr:`definition` (the
     schedule changed since)."""
@@ -330,8 +335,17 @@ def slot_ms_of(slot: datetime | int) -> int:
 
 
 async def _definitions(
-    backend: Backend, job: str, view: ClusterView | None, now_ms: int
+    backend: Backend,
+    job: str,
+    definition: JobDefinition | None,
+    view: ClusterView | None,
+    now_ms: int,
 ) -> tuple[tuple[JobDefinition, ...], ClusterView | None]:
+    """The definitions to judge by: ``definition`` if given (the registry is then read only
+    later, for a future slot's carriers), else those of the live instances in ``view`` (read
+    now if None)."""
+    if definition is not None:
+        return (definition,), view
     if view is None:
         store = backend.registry()
         if store is not None:
@@ -385,7 +399,8 @@ async def explain(
     ``backend`` must be started (``start`` or ``start_reader``). The job's expression and zone
     come from ``definition``, else from the registry (``view``, else read now): the definition
     most live instances carry. ``now_ms`` defaults to the backend's clock. The slot's records
-    are looked for among the job's newest ``limit`` records.
+    are looked up by slot (:meth:`~anarchon.backend.Backend.slot_records`), or on a backend
+    that cannot, among the job's newest ``limit`` records.
 
     Raises :class:`~anarchon.errors.JobNotFound` when no definition is given and no live
     instance carries the job, :class:`~anarchon.errors.InvalidOption` for a bad ``slot`` or
@@ -397,9 +412,7 @@ async def explain(
     if now_ms is None:
         server = await backend.server_time_ms()
         now_ms = server if server is not None else ms_of(datetime.now(UTC))
-    variants, view = await _definitions(backend, job, view, now_ms)
-    if definition is not None:
-        variants = (definition,)
+    variants, view = await _definitions(backend, job, definition, view, now_ms)
     if not variants:
         raise JobNotFound(
             f"job {job!r} has no definition: no live instance carries it in "
@@ -414,16 +427,14 @@ async def explain(
             f"instances define {job!r} differently ({len(variants)} definitions); judged by "
             f"{used.expression!r} in {used.zone}"
         )
-    history = await backend.history(job, limit=limit)
-    runs = [r for r in reversed(history) if r.slot_ms == slot_ms]
-    oldest = min((_record_ms(r) for r in history), default=None)
+    runs, oldest, read, limited = await _records(backend, job, slot_ms, limit)
     base = SlotFate(
         job=job,
         slot_ms=slot_ms,
         fate=Fate.NO_RECORD,
         definition=used,
         now_ms=now_ms,
-        records_read=len(history),
+        records_read=read,
         history_limit=limit,
         oldest_record_ms=oldest,
         is_slot=matching is not None,
@@ -437,6 +448,8 @@ async def explain(
         before, after = nearest_slots(schedules[0], slot_ms)
         return replace(base, fate=Fate.NOT_A_SLOT, previous_slot_ms=before, next_slot_ms=after)
     if slot_ms > now_ms:
+        if view is None:
+            _, view = await _definitions(backend, job, None, None, now_ms)
         return replace(
             base,
             fate=Fate.FUTURE,
@@ -452,7 +465,7 @@ async def explain(
     pruned = None if oldest is None else oldest > slot_ms
     if oldest is None:
         reason = "the job has no records at all: no instance ever claimed a slot of it here"
-    elif oldest > slot_ms and len(history) >= limit:
+    elif oldest > slot_ms and limited:
         reason = (
             f"the slot is older than the {limit} newest records read (the oldest from "
             f"{_iso(oldest)}); explain with a larger limit to look further"
@@ -472,9 +485,27 @@ async def explain(
     return replace(base, reason=reason, history_pruned=pruned, notes=tuple(notes))
 
 
+async def _records(
+    backend: Backend, job: str, slot_ms: int, limit: int
+) -> tuple[list[Run], int | None, int, bool]:
+    """The slot's records (oldest first), the earliest slot or start of the job's records, how
+    many records were read, and whether the read stopped at ``limit`` (older records may
+    exist): by :meth:`~anarchon.backend.Backend.slot_records`, else from the newest ``limit``
+    records."""
+    found = await backend.slot_records(job, slot_ms)
+    if found is not None:
+        return list(found.runs), found.oldest_ms, len(found.runs), False
+    history = await backend.history(job, limit=limit)
+    runs = [r for r in reversed(history) if r.slot_ms == slot_ms]
+    oldest = min((_record_ms(r) for r in history), default=None)
+    return runs, oldest, len(history), len(history) >= limit
+
+
 def _record_ms(run: Run) -> int:
-    """Where a record stands in time: its slot, or its start for a manual run."""
-    return run.slot_ms if run.slot_ms is not None else ms_of(run.started_at)
+    """Where a record stands in time: the earlier of its slot and its start (its start for a
+    manual run)."""
+    started = ms_of(run.started_at)
+    return started if run.slot_ms is None else min(run.slot_ms, started)
 
 
 def _claim_window(definition: JobDefinition) -> int | None:

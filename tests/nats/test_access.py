@@ -151,6 +151,11 @@ def test_bad_credential_and_tls_options_are_refused(options: dict[str, Any], tex
         NatsBackend(**options)
 
 
+def test_a_misspelt_option_is_a_type_error_naming_the_constructor() -> None:
+    with pytest.raises(TypeError, match=r"NatsBackend\.__init__\(\) got an unexpected .*'pasword'"):
+        NatsBackend(user="admin", pasword=PASSWORD)  # type: ignore[call-arg]
+
+
 async def test_credentials_and_a_callers_connection_do_not_mix() -> None:
     nc = await connect("nats://127.0.0.1:4222")
     try:

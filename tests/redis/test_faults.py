@@ -361,5 +361,5 @@ async def test_clones_have_a_client_of_their_own(prefix: str) -> None:
         assert await client.ping()  # the copy closed its own client, not the one passed in
     finally:
         await client.aclose()
-    sentinel = Sentinel([("127.0.0.1", free_port())])  # type: ignore[no-untyped-call]
+    sentinel = Sentinel([("127.0.0.1", free_port())])  # type: ignore[no-untyped-call, unused-ignore]
     assert RedisBackend(client=sentinel.master_for("mymaster"), prefix=prefix).clone() is None

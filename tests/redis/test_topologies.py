@@ -181,7 +181,7 @@ async def test_sentinel_client_follows_a_failover(
     from redis.asyncio.sentinel import Sentinel
 
     primary, replica, watcher = sentinel
-    sentinels = Sentinel([("127.0.0.1", watcher.port)], socket_timeout=2)  # type: ignore[no-untyped-call]
+    sentinels = Sentinel([("127.0.0.1", watcher.port)], socket_timeout=2)  # type: ignore[no-untyped-call, unused-ignore]
     client = sentinels.master_for("mymaster")
     backend = RedisBackend(client=client, prefix="st:")
     await backend.start()

@@ -116,6 +116,8 @@ async def test_a_future_slot_names_its_carriers_and_a_pause_that_holds() -> None
     future = T0 + 10 * MINUTE
     found = await explain(backend, "sync", future)
     assert found.fate is Fate.FUTURE and found.instances == ("w0",) and found.pause is None
+    given = await explain(backend, "sync", future, definition=DEF)
+    assert given.fate is Fate.FUTURE and given.instances == ("w0",)
     assert "10m from now" in found.describe()
     await steering.pause(backend, "sync", by="bob@ops")
     paused = await explain(backend, "sync", future)
@@ -143,8 +145,54 @@ async def test_no_record_tells_pruned_from_nobody_claimed() -> None:
     [won] = await backend.claim([_claim(T0 + 20 * MINUTE)])
     gap = await explain(backend, "sync", T0 + 14 * MINUTE)
     assert gap.history_pruned is False and "nobody claimed it" in (gap.reason or "")
+    # The memory backend looks the slot up: the limit of a history read does not apply.
     beyond = await explain(backend, "sync", T0, limit=1)
-    assert "larger limit" in (beyond.reason or "")
+    assert "larger limit" not in (beyond.reason or "") and beyond.history_pruned is True
+
+
+class _NoLookup(MemoryBackend):
+    """A backend that cannot look a slot up: explain reads the newest records instead."""
+
+    async def slot_records(self, job: str, slot: int) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_without_slot_lookups_explain_reads_the_newest_records() -> None:
+    clock = FakeClock(T0)
+    backend = _NoLookup(clock=clock)
+    for n in range(3):
+        [won] = await backend.claim([_claim(T0 + 2 * n * MINUTE)])
+        assert won.ticket is not None
+        await backend.finish(won.ticket, "succeeded", None)
+        await clock.advance(2 * MINUTE)
+    await clock.advance(10 * MINUTE)
+    found = await explain(backend, "sync", T0 + 2 * MINUTE, definition=DEF)
+    assert found.fate is Fate.RAN and found.records_read == 3
+    beyond = await explain(backend, "sync", T0, definition=DEF, limit=2)
+    assert beyond.fate is Fate.NO_RECORD and "larger limit" in (beyond.reason or "")
+    assert beyond.records_read == 2 and beyond.oldest_record_ms == T0 + 2 * MINUTE
+
+
+async def test_slot_records_finds_an_old_slot_among_many_records() -> None:
+    clock, backend = await _setup()
+    for n in range(50):
+        [won] = await backend.claim([_claim(T0 + 2 * n * MINUTE)])
+        assert won.ticket is not None
+        await clock.advance(100)
+        await backend.finish(won.ticket, "failed" if n == 1 else "succeeded", None)
+    retry = _claim(T0 + 2 * MINUTE, trigger=Trigger.RETRY, key=retry_key(str(T0 + 2 * MINUTE), 1))
+    [again] = await backend.claim([retry])
+    assert again.ticket is not None
+    found = await backend.slot_records("sync", T0 + 2 * MINUTE)
+    assert found is not None and found.oldest_ms == T0
+    assert [(r.trigger, r.status) for r in found.runs] == [
+        (Trigger.SCHEDULE, RunStatus.FAILED),
+        (Trigger.RETRY, RunStatus.RUNNING),
+    ]
+    assert await backend.slot_records("nobody", T0) == ([], None)
+    await clock.advance(200 * MINUTE)
+    fate = await explain(backend, "sync", T0 + 2 * MINUTE, limit=1)
+    assert fate.fate is Fate.RUNNING and fate.records_read == 2
 
 
 async def test_a_slot_just_due_may_still_be_claimed() -> None:

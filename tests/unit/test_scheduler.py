@@ -284,3 +284,21 @@ def test_the_decorator_forwards_its_options_to_add() -> None:
     )
     with pytest.raises(TypeError, match="'leese_ms'"):
         scheduler.job("other", "@daily", leese_ms=1)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"Scheduler\.add\(\) got an unexpected keyword .*'leese_ms'"
+    ):
+        scheduler.add("other", "@daily", report, leese_ms=1)  # type: ignore[call-arg]
+    assert sorted(scheduler.jobs) == ["report"]
+
+
+def test_add_with_every_option_at_its_default_takes_the_documented_defaults() -> None:
+    scheduler = Scheduler(MemoryBackend(clock=FakeClock(START)), clock=FakeClock(START))
+
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    scheduler.add("plain", "* * * * *", handler)
+    job = scheduler._jobs["plain"]
+    assert job.schedule.timezone == "UTC"
+    assert (job.options.retries, job.options.on_failure) == (0, None)
+    assert (job.policy.lease_ms, job.options.retry_backoff_ms) == (15_000, 1_000)

@@ -19,6 +19,7 @@ from ..backend import (
     ClaimOutcome,
     ClaimRequest,
     LeaseBackend,
+    SlotRecords,
     TakeoverOutcome,
     TakeoverRequest,
     TakeoverStatus,
@@ -215,6 +216,16 @@ class MemoryBackend(LeaseBackend):
         """See :meth:`anarchon.backend.Backend.history`."""
         rows = self._rows.rows(job)
         return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
+
+    @_serialised
+    async def slot_records(self, job: str, slot: int) -> SlotRecords:
+        """See :meth:`anarchon.backend.Backend.slot_records` (a pass over the job's records,
+        as :meth:`history` makes)."""
+        rows = self._rows.rows(job)
+        starts = [row.started_at for row in rows] + [r.slot for r in rows if r.slot is not None]
+        return SlotRecords(
+            [row.to_run() for row in rows if row.slot == slot], min(starts, default=None)
+        )
 
     @_serialised
     async def last_slot(self, job: str) -> int | None:

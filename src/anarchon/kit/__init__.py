@@ -24,7 +24,7 @@ from typing import Final
 from .._clock import Clock, SystemClock
 from .._job import check_name
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
-from .._options import HISTORY_SIZE, Bound, check_bool, check_int, ms_text
+from .._options import HISTORY_SIZE, Bound, check_bool, check_int, check_keywords, ms_text
 from .._redact import redact_url
 from .._retry import backoff
 from ..logs import Action
@@ -63,6 +63,7 @@ __all__ = [
     "backoff",
     "check_bool",
     "check_int",
+    "check_keywords",
     "check_name",
     "check_pattern",
     "ms_text",

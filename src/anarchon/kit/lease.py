@@ -38,7 +38,7 @@ the same):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
@@ -406,20 +406,20 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
         return takeover_answer(req, row, now, exhausted=True)
     row.error = f"{why}: attempt {row.attempt + 1} taken over by {req.instance}"
     store.update(row)
-    new = RunRow(
-        job=row.job,
-        slot_key=row.slot_key,
-        slot=row.slot,
+    new = replace(  # the same slot, trigger and requester; a new attempt, holder and lease
+        row,
         attempt=row.attempt + 1,
         run_id=req.run_id,
         token=req.token,
         instance=req.instance,
-        trigger=row.trigger,
-        requested_by=row.requested_by,
         status=RunStatus.RUNNING,
         fence=store.next_fence(row.job, now),
         started_at=now,
+        finished_at=None,
         lease_expires_at=now + req.lease_ms,
+        released=False,
+        error=None,
+        reason=None,
     )
     store.insert(new)
     return _taken(new, req, now)

@@ -160,6 +160,31 @@ class BackendContract(ControlContract):
         runs = {r.slot_ms: r for r in await backend.history("job")}
         assert runs[other].status is RunStatus.SKIPPED
 
+    async def test_slot_records_answer_one_slot_oldest_first(self, backend: Backend) -> None:
+        """slot_records, where a backend has it: the slot's attempts and its retries' (never
+        another slot's or a manual run's), oldest first, and the job's earliest slot or start."""
+        [won] = await backend.claim([request(**lease(backend))])
+        assert won.ticket is not None
+        await backend.finish(won.ticket, RunStatus.FAILED, "boom")
+        retry = request(trigger=Trigger.RETRY, key=f"{SLOT}-retry-1", **lease(backend))
+        others = [request(slot=SLOT + 1000, **lease(backend))]
+        others.append(request(slot=None, trigger=Trigger.MANUAL, **lease(backend)))
+        assert [o.status for o in await backend.claim([retry, *others])] == [ClaimStatus.WON] * 3
+        found = await backend.slot_records("job", SLOT)
+        if found is None:
+            return  # optional: explain reads the newest records instead
+        history = await backend.history("job", limit=10)
+        assert found.runs == [r for r in reversed(history) if r.slot_ms == SLOT]
+        assert [(r.trigger, r.status) for r in found.runs] == [
+            (Trigger.SCHEDULE, RunStatus.FAILED),
+            (Trigger.RETRY, RunStatus.RUNNING),
+        ]
+        starts = [round(r.started_at.timestamp() * 1000) for r in history]
+        assert found.oldest_ms == min([SLOT, SLOT + 1000, *starts])
+        empty = await backend.slot_records("job", SLOT + 5000)
+        assert empty is not None and empty.runs == []
+        assert await backend.slot_records("nobody", SLOT) == ([], None)
+
     async def test_server_time_is_close_to_ours(self, backend: Backend) -> None:
         """Server time is close to ours."""
         server = await backend.server_time_ms()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Unpack
 
 from ...backend import Backend, ClaimOutcome, ClaimRequest, JobPolicy, Ticket
-from ...kit import Run, Trigger, check_name, redact_url
+from ...kit import Run, Trigger, check_keywords, check_name, redact_url
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
@@ -27,6 +27,7 @@ from ._control import NatsControl
 from ._options import (
     DEFAULT_SERVERS,
     Access,
+    AccessKwargs,
     check_access,
     check_at_least,
     check_connection,
@@ -95,27 +96,14 @@ class NatsBackend(Backend):
         history_size: int = 1000,
         replicas: int | None = None,
         shrink_window: bool = False,
-        user: str | None = None,
-        password: str | None = None,
-        token: str | None = None,
-        creds: str | None = None,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
+        **access_options: Unpack[AccessKwargs],
     ) -> None:
+        check_keywords("NatsBackend.__init__", access_options, AccessKwargs.__optional_keys__)
         import_nats()
         self.servers: list[str] = check_servers(servers)
         check_connection(connection)
         self.shrink_window = check_shrink_window(shrink_window)
-        access = Access(
-            user=user,
-            password=password,
-            token=token,
-            creds=creds,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-        )
+        access = Access(**access_options)
         check_access(access, connection)
         connect_options = access.connect_options()
         self.stream = check_stream(stream)

@@ -17,7 +17,7 @@ import os
 import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
@@ -104,6 +104,18 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
+
+
+class AccessKwargs(TypedDict, total=False):
+    """:class:`Access`'s fields, as :class:`~anarchon.backends.nats.NatsBackend` takes them."""
+
+    user: str | None
+    password: str | None
+    token: str | None
+    creds: str | None
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from ...backend import ClaimRequest, Ticket
+from ...backend import ClaimRequest, RunIdentity, Ticket
 from ...kit import Run, RunStatus, Trigger, ms_to_datetime
 from . import _subjects as subjects
 
 VERSION: Final = 1
 #: The fields that name a run, the same in a claim request, a claim, a ticket and both payloads.
-IDENTITY: Final = ("job", "slot", "slot_key", "run_id", "token", "instance", "trigger")
+IDENTITY: Final = tuple(f.name for f in fields(RunIdentity))
 #: The statuses a skip record carries.
 SKIP_STATUSES: Final = frozenset({RunStatus.SKIPPED, RunStatus.MISSED})
 
@@ -94,16 +94,9 @@ class Stored:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Claim:
+class Claim(RunIdentity):
     """A claim message, decoded."""
 
-    job: str
-    slot: int | None
-    slot_key: str
-    run_id: str
-    token: str
-    instance: str
-    trigger: Trigger
     seq: int
     time_ms: int
     reason: str | None = None

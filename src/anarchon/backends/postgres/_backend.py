@@ -234,6 +234,12 @@ class PostgresBackend(contract.LeaseBackend):
         found = await self._db.read(self._queries["history"], {"job": job, "limit": limit})
         return rows.runs(found)
 
+    async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
+        """See :meth:`anarchon.backend.Backend.slot_records`: one statement of index lookups,
+        whatever the size of the job's history."""
+        found = await self._db.read(self._queries["slot_records"], {"job": job, "slot": slot})
+        return rows.slot_records(found)
+
     async def server_time_ms(self) -> int | None:
         """The database clock, ``clock_timestamp()``, in epoch ms."""
         [row] = await self._db.read(self._queries["now"])

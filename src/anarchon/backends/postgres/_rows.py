@@ -15,6 +15,7 @@ from typing import Any, Final
 from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
+    SlotRecords,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
@@ -43,6 +44,7 @@ __all__ = [
     "released_or_lost",
     "renewed",
     "runs",
+    "slot_records",
     "takeover_outcome",
     "takeover_params",
     "ticket_params",
@@ -147,6 +149,13 @@ def _run_row(values: dict[str, Any]) -> RunRow | None:
 def runs(rows: Sequence[dict[str, Any]]) -> list[Run]:
     """The runs of ``history``'s rows."""
     return [r.to_run() for r in map(_run_row, rows) if r is not None]
+
+
+def slot_records(rows: Sequence[dict[str, Any]]) -> SlotRecords:
+    """The answer of ``slot_records``: its runs, and the job's earliest slot or start (the same
+    on every row; one row without a run when the slot has no records)."""
+    oldest = rows[0]["oldest"] if rows else None
+    return SlotRecords(runs(rows), None if oldest is None else int(oldest))
 
 
 def claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:

@@ -499,8 +499,13 @@ aged AS MATERIALIZED (
     LIMIT %(batch)s::integer
 ),
 held AS MATERIALIZED (
-    SELECT count(*) AS slots FROM {runs} x
-    WHERE EXISTS (SELECT 1 FROM accepted) AND x.job = %(job)s AND x.attempt = 1
+    -- Counted up to keep + batch (all that the limit below needs), so a job with a million
+    -- records is not counted in full at every result.
+    SELECT count(*) AS slots FROM (
+        SELECT 1 FROM {runs} x
+        WHERE EXISTS (SELECT 1 FROM accepted) AND x.job = %(job)s AND x.attempt = 1
+        LIMIT %(keep)s::integer + %(batch)s::integer
+    ) counted
 ),
 oldest AS MATERIALIZED (
     SELECT f.slot_key, f.slot
@@ -520,9 +525,9 @@ victims AS (
     SELECT slot_key, slot FROM aged UNION ALL SELECT slot_key, slot FROM oldest
 ),
 dropped AS (
+    -- By the primary key: (job, slot_key) for each victim, every attempt of it.
     DELETE FROM {runs} x
-    USING victims v
-    WHERE x.job = %(job)s AND x.slot_key = v.slot_key
+    WHERE x.job = %(job)s AND x.slot_key = ANY (ARRAY(SELECT slot_key FROM victims))
     RETURNING x.slot
 ),
 raised AS (
@@ -547,6 +552,16 @@ FROM {runs} x
 WHERE x.job = %(job)s
 ORDER BY x.started_at DESC, x.seq DESC
 LIMIT %(limit)s;
+
+-- name: slot_records
+-- Every attempt of one slot, its retries' too, oldest first (index runs_slot), with the earliest
+-- recorded slot (runs_slot) and start (runs_recorded) of the job: index lookups only.
+SELECT {run_columns},
+       least((SELECT min(slot) FROM {runs} WHERE job = %(job)s AND slot IS NOT NULL),
+             (SELECT min(started_at) FROM {runs} WHERE job = %(job)s)) AS oldest
+FROM (SELECT 1) one
+LEFT JOIN {runs} x ON x.job = %(job)s AND x.slot = %(slot)s::bigint
+ORDER BY x.started_at, x.seq;
 
 -- name: last_slot
 -- The newest recorded slot, or the newest pruned one if that is newer.

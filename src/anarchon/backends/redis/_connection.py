@@ -362,4 +362,4 @@ class Notifications:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]

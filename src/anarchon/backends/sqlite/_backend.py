@@ -142,6 +142,20 @@ class SQLiteBackend(contract.LeaseBackend):
 
         return await self._db.call(read)
 
+    async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
+        """See :meth:`anarchon.backend.Backend.slot_records`: three index lookups, whatever the
+        size of the job's history."""
+
+        def read(conn: sqlite3.Connection) -> contract.SlotRecords:
+            rows = conn.execute(Q["slot_records"], (job, slot)).fetchall()
+            oldest = conn.execute(Q["oldest_record"], {"job": job}).fetchone()[0]
+            return contract.SlotRecords(
+                [r.to_run() for r in map(row_of, rows) if r is not None],
+                None if oldest is None else int(oldest),
+            )
+
+        return await self._db.call(read)
+
     async def server_time_ms(self) -> int | None:
         """The backend's clock: the host's wall clock as anchored for this boot (see the
         package docstring), the one leases are measured on."""

@@ -57,7 +57,8 @@ class SQLiteRows:
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
         conn = self.conn
-        total = int(conn.execute(Q["slot_count"], (job,)).fetchone()[0])
+        bound = self.history_size + PRUNE_BATCH
+        total = int(conn.execute(Q["slot_count"], (job, bound)).fetchone()[0])
         victims: list[str] = []
         if cutoff is not None:
             aged = {"job": job, "keep_key": keep_key, "cutoff": cutoff, "limit": PRUNE_BATCH}

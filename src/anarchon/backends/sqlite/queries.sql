@@ -141,6 +141,24 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
        finished_at, lease_expires_at, released, error, reason, requested_by
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
+-- name: slot_records
+-- Every attempt of a slot, its retries' too, oldest first, through the partial index on
+-- (job, slot). Named: without statistics (the backend never runs ANALYZE) SQLite would rather
+-- read the job's runs in anarchon_runs_by_start's order to skip the sort, every one of them
+-- (260 ms for a job with 1 000 000 runs, against 0.1 ms).
+SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
+       finished_at, lease_expires_at, released, error, reason, requested_by
+FROM anarchon_runs INDEXED BY anarchon_runs_slot
+WHERE job = ? AND slot = ? ORDER BY started_at, rowid;
+
+-- name: oldest_record
+-- The earliest recorded slot or start of the job: two index lookups (the partial index on
+-- (job, slot), then anarchon_runs_by_start), NULL when the job has no records.
+SELECT min(coalesce(s, b), coalesce(b, s)) FROM (
+    SELECT (SELECT min(slot) FROM anarchon_runs WHERE job = :job AND slot IS NOT NULL) AS s,
+           (SELECT min(started_at) FROM anarchon_runs WHERE job = :job) AS b
+);
+
 -- name: last_slot
 -- The newest recorded slot, or the newest pruned one if that is newer: pruning never makes a
 -- job look as if it had not run.
@@ -176,7 +194,9 @@ DELETE FROM anarchon_events WHERE at < ?;
 -- never one whose latest attempt runs; a slot is represented by its attempt 1.
 
 -- name: slot_count
-SELECT count(*) FROM anarchon_runs WHERE job = ? AND attempt = 1;
+-- The job's slots, counted up to a bound (history_size + the prune batch: what pruning needs to
+-- know), so a job with a million records is not counted in full at every result.
+SELECT count(*) FROM (SELECT 1 FROM anarchon_runs WHERE job = ? AND attempt = 1 LIMIT ?);
 
 -- name: prune_aged
 -- Slots whose every attempt ended before the cutoff, oldest first.
