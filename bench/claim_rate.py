@@ -17,6 +17,7 @@ from typing import Any
 
 from .context import Context
 from .fleet import poll, spawn, stop
+from .stats import percentile
 
 INSTANCES = 3
 START_LEAD_S = 3.0
@@ -37,10 +38,13 @@ def _summary(answers: list[dict[str, Any]], phase: str, seconds: float) -> dict[
     }
 
 
-async def _one(ctx: Context, name: str) -> dict[str, Any]:
+async def _one(
+    ctx: Context, name: str, instances: int = INSTANCES, lead_s: float = START_LEAD_S
+) -> dict[str, Any]:
+    """One backend with ``instances`` contending processes, all starting ``lead_s`` from now."""
     target = ctx.targets[name]
     seconds = ctx.settings.rate_seconds
-    start_at = time.time() + START_LEAD_S
+    start_at = time.time() + lead_s
     run = uuid.uuid4().hex[:8]
     base = int(time.time()) * 1000
     url = ctx.services.url(name, "rate")
@@ -70,7 +74,7 @@ async def _one(ctx: Context, name: str) -> dict[str, Any]:
             ctx.dir("rate"),
             ready=False,
         )
-        for i in range(INSTANCES)
+        for i in range(instances)
     ]
     limit = start_at + 2 * seconds + 30 - time.time()
     await poll(lambda: not any(p.alive() for p in procs), limit)
@@ -87,7 +91,16 @@ async def _one(ctx: Context, name: str) -> dict[str, Any]:
         "primitive": primitive,
         "claim": claim,
         "share": claim["rate"] / primitive["rate"] if primitive["rate"] else None,
+        "instances": instances,
+        "primitive_lat": _latency(answers, "primitive"),
+        "claim_lat": _latency(answers, "claim"),
     }
+
+
+def _latency(answers: list[dict[str, Any]], phase: str) -> dict[str, float | None]:
+    """Round-trip percentiles (ms) of one phase's calls, every process's calls pooled."""
+    lat = [v for a in answers for v in a[phase].get("lat_ms", [])]
+    return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "calls": len(lat)}
 
 
 async def measure(ctx: Context) -> dict[str, Any]:

@@ -33,10 +33,12 @@ class Idle:
     t0: float = 0.0
 
 
-async def start(ctx: Context) -> Idle:
+async def start(ctx: Context, reference: bool = True) -> Idle:
+    """Start, one at a time, an instance with ``idle_jobs`` jobs per backend (and, with
+    ``reference``, one with none)."""
     idle = Idle()
     for target in ctx.available():
-        for jobs in (ctx.settings.idle_jobs, 0):
+        for jobs in (ctx.settings.idle_jobs, 0) if reference else (ctx.settings.idle_jobs,):
             ctx.say(f"idle: starting {target.name} with {jobs} jobs")
             spec = [{"prefix": "i", "count": jobs, "schedule": "idle"}] if jobs else []
             proc = spawn(

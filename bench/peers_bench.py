@@ -16,7 +16,8 @@ anarchon                6-9    Redis, PostgreSQL, SQLite, NATS; ``jitter_ms=0``,
 The peers run from their own virtualenv (``bench/.venv-peers``: arq needs redis-py < 6), as
 separate processes. Counted over the window: slots due, slots run, missed, duplicates (a slot
 started more than once), lag (first start minus slot), CPU of the three processes (% of one
-core, from /proc) and their RSS at the end.
+core, from /proc), the same CPU per slot run (ms: the whole cluster's CPU time over the window
+divided by the slots that ran) and their RSS at the end.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ async def measure(ctx: Context) -> dict[str, Any]:
         starts = [r for p in procs for r in p.starts()]
         result = tally(expected, starts)
         extra = [r for p in procs for r in p.records() if r.get("e") in ("missed", "max_instances")]
+        cpu_s = sum(cpu1[p.name] - cpu0[p.name] for p in procs)
         rows[system] = {
             "backend": BACKEND_OF[system],
             "expected": result.expected,
@@ -199,7 +201,8 @@ async def measure(ctx: Context) -> dict[str, Any]:
             "p99": percentile(result.lags_ms, 99),
             "max": max(result.lags_ms) if result.lags_ms else None,
             "lags": sorted(result.lags_ms),
-            "cpu_pct": sum(cpu1[p.name] - cpu0[p.name] for p in procs) / (w1 - w0) * 100,
+            "cpu_pct": cpu_s / (w1 - w0) * 100,
+            "cpu_ms_per_slot": cpu_s * 1000 / result.ran if result.ran else None,
             "rss_mb": sum(rss[p.name] for p in procs) / 2**20 / len(procs),
             "winners": sorted(result.by_pid.values(), reverse=True),
             "events": {

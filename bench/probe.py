@@ -10,7 +10,8 @@ the primitive, then a one-request ``claim`` (after a short warm-up each).
 ``batch``: the primitive for ``n`` keys in one go (the burst's reference).
 ``rate``: from wall time ``start-at`` for ``seconds``, the primitive in a loop over keys
 0, 1, 2 ...; then, after a pause of the same kind, ``claim`` in a loop over slots 0, 1, 2 ...
-Every process of a rate run walks the same keys, so each key is contended by all of them.
+Every process of a rate run walks the same keys, so each key is contended by all of them; each
+call's round trip is recorded too (``lat_ms``, the claim-latency curve's figures).
 Slots start at ``--base`` (epoch ms, now by default): a broker refuses to claim a slot older
 than its de-duplication window.
 """
@@ -112,24 +113,28 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
         await _until(args.start_at)
-        ops, won = 0, []
+        ops, won, lat = 0, [], []
         end = args.start_at + args.seconds
         while time.time() < end:
+            t = time.perf_counter()
             if await prim.claim(f"rate-{args.run}-{ops}"):
                 won.append(ops)
+            lat.append(round((time.perf_counter() - t) * 1000, 3))
             ops += 1
-        out["primitive"] = {"ops": ops, "won": won}
+        out["primitive"] = {"ops": ops, "won": won, "lat_ms": lat}
         start = end + GAP_S
         await _until(start)
-        ops, won = 0, []
+        ops, won, lat = 0, [], []
         end = start + args.seconds
         while time.time() < end:
             req = _request(f"r{ops % RATE_JOBS}", args.base + ops * 1000, instance, lease)
+            t = time.perf_counter()
             outcome = (await backend.claim([req]))[0]
+            lat.append(round((time.perf_counter() - t) * 1000, 3))
             if outcome.ticket is not None:
                 won.append(ops)
             ops += 1
-        out["claim"] = {"ops": ops, "won": won}
+        out["claim"] = {"ops": ops, "won": won, "lat_ms": lat}
     finally:
         await prim.close()
         await backend.stop()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import curves
+
 __all__ = ["markdown", "plot", "plot_history"]
 
 FIRE_TARGET_MS = 5.0
@@ -436,7 +438,8 @@ def peers_section(results: dict[str, Any]) -> list[str]:
         f"system, {peers['window_s']} s window; each system has its own second of the period. "
         "Defaults everywhere (anarchon with `jitter_ms=0`); peers from `bench/.venv-peers`. "
         "Lag: first start − due time. CPU: the three processes together, % of one core, over "
-        "the window. Ratio: lag p50 against anarchon on the same backend.",
+        "the window; CPU per slot: their CPU time over the window / slots that ran (idle work "
+        "included). Ratio: lag p50 against anarchon on the same backend.",
         "",
     ]
     rows = []
@@ -448,7 +451,7 @@ def peers_section(results: dict[str, Any]) -> list[str]:
         r = peers.get(system)
         if r is None:
             why = peers["skipped"].get(system) or peers["errors"].get(system) or "failed"
-            rows.append([system, "–", f"not run: {why}", *["–"] * 6, note])
+            rows.append([system, "–", f"not run: {why}", *["–"] * 7, note])
             continue
         ref = reference.get(r["backend"])
         rel = (
@@ -466,6 +469,7 @@ def peers_section(results: dict[str, Any]) -> list[str]:
                 ms(r["p99"]),
                 ratio(rel),
                 f"{r['cpu_pct']:.2f} %",
+                ms(r.get("cpu_ms_per_slot"), 1),
                 f"{r['rss_mb']:.0f} MB",
                 note,
             ]
@@ -480,6 +484,7 @@ def peers_section(results: dict[str, Any]) -> list[str]:
             "lag p99",
             "p50 vs anarchon",
             "CPU (3 procs)",
+            "CPU per slot",
             "RSS per proc",
             "how it decides",
         ],
@@ -671,6 +676,7 @@ def markdown(results: dict[str, Any]) -> str:
         peers_section,
         dashboard_section,
         history_section,
+        curves.markdown,
     ):
         lines += section(results)
     peaks = results.get("footprint") or {}

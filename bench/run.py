@@ -18,7 +18,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import burst, claim_rate, dashboard, failover, fire_lag, history, idle, peers_bench, report
+from . import (
+    burst,
+    claim_rate,
+    curves,
+    dashboard,
+    failover,
+    fire_lag,
+    history,
+    idle,
+    peers_bench,
+    report,
+)
 from .context import Context
 from .fleet import ROOT, stop_everything
 from .footprint import Footprint
@@ -26,7 +37,17 @@ from .services import BACKENDS, NATS, Services, Target
 from .services import SHARED_REDIS as SHARED
 from .settings import FULL, QUICK
 
-SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard", "history")
+SECTIONS = (
+    "fire",
+    "burst",
+    "rate",
+    "idle",
+    "failover",
+    "peers",
+    "dashboard",
+    "history",
+    "curves",
+)
 BENCH = ROOT / "bench"
 DEFAULT_PEERS = BENCH / ".venv-peers" / "bin" / "python"
 _NO = Target("none", False)
@@ -143,6 +164,9 @@ async def _measure(
     if "history" in sections:
         enter("history")
         results["history"] = await history.measure(ctx)
+    if "curves" in sections:
+        enter("curves")
+        results["curves"] = await curves.measure(ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -249,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     curve = Path(args.plot).with_name("history.png")
     if report.plot_history(results, curve):
         print(f"[bench] plot: {curve}", file=sys.stderr)
+    for path in curves.plots(results, Path(args.plot).parent):
+        print(f"[bench] plot: {path}", file=sys.stderr)
     Path(args.out).write_text(text + "\n")
     print(text)
     print(f"[bench] tables: {args.out}", file=sys.stderr)

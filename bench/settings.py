@@ -50,6 +50,13 @@ class Settings:
     """Calls of each read per size."""
     history_prune_cycles: int = 100
     """Claims and finishes of the per-second job while its history is pruned."""
+    # curves
+    curve_idle_jobs: tuple[int, ...] = (1_000, 10_000, 100_000)
+    """Registered jobs of the idle-cost curve."""
+    curve_burst_jobs: tuple[int, ...] = (1_000, 10_000, 50_000)
+    """Slots due at once of the burst-time curve."""
+    curve_instances: tuple[int, ...] = (3, 10, 30)
+    """Contending processes of the claim-latency curve."""
 
 
 FULL = Settings(
@@ -97,4 +104,7 @@ QUICK = Settings(
     history_sizes=(10_000, 100_000),
     history_samples=100,
     history_prune_cycles=30,
+    curve_idle_jobs=(500, 2_000, 5_000),
+    curve_burst_jobs=(500, 2_000, 5_000),
+    curve_instances=(3, 10, 30),
 )

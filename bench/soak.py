@@ -122,7 +122,7 @@ class Servers:
         self.backends = backends
         self._pg: Any = None
         self._redis: Any = None
-        self._redis_id: int | None = None
+        self._redis_id: str | None = None
 
     async def open(self) -> None:
         if "postgres" in self.backends:
@@ -135,7 +135,7 @@ class Servers:
 
             with contextlib.suppress(Exception):
                 self._redis = Redis.from_url(self.services.redis_url(), socket_timeout=5)
-                self._redis_id = int(await self._redis.client_id())
+                self._redis_id = str(await self._redis.client_id())  # CLIENT LIST ids are text
 
     async def count(self, backend: str) -> int | None:
         """Connections the server holds for ``backend``'s namespace (None: cannot tell)."""
@@ -151,7 +151,9 @@ class Servers:
                 clients = await self._redis.client_list()
                 db = str(self.services.redis_db)
                 return sum(
-                    1 for c in clients if str(c.get("db")) == db and c.get("id") != self._redis_id
+                    1
+                    for c in clients
+                    if str(c.get("db")) == db and str(c.get("id")) != self._redis_id
                 )
         except Exception:
             return None
@@ -308,6 +310,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await servers.open()
         for name in [n for n, t in targets.items() if t.available]:
             fleets.append(_spawn(services, name, args, work / "procs"))
+        if not fleets:
+            _say(began, "no backend available: nothing to soak")
+            return results
         every = [p for f in fleets for p in f.procs]
         problems = await wait_ready(every, READY_LIMIT_S, key="t_settled")
         results["meta"]["ready_problems"] = problems
@@ -441,6 +446,7 @@ def markdown(results: dict[str, Any]) -> str:
             d = r.get("drift", {}).get(key) if "error" not in r else None
             if d is None:
                 why = "no server count" if key == "server" else "too few samples"
+                why = "not run" if "error" in r else why
                 rows.append([series.title, name, "–", "–", "–", "–", "–", why])
                 continue
             rows.append(
