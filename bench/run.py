@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import burst, claim_rate, dashboard, failover, fire_lag, idle, peers_bench, report
+from . import burst, claim_rate, claims, dashboard, failover, fire_lag, idle, peers_bench, report
 from .context import Context
 from .fleet import ROOT, stop_everything
 from .footprint import Footprint
@@ -26,7 +26,7 @@ from .services import BACKENDS, NATS, Services, Target
 from .services import SHARED_REDIS as SHARED
 from .settings import FULL, QUICK
 
-SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard")
+SECTIONS = ("fire", "burst", "rate", "idle", "failover", "peers", "dashboard", "claims")
 BENCH = ROOT / "bench"
 DEFAULT_PEERS = BENCH / ".venv-peers" / "bin" / "python"
 _NO = Target("none", False)
@@ -140,6 +140,9 @@ async def _measure(
     if "dashboard" in sections:
         enter("dashboard")
         results["dashboard"] = await dashboard.measure(ctx)
+    if "claims" in sections:
+        enter("claims")
+        results["claims"] = await claims.measure(ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Final
 
 from .backend import ClaimNotice
-from .registry import ClusterView
+from .registry import SILENT_HEARTBEATS, ClusterView
 
 __all__ = ["Kind", "Plan", "Rendezvous", "delay_for_rank", "rank", "score"]
 
@@ -141,7 +141,9 @@ class Rendezvous:
             groups.setdefault(names, []).append(record.id)
         self._groups = tuple(_Group(frozenset(k), tuple(v)) for k, v in groups.items())
         self._seen_at = self._monotonic_ms()
-        self._max_age_ms = FRESH_HEARTBEATS * max_interval
+        # Ranking by a view this instance read long ago (its heartbeat failing, its loop
+        # overloaded) would be a guess: past the registry's silent window, claim unranked.
+        self._max_age_ms = SILENT_HEARTBEATS * max_interval
 
     def forget(self) -> None:
         """Drop the view and what was heard (the scheduler stopped)."""

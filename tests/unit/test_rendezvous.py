@@ -15,6 +15,7 @@ from anarchon import RunContext, Scheduler
 from anarchon._heartbeat import definition_of
 from anarchon._rendezvous import Kind, Rendezvous, delay_for_rank, rank, score
 from anarchon.backend import ClaimNotice, ClaimOutcome, ClaimRequest
+from anarchon.kit.feed import ChangeFeed, decode_notices, encode_notice
 from anarchon.registry import InstanceRecord, JobDefinition, build_view
 from anarchon.testing import MemoryBackend
 
@@ -105,8 +106,8 @@ def test_it_falls_back_to_random_jitter() -> None:
     rendezvous.notices = False
     assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
     rendezvous.notices = True
-    # The view is older than three of this instance's heartbeats.
-    now[0] = 3_001
+    # The view is older than six of this instance's heartbeats (the registry's silent window).
+    now[0] = 6_001
     assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
     # Alone.
     rendezvous.see(build_view([_record("a", 0)], now_ms=0))
@@ -224,3 +225,42 @@ async def test_a_dead_preferred_instance_costs_its_slots_a_rank_delay_not_a_run(
     assert figures.runs == [1] * len(figures.slots)
     assert figures.per_slot <= 1.2, figures
     assert any(getattr(r, "action", None) == "claim_heard" for r in caplog.records)
+
+
+# -- claim notices in the kit -----------------------------------------------------------------
+
+
+def test_notices_round_trip_and_malformed_ones_are_logged_and_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("anarchon.backends.test")
+    notice = ClaimNotice("sync", "60000", "pod-1", 75_000)
+    assert decode_notices(encode_notice(notice), log) == [notice]
+    broker = ClaimNotice("sync", "60000", "pod-1", None)
+    assert decode_notices(f"[{encode_notice(notice)},{encode_notice(broker)}]", log) == [
+        notice,
+        broker,
+    ]
+    for bad in ("not json", "[1, 2]", '["a", "b", "c", "soon"]', '["a", 1, "c", 2]', "{}"):
+        caplog.clear()
+        assert decode_notices(bad, log) == []
+        actions = [getattr(r, "action", None) for r in caplog.records]
+        assert actions == ["claim_notice_malformed"], bad
+
+
+def test_a_failing_claim_listener_is_logged_and_the_others_still_hear(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed = ChangeFeed("test")
+    heard: list[ClaimNotice] = []
+
+    def broken(notices: Sequence[ClaimNotice]) -> None:
+        raise RuntimeError("bug")
+
+    feed.add_claims(broken)
+    feed.add_claims(heard.extend)
+    notice = ClaimNotice("sync", "0", "pod-1", None)
+    feed.dispatch_claims([notice])
+    feed.dispatch_claims([])  # nothing to tell: nobody is called
+    assert heard == [notice]
+    assert [getattr(r, "action", None) for r in caplog.records] == ["listener_failed"]

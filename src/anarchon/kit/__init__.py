@@ -38,8 +38,6 @@ NOTIFICATIONS_LOST: Final = Action.NOTIFICATIONS_LOST
 """Log action: the backend's change notifications stopped (backups fall back to lease expiry)."""
 NOTIFICATIONS_RESUMED: Final = Action.NOTIFICATIONS_RESUMED
 """Log action: change notifications flow again after :data:`NOTIFICATIONS_LOST`."""
-CLAIM_NOTICES_REFUSED: Final = Action.CLAIM_NOTICES_REFUSED
-"""Log action: the backend refused to carry claim notices (a permission); logged once."""
 OUTAGE_ACTIONS: Final = (
     BACKEND_UNAVAILABLE,
     BACKEND_RECOVERED,
@@ -51,7 +49,6 @@ OUTAGE_ACTIONS: Final = (
 __all__ = [
     "BACKEND_RECOVERED",
     "BACKEND_UNAVAILABLE",
-    "CLAIM_NOTICES_REFUSED",
     "HISTORY_SIZE",
     "NOTIFICATIONS_LOST",
     "NOTIFICATIONS_RESUMED",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import backend as contract
 from ...errors import BackendError
-from ...kit import CLAIM_NOTICES_REFUSED, Run, RunStatus, backoff
+from ...kit import Run, RunStatus, backoff
 from ...kit.feed import ChangeFeed, decode_notices
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
@@ -330,7 +330,7 @@ class RedisBackend(contract.LeaseBackend):
                 "slot (grant the user the channel to rank claims)",
                 self._keys.claims_channel,
                 exc,
-                extra={"action": CLAIM_NOTICES_REFUSED},
+                extra={"action": "claim_notices_refused"},
             )
             await self._claims_feed.stop()
             return False
