@@ -21,6 +21,7 @@ from typing import Any
 from . import (
     burst,
     claim_rate,
+    claims,
     curves,
     dashboard,
     failover,
@@ -47,6 +48,7 @@ SECTIONS = (
     "dashboard",
     "history",
     "curves",
+    "claims",
 )
 BENCH = ROOT / "bench"
 DEFAULT_PEERS = BENCH / ".venv-peers" / "bin" / "python"
@@ -167,6 +169,9 @@ async def _measure(
     if "curves" in sections:
         enter("curves")
         results["curves"] = await curves.measure(ctx)
+    if "claims" in sections:
+        enter("claims")
+        results["claims"] = await claims.measure(ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

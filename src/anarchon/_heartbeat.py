@@ -84,6 +84,8 @@ class Heartbeat:
 
     instances_seen: int | None = None
     """Live instances in the registry at the last beat that read it (None before one)."""
+    on_view: Callable[[ClusterView], None] | None = None
+    """Called with each view a beat reads (the scheduler ranks its claims by it)."""
 
     def __init__(
         self,
@@ -202,6 +204,8 @@ class Heartbeat:
             )
         self._warn_drift(view)
         self.instances_seen = len(view.instances)
+        if self.on_view is not None:
+            self.on_view(view)
         return view
 
     def _warn_drift(self, view: ClusterView) -> None:

@@ -214,6 +214,10 @@ class Counters:
     claims_lost: int = 0
     claims_refused: int = 0
     claim_errors: int = 0
+    claims_preferred: int = 0
+    claims_backup: int = 0
+    claims_unranked: int = 0
+    claims_heard: int = 0
     skipped: int = 0
     too_late: int = 0
     no_thread: int = 0
@@ -313,6 +317,13 @@ class Metrics(Counters, Mapping[str, "int | None"]):
         runs those slots.
     :ivar claim_errors: claim calls that failed on an unavailable backend (each retried until the
         slot is too late).
+    :ivar claims_preferred: slots this instance claimed at once, ranked first for them
+        (rendezvous hashing over the registry; see ``docs/guarantees.md``, "Rank delays").
+    :ivar claims_backup: slots this instance claimed after its rank delay, no winner heard.
+    :ivar claims_unranked: slots claimed after a random jitter, without ranking (alone, no
+        registry view yet, ``jitter_ms=0``, or a backend that announces no claims).
+    :ivar claims_heard: slots not claimed: another instance's win was heard during the rank
+        delay (the run is watched as a backup would).
     :ivar skipped: slots recorded skipped (``overlap='skip'`` while the previous run held its
         lease, or too late).
     :ivar too_late: slots this instance reached after ``max_late_ms`` (claimed as skipped).

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import signal
 import socket
 import threading
@@ -51,6 +50,7 @@ from ._metrics import Counters, Metrics, jobs_now
 from ._missed import MissedSlots
 from ._models import Run, Trigger
 from ._options import Bound, check_int
+from ._rendezvous import Kind, Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
@@ -59,7 +59,7 @@ from ._threads import HandlerThreads
 from ._timer import Due, SlotTimer
 from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
-from .backend import Backend, ClaimRequest, ClaimStatus, LeaseBackend, Ticket
+from .backend import Backend, ClaimNotice, ClaimRequest, ClaimStatus, LeaseBackend, Ticket
 from .control import ALL_JOBS, Pause, RunRequest
 from .errors import (
     BackendUnavailable,
@@ -245,6 +245,7 @@ class Scheduler:
         self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
         self._threads = HandlerThreads(max_workers)
         self._timer = SlotTimer(self._clock, self._on_due, self._backend_clock.stepped)
+        self._rendezvous = Rendezvous("", self._clock.monotonic_ms)
         self._executor = RunExecutor(backend, self._clock, self._threads, self._counters, grace_ms)
         self._watcher: BackupWatcher | None = None
         if isinstance(backend, LeaseBackend):
@@ -436,6 +437,8 @@ class Scheduler:
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
+        await self._subscribe_claims()
+        stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
         for job in list(self._jobs.values()):
             self._schedule_next(job, now)
@@ -461,9 +464,36 @@ class Scheduler:
         if store is not None:  # the registry: see _heartbeat
             jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
             beat = Heartbeat(store, self._clock, self.heartbeat_ms, self.instance_id, jobs, offset)
+            beat.on_view = self._rendezvous.see
             self._heartbeat = beat
             beat.start()
             stack.push_async_callback(beat.stop)
+
+    async def _subscribe_claims(self) -> None:
+        """Hear the claims other instances win (rank delays: see :mod:`._rendezvous`)."""
+        rendezvous = self._rendezvous
+        rendezvous.instance = self.instance_id
+        mailbox = self._main_mailbox
+        assert mailbox is not None
+
+        def on_claims(notices: Sequence[ClaimNotice]) -> None:
+            # From the backend's listener, possibly on another thread: handled on the loop.
+            mailbox.post(self._on_claims, notices)
+
+        rendezvous.notices = await self.backend.subscribe_claims(on_claims)
+
+    def _on_claims(self, notices: Sequence[ClaimNotice]) -> None:
+        """Other instances won slots this one waits on: watch those runs as a backup would
+        (the claims themselves are dropped when the slots come due, see ``_on_due``)."""
+        if not self.running:
+            return
+        now: int | None = None
+        for notice in self._rendezvous.hear(notices):
+            if self._watcher is None or notice.lease_expires_at_ms is None:
+                continue
+            if notice.job in self._jobs:
+                now = self._backend_clock.time.now_ms() if now is None else now
+                self._watcher.watch(notice.job, notice.slot_key, notice.lease_expires_at_ms, now)
 
     async def _start_keeper(self, stack: AsyncExitStack, loop: asyncio.AbstractEventLoop) -> None:
         """Start the lease keeper: on the scheduler's own thread, with its own connection, when
@@ -867,8 +897,9 @@ class Scheduler:
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_slot(after_ms)
-        jitter = random.randint(0, job.policy.jitter_ms) if job.policy.jitter_ms else 0
-        self._timer.push(job.name, slot, slot + jitter, self._generation[job.name])
+        # The rank delay (or, unranked, a random jitter): see _rendezvous.
+        plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
+        self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
 
     def _on_due(self, batch: list[Due]) -> None:
         # "Too late" is a decision shared with other instances: judged on the backend's clock
@@ -890,7 +921,7 @@ class Scheduler:
                     early.append(due)
                     continue
                 fired.append((job, due.slot))
-                if self._state is not _State.RUNNING:
+                if self._state is not _State.RUNNING or self._heard(job, due.slot):
                     continue
                 request = self._claims.request(job, due.slot, Trigger.SCHEDULE, now)
                 if request.skip_reason is None and not job.is_async:
@@ -911,6 +942,29 @@ class Scheduler:
             if fired:
                 # After the claim is on its way: a batch of thousands would otherwise hold it.
                 self._spawn(self._reschedule(fired, now))
+
+    def _heard(self, job: Job, slot: int) -> bool:
+        """Count how this slot came to be claimed; True if another instance's win was heard
+        meanwhile (then it is not claimed: the claim could only lose)."""
+        kind, notice = self._rendezvous.due(job.name, slot)
+        counters = self._counters
+        if notice is None:
+            if kind is Kind.PREFERRED:
+                counters.claims_preferred += 1
+            elif kind is Kind.BACKUP:
+                counters.claims_backup += 1
+            else:
+                counters.claims_unranked += 1
+            return False
+        counters.claims_heard += 1
+        logger.debug(
+            "not claiming %s slot %s: %s won it first",
+            job.name,
+            slot,
+            notice.instance,
+            extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
+        )
+        return True
 
     def _push_back(self, due: Due, wall_ms: int) -> None:
         self._timer.push(due.job, due.slot, wall_ms, due.generation)

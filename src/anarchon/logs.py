@@ -60,6 +60,7 @@ class Action(StrEnum):
     CLAIM_SKIPPED = "claim_skipped"
     CLAIM_REFUSED = "claim_refused"
     CLAIM_RETRY = "claim_retry"
+    CLAIM_HEARD = "claim_heard"
     CLAIM_FAILED = "claim_failed"
     TOO_LATE = "too_late"
     NO_THREAD = "no_thread"
@@ -107,6 +108,8 @@ class Action(StrEnum):
     NOTIFICATIONS_LOST = "notifications_lost"
     NOTIFICATIONS_RESUMED = "notifications_resumed"
     LISTENER_FAILED = "listener_failed"
+    CLAIM_NOTICE_MALFORMED = "claim_notice_malformed"
+    CLAIM_NOTICES_REFUSED = "claim_notices_refused"
     # the registry (anarchon.registry)
     DEFINITION_DRIFT = "definition_drift"
     INSTANCE_REMOVED = "instance_removed"

@@ -344,6 +344,13 @@ class AnarchonCollector:
             "Claims answered: won (this instance runs), lost (another instance won).",
             labels=["result"],
         )
+        ranks = core.CounterMetricFamily(
+            "anarchon_claim_ranks",
+            "Slots by how this instance came to claim them: preferred (ranked first, at once), "
+            "backup (after its rank delay), unranked (random jitter), heard (not claimed: "
+            "another instance's win was heard first).",
+            labels=["rank"],
+        )
         errors = core.CounterMetricFamily(
             "anarchon_backend_errors",
             "Backend errors by operation and kind: unavailable (retried), refused (for good).",
@@ -366,6 +373,8 @@ class AnarchonCollector:
 
             claims.add_metric(["won"], m.claims_won)
             claims.add_metric(["lost"], m.claims_lost)
+            for name in ("preferred", "backup", "unranked", "heard"):
+                ranks.add_metric([name], getattr(m, f"claims_{name}"))
             for operation, kind, field in _BACKEND_ERRORS:
                 errors.add_metric([backend, operation, kind], getattr(m, field))
             latency.add_metric([backend], _buckets(m.claim_latency), m.claim_latency.sum)
@@ -376,6 +385,7 @@ class AnarchonCollector:
                 {"instance_id": scheduler.instance_id, "backend": backend, "version": __version__},
             )
         yield claims
+        yield ranks
         yield errors
         yield latency
         yield from figures

@@ -16,6 +16,7 @@ class TestContract(LeaseBackendContract):
     """Every backend; brokers skip the lease classes' tests."""
 
     control_required = True
+    notices_required = True
 
     @pytest.fixture
     def backend_factory(self, ns: Namespace) -> Callable[[], Backend]:

@@ -48,8 +48,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> None:
     backend = backend_from_url(args.url)
-    grace = {} if args.grace_ms is None else {"grace_ms": args.grace_ms}  # else the default
-    scheduler = Scheduler(backend, instance_id=args.instance or f"w{os.getpid()}", **grace)
+    given = {} if args.grace_ms is None else {"grace_ms": args.grace_ms}  # else the default
+    if args.heartbeat_ms is not None:
+        given["heartbeat_ms"] = args.heartbeat_ms
+    scheduler = Scheduler(backend, instance_id=args.instance or f"w{os.getpid()}", **given)
 
     async def handler(ctx: RunContext) -> None:
         base = {
@@ -104,6 +106,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--sleep-ms", type=int, default=0)
     p.add_argument("--grace-ms", type=int, help="default: the Scheduler's")
+    p.add_argument("--heartbeat-ms", type=int, help="default: the Scheduler's")
     p.add_argument(
         "--handler-mode",
         choices=["sleep", "block"],

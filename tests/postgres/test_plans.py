@@ -171,7 +171,8 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                         lease_ms=5000,
                         overlap=Overlap.SKIP,
                     )
-                ]
+                ],
+                q.names.channel,
             ),
         ),
         "finish_and_prune": (

@@ -79,7 +79,7 @@ async def test_a_version_4_file_is_migrated_and_keeps_its_history(tmp_path: Path
     await backend.stop()
     assert {"anarchon_pauses", "anarchon_requests"} <= tables(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 5
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
     conn.close()
 
 

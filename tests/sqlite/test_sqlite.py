@@ -36,7 +36,7 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
     await backend.stop()
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 5
+    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
     conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
     conn.commit()
     conn.close()
@@ -52,7 +52,7 @@ async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
     for backend in backends:
         await backend.stop()
     conn = sqlite3.connect(tmp_path / "b.db")
-    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 5
+    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 6
 
 
 async def test_history_is_capped_by_count(tmp_path: Path) -> None:
@@ -110,6 +110,7 @@ async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         3,
         4,
         5,
+        6,
     ]
     assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
     indexes = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 from ..backend import (
     ChangeEvent,
     ChangeListener,
+    ClaimListener,
     ClaimOutcome,
     ClaimRequest,
     LeaseBackend,
@@ -28,7 +29,7 @@ from ..backend import (
 from ..control import ALL_JOBS, Pause, RunRequest
 from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
 from ..kit import lease as rules
-from ..kit.feed import ChangeFeed
+from ..kit.feed import ChangeFeed, won_notices
 from ..kit.lease import RunRow
 from ..registry import InstanceRecord
 
@@ -183,7 +184,9 @@ class MemoryBackend(LeaseBackend):
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`."""
         now = self._now()
-        return [rules.claim(self._rows, req, now) for req in requests]
+        outcomes = [rules.claim(self._rows, req, now) for req in requests]
+        self._feed.dispatch_claims(won_notices(outcomes))
+        return outcomes
 
     @_serialised
     async def renew(self, ticket: Ticket) -> Ticket:
@@ -240,6 +243,12 @@ class MemoryBackend(LeaseBackend):
         """Call ``on_change`` synchronously on every release and finish; a listener that raises
         is logged and the others are still called."""
         self._feed.add(on_change)
+
+    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
+        """Call ``on_claims`` synchronously with the notices of every claim call that won
+        slots (before the call answers); True: this backend announces claims."""
+        self._feed.add_claims(on_claims)
+        return True
 
     def _notify(self, job: str, slot_key: str, released: bool) -> None:
         self._feed.dispatch(ChangeEvent(job, slot_key, released))

@@ -15,18 +15,73 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
-from ..backend import ChangeEvent, ChangeListener
+from ..backend import (
+    ChangeEvent,
+    ChangeListener,
+    ClaimListener,
+    ClaimNotice,
+    ClaimOutcome,
+    ClaimStatus,
+)
 from ..logs import Action
 from .calls import consume
 
-__all__ = ["ChangeFeed", "NextChanges"]
+__all__ = ["ChangeFeed", "NextChanges", "decode_notices", "encode_notice", "won_notices"]
 
-NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent]]]
+NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent | ClaimNotice]]]
 """A backend's stream of changes: wait for the next ones and return them (none is fine: a
-subscription made, a quiet connection checked); raise while the backend is out of reach."""
+subscription made, a quiet connection checked); raise while the backend is out of reach. Claim
+notices (:meth:`~anarchon.backend.Backend.subscribe_claims`) may come on the same stream."""
+
+
+def won_notices(outcomes: Sequence[ClaimOutcome]) -> list[ClaimNotice]:
+    """A notice for each won claim among ``outcomes`` (for a backend that announces claims
+    after it answered them, as the in-memory and NATS backends do)."""
+    return [
+        ClaimNotice(t.job, t.slot_key, t.instance, t.lease_expires_at_ms)
+        for o in outcomes
+        if o.status is ClaimStatus.WON and (t := o.ticket) is not None
+    ]
+
+
+def encode_notice(notice: ClaimNotice) -> str:
+    """One notice as compact JSON (``[job, slot_key, instance, lease_expires_at_ms]``), the
+    shape :func:`decode_notices` reads; backends that build it in SQL or Lua write the same."""
+    return json.dumps(
+        [notice.job, notice.slot_key, notice.instance, notice.lease_expires_at_ms],
+        separators=(",", ":"),
+    )
+
+
+def decode_notices(data: str | bytes, logger: logging.Logger) -> list[ClaimNotice]:
+    """The notices in ``data``: one notice (:func:`encode_notice`) or a JSON list of them. What
+    cannot be read is logged (``claim_notice_malformed``) and dropped: a lost notice costs one
+    losing claim, never a run."""
+    try:
+        value = json.loads(data)
+        items = value if value and isinstance(value[0], list) else [value]
+        notices = []
+        for item in items:
+            job, slot_key, instance, expires = item
+            if not all(isinstance(v, str) for v in (job, slot_key, instance)) or not (
+                expires is None or (isinstance(expires, int) and not isinstance(expires, bool))
+            ):
+                raise TypeError(f"bad field types in {item!r}")
+            notices.append(ClaimNotice(job, slot_key, instance, expires))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        logger.warning(
+            "dropping a malformed claim notice %.200r: %s",
+            data,
+            exc,
+            extra={"action": Action.CLAIM_NOTICE_MALFORMED},
+        )
+        return []
+    return notices
+
 
 # How long stop() waits for each cancellation before cancelling again.
 _CANCEL_WAIT_S = 0.5
@@ -41,6 +96,7 @@ class ChangeFeed:
     def __init__(self, backend: str) -> None:
         self.logger = logging.getLogger(f"anarchon.backends.{backend}")
         self._listeners: list[ChangeListener] = []
+        self._claims: list[ClaimListener] = []
         self._task: asyncio.Task[None] | None = None
         self._lost = False
         self._live = asyncio.Event()
@@ -59,6 +115,30 @@ class ChangeFeed:
     def live(self) -> bool:
         """True while the stream answers: since its last call returned, until one raises."""
         return self._live.is_set()
+
+    @property
+    def claim_listeners(self) -> Sequence[ClaimListener]:
+        """The claim listeners (:meth:`add_claims`), in the order they subscribed."""
+        return tuple(self._claims)
+
+    def add_claims(self, listener: ClaimListener) -> None:
+        """Subscribe ``listener`` to claim notices: called with each batch of them."""
+        self._claims.append(listener)
+
+    def dispatch_claims(self, notices: Sequence[ClaimNotice]) -> None:
+        """Call every claim listener with ``notices`` (nothing for none). A listener that
+        raises is logged and the others are still called."""
+        if not notices:
+            return
+        for listener in tuple(self._claims):
+            try:
+                listener(notices)
+            except Exception:
+                self.logger.exception(
+                    "a claim listener failed on %d notice(s); the others were still told",
+                    len(notices),
+                    extra={"action": Action.LISTENER_FAILED, "job": notices[0].job},
+                )
 
     def add(self, listener: ChangeListener) -> None:
         """Subscribe ``listener``: it is called as ``listener(job, slot_key, released)``."""
@@ -129,6 +209,7 @@ class ChangeFeed:
         self._live.clear()
         self._lost = False
         self._listeners.clear()
+        self._claims.clear()
 
     def lost(self, error: BaseException) -> None:
         """Record that notifications stopped (logged once per outage)."""
@@ -170,5 +251,10 @@ class ChangeFeed:
                 continue
             delays = None
             self.resumed()
+            notices: list[ClaimNotice] = []
             for event in events:
-                self.dispatch(event)
+                if isinstance(event, ClaimNotice):
+                    notices.append(event)
+                else:
+                    self.dispatch(event)
+            self.dispatch_claims(notices)

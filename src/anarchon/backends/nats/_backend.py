@@ -13,11 +13,22 @@ This is a broker: no leases, so no backup runners, overlap protection, catch-up 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, Unpack
+from typing import TYPE_CHECKING, Any, Final, Unpack
 
-from ...backend import Backend, ClaimOutcome, ClaimRequest, JobPolicy, Ticket
+from ...backend import (
+    Backend,
+    ClaimListener,
+    ClaimNotice,
+    ClaimOutcome,
+    ClaimRequest,
+    JobPolicy,
+    Ticket,
+)
 from ...kit import Run, Trigger, check_keywords, check_name, redact_url
+from ...kit.feed import ChangeFeed, decode_notices, won_notices
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
@@ -50,6 +61,10 @@ __all__ = ["NatsBackend"]
 LAST_RUN_SCAN: Final = 32
 # last_slots() reads at most this many jobs' newest claims at once.
 LAST_SLOTS_AT_ONCE: Final = 32
+
+
+#: Claim notices per core NATS message (far under the default 1 MB payload limit).
+NOTICES_PER_MESSAGE: Final = 500
 
 
 class NatsBackend(Backend):
@@ -132,6 +147,8 @@ class NatsBackend(Backend):
             control=self._control,
         )
         self._upkeep: asyncio.Future[None] | None = None
+        self._feed = ChangeFeed(self.name)
+        self._claimed: Any = None  # the subscription to claim notices, once subscribed
 
     def __repr__(self) -> str:
         where = "connection=<yours>" if self._yours else repr([redact_url(s) for s in self.servers])
@@ -192,6 +209,11 @@ class NatsBackend(Backend):
         if upkeep is not None:
             upkeep.cancel()
             await asyncio.gather(upkeep, return_exceptions=True)
+        claimed, self._claimed = self._claimed, None
+        if claimed is not None:  # on a connection you passed in, it outlives this backend
+            with contextlib.suppress(Exception):
+                await claimed.unsubscribe()
+        await self._feed.stop()
         await self._conn.close()
 
     def check_job(self, policy: JobPolicy) -> None:
@@ -207,8 +229,46 @@ class NatsBackend(Backend):
         return self._window.skew_budget_ms(policy)
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
-        """Publish each request's claim (concurrently) and tell who won; see :mod:`._claims`."""
-        return await self._claims.claim(requests)
+        """Publish each request's claim (concurrently) and tell who won; see :mod:`._claims`.
+        Won claims are then announced (:meth:`subscribe_claims`)."""
+        outcomes = await self._claims.claim(requests)
+        notices = won_notices(outcomes)
+        if notices:
+            await self._announce(notices)
+        return outcomes
+
+    async def _announce(self, notices: Sequence[ClaimNotice]) -> None:
+        """Publish claim notices on core NATS (after the acks: only decided wins), in messages
+        of at most :data:`NOTICES_PER_MESSAGE`. Best effort: a lost notice costs another
+        instance a losing claim, never a run."""
+        nc, _ = self._conn.require()
+        subject = subjects.CLAIMED.format(stream=self.stream)
+        try:
+            for at in range(0, len(notices), NOTICES_PER_MESSAGE):
+                chunk = notices[at : at + NOTICES_PER_MESSAGE]
+                body = [[n.job, n.slot_key, n.instance, n.lease_expires_at_ms] for n in chunk]
+                await nc.publish(subject, json.dumps(body, separators=(",", ":")).encode())
+        except Exception as exc:  # the connection is down: the claims themselves were acked
+            self._feed.logger.debug("claim notices not sent: %s", exc)
+
+    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
+        """Call ``on_claims`` with the notices every instance publishes on
+        ``_anarchon.<stream>.claimed`` after its claims are acked (core NATS; the client
+        subscribes again by itself after a reconnect)."""
+        self._feed.add_claims(on_claims)
+        if self._claimed is None:
+            nc, _ = self._conn.require()
+            feed = self._feed
+
+            async def heard(msg: Any) -> None:
+                feed.dispatch_claims(decode_notices(msg.data, feed.logger))
+
+            self._claimed = await nc.subscribe(
+                subjects.CLAIMED.format(stream=self.stream), cb=heard
+            )
+            with contextlib.suppress(Exception):  # the subscription reaches the server first
+                await nc.flush(timeout=2)
+        return True
 
     async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
         """Publish the run's result to ``<prefix><job>.results`` (once, by message id).

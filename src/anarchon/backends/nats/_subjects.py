@@ -9,6 +9,9 @@ by the stream's one subject ``<prefix>>``::
     <prefix>_clock          a probe for the server's clock on servers older than 2.10, deleted
                             right after it is read (one token, so it never matches a job)
 
+and, outside the stream (core NATS, not stored), ``_anarchon.<stream>.claimed`` carries the
+claim notices (``Backend.subscribe_claims``): JSON lists ``[job, slot_key, instance, null]``.
+
 A claim's ``Nats-Msg-Id`` is ``<job>:<slot>`` (``<job>:manual-<run_id>`` for a manual run), the
 same on every instance, so JetStream's de-duplication picks the first. A result's id is
 ``<job>:<slot_key>:result``, so a retried publish is stored once.
@@ -31,6 +34,8 @@ RESULTS: Final = "{prefix}{job}.results"
 """Where the results of a job are published."""
 JOB: Final = "{prefix}{job}.*"
 """A consumer filter for both subjects of a job (one wildcard: 2.9 has no multi-filter)."""
+CLAIMED: Final = "_anarchon.{stream}.claimed"
+"""Where won claims are announced (core NATS: not stored, not in the stream)."""
 CLOCK: Final = "{prefix}_clock"
 """The clock probe's subject."""
 CLAIM_ID: Final = "{job}:{slot_key}"

@@ -202,7 +202,9 @@ class PostgresBackend(contract.LeaseBackend):
         elif self.prepared_statements:
             before.append((q["generic_plans"], None))
         before.append((q["lock_jobs"], {"jobs": sorted({r.job for r in reqs})}))
-        found = await self._db.transaction(conn, before, q["claim"], rows.claim_params(reqs))
+        found = await self._db.transaction(
+            conn, before, q["claim"], rows.claim_params(reqs, q.names.channel)
+        )
         if len(found) != len(reqs):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
         return [rows.claim_outcome(req, row) for req, row in zip(reqs, found, strict=True)]
@@ -317,6 +319,19 @@ class PostgresBackend(contract.LeaseBackend):
         if not self.notifications:
             return
         self._feed.add(on_change)
+        await self._listen()
+
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Hear the claim notices the claim statement sends (``pg_notify``, at commit) on the
+        LISTEN connection that wakes backups; False when notifications are off."""
+        if not self.notifications:
+            return False
+        self._feed.add_claims(on_claims)
+        await self._listen()
+        return True
+
+    async def _listen(self) -> None:
+        """Start the LISTEN connection once; the first subscriber waits for it (bounded)."""
         if self._listener is None:
             self._listener = Listener(
                 self._db.connect_listener, self._queries.names.channel, self._where

@@ -1,5 +1,6 @@
 """LISTEN on a dedicated connection: the stream of changes the backend's
-:class:`~anarchon.kit.feed.ChangeFeed` reads to wake backups.
+:class:`~anarchon.kit.feed.ChangeFeed` reads to wake backups, and of the claim notices the claim
+statement sends on the same channel (JSON lists, told apart by their first character).
 
 The connection is the stream's own (never one of the pool's, never the caller's): it is opened
 in the first call (and again in the first call after a failure), kept open, and checked with a
@@ -17,8 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from anarchon.backend import ChangeEvent
+from anarchon.backend import ChangeEvent, ClaimNotice
 from anarchon.errors import BackendUnavailable
+from anarchon.kit.feed import decode_notices
 
 from ._errors import first_line
 
@@ -48,7 +50,7 @@ class Listener:
         self._where = where
         self._conn: AsyncConnection[Any] | None = None
 
-    async def next_changes(self) -> list[ChangeEvent]:
+    async def next_changes(self) -> list[ChangeEvent | ClaimNotice]:
         """Connect and LISTEN if not listening (no events then), else wait for the next
         notifications (at most :data:`PING_EVERY_S`, then check the connection). Raises
         :class:`~anarchon.errors.BackendUnavailable` when the connection fails, after closing
@@ -73,11 +75,17 @@ class Listener:
         await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         logger.debug("listening on %s at %s", self._channel, self._where)
 
-    async def _next(self, conn: AsyncConnection[Any]) -> list[ChangeEvent]:
+    async def _next(self, conn: AsyncConnection[Any]) -> list[ChangeEvent | ClaimNotice]:
         notes = [note async for note in conn.notifies(timeout=PING_EVERY_S, stop_after=1)]
         if not notes:  # quiet for a while: make sure the connection still works
             await asyncio.wait_for(conn.execute("SELECT 1"), PING_TIMEOUT_S)
-        return [_event(note) for note in notes]
+        out: list[ChangeEvent | ClaimNotice] = []
+        for note in notes:
+            if note.payload.startswith("["):  # claim notices (a job name never starts so)
+                out.extend(decode_notices(note.payload, logger))
+            else:
+                out.append(_event(note))
+        return out
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None

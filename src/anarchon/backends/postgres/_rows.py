@@ -57,9 +57,11 @@ _RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
 # -- parameters -----------------------------------------------------------------------------
 
 
-def claim_params(reqs: Sequence[ClaimRequest]) -> dict[str, Any]:
-    """The ``claim`` statement's parameters: one array per field, a request per index."""
+def claim_params(reqs: Sequence[ClaimRequest], channel: str) -> dict[str, Any]:
+    """The ``claim`` statement's parameters: one array per field, a request per index, and the
+    ``channel`` its claim notices go to."""
     return {
+        "channel": channel,
         "job": [r.job for r in reqs],
         "slot_key": [r.slot_key for r in reqs],
         "slot": [r.slot for r in reqs],

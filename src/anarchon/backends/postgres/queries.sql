@@ -339,9 +339,31 @@ answers AS (
         ORDER BY x.attempt DESC LIMIT 1
     ) x
     WHERE n.verdict = 'existing'
+),
+notified AS (
+    -- Claim notices (Backend.subscribe_claims), delivered at commit: the won claims as JSON
+    -- lists [job, slot_key, instance, lease expiry], several to a notification, each
+    -- notification under 8000 bytes (NOTIFY's limit).
+    SELECT count(pg_notify(%(channel)s::text, c.payload)) AS sent
+    FROM (
+        SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
+        FROM (
+            SELECT v.notice, v.pos,
+                   sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
+            FROM (
+                SELECT json_build_array(i.job, i.slot_key, i.instance, i.lease_expires_at)
+                           AS notice,
+                       row_number() OVER (ORDER BY i.job, i.slot_key) AS pos
+                FROM inserted i
+                WHERE i.status = 'running'
+            ) v
+        ) w
+        GROUP BY w.chunk
+    ) c
 )
 SELECT n.ord, n.verdict, n.now, {run_columns}
 FROM numbered n LEFT JOIN answers x ON x.ord = n.ord
+CROSS JOIN notified
 ORDER BY n.ord;
 
 -- name: peek_takeover

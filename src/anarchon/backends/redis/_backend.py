@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ... import backend as contract
 from ...errors import BackendError
 from ...kit import Run, RunStatus, backoff
-from ...kit.feed import ChangeFeed
+from ...kit.feed import ChangeFeed, decode_notices
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
 from ._connection import SUBSCRIBE_WAIT_S, Connection, Notifications, renewal_timeout
@@ -25,12 +25,21 @@ from ._options import (
     split_url,
 )
 from ._registry import RedisRegistry
+from ._rows import text
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
 __all__ = ["RedisBackend"]
+
+
+def _refused(error: BaseException) -> bool:
+    """True if ``error`` is Redis refusing a permission (an ACL), not an outage."""
+    import redis.exceptions as rx
+
+    cause = error.__cause__
+    return isinstance(cause, rx.NoPermissionError) or "NOPERM" in str(error)
 
 
 def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
@@ -79,6 +88,9 @@ class RedisBackend(contract.LeaseBackend):
         self._keys = Namespace(prefix)
         self._connection.owner = repr(self)
         self._feed = ChangeFeed(self.name)
+        # Claim notices come on a subscription (connection) of their own.
+        self._claims_feed = ChangeFeed(self.name)
+        self._claims_refused = False
         #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
         #: see tests/conformance/test_differential.py).
         self._test_clock_offset_ms = 0
@@ -112,6 +124,7 @@ class RedisBackend(contract.LeaseBackend):
     async def stop(self) -> None:
         """Stop listening and close the client this backend created (never one passed in)."""
         await self._feed.stop()
+        await self._claims_feed.stop()
         await self._connection.close()
 
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
@@ -131,7 +144,10 @@ class RedisBackend(contract.LeaseBackend):
         calls = [
             (
                 self._keys.job(reqs[n].job).all() + pauses_key,
-                self._args(**rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job))),
+                self._args(
+                    **rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job)),
+                    claims_channel=self._keys.claims_channel,
+                ),
             )
             for n in sent
         ]
@@ -284,6 +300,42 @@ class RedisBackend(contract.LeaseBackend):
             stream = Notifications(client, self._connection.where, self._keys.channel)
             self._feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
             await self._feed.wait_live(SUBSCRIBE_WAIT_S)
+
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Call ``on_claims`` with the notices the claim script publishes on
+        ``<prefix>_claims`` (see ``_keys``), on a subscription of its own. False (and one
+        ``claim_notices_refused`` warning) if Redis refuses the subscription (an ACL): the
+        scheduler then claims every slot, as without notices."""
+        if self._claims_refused:
+            return False
+        self._claims_feed.add_claims(on_claims)
+        if self._claims_feed.running:
+            return True
+        client = self._connection.client()
+        logger = self._claims_feed.logger
+        stream = Notifications(
+            client,
+            self._connection.where,
+            self._keys.claims_channel,
+            lambda data: decode_notices(text(data), logger),
+        )
+        try:
+            await stream.subscribe()
+        except BackendError as exc:
+            if not _refused(exc):
+                raise
+            self._claims_refused = True
+            logger.warning(
+                "Redis refused the claim notices' channel %s (%s); every instance claims every "
+                "slot (grant the user the channel to rank claims)",
+                self._keys.claims_channel,
+                exc,
+                extra={"action": "claim_notices_refused"},
+            )
+            await self._claims_feed.stop()
+            return False
+        self._claims_feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
+        return True
 
     def clone(self) -> RedisBackend | None:
         """A new, unstarted backend on the same Redis and prefix with a client of its own, for

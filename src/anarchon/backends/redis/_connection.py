@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ...backend import ChangeEvent
+from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError, BackendUnavailable, InvalidOption
 from ...kit import redact_url
 from ...kit.calls import bounded_call
@@ -315,13 +315,25 @@ class Notifications:
     :param where: how messages name the server.
     """
 
-    def __init__(self, client: Client, where: str, channel: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        where: str,
+        channel: str,
+        decode: Callable[[Any], Sequence[ChangeEvent | ClaimNotice]] | None = None,
+    ) -> None:
         self._client = client
         self._where = where
         self._channel = channel
+        self._decode = decode or self._decode_change
         self._pubsub: PubSub | None = None
 
-    async def next_changes(self) -> list[ChangeEvent]:
+    async def subscribe(self) -> None:
+        """Subscribe now (the feed's first call then waits for messages); raises
+        :class:`BackendError` as :meth:`next_changes` does."""
+        await self.next_changes()
+
+    async def next_changes(self) -> Sequence[ChangeEvent | ClaimNotice]:
         """Subscribe if not subscribed (no events then), else wait for the next message (at
         most :data:`PUBSUB_PING_S`, then ping). Raises :class:`BackendError` when Redis
         fails, after closing the subscription."""
@@ -335,7 +347,7 @@ class Notifications:
             await self._close()
             raise
 
-    async def _next(self, pubsub: PubSub) -> list[ChangeEvent]:
+    async def _next(self, pubsub: PubSub) -> Sequence[ChangeEvent | ClaimNotice]:
         try:
             message = await pubsub.get_message(timeout=PUBSUB_PING_S)
             if message is None:  # quiet for a while: make sure the connection still works
@@ -350,7 +362,7 @@ class Notifications:
         return self._decode(message.get("data"))
 
     @staticmethod
-    def _decode(data: Any) -> list[ChangeEvent]:
+    def _decode_change(data: Any) -> list[ChangeEvent]:
         try:
             job, slot_key, released = json.loads(text(data))
         except (ValueError, TypeError):

@@ -30,7 +30,8 @@ them: a job's keys end in ``:meta``, ``:runs``, ``:slots``, ``:order`` or ``:lea
 
 One channel per prefix, ``P_changes`` (no job: PUBLISH reaches every node of a cluster),
 carries ``["<job>", "<slot key>", <released>]`` when an attempt is released (true) or
-finishes (false).
+finishes (false). A second one, ``P_claims``, carries ``["<job>", "<slot key>", "<instance>",
+<lease expiry ms>]`` when a claim is won (claim notices: see ``Backend.subscribe_claims``).
 
 A prefix has no ``{`` (the first ``{`` of every key opens its hash tag, so no prefix can reach
 into another's keys), no glob characters (``<prefix>{*`` is exactly one namespace for SCAN), no
@@ -115,6 +116,11 @@ class Namespace:
     def channel(self) -> str:
         """The pub/sub channel for releases and finishes."""
         return f"{self.prefix}_changes"
+
+    @property
+    def claims_channel(self) -> str:
+        """The pub/sub channel for won claims (claim notices)."""
+        return f"{self.prefix}_claims"
 
     @property
     def pattern(self) -> str:

@@ -19,7 +19,14 @@ from ...kit import lease as rules
 from ...kit.feed import ChangeFeed
 from ._connection import Connection
 from ._control import SQLiteControl
-from ._options import DEFAULT_PATH, ENV_PATH, EVENTS_POLL_MS, Options, parse_url
+from ._options import (
+    CLAIMED_POLL_MS,
+    DEFAULT_PATH,
+    ENV_PATH,
+    EVENTS_POLL_MS,
+    Options,
+    parse_url,
+)
 from ._queries import Q
 from ._registry import SQLiteRegistry
 from ._rows import SQLiteRows, row_of
@@ -58,6 +65,7 @@ class SQLiteBackend(contract.LeaseBackend):
             self.path, busy_timeout_ms=self._options.busy_timeout_ms, history_size=self.history_size
         )
         self._feed = ChangeFeed(self.name)
+        self._claims_feed = ChangeFeed(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteBackend:
@@ -98,17 +106,28 @@ class SQLiteBackend(contract.LeaseBackend):
         )
 
     async def stop(self) -> None:
-        """Stop polling events and close the file."""
+        """Stop polling events and claim notices, and close the file."""
         await self._feed.stop()
+        await self._claims_feed.stop()
         await self._db.close()
 
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; the whole batch is one transaction, each
         request decided on its own."""
         reqs = list(requests)
-        return await self._db.call(
-            lambda conn: self._db.write_each(conn, reqs, rules.claim, rules.refused_outcome)
-        )
+
+        def decide(rows: SQLiteRows, req: contract.ClaimRequest, now: int) -> contract.ClaimOutcome:
+            outcome = rules.claim(rows, req, now)
+            if outcome.status is contract.ClaimStatus.WON and outcome.ticket is not None:
+                rows.add_claimed(outcome.ticket, now)  # a claim notice, in the same transaction
+            return outcome
+
+        def work(conn: sqlite3.Connection) -> list[contract.ClaimOutcome]:
+            out = self._db.write_each(conn, reqs, decide, rules.refused_outcome)
+            self._db.prune_events(conn)
+            return out
+
+        return await self._db.call(work)
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]
@@ -246,6 +265,20 @@ class SQLiteBackend(contract.LeaseBackend):
             self._feed.start(
                 self._db.events_after(since), retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
             )
+
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Poll the claim notices (``anarchon_claimed``, written in each claim's transaction)
+        every :data:`~._options.CLAIMED_POLL_MS` while subscribed; notices written before this
+        call are not reported."""
+        self._claims_feed.add_claims(on_claims)
+        if not self._claims_feed.running:
+            since = await self._db.call(lambda c: int(c.execute(Q["last_claimed"]).fetchone()[0]))
+            self._claims_feed.start(
+                self._db.claimed_after(since),
+                retry_s=CLAIMED_POLL_MS / 1000,
+                errors=(BackendError,),
+            )
+        return True
 
     def registry(self) -> SQLiteRegistry:
         """The registry, in a table of its own in this file (see ``_registry``)."""

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from ...backend import ChangeEvent
+from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError
 from ...kit import backoff
 from ...kit.migrations import migrate
 from ._clock import AnchoredClock
 from ._errors import DATA_ERRORS, is_busy, translate
-from ._options import EVENTS_KEEP_MS, EVENTS_POLL_MS, EVENTS_PRUNE_EVERY_MS
+from ._options import CLAIMED_POLL_MS, EVENTS_KEEP_MS, EVENTS_POLL_MS, EVENTS_PRUNE_EVERY_MS
 from ._queries import STEPS, Q
 from ._rows import SQLiteRows
 
@@ -138,14 +138,36 @@ class Connection:
 
         return next_changes
 
+    def claimed_after(self, since: int) -> Callable[[], Awaitable[list[ClaimNotice]]]:
+        """The claim feed's stream: every :data:`~._options.CLAIMED_POLL_MS`, the claim notices
+        written after the last one seen (``since`` at first)."""
+        last = since
+
+        async def next_claims() -> list[ClaimNotice]:
+            nonlocal last
+            await asyncio.sleep(CLAIMED_POLL_MS / 1000)
+            found = await self.call(lambda c: c.execute(Q["claimed_since"], (last,)).fetchall())
+            if found:
+                last = int(found[-1][0])
+            return [
+                ClaimNotice(job, key, instance, None if expires is None else int(expires))
+                for _, job, key, instance, expires in found
+            ]
+
+        return next_claims
+
     def prune_events(self, conn: sqlite3.Connection) -> None:
-        """Trim the events table, at most every :data:`~._options.EVENTS_PRUNE_EVERY_MS`."""
+        """Trim the events and claim notices, at most every
+        :data:`~._options.EVENTS_PRUNE_EVERY_MS`."""
         now = self.clock.now()
         if now - self._events_pruned_at >= EVENTS_PRUNE_EVERY_MS:
             self._events_pruned_at = now
-            self.write(
-                conn, lambda rows, at: rows.conn.execute(Q["prune_events"], (at - EVENTS_KEEP_MS,))
-            )
+
+            def prune(rows: SQLiteRows, at: int) -> None:
+                rows.conn.execute(Q["prune_events"], (at - EVENTS_KEEP_MS,))
+                rows.conn.execute(Q["prune_claimed"], (at - EVENTS_KEEP_MS,))
+
+            self.write(conn, prune)
 
     @contextlib.contextmanager
     def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:

@@ -13,6 +13,7 @@ from ...kit.urls import int_option, ms_option, redact_url, split_url
 
 __all__ = [
     "BUSY_TIMEOUT",
+    "CLAIMED_POLL_MS",
     "DEFAULT_PATH",
     "ENV_PATH",
     "EVENTS_KEEP_MS",
@@ -31,6 +32,10 @@ EVENTS_POLL_MS: Final = 200
 # trimmed at most this often.
 EVENTS_KEEP_MS: Final = 60_000
 EVENTS_PRUNE_EVERY_MS: Final = 10_000
+# How often a process with a claim listener reads the claim notices (anarchon_claimed): a
+# notice must beat the next rank's delay, so this is far shorter than EVENTS_POLL_MS. Notices
+# are kept and trimmed like the events.
+CLAIMED_POLL_MS: Final = 50
 _OWNER: Final = "SQLiteBackend"
 
 

@@ -81,6 +81,19 @@ CREATE TABLE IF NOT EXISTS anarchon_requests (
 );
 CREATE INDEX IF NOT EXISTS anarchon_requests_due ON anarchon_requests (job, due_ms);
 
+-- name: migration_6
+-- Claim notices (Backend.subscribe_claims): each won claim, written in the same transaction as
+-- the claim and polled by the other processes while they wait their rank delay.
+CREATE TABLE IF NOT EXISTS anarchon_claimed (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    slot_key TEXT NOT NULL,
+    instance TEXT NOT NULL,
+    lease_expires_at INTEGER,
+    at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS anarchon_claimed_at ON anarchon_claimed (at);
+
 -- name: clock_anchor
 SELECT boot_id, wall_ms, boot_ms FROM anarchon_clock WHERE id = 1;
 
@@ -189,6 +202,20 @@ SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY 
 
 -- name: prune_events
 DELETE FROM anarchon_events WHERE at < ?;
+
+-- name: add_claimed
+INSERT INTO anarchon_claimed (job, slot_key, instance, lease_expires_at, at)
+VALUES (?, ?, ?, ?, ?);
+
+-- name: last_claimed
+SELECT coalesce(max(seq), 0) FROM anarchon_claimed;
+
+-- name: claimed_since
+SELECT seq, job, slot_key, instance, lease_expires_at FROM anarchon_claimed
+WHERE seq > ? ORDER BY seq LIMIT 5000;
+
+-- name: prune_claimed
+DELETE FROM anarchon_claimed WHERE at < ?;
 
 -- Pruning (see anarchon.kit.lease): whole slots, never the slot being finished,
 -- never one whose latest attempt runs; a slot is represented by its attempt 1.

@@ -1,0 +1,266 @@
+"""Rank delays (anarchon._rendezvous): the ranking itself, and a fleet of schedulers in one
+process on the in-memory backend, counting the claim calls each slot costs."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from anarchon import RunContext, Scheduler
+from anarchon._heartbeat import definition_of
+from anarchon._rendezvous import Kind, Rendezvous, delay_for_rank, rank, score
+from anarchon.backend import ClaimNotice, ClaimOutcome, ClaimRequest
+from anarchon.kit.feed import ChangeFeed, decode_notices, encode_notice
+from anarchon.registry import InstanceRecord, JobDefinition, build_view
+from anarchon.testing import MemoryBackend
+
+
+def test_scores_are_fixed_numbers_on_every_host() -> None:
+    # Pinned: a change of hash changes which instance claims first, fleet-wide, mid-upgrade.
+    assert score("a", "sync:0") == score("a", "sync:0")
+    assert score("a", "sync:0") != score("b", "sync:0")
+    assert score("a", "sync:0") != score("a", "sync:1")
+    assert score("a", "sync:0") == 9469996664836405127
+    assert 0 <= score("instance-with-a-long-name", "x" * 500) < 2**64
+
+
+def test_ranks_are_a_permutation_that_every_instance_agrees_on() -> None:
+    ids = [f"host-{n}" for n in range(10)]
+    for slot in range(50):
+        key = f"sync:{slot * 60_000}"
+        ranks = sorted(rank(i, ids, key) or 0 for i in ids)
+        assert ranks == list(range(10))
+        # The order does not depend on the order of the carriers.
+        assert [rank(i, ids, key) for i in ids] == [rank(i, ids[::-1], key) for i in ids]
+    assert rank("stranger", ids, "sync:0") is None
+
+
+@pytest.mark.parametrize("fleet", [3, 10, 30])
+def test_each_instance_is_preferred_for_about_its_share_of_slots(fleet: int) -> None:
+    ids = [f"pod-{n:03d}" for n in range(fleet)]
+    slots = 600 * fleet
+    first = collections.Counter(
+        next(i for i in ids if rank(i, ids, f"sync:{s * 1000}") == 0) for s in range(slots)
+    )
+    share = slots / fleet
+    # A binomial count: 5 standard deviations either side, so this never flakes.
+    spread = 5 * (share * (1 - 1 / fleet)) ** 0.5
+    assert set(first) == set(ids)
+    assert all(abs(n - share) < spread for n in first.values()), first
+
+
+def test_delays_by_rank() -> None:
+    assert [delay_for_rank(r, 2_000) for r in range(7)] == [0, 1000, 1500, 1750, 2000, 2000, 2000]
+    assert [delay_for_rank(r, 0) for r in range(3)] == [0, 0, 0]
+
+
+def _record(instance: str, beat: int, jobs: Sequence[str] = ("sync",)) -> InstanceRecord:
+    return InstanceRecord(
+        id=instance,
+        host="h",
+        pid=1,
+        version="0",
+        started_ms=0,
+        heartbeat_ms=beat,
+        interval_ms=1_000,
+        clock_offset_ms=0,
+        jobs=tuple(JobDefinition(name=j, expression="* * * * *", zone="UTC") for j in jobs),
+    )
+
+
+def _rendezvous(me: str = "a") -> tuple[Rendezvous, list[int]]:
+    now = [0]
+    rendezvous = Rendezvous(me, lambda: now[0])
+    rendezvous.notices = True
+    return rendezvous, now
+
+
+def test_stale_records_and_instances_without_the_job_are_not_ranked() -> None:
+    rendezvous, _ = _rendezvous()
+    records = [
+        _record("a", 10_000),
+        _record("b", 10_000),
+        _record("dead", 10_000 - 3_001),  # silent for over three of its heartbeats
+        _record("other", 10_000, jobs=("report",)),
+    ]
+    rendezvous.see(build_view(records, now_ms=10_000))
+    assert sorted(rendezvous.carriers("sync")) == ["a", "b"]
+    assert rendezvous.carriers("report") == ["other"]
+
+
+def test_it_falls_back_to_random_jitter() -> None:
+    rendezvous, now = _rendezvous()
+    # No view yet.
+    assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
+    rendezvous.see(build_view([_record("a", 0), _record("b", 0)], now_ms=0))
+    assert rendezvous.plan("sync", 0, 2_000).kind is not Kind.UNRANKED
+    # No jitter.
+    assert rendezvous.plan("sync", 0, 0) == rendezvous.plan("sync", 0, 0)
+    assert rendezvous.plan("sync", 0, 0).kind is Kind.UNRANKED
+    # No notices from the backend.
+    rendezvous.notices = False
+    assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
+    rendezvous.notices = True
+    # The view is older than six of this instance's heartbeats (the registry's silent window).
+    now[0] = 6_001
+    assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
+    # Alone.
+    rendezvous.see(build_view([_record("a", 0)], now_ms=0))
+    assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
+
+
+def test_a_notice_for_the_pending_slot_drops_its_claim_once() -> None:
+    rendezvous, _ = _rendezvous()
+    rendezvous.see(build_view([_record("a", 0), _record("b", 0)], now_ms=0))
+    plan = rendezvous.plan("sync", 60_000, 2_000)
+    won = ClaimNotice("sync", "60000", "b", 90_000)
+    others = [
+        ClaimNotice("sync", "0", "b", 1),  # another slot
+        ClaimNotice("report", "60000", "b", 1),  # another job
+        ClaimNotice("sync", "60000", "a", 1),  # this instance's own claim
+    ]
+    assert rendezvous.hear([*others, won, won]) == [won]
+    assert rendezvous.due("sync", 60_000) == (plan.kind, won)
+    assert rendezvous.due("sync", 60_000) == (Kind.UNRANKED, None)
+
+
+# -- a fleet in one process -------------------------------------------------------------------
+
+
+class CountingBackend(MemoryBackend):
+    """The in-memory backend, counting the claim requests it answers per slot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[int] = collections.Counter()
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        for request in requests:
+            if request.slot is not None:
+                self.calls[request.slot] += 1
+        return await super().claim(requests)
+
+
+async def _ghost(backend: MemoryBackend, job: JobDefinition, stop: asyncio.Event) -> None:
+    """A preferred instance that is dead but whose record is fresh: it never claims."""
+    registry = backend.registry()
+    while not stop.is_set():
+        await registry.record(
+            InstanceRecord(
+                id="ghost",
+                host="h",
+                pid=1,
+                version="0",
+                started_ms=0,
+                heartbeat_ms=backend._now(),
+                interval_ms=100,
+                clock_offset_ms=0,
+                jobs=(job,),
+            )
+        )
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Figures:
+    slots: list[int]
+    per_slot: float
+    runs: list[int]
+    heard: int
+
+
+async def _fleet(size: int, *, ghost: bool = False, seconds: float = 6.0) -> Figures:
+    backend = CountingBackend()
+    runs: collections.Counter[int] = collections.Counter()
+
+    async def tick(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        runs[int(ctx.slot.timestamp() * 1000)] += 1
+
+    schedulers = []
+    for n in range(size):
+        scheduler = Scheduler(backend, instance_id=f"pod-{n:03d}", heartbeat_ms=100)
+        scheduler.add("tick", "* * * * * *", tick, jitter_ms=600)
+        schedulers.append(scheduler)
+    stop = asyncio.Event()
+    ghosting = None
+    if ghost:
+        job = definition_of(schedulers[0]._jobs["tick"])
+        ghosting = asyncio.ensure_future(_ghost(backend, job, stop))
+    started = backend._now()
+    for scheduler in schedulers:
+        await scheduler.start()
+    await asyncio.sleep(seconds)
+    for scheduler in schedulers:
+        await scheduler.stop()
+    stop.set()
+    if ghosting is not None:
+        await ghosting
+    # Slots after the first views arrived, and before the stop began.
+    slots = [s for s in backend.calls if started + 1_500 <= s <= started + (seconds - 1) * 1000]
+    heard = sum(s.metrics().claims_heard for s in schedulers)
+    per_slot = sum(backend.calls[s] for s in slots) / len(slots)
+    return Figures(slots, per_slot, [runs[s] for s in slots], heard)
+
+
+@pytest.mark.parametrize("size", [3, 10, 30])
+async def test_a_healthy_fleet_makes_about_one_claim_per_slot(size: int) -> None:
+    figures = await _fleet(size)
+    assert len(figures.slots) >= 3
+    assert figures.runs == [1] * len(figures.slots)
+    assert figures.per_slot <= 1.2, figures
+    assert figures.heard, figures
+
+
+async def test_a_dead_preferred_instance_costs_its_slots_a_rank_delay_not_a_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, "anarchon.scheduler")
+    figures = await _fleet(5, ghost=True)
+    assert figures.runs == [1] * len(figures.slots)
+    assert figures.per_slot <= 1.2, figures
+    assert any(getattr(r, "action", None) == "claim_heard" for r in caplog.records)
+
+
+# -- claim notices in the kit -----------------------------------------------------------------
+
+
+def test_notices_round_trip_and_malformed_ones_are_logged_and_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("anarchon.backends.test")
+    notice = ClaimNotice("sync", "60000", "pod-1", 75_000)
+    assert decode_notices(encode_notice(notice), log) == [notice]
+    broker = ClaimNotice("sync", "60000", "pod-1", None)
+    assert decode_notices(f"[{encode_notice(notice)},{encode_notice(broker)}]", log) == [
+        notice,
+        broker,
+    ]
+    for bad in ("not json", "[1, 2]", '["a", "b", "c", "soon"]', '["a", 1, "c", 2]', "{}"):
+        caplog.clear()
+        assert decode_notices(bad, log) == []
+        actions = [getattr(r, "action", None) for r in caplog.records]
+        assert actions == ["claim_notice_malformed"], bad
+
+
+def test_a_failing_claim_listener_is_logged_and_the_others_still_hear(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed = ChangeFeed("test")
+    heard: list[ClaimNotice] = []
+
+    def broken(notices: Sequence[ClaimNotice]) -> None:
+        raise RuntimeError("bug")
+
+    feed.add_claims(broken)
+    feed.add_claims(heard.extend)
+    notice = ClaimNotice("sync", "0", "pod-1", None)
+    feed.dispatch_claims([notice])
+    feed.dispatch_claims([])  # nothing to tell: nobody is called
+    assert heard == [notice]
+    assert [getattr(r, "action", None) for r in caplog.records] == ["listener_failed"]
