@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
 from ._options import Bound, check_bool, check_int, ms_text
-from ._schedule import CronSchedule
+from ._schedule import CronSchedule, shared_schedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
 
@@ -72,8 +72,10 @@ failed slot (sync or async)."""
 # repeats within 9 slots, weekdays within 5), never more than a year.
 _GAP_SLOTS: Final = 24
 _GAP_HORIZON_MS: Final = 400 * _DAY
-_GAP_CACHE_SIZE: Final = 1024
+_GAP_CACHE_SIZE: Final = 16_384
 _GAPS: dict[tuple[str, ZoneInfo], int | None] = {}
+_HANDLERS_CHECKED: dict[int, object] = {}
+_HANDLERS_CACHE_SIZE: Final = 256
 
 Timezone: TypeAlias = str | ZoneInfo
 """A time zone: an IANA name such as ``"Europe/Athens"``, or a :class:`zoneinfo.ZoneInfo`."""
@@ -165,7 +167,7 @@ def build_job(
     """Validate everything about a job and resolve its options against ``backend``."""
     check_name(name)
     check_handler(name, handler)
-    schedule = CronSchedule(expression, _zone_argument(options.timezone))
+    schedule = shared_schedule(expression, _zone_argument(options.timezone))
     policy = resolve(name, options, backend, schedule)
     retry = resolve_retries(name, options, backend)
     check_on_failure(name, options.on_failure)
@@ -239,12 +241,18 @@ def check_handler(name: str, handler: object) -> None:
     """
     if not callable(handler):
         raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
+    found = _HANDLERS_CHECKED.get(id(handler))
+    if found is not None and found is handler:
+        return  # thousands of jobs often share one handler: its signature is read once
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):
         return
     try:
         signature.bind(object())
+        if len(_HANDLERS_CHECKED) >= _HANDLERS_CACHE_SIZE:
+            _HANDLERS_CHECKED.clear()
+        _HANDLERS_CHECKED[id(handler)] = handler  # kept, so its id is not reused
     except TypeError:
         label = getattr(handler, "__qualname__", None) or repr(handler)
         raise InvalidOption(
@@ -293,6 +301,8 @@ def _int(name: str, option: str, value: int | None, default: int) -> int:
 
 
 def _enum(name: str, option: str, value: str, kind: type[Overlap] | type[CatchUp]) -> Any:
+    if isinstance(value, kind):
+        return value
     try:
         return kind(value)
     except ValueError:

@@ -250,6 +250,7 @@ class Scheduler:
         self._clock: Clock = given_clock or SystemClock()
         self._jobs: dict[str, Job] = {}
         self._generation: dict[str, int] = {}
+        self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
         self._counters = Counters()
         self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
@@ -390,6 +391,7 @@ class Scheduler:
         )
         job = build_job(name, schedule, handler, options, self.backend)
         self._jobs[name] = job
+        self._jobs_version += 1
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:
             now = self._clock.now_ms()
@@ -398,6 +400,7 @@ class Scheduler:
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
+        self._jobs_version += 1
         if self._jobs.pop(name, None) is None:
             raise JobNotFound(f"no job named {name!r} is registered on this scheduler")
 
@@ -494,7 +497,7 @@ class Scheduler:
                 control,
                 self._clock,
                 self._backend_clock.time,
-                lambda: list(self._jobs.values()),
+                lambda: self._jobs,
                 self._claims,
                 self._threads,
                 self._counters,
@@ -505,7 +508,15 @@ class Scheduler:
         store = backend.registry()
         if store is not None:  # the registry: see _heartbeat
             jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
-            beat = Heartbeat(store, self._clock, self.heartbeat_ms, self.instance_id, jobs, offset)
+            beat = Heartbeat(
+                store,
+                self._clock,
+                self.heartbeat_ms,
+                self.instance_id,
+                jobs,
+                offset,
+                lambda: self._jobs_version,
+            )
             self._heartbeat = beat
             beat.start()
             stack.push_async_callback(beat.stop)

@@ -16,7 +16,8 @@ The tests are async: they need pytest-asyncio (``asyncio_mode = "auto"``, or the
 ``asyncio`` mark, which they carry). They check every call of :mod:`anarchon.backend` as its
 docstrings specify: one winner per slot, idempotent claims, rising fences, history order,
 pruning, takeovers, release, overlap, batches, pauses, run requests and missed records
-(:mod:`anarchon.control`). A few wait for short leases (0.6 s) to expire.
+(:mod:`anarchon.control`), and the registry's records and definitions sets
+(:mod:`anarchon.registry`, one of 100 000 jobs). A few wait for short leases (0.6 s) to expire.
 anarchon's own backends run the same classes (``tests/conformance/test_contract.py``).
 """
 
@@ -38,13 +39,14 @@ from ..backend import (
 from ..errors import BackendError, LeaseLost
 from ..kit import Overlap, RunStatus, Trigger
 from ._control import ControlContract
+from ._registry import RegistryContract
 from ._requests import LEASE_MS, SLOT, lease, request, takeover
 
 __all__ = ["LEASE_MS", "SLOT", "BackendContract", "LeaseBackendContract", "request", "takeover"]
 
 
 @pytest.mark.asyncio
-class BackendContract(ControlContract):
+class BackendContract(ControlContract, RegistryContract):
     """The calls every backend answers (:class:`~anarchon.backend.Backend`).
 
     Provide the fixture ``backend_factory``: a callable returning a new, unstarted backend on a
