@@ -35,6 +35,7 @@ from .registry import (
     JobDefinition,
     RegistryStore,
     build_view,
+    encode_definitions,
     read_instances,
     record_instance,
 )
@@ -113,6 +114,18 @@ async def read_cluster(store: RegistryStore, now_ms: int) -> ClusterView:
     return build_view(await read_instances(store), now_ms)
 
 
+def _define(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:
+    """The definitions of ``jobs``, sorted by name."""
+    return tuple(sorted(map(definition_of, jobs), key=lambda d: d.name))
+
+
+def _define_and_encode(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:
+    """:func:`_define`, and the set encoded once (remembered by the registry for the beat)."""
+    defined = _define(jobs)
+    encode_definitions(defined)
+    return defined
+
+
 class Heartbeat:
     """Records one instance in a :class:`~anarchon.registry.RegistryStore`, on a task of its
     own, from :meth:`start` until :meth:`stop` (which removes the record)."""
@@ -177,17 +190,30 @@ class Heartbeat:
     def _definitions(self) -> tuple[JobDefinition, ...]:
         """The carried jobs' definitions, sorted by name: built again only when the set of jobs
         changed, so a beat of 10 000 jobs does not rebuild (and re-encode) them all."""
-        if self._jobs_version is not None:
-            version = self._jobs_version()
-            if version == self._version_seen:
-                return self._defined
-            self._version_seen = version
+        version = None if self._jobs_version is None else self._jobs_version()
+        if version is not None and version == self._version_seen:
+            return self._defined
         jobs = tuple(self._jobs())
         seen = self._jobs_seen
         if len(jobs) != len(seen) or any(a is not b for a, b in zip(jobs, seen, strict=True)):
             self._jobs_seen = jobs
-            self._defined = tuple(sorted(map(definition_of, jobs), key=lambda d: d.name))
+            self._defined = _define(jobs)
+        self._version_seen = version
         return self._defined
+
+    async def _refresh(self) -> None:
+        """Build the definitions again in a thread when the jobs changed (by the counter): with
+        100 000 jobs, building and encoding them takes a second or more, which the event loop
+        that claims slots must not wait on. Without a counter, :meth:`record` builds them."""
+        if self._jobs_version is None:
+            return
+        version = self._jobs_version()
+        if version == self._version_seen:
+            return
+        jobs = tuple(self._jobs())  # on the loop: the scheduler changes its table there
+        defined = await asyncio.to_thread(_define_and_encode, jobs)
+        # Jobs changed meanwhile: the counter moved on, and the next beat builds them again.
+        self._jobs_seen, self._defined, self._version_seen = jobs, defined, version
 
     def start(self) -> None:
         """Begin beating on the running event loop."""
@@ -217,6 +243,7 @@ class Heartbeat:
     async def beat(self) -> ClusterView | None:
         """Record, clean up, look for drift; None when the registry could not be reached."""
         try:
+            await self._refresh()
             await record_instance(self.store, self.record(), self._saved)
             now = self.backend_now_ms()
             cutoff = now - SILENT_HEARTBEATS * self.interval_ms

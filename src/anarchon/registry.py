@@ -21,6 +21,7 @@ measured it (its wall clock plus its measured clock offset).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -270,6 +271,15 @@ def decode_definitions(data: bytes) -> tuple[JobDefinition, ...]:
     )
 
 
+async def _encoded(jobs: tuple[JobDefinition, ...]) -> tuple[str, bytes]:
+    """:func:`encode_definitions`, in a thread unless this tuple was encoded already (the
+    event loop that claims slots must not wait a second on 100 000 definitions)."""
+    found = _encodings.get(id(jobs))
+    if found is not None and found[0] is jobs:
+        return found[1], found[2]
+    return await asyncio.to_thread(encode_definitions, jobs)
+
+
 def _remember(digest: str, jobs: tuple[JobDefinition, ...]) -> None:
     if len(_decodings) >= _CACHE_SIZE:
         _decodings.clear()
@@ -285,7 +295,7 @@ async def record_instance(
     ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last found its set
     in the store: a heartbeat passes the same dict each beat, so a set is looked for once per
     :data:`RECHECK_S` and uploaded only when it is missing."""
-    digest, data = encode_definitions(instance.jobs)
+    digest, data = await _encoded(instance.jobs)
     now = time.monotonic()
     known = saved if saved is not None else {}
     if now - known.get(digest, -RECHECK_S) >= RECHECK_S:
@@ -315,7 +325,9 @@ async def read_instances(store: RegistryStore) -> list[InstanceRecord]:
         if jobs is None:
             data = await store.definitions(digest)
             try:
-                jobs = None if data is None else decode_definitions(data)
+                # In a thread: 100 000 definitions take a second or more to decode, and the
+                # event loop that claims slots must not wait on them.
+                jobs = None if data is None else await asyncio.to_thread(decode_definitions, data)
             except (ValueError, KeyError, TypeError, AttributeError, IndexError):
                 jobs = None
             if jobs is not None:
