@@ -42,6 +42,7 @@ DEFAULT_CATCH_UP_WINDOW_MS: Final = 3_600_000
 MIN_LEASE_MS: Final = 300
 _SECOND: Final = 1_000
 _DAY: Final = 24 * 3600 * _SECOND
+_MINUTE_MS: Final = 60 * _SECOND
 # The range of every numeric job option (README, "Options"). Each keeps slot + value far inside
 # a 64-bit millisecond timestamp, and each upper end is past any sane use: a lease longer than a
 # day is a stuck run nobody takes over; a catch-up window longer than the longest history finds
@@ -348,7 +349,9 @@ def resolve(
         check_bool("handover", opts.handover, f"job {name!r}")
     _require(name, backend, opts)
     max_late = _int(name, "max_late_ms", opts.max_late_ms, DEFAULT_MAX_LATE_MS)
-    period = shortest_gap_ms(schedule, _now_ms()) if schedule is not None else None
+    period = None
+    if schedule is not None and _period_matters(opts, schedule):
+        period = shortest_gap_ms(schedule, _now_ms())
     jitter = _jitter(name, opts, max_late, period)
     ttl = _int(name, "history_ttl_ms", opts.history_ttl_ms, DEFAULT_HISTORY_TTL_MS)
     if ttl <= jitter + max_late:
@@ -380,6 +383,18 @@ def resolve(
         handover=opts.handover if opts.handover is not None else lease,
         history_ttl_ms=ttl if lease else None,
     )
+
+
+def _period_matters(opts: JobOptions, schedule: CronSchedule) -> bool:
+    """Whether the jitter rules need the schedule's period. Without a seconds field, slots are
+    at least a minute apart: a tenth of that is above the default jitter, and a jitter under a
+    minute is under the period, so walking 24 slots ahead (most of what adding a daily job
+    costs) is skipped."""
+    jitter = opts.jitter_ms
+    if schedule.seconds_field or jitter is None:
+        return schedule.seconds_field
+    # A jitter that is not an int in range is refused by _jitter, with the period in hand.
+    return not (type(jitter) is int and 0 <= jitter < _MINUTE_MS)
 
 
 def _now_ms() -> int:
