@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from anarchon import RunStatus, SQLiteBackend, Trigger
 from anarchon.backend import ClaimRequest, FinishRequest
-from anarchon.registry import InstanceRecord, JobDefinition
+from anarchon.registry import InstanceRecord, JobDefinition, record_instance
 from anarchon.web import dashboard
 
 from .report import JOBS_PAGE_TARGET_MS, TIMELINE_YEAR_TARGET_MS
@@ -91,7 +91,8 @@ async def seed(backend: SQLiteBackend, jobs: int, runs: int) -> None:
     )
     store = backend.registry()
     for i in range(3):
-        await store.record(
+        await record_instance(
+            store,
             InstanceRecord(
                 id=f"w{i}",
                 host="bench",
@@ -102,7 +103,7 @@ async def seed(backend: SQLiteBackend, jobs: int, runs: int) -> None:
                 interval_ms=5_000,
                 clock_offset_ms=3,
                 jobs=definitions,
-            )
+            ),
         )
     # History for the first page of jobs (the rows the page reads), and a long one for the
     # per-minute job.

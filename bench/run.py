@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -176,6 +177,10 @@ async def _measure(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = QUICK if args.quick else FULL
+    if args.idle_jobs is not None:
+        if args.idle_jobs < 1:
+            raise SystemExit(f"--idle-jobs {args.idle_jobs}: give at least 1 job")
+        settings = dataclasses.replace(settings, idle_jobs=args.idle_jobs)
     sections = args.only.split(",") if args.only else list(SECTIONS)
     backends = args.backends.split(",") if args.backends else list(BACKENDS)
     for name in sections:
@@ -246,6 +251,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer samples, shorter windows")
+    p.add_argument(
+        "--idle-jobs", type=int, help="jobs of the idle section's instance (default: the mode's)"
+    )
     p.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
     p.add_argument("--backends", help=f"comma-separated backends: {','.join(BACKENDS)}")
     p.add_argument("--out", default=str(BENCH / "results.md"))

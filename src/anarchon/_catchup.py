@@ -48,6 +48,10 @@ def missed_slots(
     return missed, 0
 
 
+def _mode(value: CatchUp | str) -> CatchUp:
+    return value if isinstance(value, CatchUp) else CatchUp(value)
+
+
 @dataclass(eq=False)
 class CatchingUp:
     """Starts a catch-up for each job that missed slots (``catch_up`` other than ``none``)."""
@@ -84,7 +88,7 @@ class CatchingUp:
                 last_slots.get(job.name),
                 now,
                 policy.catch_up_window_ms,
-                CatchUp(policy.catch_up),
+                _mode(policy.catch_up),
             )
             planned[job.name] = slots
             if slots:

@@ -1,9 +1,11 @@
 """The heartbeat: each scheduler records itself and its jobs in the backend's registry.
 
 Every ``heartbeat_ms`` the instance writes its :class:`~anarchon.registry.InstanceRecord` (one
-document, whole), removes records silent for longer than
+small document, whole, naming its jobs' definitions set by digest: the set itself is saved once,
+see :func:`~anarchon.registry.record_instance`), removes records silent for longer than
 :data:`~anarchon.registry.SILENT_HEARTBEATS` of its own heartbeats, and reads the registry back
-to look for definition drift: one WARNING (action ``definition_drift``) per distinct drift,
+to look for definition drift (every :data:`PRUNE_EVERY` beats it also removes the definitions
+sets no live record names): one WARNING (action ``definition_drift``) per distinct drift,
 naming the instances and the definitions.
 
 It runs as a task of its own and nothing waits on it: the claim path never reads the registry,
@@ -33,6 +35,9 @@ from .registry import (
     JobDefinition,
     RegistryStore,
     build_view,
+    encode_definitions,
+    read_instances,
+    record_instance,
 )
 
 __all__ = ["DEFAULT_HEARTBEAT_MS", "HEARTBEAT", "Heartbeat", "definition_of", "read_cluster"]
@@ -44,38 +49,81 @@ HEARTBEAT: Final = Bound(100, 3_600_000, ms=True)
 """The range of the Scheduler's ``heartbeat_ms``."""
 # On stop, removing this instance's record may take this long (s) before it is left to expire.
 LEAVE_TIMEOUT_S: Final = 2.0
+# Every this many beats, the definitions sets no live record names are pruned (a set is kept for
+# SILENT_HEARTBEATS beats after it was saved, so a starting instance's set outlives the gap
+# between saving it and recording itself).
+PRUNE_EVERY: Final = 12
+# ... and for at least this long (ms), however short the heartbeats: saving a set of 100 000
+# jobs can take a few seconds on a slow link.
+PRUNE_GRACE_MS: Final = 60_000
 
 
 def definition_of(job: Job) -> JobDefinition:
     """The definition of ``job`` that every instance should share: expression, zone and the
     resolved options (defaults filled in)."""
-    policy = job.policy
-    options: dict[str, str | int | bool | None] = {
-        "jitter_ms": policy.jitter_ms,
-        "max_late_ms": policy.max_late_ms,
-        "lease_ms": policy.lease_ms,
-        "max_attempts": policy.max_attempts,
-        "overlap": policy.overlap.value,
-        "catch_up": str(policy.catch_up),
-        "catch_up_window_ms": policy.catch_up_window_ms,
-        "handover": policy.handover,
-        "history_ttl_ms": policy.history_ttl_ms,
-        "timeout_ms": job.timeout_ms,
-        "retries": job.retry.retries,
-        "retry_backoff_ms": job.retry.backoff_ms,
-        "retry_backoff_max_ms": job.retry.backoff_max_ms,
-    }
+    policy, retry = job.policy, job.retry
+    key = (
+        policy.jitter_ms,
+        policy.max_late_ms,
+        policy.lease_ms,
+        policy.max_attempts,
+        policy.overlap,
+        policy.catch_up,
+        policy.catch_up_window_ms,
+        policy.handover,
+        policy.history_ttl_ms,
+        job.timeout_ms,
+        retry.retries,
+        retry.backoff_ms,
+        retry.backoff_max_ms,
+    )
+    shared = _OPTIONS.get(key)
+    if shared is None:
+        if len(_OPTIONS) >= 1024:
+            _OPTIONS.clear()
+        shared = _OPTIONS[key] = {
+            "jitter_ms": policy.jitter_ms,
+            "max_late_ms": policy.max_late_ms,
+            "lease_ms": policy.lease_ms,
+            "max_attempts": policy.max_attempts,
+            "overlap": policy.overlap.value,
+            "catch_up": str(policy.catch_up),
+            "catch_up_window_ms": policy.catch_up_window_ms,
+            "handover": policy.handover,
+            "history_ttl_ms": policy.history_ttl_ms,
+            "timeout_ms": job.timeout_ms,
+            "retries": retry.retries,
+            "retry_backoff_ms": retry.backoff_ms,
+            "retry_backoff_max_ms": retry.backoff_max_ms,
+        }
     return JobDefinition(
         name=job.name,
         expression=job.schedule.expression,
         zone=job.schedule.timezone,
-        options=options,
+        options=shared,
     )
+
+
+# Jobs with equal options share one dict of them (never changed once made): 100 000 jobs on a
+# few option sets keep a few dicts, not 100 000.
+_OPTIONS: dict[tuple[object, ...], dict[str, str | int | bool | None]] = {}
 
 
 async def read_cluster(store: RegistryStore, now_ms: int) -> ClusterView:
     """Read the registry once: the instances, their definitions and the drift among them."""
-    return build_view(await store.instances(), now_ms)
+    return build_view(await read_instances(store), now_ms)
+
+
+def _define(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:
+    """The definitions of ``jobs``, sorted by name."""
+    return tuple(sorted(map(definition_of, jobs), key=lambda d: d.name))
+
+
+def _define_and_encode(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:
+    """:func:`_define`, and the set encoded once (remembered by the registry for the beat)."""
+    defined = _define(jobs)
+    encode_definitions(defined)
+    return defined
 
 
 class Heartbeat:
@@ -95,6 +143,7 @@ class Heartbeat:
         instance_id: str,
         jobs: Callable[[], Iterable[Job]],
         clock_offset_ms: Callable[[], int | None],
+        jobs_version: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.interval_ms = interval_ms
@@ -102,6 +151,10 @@ class Heartbeat:
         self._id = instance_id
         self._jobs = jobs
         self._jobs_seen: tuple[Job, ...] = ()
+        # Changes whenever the jobs do (the scheduler counts adds and removals): a beat of
+        # 100 000 jobs then does not walk them to find out. None: compare the jobs one by one.
+        self._jobs_version = jobs_version
+        self._version_seen: int | None = None
         self._defined: tuple[JobDefinition, ...] = ()
         self._offset = clock_offset_ms
         self._started_ms = self.backend_now_ms()
@@ -111,6 +164,8 @@ class Heartbeat:
         self._stopping = False
         self._failing = False
         self._warned: set[tuple[str, frozenset[str]]] = set()
+        self._saved: dict[str, float] = {}  # the set this instance saved: see record_instance
+        self._beats = 0
         self.last_beat_ms: int | None = None
         """When this instance last recorded itself (monotonic ms)."""
 
@@ -137,12 +192,30 @@ class Heartbeat:
     def _definitions(self) -> tuple[JobDefinition, ...]:
         """The carried jobs' definitions, sorted by name: built again only when the set of jobs
         changed, so a beat of 10 000 jobs does not rebuild (and re-encode) them all."""
+        version = None if self._jobs_version is None else self._jobs_version()
+        if version is not None and version == self._version_seen:
+            return self._defined
         jobs = tuple(self._jobs())
         seen = self._jobs_seen
         if len(jobs) != len(seen) or any(a is not b for a, b in zip(jobs, seen, strict=True)):
             self._jobs_seen = jobs
-            self._defined = tuple(sorted(map(definition_of, jobs), key=lambda d: d.name))
+            self._defined = _define(jobs)
+        self._version_seen = version
         return self._defined
+
+    async def _refresh(self) -> None:
+        """Build the definitions again in a thread when the jobs changed (by the counter): with
+        100 000 jobs, building and encoding them takes a second or more, which the event loop
+        that claims slots must not wait on. Without a counter, :meth:`record` builds them."""
+        if self._jobs_version is None:
+            return
+        version = self._jobs_version()
+        if version == self._version_seen:
+            return
+        jobs = tuple(self._jobs())  # on the loop: the scheduler changes its table there
+        defined = await asyncio.to_thread(_define_and_encode, jobs)
+        # Jobs changed meanwhile: the counter moved on, and the next beat builds them again.
+        self._jobs_seen, self._defined, self._version_seen = jobs, defined, version
 
     def start(self) -> None:
         """Begin beating on the running event loop."""
@@ -172,10 +245,18 @@ class Heartbeat:
     async def beat(self) -> ClusterView | None:
         """Record, clean up, look for drift; None when the registry could not be reached."""
         try:
-            await self.store.record(self.record())
+            await self._refresh()
+            await record_instance(self.store, self.record(), self._saved)
             now = self.backend_now_ms()
-            removed = await self.store.remove_silent(now - SILENT_HEARTBEATS * self.interval_ms)
+            cutoff = now - SILENT_HEARTBEATS * self.interval_ms
+            removed = await self.store.remove_silent(cutoff)
             view = await read_cluster(self.store, now)
+            self._beats += 1
+            if removed or self._beats % PRUNE_EVERY == 1:
+                await self.store.prune_definitions(
+                    {i.definitions for i in view.instances if i.definitions},
+                    min(cutoff, now - PRUNE_GRACE_MS),
+                )
         except AnarchonError as exc:
             if not self._failing:
                 self._failing = True

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
 from ._options import Bound, check_bool, check_int, check_keywords, ms_text
-from ._schedule import CronSchedule
+from ._schedule import CronSchedule, shared_schedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
 
@@ -42,6 +42,7 @@ DEFAULT_CATCH_UP_WINDOW_MS: Final = 3_600_000
 MIN_LEASE_MS: Final = 300
 _SECOND: Final = 1_000
 _DAY: Final = 24 * 3600 * _SECOND
+_MINUTE_MS: Final = 60 * _SECOND
 # The range of every numeric job option (README, "Options"). Each keeps slot + value far inside
 # a 64-bit millisecond timestamp, and each upper end is past any sane use: a lease longer than a
 # day is a stuck run nobody takes over; a catch-up window longer than the longest history finds
@@ -72,8 +73,10 @@ failed slot (sync or async)."""
 # repeats within 9 slots, weekdays within 5), never more than a year.
 _GAP_SLOTS: Final = 24
 _GAP_HORIZON_MS: Final = 400 * _DAY
-_GAP_CACHE_SIZE: Final = 1024
+_GAP_CACHE_SIZE: Final = 16_384
 _GAPS: dict[tuple[str, ZoneInfo], int | None] = {}
+_HANDLERS_CHECKED: dict[int, object] = {}
+_HANDLERS_CACHE_SIZE: Final = 256
 
 Timezone: TypeAlias = str | ZoneInfo
 """A time zone: an IANA name such as ``"Europe/Athens"``, or a :class:`zoneinfo.ZoneInfo`."""
@@ -172,7 +175,7 @@ def build_job(
     """Validate everything about a job and resolve its options against ``backend``."""
     check_name(name)
     check_handler(name, handler)
-    schedule = CronSchedule(expression, _zone_argument(options.timezone))
+    schedule = shared_schedule(expression, _zone_argument(options.timezone))
     policy = resolve(name, options, backend, schedule)
     retry = resolve_retries(name, options, backend)
     check_on_failure(name, options.on_failure)
@@ -246,12 +249,18 @@ def check_handler(name: str, handler: object) -> None:
     """
     if not callable(handler):
         raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
+    found = _HANDLERS_CHECKED.get(id(handler))
+    if found is not None and found is handler:
+        return  # thousands of jobs often share one handler: its signature is read once
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):
         return
     try:
         signature.bind(object())
+        if len(_HANDLERS_CHECKED) >= _HANDLERS_CACHE_SIZE:
+            _HANDLERS_CHECKED.clear()
+        _HANDLERS_CHECKED[id(handler)] = handler  # kept, so its id is not reused
     except TypeError:
         label = getattr(handler, "__qualname__", None) or repr(handler)
         raise InvalidOption(
@@ -300,6 +309,8 @@ def _int(name: str, option: str, value: int | None, default: int) -> int:
 
 
 def _enum(name: str, option: str, value: str, kind: type[Overlap] | type[CatchUp]) -> Any:
+    if isinstance(value, kind):
+        return value
     try:
         return kind(value)
     except ValueError:
@@ -345,7 +356,9 @@ def resolve(
         check_bool("handover", opts.handover, f"job {name!r}")
     _require(name, backend, opts)
     max_late = _int(name, "max_late_ms", opts.max_late_ms, DEFAULT_MAX_LATE_MS)
-    period = shortest_gap_ms(schedule, _now_ms()) if schedule is not None else None
+    period = None
+    if schedule is not None and _period_matters(opts, schedule):
+        period = shortest_gap_ms(schedule, _now_ms())
     jitter = _jitter(name, opts, max_late, period)
     ttl = _int(name, "history_ttl_ms", opts.history_ttl_ms, DEFAULT_HISTORY_TTL_MS)
     if ttl <= jitter + max_late:
@@ -377,6 +390,18 @@ def resolve(
         handover=opts.handover if opts.handover is not None else lease,
         history_ttl_ms=ttl if lease else None,
     )
+
+
+def _period_matters(opts: JobOptions, schedule: CronSchedule) -> bool:
+    """Whether the jitter rules need the schedule's period. Without a seconds field, slots are
+    at least a minute apart: a tenth of that is above the default jitter, and a jitter under a
+    minute is under the period, so walking 24 slots ahead (most of what adding a daily job
+    costs) is skipped."""
+    jitter = opts.jitter_ms
+    if schedule.seconds_field or jitter is None:
+        return schedule.seconds_field
+    # A jitter that is not an int in range is refused by _jitter, with the period in hand.
+    return not (type(jitter) is int and 0 <= jitter < _MINUTE_MS)
 
 
 def _now_ms() -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -50,7 +50,8 @@ class RequestPoller:
     store: ControlStore
     clock: Clock
     backend_time: BackendTime
-    jobs: Callable[[], Sequence[Job]]
+    jobs: Callable[[], Mapping[str, Job]]
+    """The jobs carried here, by name (the scheduler's own table: read, never copied)."""
     claims: Claims
     threads: HandlerThreads
     counters: Counters
@@ -85,8 +86,7 @@ class RequestPoller:
 
     async def poll(self) -> None:
         """Read the due requests of the jobs carried here once, claim them and act."""
-        jobs = {job.name: job for job in self.jobs()}
-        if not jobs:
+        if not self.jobs():
             return
         try:
             # Every stored request, filtered here: the store holds few, and naming thousands of
@@ -96,6 +96,10 @@ class RequestPoller:
             self._outage(exc)
             return
         self._recovered()
+        table = self.jobs()
+        # The requested jobs only (a poll costs what the requests are, not what the jobs are),
+        # kept: the claims below await, and jobs may change meanwhile.
+        jobs = {r.job: table[r.job] for r in requests if r.job in table}
         listed = {r.id for r in requests}
         self._decided &= listed
         for stale in set(self._pending) - listed:

@@ -25,6 +25,7 @@ around every 2027 change of every IANA zone.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -35,7 +36,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import InvalidSchedule, InvalidTimezone
 
-__all__ = ["CronSchedule", "load_timezone"]
+__all__ = ["CronSchedule", "load_timezone", "shared_schedule"]
 
 MACROS: Final = {
     "@yearly": "0 0 1 1 *",
@@ -49,6 +50,7 @@ MACROS: Final = {
 # Beyond this distance a cached iterator is rebuilt rather than walked forward.
 _REBUILD_AFTER_MS: Final = 36 * 3600 * 1000
 _EPOCH: Final = datetime(1970, 1, 1)
+_NEVER: Final = 2**63  # a floor above every slot: no span covered
 _ONE_SECOND: Final = timedelta(seconds=1)
 _ONE_MINUTE: Final = timedelta(minutes=1)
 _NO_SHIFT: Final = timedelta(0)
@@ -118,7 +120,18 @@ class CronSchedule:
     The zone is an IANA name or a :class:`zoneinfo.ZoneInfo`; ``timezone`` keeps its name.
     """
 
-    __slots__ = ("_iter", "_last", "_six", "_walker", "_wildcard", "expression", "timezone", "zone")
+    __slots__ = (
+        "__weakref__",
+        "_floor",
+        "_iter",
+        "_last",
+        "_six",
+        "_walker",
+        "_wildcard",
+        "expression",
+        "timezone",
+        "zone",
+    )
 
     def __init__(self, expression: str, timezone: str | ZoneInfo = "UTC") -> None:
         self.expression = expression
@@ -129,6 +142,7 @@ class CronSchedule:
         self._walker = _Walker(expression, " ".join(fields))
         self._iter: Iterator[int] | None = None
         self._last = 0
+        self._floor = _NEVER  # the last answer, _last, is the next slot after any time from here
         # Parse now and ask for one slot, so every error surfaces when the job is added.
         try:
             self.next_slot(_now_ms())
@@ -148,11 +162,17 @@ class CronSchedule:
 
     def next_slot(self, after_ms: int) -> int:
         """Return the first slot strictly after ``after_ms`` (epoch milliseconds)."""
+        if self._floor <= after_ms < self._last:
+            # Asked again inside the span the last answer covers: jobs sharing this schedule
+            # (shared_schedule) all ask for the slot after one "now" on start.
+            return self._last
+        self._floor = _NEVER  # until this call has its answer (a walk may end: StopIteration)
         if self._iter is None or after_ms < self._last or after_ms - self._last > _REBUILD_AFTER_MS:
             self._iter = self._walk(after_ms)
             self._last = next(self._iter) * 1000
         while self._last <= after_ms:
             self._last = next(self._iter) * 1000
+        self._floor = after_ms
         return self._last
 
     def slots(self, after_ms: int, until_ms: int) -> list[int]:
@@ -183,6 +203,25 @@ class CronSchedule:
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[str, str | ZoneInfo], CronSchedule] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def shared_schedule(expression: str, timezone: str | ZoneInfo = "UTC") -> CronSchedule:
+    """``CronSchedule(expression, timezone)``, one object per expression and zone while any
+    holder keeps it: 100 000 jobs on a few hundred schedules parse each once and keep one walk
+    each. Only for holders on one thread (:meth:`CronSchedule.next_slot` keeps its walk)."""
+    key = (expression, timezone)
+    try:
+        found = _SHARED.get(key)
+    except TypeError:  # an unhashable argument: CronSchedule names what is wrong with it
+        return CronSchedule(expression, timezone)
+    if found is None:
+        found = _SHARED[key] = CronSchedule(expression, timezone)
+    return found
 
 
 class _Walker:

@@ -240,6 +240,7 @@ class Scheduler:
         self._clock: Clock = given_clock or SystemClock()
         self._jobs: dict[str, Job] = {}
         self._generation: dict[str, int] = {}
+        self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
         self._counters = Counters()
         self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
@@ -346,6 +347,7 @@ class Scheduler:
         chosen = job_options("Scheduler.add", options)
         job = build_job(name, schedule, handler, chosen, self.backend)
         self._jobs[name] = job
+        self._jobs_version += 1
         self._generation[name] = self._generation.get(name, 0) + 1
         if self._state is _State.RUNNING:
             now = self._clock.now_ms()
@@ -354,6 +356,7 @@ class Scheduler:
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
+        self._jobs_version += 1
         if self._jobs.pop(name, None) is None:
             raise JobNotFound(f"no job named {name!r} is registered on this scheduler")
 
@@ -452,7 +455,7 @@ class Scheduler:
                 control,
                 self._clock,
                 self._backend_clock.time,
-                lambda: list(self._jobs.values()),
+                lambda: self._jobs,
                 self._claims,
                 self._threads,
                 self._counters,
@@ -463,7 +466,15 @@ class Scheduler:
         store = backend.registry()
         if store is not None:  # the registry: see _heartbeat
             jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
-            beat = Heartbeat(store, self._clock, self.heartbeat_ms, self.instance_id, jobs, offset)
+            beat = Heartbeat(
+                store,
+                self._clock,
+                self.heartbeat_ms,
+                self.instance_id,
+                jobs,
+                offset,
+                lambda: self._jobs_version,
+            )
             beat.on_view = self._rendezvous.see
             self._heartbeat = beat
             beat.start()

@@ -41,7 +41,7 @@ from ._schedule import CronSchedule, load_timezone
 from .backend import Backend
 from .control import Pause, active_pause, paused_reason
 from .errors import ConfigurationError, InvalidOption, JobNotFound
-from .registry import ClusterView, JobDefinition, build_view
+from .registry import ClusterView, JobDefinition, build_view, read_instances
 
 __all__ = ["HISTORY_LIMIT", "Attempt", "Fate", "SlotFate", "explain", "nearest_slots"]
 
@@ -349,7 +349,7 @@ async def _definitions(
     if view is None:
         store = backend.registry()
         if store is not None:
-            view = build_view(await store.instances(), now_ms)
+            view = build_view(await read_instances(store), now_ms)
     found = () if view is None else tuple(view.definitions.get(job, ()))
     return found, view
 

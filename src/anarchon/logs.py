@@ -115,6 +115,7 @@ class Action(StrEnum):
     INSTANCE_REMOVED = "instance_removed"
     REGISTRY_UNAVAILABLE = "registry_unavailable"
     REGISTRY_RECOVERED = "registry_recovered"
+    DEFINITIONS_MISSING = "definitions_missing"
     # backends
     MIGRATED = "migrated"
     SQLITE_PATH = "sqlite_path"

@@ -1,14 +1,19 @@
 """The registry: which instances run, which jobs they carry, and where their definitions differ.
 
 Every running :class:`~anarchon.Scheduler` records itself in its backend (an
-:class:`InstanceRecord` with the :class:`JobDefinition` of each job it carries) every
-``heartbeat_ms``, and removes records silent for longer than six heartbeats. Anyone with the
-backend's URL can read the picture back as a :class:`ClusterView` (``await
-scheduler.cluster()``, ``anarchon instances``, ``anarchon jobs``).
+:class:`InstanceRecord`) every ``heartbeat_ms``, and removes records silent for longer than six
+heartbeats. Anyone with the backend's URL can read the picture back as a :class:`ClusterView`
+(``await scheduler.cluster()``, ``anarchon instances``, ``anarchon jobs``).
+
+A record is small (version 2, about 275 bytes): the instance's own fields, the number of jobs it
+carries and the sha256 ``definitions`` digest of the set of their :class:`JobDefinition`. Each
+set is saved once per digest, compressed, beside the records (:func:`record_instance`), and
+read back once per digest by each reader (:func:`read_instances`), so a heartbeat of 100 000
+jobs writes a few hundred bytes. Version 1 records (the definitions inline) are still read.
 
 A backend offers the registry through :meth:`anarchon.backend.Backend.registry`, which returns a
-:class:`RegistryStore`: one record per instance, written whole, so a reader never sees half of an
-instance's jobs. Nothing in the claim path reads or waits on the registry.
+:class:`RegistryStore`: one record per instance, written whole, and definition sets as opaque
+bytes under their digest. Nothing in the claim path reads or waits on the registry.
 
 Times in the records are epoch milliseconds on the backend's clock as the writing instance
 measured it (its wall clock plus its measured clock offset).
@@ -16,11 +21,18 @@ measured it (its wall clock plus its measured clock offset).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import logging
+import time
+import zlib
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+
+from .logs import Action
 
 if TYPE_CHECKING:
     from ._models import Run
@@ -35,13 +47,21 @@ __all__ = [
     "JobView",
     "RegistryStore",
     "build_view",
+    "decode_definitions",
     "describe_jobs",
+    "encode_definitions",
+    "read_instances",
+    "record_instance",
 ]
+
+logger = logging.getLogger("anarchon.scheduler")
 
 #: Instances silent for this many of their heartbeats are removed from the registry.
 SILENT_HEARTBEATS: Final = 6
 #: Version of the stored document; a reader skips documents of a newer version it cannot read.
-RECORD_VERSION: Final = 1
+RECORD_VERSION: Final = 2
+#: The versions this one reads: 1 kept the definitions inline, 2 names them by digest.
+READABLE_VERSIONS: Final = (1, 2)
 
 OptionValue = str | int | bool | None
 """The value of one resolved job option."""
@@ -118,9 +138,24 @@ class InstanceRecord:
     clock_offset_ms: int | None
     """The backend's clock minus this instance's, as last measured; None before a measure."""
     jobs: tuple[JobDefinition, ...] = ()
+    """The definitions of the jobs it carries, sorted by name. Empty in a record read from a
+    store until :func:`read_instances` resolves its :attr:`definitions` (and when nobody saved
+    them: then :attr:`job_count` still says how many it carries)."""
+    definitions: str | None = None
+    """The sha256 digest of its definitions set as stored (None in a version 1 record, or one
+    built in memory; :meth:`to_json` computes it from :attr:`jobs`)."""
+    job_count: int | None = None
+    """How many jobs it carries, as recorded (None in a record built in memory: ``len(jobs)``)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON shape stored in the backend and printed by ``anarchon instances --json``."""
+    @property
+    def carried(self) -> int:
+        """How many jobs it carries: :attr:`job_count` if recorded, else ``len(jobs)``."""
+        return len(self.jobs) if self.job_count is None else self.job_count
+
+    def _head(self) -> dict[str, Any]:
+        digest = self.definitions
+        if digest is None or self.jobs:
+            digest = encode_definitions(self.jobs)[0]
         return {
             "record_version": RECORD_VERSION,
             "id": self.id,
@@ -131,27 +166,33 @@ class InstanceRecord:
             "heartbeat_ms": self.heartbeat_ms,
             "interval_ms": self.interval_ms,
             "clock_offset_ms": self.clock_offset_ms,
-            "jobs": [job.to_dict() for job in self.jobs],
+            "definitions": digest,
+            "job_count": len(self.jobs) if self.jobs else self.carried,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape printed by ``anarchon instances --json``: the stored record
+        (:meth:`to_json`) with its resolved ``jobs``."""
+        return {**self._head(), "jobs": [job.to_dict() for job in self.jobs]}
+
     def to_json(self) -> str:
-        """:meth:`to_dict` as compact JSON: the document a store keeps per instance. ``jobs``
-        comes last, encoded once per tuple of definitions (a heartbeat keeps its tuple while
-        the jobs do not change), so a beat of 10 000 jobs does not encode them again."""
-        head = self.to_dict()
-        del head["jobs"]
-        text = json.dumps(head, separators=(",", ":"), sort_keys=True)
-        return f"{text[:-1]},{_JOBS_KEY}{_encoded_jobs(self.jobs)}}}"
+        """The document a store keeps per instance (version 2): compact JSON of the instance's
+        fields, its ``job_count`` and its ``definitions`` digest, without the definitions."""
+        return json.dumps(self._head(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> InstanceRecord | None:
         """Read a stored document; None if it is not one this version can read (a newer
-        anarchon's, or damaged): readers skip it rather than fail."""
+        anarchon's, or damaged): readers skip it rather than fail. A version 2 record comes
+        back with its digest and no ``jobs``: :func:`read_instances` resolves them."""
         try:
             data, jobs = _decoded(text.decode() if isinstance(text, bytes) else text)
-            if not isinstance(data, dict) or data.get("record_version") != RECORD_VERSION:
+            if not isinstance(data, dict) or data.get("record_version") not in READABLE_VERSIONS:
                 return None
             offset = data.get("clock_offset_ms")
+            digest, count = data.get("definitions"), data.get("job_count")
+            if data["record_version"] == 2 and not isinstance(digest, str):
+                return None
             return cls(
                 id=str(data["id"]),
                 host=str(data["host"]),
@@ -162,36 +203,159 @@ class InstanceRecord:
                 interval_ms=int(data["interval_ms"]),
                 clock_offset_ms=None if offset is None else int(offset),
                 jobs=jobs,
+                definitions=None if digest is None else str(digest),
+                job_count=None if count is None else int(count),
             )
         except (ValueError, KeyError, TypeError):
             return None
 
 
-# -- encoding and decoding the jobs of a record once ---------------------------------------------
+# -- definition sets: encoded, saved and decoded once per digest ----------------------------------
 # A heartbeat writes its instance's record and reads every other's every few seconds; with
-# thousands of jobs the definitions are megabytes that rarely change. The jobs' JSON is the last
-# member of a record, so a reader splits it off and decodes each distinct text once.
+# 100 000 jobs the definitions are tens of megabytes that rarely change. A record names them by
+# digest; the set itself is encoded once per tuple of definitions (a heartbeat keeps its tuple
+# while the jobs do not change), saved once per digest and store, and decoded once per digest.
 
 _JOBS_KEY: Final = '"jobs":'
 _CACHE_SIZE: Final = 64
-_encodings: dict[int, tuple[tuple[JobDefinition, ...], str]] = {}
+#: How often (s) a store is asked again whether a set this process saved is still there (a
+#: pruned or wiped set is saved again within this time).
+RECHECK_S: Final = 60.0
+_encodings: dict[int, tuple[tuple[JobDefinition, ...], str, bytes]] = {}
 _decodings: dict[str, tuple[JobDefinition, ...]] = {}
+_missing_logged: set[tuple[str, str]] = set()
 
 
-def _encoded_jobs(jobs: tuple[JobDefinition, ...]) -> str:
-    """The JSON of ``jobs``, remembered for this very tuple."""
+def encode_definitions(jobs: tuple[JobDefinition, ...]) -> tuple[str, bytes]:
+    """The digest and the stored bytes of the definitions set ``jobs``: zlib-compressed JSON,
+    ``{"options": [each distinct options object], "jobs": [[name, expression, zone, index of
+    its options], ...]}`` (100 000 jobs on a few option sets take about 250 kB).
+
+    The digest is the sha256 of the uncompressed JSON, so equal sets give equal digests on
+    every host. Remembered for this very tuple; the set is also remembered as decoded."""
     found = _encodings.get(id(jobs))
     if found is not None and found[0] is jobs:
-        return found[1]
-    text = json.dumps([job.to_dict() for job in jobs], separators=(",", ":"), sort_keys=True)
+        return found[1], found[2]
+    options: dict[tuple[tuple[str, OptionValue], ...], int] = {}
+    rows = []
+    for job in jobs:
+        key = tuple(sorted(job.options.items()))
+        index = options.setdefault(key, len(options))
+        rows.append((job.name, job.expression, job.zone, index))
+    document = {"options": [dict(key) for key in options], "jobs": rows}
+    text = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+    digest = hashlib.sha256(text).hexdigest()
+    data = zlib.compress(text, 6)
     if len(_encodings) >= _CACHE_SIZE:
         _encodings.clear()
-    _encodings[id(jobs)] = (jobs, text)  # the tuple is kept, so its id is not reused
-    return text
+    _encodings[id(jobs)] = (jobs, digest, data)  # the tuple is kept, so its id is not reused
+    _remember(digest, jobs)
+    return digest, data
+
+
+def decode_definitions(data: bytes) -> tuple[JobDefinition, ...]:
+    """Read back what :func:`encode_definitions` stored; ValueError if it is damaged. Jobs
+    with equal options share one dict of them."""
+    try:
+        document = json.loads(zlib.decompress(data))
+    except zlib.error as exc:
+        raise ValueError(f"a definitions set is damaged: {exc}") from None
+    if not isinstance(document, dict):
+        raise ValueError("a definitions set must be a JSON object")
+    shared: list[dict[str, OptionValue]] = [dict(o) for o in document["options"]]
+    return tuple(
+        JobDefinition(
+            name=str(name), expression=str(expression), zone=str(zone), options=shared[index]
+        )
+        for name, expression, zone, index in document["jobs"]
+    )
+
+
+async def _encoded(jobs: tuple[JobDefinition, ...]) -> tuple[str, bytes]:
+    """:func:`encode_definitions`, in a thread unless this tuple was encoded already (the
+    event loop that claims slots must not wait a second on 100 000 definitions)."""
+    found = _encodings.get(id(jobs))
+    if found is not None and found[0] is jobs:
+        return found[1], found[2]
+    return await asyncio.to_thread(encode_definitions, jobs)
+
+
+def _remember(digest: str, jobs: tuple[JobDefinition, ...]) -> None:
+    if len(_decodings) >= _CACHE_SIZE:
+        _decodings.clear()
+    _decodings[digest] = jobs
+
+
+async def record_instance(
+    store: RegistryStore, instance: InstanceRecord, saved: dict[str, float] | None = None
+) -> None:
+    """Record ``instance`` in ``store``: its definitions set first (unless the store has it),
+    then the record naming it, so a reader never finds a digest before its set.
+
+    ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last found its set
+    in the store: a heartbeat passes the same dict each beat, so a set is looked for once per
+    :data:`RECHECK_S` and uploaded only when it is missing."""
+    digest, data = await _encoded(instance.jobs)
+    now = time.monotonic()
+    known = saved if saved is not None else {}
+    if now - known.get(digest, -RECHECK_S) >= RECHECK_S:
+        if not await store.has_definitions(digest):
+            await store.save_definitions(digest, data, instance.heartbeat_ms)
+        known.clear()
+        known[digest] = now
+    if instance.definitions != digest or instance.job_count != len(instance.jobs):
+        instance = replace(instance, definitions=digest, job_count=len(instance.jobs))
+    await store.record(instance)
+
+
+async def read_instances(store: RegistryStore) -> list[InstanceRecord]:
+    """Every recorded instance, each with its ``jobs`` resolved from its definitions set.
+
+    A set is read from the store once per digest and process. A record naming a set nobody
+    saved (or a damaged one) comes back with no ``jobs`` (its ``job_count`` still tells how many
+    it carries), and a WARNING (action ``definitions_missing``) is logged once per instance and
+    digest."""
+    out: list[InstanceRecord] = []
+    for record in await store.instances():
+        digest = record.definitions
+        if digest is None or record.jobs:
+            out.append(record)  # version 1: the definitions inline
+            continue
+        jobs = _decodings.get(digest)
+        if jobs is None:
+            data = await store.definitions(digest)
+            try:
+                # In a thread: 100 000 definitions take a second or more to decode, and the
+                # event loop that claims slots must not wait on them.
+                jobs = None if data is None else await asyncio.to_thread(decode_definitions, data)
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+                jobs = None
+            if jobs is not None:
+                _remember(digest, jobs)
+        if jobs is None:
+            if (record.id, digest) not in _missing_logged:
+                if len(_missing_logged) >= 1024:
+                    _missing_logged.clear()
+                _missing_logged.add((record.id, digest))
+                logger.warning(
+                    "instance %s names the definitions set %s of its %d jobs, which is not in "
+                    "the registry (not saved yet, or pruned); its jobs are left out of the "
+                    "cluster view until it saves them again (within %g s)",
+                    record.id,
+                    digest[:16],
+                    record.carried,
+                    RECHECK_S,
+                    extra={"action": Action.DEFINITIONS_MISSING, "instance": record.id},
+                )
+            out.append(record)
+            continue
+        out.append(replace(record, jobs=jobs))
+    return out
 
 
 def _decoded(text: str) -> tuple[Any, tuple[JobDefinition, ...]]:
-    """The record's other members and its jobs; each distinct jobs text is decoded once."""
+    """The record's other members and its jobs (a version 1 record's); each distinct jobs text
+    is decoded once."""
     cut = text.rfind("," + _JOBS_KEY)
     if cut > 0 and text.endswith("]}"):
         head, tail = text[:cut] + "}", text[cut + 1 + len(_JOBS_KEY) : -1]
@@ -203,9 +367,7 @@ def _decoded(text: str) -> tuple[Any, tuple[JobDefinition, ...]]:
             jobs = _decodings.get(tail)
             if jobs is None:
                 jobs = tuple(JobDefinition.from_dict(job) for job in json.loads(tail))
-                if len(_decodings) >= _CACHE_SIZE:
-                    _decodings.clear()
-                _decodings[tail] = jobs
+                _remember(tail, jobs)
             return data, jobs
     data = json.loads(text)
     jobs_data = data.get("jobs", ()) if isinstance(data, dict) else ()
@@ -260,7 +422,20 @@ class ClusterView:
 
     def carriers(self, job: str) -> tuple[str, ...]:
         """The ids of the instances that carry ``job``."""
-        return tuple(i.id for i in self.instances if any(j.name == job for j in i.jobs))
+        return tuple(i.id for i in self.instances if _carries(i.jobs, job))
+
+
+_names: dict[int, tuple[tuple[JobDefinition, ...], frozenset[str]]] = {}
+
+
+def _carries(jobs: tuple[JobDefinition, ...], name: str) -> bool:
+    """Whether ``jobs`` has a job named ``name``; the names are gathered once per tuple."""
+    found = _names.get(id(jobs))
+    if found is None or found[0] is not jobs:
+        if len(_names) >= _CACHE_SIZE:
+            _names.clear()
+        found = _names[id(jobs)] = (jobs, frozenset(j.name for j in jobs))
+    return name in found[1]
 
 
 def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
@@ -269,10 +444,9 @@ def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
     if len({id(i.jobs) for i in ordered}) == 1:
         # Every instance carries the very same definitions (records whose jobs' text is equal
         # decode to one tuple): nothing can drift, and grouping 10 000 jobs per beat is skipped.
-        alike: dict[str, tuple[JobDefinition, ...]] = {
-            d.name: (d,) for d in sorted(ordered[0].jobs, key=lambda d: d.name)
-        }
-        return ClusterView(now_ms=now_ms, instances=ordered, definitions=alike, drift=())
+        return ClusterView(
+            now_ms=now_ms, instances=ordered, definitions=_alike(ordered[0].jobs), drift=()
+        )
     carried: dict[str, dict[str, tuple[JobDefinition, list[str]]]] = {}
     for instance in ordered:
         for job in instance.jobs:
@@ -290,9 +464,26 @@ def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
     )
 
 
+_views: dict[int, tuple[tuple[JobDefinition, ...], Mapping[str, tuple[JobDefinition, ...]]]] = {}
+
+
+def _alike(jobs: tuple[JobDefinition, ...]) -> Mapping[str, tuple[JobDefinition, ...]]:
+    """Each job of ``jobs`` to its one definition, by name: built once per tuple (read-only)."""
+    found = _views.get(id(jobs))
+    if found is not None and found[0] is jobs:
+        return found[1]
+    alike = MappingProxyType({d.name: (d,) for d in sorted(jobs, key=lambda d: d.name)})
+    if len(_views) >= 8:
+        _views.clear()
+    _views[id(jobs)] = (jobs, alike)  # the tuple is kept, so its id is not reused
+    return alike
+
+
 @runtime_checkable
 class RegistryStore(Protocol):
-    """Where a backend keeps the registry: one document per instance.
+    """Where a backend keeps the registry: one document per instance, and definitions sets as
+    opaque bytes under their digest (:func:`record_instance` and :func:`read_instances` do the
+    rest).
 
     Implementations run on their backend's connection (started by the backend's ``start`` or
     ``start_reader``), create their storage idempotently on the first write, and never create
@@ -317,6 +508,23 @@ class RegistryStore(Protocol):
 
         A record refreshed at or after the cutoff is never removed (the check and the removal
         are one step, or the store's documentation says where they are not)."""
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """Keep ``data`` (one definitions set) under ``digest``, and ``saved_ms`` (backend clock,
+        epoch ms) as when it was last saved. Saving a digest that is already kept only moves
+        its saved time (the data of a digest never changes). A reader never sees part of a set:
+        :meth:`definitions` gives the whole of it or None."""
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """The set saved under ``digest``, or None if there is none."""
+
+    async def has_definitions(self, digest: str) -> bool:
+        """True if a set is saved under ``digest`` (without reading it)."""
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """Remove the sets saved before ``cutoff_ms`` whose digest is not in ``keep`` (the
+        digests the live records name); return their digests. A set saved at or after the
+        cutoff is kept: an instance saves its set before the record that names it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,7 +43,8 @@ class NatsHarness:
             )
         finally:
             await delete_stream(server, stream)
-            for kind in ("registry", "control"):  # cleanup only: a failure here is not the test's
+            # cleanup only: a failure here is not the test's
+            for kind in ("registry", "definitions", "control"):
                 with contextlib.suppress(Exception):
                     await delete_stream(server, f"KV_{bucket_name(stream, kind)}")
 

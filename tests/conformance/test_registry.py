@@ -6,12 +6,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
 from anarchon import Backend, Scheduler
-from anarchon.registry import InstanceRecord, JobDefinition, RegistryStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,66 +25,13 @@ async def _drop_bucket(backend: Backend) -> None:
         # failure is the one to report.
         with contextlib.suppress(Exception):
             _, js = backend._conn.require()
-            await js.delete_key_value(bucket_name(backend.stream))
+            for kind in ("registry", "definitions"):
+                with contextlib.suppress(Exception):
+                    await js.delete_key_value(bucket_name(backend.stream, kind))
 
 
-@pytest.fixture
-async def store(backend: Backend) -> AsyncIterator[RegistryStore]:
-    found = backend.registry()
-    assert found is not None, f"{backend.name} has no registry"
-    assert isinstance(found, RegistryStore)
-    try:
-        yield found
-    finally:
-        await _drop_bucket(backend)
-
-
-def _record(instance_id: str, heartbeat_ms: int, expression: str = "*/2 * * * *") -> InstanceRecord:
-    job = JobDefinition(name="sync", expression=expression, zone="UTC", options={"lease_ms": 15000})
-    return InstanceRecord(
-        id=instance_id,
-        host="h",
-        pid=1,
-        version="0.1.0",
-        started_ms=heartbeat_ms - 10,
-        heartbeat_ms=heartbeat_ms,
-        interval_ms=5000,
-        clock_offset_ms=None,
-        jobs=(job,),
-    )
-
-
-async def test_reading_an_empty_registry_creates_nothing(store: RegistryStore) -> None:
-    assert await store.instances() == []
-    assert await store.remove_silent(10**12) == []
-    await store.remove("nobody")
-    assert not await store.exists()
-
-
-async def test_records_are_replaced_whole_and_removed(store: RegistryStore) -> None:
-    await store.record(_record("a", 1_000))
-    await store.record(_record("b/ü x", 2_000))  # any printable id
-    await store.record(_record("a", 3_000, "*/3 * * * *"))
-    assert await store.exists()
-    by_id = {r.id: r for r in await store.instances()}
-    assert set(by_id) == {"a", "b/ü x"}
-    assert by_id["a"].heartbeat_ms == 3_000
-    assert by_id["a"].jobs[0].expression == "*/3 * * * *"
-    assert by_id["b/ü x"] == _record("b/ü x", 2_000)
-    await store.remove("a")
-    assert [r.id for r in await store.instances()] == ["b/ü x"]
-    await store.remove("b/ü x")
-    assert await store.instances() == []
-    assert await store.exists()  # no instance now is not "never any instance"
-
-
-async def test_silent_instances_are_removed_and_fresh_ones_kept(store: RegistryStore) -> None:
-    for n, beat in enumerate((1_000, 2_000, 3_000)):
-        await store.record(_record(f"i{n}", beat))
-    assert sorted(await store.remove_silent(2_000)) == ["i0"]  # i1 beat at the cutoff: kept
-    assert sorted(r.id for r in await store.instances()) == ["i1", "i2"]
-    assert sorted(await store.remove_silent(10_000)) == ["i1", "i2"]
-    assert await store.instances() == []
+# The store's own steps (records, silent removal, definitions sets, 100 000 jobs) are the
+# shipped contract's: anarchon.testing._registry.RegistryContract, run by test_contract.py.
 
 
 async def test_schedulers_see_each_other_and_the_drift(

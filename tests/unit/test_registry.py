@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +13,15 @@ from anarchon._heartbeat import Heartbeat
 from anarchon.backends.memory import MemoryRegistry
 from anarchon.cli import _table
 from anarchon.errors import BackendUnavailable
-from anarchon.registry import InstanceRecord, JobDefinition, build_view
+from anarchon.registry import (
+    InstanceRecord,
+    JobDefinition,
+    build_view,
+    decode_definitions,
+    encode_definitions,
+    read_instances,
+    record_instance,
+)
 from anarchon.testing import FakeClock, MemoryBackend
 
 
@@ -42,7 +52,10 @@ def test_the_fingerprint_is_stable_and_ignores_spacing_and_option_order() -> Non
 
 def test_records_read_back_and_unreadable_documents_are_skipped() -> None:
     original = record("a", definition(lease_ms=15_000))
-    assert InstanceRecord.from_json(original.to_json()) == original
+    read = InstanceRecord.from_json(original.to_json())
+    digest = encode_definitions(original.jobs)[0]
+    assert read == replace(original, jobs=(), definitions=digest, job_count=1)
+    assert read is not None and read.carried == 1 and len(original.to_json()) < 400
     assert InstanceRecord.from_json("not json") is None
     assert InstanceRecord.from_json('{"record_version": 99}') is None
 
@@ -133,22 +146,28 @@ def test_retry_options_are_part_of_the_definition() -> None:
     assert [d.differing_options() for d in drift] == [["retries"]]
 
 
-def test_a_record_round_trips_with_its_jobs_last_and_old_layouts_still_read() -> None:
-    import json
+def v1_text(instance: InstanceRecord) -> str:
+    """``instance`` as version 1 wrote it: the definitions inline, ``jobs`` last."""
+    head = {k: v for k, v in instance.to_dict().items() if k not in ("definitions", "job_count")}
+    jobs = head.pop("jobs")
+    head["record_version"] = 1
+    return json.dumps({**head, "jobs": jobs}, separators=(",", ":"))
 
+
+def test_version_1_records_are_still_read_whatever_their_layout() -> None:
     jobs = (definition("*/2 * * * *", lease_ms=1), definition("*/3 * * * *"))
     first = record("i1", *jobs, beat=5)
-    text = first.to_json()
+    text = v1_text(first)
     assert text.endswith("]}") and json.loads(text)["jobs"][0]["fingerprint"]
     assert InstanceRecord.from_json(text) == first
-    later = InstanceRecord.from_json(record("i1", *jobs, beat=9).to_json())
+    later = InstanceRecord.from_json(v1_text(record("i1", *jobs, beat=9)))
     assert later is not None and later.heartbeat_ms == 9 and later.jobs == jobs
     # A document with its keys sorted (as earlier versions wrote it) reads the same.
     sorted_text = json.dumps(json.loads(text), sort_keys=True)
     assert InstanceRecord.from_json(sorted_text) == first
     # The marker inside a string does not confuse the reader.
     odd = record("i2", JobDefinition(name="sync", expression='x,"jobs":[', zone="UTC"))
-    assert InstanceRecord.from_json(odd.to_json()) == odd
+    assert InstanceRecord.from_json(v1_text(odd)) == odd
     assert InstanceRecord.from_json(text[:-3] + "}") is None  # damaged: skipped
 
 
@@ -172,13 +191,25 @@ def test_a_heartbeat_builds_its_definitions_again_only_when_the_jobs_change() ->
     assert [d.name for d in beat.record().jobs] == ["a", "b"]
 
 
-def test_instances_that_decode_to_the_same_definitions_give_the_same_view() -> None:
+async def test_instances_that_decode_to_the_same_definitions_give_the_same_view() -> None:
     jobs = (definition("*/3 * * * *"), JobDefinition(name="a", expression="* * * * *", zone="UTC"))
-    decoded = [InstanceRecord.from_json(record(f"i{n}", *jobs).to_json()) for n in range(3)]
-    shared = [r for r in decoded if r is not None]
+    store = MemoryRegistry()
+    for n in range(3):
+        await record_instance(store, record(f"i{n}", *tuple(jobs)))
+    shared = await read_instances(store)
     assert len({id(r.jobs) for r in shared}) == 1  # one decoded tuple: the quick path
     separate = [record(f"i{n}", *jobs) for n in range(3)]  # equal, distinct tuples
     quick, full = build_view(shared, now_ms=1), build_view(separate, now_ms=1)
     assert list(quick.definitions) == list(full.definitions) == ["a", "sync"]
     assert quick.definitions == full.definitions and quick.drift == full.drift == ()
     assert quick.carriers("a") == ("i0", "i1", "i2")
+
+
+def test_a_definitions_set_round_trips_and_its_digest_does_not_depend_on_the_tuple() -> None:
+    jobs = (definition(lease_ms=1), definition("0 * * * *"))
+    digest, data = encode_definitions(jobs)
+    assert len(digest) == 64 and encode_definitions(tuple(jobs))[0] == digest
+    assert decode_definitions(data) == jobs
+    assert encode_definitions((definition(lease_ms=2),))[0] != digest
+    with pytest.raises(ValueError, match="damaged"):
+        decode_definitions(b"not zlib")

@@ -12,7 +12,14 @@ from .._models import RunStatus
 from .._readable import iso, ms_of, span
 from .._redact import redact_url
 from ..control import ALL_JOBS, Pause
-from ..registry import ClusterView, InstanceRecord, JobView, build_view, describe_jobs
+from ..registry import (
+    ClusterView,
+    InstanceRecord,
+    JobView,
+    build_view,
+    describe_jobs,
+    read_instances,
+)
 from ..steering import backend_now_ms
 from .common import EXIT_OK, WIDTH, moment, opened, run_json, table
 
@@ -25,7 +32,7 @@ async def read_cluster(
         store = backend.registry()
         assert store is not None  # opened() checked it
         now_ms = await backend_now_ms(backend)
-        view = build_view(await store.instances(), now_ms)
+        view = build_view(await read_instances(store), now_ms)
         jobs = await describe_jobs(backend, view) if with_jobs else []
         return redact_url(repr(backend)), view, jobs
 
@@ -58,7 +65,7 @@ async def instances(args: argparse.Namespace) -> int:
             i.version,
             span(now - i.heartbeat_ms) + " ago",
             "-" if i.clock_offset_ms is None else f"{i.clock_offset_ms:+d}ms",
-            f"{len(i.jobs)}: " + ",".join(j.name for j in i.jobs) if i.jobs else "0",
+            f"{i.carried}: " + ",".join(j.name for j in i.jobs) if i.carried else "0",
         ]
         for i in view.instances
     ]

@@ -21,7 +21,7 @@ from .._redact import redact_url
 from ..backend import Backend, JobPolicy
 from ..errors import BackendError
 from ..health import STALE_HEARTBEATS
-from ..registry import InstanceRecord, JobDefinition
+from ..registry import InstanceRecord, JobDefinition, read_instances
 from ..steering import backend_now_ms
 from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, Exit, opened, where
 
@@ -76,7 +76,7 @@ async def _check(url: str | None, instance_id: str | None, host: str) -> dict[st
         store = backend.registry()
         assert store is not None  # opened() checked it
         now = await backend_now_ms(backend)
-        records = await store.instances()
+        records = await read_instances(store)
         name = where(backend)
         if instance_id is not None:
             mine = [r for r in records if r.id == instance_id]

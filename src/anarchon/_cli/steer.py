@@ -18,7 +18,7 @@ from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
 from ..explain import explain as explain_slot
-from ..registry import ClusterView, build_view
+from ..registry import ClusterView, build_view, read_instances
 from .cluster import pause_json
 from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
 
@@ -55,7 +55,7 @@ def parse_time_ms(text: str, zone: str = "UTC", *, what: str) -> int:
 async def _view(backend: Backend, now_ms: int) -> ClusterView:
     store = backend.registry()
     assert store is not None  # opened(registry=True) checked it
-    return build_view(await store.instances(), now_ms)
+    return build_view(await read_instances(store), now_ms)
 
 
 def _warn(text: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar, cast
 
 from ..backend import (
@@ -264,17 +264,41 @@ class MemoryRegistry:
     loop, no await inside a step)."""
 
     def __init__(self) -> None:
-        self._records: dict[str, InstanceRecord] = {}
+        self._records: dict[str, tuple[int, str]] = {}  # id -> heartbeat_ms, document
         self._recorded = False
+        self._sets: dict[str, tuple[int, bytes]] = {}
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
-        self._records[instance.id] = instance
+        self._records[instance.id] = (instance.heartbeat_ms, instance.to_json())
         self._recorded = True
 
     async def instances(self) -> list[InstanceRecord]:
-        """See :meth:`anarchon.registry.RegistryStore.instances`."""
-        return list(self._records.values())
+        """See :meth:`anarchon.registry.RegistryStore.instances`: each record as a store that
+        keeps bytes gives it back (definitions named by digest, not resolved)."""
+        found = (InstanceRecord.from_json(text) for _, text in self._records.values())
+        return [record for record in found if record is not None]
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
+        kept = self._sets.get(digest)
+        self._sets[digest] = (saved_ms, data if kept is None else kept[1])
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """See :meth:`anarchon.registry.RegistryStore.definitions`."""
+        kept = self._sets.get(digest)
+        return None if kept is None else kept[1]
+
+    async def has_definitions(self, digest: str) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
+        return digest in self._sets
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.prune_definitions`."""
+        gone = [d for d, (saved, _) in self._sets.items() if saved < cutoff_ms and d not in keep]
+        for digest in gone:
+            del self._sets[digest]
+        return gone
 
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
@@ -286,7 +310,7 @@ class MemoryRegistry:
 
     async def remove_silent(self, cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
-        silent = [i for i, r in self._records.items() if r.heartbeat_ms < cutoff_ms]
+        silent = [i for i, (beat, _) in self._records.items() if beat < cutoff_ms]
         for instance_id in silent:
             del self._records[instance_id]
         return silent

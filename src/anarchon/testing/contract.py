@@ -16,8 +16,9 @@ The tests are async: they need pytest-asyncio (``asyncio_mode = "auto"``, or the
 ``asyncio`` mark, which they carry). They check every call of :mod:`anarchon.backend` as its
 docstrings specify: one winner per slot, idempotent claims, rising fences, history order,
 pruning, takeovers, release, overlap, batches, pauses, run requests and missed records
-(:mod:`anarchon.control`), and claim notices (``subscribe_claims``; skipped for a backend that
-announces none). A few wait for short leases (0.6 s) to expire.
+(:mod:`anarchon.control`), the registry's records and definitions sets
+(:mod:`anarchon.registry`, one of 100 000 jobs), and claim notices (``subscribe_claims``;
+skipped for a backend that announces none). A few wait for short leases (0.6 s) to expire.
 anarchon's own backends run the same classes (``tests/conformance/test_contract.py``).
 """
 
@@ -40,13 +41,14 @@ from ..errors import BackendError, LeaseLost
 from ..kit import Overlap, RunStatus, Trigger
 from ._control import ControlContract
 from ._notices import NoticesContract
+from ._registry import RegistryContract
 from ._requests import LEASE_MS, SLOT, lease, request, takeover
 
 __all__ = ["LEASE_MS", "SLOT", "BackendContract", "LeaseBackendContract", "request", "takeover"]
 
 
 @pytest.mark.asyncio
-class BackendContract(ControlContract, NoticesContract):
+class BackendContract(ControlContract, RegistryContract, NoticesContract):
     """The calls every backend answers (:class:`~anarchon.backend.Backend`).
 
     Provide the fixture ``backend_factory``: a callable returning a new, unstarted backend on a

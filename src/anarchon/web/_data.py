@@ -20,7 +20,14 @@ from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
 from ..control import ALL_JOBS, PAUSED, Pause, active_pause
-from ..registry import ClusterView, Drift, InstanceRecord, JobDefinition, build_view
+from ..registry import (
+    ClusterView,
+    Drift,
+    InstanceRecord,
+    JobDefinition,
+    build_view,
+    read_instances,
+)
 
 __all__ = [
     "FATES",
@@ -114,7 +121,7 @@ class ViewCache:
             kept = self._kept
             if kept is not None and time.monotonic() - kept[0] < self.ttl_ms / 1000:
                 return kept[1]
-            view = fast_view(await store.instances(), now_ms)
+            view = fast_view(await read_instances(store), now_ms)
             if self.ttl_ms:
                 self._kept = (time.monotonic(), view)
             return view
@@ -130,7 +137,7 @@ async def read_snapshot(backend: Backend, cache: ViewCache | None = None) -> Sna
     elif cache is not None:
         view = await cache.view(store, now)
     else:
-        view = fast_view(await store.instances(), now)
+        view = fast_view(await read_instances(store), now)
     control = backend.control()
     pauses: list[Pause] = [] if control is None else await control.pauses()
     return Snapshot(

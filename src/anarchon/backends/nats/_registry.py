@@ -13,15 +13,26 @@ What is atomic here and what is not:
   each silent one deleted with a compare-and-set on the revision that was read. A record
   refreshed in between is therefore never deleted (its revision changed), but the list is a
   snapshot: a record written after it was taken is looked at on the next heartbeat.
+
+Definitions sets (:func:`anarchon.registry.record_instance`) are kept in a second bucket,
+``<stream>_definitions`` (same naming rule), one revision per key: a set of digest ``D`` is
+cut into chunks ``<prefix>.D.0``, ``<prefix>.D.1``, ... each under the server's maximum
+payload (100 000 jobs compress to a few hundred kilobytes), and its manifest ``<prefix>.D.m``
+(JSON: chunks, size, saved time) is written last with a compare-and-set create, so a reader
+that finds the manifest finds every chunk. Saving a set already kept moves its saved time with
+a compare-and-set update. Pruning lists the manifests, deletes each old unnamed one with a
+compare-and-set on the revision it read, then its chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+import json
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
@@ -38,6 +49,10 @@ __all__ = ["NatsRegistry", "bucket_name", "token"]
 
 T = TypeVar("T")
 CALL_TIMEOUT_S: Final = 5.0
+# Saving or reading a whole definitions set (several chunks) may take this long (s).
+SET_TIMEOUT_S: Final = 60.0
+# A chunk leaves this much of the server's maximum payload to the message's headers.
+CHUNK_MARGIN: Final = 4096
 BUCKET_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 
@@ -62,18 +77,20 @@ class NatsRegistry:
         self._backend = backend
         self._bucket = bucket_name(backend.stream)
         self._kv: KeyValue | None = None
+        self._sets_bucket = bucket_name(backend.stream, "definitions")
+        self._sets_kv: KeyValue | None = None
         self._space = token(backend.prefix)
 
     def _key(self, instance_id: str) -> str:
         return f"{self._space}.{token(instance_id)}"
 
-    async def _bounded(self, aw: Awaitable[T], doing: str) -> T:
+    async def _bounded(self, aw: Awaitable[T], doing: str, limit_s: float = CALL_TIMEOUT_S) -> T:
         try:
-            async with asyncio.timeout(CALL_TIMEOUT_S):
+            async with asyncio.timeout(limit_s):
                 return await aw
         except TimeoutError:
             raise BackendUnavailable(
-                f"NATS: {doing} failed: no answer within {CALL_TIMEOUT_S:g} s"
+                f"NATS: {doing} failed: no answer within {limit_s:g} s"
             ) from None
         except BackendError:
             raise
@@ -81,13 +98,21 @@ class NatsRegistry:
             raise errors.translate(exc, doing) from exc
 
     async def _open(self, create: bool) -> KeyValue | None:
-        if self._kv is not None:
-            return self._kv
+        if self._kv is None:
+            self._kv = await self._open_bucket(self._bucket, create)
+        return self._kv
+
+    async def _open_sets(self, create: bool) -> KeyValue | None:
+        if self._sets_kv is None:
+            self._sets_kv = await self._open_bucket(self._sets_bucket, create)
+        return self._sets_kv
+
+    async def _open_bucket(self, bucket: str, create: bool) -> KeyValue | None:
         from nats.js.errors import BucketNotFoundError
 
         _, js = self._backend._conn.require()
         try:
-            self._kv = await self._bounded(js.key_value(self._bucket), "opening the registry")
+            return await self._bounded(js.key_value(bucket), "opening the registry")
         except BackendError as exc:
             if not isinstance(exc.__cause__, BucketNotFoundError):
                 raise
@@ -95,11 +120,10 @@ class NatsRegistry:
                 return None
             from nats.js.api import KeyValueConfig
 
-            config = KeyValueConfig(bucket=self._bucket, history=1)
-            self._kv = await self._bounded(
-                js.create_key_value(config), f"creating key-value bucket {self._bucket!r}"
+            config = KeyValueConfig(bucket=bucket, history=1)
+            return await self._bounded(
+                js.create_key_value(config), f"creating key-value bucket {bucket!r}"
             )
-        return self._kv
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
@@ -166,3 +190,116 @@ class NatsRegistry:
     @staticmethod
     async def _delete(kv: Any, key: str, revision: int) -> None:
         await kv.delete(key, last=revision)
+
+    # -- definitions sets ---------------------------------------------------------------------
+
+    def _set_key(self, digest: str, part: str) -> str:
+        return f"{self._space}.{digest}.{part}"
+
+    async def _manifest(self, kv: KeyValue, digest: str) -> tuple[dict[str, Any], int] | None:
+        """The set's manifest and its revision; None if there is none (or it is unreadable)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await kv.get(self._set_key(digest, "m"))
+        except KeyNotFoundError:
+            return None
+        try:
+            manifest = json.loads(entry.value or b"")
+        except ValueError:
+            return None
+        return (manifest, entry.revision or 0) if isinstance(manifest, dict) else None
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.save_definitions` and the module
+        docstring: the chunks, then the manifest (compare-and-set)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        kv = await self._open_sets(create=True)
+        assert kv is not None
+        nc, _ = self._backend._conn.require()
+        size = max(1024, nc.max_payload - CHUNK_MARGIN)
+
+        async def save() -> None:
+            found = await self._manifest(kv, digest)
+            try:
+                if found is not None:
+                    manifest, revision = found
+                    if int(manifest.get("saved_ms", 0)) < saved_ms:
+                        manifest["saved_ms"] = saved_ms
+                        body = json.dumps(manifest).encode()
+                        await kv.update(self._set_key(digest, "m"), body, last=revision)
+                    return
+                chunks = [data[at : at + size] for at in range(0, len(data), size)] or [b""]
+                for n, chunk in enumerate(chunks):
+                    await kv.put(self._set_key(digest, str(n)), chunk)
+                manifest = {"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms}
+                await kv.create(self._set_key(digest, "m"), json.dumps(manifest).encode())
+            except KeyWrongLastSequenceError:
+                return  # saved or refreshed by another instance meanwhile: the same bytes
+
+        await self._bounded(save(), "saving a definitions set", SET_TIMEOUT_S)
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """See :meth:`anarchon.registry.RegistryStore.definitions`."""
+        from nats.js.errors import KeyNotFoundError
+
+        kv = await self._open_sets(create=False)
+        if kv is None:
+            return None
+
+        async def read() -> bytes | None:
+            found = await self._manifest(kv, digest)
+            if found is None:
+                return None
+            manifest, _ = found
+            parts = []
+            try:
+                for n in range(int(manifest["chunks"])):
+                    parts.append((await kv.get(self._set_key(digest, str(n)))).value or b"")
+            except (KeyNotFoundError, KeyError, ValueError, TypeError):
+                return None  # pruned while it was read, or a damaged manifest
+            data = b"".join(parts)
+            return data if len(data) == manifest.get("size") else None
+
+        return await self._bounded(read(), "reading a definitions set", SET_TIMEOUT_S)
+
+    async def has_definitions(self, digest: str) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
+        kv = await self._open_sets(create=False)
+        if kv is None:
+            return False
+        found = await self._bounded(self._manifest(kv, digest), "looking for a definitions set")
+        return found is not None
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.prune_definitions` and the module
+        docstring: a compare-and-set delete of each old manifest, then its chunks."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        kv = await self._open_sets(create=False)
+        if kv is None:
+            return []
+        kept = set(keep)
+
+        async def prune() -> list[str]:
+            keys = await self._backend._conn.bucket_keys(self._sets_bucket, self._space + ".")
+            gone = []
+            for key in keys:
+                digest, _, part = key[len(self._space) + 1 :].rpartition(".")
+                if part != "m" or digest in kept:
+                    continue
+                found = await self._manifest(kv, digest)
+                if found is None or int(found[0].get("saved_ms", 0)) >= cutoff_ms:
+                    continue
+                try:
+                    await kv.delete(key, last=found[1])
+                except KeyWrongLastSequenceError:
+                    continue  # saved again since it was read
+                for n in range(int(found[0].get("chunks", 0))):
+                    with contextlib.suppress(KeyNotFoundError):
+                        await kv.delete(self._set_key(digest, str(n)))
+                gone.append(digest)
+            return gone
+
+        return await self._bounded(prune(), "pruning definitions sets", SET_TIMEOUT_S)

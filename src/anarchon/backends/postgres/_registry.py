@@ -1,12 +1,15 @@
-"""The PostgreSQL backend's registry: a table of its own, ``<schema>.<table_prefix>registry``.
+"""The PostgreSQL backend's registry: two tables of its own, ``<schema>.<table_prefix>registry``
+(one record per instance) and ``<schema>.<table_prefix>definitions`` (one definitions set per
+digest).
 
-Every statement runs through the backend's pool (its timeout and error translation). The table
+Every statement runs through the backend's pool (its timeout and error translation). A table
 is created (``IF NOT EXISTS``) before the first write and never by a read. Each step is one
 statement, so each is atomic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from anarchon.registry import InstanceRecord
@@ -25,15 +28,16 @@ class PostgresRegistry:
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
         self._created = False
+        self._sets_created = False
 
     @property
     def _prepare(self) -> bool | None:
         return self._backend._db.options.prepare
 
-    def _query(self, template: str) -> sql.Composed:
+    def _query(self, template: str, kind: str = "registry") -> sql.Composed:
         from psycopg import sql
 
-        table = sql.Identifier(self._backend.schema, self._backend.table_prefix + "registry")
+        table = sql.Identifier(self._backend.schema, self._backend.table_prefix + kind)
         return sql.SQL(template).format(table=table)
 
     async def record(self, instance: InstanceRecord) -> None:
@@ -62,10 +66,10 @@ class PostgresRegistry:
         await self._backend._db.call(write)
         self._created = True
 
-    async def _table_exists(self, conn: AsyncConnection[Any]) -> bool:
+    async def _table_exists(self, conn: AsyncConnection[Any], kind: str = "registry") -> bool:
         cursor = await conn.execute(
             "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
-            (self._backend.schema, self._backend.table_prefix + "registry"),
+            (self._backend.schema, self._backend.table_prefix + kind),
             prepare=self._prepare,
         )
         row = await cursor.fetchone()
@@ -114,6 +118,74 @@ class PostgresRegistry:
                 if not await self._table_exists(conn):
                     return []
                 cursor = await conn.execute(delete, (cutoff_ms,), prepare=self._prepare)
+                return [row[0] for row in await cursor.fetchall()]
+
+        return await self._backend._db.call(work)
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
+        create = self._query(
+            "CREATE TABLE IF NOT EXISTS {table} (digest text PRIMARY KEY, "
+            "saved_ms bigint NOT NULL, data bytea NOT NULL)",
+            "definitions",
+        )
+        save = self._query(
+            "INSERT INTO {table} AS t (digest, saved_ms, data) VALUES (%s, %s, %s) "
+            "ON CONFLICT (digest) DO UPDATE SET saved_ms = greatest(t.saved_ms, "
+            "excluded.saved_ms)",
+            "definitions",
+        )
+
+        async def write(conn: AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                if not self._sets_created:
+                    await conn.execute(create, prepare=False)
+                await conn.execute(save, (digest, saved_ms, data), prepare=self._prepare)
+
+        await self._backend._db.call(write)
+        self._sets_created = True
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """See :meth:`anarchon.registry.RegistryStore.definitions`."""
+        select = self._query("SELECT data FROM {table} WHERE digest = %s", "definitions")
+
+        async def read(conn: AsyncConnection[Any]) -> bytes | None:
+            async with conn.transaction():
+                if not await self._table_exists(conn, "definitions"):
+                    return None
+                cursor = await conn.execute(select, (digest,), prepare=self._prepare)
+                row = await cursor.fetchone()
+                return None if row is None else bytes(row[0])
+
+        return await self._backend._db.call(read)
+
+    async def has_definitions(self, digest: str) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
+        select = self._query("SELECT 1 FROM {table} WHERE digest = %s", "definitions")
+
+        async def read(conn: AsyncConnection[Any]) -> bool:
+            async with conn.transaction():
+                if not await self._table_exists(conn, "definitions"):
+                    return False
+                cursor = await conn.execute(select, (digest,), prepare=self._prepare)
+                return await cursor.fetchone() is not None
+
+        return await self._backend._db.call(read)
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: one statement."""
+        delete = self._query(
+            "DELETE FROM {table} WHERE saved_ms < %s AND NOT (digest = ANY(%s)) RETURNING digest",
+            "definitions",
+        )
+
+        async def work(conn: AsyncConnection[Any]) -> list[str]:
+            async with conn.transaction():
+                if not await self._table_exists(conn, "definitions"):
+                    return []
+                cursor = await conn.execute(
+                    delete, (cutoff_ms, sorted(keep)), prepare=self._prepare
+                )
                 return [row[0] for row in await cursor.fetchall()]
 
         return await self._backend._db.call(work)

@@ -592,6 +592,15 @@ SELECT greatest(
     (SELECT through FROM {pruned} WHERE job = %(job)s)
 ) AS slot;
 
+-- name: last_slots
+-- last_slot of each job of an array, in one statement (a scheduler starting with 100 000 jobs
+-- asks for all of them).
+SELECT j.job, greatest(
+    (SELECT max(slot) FROM {runs} WHERE job = j.job AND slot IS NOT NULL),
+    (SELECT through FROM {pruned} WHERE job = j.job)
+) AS slot
+FROM unnest(%(jobs)s::text[]) AS j(job);
+
 -- Steering (anarchon.control, _control.py): pauses and run requests, each call one statement
 -- in autocommit. Parameters and columns go by the names of Pause and RunRequest (to_dict). The tables are made by migration_3; a read of tables that are not there is
 -- answered empty by the caller, which creates nothing.

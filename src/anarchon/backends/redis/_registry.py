@@ -7,15 +7,20 @@ key                            type   contents
 ``P{registry}:beats``          zset   instance id scored by its last heartbeat (epoch ms)
 ``P{registry}:since``          str    the first heartbeat ever recorded here (epoch ms): tells
                                       "no instance now" from "never any instance"
+``P{registry}:sets``           hash   definitions digest -> the set (zlib-compressed JSON, in
+                                      base64: a client that decodes replies reads it too)
+``P{registry}:saved``          zset   definitions digest scored by when it was last saved
 =============================  =====  ========================================================
 
-Both carry the hash tag ``{registry}`` (one Redis Cluster slot) and every step is one script,
+All carry the hash tag ``{registry}`` (one Redis Cluster slot) and every step is one script,
 so each step is atomic. No job's keys collide with them: a job's keys end in ``:meta``,
 ``:runs``, ``:slots``, ``:order`` or ``:leases``.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Final
 
 from anarchon.registry import InstanceRecord
@@ -44,6 +49,31 @@ for _, id in ipairs(silent) do
 end
 return silent
 """
+SAVE_SET: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+end
+local saved = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not saved or tonumber(saved) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+end
+return 1
+"""
+# ARGV[1] the cutoff, ARGV[2..] the digests to keep.
+PRUNE_SETS: Final = """
+local keep = {}
+for i = 2, #ARGV do keep[ARGV[i]] = true end
+local old = redis.call('ZRANGE', KEYS[2], '-inf', '(' .. ARGV[1], 'BYSCORE')
+local gone = {}
+for _, digest in ipairs(old) do
+  if not keep[digest] then
+    redis.call('HDEL', KEYS[1], digest)
+    redis.call('ZREM', KEYS[2], digest)
+    table.insert(gone, digest)
+  end
+end
+return gone
+"""
 
 
 def _text(value: Any) -> str:
@@ -57,6 +87,7 @@ class RedisRegistry:
         self._backend = backend
         base = f"{backend.prefix}{{registry}}:"
         self._keys = [base + "instances", base + "beats", base + "since"]
+        self._sets = [base + "sets", base + "saved"]
 
     async def _eval(self, script: str, *args: str | int) -> Any:
         connection = self._backend._connection
@@ -86,3 +117,31 @@ class RedisRegistry:
     async def remove_silent(self, cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
         return [_text(v) for v in await self._eval(REMOVE_SILENT, cutoff_ms)]
+
+    async def _eval_sets(self, script: str, *args: str | int | bytes) -> Any:
+        connection = self._backend._connection
+        return await connection.call(connection.client().eval(script, 2, *self._sets, *args))
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
+        await self._eval_sets(SAVE_SET, digest, saved_ms, base64.b64encode(data))
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """See :meth:`anarchon.registry.RegistryStore.definitions`."""
+        connection = self._backend._connection
+        value = await connection.call(connection.client().hget(self._sets[0], digest))
+        if value is None:
+            return None
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            return None  # damaged: read as a set nobody saved
+
+    async def has_definitions(self, digest: str) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
+        connection = self._backend._connection
+        return bool(await connection.call(connection.client().hexists(self._sets[0], digest)))
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: one script."""
+        return [_text(v) for v in await self._eval_sets(PRUNE_SETS, cutoff_ms, *sorted(keep))]

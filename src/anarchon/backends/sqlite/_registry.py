@@ -1,13 +1,15 @@
-"""The SQLite backend's registry: one table of its own, ``anarchon_registry``, in the same file.
+"""The SQLite backend's registry: two tables of its own in the same file, ``anarchon_registry``
+(one record per instance) and ``anarchon_definitions`` (one definitions set per digest).
 
 Every statement runs on the backend's connection (its thread), so it shares the backend's busy
-timeout and error translation. The table is created (``IF NOT EXISTS``) before the first write
+timeout and error translation. A table is created (``IF NOT EXISTS``) before the first write
 and never by a read: a reader of a file where no scheduler recorded itself sees no instances.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 
 from anarchon.registry import InstanceRecord
@@ -31,6 +33,20 @@ EXISTS: Final = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{
 SELECT: Final = f"SELECT record FROM {TABLE}"
 DELETE: Final = f"DELETE FROM {TABLE} WHERE instance = ?"
 DELETE_SILENT: Final = f"DELETE FROM {TABLE} WHERE heartbeat_ms < ? RETURNING instance"
+SETS: Final = "anarchon_definitions"
+CREATE_SETS: Final = (
+    f"CREATE TABLE IF NOT EXISTS {SETS} (digest TEXT PRIMARY KEY, "
+    "saved_ms INTEGER NOT NULL, data BLOB NOT NULL)"
+)
+SAVE_SET: Final = (
+    f"INSERT INTO {SETS} (digest, saved_ms, data) VALUES (?, ?, ?) "
+    "ON CONFLICT (digest) DO UPDATE SET saved_ms = max(saved_ms, excluded.saved_ms)"
+)
+SETS_EXIST: Final = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{SETS}'"
+SELECT_SET: Final = f"SELECT data FROM {SETS} WHERE digest = ?"
+HAS_SET: Final = f"SELECT 1 FROM {SETS} WHERE digest = ?"
+OLD_SETS: Final = f"SELECT digest FROM {SETS} WHERE saved_ms < ?"
+DELETE_SET: Final = f"DELETE FROM {SETS} WHERE digest = ? AND saved_ms < ?"
 
 
 class SQLiteRegistry:
@@ -84,5 +100,52 @@ class SQLiteRegistry:
             if conn.execute(EXISTS).fetchone() is None:
                 return []
             return [row[0] for row in conn.execute(DELETE_SILENT, (cutoff_ms,)).fetchall()]
+
+        return await self._backend._db.call(delete)
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(CREATE_SETS)
+            conn.execute(SAVE_SET, (digest, saved_ms, data))
+
+        await self._backend._db.call(write)
+
+    async def definitions(self, digest: str) -> bytes | None:
+        """See :meth:`anarchon.registry.RegistryStore.definitions`."""
+
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            if conn.execute(SETS_EXIST).fetchone() is None:
+                return None
+            row = conn.execute(SELECT_SET, (digest,)).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._backend._db.call(read)
+
+    async def has_definitions(self, digest: str) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
+
+        def read(conn: sqlite3.Connection) -> bool:
+            if conn.execute(SETS_EXIST).fetchone() is None:
+                return False
+            return conn.execute(HAS_SET, (digest,)).fetchone() is not None
+
+        return await self._backend._db.call(read)
+
+    async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
+        """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: each removal is one
+        statement that checks the saved time again."""
+        kept = set(keep)
+
+        def delete(conn: sqlite3.Connection) -> list[str]:
+            if conn.execute(SETS_EXIST).fetchone() is None:
+                return []
+            old = [row[0] for row in conn.execute(OLD_SETS, (cutoff_ms,)).fetchall()]
+            gone = []
+            for digest in old:
+                if digest not in kept and conn.execute(DELETE_SET, (digest, cutoff_ms)).rowcount:
+                    gone.append(digest)
+            return gone
 
         return await self._backend._db.call(delete)
