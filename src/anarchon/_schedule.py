@@ -25,6 +25,7 @@ around every 2027 change of every IANA zone.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -118,21 +119,17 @@ class CronSchedule:
     The zone is an IANA name or a :class:`zoneinfo.ZoneInfo`; ``timezone`` keeps its name.
     """
 
-    __slots__ = ("_iter", "_last", "_six", "_walker", "_wildcard", "expression", "timezone", "zone")
+    __slots__ = ("_shared", "expression", "timezone", "zone")
 
     def __init__(self, expression: str, timezone: str | ZoneInfo = "UTC") -> None:
         self.expression = expression
         self.zone, self.timezone = _zone(timezone)
-        fields = _normalise(expression)
-        self._six = len(fields) == 6
-        self._wildcard = any(field.startswith("*") for field in fields[: len(fields) - 3])
-        self._walker = _Walker(expression, " ".join(fields))
-        self._iter: Iterator[int] | None = None
-        self._last = 0
+        self._shared = _shared(expression, self.zone)
         # Parse now and ask for one slot, so every error surfaces when the job is added.
         try:
             self.next_slot(_now_ms())
         except StopIteration:
+            fields = self._shared.fields
             written = expression.split()
             dom, month, dow = (written if len(written) in (5, 6) else fields)[-3:]
             raise InvalidSchedule(
@@ -144,16 +141,11 @@ class CronSchedule:
     @property
     def seconds_field(self) -> bool:
         """True when the expression has a seconds field (6 fields)."""
-        return self._six
+        return self._shared.six
 
     def next_slot(self, after_ms: int) -> int:
         """Return the first slot strictly after ``after_ms`` (epoch milliseconds)."""
-        if self._iter is None or after_ms < self._last or after_ms - self._last > _REBUILD_AFTER_MS:
-            self._iter = self._walk(after_ms)
-            self._last = next(self._iter) * 1000
-        while self._last <= after_ms:
-            self._last = next(self._iter) * 1000
-        return self._last
+        return self._shared.next_slot(after_ms)
 
     def slots(self, after_ms: int, until_ms: int) -> list[int]:
         """Return every slot in ``(after_ms, until_ms]``, oldest first."""
@@ -175,14 +167,86 @@ class CronSchedule:
         return out
 
     def _walk(self, after_ms: int) -> Iterator[int]:
+        """The slots after ``after_ms`` in epoch seconds, on an iterator of the caller's own."""
+        return self._shared.walk(after_ms)
+
+    def __repr__(self) -> str:
+        return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
+
+
+_SHARED_SIZE: Final = 1024
+_MEMO_SIZE: Final = 256
+
+
+class _Shared:
+    """What every schedule of one expression in one zone shares: the parsed expression, and the
+    next slot after a given second, remembered.
+
+    Ten thousand jobs on one schedule due together ask for their next slot after the same
+    instant: the first walks the expression, the others read the answer (a few microseconds
+    instead of hundreds). A walk kept from one question to the next serves a job that fires
+    often (its next question is just past the last answer) without a new walk each time. A lock
+    keeps the walk and the memo whole when another thread asks (the dashboard, the metrics).
+    """
+
+    __slots__ = ("_iter", "_last", "_lock", "_memo", "_walker", "_wildcard", "fields", "six",
+                 "zone")  # fmt: skip
+
+    def __init__(self, expression: str, zone: ZoneInfo) -> None:
+        self.fields = _normalise(expression)
+        self.six = len(self.fields) == 6
+        self.zone = zone
+        self._wildcard = any(field.startswith("*") for field in self.fields[: len(self.fields) - 3])
+        self._walker = _Walker(expression, " ".join(self.fields))
+        self._iter: Iterator[int] | None = None
+        self._last = 0
+        self._memo: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def walk(self, after_ms: int) -> Iterator[int]:
+        """A new walk over the slots after ``after_ms``, in epoch seconds."""
         # Slots are whole seconds, so "after after_ms" is "after its whole second".
         after_s = after_ms // 1000
         if self._wildcard:
             return _real_time(self._walker, self.zone, after_s)
         return _wall_clock(self._walker, self.zone, after_s)
 
-    def __repr__(self) -> str:
-        return f"CronSchedule({self.expression!r}, timezone={self.timezone!r})"
+    def next_slot(self, after_ms: int) -> int:
+        """The first slot strictly after ``after_ms`` (raises StopIteration if none comes)."""
+        after_s = after_ms // 1000
+        with self._lock:
+            found = self._memo.get(after_s)
+            if found is not None:
+                return found
+            last = self._last
+            if self._iter is None or after_ms < last or after_ms - last > _REBUILD_AFTER_MS:
+                self._iter = self.walk(after_ms)
+                last = self._last = next(self._iter) * 1000
+            while last <= after_ms:
+                last = self._last = next(self._iter) * 1000
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[after_s] = last
+            return last
+
+
+_SHARED: dict[tuple[str, str], _Shared] = {}
+_SHARED_LOCK: Final = threading.Lock()
+
+
+def _shared(expression: str, zone: ZoneInfo) -> _Shared:
+    """The shared state of ``expression`` in ``zone``, parsed on first use (a few thousand
+    distinct schedules are kept; beyond that the oldest are parsed again when asked for)."""
+    key = (expression, str(zone.key))
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+    if found is not None:
+        return found
+    made = _Shared(expression, zone)  # raises on a bad expression: nothing is stored then
+    with _SHARED_LOCK:
+        if len(_SHARED) >= _SHARED_SIZE:
+            del _SHARED[next(iter(_SHARED))]
+        return _SHARED.setdefault(key, made)
 
 
 class _Walker:
