@@ -31,8 +31,6 @@ __all__ = ["Claimed", "Claims"]
 logger = logging.getLogger("anarchon.scheduler")
 
 THREAD_POLL_S: Final = 0.05
-# Outcomes handled between two yields to the event loop while a batch is handed out.
-YIELD_EVERY: Final = 500
 
 Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
 """A request, the backend's answer (or the error for that request alone), and when it was sent
@@ -158,15 +156,15 @@ class Claims:
         claimed: list[Claimed] = []
         try:
             claimed = await self.claim(requests, deadline_s)
-            for n, (request, outcome, sent) in enumerate(claimed, 1):
-                if isinstance(outcome, ClaimOutcome):  # else refused for good; logged
-                    ours = request.run_id in reserved
-                    if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
-                        reserved.discard(request.run_id)
-                if n % YIELD_EVERY == 0:
-                    # Let the runs already started begin (and the loop breathe) while a burst
-                    # of thousands of outcomes is handed out.
-                    await asyncio.sleep(0)
+            # Every outcome handed out before the runs begin: yielding to the loop every few
+            # hundred outcomes starts the first handlers sooner but the last ones later (the
+            # early runs' results compete with the rest), and "all started" is what counts.
+            for request, outcome, sent in claimed:
+                if not isinstance(outcome, ClaimOutcome):
+                    continue  # refused for good; logged with its job
+                ours = request.run_id in reserved
+                if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
+                    reserved.discard(request.run_id)
         finally:
             for _ in reserved:
                 self._threads.unreserve()
