@@ -49,6 +49,15 @@ _CLAIM_ACTIONS: Final = {
 }
 
 
+def _extra(outcome: ClaimOutcome) -> dict[str, Any]:
+    """The log fields of a claim's outcome."""
+    run = outcome.run
+    action = _CLAIM_ACTIONS[outcome.status]
+    if outcome.status is ClaimStatus.LOST and outcome.error is not None:
+        action = Action.CLAIM_REFUSED
+    return log_fields(action, run.job, run.slot_ms, holder=run.instance)
+
+
 def _job_of(request: ClaimRequest) -> str:
     return request.job
 
@@ -147,6 +156,9 @@ class Claims:
         claimed: list[Claimed] = []
         try:
             claimed = await self.claim(requests, deadline_s)
+            # Every outcome handed out before the runs begin: yielding to the loop every few
+            # hundred outcomes starts the first handlers sooner but the last ones later (the
+            # early runs' results compete with the rest), and "all started" is what counts.
             for request, outcome, sent in claimed:
                 if not isinstance(outcome, ClaimOutcome):
                     continue  # refused for good; logged with its job
@@ -258,15 +270,12 @@ class Claims:
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
         self._counters.claim_answered(outcome, self.instance)
-        action = _CLAIM_ACTIONS[outcome.status]
-        if outcome.status is ClaimStatus.LOST and outcome.error is not None:
-            action = Action.CLAIM_REFUSED
-        extra = log_fields(action, run.job, run.slot_ms, holder=run.instance)
         job = self._jobs.get(run.job)
         if outcome.status is ClaimStatus.WON:
             assert outcome.ticket is not None
             self._counters.claims_won += 1
-            logger.debug("won %s slot %s", run.job, run.slot_ms, extra=extra)
+            if logger.isEnabledFor(logging.DEBUG):  # a burst of thousands: no fields unless logged
+                logger.debug("won %s slot %s", run.job, run.slot_ms, extra=_extra(outcome))
             if job is not None:
                 return self._executor.start(job, outcome.ticket, reserved=reserved, sent_ms=sent)
             error = "the job was removed before its claimed slot could run"
@@ -280,7 +289,7 @@ class Claims:
                 run.job,
                 run.slot_ms,
                 run.reason,
-                extra={**extra, "reason": run.reason},
+                extra={**_extra(outcome), "reason": run.reason},
             )
         elif outcome.error is not None:
             # The backend refused this request alone (a value it cannot store): nobody runs it.
@@ -291,11 +300,18 @@ class Claims:
                 run.slot_ms,
                 self._backend.name,
                 outcome.error,
-                extra=extra,
+                extra=_extra(outcome),
             )
         else:
             self._counters.claims_lost += 1
-            logger.debug("lost %s slot %s to %s", run.job, run.slot_ms, run.instance, extra=extra)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "lost %s slot %s to %s",
+                    run.job,
+                    run.slot_ms,
+                    run.instance,
+                    extra=_extra(outcome),
+                )
             if self._watcher is not None and run.status == "running" and job is not None:
                 if slot_key is None:
                     slot_key = slot_key_of(run.slot_ms, run.run_id)

@@ -51,7 +51,7 @@ OnFailed = Callable[[Job, Ticket, Run], Awaitable[None]]
 """``on_failed(job, ticket, run)``: a handler failed and its ``failed`` result was accepted."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ActiveRun:
     """An attempt this instance is running."""
 
@@ -96,6 +96,10 @@ class RunExecutor:
     """Set by the scheduler: retries and the ``on_failure`` hook (see :mod:`._retrying`);
     awaited in the run's task, so a drain waits for it too."""
     _results: Coalescer[FinishRequest, Run] = field(init=False)
+    # An outage of result recording: logged once when the first result fails, once when one
+    # is recorded again (see _finish_failed), with the retries in between counted.
+    _finish_outage: bool = field(default=False, init=False)
+    _finish_retries: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._results = Coalescer(
@@ -404,14 +408,7 @@ class RunExecutor:
                 )
                 return None
             except BackendUnavailable as unavailable:
-                _log(
-                    logging.WARNING,
-                    Action.FINISH_RETRY,
-                    ticket,
-                    "recording %s failed, retrying: %s",
-                    ticket.job,
-                    unavailable,
-                )
+                self._finish_failed(ticket, unavailable)
                 await self.clock.sleep(delay)
                 continue
             except BackendError as broken:  # refused for good (logged with its traceback)
@@ -427,6 +424,8 @@ class RunExecutor:
                     broken,
                 )
                 return None
+            if self._finish_outage:
+                self._finish_recovered(ticket)
             self.counters.count_run(status, ticket.job, self.clock.now_ms())
             if status is RunStatus.SUCCEEDED:
                 if logger.isEnabledFor(logging.INFO):
@@ -454,6 +453,38 @@ class RunExecutor:
                 )
             return run
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _finish_failed(self, ticket: Ticket, error: BackendUnavailable) -> None:
+        """Recording ``ticket``'s result failed on an unavailable backend: one WARNING per
+        outage (thousands of results retry together in a burst), DEBUG for each retry."""
+        self._finish_retries += 1
+        if self._finish_outage:
+            if logger.isEnabledFor(logging.DEBUG):
+                _log(logging.DEBUG, Action.FINISH_RETRY, ticket, "recording %s failed again: %s",
+                     ticket.job, error)  # fmt: skip
+            return
+        self._finish_outage = True
+        _log(
+            logging.WARNING,
+            Action.FINISH_RETRY,
+            ticket,
+            "recording %s failed, retrying (and every result that fails until the backend "
+            "answers, logged once): %s",
+            ticket.job,
+            error,
+        )
+
+    def _finish_recovered(self, ticket: Ticket) -> None:
+        """A result was recorded after an outage: say so once, with how many retries it took."""
+        retries, self._finish_retries, self._finish_outage = self._finish_retries, 0, False
+        _log(
+            logging.WARNING,
+            Action.FINISH_RECOVERED,
+            ticket,
+            "recording results works again (%d failed attempt(s) during the outage retried)",
+            retries,
+            retries=retries,
+        )
 
     async def _release(self, active: ActiveRun) -> None:
         ticket = active.ticket
@@ -579,5 +610,8 @@ def _log(
     msg: str,
     *args: Any,
     exc_info: BaseException | None = None,
+    **more: Any,
 ) -> None:
-    logger.log(level, msg, *args, exc_info=exc_info, extra=log_fields(action, ticket=ticket))
+    logger.log(
+        level, msg, *args, exc_info=exc_info, extra=log_fields(action, ticket=ticket, **more)
+    )

@@ -30,6 +30,10 @@ logger = logging.getLogger("anarchon.scheduler")
 # Check this long after the expiry the backend announced, so the backend surely sees it expired.
 EXPIRY_MARGIN_MS: Final = 50
 RETRY_MS: Final = 1_000
+# Takeover checks in flight at once. A burst's thousands of runs held by others have leases that
+# end together: checking them all at once would open thousands of backend calls (past a Redis
+# client's pool, or waiting on a PostgreSQL pool until timeout_ms); the rest wait their turn.
+MAX_CHECKS: Final = 32
 
 OnTaken = Callable[[Job, Ticket, bool, int], None]
 """``on_taken(job, ticket, reserved, sent_ms)``: run a taken-over attempt (``reserved``: a
@@ -55,6 +59,8 @@ class BackupWatcher:
     _seq: int = field(default=0, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _checks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
+    # Made by run(), in the loop it runs on (a scheduler may start again in another loop).
+    _gate: asyncio.Semaphore | None = field(default=None, init=False)
     on_exhausted: Callable[[Job, Run], None] | None = field(default=None, init=False)
     """Set by the scheduler: a run this instance recorded failed on its last attempt (the
     job's ``on_failure`` hook)."""
@@ -99,6 +105,7 @@ class BackupWatcher:
 
     async def run(self) -> None:
         """Check watched runs as they come due, until cancelled."""
+        self._gate = asyncio.Semaphore(MAX_CHECKS)
         while True:
             now = self.clock.monotonic_ms()
             while self._heap and self._heap[0][0] <= now:
@@ -128,6 +135,12 @@ class BackupWatcher:
         return request
 
     async def _check(self, job_name: str, slot_key: str) -> None:
+        assert self._gate is not None, "checks are made by run()"
+        async with self._gate:
+            if (job_name, slot_key) in self._watched:  # else it ended while the check waited
+                await self._check_now(job_name, slot_key)
+
+    async def _check_now(self, job_name: str, slot_key: str) -> None:
         job = self.jobs(job_name)
         if job is None:
             self._forget(job_name, slot_key)

@@ -83,6 +83,7 @@ class Action(StrEnum):
     RUN_FAILED = "run_failed"
     TIMED_OUT = "timed_out"
     FINISH_RETRY = "finish_retry"
+    FINISH_RECOVERED = "finish_recovered"
     RESULT_REFUSED = "result_refused"
     RESULT_FAILED = "result_failed"
     CANCEL_IGNORED = "cancel_ignored"

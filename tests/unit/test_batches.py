@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from anarchon import BackendError, Run, RunContext, RunStatus, Scheduler
+from anarchon import BackendError, BackendUnavailable, Run, RunContext, RunStatus, Scheduler
 from anarchon.backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, Ticket
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import MINUTE, START
@@ -116,3 +116,43 @@ async def test_a_claim_refused_alone_is_logged_as_an_error(
     assert [getattr(r, "job", None) for r in refused] == ["bad"]
     assert "out of range" in refused[0].getMessage()
     assert scheduler.metrics()["claims_refused"] == 1
+
+
+class ResultsDown(MemoryBackend):
+    """Recording results fails (the backend is unreachable) while ``down`` is set."""
+
+    down = True
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+        if self.down:
+            raise BackendUnavailable("results: connection refused")
+        return await super().finish_many(items)
+
+
+async def test_an_outage_of_results_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Fifty runs whose results fail together, several times each: one ``finish_retry``
+    WARNING for the outage and one ``finish_recovered`` when results are recorded again, not
+    one line per result and retry; every result is recorded."""
+    clock = FakeClock(START)
+    backend = ResultsDown(clock=clock)
+
+    async def work(ctx: RunContext) -> None:
+        pass
+
+    scheduler = Scheduler(backend, clock=clock)
+    names = [f"j{n}" for n in range(50)]
+    for name in names:
+        scheduler.add(name, "0 * * * *", work, jitter_ms=0)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 10_000)  # several retries of every result
+        backend.down = False
+        await clock.advance(30_000)
+        history = {name: await scheduler.history(name) for name in names}
+        metrics = scheduler.metrics()
+    assert all([r.status for r in h] == [RunStatus.SUCCEEDED] for h in history.values())
+    assert metrics["runs_succeeded"] == len(names)
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert actions.count("finish_retry") == 1, actions
+    [recovered] = [r for r in caplog.records if getattr(r, "action", None) == "finish_recovered"]
+    assert getattr(recovered, "retries", 0) > len(names)

@@ -1,6 +1,7 @@
 """Leases: kept from the scheduler's own thread while a handler blocks the event loop, known lost
 when their local deadline passes, renewed before a handler starts on a lease a retried claim
-brought back half-used, and takeovers retried with the same request."""
+brought back half-used, takeovers retried with the same request, and a burst of
+expired leases checked a bounded number at a time."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from anarchon import (
     Scheduler,
     Trigger,
 )
+from anarchon._watcher import MAX_CHECKS
 from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
@@ -29,7 +31,7 @@ from anarchon.backend import (
     Ticket,
 )
 from anarchon.testing import FakeClock, MemoryBackend
-from tests.unit.core_helpers import MINUTE, START, Recording
+from tests.unit.core_helpers import MINUTE, START, Recording, until
 
 
 async def test_a_handler_that_blocks_the_loop_does_not_stop_renewals(
@@ -229,3 +231,58 @@ async def test_a_renewal_that_hangs_cancels_the_handler_at_the_lease_deadline() 
         assert cancelled == [True], "the handler ran on past its lease while a renewal hung"
         assert scheduler.metrics()["lease_lost"] == 1
         backend.hang = False
+
+
+class SlowTakeovers(MemoryBackend):
+    """Takeovers that take a while (real time), counting how many are in flight at once."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.in_flight = 0
+        self.most = 0
+        self.taken = 0
+
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            outcome = await super().take_over(request)
+        finally:
+            self.in_flight -= 1
+        self.taken += outcome.status is TakeoverStatus.TAKEN
+        return outcome
+
+
+async def test_a_burst_of_expired_leases_is_checked_a_bounded_number_at_a_time() -> None:
+    """Two hundred runs a crashed instance held, whose leases end together: the backup checks
+    them at most MAX_CHECKS at a time (not two hundred calls at once) and takes every one over."""
+    clock = FakeClock(START)
+    backend = SlowTakeovers(clock)
+    slot = START + 60 * MINUTE
+    names = [f"j{n}" for n in range(200)]
+    crashed = [
+        ClaimRequest(
+            job=name,
+            slot=slot,
+            run_id=f"crashed-{name}",
+            token=f"token-{name}",
+            instance="crashed",
+            trigger=Trigger.SCHEDULE,
+            lease_ms=3_000,
+        )
+        for name in names
+    ]
+
+    async def work(ctx: RunContext) -> None:
+        pass
+
+    backup = Scheduler(backend, clock=clock, instance_id="backup")
+    for name in names:
+        backup.add(name, "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with backup:
+        await clock.advance(60 * MINUTE - 1_000)
+        await backend.claim(crashed)  # claimed just before the backup: it loses and watches
+        await clock.advance(5_000)
+        await until(lambda: backend.taken == len(names), 60, "every run taken over")
+    assert backend.most == MAX_CHECKS

@@ -21,7 +21,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit.calls import bounded_call
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ._options import Options
     from ._queries import Queries
 
-__all__ = ["Connections", "Rows", "Statement", "Work", "describe_server"]
+__all__ = ["Connections", "Group", "Rows", "Statement", "Work", "describe_server"]
 
 logger = logging.getLogger("anarchon.backends.postgres")
 
@@ -48,6 +48,9 @@ IDLE_CHECK_S: Final = 0.5
 Statement = tuple[bytes, dict[str, Any] | None]
 Work = tuple[Sequence[Statement], bytes, dict[str, Any]]
 Rows = list[dict[str, Any]]
+# Items of work sharing one transaction: statements to run first, then one query run once per
+# set of parameters; the answer is the rows of each run.
+Group = tuple[Sequence[Statement], bytes, Sequence[dict[str, Any]]]
 
 
 def describe_server(options: Options) -> str:
@@ -376,7 +379,7 @@ class Connections:
             if len(work) == 1:
                 return [aborted.error]
             out: list[Rows | BackendError] = []
-            for item, done in zip(work, aborted.done, strict=True):
+            for item, done in zip(work, cast("list[Rows | None]", aborted.done), strict=True):
                 if done is not None:
                     out.append(done)
                     continue
@@ -388,6 +391,72 @@ class Connections:
                     rows = again.error
                 out.append(rows)
             return out
+
+    async def groups(self, groups: Sequence[Group]) -> list[Rows | BackendError]:
+        """Each group of ``groups`` as one transaction, all in one call and one round trip
+        (pipeline mode); one answer per item (each run of a group's query), in order: its rows
+        or its permanent error.
+
+        Fewer transactions cost fewer commits (each waits for the server's log flush) when
+        thousands of items come at once. A group that fails is sent again item by item, each
+        its own transaction (:meth:`each`), so one failing item fails alone. A transient
+        error fails the call, as in :meth:`each`.
+        """
+        done: list[list[Rows] | None]
+        try:
+            done = await self.call(lambda conn: self._grouped(conn, groups))
+        except _Aborted as aborted:
+            done = cast("list[list[Rows] | None]", aborted.done)
+        out: list[Rows | BackendError] = []
+        for (before, query, runs), rows in zip(groups, done, strict=True):
+            if rows is None:
+                out += await self.each([(before, query, params) for params in runs])
+            else:
+                out += rows
+        return out
+
+    async def _grouped(
+        self, conn: AsyncConnection[Any], groups: Sequence[Group]
+    ) -> list[list[Rows] | None]:
+        """Run each group as one READ COMMITTED transaction, all in one round trip: the rows
+        of each run of each group. Like :meth:`_transactions`, a failure raises
+        :class:`_Aborted` holding the groups committed before it (None for the others); on a
+        connection without pipeline mode nothing is sent and every group is None."""
+        from psycopg import AsyncPipeline
+        from psycopg.pq import ExecStatus
+        from psycopg.rows import dict_row
+
+        if not conn.autocommit or not AsyncPipeline.is_supported():
+            return [None] * len(groups)
+        q = self._queries
+        prepare = self.options.prepare
+        cursors: list[list[Any]] = []
+        try:
+            async with conn.pipeline():
+                for before, query, runs in groups:
+                    await conn.execute(q["begin"], prepare=prepare)
+                    for statement, values in before:
+                        await conn.execute(statement, values, prepare=prepare)
+                    group: list[Any] = []
+                    for params in runs:
+                        cur = conn.cursor(row_factory=dict_row)
+                        await cur.execute(query, params, binary=True, prepare=prepare)
+                        group.append(cur)
+                    await conn.execute(q["commit"], prepare=prepare)
+                    cursors.append(group)
+        except Exception as exc:
+            error = self._item_error(exc)
+            done: list[list[Rows] | None] = []
+            for n in range(len(groups)):
+                group = cursors[n] if n < len(cursors) else []
+                committed = bool(group) and all(
+                    c.pgresult is not None and c.pgresult.status == ExecStatus.TUPLES_OK
+                    for c in group
+                )
+                done.append([await c.fetchall() for c in group] if committed else None)
+            await self._after_abort(conn)
+            raise _Aborted(done, error) from exc
+        return [[await cur.fetchall() for cur in group] for group in cursors]
 
     async def _transactions(
         self, conn: AsyncConnection[Any], work: Sequence[Work]
@@ -474,7 +543,9 @@ class _Aborted(Exception):
     """A pipeline of transactions failed at ``error``; ``done`` holds the rows of the items
     committed before it (None for the others)."""
 
-    def __init__(self, done: list[Rows | None], error: BackendError) -> None:
+    def __init__(
+        self, done: list[Rows | None] | list[list[Rows] | None], error: BackendError
+    ) -> None:
         super().__init__(str(error))
         self.done = done
         self.error = error

@@ -1,0 +1,62 @@
+"""A burst of results on PostgreSQL: ten thousand runs due at once, every result recorded.
+
+Ten thousand results, one transaction each in one call, took longer than ``timeout_ms``: the
+call was given up and retried, again and again, and none was recorded. Results are now grouped
+(``FINISH_GROUP`` to a transaction, ``FINISH_CALL`` to a call)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from anarchon import RunStatus
+from anarchon.backend import ClaimStatus
+from anarchon.backends.postgres._backend import FINISH_CALL, FINISH_GROUP
+from tests.backends.postgres import DSN
+from tests.postgres.test_claim_paths import SLOT, poison, request
+from tests.postgres.test_postgres import Make
+
+BURST = 10_000
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def test_ten_thousand_results_at_once_are_all_recorded(make: Make, schema: str) -> None:
+    claimer = make(timeout_ms=120_000)  # a busy test machine: the claims are not the subject
+    await claimer.start()
+    jobs = [f"b{n}" for n in range(BURST)]
+    won = await claimer.claim([request(job=job) for job in jobs])
+    backend = make()  # timeout_ms at its default
+    await backend.start()
+    assert {o.status for o in won} == {ClaimStatus.WON}
+    # In an order that is not the jobs': results are grouped by job whatever order they come in.
+    tickets = [o.ticket for o in won][::-1]
+    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])  # type: ignore[misc]
+    assert [getattr(r, "job", r) for r in results] == [t.job for t in tickets]  # type: ignore[union-attr]
+    assert {getattr(r, "status", r) for r in results} == {RunStatus.SUCCEEDED}
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        cur = await conn.execute(
+            sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(
+                sql.Identifier(schema, "anarchon_runs")
+            )
+        )
+        assert dict(await cur.fetchall()) == {"succeeded": BURST}
+
+
+async def test_a_failing_result_in_a_group_fails_alone(make: Make, schema: str) -> None:
+    """One result the server refuses, in the middle of a group: the group is sent again one
+    result per transaction; every other result of the call is recorded."""
+    assert FINISH_CALL > FINISH_GROUP > 2
+    backend = make()
+    await backend.start()
+    jobs = [f"a{n}" for n in range(FINISH_CALL + 10)]
+    jobs[FINISH_GROUP + 3] = "poison"
+    won = await backend.claim([request(SLOT, job=job) for job in jobs])
+    await poison(schema, "UPDATE")
+    results = await backend.finish_many([(o.ticket, RunStatus.FAILED, "x") for o in won])  # type: ignore[misc]
+    refused = [job for job, r in zip(jobs, results, strict=True) if not hasattr(r, "status")]
+    assert refused == ["poison"]
+    assert {r.status for r in results if hasattr(r, "status")} == {RunStatus.FAILED}
+    [run] = await backend.history("poison")
+    assert run.status is RunStatus.RUNNING
