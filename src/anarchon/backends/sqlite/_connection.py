@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError
@@ -30,6 +30,7 @@ __all__ = ["Connection"]
 
 T = TypeVar("T")
 Item = TypeVar("Item")
+R = TypeVar("R")
 
 
 class Connection:
@@ -126,35 +127,39 @@ class Connection:
     def events_after(self, since: int) -> Callable[[], Awaitable[list[ChangeEvent]]]:
         """The change feed's stream: every :data:`~._options.EVENTS_POLL_MS`, the events
         written after the last one seen (``since`` at first)."""
-        last = since
-
-        async def next_changes() -> list[ChangeEvent]:
-            nonlocal last
-            await asyncio.sleep(EVENTS_POLL_MS / 1000)
-            found = await self.call(lambda c: c.execute(Q["events_since"], (last,)).fetchall())
-            if found:
-                last = int(found[-1][0])
-            return [ChangeEvent(job, key, bool(released)) for _, job, key, released in found]
-
-        return next_changes
+        return self._rows_after(
+            "events_since",
+            since,
+            EVENTS_POLL_MS,
+            lambda row: ChangeEvent(row[1], row[2], bool(row[3])),  # seq, job, key, released
+        )
 
     def claimed_after(self, since: int) -> Callable[[], Awaitable[list[ClaimNotice]]]:
         """The claim feed's stream: every :data:`~._options.CLAIMED_POLL_MS`, the claim notices
         written after the last one seen (``since`` at first)."""
+        return self._rows_after(
+            "claimed_since",
+            since,
+            CLAIMED_POLL_MS,
+            _claim_notice,
+        )
+
+    def _rows_after(
+        self, query: str, since: int, poll_ms: int, decode: Callable[[tuple[Any, ...]], R]
+    ) -> Callable[[], Awaitable[list[R]]]:
+        """A stream of the rows of ``query`` (first column: the row's sequence number) written
+        after the last one seen, read every ``poll_ms``."""
         last = since
 
-        async def next_claims() -> list[ClaimNotice]:
+        async def next_rows() -> list[R]:
             nonlocal last
-            await asyncio.sleep(CLAIMED_POLL_MS / 1000)
-            found = await self.call(lambda c: c.execute(Q["claimed_since"], (last,)).fetchall())
+            await asyncio.sleep(poll_ms / 1000)
+            found = await self.call(lambda c: c.execute(Q[query], (last,)).fetchall())
             if found:
                 last = int(found[-1][0])
-            return [
-                ClaimNotice(job, key, instance, None if expires is None else int(expires))
-                for _, job, key, instance, expires in found
-            ]
+            return [decode(row) for row in found]
 
-        return next_claims
+        return next_rows
 
     def prune_events(self, conn: sqlite3.Connection) -> None:
         """Trim the events and claim notices, at most every
@@ -229,3 +234,9 @@ class Connection:
                 "backend needs WAL so that several processes share one file safely; use a "
                 "file on a local disk (not ':memory:', not a network file system)"
             )
+
+
+def _claim_notice(row: tuple[Any, ...]) -> ClaimNotice:
+    """A row of ``claimed_since`` (seq, job, slot key, instance, lease expiry) as a notice."""
+    _, job, key, instance, expires = row
+    return ClaimNotice(job, key, instance, None if expires is None else int(expires))
