@@ -462,38 +462,21 @@ class Connections:
         self, conn: AsyncConnection[Any], work: Sequence[Work]
     ) -> list[Rows | BackendError]:
         """Run each item of ``work`` as its own READ COMMITTED transaction, all in one round
-        trip (pipeline mode, BEGIN ... COMMIT each). A statement that fails makes the server
+        trip: :meth:`_grouped` with groups of one. A statement that fails makes the server
         skip the rest of the round trip: :class:`_Aborted` then carries what was committed
         before it."""
         from psycopg import AsyncPipeline
-        from psycopg.pq import ExecStatus
-        from psycopg.rows import dict_row
 
         if not conn.autocommit or not AsyncPipeline.is_supported():
             return [await self._one_transaction(conn, item) for item in work]
-        q = self._queries
-        prepare = self.options.prepare
-        cursors: list[Any] = []
+        groups = [(before, query, [params]) for before, query, params in work]
         try:
-            async with conn.pipeline():
-                for before, query, params in work:
-                    await conn.execute(q["begin"], prepare=prepare)
-                    for statement, values in before:
-                        await conn.execute(statement, values, prepare=prepare)
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(query, params, binary=True, prepare=prepare)
-                    await conn.execute(q["commit"], prepare=prepare)
-                    cursors.append(cur)
-        except Exception as exc:
-            error = self._item_error(exc)
-            done: list[Rows | None] = []
-            for n in range(len(work)):
-                result = cursors[n].pgresult if n < len(cursors) else None
-                committed = result is not None and result.status == ExecStatus.TUPLES_OK
-                done.append(await cursors[n].fetchall() if committed else None)
-            await self._after_abort(conn)
-            raise _Aborted(done, error) from exc
-        return [await cur.fetchall() for cur in cursors]
+            done = await self._grouped(conn, groups)
+        except _Aborted as aborted:
+            grouped = cast("list[list[Rows] | None]", aborted.done)
+            firsts: list[Rows | None] = [None if rows is None else rows[0] for rows in grouped]
+            raise _Aborted(firsts, aborted.error) from aborted.__cause__
+        return [rows[0] for rows in cast("list[list[Rows]]", done)]
 
     async def _one_transaction(self, conn: AsyncConnection[Any], item: Work) -> Rows | BackendError:
         """One item of work without pipeline mode or prepared statements: on a connection
