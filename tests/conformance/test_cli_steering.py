@@ -22,7 +22,7 @@ import pytest
 
 from anarchon import Backend, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
-from anarchon.registry import InstanceRecord, JobDefinition
+from anarchon.registry import InstanceRecord, JobDefinition, record_instance
 from tests.harness import Harness, Namespace
 
 pytestmark = pytest.mark.timeout(300)
@@ -127,7 +127,8 @@ async def populate(backend: Backend) -> Slots:
     slots = Slots(now)
     registry = backend.registry()
     assert registry is not None
-    await registry.record(
+    await record_instance(
+        registry,
         InstanceRecord(
             id="w0",
             host="vm",
@@ -138,7 +139,7 @@ async def populate(backend: Backend) -> Slots:
             interval_ms=5000,
             clock_offset_ms=0,
             jobs=(DEFINITION,),
-        )
+        ),
     )
     lease = 15000 if backend.is_lease_backend else 0
     [won] = await backend.claim([_claim(slots.ran, lease_ms=lease)])

@@ -16,7 +16,7 @@ from anarchon._heartbeat import definition_of
 from anarchon._rendezvous import Kind, Rendezvous, delay_for_rank, rank, score
 from anarchon.backend import ClaimNotice, ClaimOutcome, ClaimRequest
 from anarchon.kit.feed import ChangeFeed, decode_notices, encode_notice
-from anarchon.registry import InstanceRecord, JobDefinition, build_view
+from anarchon.registry import InstanceRecord, JobDefinition, build_view, record_instance
 from anarchon.testing import MemoryBackend
 
 
@@ -150,7 +150,8 @@ async def _ghost(backend: MemoryBackend, job: JobDefinition, stop: asyncio.Event
     """A preferred instance that is dead but whose record is fresh: it never claims."""
     registry = backend.registry()
     while not stop.is_set():
-        await registry.record(
+        await record_instance(
+            registry,
             InstanceRecord(
                 id="ghost",
                 host="h",
@@ -161,7 +162,7 @@ async def _ghost(backend: MemoryBackend, job: JobDefinition, stop: asyncio.Event
                 interval_ms=100,
                 clock_offset_ms=0,
                 jobs=(job,),
-            )
+            ),
         )
         await asyncio.sleep(0.05)
 
