@@ -89,13 +89,13 @@ class NatsBackend(Backend):
     :param shrink_window: set the stream's window to ``duplicate_window_ms`` even when it is
         larger (windows otherwise only grow). Other running instances whose jobs need more raise
         it again within a minute.
-    :param user: user name, with ``password``.
-    :param password: password for ``user``; never printed.
-    :param token: an authentication token; never printed.
-    :param creds: path of a ``.creds`` file (user JWT and nkey seed; needs ``nats-py[nkeys]``).
-    :param ca_file: PEM file of the certificate authorities that signed the server's certificate.
-    :param cert_file: PEM file of a client certificate (and its key, unless ``key_file``).
-    :param key_file: PEM file of the client certificate's key.
+    :param access_options: how to authenticate and encrypt, as keyword arguments
+        (``AccessKwargs``): ``user`` (user name, with ``password``), ``password`` (never
+        printed), ``token`` (an authentication token; never printed), ``creds`` (path of a
+        ``.creds`` file: user JWT and nkey seed; needs ``nats-py[nkeys]``), ``ca_file`` (PEM file
+        of the certificate authorities that signed the server's certificate), ``cert_file`` (PEM
+        file of a client certificate, and its key unless ``key_file``), ``key_file`` (PEM file of
+        the client certificate's key).
     """
 
     name = "nats"
