@@ -29,7 +29,7 @@ from tests.chaos.targets import BACKENDS, LEASE_BACKENDS, Target, open_target
 
 LEASE_S: Final = 15  # the default lease_ms, which every trial keeps
 GRACE_S: Final = 30  # the default grace_ms
-LEAD_S: Final = 5  # from handing out the specs to the planned slot
+LEAD_S: Final = 10  # from handing out the specs to the planned slot (start-up under load: 5 s seen)
 FAULT_AFTER_S: Final = 3  # from the runner's start to the fault
 TICK_PERIOD_S: Final = 3
 STUCK_MARGIN_S: Final = 15  # a SIGTERMed process must be gone by grace + this
