@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.nats.servers import _die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +76,13 @@ class Fleet:
             for key, value in options.items():
                 args += [f"--{key.replace('_', '-')}", str(value)]
             with log.open("wb") as handle:
-                proc = subprocess.Popen(args, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    args,
+                    cwd=ROOT,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,  # even if the test process is killed
+                )
             worker = Worker(proc, out, log)
             worker.ready = ready  # type: ignore[attr-defined]
             self.workers.append(worker)

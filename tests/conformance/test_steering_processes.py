@@ -35,6 +35,7 @@ import pytest
 from tests.conformance import procs
 from tests.conformance.procs import stop_processes
 from tests.harness import Harness, Namespace
+from tests.nats.servers import _die_with_parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -108,7 +109,9 @@ class Instances:
             if not default_id:
                 args += ["--instance", name]
             with (self.tmp / f"{name}.log").open("wb") as log:
-                self.procs[name] = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
+                self.procs[name] = subprocess.Popen(
+                    args, cwd=ROOT, stdout=log, stderr=log, preexec_fn=_die_with_parent
+                )
         for name in names:
             ready = self.tmp / f"{name}.ready"
 
