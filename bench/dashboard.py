@@ -212,9 +212,8 @@ async def pages(path: Path, args: argparse.Namespace, ttl: int) -> list[dict[str
 async def measure(ctx: Context) -> dict[str, Any]:
     """The section of ``python -m bench``: this module in a process of its own, sized by the
     run's settings; its rows, or ``{"error": ...}``."""
-    import signal
 
-    from .fleet import poll, spawn
+    from .fleet import run_to_json
 
     settings = ctx.settings
     ctx.say(
@@ -230,14 +229,7 @@ async def measure(ctx: Context) -> dict[str, Any]:
         "--repeat",
         str(settings.dashboard_repeat),
     ]
-    proc = spawn("dashboard", argv, ctx.dir("dashboard"), ready=False)
-    if not await poll(lambda: not proc.alive(), LIMIT_S, every_s=0.25):
-        proc.send(signal.SIGKILL)
-        return {"error": f"took over {LIMIT_S:.0f} s"}
-    if proc.popen.returncode != 0 or not proc.out.exists():
-        return {"error": f"failed: {proc.log_tail(3)}"}
-    found: dict[str, Any] = json.loads(proc.out.read_text())
-    return found
+    return await run_to_json("dashboard", argv, ctx.dir("dashboard"), LIMIT_S)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,19 @@ def spawn(
     return proc
 
 
+async def run_to_json(name: str, argv: list[str], work: Path, limit_s: float) -> dict[str, Any]:
+    """Run ``python -m <argv...>`` to its end (killed after ``limit_s``) and return the JSON it
+    wrote to its ``--out`` file, or ``{"error": ...}`` saying why there is none."""
+    proc = spawn(name, argv, work, ready=False)
+    if not await poll(lambda: not proc.alive(), limit_s, every_s=0.25):
+        proc.send(signal.SIGKILL)
+        return {"error": f"took over {limit_s:.0f} s"}
+    if proc.popen.returncode != 0 or not proc.out.exists():
+        return {"error": f"failed: {proc.log_tail(3)}"}
+    found: dict[str, Any] = json.loads(proc.out.read_text())
+    return found
+
+
 async def wait_ready(procs: list[Proc], limit_s: float, key: str = "t_started") -> list[str]:
     """Wait until every process has written ``key`` to its ready file; return the problems."""
 

@@ -299,9 +299,8 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
 async def measure(ctx: Context) -> dict[str, Any]:
     """The section of ``python -m bench``: this module in a process of its own, on the run's
     SQLite folder and PostgreSQL database, sized by the run's settings."""
-    import signal
 
-    from .fleet import poll, spawn
+    from .fleet import run_to_json
 
     settings = ctx.settings
     backends = [t.name for t in ctx.available(lease=True) if t.name in ("sqlite", "postgres")]
@@ -326,14 +325,7 @@ async def measure(ctx: Context) -> dict[str, Any]:
         "--pg-schema",
         "history",
     ]
-    proc = spawn("history", argv, ctx.dir("history"), ready=False)
-    if not await poll(lambda: not proc.alive(), LIMIT_S, every_s=0.25):
-        proc.send(signal.SIGKILL)
-        return {"error": f"took over {LIMIT_S:.0f} s"}
-    if proc.popen.returncode != 0 or not proc.out.exists():
-        return {"error": f"failed: {proc.log_tail(3)}"}
-    found: dict[str, Any] = json.loads(proc.out.read_text())
-    return found
+    return await run_to_json("history", argv, ctx.dir("history"), LIMIT_S)
 
 
 if __name__ == "__main__":
