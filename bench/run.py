@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -133,46 +134,44 @@ def _prune_old_runs(work: Path, keep: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# The sections measured by one call each, under their own name in the results.
+MEASURES: dict[str, Callable[[Context], Awaitable[Any]]] = {
+    "burst": burst.measure,
+    "rate": claim_rate.measure,
+    "peers": peers_bench.measure,
+    "dashboard": dashboard.measure,
+    "history": history.measure,
+    "curves": curves.measure,
+    "claims": claims.measure,
+}
+
+
 async def _measure(
     ctx: Context, sections: list[str], results: dict[str, Any], footprint: Footprint
 ) -> None:
     """The measurements, in order; each section's result goes into ``results``."""
 
-    def enter(section: str) -> None:
-        footprint.section = section
-
-    if "fire" in sections:
-        enter("fire")
-        results["floor"] = await fire_lag.floors(ctx)
-        results["fire"] = await fire_lag.measure(ctx)
-    if "burst" in sections:
-        enter("burst")
-        results["burst"] = await burst.measure(ctx)
-    if "rate" in sections:
-        enter("rate")
-        results["rate"] = await claim_rate.measure(ctx)
-    if "idle" in sections or "failover" in sections:
-        enter("idle+failover")
-        idling = await idle.start(ctx) if "idle" in sections else None
-        if "failover" in sections:
-            results["failover"] = await failover.measure(ctx)
-        if idling is not None:
-            results["idle"] = await idle.finish(ctx, idling)
-    if "peers" in sections:
-        enter("peers")
-        results["peers"] = await peers_bench.measure(ctx)
-    if "dashboard" in sections:
-        enter("dashboard")
-        results["dashboard"] = await dashboard.measure(ctx)
-    if "history" in sections:
-        enter("history")
-        results["history"] = await history.measure(ctx)
-    if "curves" in sections:
-        enter("curves")
-        results["curves"] = await curves.measure(ctx)
-    if "claims" in sections:
-        enter("claims")
-        results["claims"] = await claims.measure(ctx)
+    idle_done = False
+    for name in SECTIONS:
+        if name not in sections:
+            continue
+        if name == "fire":
+            footprint.section = "fire"
+            results["floor"] = await fire_lag.floors(ctx)
+            results["fire"] = await fire_lag.measure(ctx)
+        elif name in ("idle", "failover"):
+            if idle_done:
+                continue  # one step measures both: the idle instance idles through failover
+            idle_done = True
+            footprint.section = "idle+failover"
+            idling = await idle.start(ctx) if "idle" in sections else None
+            if "failover" in sections:
+                results["failover"] = await failover.measure(ctx)
+            if idling is not None:
+                results["idle"] = await idle.finish(ctx, idling)
+        else:
+            footprint.section = name
+            results[name] = await MEASURES[name](ctx)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
