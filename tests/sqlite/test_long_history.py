@@ -9,24 +9,17 @@ the timings are in bench/history.py (docs/benchmarks.md, "History at size").
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from pathlib import Path
 
 import pytest
 
-from anarchon import RunStatus, SQLiteBackend, Trigger
-from anarchon.backend import PRUNED_REASON, ClaimRequest, ClaimStatus
+from anarchon import RunStatus, SQLiteBackend
+from anarchon.backend import PRUNED_REASON, ClaimStatus
 from anarchon.backends.sqlite._queries import Q
-from anarchon.explain import Fate, explain
-from anarchon.registry import JobDefinition
+from tests.long_history import FIRST, JOB, LAST, ROWS, check_reads, claim_request
 
 pytestmark = pytest.mark.slow
 
-ROWS = 1_000_000
-FIRST = 1_700_000_000_000  # 2023-11-14T22:13:20Z, a whole second
-LAST = FIRST + (ROWS - 1) * 1000
-JOB = "big"
-PER_SECOND = JobDefinition(name=JOB, expression="* * * * * *", zone="UTC")
 
 FILL = """
 INSERT INTO anarchon_runs (job, slot_key, attempt, slot, run_id, token, instance, trigger,
@@ -50,18 +43,6 @@ async def _filled(path: Path, history_size: int) -> SQLiteBackend:
     return backend
 
 
-def _claim(slot: int) -> ClaimRequest:
-    return ClaimRequest(
-        job=JOB,
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance="w0",
-        trigger=Trigger.SCHEDULE,
-        lease_ms=30_000,
-    )
-
-
 async def test_history_last_run_and_explain_of_a_million_runs(tmp_path: Path) -> None:
     backend = await _filled(tmp_path / "long.db", history_size=1_000_000)
     try:
@@ -83,21 +64,7 @@ async def test_history_last_run_and_explain_of_a_million_runs(tmp_path: Path) ->
                 assert len(reads) == len(wanted), (name, steps)
                 for step, index in zip(reads, wanted, strict=True):
                     assert step.startswith("SEARCH") and step.endswith(index), (name, steps)
-        history = await backend.history(JOB, limit=100)
-        assert [r.slot_ms for r in history] == [LAST - n * 1000 for n in range(100)]
-        assert await backend.last_run(JOB) == history[0]
-        now = LAST + 60_000
-        for slot in (LAST - 10_000, FIRST + 1000 * 1000, FIRST):
-            fate = await explain(backend, JOB, slot, definition=PER_SECOND, now_ms=now)
-            assert fate.fate is Fate.RAN, fate.describe()
-            failed = (slot - FIRST) // 1000 % 500 == 0
-            expected = RunStatus.FAILED if failed else RunStatus.SUCCEEDED
-            assert fate.outcome is expected and fate.records_read == 1
-            assert [a.started_ms for a in fate.attempts] == [slot + 5]
-            assert fate.oldest_record_ms == FIRST
-        before = await explain(backend, JOB, FIRST - 1000, definition=PER_SECOND, now_ms=now)
-        assert before.fate is Fate.NO_RECORD and before.history_pruned is True
-        assert "older than the oldest record" in (before.reason or "")
+        await check_reads(backend)
     finally:
         await backend.stop()
 
@@ -109,7 +76,7 @@ async def test_pruning_removes_the_excess_a_batch_per_result(tmp_path: Path) -> 
         # The job keeps running: each result prunes the 100 oldest slots, never the new ones.
         slot = LAST + 1000
         for n in range(1, 6):
-            [won] = await backend.claim([_claim(slot)])
+            [won] = await backend.claim([claim_request(slot)])
             assert won.ticket is not None
             await backend.finish(won.ticket, "succeeded", None)
             with sqlite3.connect(path) as conn:
@@ -122,7 +89,8 @@ async def test_pruning_removes_the_excess_a_batch_per_result(tmp_path: Path) -> 
         assert history[0].slot_ms == slot - 1000 and len(history) == 100
         assert await backend.last_slot(JOB) == slot - 1000
         # A claim of a pruned slot is refused; one that still has a record is answered by it.
-        [gone, kept] = await backend.claim([_claim(FIRST + 5000), _claim(FIRST + 501_000)])
+        pruned, recorded = claim_request(FIRST + 5000), claim_request(FIRST + 501_000)
+        [gone, kept] = await backend.claim([pruned, recorded])
         assert gone.status is ClaimStatus.LOST and gone.run.reason == PRUNED_REASON
         assert kept.status is ClaimStatus.LOST and kept.run.status is RunStatus.SUCCEEDED
     finally:
@@ -140,7 +108,7 @@ async def test_pruning_stops_at_history_size(tmp_path: Path) -> None:
         slot = FIRST + 300 * 1000
         counts = []
         for _ in range(3):
-            [won] = await backend.claim([_claim(slot)])
+            [won] = await backend.claim([claim_request(slot)])
             assert won.ticket is not None
             await backend.finish(won.ticket, "succeeded", None)
             with sqlite3.connect(path) as conn:
