@@ -8,7 +8,8 @@ A slot's life, module by module: the timer (:mod:`._timer`) fires it here (``_on
 while no instance ran and :mod:`._missed` records those it does not run; :mod:`._requests` runs
 the cluster's run requests (triggers, retries) and :mod:`._retrying` stores retries and calls
 ``on_failure`` hooks; pauses are the backend's (:mod:`anarchon.steering`). The counters are in
-:mod:`._metrics`, the log fields in :mod:`.logs`.
+:mod:`._metrics`, the log fields in :mod:`.logs`. What operators call (history, run_now, pause,
+trigger, cluster, metrics, health) is :mod:`._operations`, a mixin of :class:`Scheduler`.
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
@@ -34,21 +35,20 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
-from enum import Enum
 from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
-from . import steering
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
-from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat, read_cluster
+from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox
-from ._metrics import Counters, Metrics, jobs_now
+from ._metrics import Counters
 from ._missed import MissedSlots
 from ._models import Run, Trigger
+from ._operations import Operations
+from ._operations import State as _State
 from ._options import Bound, check_int
 from ._rendezvous import Kind, Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
@@ -59,19 +59,9 @@ from ._threads import HandlerThreads
 from ._timer import Due, SlotTimer
 from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
-from .backend import Backend, ClaimNotice, ClaimRequest, ClaimStatus, LeaseBackend, Ticket
-from .control import ALL_JOBS, Pause, RunRequest
-from .errors import (
-    BackendUnavailable,
-    DuplicateJob,
-    InvalidOption,
-    JobNotFound,
-    SchedulerStateError,
-    UnsupportedFeature,
-)
-from .health import DEFAULT_TIMEOUT_S, Health, check
+from .backend import Backend, ClaimNotice, ClaimRequest, LeaseBackend, Ticket
+from .errors import DuplicateJob, InvalidOption, JobNotFound, SchedulerStateError
 from .logs import Action, bind_instance, log_fields
-from .registry import ClusterView
 
 ENV_BACKEND: Final = "ANARCHON_BACKEND"
 """The environment variable naming the default backend's URL."""
@@ -87,18 +77,10 @@ GRACE: Final = Bound(0, 24 * 3600 * 1000, ms=True)
 DEFAULT_MAX_WORKERS: Final = 32
 MAX_WORKERS: Final = Bound(1, 1024)
 MAX_INSTANCE_ID: Final = 256
-MANUAL_CLAIM_TIMEOUT_S: Final = 10.0
 # On stop, claims and takeovers already sent get this long to come back (s).
 SETTLE_S: Final = 5.0
 # run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
 EXIT_WAIT_S: Final = 2.0
-
-
-class _State(Enum):
-    NEW = "new"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
 
 
 async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
@@ -143,17 +125,6 @@ def _check_instance_id(value: object) -> str | None:
     return value
 
 
-def _until_ms(until: datetime | None) -> int | None:
-    if until is None:
-        return None
-    if not isinstance(until, datetime) or until.tzinfo is None:
-        raise InvalidOption(
-            f"until={until!r} must be an aware datetime (with a time zone, e.g. "
-            "datetime.now(timezone.utc) + timedelta(hours=1)) or None"
-        )
-    return round(until.timestamp() * 1000)
-
-
 def _default_backend() -> tuple[Backend, str | None]:
     """The backend of a scheduler given none: ``$ANARCHON_BACKEND``'s URL, else SQLite."""
     url = os.environ.get(ENV_BACKEND)
@@ -179,7 +150,7 @@ def _check_clock(clock: object) -> Clock | None:
     return clock  # type: ignore[return-value]
 
 
-class Scheduler:
+class Scheduler(Operations):
     """Runs cron jobs so that each slot of each job runs on exactly one instance.
 
     Every instance of the application creates the same scheduler with the same jobs; the backend
@@ -364,12 +335,6 @@ class Scheduler:
     def jobs(self) -> dict[str, str]:
         """Registered jobs: name to cron expression."""
         return {name: job.schedule.expression for name, job in self._jobs.items()}
-
-    def _require_job(self, name: str) -> Job:
-        job = self._jobs.get(name)
-        if job is None:
-            raise JobNotFound(f"no job named {name!r} is registered on this scheduler")
-        return job
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -738,171 +703,6 @@ class Scheduler:
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`stop`."""
         return self._state is _State.RUNNING
-
-    # -- queries ----------------------------------------------------------------------------
-
-    def _require_started(self) -> None:
-        if self._state is not _State.RUNNING:
-            raise SchedulerStateError(
-                f"scheduler is {self._state.value}; call 'await scheduler.start()' (or use "
-                "'async with scheduler') first"
-            )
-
-    async def history(self, name: str, limit: int = 100) -> list[Run]:
-        """Runs of job ``name``, newest first; works for any job the backend has records of."""
-        self._require_started()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidOption(f"limit={limit!r} must be an integer >= 0")
-        return await self.backend.history(name, limit)
-
-    async def last_run(self, name: str) -> Run | None:
-        """The newest run of job ``name``, or None."""
-        self._require_started()
-        return await self.backend.last_run(name)
-
-    async def run_now(self, name: str) -> Run:
-        """Run job ``name`` now on this instance (trigger ``manual``) and return the finished run.
-
-        The run is claimed like a slot of its own, so it gets a fence and, on lease backends,
-        respects ``overlap='skip'``: if the previous run still holds its lease the manual run is
-        recorded ``skipped`` and returned as such. A plain handler needs a free thread: if none
-        frees up within 10 s, :class:`~anarchon.errors.SchedulerStateError` is raised.
-        """
-        self._require_started()
-        job = self._require_job(name)
-        reserved = False
-        if not job.is_async:
-            reserved = await self._claims.reserve_thread(MANUAL_CLAIM_TIMEOUT_S)
-            if not reserved:
-                raise SchedulerStateError(
-                    f"job {name!r} has a plain handler and every handler thread is busy "
-                    f"(max_workers={self.max_workers}); try again later or raise max_workers"
-                )
-        request = self._claims.request(job, None, Trigger.MANUAL)
-        try:
-            claimed = await self._claims.claim([request], deadline_s=MANUAL_CLAIM_TIMEOUT_S)
-            if not claimed:
-                raise BackendUnavailable(
-                    f"could not claim a manual run of {name!r}: {self.backend.name} is unavailable"
-                )
-            _, outcome, sent = claimed[0]
-            if isinstance(outcome, Exception):
-                raise outcome
-            if outcome.status is not ClaimStatus.WON:
-                return outcome.run
-            assert outcome.ticket is not None
-            active = self._executor.start(job, outcome.ticket, reserved=reserved, sent_ms=sent)
-            reserved = False
-        finally:
-            if reserved:
-                self._threads.unreserve()
-        run = await active.result
-        if run is not None:
-            return run
-        for recorded in await self.backend.history(name, limit=100):
-            if recorded.run_id == request.run_id:
-                return recorded
-        return outcome.run
-
-    # -- steering (anarchon.steering) ---------------------------------------------------------
-
-    async def pause(
-        self, job: str, *, until: datetime | None = None, by: str | None = None
-    ) -> Pause:
-        """Pause ``job`` on every instance (it need not be registered here) until :meth:`resume`
-        or ``until`` (an aware datetime in the future); return the stored pause. Each instance
-        records the job's slots ``skipped`` (``paused by <by>``) instead of running them; runs
-        already running go on, and manual runs (:meth:`trigger`, :meth:`run_now`) still run.
-        ``by`` defaults to ``user@host``."""
-        self._require_started()
-        until_ms = _until_ms(until)
-        return await steering.pause(self.backend, job, until_ms=until_ms, by=by)
-
-    async def pause_all(self, *, until: datetime | None = None, by: str | None = None) -> Pause:
-        """Pause every job of the cluster (:data:`~anarchon.control.ALL_JOBS`); see
-        :meth:`pause`. A job's own pause outlives :meth:`resume_all`."""
-        self._require_started()
-        return await steering.pause(self.backend, ALL_JOBS, until_ms=_until_ms(until), by=by)
-
-    async def resume(self, job: str) -> bool:
-        """End the pause of ``job`` on every instance; False if it was not paused (or its pause
-        had already ended by itself)."""
-        self._require_started()
-        return await self._resume(job)
-
-    async def resume_all(self) -> bool:
-        """End the whole-cluster pause (:meth:`pause_all`); jobs paused on their own stay
-        paused. False if the cluster was not paused."""
-        self._require_started()
-        return await self._resume(ALL_JOBS)
-
-    async def _resume(self, job: str) -> bool:
-        ended = await steering.resume(self.backend, job)
-        return ended is not None and ended.active(await steering.backend_now_ms(self.backend))
-
-    async def paused(self) -> list[Pause]:
-        """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""
-        self._require_started()
-        return await steering.pauses(self.backend)
-
-    async def trigger(self, job: str, *, by: str | None = None) -> RunRequest:
-        """Ask the cluster to run ``job`` once now; return the stored request. It needs no
-        handler here: an instance that carries the job claims it within about a second
-        (``control_poll_ms``) and exactly one runs it, with trigger ``manual``, the request's
-        id as run id and ``by`` (default ``user@host``) as ``requested_by``. Unlike
-        :meth:`run_now`, it does not wait for the run."""
-        self._require_started()
-        return await steering.trigger(self.backend, job, by=by)
-
-    async def cluster(self) -> ClusterView:
-        """Read the backend's registry: every live instance, the jobs each carries, and the jobs
-        whose definitions differ between instances (:mod:`anarchon.registry`)."""
-        self._require_started()
-        beat = self._heartbeat
-        if beat is None:
-            raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
-        return await read_cluster(beat.store, beat.backend_now_ms())
-
-    def _metrics_gauges(self) -> dict[str, Any]:
-        """The per-job figures and the registry's and clock's gauges of :meth:`metrics` (any
-        thread: a scrape calls it)."""
-        jobs = list(self._jobs.values())
-        budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
-        running = [a.job.name for a in list(self._executor.active.values())]
-        return {
-            "by_job": jobs_now(
-                self._counters, jobs, running, self._clock.now_ms(), self._started_ms
-            ),
-            "instances_seen": self._heartbeat.instances_seen if self._heartbeat else None,
-            "clock_skew_budget_ms": min(budgets) if budgets else None,
-            "started_ms": self._started_ms,
-        }
-
-    def metrics(self) -> Metrics:
-        """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not
-        claimed for want of a thread ...), jobs, running and watched runs, busy handler threads,
-        the last measured clock offset from the backend, and the event loop's lag (ms, as the
-        watchdog measured it; None without the scheduler's thread). Each field is described in
-        :class:`~anarchon.Metrics`; ``metrics()["claims_won"]`` reads it by name too."""
-        watchdog = self._watchdog
-        return Metrics.of(
-            self._counters,
-            **self._metrics_gauges(),
-            jobs=len(self._jobs),
-            running=len(self._executor.active),
-            watched=len(self._watcher) if self._watcher is not None else 0,
-            handler_threads_busy=len(self._threads.busy()),
-            clock_offset_ms=self._backend_clock.offset_ms,
-            loop_lag_ms=watchdog.lag_ms if watchdog is not None else None,
-            loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
-            loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
-        )
-
-    async def health(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
-        """Is this scheduler well (:class:`~anarchon.health.Health`)? Asks the backend its
-        clock (waiting up to ``timeout_s``) and looks at the loops, the event loop's lag, the
-        clock offset against the jobs' skew budget, the leases held and the last heartbeat."""
-        return await check(self, timeout_s)
 
     # -- firing -----------------------------------------------------------------------------
 

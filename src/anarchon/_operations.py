@@ -1,0 +1,254 @@
+"""The operator's side of the :class:`~anarchon.Scheduler`: what it answers and what it is told.
+
+Queries (history, last run), manual runs, steering (pause, resume and trigger:
+:mod:`anarchon.steering`), the cluster's picture, metrics and health. None of it fires a slot:
+``_scheduler`` reads as a slot's life, and these sit beside it as :class:`Operations`, a mixin of
+:class:`~anarchon.Scheduler` that declares the scheduler's attributes it reads.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from . import steering
+from ._heartbeat import Heartbeat, read_cluster
+from ._job import Job
+from ._metrics import Counters, Metrics, jobs_now
+from ._models import Run, Trigger
+from .backend import Backend, ClaimStatus
+from .control import ALL_JOBS, Pause, RunRequest
+from .errors import (
+    BackendUnavailable,
+    InvalidOption,
+    JobNotFound,
+    SchedulerStateError,
+    UnsupportedFeature,
+)
+from .health import DEFAULT_TIMEOUT_S, Health, check
+from .registry import ClusterView
+
+if TYPE_CHECKING:
+    from ._claims import Claims
+    from ._clock import BackendClock, Clock
+    from ._runner import RunExecutor
+    from ._scheduler import Scheduler
+    from ._threads import HandlerThreads
+    from ._watchdog import LoopWatchdog
+    from ._watcher import BackupWatcher
+
+__all__ = ["Operations", "State"]
+
+MANUAL_CLAIM_TIMEOUT_S: Final = 10.0
+
+
+class State(Enum):
+    """Where a scheduler is in its life; the operations need it running."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+def _until_ms(until: datetime | None) -> int | None:
+    if until is None:
+        return None
+    if not isinstance(until, datetime) or until.tzinfo is None:
+        raise InvalidOption(
+            f"until={until!r} must be an aware datetime (with a time zone, e.g. "
+            "datetime.now(timezone.utc) + timedelta(hours=1)) or None"
+        )
+    return round(until.timestamp() * 1000)
+
+
+class Operations:
+    """The scheduler's queries, steering, metrics and health (a mixin of ``Scheduler``)."""
+
+    # What they read of the scheduler (set by Scheduler.__init__ and start()).
+    backend: Backend
+    max_workers: int
+    _state: State
+    _jobs: dict[str, Job]
+    _clock: Clock
+    _backend_clock: BackendClock
+    _counters: Counters
+    _claims: Claims
+    _executor: RunExecutor
+    _threads: HandlerThreads
+    _watcher: BackupWatcher | None
+    _heartbeat: Heartbeat | None
+    _watchdog: LoopWatchdog | None
+    _started_ms: int | None
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if self._state is not State.RUNNING:
+            raise SchedulerStateError(
+                f"scheduler is {self._state.value}; call 'await scheduler.start()' (or use "
+                "'async with scheduler') first"
+            )
+
+    def _require_job(self, name: str) -> Job:
+        job = self._jobs.get(name)
+        if job is None:
+            raise JobNotFound(f"no job named {name!r} is registered on this scheduler")
+        return job
+
+    async def history(self, name: str, limit: int = 100) -> list[Run]:
+        """Runs of job ``name``, newest first; works for any job the backend has records of."""
+        self._require_started()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidOption(f"limit={limit!r} must be an integer >= 0")
+        return await self.backend.history(name, limit)
+
+    async def last_run(self, name: str) -> Run | None:
+        """The newest run of job ``name``, or None."""
+        self._require_started()
+        return await self.backend.last_run(name)
+
+    async def run_now(self, name: str) -> Run:
+        """Run job ``name`` now on this instance (trigger ``manual``) and return the finished run.
+
+        The run is claimed like a slot of its own, so it gets a fence and, on lease backends,
+        respects ``overlap='skip'``: if the previous run still holds its lease the manual run is
+        recorded ``skipped`` and returned as such. A plain handler needs a free thread: if none
+        frees up within 10 s, :class:`~anarchon.errors.SchedulerStateError` is raised.
+        """
+        self._require_started()
+        job = self._require_job(name)
+        reserved = False
+        if not job.is_async:
+            reserved = await self._claims.reserve_thread(MANUAL_CLAIM_TIMEOUT_S)
+            if not reserved:
+                raise SchedulerStateError(
+                    f"job {name!r} has a plain handler and every handler thread is busy "
+                    f"(max_workers={self.max_workers}); try again later or raise max_workers"
+                )
+        request = self._claims.request(job, None, Trigger.MANUAL)
+        try:
+            claimed = await self._claims.claim([request], deadline_s=MANUAL_CLAIM_TIMEOUT_S)
+            if not claimed:
+                raise BackendUnavailable(
+                    f"could not claim a manual run of {name!r}: {self.backend.name} is unavailable"
+                )
+            _, outcome, sent = claimed[0]
+            if isinstance(outcome, Exception):
+                raise outcome
+            if outcome.status is not ClaimStatus.WON:
+                return outcome.run
+            assert outcome.ticket is not None
+            active = self._executor.start(job, outcome.ticket, reserved=reserved, sent_ms=sent)
+            reserved = False
+        finally:
+            if reserved:
+                self._threads.unreserve()
+        run = await active.result
+        if run is not None:
+            return run
+        for recorded in await self.backend.history(name, limit=100):
+            if recorded.run_id == request.run_id:
+                return recorded
+        return outcome.run
+
+    # -- steering (anarchon.steering) ---------------------------------------------------------
+
+    async def pause(
+        self, job: str, *, until: datetime | None = None, by: str | None = None
+    ) -> Pause:
+        """Pause ``job`` on every instance (it need not be registered here) until :meth:`resume`
+        or ``until`` (an aware datetime in the future); return the stored pause. Each instance
+        records the job's slots ``skipped`` (``paused by <by>``) instead of running them; runs
+        already running go on, and manual runs (:meth:`trigger`, :meth:`run_now`) still run.
+        ``by`` defaults to ``user@host``."""
+        self._require_started()
+        until_ms = _until_ms(until)
+        return await steering.pause(self.backend, job, until_ms=until_ms, by=by)
+
+    async def pause_all(self, *, until: datetime | None = None, by: str | None = None) -> Pause:
+        """Pause every job of the cluster (:data:`~anarchon.control.ALL_JOBS`); see
+        :meth:`pause`. A job's own pause outlives :meth:`resume_all`."""
+        self._require_started()
+        return await steering.pause(self.backend, ALL_JOBS, until_ms=_until_ms(until), by=by)
+
+    async def resume(self, job: str) -> bool:
+        """End the pause of ``job`` on every instance; False if it was not paused (or its pause
+        had already ended by itself)."""
+        self._require_started()
+        return await self._resume(job)
+
+    async def resume_all(self) -> bool:
+        """End the whole-cluster pause (:meth:`pause_all`); jobs paused on their own stay
+        paused. False if the cluster was not paused."""
+        self._require_started()
+        return await self._resume(ALL_JOBS)
+
+    async def _resume(self, job: str) -> bool:
+        ended = await steering.resume(self.backend, job)
+        return ended is not None and ended.active(await steering.backend_now_ms(self.backend))
+
+    async def paused(self) -> list[Pause]:
+        """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""
+        self._require_started()
+        return await steering.pauses(self.backend)
+
+    async def trigger(self, job: str, *, by: str | None = None) -> RunRequest:
+        """Ask the cluster to run ``job`` once now; return the stored request. It needs no
+        handler here: an instance that carries the job claims it within about a second
+        (``control_poll_ms``) and exactly one runs it, with trigger ``manual``, the request's
+        id as run id and ``by`` (default ``user@host``) as ``requested_by``. Unlike
+        :meth:`run_now`, it does not wait for the run."""
+        self._require_started()
+        return await steering.trigger(self.backend, job, by=by)
+
+    async def cluster(self) -> ClusterView:
+        """Read the backend's registry: every live instance, the jobs each carries, and the jobs
+        whose definitions differ between instances (:mod:`anarchon.registry`)."""
+        self._require_started()
+        beat = self._heartbeat
+        if beat is None:
+            raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
+        return await read_cluster(beat.store, beat.backend_now_ms())
+
+    def _metrics_gauges(self) -> dict[str, Any]:
+        """The per-job figures and the registry's and clock's gauges of :meth:`metrics` (any
+        thread: a scrape calls it)."""
+        jobs = list(self._jobs.values())
+        budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
+        running = [a.job.name for a in list(self._executor.active.values())]
+        return {
+            "by_job": jobs_now(
+                self._counters, jobs, running, self._clock.now_ms(), self._started_ms
+            ),
+            "instances_seen": self._heartbeat.instances_seen if self._heartbeat else None,
+            "clock_skew_budget_ms": min(budgets) if budgets else None,
+            "started_ms": self._started_ms,
+        }
+
+    def metrics(self) -> Metrics:
+        """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not
+        claimed for want of a thread ...), jobs, running and watched runs, busy handler threads,
+        the last measured clock offset from the backend, and the event loop's lag (ms, as the
+        watchdog measured it; None without the scheduler's thread). Each field is described in
+        :class:`~anarchon.Metrics`; ``metrics()["claims_won"]`` reads it by name too."""
+        watchdog = self._watchdog
+        return Metrics.of(
+            self._counters,
+            **self._metrics_gauges(),
+            jobs=len(self._jobs),
+            running=len(self._executor.active),
+            watched=len(self._watcher) if self._watcher is not None else 0,
+            handler_threads_busy=len(self._threads.busy()),
+            clock_offset_ms=self._backend_clock.offset_ms,
+            loop_lag_ms=watchdog.lag_ms if watchdog is not None else None,
+            loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
+            loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
+        )
+
+    async def health(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
+        """Is this scheduler well (:class:`~anarchon.health.Health`)? Asks the backend its
+        clock (waiting up to ``timeout_s``) and looks at the loops, the event loop's lag, the
+        clock offset against the jobs' skew budget, the leases held and the last heartbeat."""
+        return await check(cast("Scheduler", self), timeout_s)
