@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._batch import isolate
 from ._clock import Clock, sleep_or_wake
-from ._supervisor import supervised
-from .backend import LEASE_LOST, LeaseBackend, Ticket
+from ._supervisor import cancel_and_wait, supervised
+from .backend import LEASE_LOST, Backend, LeaseBackend, Ticket
 from .errors import LeaseLost
 from .logs import Action, log_fields
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._runner import ActiveRun
     from ._watchdog import LoopWatchdog
 
-__all__ = ["KeeperThread", "LeaseKeeper", "Mailbox"]
+__all__ = ["KeeperThread", "LeaseKeeper", "Mailbox", "start_keeper"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -356,3 +356,53 @@ class KeeperThread:
                 THREAD_STOP_S,
                 extra=log_fields(Action.KEEPER_THREAD),
             )
+
+
+async def start_keeper(
+    stack: contextlib.AsyncExitStack,
+    backend: Backend,
+    clock: Clock,
+    watchdog: LoopWatchdog | None,
+    make_keeper: Callable[[LeaseBackend], LeaseKeeper],
+    loop_task: Callable[[str, Callable[[], Any]], asyncio.Future[None]],
+) -> tuple[LeaseKeeper | None, KeeperThread | None]:
+    """Start the lease keeper, its clean-up registered on ``stack``; return it (None if the
+    backend keeps no leases) and its thread.
+
+    Given a ``watchdog`` (the scheduler runs on the system clock), a :class:`KeeperThread` hosts
+    it and, when the backend can give a connection of its own, the keeper; else the keeper runs
+    on this loop, as the supervised task ``loop_task`` starts.
+    """
+    threaded = watchdog is not None
+    clone: LeaseBackend | None = None
+    if threaded and isinstance(backend, LeaseBackend):
+        try:
+            clone = backend.clone()
+        except Exception as exc:
+            logger.warning(
+                "%s could not give the lease keeper a connection of its own (%s); leases "
+                "are kept on the event loop",
+                backend.name,
+                exc,
+                extra=log_fields(Action.KEEPER_THREAD),
+            )
+    keeper: LeaseKeeper | None = None
+    host: KeeperThread | None = None
+    if threaded:
+        host = KeeperThread(clock, watchdog, clone, make_keeper)
+        stack.push_async_callback(host.stop)
+        if await host.start():
+            keeper = host.keeper
+    if keeper is None and isinstance(backend, LeaseBackend):
+        keeper = make_keeper(backend)
+        keeper.bind()
+        task = loop_task("lease keeper", keeper.run)
+        stack.push_async_callback(cancel_and_wait, [task])
+        if threaded:
+            logger.info(
+                "leases of %s are kept on the event loop (the backend gave no connection "
+                "of its own): a handler that blocks the loop can cost its lease",
+                backend.name,
+                extra=log_fields(Action.KEEPER_THREAD),
+            )
+    return keeper, host

@@ -43,7 +43,7 @@ from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, build_job, job_options
-from ._keeper import KeeperThread, LeaseKeeper, Mailbox
+from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
 from ._metrics import Counters
 from ._missed import MissedSlots
 from ._models import Run, Trigger
@@ -54,7 +54,7 @@ from ._rendezvous import Kind, Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
-from ._supervisor import supervised
+from ._supervisor import cancel_and_wait, supervised
 from ._threads import HandlerThreads
 from ._timer import Due, SlotTimer
 from ._watchdog import LoopWatchdog, describe_blocker
@@ -81,26 +81,6 @@ MAX_INSTANCE_ID: Final = 256
 SETTLE_S: Final = 5.0
 # run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
 EXIT_WAIT_S: Final = 2.0
-
-
-async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
-    swallows a cancellation (some drivers' timeouts do) must not make stop() hang."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    pending = {t for t in tasks if not t.done()}
-    while pending and loop.time() < deadline:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.25)
-    if pending:
-        names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
-        logger.warning(
-            "%d task(s) did not stop when cancelled (%s); left behind",
-            len(pending),
-            names,
-            extra=log_fields(Action.STOP),
-        )
 
 
 def default_instance_id() -> str:
@@ -412,7 +392,7 @@ class Scheduler(Operations):
             self._schedule_next(job, now)
         timer = self._loop_task("timer", self._timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
-        stack.push_async_callback(_cancel_and_wait, [timer, skew])
+        stack.push_async_callback(cancel_and_wait, [timer, skew])
         self._spawn(self._catching_up.start(list(self._jobs.values()), now))
         control = backend.control()
         if control is not None:  # triggers and retries: see _requests
@@ -472,46 +452,15 @@ class Scheduler(Operations):
                 self._watcher.watch(notice.job, notice.slot_key, notice.lease_expires_at_ms, now)
 
     async def _start_keeper(self, stack: AsyncExitStack, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the lease keeper: on the scheduler's own thread, with its own connection, when
-        the backend can give one and the clock is the system clock; else on this loop. The
-        thread also hosts the loop watchdog."""
-        backend = self.backend
-        threaded = type(self._clock) is SystemClock
-        if threaded:
+        """Start the lease keeper (:func:`._keeper.start_keeper`): on the system clock, on a
+        thread of the scheduler's own that also hosts the loop watchdog."""
+        if type(self._clock) is SystemClock:
             self._watchdog = LoopWatchdog(
                 loop, threading.get_ident(), self._clock.monotonic_ms, self._describe_blocker
             )
-        clone: LeaseBackend | None = None
-        if threaded and isinstance(backend, LeaseBackend):
-            try:
-                clone = backend.clone()
-            except Exception as exc:
-                logger.warning(
-                    "%s could not give the lease keeper a connection of its own (%s); leases "
-                    "are kept on the event loop",
-                    backend.name,
-                    exc,
-                    extra=log_fields(Action.KEEPER_THREAD),
-                )
-        keeper: LeaseKeeper | None = None
-        if threaded:
-            host = KeeperThread(self._clock, self._watchdog, clone, self._make_keeper)
-            self._keeper_thread = host
-            stack.push_async_callback(host.stop)
-            if await host.start():
-                keeper = host.keeper
-        if keeper is None and isinstance(backend, LeaseBackend):
-            keeper = self._make_keeper(backend)
-            keeper.bind()
-            task = self._loop_task("lease keeper", keeper.run)
-            stack.push_async_callback(_cancel_and_wait, [task])
-            if threaded:
-                logger.info(
-                    "leases of %s are kept on the event loop (the backend gave no connection "
-                    "of its own): a handler that blocks the loop can cost its lease",
-                    backend.name,
-                    extra=log_fields(Action.KEEPER_THREAD),
-                )
+        keeper, self._keeper_thread = await start_keeper(
+            stack, self.backend, self._clock, self._watchdog, self._make_keeper, self._loop_task
+        )
         self._executor.keeper = keeper
         self._executor.closed = False
 
@@ -534,7 +483,7 @@ class Scheduler(Operations):
 
     async def _stop_poller(self, poller: RequestPoller, task: asyncio.Future[None]) -> None:
         await poller.stop(task, SETTLE_S)
-        await _cancel_and_wait([task])
+        await cancel_and_wait([task])
 
     def _on_exhausted(self, job: Job, run: Run) -> None:
         """A backup's takeover recorded ``run`` failed on its last attempt: the slot finally
@@ -542,14 +491,14 @@ class Scheduler(Operations):
         self._spawn(self._failures.finally_failed(job, run))
 
     async def _stop_watcher(self, task: asyncio.Future[None]) -> None:
-        await _cancel_and_wait([task])
+        await cancel_and_wait([task])
         if self._watcher is not None:
             await self._watcher.close(SETTLE_S)
 
     async def _settle_claims(self) -> None:
         """Let claims already sent come back (bounded): a won slot is then run or handed over."""
         await self._claims.settle(SETTLE_S)
-        await _cancel_and_wait(list(self._tasks))
+        await cancel_and_wait(list(self._tasks))
 
     async def _drain(self) -> None:
         await self._executor.drain(self._stop_began + self.grace_ms)
@@ -671,7 +620,7 @@ class Scheduler(Operations):
                     )
                 # asyncio.run() would wait for every task to accept its cancellation, for ever.
                 left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
-                loop.run_until_complete(_cancel_and_wait(left, EXIT_WAIT_S))
+                loop.run_until_complete(cancel_and_wait(left, EXIT_WAIT_S))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(
                     asyncio.wait([loop.create_task(loop.shutdown_default_executor())], timeout=1)

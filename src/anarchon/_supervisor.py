@@ -1,18 +1,19 @@
 """Background loops that never die silently: an unexpected error is logged with its traceback and
-the loop starts again after a pause that grows while it keeps failing."""
+the loop starts again after a pause that grows while it keeps failing; and tasks that stop when
+told, within a bound, even when they swallow their cancellation."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
 
 from ._retry import backoff
 from .logs import Action, log_fields
 
-__all__ = ["supervised"]
+__all__ = ["cancel_and_wait", "supervised"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -47,3 +48,23 @@ async def supervised(
         if time.monotonic() - began > MAX_PAUSE_S:
             pauses = backoff(FIRST_PAUSE_S, MAX_PAUSE_S)
         await wait(next(pauses))
+
+
+async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
+    swallows a cancellation (some drivers' timeouts do) must not make stop() hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    pending = {t for t in tasks if not t.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.25)
+    if pending:
+        names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
+        logger.warning(
+            "%d task(s) did not stop when cancelled (%s); left behind",
+            len(pending),
+            names,
+            extra=log_fields(Action.STOP),
+        )
