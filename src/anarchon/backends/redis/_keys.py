@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from ...errors import InvalidOption
 from ...kit import check_name
@@ -56,8 +56,6 @@ PREFIX_RULE_TEXT: Final = (
     "digit and ending with ':' (no braces, spaces or glob characters, so that keys of two "
     "prefixes can never collide and every key of a job keeps its cluster hash tag)"
 )
-# Order matters: the scripts read KEYS[1..5] in this order.
-KINDS: Final = ("meta", "runs", "slots", "order", "leases")
 
 
 def check_prefix(prefix: object) -> str:
@@ -67,9 +65,8 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-@dataclass(frozen=True, slots=True)
-class JobKeys:
-    """The keys of one job, in the order the scripts expect them."""
+class JobKeys(NamedTuple):
+    """The keys of one job, in the order the scripts read them (``KEYS[1..5]``)."""
 
     meta: str
     runs: str
@@ -79,11 +76,14 @@ class JobKeys:
 
     def all(self) -> list[str]:
         """The keys as the scripts' ``KEYS`` array."""
-        return [self.meta, self.runs, self.slots, self.order, self.leases]
+        return list(self)
 
 
-@dataclass(frozen=True, slots=True)
-class ControlKeys:
+KINDS: Final = JobKeys._fields
+"""The kinds of a job's keys (the last part of each name), in the scripts' order."""
+
+
+class ControlKeys(NamedTuple):
     """The keys of the pauses and run requests under one prefix."""
 
     pauses: str
