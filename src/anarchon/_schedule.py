@@ -50,6 +50,7 @@ MACROS: Final = {
 # Beyond this distance a cached iterator is rebuilt rather than walked forward.
 _REBUILD_AFTER_MS: Final = 36 * 3600 * 1000
 _EPOCH: Final = datetime(1970, 1, 1)
+_UTC_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _NEVER: Final = 2**63  # a floor above every slot: no span covered
 _ONE_SECOND: Final = timedelta(seconds=1)
 _ONE_MINUTE: Final = timedelta(minutes=1)
@@ -466,4 +467,6 @@ def _now_ms() -> int:
 
 def slot_to_datetime(slot_ms: int) -> datetime:
     """Return the aware UTC datetime of a slot."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=slot_ms)
+    # Positional milliseconds: the keyword form costs three times as much, and this runs
+    # several times per slot (the run context, each Run record).
+    return _UTC_EPOCH + timedelta(0, 0, 0, slot_ms)
