@@ -670,3 +670,12 @@ def test_channel_and_identifier_lengths_fit_postgres() -> None:
             continue
         rendered = ident.as_string(None)
         assert all(len(part.strip('"')) <= 63 for part in rendered.split(".")), rendered
+
+
+def test_statements_are_sent_with_positional_parameters() -> None:
+    from anarchon.backends.postgres._queries import positional
+
+    text, names = positional(b"SELECT %(a)s::int, %(b)s, %(a)s, 100 %% 7, '%%'")
+    assert text == b"SELECT $1::int, $2, $1, 100 % 7, '%'"
+    assert names == ("a", "b")
+    assert positional(b"SELECT 1") == (b"SELECT 1", ())
