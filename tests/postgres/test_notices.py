@@ -11,7 +11,7 @@ import pytest
 
 from anarchon.backend import ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
-from anarchon.kit import Trigger
+from anarchon.kit import RunStatus, Trigger
 
 SLOT = 1_800_000_000_000
 
@@ -88,8 +88,7 @@ async def test_claims_and_results_are_announced_with_notifications_on_or_off(
     assert won.ticket is not None
     await _heard_within(heard, 1)
     assert [(n.job, n.instance) for n in heard] == [("a", "claimer")]
-    [done] = await claimer.finish_many([(won.ticket, "succeeded", None)])
-    assert not isinstance(done, Exception)
+    await claimer.finish(won.ticket, RunStatus.SUCCEEDED, None)
     for _ in range(500):
         if changes:
             break
@@ -113,6 +112,6 @@ async def test_notices_kept_for_after_commit_are_forgotten_once_sent(
     await backend.start()
     [won] = await backend.claim([_request("a")])
     assert won.ticket is not None
-    await backend.finish_many([(won.ticket, "succeeded", None)])
+    await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
     [row] = await backend._db.read(b"SELECT current_setting('anarchon.notices', true) AS kept")
     assert row["kept"] == "[]"
