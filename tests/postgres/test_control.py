@@ -222,7 +222,7 @@ def test_claim_requests_name_the_trigger_the_pause_holds() -> None:
         ClaimRequest(job="j", slot=1, run_id="r", token="t", instance="i", trigger=trigger)
         for trigger in Trigger
     ]
-    params = claim_params(reqs, "anarchon")
+    params = claim_params(reqs, "anarchon", later=False)
     assert dict(zip([r.trigger for r in reqs], params["pausable"], strict=True)) == {
         Trigger.SCHEDULE: True,
         Trigger.MANUAL: False,

@@ -7,9 +7,11 @@ import asyncio
 import uuid
 from collections.abc import Callable, Sequence
 
+import pytest
+
 from anarchon.backend import ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
-from anarchon.kit import Trigger
+from anarchon.kit import RunStatus, Trigger
 
 SLOT = 1_800_000_000_000
 
@@ -48,3 +50,68 @@ async def test_a_large_batch_is_announced_in_notifications_under_the_limit(
     assert sorted(n.job for n in heard) == sorted(r.job for r in reqs)
     expiry = {o.run.job: o.ticket.lease_expires_at_ms for o in outcomes if o.ticket}
     assert all(n.lease_expires_at_ms == expiry[n.job] for n in heard)
+
+
+def _request(job: str, instance: str = "claimer") -> ClaimRequest:
+    return ClaimRequest(
+        job=job,
+        slot=SLOT,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=instance,
+        trigger=Trigger.SCHEDULE,
+        lease_ms=5_000,
+    )
+
+
+async def _heard_within(heard: list[ClaimNotice], count: int) -> None:
+    for _ in range(500):  # up to 10 s, generous
+        if len(heard) >= count:
+            return
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("notifications", [True, False])
+async def test_claims_and_results_are_announced_with_notifications_on_or_off(
+    make: Callable[..., PostgresBackend], notifications: bool
+) -> None:
+    # On: kept in the transaction and sent right after its COMMIT (send_notices). Off: sent at
+    # commit by the claim's own transaction (PgBouncer's transaction mode keeps no session).
+    claimer, listener = make(notifications=notifications), make()
+    await claimer.start()
+    await listener.start()
+    heard: list[ClaimNotice] = []
+    changes: list[tuple[str, str, bool]] = []
+    assert await listener.subscribe_claims(heard.extend)
+    await listener.subscribe(lambda job, key, released: changes.append((job, key, released)))
+    [won] = await claimer.claim([_request("a")])
+    assert won.ticket is not None
+    await _heard_within(heard, 1)
+    assert [(n.job, n.instance) for n in heard] == [("a", "claimer")]
+    await claimer.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    for _ in range(500):
+        if changes:
+            break
+        await asyncio.sleep(0.02)
+    assert changes == [("a", str(SLOT), False)]
+    # A claim that wins nothing sends nothing, not even what an earlier statement kept.
+    [lost] = await claimer.claim([_request("a", "other")])
+    assert lost.ticket is None
+    [again] = await claimer.claim([_request("b")])
+    assert again.ticket is not None
+    await _heard_within(heard, 2)
+    await asyncio.sleep(0.2)
+    assert [(n.job, n.instance) for n in heard] == [("a", "claimer"), ("b", "claimer")]
+    assert changes == [("a", str(SLOT), False)]
+
+
+async def test_notices_kept_for_after_commit_are_forgotten_once_sent(
+    make: Callable[..., PostgresBackend],
+) -> None:
+    backend = make(max_connections=1)
+    await backend.start()
+    [won] = await backend.claim([_request("a")])
+    assert won.ticket is not None
+    await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    [row] = await backend._db.read(b"SELECT current_setting('anarchon.notices', true) AS kept")
+    assert row["kept"] == "[]"

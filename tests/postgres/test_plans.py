@@ -173,6 +173,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                     )
                 ],
                 q.names.channel,
+                later=True,
             ),
         ),
         "finish_and_prune": (
@@ -189,6 +190,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                 "keep": 1000,
                 "batch": 100,
                 "channel": q.names.channel,
+                "later": True,
             },
         ),
     }

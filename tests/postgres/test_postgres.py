@@ -670,3 +670,38 @@ def test_channel_and_identifier_lengths_fit_postgres() -> None:
             continue
         rendered = ident.as_string(None)
         assert all(len(part.strip('"')) <= 63 for part in rendered.split(".")), rendered
+
+
+def test_statements_are_sent_with_positional_parameters() -> None:
+    from anarchon.backends.postgres._queries import positional
+
+    text, names = positional(b"SELECT %(a)s::int, %(b)s, %(a)s, 100 %% 7, '%%'")
+    assert text == b"SELECT $1::int, $2, $1, 100 % 7, '%'"
+    assert names == ("a", "b")
+    assert positional(b"SELECT 1") == (b"SELECT 1", ())
+
+
+async def test_an_idle_connection_is_trusted_until_the_server_ends_it(
+    make: Callable[..., PostgresBackend],
+) -> None:
+    from anarchon.backends.postgres import _connection
+
+    backend = make(max_connections=1)
+    await backend.start()
+    await backend.server_time_ms()
+    pool = backend._db._pool
+    assert pool is not None
+    async with pool.connection() as conn:
+        pid = conn.info.backend_pid
+        assert not _connection._readable(conn)  # quiet: used without a round trip
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as admin:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    async with pool.connection() as conn:
+        for _ in range(100):  # the server's goodbye arrives within milliseconds
+            if _connection._readable(conn):
+                break
+            await asyncio.sleep(0.01)
+        assert _connection._readable(conn)
+    await asyncio.sleep(_connection.IDLE_CHECK_S + 0.1)
+    # The idle, ended connection is found out before use and replaced: the call succeeds.
+    assert await backend.server_time_ms() is not None

@@ -207,8 +207,13 @@ class PostgresBackend(contract.LeaseBackend):
         elif self.prepared_statements:
             before.append((q["generic_plans"], None))
         before.append((q["lock_jobs"], {"jobs": sorted({r.job for r in reqs})}))
+        later = self._send_notices()
         found = await self._db.transaction(
-            conn, before, q["claim"], rows.claim_params(reqs, q.names.channel)
+            conn,
+            before,
+            q["claim"],
+            rows.claim_params(reqs, q.names.channel, later=later is not None),
+            later,
         )
         if len(found) != len(reqs):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
@@ -229,6 +234,7 @@ class PostgresBackend(contract.LeaseBackend):
         """
         batch = list(items)
         q = self._queries
+        later = self._send_notices() is not None
         order = sorted(range(len(batch)), key=lambda n: batch[n][0].job)
         answers: dict[int, Rows | BackendError] = {}
         for start in range(0, len(order), FINISH_CALL):
@@ -238,16 +244,28 @@ class PostgresBackend(contract.LeaseBackend):
                 members = [batch[n] for n in call[first : first + FINISH_GROUP]]
                 jobs = sorted({ticket.job for ticket, _, _ in members})
                 params = [
-                    rows.finish_params(t, status, error, self.history_size, q.names.channel)
+                    rows.finish_params(
+                        t, status, error, self.history_size, q.names.channel, later=later
+                    )
                     for t, status, error in members
                 ]
                 groups.append(([(q["lock_jobs"], {"jobs": jobs})], q["finish"], params))
-            for n, answer in zip(call, await self._db.groups(groups), strict=True):
+            answered = await self._db.groups(groups, self._send_notices())
+            for n, answer in zip(call, answered, strict=True):
                 answers[n] = answer
         return [
             answer if isinstance(answer, BackendError) else rows.finished(*item, answer)
             for item, answer in ((item, answers[n]) for n, item in enumerate(batch))
         ]
+
+    def _send_notices(self) -> Statement | None:
+        """The statement that sends, right after COMMIT, the notifications a claim or a result
+        kept (``send_notices`` in queries.sql: a transaction that notifies holds a cluster-wide
+        lock through its commit). None with notifications off: behind PgBouncer in transaction
+        mode the next statement may run in another session, so they are sent at commit."""
+        if not self.notifications:
+            return None
+        return (self._queries["send_notices"], {"channel": self._queries.names.channel})
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`; an index scan of ``limit`` rows."""

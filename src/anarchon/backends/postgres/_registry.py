@@ -4,20 +4,70 @@ digest).
 
 Every statement runs through the backend's pool (its timeout and error translation). A table
 is created (``IF NOT EXISTS``) before the first write and never by a read. Each step is one
-statement, so each is atomic.
+statement, so each is atomic, sent alone (autocommit: one round trip; a heartbeat of a hundred
+instances a second should not hold a hundred connections for a BEGIN and a COMMIT each); a
+read or delete of a table that is not there yet answers empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from anarchon.registry import InstanceRecord
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection, sql
+    from psycopg import AsyncConnection
 
     from ._backend import PostgresBackend
+    from ._connection import Rows
+
+# Every statement, {table} being the registry's or the definitions' table. Writes answer a row
+# (RETURNING) as every statement sent through the backend's select and transaction does.
+STATEMENTS: Final = {
+    "create_registry": (
+        "registry",
+        "CREATE TABLE IF NOT EXISTS {table} (instance text PRIMARY KEY, "
+        "heartbeat_ms bigint NOT NULL, record text NOT NULL)",
+    ),
+    "record": (
+        "registry",
+        "INSERT INTO {table} (instance, heartbeat_ms, record) "
+        "VALUES (%(instance)s, %(heartbeat_ms)s, %(record)s) "
+        "ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, "
+        "record = excluded.record RETURNING instance",
+    ),
+    "instances": ("registry", "SELECT record FROM {table}"),
+    "remove": ("registry", "DELETE FROM {table} WHERE instance = %(instance)s RETURNING instance"),
+    "remove_silent": (
+        "registry",
+        "DELETE FROM {table} WHERE heartbeat_ms < %(cutoff_ms)s RETURNING instance",
+    ),
+    "create_definitions": (
+        "definitions",
+        "CREATE TABLE IF NOT EXISTS {table} (digest text PRIMARY KEY, "
+        "saved_ms bigint NOT NULL, data bytea NOT NULL)",
+    ),
+    "save_definitions": (
+        "definitions",
+        "INSERT INTO {table} AS t (digest, saved_ms, data) "
+        "VALUES (%(digest)s, %(saved_ms)s, %(data)s) "
+        "ON CONFLICT (digest) DO UPDATE SET saved_ms = greatest(t.saved_ms, excluded.saved_ms) "
+        "RETURNING digest",
+    ),
+    "definitions": ("definitions", "SELECT data FROM {table} WHERE digest = %(digest)s"),
+    "has_definitions": ("definitions", "SELECT 1 AS found FROM {table} WHERE digest = %(digest)s"),
+    "prune_definitions": (
+        "definitions",
+        "DELETE FROM {table} WHERE saved_ms < %(cutoff_ms)s AND NOT (digest = ANY(%(keep)s)) "
+        "RETURNING digest",
+    ),
+    "exists": (
+        "registry",
+        "SELECT to_regclass(format('%%I.%%I', %(schema)s::text, %(table)s::text)) IS NOT NULL "
+        "AS found",
+    ),
+}
 
 __all__ = ["PostgresRegistry"]
 
@@ -26,166 +76,92 @@ class PostgresRegistry:
     """A :class:`~anarchon.registry.RegistryStore` in one table next to the backend's."""
 
     def __init__(self, backend: PostgresBackend) -> None:
+        from psycopg import sql
+
         self._backend = backend
         self._created = False
         self._sets_created = False
+        self._statements = {
+            name: sql.SQL(text)
+            .format(table=sql.Identifier(backend.schema, backend.table_prefix + kind))
+            .as_bytes(None)
+            for name, (kind, text) in STATEMENTS.items()
+        }
 
-    @property
-    def _prepare(self) -> bool | None:
-        return self._backend._db.options.prepare
+    async def _run(self, name: str, params: dict[str, Any] | None = None) -> Rows:
+        """The rows of one statement, alone; none when its table is not there."""
+        from psycopg import errors
 
-    def _query(self, template: str, kind: str = "registry") -> sql.Composed:
-        from psycopg import sql
+        db = self._backend._db
+        query = self._statements[name]
 
-        table = sql.Identifier(self._backend.schema, self._backend.table_prefix + kind)
-        return sql.SQL(template).format(table=table)
+        async def work(conn: AsyncConnection[Any]) -> Rows:
+            try:
+                return await db.select(conn, query, params)
+            except (errors.UndefinedTable, errors.InvalidSchemaName):
+                return []
+
+        return await db.call(work)
+
+    async def _write(self, create: str | None, name: str, params: dict[str, Any]) -> None:
+        """One write; the first one also creates its table (``create``), in one transaction."""
+        db = self._backend._db
+        query = self._statements[name]
+        before = [] if create is None else [(self._statements[create], None)]
+        await db.call(lambda conn: db.transaction(conn, before, query, params))
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
-        create = not self._created
-        upsert = self._query(
-            "INSERT INTO {table} (instance, heartbeat_ms, record) VALUES (%s, %s, %s) "
-            "ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, "
-            "record = excluded.record"
-        )
-        create_table = self._query(
-            "CREATE TABLE IF NOT EXISTS {table} (instance text PRIMARY KEY, "
-            "heartbeat_ms bigint NOT NULL, record text NOT NULL)"
-        )
-
-        async def write(conn: AsyncConnection[Any]) -> None:
-            async with conn.transaction():
-                if create:
-                    await conn.execute(create_table, prepare=False)
-                await conn.execute(
-                    upsert,
-                    (instance.id, instance.heartbeat_ms, instance.to_json()),
-                    prepare=self._prepare,
-                )
-
-        await self._backend._db.call(write)
-        self._created = True
-
-    async def _table_exists(self, conn: AsyncConnection[Any], kind: str = "registry") -> bool:
-        cursor = await conn.execute(
-            "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
-            (self._backend.schema, self._backend.table_prefix + kind),
-            prepare=self._prepare,
-        )
-        row = await cursor.fetchone()
-        return bool(row and row[0])
+        params = {
+            "instance": instance.id,
+            "heartbeat_ms": instance.heartbeat_ms,
+            "record": instance.to_json(),
+        }
+        if self._created:
+            await self._run("record", params)
+        else:
+            await self._write("create_registry", "record", params)
+            self._created = True
 
     async def instances(self) -> list[InstanceRecord]:
         """See :meth:`anarchon.registry.RegistryStore.instances`."""
-        select = self._query("SELECT record FROM {table}")
-
-        async def read(conn: AsyncConnection[Any]) -> list[str]:
-            async with conn.transaction():
-                if not await self._table_exists(conn):
-                    return []
-                cursor = await conn.execute(select, prepare=self._prepare)
-                return [row[0] for row in await cursor.fetchall()]
-
-        found = (InstanceRecord.from_json(text) for text in await self._backend._db.call(read))
+        found = (InstanceRecord.from_json(row["record"]) for row in await self._run("instances"))
         return [record for record in found if record is not None]
 
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
-
-        async def work(conn: AsyncConnection[Any]) -> bool:
-            async with conn.transaction():
-                return await self._table_exists(conn)
-
-        return await self._backend._db.call(work)
+        params = {"schema": self._backend.schema, "table": self._backend.table_prefix + "registry"}
+        [row] = await self._run("exists", params)
+        return bool(row["found"])
 
     async def remove(self, instance_id: str) -> None:
         """See :meth:`anarchon.registry.RegistryStore.remove`."""
-        delete = self._query("DELETE FROM {table} WHERE instance = %s")
-
-        async def work(conn: AsyncConnection[Any]) -> None:
-            async with conn.transaction():
-                if await self._table_exists(conn):
-                    await conn.execute(delete, (instance_id,), prepare=self._prepare)
-
-        await self._backend._db.call(work)
+        await self._run("remove", {"instance": instance_id})
 
     async def remove_silent(self, cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
-        delete = self._query("DELETE FROM {table} WHERE heartbeat_ms < %s RETURNING instance")
-
-        async def work(conn: AsyncConnection[Any]) -> list[str]:
-            async with conn.transaction():
-                if not await self._table_exists(conn):
-                    return []
-                cursor = await conn.execute(delete, (cutoff_ms,), prepare=self._prepare)
-                return [row[0] for row in await cursor.fetchall()]
-
-        return await self._backend._db.call(work)
+        removed = await self._run("remove_silent", {"cutoff_ms": cutoff_ms})
+        return [row["instance"] for row in removed]
 
     async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
         """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
-        create = self._query(
-            "CREATE TABLE IF NOT EXISTS {table} (digest text PRIMARY KEY, "
-            "saved_ms bigint NOT NULL, data bytea NOT NULL)",
-            "definitions",
-        )
-        save = self._query(
-            "INSERT INTO {table} AS t (digest, saved_ms, data) VALUES (%s, %s, %s) "
-            "ON CONFLICT (digest) DO UPDATE SET saved_ms = greatest(t.saved_ms, "
-            "excluded.saved_ms)",
-            "definitions",
-        )
-
-        async def write(conn: AsyncConnection[Any]) -> None:
-            async with conn.transaction():
-                if not self._sets_created:
-                    await conn.execute(create, prepare=False)
-                await conn.execute(save, (digest, saved_ms, data), prepare=self._prepare)
-
-        await self._backend._db.call(write)
-        self._sets_created = True
+        params = {"digest": digest, "saved_ms": saved_ms, "data": data}
+        if self._sets_created:
+            await self._run("save_definitions", params)
+        else:
+            await self._write("create_definitions", "save_definitions", params)
+            self._sets_created = True
 
     async def definitions(self, digest: str) -> bytes | None:
         """See :meth:`anarchon.registry.RegistryStore.definitions`."""
-        select = self._query("SELECT data FROM {table} WHERE digest = %s", "definitions")
-
-        async def read(conn: AsyncConnection[Any]) -> bytes | None:
-            async with conn.transaction():
-                if not await self._table_exists(conn, "definitions"):
-                    return None
-                cursor = await conn.execute(select, (digest,), prepare=self._prepare)
-                row = await cursor.fetchone()
-                return None if row is None else bytes(row[0])
-
-        return await self._backend._db.call(read)
+        found = await self._run("definitions", {"digest": digest})
+        return bytes(found[0]["data"]) if found else None
 
     async def has_definitions(self, digest: str) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
-        select = self._query("SELECT 1 FROM {table} WHERE digest = %s", "definitions")
-
-        async def read(conn: AsyncConnection[Any]) -> bool:
-            async with conn.transaction():
-                if not await self._table_exists(conn, "definitions"):
-                    return False
-                cursor = await conn.execute(select, (digest,), prepare=self._prepare)
-                return await cursor.fetchone() is not None
-
-        return await self._backend._db.call(read)
+        return bool(await self._run("has_definitions", {"digest": digest}))
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: one statement."""
-        delete = self._query(
-            "DELETE FROM {table} WHERE saved_ms < %s AND NOT (digest = ANY(%s)) RETURNING digest",
-            "definitions",
-        )
-
-        async def work(conn: AsyncConnection[Any]) -> list[str]:
-            async with conn.transaction():
-                if not await self._table_exists(conn, "definitions"):
-                    return []
-                cursor = await conn.execute(
-                    delete, (cutoff_ms, sorted(keep)), prepare=self._prepare
-                )
-                return [row[0] for row in await cursor.fetchall()]
-
-        return await self._backend._db.call(work)
+        params = {"cutoff_ms": cutoff_ms, "keep": sorted(keep)}
+        return [row["digest"] for row in await self._run("prune_definitions", params)]

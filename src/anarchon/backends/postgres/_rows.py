@@ -57,11 +57,13 @@ _RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
 # -- parameters -----------------------------------------------------------------------------
 
 
-def claim_params(reqs: Sequence[ClaimRequest], channel: str) -> dict[str, Any]:
-    """The ``claim`` statement's parameters: one array per field, a request per index, and the
-    ``channel`` its claim notices go to."""
+def claim_params(reqs: Sequence[ClaimRequest], channel: str, *, later: bool) -> dict[str, Any]:
+    """The ``claim`` statement's parameters: one array per field, a request per index, the
+    ``channel`` its claim notices go to, and whether they are kept for ``send_notices``
+    (``later``) instead of sent at commit."""
     return {
         "channel": channel,
+        "later": later,
         "job": [r.job for r in reqs],
         "slot_key": [r.slot_key for r in reqs],
         "slot": [r.slot for r in reqs],
@@ -109,9 +111,10 @@ def ticket_params(ticket: Ticket) -> dict[str, Any]:
 
 
 def finish_params(
-    ticket: Ticket, status: str, error: str | None, keep: int, channel: str
+    ticket: Ticket, status: str, error: str | None, keep: int, channel: str, *, later: bool
 ) -> dict[str, Any]:
-    """The ``finish`` statement's parameters: the result, and how to prune (``keep`` slots)."""
+    """The ``finish`` statement's parameters: the result, how to prune (``keep`` slots), and
+    whether its notification is kept for ``send_notices`` (``later``) or sent at commit."""
     ttl = ticket.history_ttl_ms
     return {
         **ticket_params(ticket),
@@ -122,6 +125,7 @@ def finish_params(
         "keep": keep,
         "batch": PRUNE_BATCH,
         "channel": channel,
+        "later": later,
     }
 
 

@@ -3,8 +3,9 @@
 -- {schema}, {versions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
--- Parts: run_columns, current_attempt and held_by_ticket are not statements but pieces of the
--- statements below, substituted where those write {run_columns} ... (see _queries.py).
+-- Parts: run_columns, current_attempt, held_by_ticket and kept_notices are not statements but
+-- pieces of the statements below, substituted where those write {run_columns} ... (see
+-- _queries.py).
 -- Times are epoch milliseconds of the database clock, {now_ms} (clock_timestamp(), plus a
 -- test-only offset, the session setting anarchon.test_clock_offset_ms, which production never
 -- sets), read once per statement in the "clock" CTE: never the instance's clock.
@@ -43,6 +44,10 @@ SELECT clock.now, cur.attempt, cur.status, cur.released,
        cur.token = %(token)s AND cur.fence = %(fence)s::bigint AS ours
 FROM clock
 LEFT JOIN LATERAL ({current_attempt}) cur ON true
+
+-- name: kept_notices
+-- The notifications a statement of this session's transaction kept for send_notices.
+coalesce(nullif(current_setting('anarchon.notices', true), ''), '[]')::jsonb
 
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
@@ -340,31 +345,51 @@ answers AS (
     ) x
     WHERE n.verdict = 'existing'
 ),
-notified AS (
-    -- Claim notices (Backend.subscribe_claims), delivered at commit: the won claims as JSON
-    -- lists [job, slot_key, instance, lease expiry], several to a notification, each
-    -- notification under 8000 bytes (NOTIFY's limit).
-    SELECT count(pg_notify(%(channel)s::text, c.payload)) AS sent
+notices AS MATERIALIZED (
+    -- Claim notices (Backend.subscribe_claims): the won claims as JSON lists [job, slot_key,
+    -- instance, lease expiry], several to a notification, each notification under 8000 bytes
+    -- (NOTIFY's limit).
+    SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
     FROM (
-        SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
+        SELECT v.notice, v.pos,
+               sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
         FROM (
-            SELECT v.notice, v.pos,
-                   sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
-            FROM (
-                SELECT json_build_array(i.job, i.slot_key, i.instance, i.lease_expires_at)
-                           AS notice,
-                       row_number() OVER (ORDER BY i.job, i.slot_key) AS pos
-                FROM inserted i
-                WHERE i.status = 'running'
-            ) v
-        ) w
-        GROUP BY w.chunk
-    ) c
+            SELECT json_build_array(i.job, i.slot_key, i.instance, i.lease_expires_at)
+                       AS notice,
+                   row_number() OVER (ORDER BY i.job, i.slot_key) AS pos
+            FROM inserted i
+            WHERE i.status = 'running'
+        ) v
+    ) w
+    GROUP BY w.chunk
+),
+notified AS (
+    -- %(later)s: kept for send_notices, which the backend runs right after COMMIT (see there);
+    -- else sent at commit by this transaction. (CASE: only the branch taken is evaluated.)
+    SELECT count(CASE WHEN NOT %(later)s::boolean THEN pg_notify(%(channel)s::text, n.payload)
+                 END) AS sent,
+           CASE WHEN %(later)s::boolean THEN
+               set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
+           END AS kept
+    FROM notices n
 )
 SELECT n.ord, n.verdict, n.now, {run_columns}
 FROM numbered n LEFT JOIN answers x ON x.ord = n.ord
 CROSS JOIN notified
 ORDER BY n.ord;
+
+-- name: send_notices
+-- Right after the COMMIT of a claim or of results, in the same round trip and session: send the
+-- notifications they kept (the session setting anarchon.notices, a JSON list of payloads, set
+-- in their transaction, so kept only if it committed) and forget them. NOTIFY serialises the
+-- commits of every transaction that notifies (a cluster-wide lock, held through the commit's
+-- log flush); this transaction writes nothing else, so its commit waits for no flush and the
+-- claims' and results' commits no longer queue behind each other. Only with notifications on:
+-- LISTEN needs a session, so the pool's connections are sessions too (no PgBouncer in
+-- transaction mode, where the next statement may run in another session).
+SELECT count(pg_notify(%(channel)s::text, n.payload)) AS sent,
+       set_config('anarchon.notices', '[]', false) AS cleared
+FROM jsonb_array_elements_text({kept_notices}) AS n (payload);
 
 -- name: peek_takeover
 -- The current attempt of a slot and the clock, without a lock: enough to answer ENDED, HELD or
@@ -559,8 +584,13 @@ raised AS (
     ON CONFLICT (job) DO UPDATE SET through = greatest(p.through, EXCLUDED.through)
 )
 SELECT 'finished' AS outcome, f.*,
-       (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key || ' finished'))::text
-           AS notified,
+       -- Sent at commit, or (%(later)s) added to those send_notices sends after COMMIT.
+       CASE WHEN %(later)s::boolean THEN
+           set_config('anarchon.notices',
+                      ({kept_notices} || to_jsonb(f.job || ' ' || f.slot_key || ' finished'))::text,
+                      false)
+       ELSE (SELECT pg_notify(%(channel)s, f.job || ' ' || f.slot_key || ' finished'))::text
+       END AS notified,
        (SELECT count(*) FROM dropped) AS pruned
 FROM finished f
 UNION ALL
