@@ -148,6 +148,25 @@ async def test_last_slots_reads_each_jobs_newest_claim(make: Make) -> None:
     }
 
 
+async def test_last_slots_reads_only_the_jobs_that_have_claims(make: Make) -> None:
+    # Start-up at 100 000 jobs: the stream's info lists the claimed subjects first, so the jobs
+    # that were never claimed cost no read.
+    backend: NatsBackend = await make()
+    await backend.claim([request(job="a"), request(job="b", slot=SLOT + 1000)])
+    reads: list[dict[str, Any]] = []
+    get = backend._conn.get
+
+    async def counted(req: dict[str, Any], wait_s: float) -> Any:
+        reads.append(req)
+        return await get(req, wait_s)
+
+    backend._conn.get = counted  # type: ignore[method-assign, assignment]
+    names = [f"new{n}" for n in range(2000)] + ["a", "b"]
+    found = await backend.last_slots(names)
+    assert found == {**dict.fromkeys(names), "a": SLOT, "b": SLOT + 1000}
+    assert len(reads) == 2, reads
+
+
 async def test_run_requests_leave_no_tombstones(make: Make, server_url: str) -> None:
     backend: NatsBackend = await make()
     store = backend.control()

@@ -308,16 +308,20 @@ class Connection:
         can report an empty bucket before the entries it already holds arrive (nats.py #842).
         A key whose last entry is a delete marker is listed; reading it finds it deleted."""
         prefix = f"$KV.{bucket}."
-        keys: list[str] = []
+        found = await self.subjects(f"KV_{bucket}", f"{prefix}{start}>")
+        return [subject[len(prefix) :] for subject in found]
+
+    async def subjects(self, stream: str, subjects_filter: str) -> list[str]:
+        """The subjects of ``stream`` that match ``subjects_filter`` and hold a message, from
+        the stream's info (page by page: the server sends a bounded number at a time)."""
+        found: list[str] = []
         while True:
-            body = {"subjects_filter": f"{prefix}{start}>", "offset": len(keys)}
-            info = await self.api(
-                subjects.API.format(verb="STREAM.INFO", stream=f"KV_{bucket}"), body
-            )
+            body = {"subjects_filter": subjects_filter, "offset": len(found)}
+            info = await self.api(subjects.API.format(verb="STREAM.INFO", stream=stream), body)
             page = (info.get("state") or {}).get("subjects") or {}
-            keys.extend(subject[len(prefix) :] for subject in page)
-            if not page or len(keys) >= int(info.get("total", len(keys))):
-                return keys
+            found.extend(page)
+            if not page or len(found) >= int(info.get("total", len(found))):
+                return found
 
     # -- calls ------------------------------------------------------------------------------
 

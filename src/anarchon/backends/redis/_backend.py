@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ... import backend as contract
 from ...errors import BackendError
 from ...kit import Run, RunStatus, backoff
-from ...kit.feed import ChangeFeed, decode_notices
+from ...kit.feed import ChangeFeed, decode_notices, won_notices
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
 from . import _rows as rows
 from ._connection import SUBSCRIBE_WAIT_S, Connection, Notifications, renewal_timeout
@@ -129,7 +129,8 @@ class RedisBackend(contract.LeaseBackend):
 
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
-        one pipeline (one round trip)."""
+        one pipeline (one round trip). The won claims are announced on ``<prefix>_claims``
+        (:meth:`subscribe_claims`) in one message per batch, published without waiting."""
         reqs = list(requests)
         if not reqs:
             return []
@@ -144,10 +145,7 @@ class RedisBackend(contract.LeaseBackend):
         calls = [
             (
                 self._keys.job(reqs[n].job).all() + pauses_key,
-                self._args(
-                    **rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job)),
-                    claims_channel=self._keys.claims_channel,
-                ),
+                self._args(**rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job))),
             )
             for n in sent
         ]
@@ -161,13 +159,16 @@ class RedisBackend(contract.LeaseBackend):
             else:
                 assert answer is not None
                 out.append(rows.claim_outcome(req, answer))
+        # The won claims' notices, one message per batch, sent while the runs start.
+        self._connection.announce(self._keys.claims_channel, rows.notice_messages(won_notices(out)))
         return out
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]
     ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
-        each result is its own script (record, prune, notify)."""
+        each result is its own script (record, prune). The backups hear of the finishes in one
+        message per batch on ``<prefix>_changes``, published without waiting."""
         if not items:
             return []
         calls = [
@@ -182,18 +183,22 @@ class RedisBackend(contract.LeaseBackend):
                     history_size=self.history_size,
                     prune_batch=PRUNE_BATCH,
                     prune_scan=rows.PRUNE_SCAN,
-                    channel=self._keys.channel,
                 ),
             )
             for ticket, status, error in items
         ]
         answers = await self._connection.scripts("finish", calls)
         out: list[Run | BackendError] = []
+        finished: list[tuple[str, str]] = []
         for (ticket, _, _), answer in zip(items, answers, strict=True):
             if isinstance(answer, BackendError):
                 out.append(answer)
-            else:
-                out.append(rows.lost(ticket, answer) or rows.run_row(answer["run"]).to_run())
+                continue
+            lost = rows.lost(ticket, answer)
+            if lost is None:
+                finished.append((ticket.job, ticket.slot_key))
+            out.append(lost or rows.run_row(answer["run"]).to_run())
+        self._connection.announce(self._keys.channel, rows.change_messages(finished))
         return out
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
@@ -302,8 +307,8 @@ class RedisBackend(contract.LeaseBackend):
             await self._feed.wait_live(SUBSCRIBE_WAIT_S)
 
     async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
-        """Call ``on_claims`` with the notices the claim script publishes on
-        ``<prefix>_claims`` (see ``_keys``), on a subscription of its own. False (and one
+        """Call ``on_claims`` with the notices :meth:`claim` publishes on ``<prefix>_claims``
+        (see ``_keys``), on a subscription of its own. False (and one
         ``claim_notices_refused`` warning) if Redis refuses the subscription (an ACL): the
         scheduler then claims every slot, as without notices."""
         if self._claims_refused:

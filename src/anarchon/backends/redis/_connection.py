@@ -10,6 +10,7 @@ after a failure (``notifications_lost``, ``notifications_resumed``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -46,6 +47,8 @@ DRIVER_RETRIES: Final = 2
 SUBSCRIBE_WAIT_S: Final = 2.0
 # A quiet subscription pings this often, so a dead connection is noticed and re-made.
 PUBSUB_PING_S: Final = 10.0
+# close() lets announcements still being published finish for this long, then cancels them.
+ANNOUNCE_WAIT_S: Final = 0.5
 
 
 async def bounded(aw: Awaitable[T], where: str, timeout_s: float | None = CALL_TIMEOUT_S) -> T:
@@ -118,6 +121,7 @@ class Connection:
         self._client: Client | None = None
         self._scripts: ScriptRunner | None = None
         self._down = False
+        self._announcing: set[asyncio.Future[None]] = set()
 
     @classmethod
     def to_url(cls, url: str) -> Connection:
@@ -200,7 +204,13 @@ class Connection:
             )
 
     async def close(self) -> None:
-        """Forget the client, and close it if this connection made it."""
+        """Let announcements on their way finish (briefly), forget the client, and close it
+        if this connection made it."""
+        announcing, self._announcing = self._announcing, set()
+        if announcing:
+            _, late = await asyncio.wait(announcing, timeout=ANNOUNCE_WAIT_S)
+            for task in late:
+                task.cancel()
         client, self._client, self._scripts = self._client, None, None
         if client is not None and self._given is None:
             from redis.asyncio import Redis
@@ -284,6 +294,31 @@ class Connection:
             out.append(error)
         return out
 
+    def announce(self, channel: str, messages: Sequence[str]) -> None:
+        """PUBLISH ``messages`` on ``channel``, in order, from a task of its own: the caller
+        (a claim or a finish on its way back to the scheduler) does not wait for it. Best
+        effort: a failure is logged at debug level (a lost claim notice costs another instance
+        a losing claim; a lost finish, a backup's check at lease expiry)."""
+        if not messages:
+            return
+        client = self.client()
+
+        async def publish() -> None:
+            try:
+                for message in messages:
+                    await bounded(client.publish(channel, message), self.where)
+            except BackendError as exc:
+                logger.debug(
+                    "announcement on %s not published: %s",
+                    channel,
+                    exc,
+                    extra={"action": "notify"},
+                )
+
+        task = asyncio.ensure_future(publish())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
     async def hget_many(self, keys: Sequence[str], field: str) -> list[Any]:
         """``HGET key field`` for each key, pipelined (one round trip)."""
         client = self.client()
@@ -363,12 +398,18 @@ class Notifications:
 
     @staticmethod
     def _decode_change(data: Any) -> list[ChangeEvent]:
+        """One change (``[job, slot_key, released]``, a script's) or a JSON list of them (a
+        batch of finishes, :func:`encode_changes`)."""
         try:
-            job, slot_key, released = json.loads(text(data))
-        except (ValueError, TypeError):
+            value = json.loads(text(data))
+            items = value if value and isinstance(value[0], list) else [value]
+            events = []
+            for job, slot_key, released in items:
+                events.append(ChangeEvent(str(job), str(slot_key), bool(released)))
+        except (ValueError, TypeError, IndexError, KeyError):
             logger.warning("ignoring a malformed notification %r", data, extra={"action": "notify"})
             return []
-        return [ChangeEvent(str(job), str(slot_key), bool(released))]
+        return events
 
     async def _close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any, Final
 
-from ...backend import ClaimOutcome, ClaimRequest, TakeoverOutcome, TakeoverRequest, Ticket
+from ...backend import (
+    ClaimNotice,
+    ClaimOutcome,
+    ClaimRequest,
+    TakeoverOutcome,
+    TakeoverRequest,
+    Ticket,
+)
 from ...control import PAUSED_TRIGGERS
 from ...errors import LeaseLost
 from ...kit import Run, RunStatus
@@ -28,13 +36,16 @@ from ...kit.lease import (
 )
 
 __all__ = [
+    "ANNOUNCED_PER_MESSAGE",
     "PRUNE_SCAN",
     "RESTART_MARGIN_MS",
     "arguments",
+    "change_messages",
     "claim_fields",
     "claim_outcome",
     "held_fields",
     "lost",
+    "notice_messages",
     "prune_ttl",
     "run_row",
     "runs",
@@ -51,6 +62,9 @@ RESTART_MARGIN_MS: Final = 2_000
 # Pruning looks at most at this many history entries per result, so a finish stays a short
 # script (it prunes at most PRUNE_BATCH slots, as every backend does).
 PRUNE_SCAN: Final = 1_000
+# Claim notices (or finishes) announced per PUBLISH: a burst of 10 000 claims is 20 messages,
+# each far under Redis's 512 MB limit and small enough for every subscriber to read at once.
+ANNOUNCED_PER_MESSAGE: Final = 500
 # The fields of a claim request the claim script reads, under the same names.
 CLAIM_FIELDS: Final = (
     "job",
@@ -181,3 +195,22 @@ def takeover_outcome(req: TakeoverRequest, answer: dict[str, Any]) -> TakeoverOu
     row = run_row(answer["run"]) if "run" in answer else None
     exhausted = answer["status"] == "exhausted"
     return takeover_answer(req, row, int(answer["now"]), exhausted=exhausted)
+
+
+def _chunks(items: Sequence[list[Any]]) -> list[str]:
+    return [
+        json.dumps(items[at : at + ANNOUNCED_PER_MESSAGE], separators=(",", ":"))
+        for at in range(0, len(items), ANNOUNCED_PER_MESSAGE)
+    ]
+
+
+def notice_messages(notices: Sequence[ClaimNotice]) -> list[str]:
+    """Claim notices as ``<prefix>_claims`` messages: JSON lists of ``[job, slot_key,
+    instance, lease_expires_at_ms]`` (:func:`anarchon.kit.feed.decode_notices` reads them)."""
+    return _chunks([[n.job, n.slot_key, n.instance, n.lease_expires_at_ms] for n in notices])
+
+
+def change_messages(finished: Sequence[tuple[str, str]]) -> list[str]:
+    """Finished runs ``(job, slot_key)`` as ``<prefix>_changes`` messages: JSON lists of
+    ``[job, slot_key, false]`` (a script's release or takeover publishes one such triple)."""
+    return _chunks([[job, slot_key, False] for job, slot_key in finished])

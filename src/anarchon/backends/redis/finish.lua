@@ -1,7 +1,8 @@
 -- finish: record the result of the attempt A holds (Backend.finish), then prune the job's
 -- history (the rules of anarchon.kit.lease) and wake the backups.
 -- A: slot_key, attempt, token, fence, status, error (optional), history_ttl_ms (optional),
---    history_size, prune_batch, prune_scan, channel.
+--    history_size, prune_batch, prune_scan, channel (optional: without it the caller announces
+--    the finish itself, one message for a whole batch; see _backend.py).
 local done = current(A.slot_key)
 local row = nil
 if done and done.attempt == A.attempt and done.token == A.token and done.fence == A.fence
@@ -22,7 +23,9 @@ else
   row.lease_expires_at = nil
   save(row)
   redis.call('ZREM', LEASES, row.id)
-  notify(row, false)
+  if A.channel then
+    notify(row, false)
+  end
 end
 
 -- Pruning: whole slots, never this one nor one whose latest attempt runs; those that ended
