@@ -107,14 +107,18 @@ class Coalescer(Generic[In, Out]):
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
         self._tasks: set[asyncio.Future[None]] = set()
 
-    async def submit(self, item: In) -> Out:
-        """Queue ``item`` for the next batch and wait for its result."""
+    def submit(self, item: In) -> asyncio.Future[Out]:
+        """Queue ``item`` for the next batch; await the returned future for its result.
+
+        A plain function returning the future, not a coroutine: in a burst, ten thousand
+        results wait at once, and each coroutine would be one more object for the garbage
+        collector to walk while they wait."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Out] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._flush)
         self._pending.append((item, future))
-        return await future
+        return future
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []

@@ -19,7 +19,7 @@ from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._models import RunStatus, Trigger
-from .backend import OVERLAP, TOO_LATE
+from .backend import OVERLAP, TOO_LATE, ClaimStatus
 from .control import PAUSED
 
 if TYPE_CHECKING:
@@ -167,6 +167,17 @@ class JobMetrics:
         )
 
 
+def _new_job_metrics() -> JobMetrics:
+    """``JobMetrics()`` at zero, its containers made here rather than by the dataclass's
+    default factories: 5 us instead of 7, and 10 000 jobs first run in one burst."""
+    return JobMetrics(
+        slots=dict.fromkeys(SLOT_OUTCOMES, 0),
+        runs=dict.fromkeys(RUN_STATUSES, 0),
+        fire_lag=Histogram(LAG_BUCKETS, [0] * (len(LAG_BUCKETS) + 1)),
+        handler_duration=Histogram(DURATION_BUCKETS, [0] * (len(DURATION_BUCKETS) + 1)),
+    )
+
+
 def jobs_now(
     counters: Counters,
     jobs: Iterable[Job],
@@ -245,7 +256,7 @@ class Counters:
         """The figures of job ``name``, made at zero on first use (event loop only)."""
         figures = self.by_job.get(name)
         if figures is None:
-            figures = self.by_job[name] = JobMetrics()
+            figures = self.by_job[name] = _new_job_metrics()
         return figures
 
     def count(self, job: str, name: JobCounter) -> None:
@@ -270,8 +281,6 @@ class Counters:
     def claim_answered(self, outcome: ClaimOutcome, instance: str) -> None:
         """Count a slot's outcome from a claim's answer: won (``ran``), or skipped when the skip
         record is this instance's (each slot is then counted once over every instance)."""
-        from .backend import ClaimStatus
-
         run = outcome.run
         if run.trigger not in _SLOT_TRIGGERS:
             return

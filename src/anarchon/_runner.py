@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -71,6 +71,16 @@ class ActiveRun:
     renew_at: int = 0
     deadline: int = 0
     kept: bool = False
+    registry: dict[str, ActiveRun] | None = field(default=None, repr=False)
+    """The executor's runs in progress, which this run leaves when its task is done."""
+
+    def ended(self, _task: asyncio.Future[None]) -> None:
+        """The run's task is done (a done callback): leave the executor's runs in progress.
+
+        A bound method rather than a closure: one object per run instead of four (function,
+        cells), and ten thousand runs of one slot are all alive at once."""
+        if self.registry is not None:
+            self.registry.pop(self.ticket.run_id, None)
 
     def set_deadline(self, deadline: int) -> None:
         """The lease surely ends at ``deadline`` (monotonic ms) unless renewed; any thread."""
@@ -100,11 +110,14 @@ class RunExecutor:
     # is recorded again (see _finish_failed), with the retries in between counted.
     _finish_outage: bool = field(default=False, init=False)
     _finish_retries: int = field(default=0, init=False)
+    _monotonic_ms: Callable[[], int] = field(init=False)
 
     def __post_init__(self) -> None:
         self._results = Coalescer(
             self.backend.finish_many, lambda item: item[0].job, "recording the result"
         )
+        # One bound method for every run's context, not one made per run.
+        self._monotonic_ms = self.clock.monotonic_ms
 
     def start(
         self, job: Job, ticket: Ticket, *, reserved: bool = False, sent_ms: int | None = None
@@ -123,10 +136,10 @@ class RunExecutor:
             fence=ticket.fence,
             trigger=ticket.trigger,
             instance=ticket.instance,
-            monotonic_ms=self.clock.monotonic_ms,
+            monotonic_ms=self._monotonic_ms,
             retry=retry_number(ticket.slot_key),
         )
-        active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved)
+        active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved, registry=self.active)
         if ticket.lease_expires_at_ms is not None:
             sent = sent_ms if sent_ms is not None else self.clock.monotonic_ms()
             active.set_deadline(sent + _lease_left(ticket))
@@ -135,7 +148,7 @@ class RunExecutor:
             otel.traced_run(active, self._execute(active)),
             name=f"anarchon run of {job.name} ({ticket.run_id[:8]})",
         )
-        active.task.add_done_callback(lambda _t: self.active.pop(ticket.run_id, None))
+        active.task.add_done_callback(active.ended)
         return active
 
     def running(self, task: asyncio.Task[Any] | None) -> ActiveRun | None:
@@ -170,7 +183,7 @@ class RunExecutor:
             await self._release(active)
             return None
         leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
-        if leased and not await self._fresh_lease(active):
+        if leased and not _fresh(ticket) and not await self._fresh_lease(active):
             return None
         if logger.isEnabledFor(logging.INFO):
             _log(
@@ -234,7 +247,7 @@ class RunExecutor:
         renew at once; if the backend says the lease is lost, do not start the handler.
         """
         ticket = active.ticket
-        if _lease_left(ticket) > ticket.lease_ms // 3:
+        if _fresh(ticket):
             return True
         assert isinstance(self.backend, LeaseBackend)
         started = self.clock.monotonic_ms()
@@ -278,7 +291,12 @@ class RunExecutor:
         self.counters.handler_started(active.ticket, self.clock.now_ms())
         began = self.clock.monotonic_ms()
         try:
-            if active.job.is_async:
+            job = active.job
+            if job.is_async and job.timeout_ms is None:
+                # The common case, without a coroutine of its own (see _run_async).
+                await job.handler(active.ctx)
+                return RunStatus.SUCCEEDED, None, None
+            if job.is_async:
                 return await self._run_async(active)
             return await self._run_thread(active)
         except asyncio.CancelledError:
@@ -389,7 +407,8 @@ class RunExecutor:
         self, active: ActiveRun, status: RunStatus, error: str | None, exc: BaseException | None
     ) -> Run | None:
         ticket = active.ticket
-        for delay in backoff():
+        delays: Iterator[float] | None = None  # made on the first failure: rare
+        while True:
             try:
                 run = await self._results.submit(FinishRequest(ticket, status, error))
             except LeaseLost as refused:
@@ -409,7 +428,8 @@ class RunExecutor:
                 return None
             except BackendUnavailable as unavailable:
                 self._finish_failed(ticket, unavailable)
-                await self.clock.sleep(delay)
+                delays = delays or backoff()
+                await self.clock.sleep(next(delays))
                 continue
             except BackendError as broken:  # refused for good (logged with its traceback)
                 self.counters.result_errors += 1
@@ -452,7 +472,6 @@ class RunExecutor:
                     exc_info=exc,
                 )
             return run
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _finish_failed(self, ticket: Ticket, error: BackendUnavailable) -> None:
         """Recording ``ticket``'s result failed on an unavailable backend: one WARNING per
@@ -580,6 +599,11 @@ async def _all_or_sleep(
     finally:
         sleeper.cancel()
         waiter.cancel()
+
+
+def _fresh(ticket: Ticket) -> bool:
+    """More than a third of the lease was left when the backend answered."""
+    return _lease_left(ticket) > ticket.lease_ms // 3
 
 
 def _lease_left(ticket: Ticket) -> int:
