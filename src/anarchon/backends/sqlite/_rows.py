@@ -6,7 +6,6 @@ import sqlite3
 from dataclasses import fields
 from typing import Any, Final
 
-from ...backend import Ticket
 from ...control import Pause, RunRequest
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
@@ -77,13 +76,6 @@ class SQLiteRows:
     def add_event(self, job: str, slot_key: str, released: bool, now: int) -> None:
         """Record a release or a result for the other processes' pollers."""
         self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
-
-    def add_claimed(self, ticket: Ticket, now: int) -> None:
-        """Record a won claim (a claim notice) for the other processes' pollers."""
-        self.conn.execute(
-            Q["add_claimed"],
-            (ticket.job, ticket.slot_key, ticket.instance, ticket.lease_expires_at_ms, now),
-        )
 
 
 # The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
