@@ -266,6 +266,10 @@ SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses WHERE job IN (?, '*'
 -- name: all_pauses
 SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses;
 
+-- name: some_pauses
+-- A claim transaction's pauses, read once when there are few (see SQLiteRows.pauses).
+SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses LIMIT ?;
+
 -- name: set_pause
 INSERT INTO anarchon_pauses (job, paused_by, at_ms, until_ms)
 VALUES (:job, :by, :at_ms, :until_ms)
