@@ -659,6 +659,8 @@ class Scheduler(Operations):
         slot = job.schedule.next_slot(after_ms)
         # The rank delay (or, unranked, a random jitter): see _rendezvous.
         plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
+        if plan.delay_ms and plan.kind is not Kind.PREFERRED:
+            self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
         self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
 
     def _on_due(self, batch: list[Due]) -> None:

@@ -556,6 +556,13 @@ class Backend(abc.ABC):
         never a run. :class:`anarchon.kit.feed.ChangeFeed` can keep the listeners."""
         return False
 
+    def expect_claims(self, start_ms: int, end_ms: int) -> None:  # noqa: B027 - optional hook
+        """A hint, called on the scheduler's event loop: from ``start_ms`` to ``end_ms`` (wall
+        clock, epoch ms) this instance waits to claim a slot that another instance may win
+        first (a backup's rank delay), so claim notices are wanted quickly then. A backend
+        that polls for notices can poll fast only inside such windows; the default ignores
+        the hint."""
+
     def registry(self) -> RegistryStore | None:
         """Return where this backend keeps the registry of instances and job definitions
         (:mod:`anarchon.registry`), on its own connection; None (the default) if it has none."""

@@ -13,7 +13,8 @@ import pytest
 from anarchon import BackendError, RunStatus, SQLiteBackend, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus
 from anarchon.backends.sqlite import _queries as sqlite_queries
-from anarchon.control import Pause, RunRequest
+from anarchon.backends.sqlite._rows import PAUSES_READ_AT_ONCE
+from anarchon.control import ALL_JOBS, Pause, RunRequest
 
 SLOT = 1_800_000_000_000
 
@@ -99,6 +100,27 @@ async def test_a_pause_holds_another_processes_next_claim(tmp_path: Path) -> Non
     assert won.status is ClaimStatus.WON
     await operator.stop()
     await worker.stop()
+
+
+@pytest.mark.parametrize("others", [0, PAUSES_READ_AT_ONCE + 1])
+async def test_a_batch_obeys_each_jobs_pause_and_the_clusters(tmp_path: Path, others: int) -> None:
+    """A batch reads the pauses once when there are few, one job at a time when there are
+    many: the same answers either way, the cluster-wide pause included."""
+    backend = SQLiteBackend(tmp_path / "b.db")
+    await backend.start()
+    store = backend.control()
+    now = await backend.server_time_ms()
+    assert now is not None
+    for n in range(others):
+        await store.pause(Pause(job=f"other{n}", by="ops", at_ms=now))
+    await store.pause(Pause(job="held", by="alice@ops", at_ms=now))
+    first = await backend.claim([claim("held"), claim("free"), claim("held2")])
+    assert [o.status for o in first] == [ClaimStatus.SKIPPED, ClaimStatus.WON, ClaimStatus.WON]
+    assert first[0].run.reason == "paused by alice@ops"
+    await store.pause(Pause(job=ALL_JOBS, by="bob@ops", at_ms=now))
+    second = await backend.claim([claim("free", SLOT + 1000), claim("new", SLOT + 1000)])
+    assert [o.status for o in second] == [ClaimStatus.SKIPPED] * 2
+    await backend.stop()
 
 
 async def test_reads_without_the_tables_answer_empty_and_create_nothing(tmp_path: Path) -> None:

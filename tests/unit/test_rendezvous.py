@@ -138,6 +138,10 @@ class CountingBackend(MemoryBackend):
     def __init__(self) -> None:
         super().__init__()
         self.calls: collections.Counter[int] = collections.Counter()
+        self.windows: list[tuple[int, int]] = []
+
+    def expect_claims(self, start_ms: int, end_ms: int) -> None:
+        self.windows.append((start_ms, end_ms))
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         for request in requests:
@@ -173,6 +177,7 @@ class Figures:
     per_slot: float
     runs: list[int]
     heard: int
+    windows: list[tuple[int, int]]
 
 
 async def _fleet(size: int, *, ghost: bool = False, seconds: float = 6.0) -> Figures:
@@ -206,7 +211,8 @@ async def _fleet(size: int, *, ghost: bool = False, seconds: float = 6.0) -> Fig
     slots = [s for s in backend.calls if started + 1_500 <= s <= started + (seconds - 1) * 1000]
     heard = sum(s.metrics().claims_heard for s in schedulers)
     per_slot = sum(backend.calls[s] for s in slots) / len(slots)
-    return Figures(slots, per_slot, [runs[s] for s in slots], heard)
+    windows = [w for w in backend.windows if w[0] in slots]
+    return Figures(slots, per_slot, [runs[s] for s in slots], heard, windows)
 
 
 @pytest.mark.parametrize("size", [3, 10, 30])
@@ -216,6 +222,20 @@ async def test_a_healthy_fleet_makes_about_one_claim_per_slot(size: int) -> None
     assert figures.runs == [1] * len(figures.slots)
     assert figures.per_slot <= 1.2, figures
     assert figures.heard, figures
+
+
+async def test_backups_tell_the_backend_when_they_wait_for_a_notice() -> None:
+    """Every slot has one preferred instance, which expects no notice; each backup expects
+    one from the slot until its rank delay is over (jitter 600 ms: 300 ms, then 450 ms)."""
+    figures = await _fleet(3)
+    by_slot: dict[int, list[int]] = collections.defaultdict(list)
+    for start, end in figures.windows:
+        by_slot[start].append(end - start)
+    assert sorted(by_slot) == sorted(figures.slots), figures
+    assert all(0 < n <= 600 for lengths in by_slot.values() for n in lengths), by_slot
+    # A view gone stale on a loaded host makes a slot unranked (random delays): allow one in 5.
+    ranked = [lengths for lengths in by_slot.values() if sorted(lengths) == [300, 450]]
+    assert len(ranked) >= 0.8 * len(by_slot), by_slot
 
 
 async def test_a_dead_preferred_instance_costs_its_slots_a_rank_delay_not_a_run(

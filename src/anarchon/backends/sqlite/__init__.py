@@ -4,7 +4,8 @@ The file is opened in WAL mode with a busy timeout; every decision is one short
 ``BEGIN IMMEDIATE`` transaction, so exactly one process wins each slot. SQLite cannot notify
 other processes, so each release and result is also written to an events table that every
 process polls once every 200 ms (``EVENTS_POLL_MS``; one small read, however many runs it
-watches) to wake its backups.
+watches) to wake its backups; the same poll reads the claims won since (claim notices), every
+50 ms while a backup waits its rank delay.
 
 The backend's clock (lease expiry, fences, the times in history, :meth:`server_time_ms`) is the
 host's wall clock *anchored* once per boot: ``anchor_wall + (boot clock now - anchor_boot)``,

@@ -17,16 +17,10 @@ from ...errors import BackendError, LeaseLost
 from ...kit import Run
 from ...kit import lease as rules
 from ...kit.feed import ChangeFeed
+from ._changes import Changes
 from ._connection import Connection
 from ._control import SQLiteControl
-from ._options import (
-    CLAIMED_POLL_MS,
-    DEFAULT_PATH,
-    ENV_PATH,
-    EVENTS_POLL_MS,
-    Options,
-    parse_url,
-)
+from ._options import DEFAULT_PATH, ENV_PATH, EVENTS_POLL_MS, Options, parse_url
 from ._queries import Q
 from ._registry import SQLiteRegistry
 from ._rows import SQLiteRows, row_of
@@ -65,7 +59,7 @@ class SQLiteBackend(contract.LeaseBackend):
             self.path, busy_timeout_ms=self._options.busy_timeout_ms, history_size=self.history_size
         )
         self._feed = ChangeFeed(self.name)
-        self._claims_feed = ChangeFeed(self.name)
+        self._changes = Changes(self._db)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteBackend:
@@ -108,7 +102,7 @@ class SQLiteBackend(contract.LeaseBackend):
     async def stop(self) -> None:
         """Stop polling events and claim notices, and close the file."""
         await self._feed.stop()
-        await self._claims_feed.stop()
+        self._changes.forget()
         await self._db.close()
 
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
@@ -116,18 +110,12 @@ class SQLiteBackend(contract.LeaseBackend):
         request decided on its own."""
         reqs = list(requests)
 
-        def decide(rows: SQLiteRows, req: contract.ClaimRequest, now: int) -> contract.ClaimOutcome:
-            outcome = rules.claim(rows, req, now)
-            if outcome.status is contract.ClaimStatus.WON and outcome.ticket is not None:
-                rows.add_claimed(outcome.ticket, now)  # a claim notice, in the same transaction
-            return outcome
-
-        def work(conn: sqlite3.Connection) -> list[contract.ClaimOutcome]:
-            out = self._db.write_each(conn, reqs, decide, rules.refused_outcome)
-            self._db.prune_events(conn)
-            return out
-
-        return await self._db.call(work)
+        # The won claims' rows are also their notices (see _changes). Events are pruned by
+        # finish_many, never here: one more transaction, and wait for the lock, before the
+        # winner's handlers start.
+        return await self._db.call(
+            lambda conn: self._db.write_each(conn, reqs, rules.claim, rules.refused_outcome)
+        )
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]
@@ -260,25 +248,30 @@ class SQLiteBackend(contract.LeaseBackend):
         releases and results to ``on_change``; events written before this call are not
         reported. A listener that raises is logged and the others still hear of it."""
         self._feed.add(on_change)
-        if not self._feed.running:
-            since = await self._db.call(lambda c: int(c.execute(Q["last_event"]).fetchone()[0]))
-            self._feed.start(
-                self._db.events_after(since), retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
-            )
+        await self._changes.follow_events()
+        self._poll()
 
     async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
-        """Poll the claim notices (``anarchon_claimed``, written in each claim's transaction)
-        every :data:`~._options.CLAIMED_POLL_MS` while subscribed; notices written before this
-        call are not reported."""
-        self._claims_feed.add_claims(on_claims)
-        if not self._claims_feed.running:
-            since = await self._db.call(lambda c: int(c.execute(Q["last_claimed"]).fetchone()[0]))
-            self._claims_feed.start(
-                self._db.claimed_after(since),
-                retry_s=CLAIMED_POLL_MS / 1000,
-                errors=(BackendError,),
-            )
+        """Report the claims won from now on (the first attempts recorded in ``anarchon_runs``),
+        polled with the events: every :data:`~._options.EVENTS_POLL_MS`, and every
+        :data:`~._options.CLAIMED_POLL_MS` inside the windows given to :meth:`expect_claims`."""
+        self._feed.add_claims(on_claims)
+        await self._changes.follow_claims()
+        self._poll()
         return True
+
+    def expect_claims(self, start_ms: int, end_ms: int) -> None:
+        """See :meth:`anarchon.backend.Backend.expect_claims`: claim notices are polled every
+        :data:`~._options.CLAIMED_POLL_MS` in this window, not every
+        :data:`~._options.EVENTS_POLL_MS`."""
+        self._changes.expect(start_ms, end_ms)
+
+    def _poll(self) -> None:
+        """Start the one poller of events and claim notices (once)."""
+        if not self._feed.running:
+            self._feed.start(
+                self._changes.next, retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
+            )
 
     def registry(self) -> SQLiteRegistry:
         """The registry, in a table of its own in this file (see ``_registry``)."""

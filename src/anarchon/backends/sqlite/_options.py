@@ -13,6 +13,8 @@ from ...kit.urls import int_option, ms_option, redact_url, split_url
 
 __all__ = [
     "BUSY_TIMEOUT",
+    "BUSY_WAIT_FIRST_S",
+    "BUSY_WAIT_MAX_S",
     "CLAIMED_POLL_MS",
     "DEFAULT_PATH",
     "ENV_PATH",
@@ -26,15 +28,21 @@ __all__ = [
 ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
 BUSY_TIMEOUT: Final = Bound(0, 3_600_000, ms=True)
+# A write transaction that finds another process's under way tries again after these waits
+# (doubling): a claim's transaction holds the lock for about a millisecond, and SQLite's own
+# busy handler would sleep 1, 2, 5, 10 ... ms (see Connection._begin).
+BUSY_WAIT_FIRST_S: Final = 0.000_25
+BUSY_WAIT_MAX_S: Final = 0.002
 # How often each process reads the events table; a hand-over is noticed within this.
 EVENTS_POLL_MS: Final = 200
 # Events are kept this long: far longer than a poll interval, so none is missed; the table is
 # trimmed at most this often.
 EVENTS_KEEP_MS: Final = 60_000
 EVENTS_PRUNE_EVERY_MS: Final = 10_000
-# How often a process with a claim listener reads the claim notices (anarchon_claimed): a
-# notice must beat the next rank's delay, so this is far shorter than EVENTS_POLL_MS. Notices
-# are kept and trimmed like the events.
+# How often a process reads the claim notices (the won first attempts in anarchon_runs) while
+# it waits on one (SQLiteBackend.expect_claims: a backup's rank delay): a notice must beat the
+# next rank's delay, so this is far shorter than EVENTS_POLL_MS. Outside those windows the
+# notices are read with the events: 20 reads a second cost an idle process ~1 % of a core.
 CLAIMED_POLL_MS: Final = 50
 _OWNER: Final = "SQLiteBackend"
 

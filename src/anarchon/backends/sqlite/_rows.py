@@ -6,8 +6,7 @@ import sqlite3
 from dataclasses import fields
 from typing import Any, Final
 
-from ...backend import Ticket
-from ...control import Pause, RunRequest
+from ...control import ALL_JOBS, Pause, RunRequest
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
 
@@ -16,6 +15,9 @@ __all__ = ["SQLiteRows", "pause_of", "request_of", "row_of"]
 # The columns of anarchon_pauses and anarchon_requests, in the order the queries select them.
 _PAUSE_FIELDS: Final = tuple(f.name for f in fields(Pause))
 _REQUEST_FIELDS: Final = tuple(f.name for f in fields(RunRequest))
+# A transaction reads every pause once when there are at most this many (usually there is
+# none), instead of one lookup per claim of a batch.
+PAUSES_READ_AT_ONCE: Final = 64
 
 
 class SQLiteRows:
@@ -24,6 +26,8 @@ class SQLiteRows:
     def __init__(self, conn: sqlite3.Connection, history_size: int) -> None:
         self.conn = conn
         self.history_size = history_size
+        self._pauses: list[Pause] | None = None
+        self._many_pauses = False
 
     def current(self, job: str, slot_key: str) -> RunRow | None:
         """See :meth:`~anarchon.kit.lease.RowStore.current`."""
@@ -51,8 +55,18 @@ class SQLiteRows:
         return None if found is None or found[0] is None else int(found[0])
 
     def pauses(self, job: str) -> list[Pause]:
-        """See :meth:`~anarchon.kit.lease.RowStore.pauses`: one lookup by primary key, in the
-        claim's own transaction."""
+        """See :meth:`~anarchon.kit.lease.RowStore.pauses`, in the claim's own transaction: all
+        of them read once per transaction when there are at most :data:`PAUSES_READ_AT_ONCE`
+        (nothing writes pauses inside a claim's transaction), else one lookup by primary key
+        per claim."""
+        if self._pauses is None and not self._many_pauses:
+            found = self.conn.execute(Q["some_pauses"], (PAUSES_READ_AT_ONCE + 1,)).fetchall()
+            if len(found) <= PAUSES_READ_AT_ONCE:
+                self._pauses = [pause_of(values) for values in found]
+            else:
+                self._many_pauses = True
+        if self._pauses is not None:
+            return [p for p in self._pauses if p.job in (job, ALL_JOBS)]
         return [pause_of(values) for values in self.conn.execute(Q["job_pauses"], (job,))]
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
@@ -77,13 +91,6 @@ class SQLiteRows:
     def add_event(self, job: str, slot_key: str, released: bool, now: int) -> None:
         """Record a release or a result for the other processes' pollers."""
         self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
-
-    def add_claimed(self, ticket: Ticket, now: int) -> None:
-        """Record a won claim (a claim notice) for the other processes' pollers."""
-        self.conn.execute(
-            Q["add_claimed"],
-            (ticket.job, ticket.slot_key, ticket.instance, ticket.lease_expires_at_ms, now),
-        )
 
 
 # The columns the row queries answer, in this order: the lease rules' RunRow, field by field.

@@ -203,19 +203,20 @@ SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY 
 -- name: prune_events
 DELETE FROM anarchon_events WHERE at < ?;
 
--- name: add_claimed
-INSERT INTO anarchon_claimed (job, slot_key, instance, lease_expires_at, at)
-VALUES (?, ?, ?, ?, ?);
+-- Claim notices (Backend.subscribe_claims) are the won first attempts recorded in
+-- anarchon_runs, read by rowid: a new row's rowid is above every row committed before it,
+-- unless the newest rows were deleted (a pruned skipped slot, a VACUUM) and their rowids are
+-- given again; the poller then misses a notice, which costs one losing claim, never a run.
+-- anarchon_claimed (schema 6) is no longer written or read.
 
--- name: last_claimed
-SELECT coalesce(max(seq), 0) FROM anarchon_claimed;
+-- name: last_run_rowid
+SELECT coalesce(max(rowid), 0) FROM anarchon_runs;
 
--- name: claimed_since
-SELECT seq, job, slot_key, instance, lease_expires_at FROM anarchon_claimed
-WHERE seq > ? ORDER BY seq LIMIT 5000;
-
--- name: prune_claimed
-DELETE FROM anarchon_claimed WHERE at < ?;
+-- name: runs_since
+-- Every row added after the last one seen, so the cursor moves past the ones that are no
+-- notice (skipped slots, later attempts); the poller keeps won first attempts.
+SELECT rowid, job, slot_key, instance, lease_expires_at, attempt, status FROM anarchon_runs
+WHERE rowid > ? ORDER BY rowid LIMIT 5000;
 
 -- Pruning (see anarchon.kit.lease): whole slots, never the slot being finished,
 -- never one whose latest attempt runs; a slot is represented by its attempt 1.
@@ -264,6 +265,10 @@ SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses WHERE job IN (?, '*'
 
 -- name: all_pauses
 SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses;
+
+-- name: some_pauses
+-- A claim transaction's pauses, read once when there are few (see SQLiteRows.pauses).
+SELECT job, paused_by, at_ms, until_ms FROM anarchon_pauses LIMIT ?;
 
 -- name: set_pause
 INSERT INTO anarchon_pauses (job, paused_by, at_ms, until_ms)
