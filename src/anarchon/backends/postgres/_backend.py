@@ -67,7 +67,7 @@ class PostgresBackend(contract.LeaseBackend):
     :param timeout_ms: the longest one call may take, waiting for a connection included, before
         it fails with :class:`~anarchon.errors.BackendUnavailable`.
     :param max_connections: size of the pool the backend opens on ``dsn``.
-    :param prepared_statements: let psycopg prepare statements it runs often (faster). Turn it
+    :param prepared_statements: prepare statements on the server (faster). Turn it
         off behind PgBouncer in transaction mode before 1.21, which cannot route them.
     """
 

@@ -347,7 +347,9 @@ class Connections:
     ) -> Rows:
         """The rows of one statement on ``conn``; its isolation level changes nothing."""
         async with _atomic(conn):
-            cur = await self._run(conn, query, params, prepare=self.options.prepare, binary=False)
+            cur = await self._run(
+                conn, query, params, prepare=self.options.prepare_at_once, binary=False
+            )
             return await cur.fetchall()
 
     async def _run(
@@ -464,7 +466,7 @@ class Connections:
         if not conn.autocommit or not AsyncPipeline.is_supported():
             return [None] * len(groups)
         q = self._queries
-        prepare = self.options.prepare
+        prepare, at_once = self.options.prepare, self.options.prepare_at_once
         cursors: list[list[Any]] = []
         try:
             async with conn.pipeline():
@@ -474,7 +476,7 @@ class Connections:
                         await conn.execute(statement, values, prepare=prepare)
                     group: list[Any] = []
                     for params in runs:
-                        group.append(await self._run(conn, query, params, prepare=prepare))
+                        group.append(await self._run(conn, query, params, prepare=at_once))
                     await conn.execute(q["commit"], prepare=prepare)
                     cursors.append(group)
                     if after is not None:
