@@ -79,6 +79,31 @@ async def test_a_pause_stored_elsewhere_holds_within_the_cache_time(make: Make) 
     assert after.status is ClaimStatus.WON
 
 
+async def test_a_batch_reads_only_the_pauses_the_bucket_lists(make: Make) -> None:
+    # A burst of many jobs lists the bucket's pause keys once instead of reading each job's.
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    pause = Pause(job="j7", by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    await operator.control().pause(Pause(job="resumed", by="ops", at_ms=pause.at_ms))
+    assert await operator.control().resume("resumed") is not None
+    control = runner.control()
+    reads: list[str] = []
+    read_pause = control._read_pause
+
+    async def counted(kv: Any, job: str) -> Any:
+        reads.append(job)
+        return await read_pause(kv, job)
+
+    control._read_pause = counted  # type: ignore[method-assign]
+    jobs = [f"j{n}" for n in range(300)] + ["resumed"]
+    outcomes = await runner.claim([request(job=job) for job in jobs])
+    by_job = {o.run.job: o.status for o in outcomes}
+    assert by_job.pop("j7") is ClaimStatus.SKIPPED
+    assert set(by_job.values()) == {ClaimStatus.WON}
+    assert sorted(reads) == ["j7", "resumed"], reads  # a resumed pause's key reads as none
+
+
 async def test_a_paused_slot_claimed_before_the_pause_keeps_its_run(make: Make) -> None:
     backend: NatsBackend = await make()
     [won] = await backend.claim([request()])

@@ -14,6 +14,7 @@ import pytest
 
 from anarchon import InvalidJobName, InvalidOption, LeaseLost, Overlap, RunStatus, Trigger
 from anarchon.backend import (
+    ClaimNotice,
     ClaimRequest,
     ClaimStatus,
     FinishRequest,
@@ -386,3 +387,29 @@ async def test_one_failing_call_of_a_batch_fails_alone(make: Make, prefix: str) 
         [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets]
     )
     assert [getattr(r, "status", None) for r in results] == [RunStatus.SUCCEEDED] * 2
+
+
+async def test_finishes_and_claim_notices_reach_the_others_alone_and_in_batches(
+    make: Make,
+) -> None:
+    # A claim or result sent alone is announced by its script; a batch's, in one message the
+    # instance publishes after it. Either way every listener hears each one.
+    runner, listener = await make(), await make()
+    changes: list[tuple[str, str, bool]] = []
+    notices: list[ClaimNotice] = []
+    await listener.subscribe(lambda job, key, released: changes.append((job, key, released)))
+    assert await listener.subscribe_claims(notices.extend)
+    alone = await runner.claim([claim_request("alone")])
+    batch = await runner.claim([claim_request(f"b{n}") for n in range(3)])
+    tickets = [o.ticket for o in alone + batch if o.ticket is not None]
+    assert len(tickets) == 4
+    await runner.finish_many([FinishRequest(tickets[0], RunStatus.SUCCEEDED, None)])
+    await runner.finish_many([FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets[1:]])
+    for _ in range(200):
+        if len(changes) == 4 and len(notices) == 4:
+            break
+        await asyncio.sleep(0.05)
+    expected = sorted((t.job, t.slot_key) for t in tickets)
+    assert sorted((n.job, n.slot_key) for n in notices) == expected, notices
+    assert sorted(changes) == sorted((job, key, False) for job, key in expected), changes
+    assert all(n.instance == "i1" and n.lease_expires_at_ms for n in notices), notices

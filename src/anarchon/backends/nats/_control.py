@@ -18,12 +18,13 @@ What is atomic here and what is not:
 * removing a request purges its key's subject: one step, and it leaves no tombstone behind;
 * listing requests lists the keys, then reads each: a snapshot, not one step;
 * **the claim's pause check is not atomic with the claim.** JetStream's de-duplication decides
-  the claim, and it cannot read the bucket. Before it publishes a claim, an instance reads the
-  job's and ``*``'s pauses (each remembered for at most :data:`PAUSE_CACHE_S`; a write through
-  this backend object updates them at once) and, if one holds on its own clock, publishes a skip
-  record instead. A pause stored while another instance's claim is already past that check (or
-  within that instance's cache time) does not stop that claim: a pause takes effect within about
-  a second, not at an instant.
+  the claim, and it cannot read the bucket. Before it publishes a claim, an instance lists the
+  bucket's pause keys (from the bucket's stream info: one request for any number of jobs) and
+  reads the job's and ``*``'s pauses among them (the list and each pause remembered for at most
+  :data:`PAUSE_CACHE_S`; a write through this backend object updates them at once) and, if one
+  holds on its own clock, publishes a skip record instead. A pause stored while another
+  instance's claim is already past that check (or within that instance's cache time) does not
+  stop that claim: a pause takes effect within about a second, not at an instant.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class NatsControl:
         self._absent_until = 0.0  # loop time until which a missing bucket is believed missing
         self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._cache: dict[str, tuple[float, Pause | None]] = {}
+        # Until when (loop time) the listed pause keys are trusted, and the keys.
+        self._listed: tuple[float, set[str]] | None = None
         self._loading: dict[str, asyncio.Future[Pause | None]] = {}
         self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._quiet_until = 0.0
@@ -139,10 +142,11 @@ class NatsControl:
         """See :meth:`anarchon.control.ControlStore.pause`."""
         kv = await self._open(create=True)
         assert kv is not None
-        await self._bounded(
-            kv.put(self._pause_key(pause.job), pause.to_json().encode()), "storing a pause"
-        )
+        key = self._pause_key(pause.job)
+        await self._bounded(kv.put(key, pause.to_json().encode()), "storing a pause")
         self._remember(pause.job, pause)
+        if self._listed is not None:
+            self._listed[1].add(key)
 
     async def _read_pause(self, kv: KeyValue, job: str) -> tuple[Pause | None, int]:
         from nats.js.errors import NotFoundError
@@ -198,19 +202,26 @@ class NatsControl:
         """The pause that holds each of ``jobs`` at ``now_ms`` (this instance's clock), for the
         jobs one holds: the job's own, else the whole cluster's. Each is read from the bucket
         at most every :data:`PAUSE_CACHE_S`; nothing is read while the bucket is known not to
-        exist. A permanent failure to read (a user not allowed to read the bucket) is logged
-        and answers no pause; a transient one raises BackendUnavailable."""
+        exist. Only the pauses the bucket lists (its stream info: one request for any number of
+        jobs, at most every :data:`PAUSE_CACHE_S`) are read. A permanent failure to read (a user
+        not allowed to read the bucket) is logged and answers no pause; a transient one raises
+        BackendUnavailable."""
         try:
-            found = await self._read_cached([*jobs, ALL_JOBS])
+            listed = await self._pause_keys()
+            names = [n for n in (*jobs, ALL_JOBS) if self._pause_key(n) in listed]
+            found = await self._read_cached(names) if names else {}
         except BackendUnavailable:
             raise
         except BackendError as exc:
             self._warn_unreadable(exc)
             return {}
+        if not any(found.values()):
+            return {}
         held = {}
+        every = found.get(ALL_JOBS)
         for job in jobs:
             pause = active_pause(
-                [p for p in (found[job], found[ALL_JOBS]) if p is not None],
+                [p for p in (found.get(job), every) if p is not None],
                 job,
                 Trigger.SCHEDULE,
                 now_ms,
@@ -218,6 +229,19 @@ class NatsControl:
             if pause is not None:
                 held[job] = pause
         return held
+
+    async def _pause_keys(self) -> set[str]:
+        """The keys of the pauses stored in the bucket (a resumed pause's key stays listed, its
+        delete marker read as no pause), listed at most every :data:`PAUSE_CACHE_S`; none while
+        the bucket does not exist."""
+        loop = asyncio.get_running_loop()
+        listed = self._listed
+        if listed is not None and loop.time() < listed[0]:
+            return listed[1]
+        kv = await self._open(create=False)
+        keys = set() if kv is None else set(await self._keys(kv, "p"))
+        self._listed = (loop.time() + PAUSE_CACHE_S, keys)
+        return keys
 
     def _warn_unreadable(self, exc: BackendError) -> None:
         loop = asyncio.get_running_loop()

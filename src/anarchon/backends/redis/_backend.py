@@ -130,7 +130,8 @@ class RedisBackend(contract.LeaseBackend):
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
         one pipeline (one round trip). The won claims are announced on ``<prefix>_claims``
-        (:meth:`subscribe_claims`) in one message per batch, published without waiting."""
+        (:meth:`subscribe_claims`): a claim alone by its script, a batch in one message per
+        500 claims, published without waiting."""
         reqs = list(requests)
         if not reqs:
             return []
@@ -142,10 +143,16 @@ class RedisBackend(contract.LeaseBackend):
             # The pauses live in another cluster slot than the jobs' keys: read them first.
             pauses_key = []
             held = await self.control().held([reqs[n].job for n in sent])
+        # One claim announces itself from its script (no extra command); a batch is announced
+        # by one message after it (Connection.announce).
+        alone = self._keys.claims_channel if len(sent) == 1 else None
         calls = [
             (
                 self._keys.job(reqs[n].job).all() + pauses_key,
-                self._args(**rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job))),
+                self._args(
+                    **rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job)),
+                    claims_channel=alone,
+                ),
             )
             for n in sent
         ]
@@ -159,18 +166,23 @@ class RedisBackend(contract.LeaseBackend):
             else:
                 assert answer is not None
                 out.append(rows.claim_outcome(req, answer))
-        # The won claims' notices, one message per batch, sent while the runs start.
-        self._connection.announce(self._keys.claims_channel, rows.notice_messages(won_notices(out)))
+        if len(sent) > 1:
+            # The won claims' notices, one message per batch, sent while the runs start.
+            notices = rows.notice_messages(won_notices(out))
+            self._connection.announce(self._keys.claims_channel, notices)
         return out
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]
     ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
-        each result is its own script (record, prune). The backups hear of the finishes in one
-        message per batch on ``<prefix>_changes``, published without waiting."""
+        each result is its own script (record, prune). The backups hear of the finishes on
+        ``<prefix>_changes``: a result alone from its script, a batch in one message per 500
+        results, published without waiting."""
         if not items:
             return []
+        # One result announces itself from its script; a batch, by one message after it.
+        alone = self._keys.channel if len(items) == 1 else None
         calls = [
             (
                 self._keys.job(ticket.job).all(),
@@ -183,6 +195,7 @@ class RedisBackend(contract.LeaseBackend):
                     history_size=self.history_size,
                     prune_batch=PRUNE_BATCH,
                     prune_scan=rows.PRUNE_SCAN,
+                    channel=alone,
                 ),
             )
             for ticket, status, error in items
@@ -198,7 +211,8 @@ class RedisBackend(contract.LeaseBackend):
             if lost is None:
                 finished.append((ticket.job, ticket.slot_key))
             out.append(lost or rows.run_row(answer["run"]).to_run())
-        self._connection.announce(self._keys.channel, rows.change_messages(finished))
+        if alone is None:
+            self._connection.announce(self._keys.channel, rows.change_messages(finished))
         return out
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:

@@ -29,11 +29,12 @@ a job's slot is not the pauses' slot (see ``docs/backends/redis.md``). No job's 
 them: a job's keys end in ``:meta``, ``:runs``, ``:slots``, ``:order`` or ``:leases``.
 
 One channel per prefix, ``P_changes`` (no job: PUBLISH reaches every node of a cluster),
-carries ``["<job>", "<slot key>", <released>]`` when an attempt is released (true, from the
-release and take_over scripts), and a JSON list of such triples for a batch of finishes
-(false, published by the caller after the batch). A second one, ``P_claims``, carries a JSON
-list of ``["<job>", "<slot key>", "<instance>", <lease expiry ms>]`` for the claims a batch
-won (claim notices: see ``Backend.subscribe_claims``), at most 500 to a message.
+carries ``["<job>", "<slot key>", <released>]`` when an attempt is released (true) or
+finishes (false), from the script; the finishes of a batch of several results come instead as
+one JSON list of such triples (at most 500 to a message), published by the caller after the
+batch. A second one, ``P_claims``, carries ``["<job>", "<slot key>", "<instance>", <lease
+expiry ms>]`` when a claim is won (claim notices: see ``Backend.subscribe_claims``), from the
+claim script; for a batch of several claims, one JSON list of them published after it.
 
 A prefix has no ``{`` (the first ``{`` of every key opens its hash tag, so no prefix can reach
 into another's keys), no glob characters (``<prefix>{*`` is exactly one namespace for SCAN), no

@@ -2,7 +2,8 @@
 -- A: job, slot_key, slot (absent for a manual run), run_id, token, instance, trigger,
 --    lease_ms, overlap ('skip' or 'allow'), skip_reason and skip_status (optional),
 --    requested_by (optional), pausable (true unless the trigger is manual), restart_margin_ms,
---    and on a Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
+--    claims_channel (optional: where a won claim is announced; a batch of several claims is
+--    announced by the caller instead, in one message), and on a Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
 -- KEYS[6] (not on a cluster): the pauses hash (field: job name or '*'; value: the pause as
 -- JSON with its rendered reason), read here so a stored pause holds every later claim.
 local PAUSES = KEYS[6]
@@ -187,7 +188,10 @@ end
 for _, id in ipairs(stale) do
   redis.call('ZREM', LEASES, id)
 end
--- The claim notice of a won claim is published by the caller, one message per batch (see
--- _backend.py), not here: a burst of thousands of claims would be thousands of messages that
--- every instance reads and decodes.
+if not reason and A.claims_channel then
+  -- A claim notice, so instances still waiting their rank delay do not claim. pcall: a user
+  -- whose ACL refuses the channel still claims (the others then claim and lose).
+  redis.pcall('PUBLISH', A.claims_channel,
+    cjson.encode({row.job, row.slot_key, row.instance, row.lease_expires_at}))
+end
 return reply({status = row.status == 'running' and 'won' or 'skipped', run = row})

@@ -2,7 +2,7 @@
 -- history (the rules of anarchon.kit.lease) and wake the backups.
 -- A: slot_key, attempt, token, fence, status, error (optional), history_ttl_ms (optional),
 --    history_size, prune_batch, prune_scan, channel (optional: without it the caller announces
---    the finish itself, one message for a whole batch; see _backend.py).
+--    the finishes of a batch itself, in one message; see _backend.py).
 local done = current(A.slot_key)
 local row = nil
 if done and done.attempt == A.attempt and done.token == A.token and done.fence == A.fence
