@@ -96,6 +96,8 @@ class _MemoryRows:
 
     def pauses(self, job: str) -> list[Pause]:
         held = self.control.paused
+        if not held:  # the usual case, asked once per claim
+            return []
         return [held[name] for name in (job, ALL_JOBS) if name in held]
 
     def rows(self, job: str) -> list[RunRow]:
