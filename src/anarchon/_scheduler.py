@@ -659,7 +659,7 @@ class Scheduler(Operations):
         slot = job.schedule.next_slot(after_ms)
         # The rank delay (or, unranked, a random jitter): see _rendezvous.
         plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
-        if plan.delay_ms and plan.kind is not Kind.PREFERRED:
+        if plan.kind is Kind.BACKUP:
             self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
         self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
 
