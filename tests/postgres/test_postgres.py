@@ -35,6 +35,7 @@ from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Takeove
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
 from anarchon.kit.lease import PRUNED_REASON
+from anarchon.registry import InstanceRecord, JobDefinition, read_instances, record_instance
 from tests.backends.postgres import DSN, drop_schema, fresh_schema, url_of
 
 SLOT = 1_800_000_000_000
@@ -227,6 +228,47 @@ async def test_instances_migrating_a_fresh_schema_at_once(make: Make, schema: st
     assert versions == [(1,), (2,), (3,)]
     await backends[0].stop()
     await backends[0].start()  # again: nothing to migrate, no error
+
+
+async def test_instances_creating_the_registry_tables_at_once(make: Make, schema: str) -> None:
+    # Instances deployed together write their first records at once: the registry's and the
+    # definitions' tables are created by whoever writes first, without a catalog race
+    # ("duplicate key value violates unique constraint pg_type_typname_nsp_index").
+    backends = [make() for _ in range(6)]
+    await asyncio.gather(*(b.start() for b in backends))
+    for _ in range(3):  # a race is not certain in one try: three fresh tries
+        await drop_registry_tables(schema)
+        stores = [b.registry() for b in backends]  # each store creates its tables again
+        job = JobDefinition(name="j", expression="* * * * *", zone="UTC")
+        await asyncio.gather(
+            *(
+                record_instance(store, registry_record(f"i{n}", job))
+                for n, store in enumerate(stores)
+            )
+        )
+        assert sorted(r.id for r in await read_instances(stores[0])) == [f"i{n}" for n in range(6)]
+
+
+async def drop_registry_tables(schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        for table in ("anarchon_registry", "anarchon_definitions"):
+            await conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table))
+            )
+
+
+def registry_record(instance: str, *jobs: JobDefinition) -> InstanceRecord:
+    return InstanceRecord(
+        id=instance,
+        host="h",
+        pid=1,
+        version="0",
+        started_ms=0,
+        heartbeat_ms=1_000,
+        interval_ms=5_000,
+        clock_offset_ms=0,
+        jobs=jobs,
+    )
 
 
 async def test_a_version_1_schema_is_migrated_and_keeps_its_history(schema: str) -> None:

@@ -3,7 +3,9 @@
 digest).
 
 Every statement runs through the backend's pool (its timeout and error translation). A table
-is created (``IF NOT EXISTS``) before the first write and never by a read. Each step is one
+is created (``IF NOT EXISTS``) before the first write and never by a read, under an advisory
+lock of the table's name (instances that start together would otherwise race in the catalog:
+``duplicate key value violates unique constraint "pg_type_typname_nsp_index"``). Each step is one
 statement, so each is atomic, sent alone (autocommit: one round trip; a heartbeat of a hundred
 instances a second should not hold a hundred connections for a BEGIN and a COMMIT each); a
 read or delete of a table that is not there yet answers empty.
@@ -87,6 +89,12 @@ class PostgresRegistry:
             .as_bytes(None)
             for name, (kind, text) in STATEMENTS.items()
         }
+        # One lock per namespace: CREATE TABLE IF NOT EXISTS is not safe against itself.
+        self._create_lock = (
+            sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({key}, 0)) AS locked")
+            .format(key=sql.Literal(f"anarchon registry {backend.schema}.{backend.table_prefix}"))
+            .as_bytes(None)
+        )
 
     async def _run(self, name: str, params: dict[str, Any] | None = None) -> Rows:
         """The rows of one statement, alone; none when its table is not there."""
@@ -104,10 +112,13 @@ class PostgresRegistry:
         return await db.call(work)
 
     async def _write(self, create: str | None, name: str, params: dict[str, Any]) -> None:
-        """One write; the first one also creates its table (``create``), in one transaction."""
+        """One write; the first one also creates its table (``create``, under the advisory
+        lock), in one transaction."""
         db = self._backend._db
         query = self._statements[name]
-        before = [] if create is None else [(self._statements[create], None)]
+        before = (
+            [] if create is None else [(self._create_lock, None), (self._statements[create], None)]
+        )
         await db.call(lambda conn: db.transaction(conn, before, query, params))
 
     async def record(self, instance: InstanceRecord) -> None:
