@@ -342,6 +342,19 @@ class Connections:
         """The rows of one read-only statement, in a call of its own."""
         return await self.call(lambda conn: self.select(conn, query, params))
 
+    async def read_if_there(self, query: bytes, params: dict[str, Any] | None = None) -> Rows:
+        """Like :meth:`read`, but no rows (not an error) when the statement's table or schema is
+        not there yet: the registry's and control's tables are created by their first write."""
+        from psycopg import errors
+
+        async def work(conn: AsyncConnection[Any]) -> Rows:
+            try:
+                return await self.select(conn, query, params)
+            except (errors.UndefinedTable, errors.InvalidSchemaName):
+                return []
+
+        return await self.call(work)
+
     async def select(
         self, conn: AsyncConnection[Any], query: bytes, params: dict[str, Any] | None = None
     ) -> Rows:

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from anarchon.control import Pause, RunRequest
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
-
     from ._backend import PostgresBackend
     from ._connection import Rows
 
@@ -38,18 +36,7 @@ class PostgresControl:
 
     async def _read(self, name: str, params: dict[str, Any] | None = None) -> Rows:
         """The rows of a read; none when the tables are not there."""
-        from psycopg import errors
-
-        db = self._backend._db
-        query = self._backend._queries[name]
-
-        async def work(conn: AsyncConnection[Any]) -> Rows:
-            try:
-                return await db.select(conn, query, params)
-            except (errors.UndefinedTable, errors.InvalidSchemaName):
-                return []
-
-        return await db.call(work)
+        return await self._backend._db.read_if_there(self._backend._queries[name], params)
 
     async def pause(self, pause: Pause) -> None:
         """See :meth:`anarchon.control.ControlStore.pause`."""

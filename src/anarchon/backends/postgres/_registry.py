@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any, Final
 from anarchon.registry import InstanceRecord
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
-
     from ._backend import PostgresBackend
     from ._connection import Rows
 
@@ -98,18 +96,7 @@ class PostgresRegistry:
 
     async def _run(self, name: str, params: dict[str, Any] | None = None) -> Rows:
         """The rows of one statement, alone; none when its table is not there."""
-        from psycopg import errors
-
-        db = self._backend._db
-        query = self._statements[name]
-
-        async def work(conn: AsyncConnection[Any]) -> Rows:
-            try:
-                return await db.select(conn, query, params)
-            except (errors.UndefinedTable, errors.InvalidSchemaName):
-                return []
-
-        return await db.call(work)
+        return await self._backend._db.read_if_there(self._statements[name], params)
 
     async def _write(self, create: str | None, name: str, params: dict[str, Any]) -> None:
         """One write; the first one also creates its table (``create``, under the advisory
