@@ -47,6 +47,11 @@ RENEW_RETRY_MS: Final = 1_000
 # the event loop instead.
 THREAD_START_S: Final = 15.0
 THREAD_STOP_S: Final = 10.0
+# At most this many calls wait in a mailbox for the loop to take them (what they hold stays
+# alive meanwhile: the garbage collector's work grows with it); one more wakes the loop.
+MAILBOX_LAZY_MAX: Final = 256
+# A post_by time no wake-up is needed for (ms on the monotonic clock, about 285 000 years).
+_NOT_URGENT: Final = 2**63 - 1
 
 
 class Mailbox:
@@ -58,6 +63,9 @@ class Mailbox:
         self._lock = threading.Lock()
         self._items: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._scheduled = False
+        # The loop takes its items (:meth:`take`) by this time anyway (its clock's ms), so a
+        # call needed no sooner waits for it instead of waking the loop (:meth:`post_by`).
+        self._taken_by = 0
 
     @classmethod
     def here(cls) -> Mailbox:
@@ -66,9 +74,18 @@ class Mailbox:
 
     def post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop soon; from any thread. Dropped if the loop is closed."""
+        self.post_by(0, fn, *args)
+
+    def post_by(self, by_ms: int, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop by ``by_ms`` (the loop's clock) at the latest; from
+        any thread. The loop is woken only if it would not take its items by then anyway, or
+        :data:`MAILBOX_LAZY_MAX` calls wait (a burst of runs wakes the lease keeper's thread
+        once per that many, not once per loop iteration of the poster)."""
         with self._lock:
             self._items.append((fn, args))
-            if self._scheduled:
+            if self._scheduled or (
+                0 < self._taken_by <= by_ms and len(self._items) < MAILBOX_LAZY_MAX
+            ):
                 return
             self._scheduled = True
         try:
@@ -81,11 +98,26 @@ class Mailbox:
                 self._items.clear()
                 self._scheduled = False
 
+    def take(self, by_ms: int) -> bool:
+        """On the loop, before it waits: run the calls posted so far; if there were none, note
+        that the loop takes its items again by ``by_ms`` (it wakes by then), and return False.
+        The loop must then call :meth:`take` before it waits again."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._taken_by = 0 if items else by_ms
+        self._run(items)
+        return bool(items)
+
     def _drain(self) -> None:
         with self._lock:
             items = list(self._items)
             self._items.clear()
             self._scheduled = False
+        self._run(items)
+
+    @staticmethod
+    def _run(items: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
         for fn, args in items:
             try:
                 fn(*args)
@@ -131,14 +163,18 @@ class LeaseKeeper:
         """Keep ``active``'s lease from now on (its ``deadline`` set by the caller)."""
         active.kept = True
         assert self._inbox is not None, "the lease keeper is not running"
-        self._inbox.post(self._add, active)
+        # Needed by the keeper by the lease's first renewal (see _add), no sooner.
+        third = active.ticket.lease_ms // 3
+        first = min(self._clock.monotonic_ms() + third, active.deadline - 2 * third)
+        self._inbox.post_by(max(first, 1), self._add, active)
 
     def discard(self, active: ActiveRun) -> None:
         """Stop renewing ``active`` (it finished, or is being handed over). Takes effect at once:
         a renewal in flight is not applied."""
         active.kept = False
         if self._inbox is not None:
-            self._inbox.post(self._live.discard, active)
+            # Never urgent (a run no longer kept is not renewed): taken when the keeper wakes.
+            self._inbox.post_by(_NOT_URGENT, self._live.discard, active)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -173,9 +209,12 @@ class LeaseKeeper:
             if due:
                 await self._renew(due)
                 continue
-            delay = (self._heap[0][0] - now) / 1000 if self._heap else 30.0
+            delay = min((self._heap[0][0] - now) / 1000 if self._heap else 30.0, 30.0)
+            assert self._inbox is not None
+            if self._inbox.take(max(now + int(delay * 1000), 1)):
+                continue  # adds taken: the heap may have changed
             self._wake.clear()
-            await sleep_or_wake(self._clock.sleep(min(delay, 30.0)), self._wake)
+            await sleep_or_wake(self._clock.sleep(delay), self._wake)
 
     async def _renew(self, due: list[ActiveRun]) -> None:
         sent = self._clock.monotonic_ms()

@@ -25,6 +25,7 @@ around every 2027 change of every IANA zone.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -465,8 +466,11 @@ def _now_ms() -> int:
     return int(datetime.now(UTC).timestamp() * 1000)
 
 
+@functools.lru_cache(maxsize=1024)
 def slot_to_datetime(slot_ms: int) -> datetime:
     """Return the aware UTC datetime of a slot."""
     # Positional milliseconds: the keyword form costs three times as much, and this runs
-    # several times per slot (the run context, each Run record).
+    # several times per slot (the run context, each Run record). Cached (datetimes are
+    # immutable): a burst asks for the same slot, and the same few start times, thousands of
+    # times; a hit costs a seventh of a computation.
     return _UTC_EPOCH + timedelta(0, 0, 0, slot_ms)

@@ -432,9 +432,15 @@ class Scheduler(Operations):
         mailbox = self._main_mailbox
         assert mailbox is not None
 
+        mine = self.instance_id
+
         def on_claims(notices: Sequence[ClaimNotice]) -> None:
             # From the backend's listener, possibly on another thread: handled on the loop.
-            mailbox.post(self._on_claims, notices)
+            # This instance's own wins are dropped here (the rendezvous would drop them too),
+            # so a burst's notices do not stay alive, queued, while its runs are handed out.
+            others = [notice for notice in notices if notice.instance != mine]
+            if others:
+                mailbox.post(self._on_claims, others)
 
         rendezvous.notices = await self.backend.subscribe_claims(on_claims)
 
