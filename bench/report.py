@@ -12,8 +12,9 @@ from . import curves
 __all__ = ["markdown", "plot", "plot_history"]
 
 FIRE_TARGET_MS = 5.0
-BURST_TARGET_S = 2.0
-RATE_TARGET = 0.5
+BURST_TARGET_S = 1.0
+CORE_BURST_TARGET_S = 0.3
+RATE_TARGET = 0.7
 IDLE_CPU_TARGET = 1.0
 IDLE_RSS_TARGET = 100.0
 JOBS_PAGE_TARGET_MS = 300.0
@@ -158,8 +159,9 @@ def burst_section(results: dict[str, Any]) -> list[str]:
         f"## 2. Burst: {jobs:,} jobs due in the same second, 3 instances",
         "",
         "Reference: the raw primitive for the same number of keys in one batch by one client "
-        "(one transaction / pipeline / statement; NATS: 256 publishes in flight). Target: all "
-        "started within 2 s of the slot, zero duplicates.",
+        "(one transaction / pipeline / statement; NATS: 256 publishes in flight). Target (issue "
+        f"17): all started within {BURST_TARGET_S:g} s of the slot, zero duplicates; the core "
+        f"alone within {CORE_BURST_TARGET_S:g} s.",
         "",
     ]
     rows = []
@@ -209,7 +211,7 @@ def burst_section(results: dict[str, Any]) -> list[str]:
                 "–",
                 " / ".join(f"{n:,}" for n in core["winners"]),
                 _after_burst(core),
-                "reference",
+                verdict(core["all_ms"] / 1000 <= CORE_BURST_TARGET_S) + " (core target)",
             ]
         )
     out += table(
@@ -254,7 +256,7 @@ def rate_section(results: dict[str, Any]) -> list[str]:
         "Each process: the raw primitive in a loop over keys 0, 1, 2 … then one-request "
         "`Backend.claim` calls over slots 0, 1, 2 …, all three on the same keys (every key "
         "contended three ways). Rate: calls answered per second, three processes together. "
-        "Target: claims ≥ 50 % of the primitive's rate.",
+        f"Target (issue 17): claims ≥ {RATE_TARGET:.0%} of the primitive's rate.",
         "",
     ]
     rows = []
