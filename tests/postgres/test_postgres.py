@@ -35,8 +35,9 @@ from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Takeove
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
 from anarchon.kit.lease import PRUNED_REASON
-from anarchon.registry import InstanceRecord, JobDefinition, read_instances, record_instance
+from anarchon.registry import JobDefinition, read_instances, record_instance
 from tests.backends.postgres import DSN, drop_schema, fresh_schema, url_of
+from tests.records import instance_record
 
 SLOT = 1_800_000_000_000
 Make = Callable[..., PostgresBackend]
@@ -242,7 +243,7 @@ async def test_instances_creating_the_registry_tables_at_once(make: Make, schema
         job = JobDefinition(name="j", expression="* * * * *", zone="UTC")
         await asyncio.gather(
             *(
-                record_instance(store, registry_record(f"i{n}", job))
+                record_instance(store, instance_record(f"i{n}", job))
                 for n, store in enumerate(stores)
             )
         )
@@ -255,20 +256,6 @@ async def drop_registry_tables(schema: str) -> None:
             await conn.execute(
                 sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table))
             )
-
-
-def registry_record(instance: str, *jobs: JobDefinition) -> InstanceRecord:
-    return InstanceRecord(
-        id=instance,
-        host="h",
-        pid=1,
-        version="0",
-        started_ms=0,
-        heartbeat_ms=1_000,
-        interval_ms=5_000,
-        clock_offset_ms=0,
-        jobs=jobs,
-    )
 
 
 async def test_a_version_1_schema_is_migrated_and_keeps_its_history(schema: str) -> None:

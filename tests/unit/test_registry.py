@@ -23,6 +23,7 @@ from anarchon.registry import (
     record_instance,
 )
 from anarchon.testing import FakeClock, MemoryBackend
+from tests.records import instance_record
 
 
 def definition(expression: str = "*/2 * * * *", **options: int) -> JobDefinition:
@@ -30,17 +31,7 @@ def definition(expression: str = "*/2 * * * *", **options: int) -> JobDefinition
 
 
 def record(instance_id: str, *jobs: JobDefinition, beat: int = 1_000) -> InstanceRecord:
-    return InstanceRecord(
-        id=instance_id,
-        host="h",
-        pid=1,
-        version="0",
-        started_ms=0,
-        heartbeat_ms=beat,
-        interval_ms=5_000,
-        clock_offset_ms=3,
-        jobs=jobs,
-    )
+    return instance_record(instance_id, *jobs, beat=beat, clock_offset_ms=3)
 
 
 def test_the_fingerprint_is_stable_and_ignores_spacing_and_option_order() -> None:

@@ -18,6 +18,7 @@ from anarchon.backend import ClaimNotice, ClaimOutcome, ClaimRequest
 from anarchon.kit.feed import ChangeFeed, decode_notices, encode_notice
 from anarchon.registry import InstanceRecord, JobDefinition, build_view, record_instance
 from anarchon.testing import MemoryBackend
+from tests.records import instance_record
 
 
 def test_scores_are_fixed_numbers_on_every_host() -> None:
@@ -60,17 +61,8 @@ def test_delays_by_rank() -> None:
 
 
 def _record(instance: str, beat: int, jobs: Sequence[str] = ("sync",)) -> InstanceRecord:
-    return InstanceRecord(
-        id=instance,
-        host="h",
-        pid=1,
-        version="0",
-        started_ms=0,
-        heartbeat_ms=beat,
-        interval_ms=1_000,
-        clock_offset_ms=0,
-        jobs=tuple(JobDefinition(name=j, expression="* * * * *", zone="UTC") for j in jobs),
-    )
+    definitions = (JobDefinition(name=j, expression="* * * * *", zone="UTC") for j in jobs)
+    return instance_record(instance, *definitions, beat=beat, interval_ms=1_000)
 
 
 def _rendezvous(me: str = "a") -> tuple[Rendezvous, list[int]]:

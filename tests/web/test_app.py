@@ -29,6 +29,7 @@ from anarchon.web._data import (
     schedule_in_words,
     timeline,
 )
+from tests.records import instance_record
 from tests.web.cluster import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -452,17 +453,7 @@ def test_fast_view_matches_build_view() -> None:
     from anarchon.web._data import fast_view
 
     def record(name: str, *jobs: JobDefinition) -> InstanceRecord:
-        return InstanceRecord(
-            id=name,
-            host="h",
-            pid=1,
-            version="v",
-            started_ms=0,
-            heartbeat_ms=0,
-            interval_ms=5000,
-            clock_offset_ms=None,
-            jobs=jobs,
-        )
+        return instance_record(name, *jobs, beat=0, clock_offset_ms=None, version="v")
 
     a = JobDefinition(name="a", expression="*/2 * * * *", zone="UTC", options={"lease_ms": 1})
     a2 = JobDefinition(name="a", expression="*/3  * * * *", zone="UTC", options={"lease_ms": 1})
