@@ -4,14 +4,14 @@ under NOTIFY's 8000-byte limit, and a second backend on the schema hears every o
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from anarchon.backend import ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
-from anarchon.kit import RunStatus, Trigger
+from anarchon.kit import RunStatus
+from tests.records import claim_request
 
 SLOT = 1_800_000_000_000
 
@@ -30,16 +30,7 @@ async def test_a_large_batch_is_announced_in_notifications_under_the_limit(
     assert await listener.subscribe_claims(on_claims)
     # 300 claims with long names: about 60 kB of notices, so several notifications.
     reqs = [
-        ClaimRequest(
-            job=f"job-{n:03d}-{'x' * 100}",
-            slot=SLOT,
-            run_id=uuid.uuid4().hex,
-            token=uuid.uuid4().hex,
-            instance=f"instance-{'y' * 50}",
-            trigger=Trigger.SCHEDULE,
-            lease_ms=5_000,
-        )
-        for n in range(300)
+        claim_request(f"job-{n:03d}-{'x' * 100}", SLOT, f"instance-{'y' * 50}") for n in range(300)
     ]
     outcomes = await claimer.claim(reqs)
     assert all(o.status is ClaimStatus.WON for o in outcomes)
@@ -53,15 +44,7 @@ async def test_a_large_batch_is_announced_in_notifications_under_the_limit(
 
 
 def _request(job: str, instance: str = "claimer") -> ClaimRequest:
-    return ClaimRequest(
-        job=job,
-        slot=SLOT,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=instance,
-        trigger=Trigger.SCHEDULE,
-        lease_ms=5_000,
-    )
+    return claim_request(job, SLOT, instance)
 
 
 async def _heard_within(heard: list[ClaimNotice], count: int) -> None:

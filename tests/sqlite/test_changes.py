@@ -9,13 +9,12 @@ import sqlite3
 import threading
 import time
 import types
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from anarchon import BackendUnavailable, SQLiteBackend, Trigger
+from anarchon import BackendUnavailable, SQLiteBackend
 from anarchon.backend import ChangeEvent, ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.sqlite import _connection
 from anarchon.backends.sqlite._changes import Changes
@@ -26,20 +25,13 @@ from anarchon.backends.sqlite._options import (
     CLAIMED_POLL_MS,
     EVENTS_POLL_MS,
 )
+from tests.records import claim_request
 
 SLOT = 1_800_000_000_000
 
 
 def request(slot: int = SLOT, instance: str = "i") -> ClaimRequest:
-    return ClaimRequest(
-        job="job",
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=instance,
-        trigger=Trigger.SCHEDULE,
-        lease_ms=5_000,
-    )
+    return claim_request("job", slot, instance)
 
 
 async def heard_within(notices: list[ClaimNotice], count: int, limit_s: float = 10.0) -> bool:
