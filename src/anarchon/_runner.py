@@ -183,7 +183,7 @@ class RunExecutor:
             await self._release(active)
             return None
         leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
-        if leased and not _fresh(ticket) and not await self._fresh_lease(active):
+        if leased and not _fresh(ticket) and not await self._renew_stale_lease(active):
             return None
         if logger.isEnabledFor(logging.INFO):
             _log(
@@ -239,16 +239,14 @@ class RunExecutor:
             )
         return None
 
-    async def _fresh_lease(self, active: ActiveRun) -> bool:
-        """Make sure the lease has time left before the handler starts.
+    async def _renew_stale_lease(self, active: ActiveRun) -> bool:
+        """Renew a lease with less than a third left (not :func:`_fresh`) before the handler
+        starts; False if the backend says it is lost (the handler does not start).
 
         A claim retried with the same token (its first answer was lost) comes back with the
-        lease it took then, possibly expired by now. With less than a third of a lease left,
-        renew at once; if the backend says the lease is lost, do not start the handler.
+        lease it took then, possibly expired by now.
         """
         ticket = active.ticket
-        if _fresh(ticket):
-            return True
         assert isinstance(self.backend, LeaseBackend)
         started = self.clock.monotonic_ms()
         for delay in backoff():
