@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from . import otel
-from ._batch import isolate
+from ._batch import MAX_BATCH, isolate
 from ._clock import BackendTime, Clock
 from ._job import Job
 from ._metrics import Counters, skip_class
@@ -31,6 +31,12 @@ __all__ = ["Claimed", "Claims"]
 logger = logging.getLogger("anarchon.scheduler")
 
 THREAD_POLL_S: Final = 0.05
+# A due batch reaches the backend in parts of at most this many claims, one part after
+# another, each judged too late right before it is sent and retried on its own: a backend that
+# bounds how long one call may take to send (NATS publishes a call's claims within
+# CLAIM_RETRY_S of it) then still claims 50 000 slots due at once, and a part that fails does
+# not cost the runs the parts before it won.
+CLAIM_PART: Final = MAX_BATCH
 
 Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
 """A request, the backend's answer (or the error for that request alone), and when it was sent
@@ -156,38 +162,67 @@ class Claims:
         """Claim fired slots (or run requests) and act on each outcome; ``reserved`` names the
         requests (run ids) holding a thread reservation, given back unless a run started with
         it. Returns the decided claims (see :meth:`claim` for ``deadline_s``)."""
-        claimed: list[Claimed] = []
-        try:
-            claimed = await self.claim(requests, deadline_s)
-            # Every outcome handed out before the runs begin: yielding to the loop every few
-            # hundred outcomes starts the first handlers sooner but the last ones later (the
-            # early runs' results compete with the rest), and "all started" is what counts.
+
+        def act(claimed: list[Claimed]) -> None:
+            # A part's outcomes are all handed out before its runs begin: yielding to the loop
+            # every few hundred outcomes starts the first handlers sooner but the last ones
+            # later (the early runs' results compete with the rest), and "all started" is
+            # what counts. Its runs then start while the next part is claimed.
             for request, outcome, sent in claimed:
                 if not isinstance(outcome, ClaimOutcome):
                     continue  # refused for good; logged with its job
                 ours = request.run_id in reserved
                 if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
                     reserved.discard(request.run_id)
+
+        try:
+            return await self.claim(requests, deadline_s, act)
         finally:
             for _ in reserved:
                 self._threads.unreserve()
-        return claimed
 
     async def claim(
-        self, requests: Sequence[ClaimRequest], deadline_s: float | None = None
+        self,
+        requests: Sequence[ClaimRequest],
+        deadline_s: float | None = None,
+        answered: Callable[[list[Claimed]], None] | None = None,
     ) -> list[Claimed]:
         """Claim with retries while the backend is unavailable; fail closed.
 
-        A scheduled request is retried only until its slot becomes too late (on the backend's
-        clock); a manual or catch-up request until ``deadline_s`` (monotonic, if given).
-        Dropped requests are logged, not run. A request the backend refuses for good (not a
-        transient error) gets its error in its place; the others of its batch are unaffected.
+        The requests go to the backend in parts of at most :data:`CLAIM_PART`, one after
+        another; ``answered`` (if given) gets each part's decided claims as soon as they are
+        known. A scheduled request is sent (and retried) only until its slot becomes too late
+        (on the backend's clock); a manual or catch-up request until ``deadline_s`` (monotonic,
+        from this call, if given): a part is judged right before it is sent, and after each
+        retry pause. Dropped requests are logged, not run. A request the backend refuses for
+        good (not a transient error) gets its error in its place; the others of its batch are
+        unaffected, and a part that fails does not undo the parts before it.
         """
         self._in_flight += 1
         self._idle.clear()
+        started = self._clock.monotonic_ms()
+        claimed: list[Claimed] = []
         try:
-            claimed = await self._claim_retrying(list(requests), deadline_s)
-            otel.claimed(claimed, self._backend.name, self._clock.monotonic_ms())
+            for first in range(0, len(requests), CLAIM_PART):
+                if first and not self._running():
+                    left = len(requests) - first
+                    logger.info(
+                        "stopping: %d slot(s) of the batch not claimed (%s slot %s and the "
+                        "rest); other instances run them",
+                        left,
+                        requests[first].job,
+                        requests[first].slot,
+                        extra=log_fields(Action.CLAIM_FAILED, requests[first].job),
+                    )
+                    break
+                part = self._sendable(requests[first : first + CLAIM_PART], started, deadline_s)
+                if not part:
+                    continue
+                answers = await self._claim_retrying(part, started, deadline_s)
+                otel.claimed(answers, self._backend.name, self._clock.monotonic_ms())
+                claimed += answers
+                if answered is not None:
+                    answered(answers)
             return claimed
         finally:
             self._in_flight -= 1
@@ -200,10 +235,38 @@ class Claims:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), limit_s)
 
+    def _sendable(
+        self, part: Sequence[ClaimRequest], started: int, deadline_s: float | None
+    ) -> list[ClaimRequest]:
+        """The requests of ``part`` still in time to be sent, judged now: the parts before it
+        may have taken long enough to make some too late (a skip record stays: it runs
+        nothing, and it tells history why the slot did not run)."""
+        now = self._backend_time.now_ms()
+        waited_ms = self._clock.monotonic_ms() - started
+        keep: list[ClaimRequest] = []
+        late: list[ClaimRequest] = []
+        for request in part:
+            if request.skip_reason is None and self._expired(request, now, waited_ms, deadline_s):
+                late.append(request)
+            else:
+                keep.append(request)
+        if late:
+            first = late[0]
+            logger.warning(
+                "%d slot(s) not claimed (%s slot %s%s): too late by the time their part of the "
+                "batch could be sent, %d ms after the first part; nobody runs them on a guess",
+                len(late),
+                first.job,
+                first.slot,
+                f" and {len(late) - 1} more" if len(late) > 1 else "",
+                waited_ms,
+                extra=log_fields(Action.CLAIM_FAILED, first.job, first.slot),
+            )
+        return keep
+
     async def _claim_retrying(
-        self, pending: list[ClaimRequest], deadline_s: float | None
+        self, pending: list[ClaimRequest], started: int, deadline_s: float | None
     ) -> list[Claimed]:
-        started = self._clock.monotonic_ms()
         error: BackendUnavailable | None = None
         for delay in backoff():
             sent = self._clock.monotonic_ms()

@@ -1,0 +1,135 @@
+"""Slots due at once in numbers larger than one backend batch: the core sends their claims in
+parts of at most ``CLAIM_PART`` (2 000), one after another, each judged too late right before
+it is sent and retried on its own, and each part's runs start as soon as it is answered."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+from anarchon import BackendUnavailable, RunContext, RunStatus, Scheduler
+from anarchon._claims import CLAIM_PART
+from anarchon.backend import ClaimOutcome, ClaimRequest
+from anarchon.testing import FakeClock, MemoryBackend
+from tests.unit.core_helpers import MINUTE, START
+
+JOBS = 4_500  # two full parts and a half one
+
+
+class Parts(MemoryBackend):
+    """Records the jobs of every claim call; each call takes ``slow_s`` (on the fake clock);
+    once ``answers`` calls are answered, the others fail as an unreachable backend's do."""
+
+    def __init__(self, clock: FakeClock, slow_s: float = 0.0, answers: int | None = None):
+        super().__init__(clock=clock)
+        self.clock = clock
+        self.slow_s = slow_s
+        self.answers = answers
+        self.calls: list[list[str]] = []
+        self.answered: list[int] = []  # when each call was answered (monotonic ms)
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        self.calls.append([r.job for r in requests])
+        if self.slow_s:
+            await self.clock.sleep(self.slow_s)
+        if self.answers is not None and len(self.answered) >= self.answers:
+            raise BackendUnavailable("claims: connection refused")
+        answers = await super().claim(requests)
+        self.answered.append(self.clock.monotonic_ms())
+        return answers
+
+
+def _scheduler(backend: Parts, started: dict[str, int], **options: int) -> Scheduler:
+    async def work(ctx: RunContext) -> None:
+        started[ctx.job] = backend.clock.monotonic_ms()
+
+    scheduler = Scheduler(backend, clock=backend.clock)
+    for n in range(JOBS):
+        scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0, **options)
+    return scheduler
+
+
+async def _to_the_slot(clock: FakeClock) -> None:
+    """Up to just before the slot, in large steps (nothing happens before it)."""
+    await clock.advance(60 * MINUTE - 1_000, step_ms=MINUTE)
+
+
+def _not_claimed(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == "claim_failed"]
+
+
+async def test_a_large_due_batch_is_claimed_in_parts_with_the_defaults() -> None:
+    clock = FakeClock(START)
+    backend = Parts(clock, slow_s=0.5)
+    started: dict[str, int] = {}
+    scheduler = _scheduler(backend, started)
+    async with scheduler:
+        await _to_the_slot(clock)
+        await clock.advance(6_000)
+        metrics = scheduler.metrics()
+    assert CLAIM_PART == 2_000
+    assert [len(call) for call in backend.calls] == [2_000, 2_000, 500]
+    assert sorted(j for call in backend.calls for j in call) == sorted(f"j{n}" for n in range(JOBS))
+    assert len(started) == JOBS
+    # Each part's runs start when that part is answered, not when the whole batch is.
+    for call, answered in zip(backend.calls, backend.answered, strict=True):
+        assert {started[job] for job in call} == {answered}
+    assert backend.answered[0] < backend.answered[-1]
+    assert metrics["claims_won"] == JOBS  # every claim counted once
+    assert metrics["runs_succeeded"] == JOBS
+
+
+async def test_a_part_too_late_by_the_time_it_could_be_sent_is_not_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each claim call takes 1.5 s, max_late_ms is 1 s: the first part is sent at the slot, the
+    # second would be sent 1.5 s after it, too late.
+    clock = FakeClock(START)
+    backend = Parts(clock, slow_s=1.5)
+    started: dict[str, int] = {}
+    scheduler = _scheduler(backend, started, max_late_ms=1_000)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await _to_the_slot(clock)
+        await clock.advance(11_000)
+        histories = {f"j{n}": await scheduler.history(f"j{n}") for n in range(JOBS)}
+    [first] = backend.calls
+    assert len(first) == 2_000
+    assert set(started) == set(first)
+    assert sum(1 for h in histories.values() if h) == 2_000, "a late part was claimed"
+    logged = _not_claimed(caplog)
+    assert logged, "the slots not claimed were not logged"
+    assert all("too late by the time their part" in r.getMessage() for r in logged)
+    assert sum(int(r.getMessage().split()[0]) for r in logged) == JOBS - 2_000
+
+
+async def test_a_failing_part_keeps_the_runs_an_earlier_part_won(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The backend answers the first part, then goes down: the second part is retried until its
+    # slots are too late (5 s), the third is then too late to be sent.
+    clock = FakeClock(START)
+    backend = Parts(clock, answers=1)
+    started: dict[str, int] = {}
+    scheduler = _scheduler(backend, started, max_late_ms=5_000)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await _to_the_slot(clock)
+        await clock.advance(21_000)
+        histories = {f"j{n}": await scheduler.history(f"j{n}") for n in range(JOBS)}
+        metrics = scheduler.metrics()
+    first, second = backend.calls[0], backend.calls[1]
+    assert len(first) == len(second) == 2_000
+    assert all(call == second for call in backend.calls[2:]), "a retry was not of its part"
+    assert len(backend.calls) > 2, "the failing part was not retried"
+    assert set(started) == set(first)
+    assert all([r.status for r in histories[job]] == [RunStatus.SUCCEEDED] for job in first)
+    assert sum(1 for h in histories.values() if h) == 2_000
+    assert metrics["claims_won"] == 2_000
+    logged = _not_claimed(caplog)
+    unavailable = [r for r in logged if "unavailable" in r.getMessage()]
+    assert {getattr(r, "job", None) for r in unavailable} == set(second)
+    late = [r for r in logged if "too late by the time their part" in r.getMessage()]
+    assert sum(int(r.getMessage().split()[0]) for r in late) == JOBS - 4_000
