@@ -41,13 +41,19 @@ class Parts(MemoryBackend):
         return answers
 
 
-def _scheduler(backend: Parts, started: dict[str, int], **options: int) -> Scheduler:
+def _scheduler(
+    backend: Parts, started: dict[str, int], max_late_ms: int | None = None
+) -> Scheduler:
     async def work(ctx: RunContext) -> None:
         started[ctx.job] = backend.clock.monotonic_ms()
 
     scheduler = Scheduler(backend, clock=backend.clock)
     for n in range(JOBS):
-        scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0, **options)
+        # jitter_ms=0: every slot due at once (the burst); max_late_ms at its default unless given
+        if max_late_ms is None:
+            scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0)
+        else:
+            scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0, max_late_ms=max_late_ms)
     return scheduler
 
 
@@ -60,7 +66,7 @@ def _not_claimed(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "action", None) == "claim_failed"]
 
 
-async def test_a_large_due_batch_is_claimed_in_parts_with_the_defaults() -> None:
+async def test_a_large_due_batch_is_claimed_in_parts() -> None:
     clock = FakeClock(START)
     backend = Parts(clock, slow_s=0.5)
     started: dict[str, int] = {}
