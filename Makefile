@@ -76,11 +76,13 @@ soak: $(BIN)/python services
 .PHONY: chaos
 CHAOS_ARGS ?=
 ## The long forms: every fault on every backend (the table), the differential test with 2000
-## examples per backend, and the cron and DST oracles over thousands of expressions and minutes.
+## examples per backend, the cron and DST oracles over thousands of expressions and minutes, and
+## 50 000 slots due at once on three NATS instances (each started once).
 chaos: install-test services
 	$(BIN)/python -m tests.chaos.run $(CHAOS_ARGS)
 	ANARCHON_DIFF_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/conformance/test_differential.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q tests/unit/test_cron_oracle.py tests/unit/test_dst_oracle.py
+	ANARCHON_CHAOS=1 $(BIN)/pytest -q -rP tests/chaos/test_burst.py
 
 ## The dashboard's screenshots (docs/img/dashboard-*.png): three real instances on SQLite and
 ## headless Chromium (Debian's, installed when missing), about 30 s.
