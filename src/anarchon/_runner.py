@@ -91,9 +91,9 @@ class ActiveRun:
         give back an unused thread reservation, settle :attr:`result` if it was asked for.
 
         Here rather than in the task's own ``finally``: a task cancelled before its first step
-        never runs its coroutine. A bound method rather than a closure: one object per run
-        instead of four (function, cells), and ten thousand runs of one slot are all alive at
-        once."""
+        never runs its coroutine. The run itself is the callback (``__call__``): no object made
+        per run for it (a closure makes three, a bound method one), and ten thousand runs of
+        one slot are all alive at once."""
         executor = self.executor
         if executor is not None:
             executor.active.pop(self.ticket.run_id, None)
@@ -102,6 +102,8 @@ class ActiveRun:
                 executor.threads.unreserve()
         if self._result is not None and not self._result.done():
             _settle(self._result, task)
+
+    __call__ = ended
 
     def set_deadline(self, deadline: int) -> None:
         """The lease surely ends at ``deadline`` (monotonic ms) unless renewed; any thread."""
@@ -192,7 +194,7 @@ class RunExecutor:
         )
         # In the executor's own context, not a copy of the current one made per run: the
         # callback reads no context variable.
-        task.add_done_callback(active.ended, context=self._callbacks)
+        task.add_done_callback(active, context=self._callbacks)
         return active
 
     def running(self, task: asyncio.Task[Any] | None) -> ActiveRun | None:
@@ -240,8 +242,16 @@ class RunExecutor:
         otel.handler_done(outcome)
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
-            run = await self._finish(active, *outcome)
-            if run is not None and outcome[0] is RunStatus.FAILED and self.on_failed is not None:
+            status, error, exc = outcome
+            # The first try here rather than in _finish: one coroutine fewer per waiting run.
+            run: Run | None
+            try:
+                run = await self._results.submit(FinishRequest(ticket, status, error))
+            except BackendError as failed:
+                run = await self._finish(active, status, error, exc, failed)
+            else:
+                self._recorded(ticket, status, error, exc)
+            if run is not None and status is RunStatus.FAILED and self.on_failed is not None:
                 await self.on_failed(job, active.ticket, run)
             return run
         if active.cancel_reason == HANDED_OVER and active.thread_running:
@@ -434,14 +444,28 @@ class RunExecutor:
             active.task.cancel()
 
     async def _finish(
-        self, active: ActiveRun, status: RunStatus, error: str | None, exc: BaseException | None
+        self,
+        active: ActiveRun,
+        status: RunStatus,
+        error: str | None,
+        exc: BaseException | None,
+        failed: BackendError | None = None,
     ) -> Run | None:
+        """Record the run's result, retrying while the backend is unavailable; the run
+        recorded, or None if it was refused. ``failed``: how the caller's own first try
+        failed (:meth:`_execute` tries once without this coroutine)."""
         ticket = active.ticket
         delays: Iterator[float] | None = None  # made on the first failure: rare
         while True:
-            try:
-                run = await self._results.submit(FinishRequest(ticket, status, error))
-            except LeaseLost as refused:
+            if failed is None:
+                try:
+                    run = await self._results.submit(FinishRequest(ticket, status, error))
+                except BackendError as refused:
+                    failed = refused
+                else:
+                    self._recorded(ticket, status, error, exc)
+                    return run
+            if isinstance(failed, LeaseLost):
                 self.counters.count(ticket.job, "result_refused")
                 _log(
                     logging.WARNING,
@@ -452,16 +476,11 @@ class RunExecutor:
                     ticket.attempt,
                     status.value,
                     f": {error}" if error else "",
-                    refused,
+                    failed,
                     exc_info=exc,
                 )
                 return None
-            except BackendUnavailable as unavailable:
-                self._finish_failed(ticket, unavailable)
-                delays = delays or backoff()
-                await self.clock.sleep(next(delays))
-                continue
-            except BackendError as broken:  # refused for good (logged with its traceback)
+            if not isinstance(failed, BackendUnavailable):  # refused for good
                 self.counters.result_errors += 1
                 _log(
                     logging.WARNING,
@@ -471,37 +490,45 @@ class RunExecutor:
                     ticket.job,
                     ticket.attempt,
                     status.value,
-                    broken,
+                    failed,
                 )
                 return None
-            if self._finish_outage:
-                self._finish_recovered(ticket)
-            self.counters.count_run(status, ticket.job, self.clock.now_ms())
-            if status is RunStatus.SUCCEEDED:
-                if logger.isEnabledFor(logging.INFO):
-                    _log(
-                        logging.INFO,
-                        Action.RUN_SUCCEEDED,
-                        ticket,
-                        "job %s succeeded (attempt %d)",
-                        ticket.job,
-                        ticket.attempt,
-                    )
-            else:
-                # One ERROR line per failed run, with the handler's traceback: what alerting
-                # (Sentry's logging integration, log-based alerts) looks for.
+            self._finish_failed(ticket, failed)
+            failed = None
+            delays = delays or backoff()
+            await self.clock.sleep(next(delays))
+
+    def _recorded(
+        self, ticket: Ticket, status: RunStatus, error: str | None, exc: BaseException | None
+    ) -> None:
+        """The result of ``ticket``'s run is recorded: count and log it."""
+        if self._finish_outage:
+            self._finish_recovered(ticket)
+        self.counters.count_run(status, ticket.job, self.clock.now_ms())
+        if status is RunStatus.SUCCEEDED:
+            if logger.isEnabledFor(logging.INFO):
                 _log(
-                    logging.ERROR,
-                    Action.RUN_FAILED,
+                    logging.INFO,
+                    Action.RUN_SUCCEEDED,
                     ticket,
-                    "job %s %s (attempt %d): %s",
+                    "job %s succeeded (attempt %d)",
                     ticket.job,
-                    status.value,
                     ticket.attempt,
-                    error,
-                    exc_info=exc,
                 )
-            return run
+        else:
+            # One ERROR line per failed run, with the handler's traceback: what alerting
+            # (Sentry's logging integration, log-based alerts) looks for.
+            _log(
+                logging.ERROR,
+                Action.RUN_FAILED,
+                ticket,
+                "job %s %s (attempt %d): %s",
+                ticket.job,
+                status.value,
+                ticket.attempt,
+                error,
+                exc_info=exc,
+            )
 
     def _finish_failed(self, ticket: Ticket, error: BackendUnavailable) -> None:
         """Recording ``ticket``'s result failed on an unavailable backend: one WARNING per
