@@ -125,7 +125,11 @@ class ClaimPath:
                     except Exception as exc:
                         answers[n] = exc
 
-        await asyncio.gather(*(work() for _ in range(min(len(requests), MAX_IN_FLIGHT))))
+        workers = min(len(requests), MAX_IN_FLIGHT)
+        if workers == 1:
+            await work()  # one request (the usual firing of one slot): no task to make
+        else:
+            await asyncio.gather(*(work() for _ in range(workers)))
         problems = [a for a in answers if isinstance(a, Exception)]
         if problems:
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
