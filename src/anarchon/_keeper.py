@@ -153,6 +153,14 @@ class LeaseKeeper:
         self._live: set[ActiveRun] = set()
         self._wake = asyncio.Event()
         self._inbox: Mailbox | None = None
+        # Runs to start and stop keeping, queued from any thread and taken by the keeper in one
+        # call (:meth:`_take`): a burst of runs costs no object per run on the way (a mailbox
+        # call of its own per run made three, alive until the keeper woke).
+        self._queue_lock = threading.Lock()
+        self._adding: list[ActiveRun] = []
+        self._dropping: list[ActiveRun] = []
+        # The time (the keeper's clock) by which a posted _take runs; 0: none is posted.
+        self._take_by = 0
 
     def bind(self) -> None:
         """Attach to the running loop (the one :meth:`run` will run on)."""
@@ -165,19 +173,41 @@ class LeaseKeeper:
         assert self._inbox is not None, "the lease keeper is not running"
         # Needed by the keeper by the lease's first renewal (see _add), no sooner.
         third = active.ticket.lease_ms // 3
-        first = min(self._clock.monotonic_ms() + third, active.deadline - 2 * third)
-        self._inbox.post_by(max(first, 1), self._add, active)
+        first = max(min(self._clock.monotonic_ms() + third, active.deadline - 2 * third), 1)
+        with self._queue_lock:
+            self._adding.append(active)
+            if 0 < self._take_by <= first:
+                return  # taken by then anyway
+            self._take_by = first
+        self._inbox.post_by(first, self._take)
 
     def discard(self, active: ActiveRun) -> None:
         """Stop renewing ``active`` (it finished, or is being handed over). Takes effect at once:
         a renewal in flight is not applied."""
         active.kept = False
-        if self._inbox is not None:
+        if self._inbox is None:
+            return
+        with self._queue_lock:
+            self._dropping.append(active)
+            if self._take_by:
+                return
             # Never urgent (a run no longer kept is not renewed): taken when the keeper wakes.
-            self._inbox.post_by(_NOT_URGENT, self._live.discard, active)
+            self._take_by = _NOT_URGENT
+        self._inbox.post_by(_NOT_URGENT, self._take)
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def _take(self) -> None:
+        """On the keeper's loop: start keeping the runs added, stop keeping those discarded."""
+        with self._queue_lock:
+            adding, self._adding = self._adding, []
+            dropping, self._dropping = self._dropping, []
+            self._take_by = 0
+        for active in adding:
+            self._add(active)
+        for active in dropping:
+            self._live.discard(active)
 
     def _add(self, active: ActiveRun) -> None:
         if not active.kept:

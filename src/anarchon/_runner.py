@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -58,34 +59,75 @@ class ActiveRun:
     job: Job
     ticket: Ticket
     ctx: RunContext
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[Run | None] | None = None
     in_handler: bool = False
     cancel_reason: str | None = None
     reserved: bool = False
     """A handler thread is reserved for this run (plain handlers) and not yet used."""
     thread_running: bool = False
     """The run stopped waiting for its handler's thread, which still runs (plain handlers)."""
-    result: asyncio.Future[Run | None] = field(default_factory=asyncio.Future)
     # Lease bookkeeping, on the monotonic clock (ms): when to renew next (the keeper's), when
     # the lease surely ends unless renewed, and whether the keeper renews it.
     renew_at: int = 0
     deadline: int = 0
     kept: bool = False
-    registry: dict[str, ActiveRun] | None = field(default=None, repr=False)
-    """The executor's runs in progress, which this run leaves when its task is done."""
+    executor: RunExecutor | None = field(default=None, repr=False)
+    """The executor running it: the run leaves its runs in progress when its task is done."""
+    _result: asyncio.Future[Run | None] | None = field(default=None, repr=False)
 
-    def ended(self, _task: asyncio.Future[None]) -> None:
-        """The run's task is done (a done callback): leave the executor's runs in progress.
+    @property
+    def result(self) -> asyncio.Future[Run | None]:
+        """The recorded run (None if none was recorded: handed over, lease lost, refused), or
+        what the run's task raised. Made when first asked for: a burst's runs need none."""
+        future = self._result
+        if future is None:
+            future = self._result = asyncio.get_running_loop().create_future()
+            if self.task is not None and self.task.done():
+                _settle(future, self.task)
+        return future
 
-        A bound method rather than a closure: one object per run instead of four (function,
-        cells), and ten thousand runs of one slot are all alive at once."""
-        if self.registry is not None:
-            self.registry.pop(self.ticket.run_id, None)
+    def ended(self, task: asyncio.Task[Run | None]) -> None:
+        """The run's task is done (a done callback): leave the executor's runs in progress,
+        give back an unused thread reservation, settle :attr:`result` if it was asked for.
+
+        Here rather than in the task's own ``finally``: a task cancelled before its first step
+        never runs its coroutine. The run itself is the callback (``__call__``): no object made
+        per run for it (a closure makes three, a bound method one), and ten thousand runs of
+        one slot are all alive at once."""
+        executor = self.executor
+        if executor is not None:
+            executor.active.pop(self.ticket.run_id, None)
+            if self.reserved:
+                self.reserved = False
+                executor.threads.unreserve()
+        if self._result is not None and not self._result.done():
+            _settle(self._result, task)
+
+    __call__ = ended
 
     def set_deadline(self, deadline: int) -> None:
         """The lease surely ends at ``deadline`` (monotonic ms) unless renewed; any thread."""
         self.deadline = deadline
         self.ctx._deadline = deadline
+
+
+def _settle(future: asyncio.Future[Run | None], task: asyncio.Task[Run | None]) -> None:
+    """Give ``future`` the outcome of the done ``task``.
+
+    An exception reaches whoever awaits ``future``; the task still reports it as the loop does
+    for a task nobody awaited (taking it from the task marks it retrieved)."""
+    if task.cancelled():
+        future.cancel()
+        return
+    exc = task.exception()
+    if exc is None:
+        future.set_result(task.result())
+        return
+    future.set_exception(exc)
+    future.exception()  # retrieved: reported below, once
+    task.get_loop().call_exception_handler(
+        {"message": "Task exception was never retrieved", "exception": exc, "future": task}
+    )
 
 
 @dataclass(eq=False)
@@ -111,6 +153,7 @@ class RunExecutor:
     _finish_outage: bool = field(default=False, init=False)
     _finish_retries: int = field(default=0, init=False)
     _monotonic_ms: Callable[[], int] = field(init=False)
+    _callbacks: contextvars.Context = field(init=False)
 
     def __post_init__(self) -> None:
         self._results = Coalescer(
@@ -118,6 +161,7 @@ class RunExecutor:
         )
         # One bound method for every run's context, not one made per run.
         self._monotonic_ms = self.clock.monotonic_ms
+        self._callbacks = contextvars.Context()
 
     def start(
         self, job: Job, ticket: Ticket, *, reserved: bool = False, sent_ms: int | None = None
@@ -139,16 +183,18 @@ class RunExecutor:
             monotonic_ms=self._monotonic_ms,
             retry=retry_number(ticket.slot_key),
         )
-        active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved, registry=self.active)
+        active = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=reserved, executor=self)
         if ticket.lease_expires_at_ms is not None:
             sent = sent_ms if sent_ms is not None else self.clock.monotonic_ms()
             active.set_deadline(sent + _lease_left(ticket))
         self.active[ticket.run_id] = active
-        active.task = asyncio.get_running_loop().create_task(
+        active.task = task = asyncio.get_running_loop().create_task(
             otel.traced_run(active, self._execute(active)),
             name=f"anarchon run of {job.name} ({ticket.run_id[:8]})",
         )
-        active.task.add_done_callback(active.ended)
+        # In the executor's own context, not a copy of the current one made per run: the
+        # callback reads no context variable.
+        task.add_done_callback(active, context=self._callbacks)
         return active
 
     def running(self, task: asyncio.Task[Any] | None) -> ActiveRun | None:
@@ -160,22 +206,10 @@ class RunExecutor:
                 return active
         return None
 
-    async def _execute(self, active: ActiveRun) -> None:
-        try:
-            run = await self._execute_inner(active)
-        except BaseException as exc:
-            if not active.result.done():
-                active.result.set_exception(exc)
-                active.result.exception()  # retrieved: the task reports it
-            raise
-        finally:
-            if active.reserved:
-                active.reserved = False
-                self.threads.unreserve()
-        if not active.result.done():
-            active.result.set_result(run)
-
-    async def _execute_inner(self, active: ActiveRun) -> Run | None:
+    async def _execute(self, active: ActiveRun) -> Run | None:
+        """The run's task, one coroutine (ten thousand runs of a slot wait at once): the
+        handler, then its result recorded; the run recorded, or None if none was (handed over,
+        lease lost, result refused). What happens when it ends: :meth:`ActiveRun.ended`."""
         ticket, job = active.ticket, active.job
         if self.closed:
             # Won after the grace period (a claim or takeover that was in flight): hand it
@@ -208,8 +242,16 @@ class RunExecutor:
         otel.handler_done(outcome)
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
-            run = await self._finish(active, *outcome)
-            if run is not None and outcome[0] is RunStatus.FAILED and self.on_failed is not None:
+            status, error, exc = outcome
+            # The first try here rather than in _finish: one coroutine fewer per waiting run.
+            run: Run | None
+            try:
+                run = await self._results.submit(FinishRequest(ticket, status, error))
+            except BackendError as failed:
+                run = await self._finish(active, status, error, exc, failed)
+            else:
+                self._recorded(ticket, status, error, exc)
+            if run is not None and status is RunStatus.FAILED and self.on_failed is not None:
                 await self.on_failed(job, active.ticket, run)
             return run
         if active.cancel_reason == HANDED_OVER and active.thread_running:
@@ -402,14 +444,28 @@ class RunExecutor:
             active.task.cancel()
 
     async def _finish(
-        self, active: ActiveRun, status: RunStatus, error: str | None, exc: BaseException | None
+        self,
+        active: ActiveRun,
+        status: RunStatus,
+        error: str | None,
+        exc: BaseException | None,
+        failed: BackendError | None = None,
     ) -> Run | None:
+        """Record the run's result, retrying while the backend is unavailable; the run
+        recorded, or None if it was refused. ``failed``: how the caller's own first try
+        failed (:meth:`_execute` tries once without this coroutine)."""
         ticket = active.ticket
         delays: Iterator[float] | None = None  # made on the first failure: rare
         while True:
-            try:
-                run = await self._results.submit(FinishRequest(ticket, status, error))
-            except LeaseLost as refused:
+            if failed is None:
+                try:
+                    run = await self._results.submit(FinishRequest(ticket, status, error))
+                except BackendError as refused:
+                    failed = refused
+                else:
+                    self._recorded(ticket, status, error, exc)
+                    return run
+            if isinstance(failed, LeaseLost):
                 self.counters.count(ticket.job, "result_refused")
                 _log(
                     logging.WARNING,
@@ -420,16 +476,11 @@ class RunExecutor:
                     ticket.attempt,
                     status.value,
                     f": {error}" if error else "",
-                    refused,
+                    failed,
                     exc_info=exc,
                 )
                 return None
-            except BackendUnavailable as unavailable:
-                self._finish_failed(ticket, unavailable)
-                delays = delays or backoff()
-                await self.clock.sleep(next(delays))
-                continue
-            except BackendError as broken:  # refused for good (logged with its traceback)
+            if not isinstance(failed, BackendUnavailable):  # refused for good
                 self.counters.result_errors += 1
                 _log(
                     logging.WARNING,
@@ -439,37 +490,45 @@ class RunExecutor:
                     ticket.job,
                     ticket.attempt,
                     status.value,
-                    broken,
+                    failed,
                 )
                 return None
-            if self._finish_outage:
-                self._finish_recovered(ticket)
-            self.counters.count_run(status, ticket.job, self.clock.now_ms())
-            if status is RunStatus.SUCCEEDED:
-                if logger.isEnabledFor(logging.INFO):
-                    _log(
-                        logging.INFO,
-                        Action.RUN_SUCCEEDED,
-                        ticket,
-                        "job %s succeeded (attempt %d)",
-                        ticket.job,
-                        ticket.attempt,
-                    )
-            else:
-                # One ERROR line per failed run, with the handler's traceback: what alerting
-                # (Sentry's logging integration, log-based alerts) looks for.
+            self._finish_failed(ticket, failed)
+            failed = None
+            delays = delays or backoff()
+            await self.clock.sleep(next(delays))
+
+    def _recorded(
+        self, ticket: Ticket, status: RunStatus, error: str | None, exc: BaseException | None
+    ) -> None:
+        """The result of ``ticket``'s run is recorded: count and log it."""
+        if self._finish_outage:
+            self._finish_recovered(ticket)
+        self.counters.count_run(status, ticket.job, self.clock.now_ms())
+        if status is RunStatus.SUCCEEDED:
+            if logger.isEnabledFor(logging.INFO):
                 _log(
-                    logging.ERROR,
-                    Action.RUN_FAILED,
+                    logging.INFO,
+                    Action.RUN_SUCCEEDED,
                     ticket,
-                    "job %s %s (attempt %d): %s",
+                    "job %s succeeded (attempt %d)",
                     ticket.job,
-                    status.value,
                     ticket.attempt,
-                    error,
-                    exc_info=exc,
                 )
-            return run
+        else:
+            # One ERROR line per failed run, with the handler's traceback: what alerting
+            # (Sentry's logging integration, log-based alerts) looks for.
+            _log(
+                logging.ERROR,
+                Action.RUN_FAILED,
+                ticket,
+                "job %s %s (attempt %d): %s",
+                ticket.job,
+                status.value,
+                ticket.attempt,
+                error,
+                exc_info=exc,
+            )
 
     def _finish_failed(self, ticket: Ticket, error: BackendUnavailable) -> None:
         """Recording ``ticket``'s result failed on an unavailable backend: one WARNING per
@@ -576,7 +635,7 @@ class RunExecutor:
             if active.task is not None and not active.task.done() and not active.in_handler:
                 active.task.cancel()  # stuck in a release or finish call: abandoned
 
-    def stubborn(self) -> list[asyncio.Task[None]]:
+    def stubborn(self) -> list[asyncio.Task[Any]]:
         """Runs whose handlers ignored their cancellation and still work (after :meth:`drain`)."""
         return [a.task for a in self.active.values() if _still_in_handler(a) and a.task]
 
@@ -587,7 +646,7 @@ def _still_in_handler(active: ActiveRun) -> bool:
 
 
 async def _all_or_sleep(
-    tasks: list[asyncio.Task[None]], sleep: Coroutine[Any, Any, None], limit_s: float
+    tasks: list[asyncio.Task[Run | None]], sleep: Coroutine[Any, Any, None], limit_s: float
 ) -> None:
     """Wait until every task is done, ``sleep`` (a clock's sleep) ends, or ``limit_s`` pass."""
     sleeper = asyncio.ensure_future(sleep)

@@ -33,7 +33,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
-from ._models import RunStatus
+from ._models import Run, RunStatus
 from .backend import HANDED_OVER, ClaimOutcome, ClaimRequest, ClaimStatus
 from .logs import slot_iso
 
@@ -124,8 +124,11 @@ def attempt_parent(job: str, slot_key: str, attempt: int) -> SpanContext:
 # -- the core's hooks ---------------------------------------------------------------------------
 
 
-def traced_run(active: ActiveRun, run: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
-    """The run's coroutine (``run``), inside the attempt's span when tracing is on."""
+def traced_run(
+    active: ActiveRun, run: Coroutine[Any, Any, Run | None]
+) -> Coroutine[Any, Any, Run | None]:
+    """The run's coroutine (``run``, which returns the recorded run), inside the attempt's
+    span when tracing is on."""
     tracer = _tracer()
     if tracer is None:
         return run
@@ -250,7 +253,9 @@ def _attempt_attributes(active: ActiveRun) -> Mapping[str, str | int | bool]:
     return attributes
 
 
-async def _traced_run(tracer: Tracer, active: ActiveRun, run: Coroutine[Any, Any, None]) -> None:
+async def _traced_run(
+    tracer: Tracer, active: ActiveRun, run: Coroutine[Any, Any, Run | None]
+) -> Run | None:
     api = _api()
     ticket = active.ticket
     links = []
@@ -273,7 +278,7 @@ async def _traced_run(tracer: Tracer, active: ActiveRun, run: Coroutine[Any, Any
         with api.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
-            await run
+            recorded = await run
     except asyncio.CancelledError:
         span.set_attribute("anarchon.outcome", "cancelled")
         raise
@@ -283,15 +288,15 @@ async def _traced_run(tracer: Tracer, active: ActiveRun, run: Coroutine[Any, Any
         span.set_status(api.Status(api.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         raise
     else:
-        _set_outcome(api, attempt, active)
+        _set_outcome(api, attempt, active, recorded)
+        return recorded
     finally:
         _ATTEMPT.reset(token)
         span.end()
 
 
-def _set_outcome(api: Any, attempt: _Attempt, active: ActiveRun) -> None:
-    span, result = attempt.span, active.result
-    recorded = result.result() if result.done() and not result.cancelled() else None
+def _set_outcome(api: Any, attempt: _Attempt, active: ActiveRun, recorded: Run | None) -> None:
+    span = attempt.span
     if recorded is not None:
         span.set_attribute("anarchon.outcome", recorded.status.value)
         if recorded.status is RunStatus.FAILED:

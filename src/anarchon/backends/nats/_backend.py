@@ -209,6 +209,7 @@ class NatsBackend(Backend):
         if upkeep is not None:
             upkeep.cancel()
             await asyncio.gather(upkeep, return_exceptions=True)
+        await self._claims.close()
         claimed, self._claimed = self._claimed, None
         if claimed is not None:  # on a connection you passed in, it outlives this backend
             with contextlib.suppress(Exception):

@@ -35,6 +35,7 @@ from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
 from ._connection import MAX_IN_FLIGHT, Connection
+from ._readback import ReadBack
 from ._records import Claim
 from ._window import CLAIM_MARGIN_MS, Window
 
@@ -89,6 +90,7 @@ class ClaimPath:
         # duplicate ack for one of them may be our own claim, and one the scheduler gives up on
         # is settled in the background (settle).
         self._unsure: dict[str, _Unsure] = {}
+        self._readback = ReadBack(connection, prefix)
 
     # -- claims -----------------------------------------------------------------------------
 
@@ -123,7 +125,11 @@ class ClaimPath:
                     except Exception as exc:
                         answers[n] = exc
 
-        await asyncio.gather(*(work() for _ in range(min(len(requests), MAX_IN_FLIGHT))))
+        workers = min(len(requests), MAX_IN_FLIGHT)
+        if workers == 1:
+            await work()  # one request (the usual firing of one slot): no task to make
+        else:
+            await asyncio.gather(*(work() for _ in range(workers)))
         problems = [a for a in answers if isinstance(a, Exception)]
         if problems:
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
@@ -223,6 +229,14 @@ class ClaimPath:
           BackendUnavailable, so the core retries the claim with the same token and a later
           read settles it.
         """
+        delivered = await self._readback.read(seq)
+        if delivered is not None:
+            fed = records.decode_claim(delivered)
+            # The same claim id, or it is read by sequence below (a stream deleted and created
+            # again under the same name numbers its messages anew).
+            if fed is not None and fed.job == req.job and fed.slot_key == req.slot_key:
+                self._unsure.pop(req.token, None)
+                return fed
         maybe_ours = unsure or req.token in self._unsure
         try:
             stored = await self._connection.get_retrying({"seq": seq}, f"reading claim {msg_id}")
@@ -334,6 +348,10 @@ class ClaimPath:
             return None
         return stored.time_ms
 
+    async def close(self) -> None:
+        """Stop the claims feed (see :mod:`._readback`)."""
+        await self._readback.close()
+
     # -- settling claims the scheduler gave up on --------------------------------------------
 
     def _remember_unsure(self, req: ClaimRequest) -> None:
@@ -376,6 +394,7 @@ class ClaimPath:
                     await self._window.check()
                 if self._unsure:
                     await self.settle()
+                await self._readback.upkeep()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -1,0 +1,255 @@
+"""The read-back of losing claims, from a feed of the stream's claims instead of a request each.
+
+The seed settles a duplicate ack by reading the stored message the ack points at and comparing
+tokens. Read by sequence, that is a second round trip for every losing claim: with every
+instance claiming at once (no rank delays), two of three claims pay it, and their batch waits
+for it. So once this instance gets a duplicate ack, it keeps an ephemeral push consumer on
+``<prefix>*.claims`` (:data:`~._subjects.ALL_CLAIMS`), from a little before that sequence on:
+JetStream delivers each stored claim once, with its stream sequence and timestamp, and a later
+duplicate ack is settled from what arrived. That is still the stored message, read from the
+stream, and the tokens are compared as before; only the request is gone.
+
+The feed is an optimisation and never the only source: a sequence it has not delivered within
+:data:`FEED_WAIT_S` (one before the feed began, a feed that lost messages on a reconnect or was
+deleted, a claim already trimmed) is read by sequence as before, and a stalled feed is started
+again. It stops after :data:`FEED_IDLE_S` without a duplicate ack, so a healthy fleet whose
+rank delays keep the losers from claiming pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _errors as errors
+from . import _records as records
+from . import _subjects as subjects
+from ._connection import MAX_IN_FLIGHT, Connection
+from ._records import Stored
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+#: How long a read waits for the feed to deliver the sequence it asks for, before reading it by
+#: sequence. A claim is delivered as soon as it is stored, before the duplicate acks that point
+#: at it, unless the feed lags behind a burst of thousands.
+FEED_WAIT_S: Final = 0.5
+#: The feed stops after this long without a duplicate ack.
+FEED_IDLE_S: Final = 60.0
+#: Delivered claims kept for a read at most (a read takes its claim out); the oldest go first.
+FEED_KEEP: Final = 10_000
+#: A stalled feed is started again at most this often.
+FEED_RESTART_S: Final = 5.0
+#: The feed starts this many sequences before the duplicate ack that starts it: the other claims
+#: of the same batch in flight were stored around it.
+FEED_BEFORE: Final = MAX_IN_FLIGHT
+#: The server sends an idle heartbeat this often (ns) when it has nothing to deliver; with flow
+#: control (the server paces the feed to what this client has read) it is required.
+HEARTBEAT_NS: Final = 5_000_000_000
+#: The server deletes the consumer this long (ns) after this instance stopped listening to it.
+INACTIVE_NS: Final = 30_000_000_000
+
+
+class ReadBack:
+    """The claims stream's feed of one backend, and reads of the claims it delivered."""
+
+    def __init__(self, connection: Connection, prefix: str) -> None:
+        self._connection = connection
+        self._prefix = prefix
+        self._kept: dict[int, Stored] = {}
+        self._waiting: dict[int, list[asyncio.Future[Stored | None]]] = {}
+        self._heap: list[int] = []  # the sequences in _waiting, smallest first
+        self._sub: Subscription | None = None
+        self._consumer: str | None = None
+        self._generation = 0
+        self._first = 0  # the first sequence the running feed delivers
+        self._last = 0  # the last sequence it delivered
+        self._used = -math.inf  # loop time of the last read
+        self._started = -math.inf  # loop time of the last start
+        self._starting: asyncio.Future[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while a feed is subscribed."""
+        return self._sub is not None
+
+    async def read(self, seq: int) -> Stored | None:
+        """The stored message at ``seq`` if the feed delivered it or delivers it within
+        :data:`FEED_WAIT_S`; None when the caller must read it by sequence."""
+        loop = asyncio.get_running_loop()
+        self._used = loop.time()
+        kept = self._kept.pop(seq, None)
+        if kept is not None:
+            return kept
+        if self._sub is None:
+            self._start_soon(seq)
+            return None
+        if seq < self._first or seq <= self._last:
+            return None  # before the feed began, or passed over (trimmed, deleted, or lost)
+        waiter: asyncio.Future[Stored | None] = loop.create_future()
+        if seq not in self._waiting:
+            self._waiting[seq] = []
+            heapq.heappush(self._heap, seq)
+        self._waiting[seq].append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, FEED_WAIT_S)
+        except TimeoutError:
+            logger.debug(
+                "the claims feed of stream %s did not deliver seq %d in %.1f s (it is at %d)",
+                self._connection.stream,
+                seq,
+                FEED_WAIT_S,
+                self._last,
+                extra={"action": "claims_feed_stalled"},
+            )
+            self._start_soon(seq, again=True)
+            return None
+
+    def _start_soon(self, seq: int, *, again: bool = False) -> None:
+        if self._starting is not None and not self._starting.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._started < FEED_RESTART_S:
+            return
+        if again or self._sub is None:
+            self._started = loop.time()
+            self._starting = asyncio.ensure_future(self._start(max(1, seq - FEED_BEFORE)))
+
+    async def _start(self, first: int) -> None:
+        try:
+            await self._subscribe(first)
+        except Exception as exc:
+            logger.debug(
+                "no claims feed on stream %s (duplicate acks are read by sequence): %s",
+                self._connection.stream,
+                errors.describe(exc),
+                extra={"action": "claims_feed_failed"},
+            )
+
+    async def _subscribe(self, first: int) -> None:
+        await self.stop()
+        nc, _ = self._connection.require()
+        stream = self._connection.stream
+        self._generation += 1
+        generation = self._generation
+        inbox = nc.new_inbox()
+
+        async def heard(msg: Msg) -> None:
+            if generation == self._generation:
+                await self._heard(msg)
+
+        self._first, self._last = first, first - 1
+        sub = await nc.subscribe(inbox, cb=heard)
+        config = {
+            "deliver_subject": inbox,
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": first,
+            "ack_policy": "none",
+            "replay_policy": "instant",
+            "filter_subject": subjects.ALL_CLAIMS.format(prefix=self._prefix),
+            "flow_control": True,
+            "idle_heartbeat": HEARTBEAT_NS,
+            "inactive_threshold": INACTIVE_NS,
+            "mem_storage": True,
+        }
+        try:
+            answer = await self._connection.api(
+                subjects.API.format(verb="CONSUMER.CREATE", stream=stream),
+                {"stream_name": stream, "config": config},
+            )
+        except BaseException:
+            await _quietly(sub.unsubscribe())
+            raise
+        if generation != self._generation:  # stopped meanwhile
+            await _quietly(sub.unsubscribe())
+            await self._delete(str(answer.get("name") or ""))
+            return
+        self._sub, self._consumer = sub, str(answer.get("name") or "")
+
+    async def _heard(self, msg: Msg) -> None:
+        reply = msg.reply or ""
+        fields = records.ack_fields(reply)
+        if fields is None:
+            if reply:  # flow control: the server waits for this answer before sending more
+                nc = self._connection.nc
+                if nc is not None:
+                    await _quietly(nc.publish(reply, b""))
+            return  # an idle heartbeat
+        seq, time_ms, _ = fields
+        if seq <= self._last:
+            return
+        self._last = seq
+        stored = Stored(seq=seq, subject=msg.subject, time_ms=time_ms, data=msg.data)
+        waiters = self._waiting.pop(seq, None)
+        if waiters is not None:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(stored)
+        else:
+            kept = self._kept
+            kept[seq] = stored
+            if len(kept) > FEED_KEEP:
+                del kept[next(iter(kept))]
+        heap = self._heap
+        while heap and heap[0] <= seq:  # passed over: not delivered, read by sequence
+            self._wake(heapq.heappop(heap))
+
+    def _wake(self, seq: int) -> None:
+        for waiter in self._waiting.pop(seq, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def upkeep(self) -> None:
+        """Stop the feed after :data:`FEED_IDLE_S` without a read."""
+        if self._sub is not None and asyncio.get_running_loop().time() - self._used > FEED_IDLE_S:
+            logger.debug(
+                "claims feed of stream %s stopped: no duplicate ack for %.0f s",
+                self._connection.stream,
+                FEED_IDLE_S,
+                extra={"action": "claims_feed_stopped"},
+            )
+            await self.stop()
+            self._started = -math.inf  # the next duplicate ack starts it again at once
+
+    async def stop(self) -> None:
+        """Stop the feed (unsubscribe, delete its consumer) and let every waiting read go."""
+        self._generation += 1
+        sub, self._sub = self._sub, None
+        consumer, self._consumer = self._consumer, None
+        self._kept.clear()
+        for seq in list(self._waiting):
+            self._wake(seq)
+        self._heap.clear()
+        if sub is not None:
+            await _quietly(sub.unsubscribe())
+        if consumer:
+            await self._delete(consumer)
+
+    async def _delete(self, consumer: str) -> None:
+        """Delete the feed's consumer (best effort: the server deletes it INACTIVE_NS after
+        nobody listens)."""
+        if not consumer or self._connection.nc is None:
+            return
+        subject = subjects.CONSUMER_DELETE.format(stream=self._connection.stream, consumer=consumer)
+        await _quietly(self._connection.api(subject, None, 1.0))
+
+    async def close(self) -> None:
+        """Stop the feed and any start of it still under way."""
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await self.stop()
+
+
+async def _quietly(call: Any) -> None:
+    try:
+        await call
+    except Exception as exc:
+        logger.debug("claims feed: %s", errors.describe(exc))
