@@ -108,6 +108,10 @@ class _MemoryRows:
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """The reference pruning (see :meth:`~anarchon.kit.lease.RowStore.prune`)."""
         keys = self.by_job.get(job, {})
+        if len(keys) <= self.history_size and (
+            cutoff is None or all(self._first_start(job, k)[0] >= cutoff for k in keys)
+        ):
+            return  # the usual case, once per result: nothing to prune, no sort
         slots = sorted(keys, key=lambda k: self._first_start(job, k))
 
         def prunable(key: str) -> bool:
