@@ -57,7 +57,11 @@ class _MemoryRows:
 
     def __init__(self, history_size: int) -> None:
         self.history_size = history_size
-        self.runs: dict[tuple[str, str], list[RunRow]] = {}
+        # The latest attempt of each slot, and the earlier ones of slots taken over (oldest
+        # first): no list per slot for the usual single attempt (one object fewer per record
+        # for the garbage collector to walk).
+        self.runs: dict[tuple[str, str], RunRow] = {}
+        self.earlier: dict[tuple[str, str], list[RunRow]] = {}
         # Slot keys of each job in the order their first attempt was recorded: oldest first.
         self.by_job: dict[str, dict[str, None]] = {}
         self.fences: dict[str, int] = {}
@@ -67,20 +71,24 @@ class _MemoryRows:
         self.control = MemoryControl()
 
     def current(self, job: str, slot_key: str) -> RunRow | None:
-        attempts = self.runs.get((job, slot_key))
-        return attempts[-1] if attempts else None
+        return self.runs.get((job, slot_key))
+
+    def _attempts(self, job: str, key: str) -> list[RunRow]:
+        """Every attempt of the slot ``key``, oldest first."""
+        return [*self.earlier.get((job, key), ()), self.runs[(job, key)]]
 
     def live_holder(self, job: str, now: int) -> RunRow | None:
-        live = [
-            row for key in self.by_job.get(job, {}) if (row := self.runs[(job, key)][-1]).live(now)
-        ]
+        live = [row for key in self.by_job.get(job, {}) if (row := self.runs[(job, key)]).live(now)]
         return min(live, key=self._seq_of, default=None)
 
     def _seq_of(self, row: RunRow) -> int:
         return self.seq[(row.job, row.slot_key, row.attempt)]
 
     def insert(self, row: RunRow) -> None:
-        self.runs.setdefault((row.job, row.slot_key), []).append(row)
+        before = self.runs.get((row.job, row.slot_key))
+        if before is not None:
+            self.earlier.setdefault((row.job, row.slot_key), []).append(before)
+        self.runs[(row.job, row.slot_key)] = row
         self.by_job.setdefault(row.job, {})[row.slot_key] = None
         self.seq[(row.job, row.slot_key, row.attempt)] = next(self.order)
 
@@ -101,22 +109,26 @@ class _MemoryRows:
         return [held[name] for name in (job, ALL_JOBS) if name in held]
 
     def rows(self, job: str) -> list[RunRow]:
-        out = [row for key in self.by_job.get(job, {}) for row in self.runs[(job, key)]]
+        out = [row for key in self.by_job.get(job, {}) for row in self._attempts(job, key)]
         out.sort(key=lambda r: (r.started_at, self._seq_of(r)))
         return out
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """The reference pruning (see :meth:`~anarchon.kit.lease.RowStore.prune`)."""
         keys = self.by_job.get(job, {})
+        if len(keys) <= self.history_size and (
+            cutoff is None or all(self._first_start(job, k)[0] >= cutoff for k in keys)
+        ):
+            return  # the usual case, once per result: nothing to prune, no sort
         slots = sorted(keys, key=lambda k: self._first_start(job, k))
 
         def prunable(key: str) -> bool:
-            return key != keep_key and self.runs[(job, key)][-1].status != RunStatus.RUNNING
+            return key != keep_key and self.runs[(job, key)].status != RunStatus.RUNNING
 
         victims: list[str] = []
         if cutoff is not None:
             for key in slots:
-                latest = self.runs[(job, key)][-1]
+                latest = self.runs[(job, key)]
                 if len(victims) >= rules.PRUNE_BATCH or self._first_start(job, key)[0] >= cutoff:
                     break
                 if prunable(key) and latest.finished_at is not None and latest.finished_at < cutoff:
@@ -130,7 +142,9 @@ class _MemoryRows:
                 victims.append(key)
                 room -= 1
         for key in victims:
-            attempts = self.runs.pop((job, key))
+            attempts = self._attempts(job, key)
+            del self.runs[(job, key)]
+            self.earlier.pop((job, key), None)
             del keys[key]
             for row in attempts:
                 del self.seq[(job, key, row.attempt)]
@@ -139,7 +153,8 @@ class _MemoryRows:
                 self.pruned[job] = max(self.pruned.get(job, slot), slot)
 
     def _first_start(self, job: str, key: str) -> tuple[int, int]:
-        first = self.runs[(job, key)][0]
+        earlier = self.earlier.get((job, key))
+        first = earlier[0] if earlier else self.runs[(job, key)]
         return first.started_at, self._seq_of(first)
 
     def last_slot(self, job: str) -> int | None:
