@@ -11,9 +11,10 @@ stream, and the tokens are compared as before; only the request is gone.
 
 The feed is an optimisation and never the only source: a sequence it has not delivered within
 :data:`FEED_WAIT_S` (one before the feed began, a feed that lost messages on a reconnect or was
-deleted, a claim already trimmed) is read by sequence as before, and a stalled feed is started
-again. It stops after :data:`FEED_IDLE_S` without a duplicate ack, so a healthy fleet whose
-rank delays keep the losers from claiming pays nothing for it.
+deleted, a claim already trimmed), or within :data:`FEED_WAIT_MAX_S` while the feed delivers
+but lags behind, is read by sequence as before, and a feed that delivered nothing for
+:data:`FEED_WAIT_S` is started again. It stops after :data:`FEED_IDLE_S` without a duplicate
+ack, so a healthy fleet whose rank delays keep the losers from claiming pays nothing for it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ logger = logging.getLogger("anarchon.backends.nats")
 #: sequence. A claim is delivered as soon as it is stored, before the duplicate acks that point
 #: at it, unless the feed lags behind a burst of thousands.
 FEED_WAIT_S: Final = 0.5
+#: A feed that delivered something in each FEED_WAIT_S (behind, not stalled) is waited for up
+#: to this long in all.
+FEED_WAIT_MAX_S: Final = 2.0
 #: The feed stops after this long without a duplicate ack.
 FEED_IDLE_S: Final = 60.0
 #: Delivered claims kept for a read at most (a read takes its claim out); the oldest go first.
@@ -80,8 +84,8 @@ class ReadBack:
         return self._sub is not None
 
     async def read(self, seq: int) -> Stored | None:
-        """The stored message at ``seq`` if the feed delivered it or delivers it within
-        :data:`FEED_WAIT_S`; None when the caller must read it by sequence."""
+        """The stored message at ``seq`` if the feed delivered it or delivers it in time (see
+        the module's docstring); None when the caller must read it by sequence."""
         loop = asyncio.get_running_loop()
         self._used = loop.time()
         kept = self._kept.pop(seq, None)
@@ -97,19 +101,30 @@ class ReadBack:
             self._waiting[seq] = []
             heapq.heappush(self._heap, seq)
         self._waiting[seq].append(waiter)
-        try:
-            return await asyncio.wait_for(waiter, FEED_WAIT_S)
-        except TimeoutError:
-            logger.debug(
-                "the claims feed of stream %s did not deliver seq %d in %.1f s (it is at %d)",
-                self._connection.stream,
-                seq,
-                FEED_WAIT_S,
-                self._last,
-                extra={"action": "claims_feed_stalled"},
-            )
+        waited = 0.0
+        while True:
+            mark = self._last
+            done, _ = await asyncio.wait({waiter}, timeout=FEED_WAIT_S)
+            if done:
+                return waiter.result()
+            waited += FEED_WAIT_S
+            # A feed that delivers, only behind (a burst of thousands), is waited for a while.
+            if self._last == mark or waited >= FEED_WAIT_MAX_S or self._sub is None:
+                break
+        waiter.cancel()
+        stalled = self._last == mark
+        logger.debug(
+            "the claims feed of stream %s did not deliver seq %d in %.1f s (%s at %d)",
+            self._connection.stream,
+            seq,
+            waited,
+            "stalled" if stalled else "behind",
+            self._last,
+            extra={"action": "claims_feed_stalled" if stalled else "claims_feed_behind"},
+        )
+        if stalled:
             self._start_soon(seq, again=True)
-            return None
+        return None
 
     def _start_soon(self, seq: int, *, again: bool = False) -> None:
         if self._starting is not None and not self._starting.done():
