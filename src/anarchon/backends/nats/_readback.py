@@ -46,8 +46,10 @@ FEED_WAIT_S: Final = 0.5
 FEED_WAIT_MAX_S: Final = 2.0
 #: The feed stops after this long without a duplicate ack.
 FEED_IDLE_S: Final = 60.0
-#: Delivered claims kept for a read at most (a read takes its claim out); the oldest go first.
-FEED_KEEP: Final = 10_000
+#: Delivered claims kept for a read at most (a read takes its claim out; the rest are mostly this
+#: instance's own wins); the oldest go first. A read follows its claim's delivery by about the
+#: claims in flight (256), so this bounds the memory (about 2 MB) and costs no reads.
+FEED_KEEP: Final = 4096
 #: A stalled feed is started again at most this often.
 FEED_RESTART_S: Final = 5.0
 #: The feed starts this many sequences before the duplicate ack that starts it: the other claims
