@@ -4,6 +4,7 @@ it is sent and retried on its own, and each part's runs start as soon as it is a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -139,3 +140,26 @@ async def test_a_failing_part_keeps_the_runs_an_earlier_part_won(
     assert {getattr(r, "job", None) for r in unavailable} == set(second)
     late = [r for r in logged if "too late by the time their part" in r.getMessage()]
     assert sum(int(r.getMessage().split()[0]) for r in late) == JOBS - 4_000
+
+
+async def test_parts_not_yet_sent_when_the_scheduler_stops_are_not_claimed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    backend = Parts(clock, slow_s=1.0)
+    started: dict[str, int] = {}
+    scheduler = _scheduler(backend, started)
+    caplog.set_level(logging.INFO, "anarchon")
+    await scheduler.start()
+    try:
+        await _to_the_slot(clock)
+        await clock.advance(1_200)  # the first part is on its way (answered at slot + 1 s)
+        assert len(backend.calls) == 1 and not backend.answered
+        stopping = asyncio.ensure_future(scheduler.stop())
+        await clock.advance(2_000)
+        await stopping
+    finally:
+        await scheduler.stop()
+    assert [len(call) for call in backend.calls] == [2_000]
+    logged = [r for r in _not_claimed(caplog) if r.getMessage().startswith("stopping:")]
+    assert sorted(int(r.getMessage().split()[1]) for r in logged) == [500, 2_000]
