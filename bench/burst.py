@@ -1,14 +1,14 @@
 """2. Burst: N jobs due in the same second, three instances, one backend at a time.
 
 Each instance registers the same N jobs, all due once at the same fixed time of day (6 fields,
-UTC, ``jitter_ms=0``, ``catch_up='none'``), a few seconds after they start. The core claims
-every slot due at one instant in one ``Backend.claim`` call, so each instance sends one batch
-of N claims. Measured: when the last of the N handlers started (after the slot), duplicates
-and misses; then how the instances stop (SIGTERM, SIGKILL after 20 s) and what they logged
-(WARNING and ERROR lines, counted). The reference is the raw primitive for N keys done in one
-batch by one client (:meth:`bench.primitives.Primitive.claim_batch`), measured just before.
-A last row, one instance on the in-memory backend, shows what the core alone needs for N slots
-at once.
+UTC, ``jitter_ms=0``, ``catch_up='none'``), a few seconds after they start. The core claims the
+slots due at one instant in ``Backend.claim`` calls of up to 2 000, one after another, so each
+instance sends N claims in batches. Measured: when the last of the N handlers started (after the
+slot), duplicates and misses; then how the instances stop (SIGTERM, SIGKILL after 20 s) and what
+they logged (WARNING and ERROR lines, counted). The reference is the raw primitive for N keys
+done in one batch by one client (:meth:`bench.primitives.Primitive.claim_batch`), measured just
+before. A last row, one instance on the in-memory backend, shows what the core alone needs for N
+slots at once.
 """
 
 from __future__ import annotations

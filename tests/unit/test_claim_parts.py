@@ -4,6 +4,7 @@ it is sent and retried on its own, and each part's runs start as soon as it is a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -42,8 +43,13 @@ class Parts(MemoryBackend):
 
 
 def _scheduler(
-    backend: Parts, started: dict[str, int], max_late_ms: int | None = None
-) -> Scheduler:
+    slow_s: float = 0.0, answers: int | None = None, max_late_ms: int | None = None
+) -> tuple[Parts, dict[str, int], Scheduler]:
+    """A scheduler with JOBS jobs due at the same slot on a :class:`Parts` backend, and the
+    start time of each job's run (monotonic ms)."""
+    backend = Parts(FakeClock(START), slow_s, answers)
+    started: dict[str, int] = {}
+
     async def work(ctx: RunContext) -> None:
         started[ctx.job] = backend.clock.monotonic_ms()
 
@@ -54,7 +60,7 @@ def _scheduler(
             scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0)
         else:
             scheduler.add(f"j{n}", "0 * * * *", work, jitter_ms=0, max_late_ms=max_late_ms)
-    return scheduler
+    return backend, started, scheduler
 
 
 async def _to_the_slot(clock: FakeClock) -> None:
@@ -67,10 +73,8 @@ def _not_claimed(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 async def test_a_large_due_batch_is_claimed_in_parts() -> None:
-    clock = FakeClock(START)
-    backend = Parts(clock, slow_s=0.5)
-    started: dict[str, int] = {}
-    scheduler = _scheduler(backend, started)
+    backend, started, scheduler = _scheduler(slow_s=0.5)
+    clock = backend.clock
     async with scheduler:
         await _to_the_slot(clock)
         await clock.advance(6_000)
@@ -92,10 +96,8 @@ async def test_a_part_too_late_by_the_time_it_could_be_sent_is_not_sent(
 ) -> None:
     # Each claim call takes 1.5 s, max_late_ms is 1 s: the first part is sent at the slot, the
     # second would be sent 1.5 s after it, too late.
-    clock = FakeClock(START)
-    backend = Parts(clock, slow_s=1.5)
-    started: dict[str, int] = {}
-    scheduler = _scheduler(backend, started, max_late_ms=1_000)
+    backend, started, scheduler = _scheduler(slow_s=1.5, max_late_ms=1_000)
+    clock = backend.clock
     caplog.set_level(logging.WARNING, "anarchon")
     async with scheduler:
         await _to_the_slot(clock)
@@ -116,10 +118,8 @@ async def test_a_failing_part_keeps_the_runs_an_earlier_part_won(
 ) -> None:
     # The backend answers the first part, then goes down: the second part is retried until its
     # slots are too late (5 s), the third is then too late to be sent.
-    clock = FakeClock(START)
-    backend = Parts(clock, answers=1)
-    started: dict[str, int] = {}
-    scheduler = _scheduler(backend, started, max_late_ms=5_000)
+    backend, started, scheduler = _scheduler(answers=1, max_late_ms=5_000)
+    clock = backend.clock
     caplog.set_level(logging.WARNING, "anarchon")
     async with scheduler:
         await _to_the_slot(clock)
@@ -139,3 +139,24 @@ async def test_a_failing_part_keeps_the_runs_an_earlier_part_won(
     assert {getattr(r, "job", None) for r in unavailable} == set(second)
     late = [r for r in logged if "too late by the time their part" in r.getMessage()]
     assert sum(int(r.getMessage().split()[0]) for r in late) == JOBS - 4_000
+
+
+async def test_parts_not_yet_sent_when_the_scheduler_stops_are_not_claimed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend, _, scheduler = _scheduler(slow_s=1.0)
+    clock = backend.clock
+    caplog.set_level(logging.INFO, "anarchon")
+    await scheduler.start()
+    try:
+        await _to_the_slot(clock)
+        await clock.advance(1_200)  # the first part is on its way (answered at slot + 1 s)
+        assert len(backend.calls) == 1 and not backend.answered
+        stopping = asyncio.ensure_future(scheduler.stop())
+        await clock.advance(2_000)
+        await stopping
+    finally:
+        await scheduler.stop()
+    assert [len(call) for call in backend.calls] == [2_000]
+    logged = [r for r in _not_claimed(caplog) if r.getMessage().startswith("stopping:")]
+    assert sorted(int(r.getMessage().split()[1]) for r in logged) == [500, 2_000]
