@@ -403,7 +403,11 @@ ORDER BY f.ord;
 --  2. Queue on an advisory lock per job (transaction-scoped, taken in the order of their keys),
 --     then answer from the records if every slot is recorded: an instance that lost the race to
 --     a slot waits here for the winner's commit, finds its record, and commits without having
---     locked a row or written anything, so its commit does not wait for a log flush.
+--     locked a row or written anything, so its commit does not wait for a log flush. Only for
+--     batches of up to 64 requests (max_locks_per_transaction's default): advisory locks live in
+--     the server's shared lock table, which three instances claiming 10 000 jobs each at once
+--     would overflow ("out of shared memory"). A larger batch is answered from the records
+--     only if they are all there already, without waiting.
 --  3. Otherwise lock the jobs' rows (lock_jobs) and decide (claim_decide). The rows are the
 --     locks every claim, takeover and result takes (schema version 3 instances too), so
 --     correctness never depends on the advisory locks.
@@ -430,12 +434,14 @@ BEGIN
     ELSE
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
-    PERFORM pg_advisory_xact_lock(k.key)
-    FROM (
-        SELECT DISTINCT hashtextextended({claim_lock} || u.name, 0) AS key
-        FROM unnest(a_job) AS u (name)
-        ORDER BY 1
-    ) k;
+    IF cardinality(a_job) <= 64 THEN
+        PERFORM pg_advisory_xact_lock(k.key)
+        FROM (
+            SELECT DISTINCT hashtextextended({claim_lock} || u.name, 0) AS key
+            FROM unnest(a_job) AS u (name)
+            ORDER BY 1
+        ) k;
+    END IF;
     RETURN QUERY {fn_claim_recorded}
     IF FOUND THEN
         RETURN;
