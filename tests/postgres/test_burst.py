@@ -1,10 +1,13 @@
-"""A burst of results on PostgreSQL: ten thousand runs due at once, every result recorded.
+"""Bursts on PostgreSQL: ten thousand runs due at once, claimed by three instances at once and
+every result recorded.
 
 Ten thousand results, one transaction each in one call, took longer than ``timeout_ms``: the
 call was given up and retried, again and again, and none was recorded. Results are now grouped
 (``FINISH_GROUP`` to a transaction, ``FINISH_CALL`` to a call)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import psycopg
 import pytest
@@ -60,3 +63,17 @@ async def test_a_failing_result_in_a_group_fails_alone(make: Make, schema: str) 
     assert {r.status for r in results if hasattr(r, "status")} == {RunStatus.FAILED}
     [run] = await backend.history("poison")
     assert run.status is RunStatus.RUNNING
+
+
+async def test_three_instances_claiming_ten_thousand_jobs_at_once(make: Make) -> None:
+    # Each batch is its own transaction over 10 000 jobs: the claim takes no lock per job in the
+    # server's shared lock table (it holds about 64 per connection), which three such batches
+    # at once would overflow ("out of shared memory").
+    backends = [make(timeout_ms=120_000) for _ in range(3)]
+    await asyncio.gather(*(b.start() for b in backends))
+    jobs = [f"c{n}" for n in range(BURST)]
+    batches = [[request(job=job, instance=f"i{k}") for job in jobs] for k in range(3)]
+    answers = await asyncio.gather(*(b.claim(r) for b, r in zip(backends, batches, strict=True)))
+    assert all(o.error is None for batch in answers for o in batch)
+    for n in range(BURST):
+        assert sorted(batch[n].status.value for batch in answers) == ["lost", "lost", "won"], n

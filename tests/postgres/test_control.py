@@ -78,7 +78,7 @@ async def test_a_version_2_schema_is_migrated_and_keeps_its_history(
             .format(sql.Identifier(schema, prefix + "schema_version"))
             .as_string(None)
         )
-    ] == [1, 2, 3]
+    ] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(

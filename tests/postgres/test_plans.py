@@ -158,7 +158,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
         "last_run": (q["history"], {"job": job, "limit": 1}),
         "last_slot": (q["last_slot"], {"job": job}),
         "claim_lookup": (
-            q["claim"],
+            q["claim_decide"],
             claim_params(
                 [
                     ClaimRequest(

@@ -2,8 +2,9 @@
 
 Each method names its statements (``queries.sql``, composed by ``_queries.py``), runs them
 through ``_connection.py`` and turns their rows into answers with ``_rows.py``. The claim path:
-:meth:`PostgresBackend.claim` sends ``lock_jobs`` then ``claim`` in one transaction, and
-``_rows.claim_outcome`` reads each request's answer from its row.
+:meth:`PostgresBackend.claim` calls the server-side function ``claim_function`` (which locks,
+then runs ``claim_decide``) in one transaction, and ``_rows.claim_outcome`` reads each
+request's answer from its row.
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ __all__ = ["PostgresBackend"]
 # Without notifications (PgBouncer in transaction mode), backups re-check a watched run this
 # often, so a hand-over is noticed within about this long instead of at lease expiry.
 POLL_MS: Final = 500
-# Batches larger than this are planned for their size with JIT compilation off; smaller ones
-# reuse the prepared claim's generic plan (see no_jit, custom_plans, generic_plans in queries.sql).
-LARGE_BATCH: Final = 100
 # Results recorded in one transaction, and in one call (one round trip, well inside timeout_ms).
 FINISH_GROUP: Final = 50
 FINISH_CALL: Final = 250
@@ -157,11 +155,13 @@ class PostgresBackend(contract.LeaseBackend):
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`.
 
-        A batch is one transaction, sent in one round trip: the rows of its jobs are locked,
-        then one statement decides every request. A batch naming one slot twice is split so
-        that the second request sees the first. A request the database cannot store is
-        answered on its own (LOST with ``error``); if the server refuses a batch for a value
-        of one request, each request of it is decided alone.
+        A batch is one transaction, sent in one round trip, around one call of the server-side
+        function ``claim_function``: it answers a batch whose slots are all recorded without
+        locking a row (so an instance that lost the race commits without a log flush), else
+        locks the rows of its jobs and decides every request in one statement. A batch naming
+        one slot twice is split so that the second request sees the first. A request the
+        database cannot store is answered on its own (LOST with ``error``); if the server
+        refuses a batch for a value of one request, each request of it is decided alone.
         """
         reqs = list(requests)
         outcomes: list[contract.ClaimOutcome | None] = [None] * len(reqs)
@@ -201,16 +201,10 @@ class PostgresBackend(contract.LeaseBackend):
         self, reqs: list[contract.ClaimRequest], conn: AsyncConnection[Any]
     ) -> list[contract.ClaimOutcome]:
         q = self._queries
-        before: list[Statement] = []
-        if len(reqs) > LARGE_BATCH:
-            before += [(q["no_jit"], None), (q["custom_plans"], None)]
-        elif self.prepared_statements:
-            before.append((q["generic_plans"], None))
-        before.append((q["lock_jobs"], {"jobs": sorted({r.job for r in reqs})}))
         later = self._send_notices()
         found = await self._db.transaction(
             conn,
-            before,
+            [],
             q["claim"],
             rows.claim_params(reqs, q.names.channel, later=later is not None),
             later,

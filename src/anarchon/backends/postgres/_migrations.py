@@ -21,8 +21,8 @@ __all__ = ["SCHEMA_VERSION", "check_readable", "migrate"]
 
 logger = logging.getLogger("anarchon.backends.postgres")
 
-SCHEMA_VERSION: Final = 3
-MIGRATIONS: Final = {1: "migration_1", 2: "migration_2", 3: "migration_3"}
+SCHEMA_VERSION: Final = 4
+MIGRATIONS: Final = {1: "migration_1", 2: "migration_2", 3: "migration_3", 4: "migration_4"}
 
 
 async def migrate(conn: AsyncConnection[Any], q: Queries) -> None:

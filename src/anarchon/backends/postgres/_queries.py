@@ -5,6 +5,10 @@ substituted as quoted identifiers (:class:`psycopg.sql.Identifier`) once the sch
 table prefix have passed the checks of :mod:`._options`. Values are always query parameters.
 The sections named in :data:`PARTS` are pieces of other statements, substituted where those
 write ``{run_columns}``, ``{current_attempt}`` ...
+
+The claim runs in a function on the server (``claim_function``, made by a migration): the
+statements named in :data:`IN_FUNCTION` are substituted into its body with their parameters
+written as the function's arguments (``%(job)s`` as ``a_job``, see :func:`as_variables`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from anarchon.kit.sql import load_queries
 if TYPE_CHECKING:
     from psycopg import sql
 
-__all__ = ["PARTS", "RAW", "Names", "Queries"]
+__all__ = ["IN_FUNCTION", "PARTS", "RAW", "Names", "Queries", "as_variables"]
 
 RAW: Final = load_queries(__name__.rpartition(".")[0], "queries.sql")
 # In order: a part may use the parts before it.
 PARTS: Final = ("run_columns", "current_attempt", "held_by_ticket", "kept_notices")
+# Statements substituted into claim_function's body as {fn_<name>}; then the function itself,
+# a part of migration_4. Neither is sent on its own.
+IN_FUNCTION: Final = ("claim_recorded", "lock_jobs", "claim_decide")
+_FUNCTION_ONLY: Final = ("claim_recorded", "claim_function")
 _MAX_CHANNEL: Final = 63
 # A named parameter, or a percent sign written twice (queries.sql's conventions).
 _PLACEHOLDER: Final = re.compile(rb"%\((\w+)\)s|%%")
@@ -51,7 +59,8 @@ class Names:
         return f"anarchon migrations {self.schema}.{self.prefix}"
 
     def identifiers(self) -> dict[str, sql.Composable]:
-        """The identifiers ``queries.sql`` refers to, quoted, and the clock expression."""
+        """The identifiers ``queries.sql`` refers to, quoted, the clock expression and the
+        prefix of the claim's advisory lock keys."""
         from psycopg import sql
 
         def table(name: str) -> sql.Identifier:
@@ -72,6 +81,9 @@ class Names:
             "runs_recorded": sql.Identifier(self.prefix + "runs_recorded"),
             "runs_running": sql.Identifier(self.prefix + "runs_running"),
             "runs_slot": sql.Identifier(self.prefix + "runs_slot"),
+            "claim_fn": table("claim"),
+            # Prefix of the claim function's advisory lock keys (one per job).
+            "claim_lock": sql.Literal(f"anarchon claims {self.schema}.{self.prefix} "),
             # The database clock in epoch ms, written once: clock_timestamp() plus a test-only
             # offset (the session setting anarchon.test_clock_offset_ms, never set in
             # production, where it reads NULL and adds 0).
@@ -93,11 +105,16 @@ class Queries:
         self._values = names.identifiers()
         for part in PARTS:
             self._values[part] = sql.SQL(_without_comments(RAW[part])).format(**self._values)
+        for name in IN_FUNCTION:
+            body = as_variables(_without_comments(RAW[name]))
+            self._values["fn_" + name] = sql.SQL(body).format(**self._values)
+        function = _without_comments(RAW["claim_function"])
+        self._values["claim_function"] = sql.SQL(function).format(**self._values)
         # Rendered once: composing a statement again for every call costs more than sending it.
         self._rendered: dict[str, bytes] = {
             name: self.compose(text).as_bytes(None)
             for name, text in RAW.items()
-            if name not in PARTS
+            if name not in PARTS and name not in _FUNCTION_ONLY
         }
         self._positional = {text: positional(text) for text in self._rendered.values()}
 
@@ -120,9 +137,30 @@ class Queries:
         """The statements of the section ``name`` (a migration), one by one."""
         return [
             self.compose(statement.strip()).as_bytes(None)
-            for statement in RAW[name].split(";")
+            for statement in _statements(RAW[name])
             if statement.strip()
         ]
+
+
+def _statements(text: str) -> list[str]:
+    """``text`` split at each semicolon outside a function body (``$fn$ ... $fn$``)."""
+    statements = [""]
+    for n, piece in enumerate(text.split("$fn$")):
+        if n % 2:
+            statements[-1] += "$fn$" + piece + "$fn$"
+            continue
+        first, *rest = piece.split(";")
+        statements[-1] += first
+        statements += rest
+    return statements
+
+
+def as_variables(text: str) -> str:
+    """``text`` (a statement of ``queries.sql``) for a PL/pgSQL body: each ``%(name)s``
+    written as the variable ``a_name``, and ``%%`` as ``%``."""
+    return _PLACEHOLDER.sub(
+        lambda m: b"%" if m.group(1) is None else b"a_" + m.group(1), text.encode()
+    ).decode()
 
 
 def _without_comments(text: str) -> str:

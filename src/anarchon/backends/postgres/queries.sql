@@ -144,6 +144,14 @@ CREATE TABLE {requests} (
 );
 CREATE INDEX {requests_due} ON {requests} (job, due_ms, requested_at_ms, id);
 
+-- name: migration_4
+-- The claim as one function call (claim_function below): it answers a batch whose slots are
+-- all recorded without locking anything, and queues the others on advisory locks of their jobs
+-- before it locks their rows, so an instance that lost the race to a slot answers from the
+-- winner's record without a write of its own. Instances of schema version 3 still running
+-- beside it lock the same rows and run the same statement: they stay correct.
+{claim_function};
+
 -- name: now
 SELECT {now_ms} AS now;
 
@@ -171,24 +179,6 @@ ROLLBACK;
 -- name: deallocate_all
 DEALLOCATE ALL;
 
--- name: no_jit
--- For the rest of the claim's transaction: the planner's estimate for a large batch passes
--- jit_above_cost, and compiling the statement would cost more than running it (1.5 s against
--- 0.2 s for 10 000 requests).
-SET LOCAL jit = off;
-
--- name: custom_plans
--- For the rest of a large batch's transaction: plan the claim for its real size. A generic plan
--- estimates unnest() of an array parameter at 10 rows; for 10 000 requests it chose nested loops
--- that took 11.4 s against 0.5 s (measured on 200 000 runs), and in plan_cache_mode = auto
--- PostgreSQL may switch a prepared statement to it after five executions.
-SET LOCAL plan_cache_mode = force_custom_plan;
-
--- name: generic_plans
--- For the rest of a small batch's transaction: reuse the prepared claim's generic plan instead of
--- planning the statement again (1.1 ms of its 2.3 ms for one request; index lookups either way).
-SET LOCAL plan_cache_mode = force_generic_plan;
-
 -- name: lock_jobs
 -- Lock (creating them if new) the rows of these jobs, in one fixed order for every instance.
 -- DO UPDATE ... WHERE false locks an existing row without writing a new version of it.
@@ -196,7 +186,7 @@ INSERT INTO {jobs} AS j (job)
 SELECT DISTINCT name COLLATE "C" FROM unnest(%(jobs)s::text[]) AS u (name) ORDER BY 1
 ON CONFLICT (job) DO UPDATE SET fence = j.fence WHERE false;
 
--- name: claim
+-- name: claim_decide
 -- Decides a batch of claims under the job locks (see the rules in anarchon/backend.py).
 -- The batch holds no two requests for one (job, slot_key): the backend splits such a batch.
 -- Requests of one job are decided as if one after the other, in order: a later request with
@@ -377,6 +367,104 @@ SELECT n.ord, n.verdict, n.now, {run_columns}
 FROM numbered n LEFT JOIN answers x ON x.ord = n.ord
 CROSS JOIN notified
 ORDER BY n.ord;
+
+-- name: claim_recorded
+-- In claim_function: the current attempt of every requested slot (verdict 'existing', as
+-- claim_decide answers a recorded slot), or no row at all when one slot has no record.
+WITH clock AS MATERIALIZED (
+    SELECT {now_ms} AS now
+),
+found AS MATERIALIZED (
+    SELECT r.ord, clock.now, cur.*
+    FROM unnest(a_job, a_slot_key) WITH ORDINALITY AS r (job, slot_key, ord)
+    CROSS JOIN clock
+    LEFT JOIN LATERAL (
+        SELECT {run_columns}
+        FROM {runs} x WHERE x.job = r.job AND x.slot_key = r.slot_key
+        ORDER BY x.attempt DESC LIMIT 1
+    ) cur ON true
+)
+SELECT f.ord, 'existing'::text, f.now, f.job, f.slot_key, f.slot, f.attempt, f.run_id, f.token,
+       f.instance, f.trigger, f.status, f.fence, f.started_at, f.finished_at,
+       f.lease_expires_at, f.released, f.error, f.reason, f.requested_by
+FROM found f
+WHERE NOT EXISTS (SELECT 1 FROM found m WHERE m.job IS NULL)
+ORDER BY f.ord;
+
+-- name: claim_function
+-- The claim (PostgresBackend.claim), made by migration_4: one call decides a batch (the
+-- arguments are claim_decide's parameters, an array per field) and answers claim_decide's rows.
+--  1. Plans: a batch of over 100 requests is planned for its size (plan_cache_mode =
+--     force_custom_plan: a generic plan estimates unnest() of an array at 10 rows, and for
+--     10 000 requests chose nested loops that took 11.4 s against 0.5 s) with JIT off (the
+--     estimate for a large batch passes jit_above_cost, and compiling cost 1.5 s against 0.2 s
+--     of running); a smaller one reuses the generic plan (planning was 1.1 ms of 2.3 ms).
+--     Both for the rest of the transaction only.
+--  2. Queue on an advisory lock per job (transaction-scoped, taken in the order of their keys),
+--     then answer from the records if every slot is recorded: an instance that lost the race to
+--     a slot waits here for the winner's commit, finds its record, and commits without having
+--     locked a row or written anything, so its commit does not wait for a log flush. Only for
+--     batches of up to 64 requests (max_locks_per_transaction's default): advisory locks live in
+--     the server's shared lock table, which three instances claiming 10 000 jobs each at once
+--     would overflow ("out of shared memory"). A larger batch is answered from the records
+--     only if they are all there already, without waiting.
+--  3. Otherwise lock the jobs' rows (lock_jobs) and decide (claim_decide). The rows are the
+--     locks every claim, takeover and result takes (schema version 3 instances too), so
+--     correctness never depends on the advisory locks.
+-- Every statement of a volatile function takes a new snapshot (READ COMMITTED), after the
+-- locks before it.
+CREATE FUNCTION {claim_fn}(
+    a_job text[], a_slot_key text[], a_slot bigint[], a_run_id text[], a_token text[],
+    a_instance text[], a_trigger text[], a_lease_ms bigint[], a_overlap_skip boolean[],
+    a_skip_reason text[], a_skip_status text[], a_pausable boolean[], a_requested_by text[],
+    a_channel text, a_later boolean
+) RETURNS TABLE (
+    o_ord bigint, o_verdict text, o_now bigint, o_job text, o_slot_key text, o_slot bigint,
+    o_attempt integer, o_run_id text, o_token text, o_instance text, o_trigger text,
+    o_status text, o_fence bigint, o_started_at bigint, o_finished_at bigint,
+    o_lease_expires_at bigint, o_released boolean, o_error text, o_reason text,
+    o_requested_by text
+) LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    a_jobs text[] := a_job;
+BEGIN
+    IF cardinality(a_job) > 100 THEN
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true),
+                set_config('jit', 'off', true);
+    ELSE
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
+    IF cardinality(a_job) <= 64 THEN
+        PERFORM pg_advisory_xact_lock(k.key)
+        FROM (
+            SELECT DISTINCT hashtextextended({claim_lock} || u.name, 0) AS key
+            FROM unnest(a_job) AS u (name)
+            ORDER BY 1
+        ) k;
+    END IF;
+    RETURN QUERY {fn_claim_recorded}
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    {fn_lock_jobs}
+    RETURN QUERY {fn_claim_decide}
+END
+$fn$
+
+-- name: claim
+-- One call of claim_function, its columns named as claim_decide names them.
+SELECT o_ord AS ord, o_verdict AS verdict, o_now AS now, o_job AS job, o_slot_key AS slot_key,
+       o_slot AS slot, o_attempt AS attempt, o_run_id AS run_id, o_token AS token,
+       o_instance AS instance, o_trigger AS trigger, o_status AS status, o_fence AS fence,
+       o_started_at AS started_at, o_finished_at AS finished_at,
+       o_lease_expires_at AS lease_expires_at, o_released AS released, o_error AS error,
+       o_reason AS reason, o_requested_by AS requested_by
+FROM {claim_fn}(
+    %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
+    %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
+    %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
+    %(pausable)s::boolean[], %(requested_by)s::text[], %(channel)s::text, %(later)s::boolean
+);
 
 -- name: send_notices
 -- Right after the COMMIT of a claim or of results, in the same round trip and session: send the

@@ -1,0 +1,161 @@
+"""The claim function of schema version 4: the migration from version 3 (data kept, instances
+migrating at once), an instance of version 3 claiming beside it, and the recorded-slot answer
+that locks no row."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from anarchon import BackendUnavailable, RunStatus
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.backends.postgres import PostgresBackend
+from anarchon.backends.postgres._queries import Names, Queries
+from anarchon.backends.postgres._rows import claim_outcome, claim_params
+from tests.backends.postgres import DSN
+from tests.records import claim_request
+
+SLOT = 1_800_000_000_000
+Make = Callable[..., PostgresBackend]
+
+
+async def _versions(schema: str) -> list[int]:
+    table = sql.Identifier(schema, "anarchon_schema_version")
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        cur = await conn.execute(sql.SQL("SELECT version FROM {} ORDER BY 1").format(table))
+        return [v for (v,) in await cur.fetchall()]
+
+
+async def _make_version_3(schema: str) -> None:
+    """The tables as a scheduler of schema version 3 left them, with one run recorded."""
+    q = Queries(Names(schema, "anarchon_"))
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(q["create_schema"])
+        await conn.execute(q["create_version_table"])
+        for version in (1, 2, 3):
+            for statement in q.script(f"migration_{version}"):
+                await conn.execute(statement)
+            await conn.execute(q["set_schema_version"], {"version": version})
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance, trigger,"
+                " status, fence, started_at, finished_at, requested_by)"
+                " VALUES ('job', %s, 1, %s, 'old', 't', 'i0', 'schedule', 'succeeded', 7, 5, 6,"
+                " NULL)"
+            ).format(sql.Identifier(schema, "anarchon_runs")),
+            (str(SLOT), SLOT),
+        )
+        await conn.execute(
+            sql.SQL("INSERT INTO {} (job, fence) VALUES ('job', 7)").format(
+                sql.Identifier(schema, "anarchon_jobs")
+            )
+        )
+
+
+async def test_a_version_3_schema_is_migrated_once_by_instances_starting_at_once(
+    make: Make, schema: str
+) -> None:
+    await _make_version_3(schema)
+    backends = [make() for _ in range(4)]
+    await asyncio.gather(*(b.start() for b in backends))
+    assert await _versions(schema) == [1, 2, 3, 4]
+    [old] = await backends[0].history("job")
+    assert (old.run_id, old.status, old.slot_ms) == ("old", RunStatus.SUCCEEDED, SLOT)
+    # The recorded slot is answered from its record; the next slot is won, with a higher fence.
+    recorded, fresh = await backends[1].claim(
+        [claim_request("job", SLOT, "i1"), claim_request("job", SLOT + 60_000, "i1")]
+    )
+    assert recorded.status is ClaimStatus.LOST and recorded.run.run_id == "old"
+    assert fresh.status is ClaimStatus.WON and fresh.ticket is not None
+    assert (fresh.ticket.fence or 0) > 7
+    await backends[2].stop()
+    await backends[2].start()  # again: nothing to migrate
+    assert await _versions(schema) == [1, 2, 3, 4]
+
+
+async def _claim_as_version_3(
+    conn: psycopg.AsyncConnection[Any], q: Queries, req: ClaimRequest
+) -> ClaimStatus:
+    """One claim as a scheduler of schema version 3 makes it: lock_jobs, then the decision, in
+    one READ COMMITTED transaction (no function, no advisory lock)."""
+    async with conn.transaction():
+        await conn.execute(q["read_committed"])
+        await conn.execute(q["lock_jobs"], {"jobs": [req.job]})
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(q["claim_decide"], claim_params([req], q.names.channel, later=False))
+        [row] = await cur.fetchall()
+    return claim_outcome(req, row).status
+
+
+async def test_an_instance_of_version_3_and_one_of_version_4_elect_one_winner(
+    make: Make, schema: str
+) -> None:
+    backend = make()
+    await backend.start()
+    q = Queries(Names(schema, "anarchon_"))
+    async with await psycopg.AsyncConnection.connect(DSN) as conn:
+        for n in range(20):
+            slot = SLOT + n * 60_000
+            old, [new] = await asyncio.gather(
+                _claim_as_version_3(conn, q, claim_request("job", slot, "old")),
+                backend.claim([claim_request("job", slot, "new")]),
+            )
+            assert sorted([old.value, new.status.value]) == ["lost", "won"], (n, old, new)
+    runs = await backend.history("job", limit=100)
+    assert len(runs) == 20 and len({r.slot_ms for r in runs}) == 20
+
+
+async def test_a_recorded_slot_is_answered_without_waiting_for_the_job_lock(
+    make: Make, schema: str
+) -> None:
+    winner, loser = make(), make(timeout_ms=1_000)
+    await winner.start()
+    await loser.start()
+    [won] = await winner.claim([claim_request("job", SLOT, "i1")])
+    assert won.status is ClaimStatus.WON
+    async with await psycopg.AsyncConnection.connect(DSN) as holder:
+        # A takeover or result of the job holding its row, as long as it likes.
+        await holder.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE job = 'job' FOR UPDATE").format(
+                sql.Identifier(schema, "anarchon_jobs")
+            )
+        )
+        [late] = await loser.claim([claim_request("job", SLOT, "i2")])
+        assert late.status is ClaimStatus.LOST and late.run.run_id == won.run.run_id
+        # A slot not recorded yet still waits for the row: the lock decides, not the record.
+        with pytest.raises(BackendUnavailable, match="timeout_ms=1000"):
+            await loser.claim([claim_request("job", SLOT + 60_000, "i2")])
+        await holder.rollback()
+
+
+async def test_a_claim_answered_from_the_records_takes_no_transaction_id(
+    make: Make, schema: str
+) -> None:
+    # No transaction id, no commit record to flush: the losers of a race commit at no cost.
+    backend = make()
+    await backend.start()
+    [won] = await backend.claim([claim_request("job", SLOT, "i1")])
+    q = backend._queries
+
+    async def xid_after(req: ClaimRequest) -> tuple[str, Any]:
+        async with await psycopg.AsyncConnection.connect(DSN) as conn:
+            params = claim_params([req], q.names.channel, later=False)
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(q["claim"], params)
+            [row] = await cur.fetchall()
+            xid = await conn.execute("SELECT pg_current_xact_id_if_assigned()")
+            found = await xid.fetchone()
+            await conn.rollback()
+        assert found is not None
+        return claim_outcome(req, row).status, found[0]
+
+    assert await xid_after(claim_request("job", SLOT, "i2")) == (ClaimStatus.LOST, None)
+    status, xid = await xid_after(claim_request("job", SLOT + 60_000, "i2"))
+    assert status is ClaimStatus.WON and xid is not None
+    assert won.status is ClaimStatus.WON
