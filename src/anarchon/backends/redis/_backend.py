@@ -149,9 +149,11 @@ class RedisBackend(contract.LeaseBackend):
         calls = [
             (
                 self._keys.job(reqs[n].job).all() + pauses_key,
-                self._args(
-                    **rows.claim_fields(reqs[n], _pauses_of(held, reqs[n].job)),
+                rows.claim_arguments(
+                    reqs[n],
+                    _pauses_of(held, reqs[n].job),
                     claims_channel=alone,
+                    clock_offset_ms=self._test_clock_offset_ms,
                 ),
             )
             for n in sent
@@ -232,9 +234,7 @@ class RedisBackend(contract.LeaseBackend):
         return RedisControl(self)
 
     def _on_cluster(self) -> bool:
-        from redis.asyncio.cluster import RedisCluster
-
-        return isinstance(self._connection.client(), RedisCluster)
+        return self._connection.on_cluster
 
     async def server_time_ms(self) -> int | None:
         """Redis's clock (``TIME``), the one every lease is measured on."""

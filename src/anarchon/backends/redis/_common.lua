@@ -8,7 +8,7 @@
 -- test-only A.clock_offset_ms (never sent in production) moves it, so tests can pass time.
 --
 -- Memory: under maxmemory with noeviction, Redis refuses a script's first write if that write
--- is a deny-OOM command (HSET, HINCRBY, ZADD) and, once a script has written, lets its later
+-- is a deny-OOM command (HSET, ZADD) and, once a script has written, lets its later
 -- writes through. So every script's first write is a deny-OOM one: while memory is full, every
 -- change is refused alike (claims fail closed, no backup takes over, renewals and results
 -- wait), and none grows memory past the limit.
@@ -50,33 +50,48 @@ local function save(row)
   redis.call('HSET', RUNS, row.id, cjson.encode(row))
 end
 
--- A fence above every earlier fence of the job and at least the server's clock in ms, so a
--- Redis that lost its data (restart without persistence, failover to a replica that missed the
--- last writes) still hands out fences above those it gave before, as long as its clock does
--- not go back.
-local function next_fence()
-  local stored = tonumber(redis.call('HGET', META, 'fence')) or 0
-  local fence = math.max(stored + 1, NOW)
-  redis.call('HSET', META, 'fence', int(fence))
-  return fence
+-- The job's META fields that a new attempt reads (numbers, or nil), in one HMGET.
+local function read_meta()
+  local values = redis.call('HMGET', META, 'seq', 'fence', 'last_slot', 'pruned_through',
+    'known_from')
+  return {seq = tonumber(values[1]), fence = tonumber(values[2]), last_slot = tonumber(values[3]),
+    pruned_through = tonumber(values[4]), known_from = tonumber(values[5])}
 end
 
--- Store a new attempt. Ids are a per-job sequence of fixed width, so attempts that start in
--- the same millisecond keep their insertion order in ORDER (ties sort by member).
-local function insert(row)
-  row.id = string.format('%012d', redis.call('HINCRBY', META, 'seq', 1))
-  save(row)
+-- Store a new attempt, given META as read_meta() read it (with a known_from still to be
+-- written, if any): all of META in one HSET (a claim's first write: deny-OOM). Ids are a
+-- per-job sequence of fixed width, so attempts that start in the same millisecond keep their
+-- insertion order in ORDER (ties sort by member). A running attempt gets a fence above every
+-- earlier fence of the job and at least the server's clock in ms, so a Redis that lost its
+-- data (restart without persistence, failover to a replica that missed the last writes) still
+-- hands out fences above those it gave before, as long as its clock does not go back.
+-- Returns the attempt as stored: encode(row) (JSON), cjson.encode by default.
+local function insert(row, meta, encode)
+  local seq = (meta.seq or 0) + 1
+  row.id = string.format('%012d', seq)
+  local fields = {'seq', int(seq)}
+  if row.status == 'running' then
+    row.fence = math.max((meta.fence or 0) + 1, NOW)
+    fields[#fields + 1] = 'fence'
+    fields[#fields + 1] = int(row.fence)
+  end
+  if row.slot and not (meta.last_slot and meta.last_slot >= row.slot) then
+    fields[#fields + 1] = 'last_slot'
+    fields[#fields + 1] = int(row.slot)
+  end
+  if meta.known_from_new then
+    fields[#fields + 1] = 'known_from'
+    fields[#fields + 1] = int(meta.known_from)
+  end
+  redis.call('HSET', META, unpack(fields))
+  local raw = (encode or cjson.encode)(row)
+  redis.call('HSET', RUNS, row.id, raw)
   redis.call('HSET', SLOTS, row.slot_key, row.id)
   redis.call('ZADD', ORDER, int(row.started_at), row.id)
   if row.status == 'running' then
     redis.call('ZADD', LEASES, int(row.lease_expires_at), row.id)
   end
-  if row.slot then
-    local last = tonumber(redis.call('HGET', META, 'last_slot'))
-    if not last or row.slot > last then
-      redis.call('HSET', META, 'last_slot', int(row.slot))
-    end
-  end
+  return raw
 end
 
 -- Drop a whole slot: every attempt (newest to oldest through each attempt's 'prev'), its

@@ -120,6 +120,7 @@ class Connection:
         self._given = given
         self._client: Client | None = None
         self._scripts: ScriptRunner | None = None
+        self._cluster = False
         self._down = False
         self._announcing: set[asyncio.Future[None]] = set()
 
@@ -181,7 +182,10 @@ class Connection:
             if isinstance(exc, TypeError):  # an unknown query option reached redis-py
                 raise InvalidOption(f"Redis URL {self.where!r}: {exc}") from exc
             raise type(exc)(f"cannot start the Redis backend: {exc}") from exc
+        from redis.asyncio.cluster import RedisCluster
+
         self._client, self._scripts = client, scripts
+        self._cluster = isinstance(client, RedisCluster)
         await self._check_eviction(client)
 
     @staticmethod
@@ -225,6 +229,13 @@ class Connection:
         if self._client is None:
             raise BackendError(f"{self.owner} is not started; start the scheduler first")
         return self._client
+
+    @property
+    def on_cluster(self) -> bool:
+        """Whether the open client is a Redis Cluster's; :class:`BackendError` before
+        :meth:`open`."""
+        self.client()
+        return self._cluster
 
     def _runner(self) -> ScriptRunner:
         self.client()

@@ -43,6 +43,7 @@ whitespace, and ends with ``:``.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -93,6 +94,15 @@ class ControlKeys(NamedTuple):
     requests: str
 
 
+# Every claim, renewal and result names its job's keys: made (and the name checked) once per
+# job, for as many jobs as a large deployment carries.
+@functools.lru_cache(maxsize=100_000)
+def _job_keys(prefix: str, job: str) -> JobKeys:
+    check_name(job)
+    base = f"{prefix}{{{job}}}:"
+    return JobKeys(*(base + kind for kind in KINDS))
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Key names under one validated prefix."""
@@ -105,9 +115,7 @@ class Namespace:
     def job(self, job: str) -> JobKeys:
         """The keys of ``job``; raises :class:`~anarchon.errors.InvalidJobName` for a bad name,
         since a name with braces would break the hash tag."""
-        check_name(job)
-        base = f"{self.prefix}{{{job}}}:"
-        return JobKeys(*(base + kind for kind in KINDS))
+        return _job_keys(self.prefix, job)
 
     @property
     def control(self) -> ControlKeys:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Final
 
 from ...backend import (
@@ -41,7 +42,7 @@ __all__ = [
     "RESTART_MARGIN_MS",
     "arguments",
     "change_messages",
-    "claim_fields",
+    "claim_arguments",
     "claim_outcome",
     "held_fields",
     "lost",
@@ -65,22 +66,12 @@ PRUNE_SCAN: Final = 1_000
 # Claim notices (or finishes) announced per PUBLISH: a burst of 10 000 claims is 20 messages,
 # each far under Redis's 512 MB limit and small enough for every subscriber to read at once.
 ANNOUNCED_PER_MESSAGE: Final = 500
-# The fields of a claim request the claim script reads, under the same names.
-CLAIM_FIELDS: Final = (
-    "job",
-    "slot_key",
-    "slot",
-    "run_id",
-    "token",
-    "instance",
-    "trigger",
-    "lease_ms",
-    "overlap",
-    "skip_reason",
-    "requested_by",
-)
 # The fields of a takeover request the take_over script reads, under the same names.
 TAKEOVER_FIELDS: Final = ("slot_key", "run_id", "token", "instance", "lease_ms", "max_attempts")
+
+
+# JSON without spaces, for what the scripts are sent and publish.
+_compact: Final = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def text(value: Any) -> str:
@@ -99,18 +90,57 @@ def arguments(values: dict[str, Any], clock_offset_ms: int = 0) -> str:
     return json.dumps({k: v for k, v in values.items() if v is not None})
 
 
-def claim_fields(req: ClaimRequest, pauses: dict[str, str] | None = None) -> dict[str, Any]:
-    """What the claim script reads of ``req`` (enums go as their values): ``skip_status`` only
-    with a ``skip_reason``, ``pausable`` when a pause holds its trigger back, and ``pauses``
-    (the stored pauses of its job and of every job) where the script cannot read them itself
-    (a Redis Cluster, see ``_control``)."""
-    fields = {name: getattr(req, name) for name in CLAIM_FIELDS}
+def claim_arguments(
+    req: ClaimRequest,
+    pauses: dict[str, str] | None = None,
+    *,
+    claims_channel: str | None = None,
+    clock_offset_ms: int = 0,
+) -> list[str]:
+    """The claim script's arguments for ``req`` (see ``claim.lua``), absent values left out.
+
+    1. What it decides by, under the request's names (enums go as their values):
+       ``skip_status`` only with a ``skip_reason``, ``pausable`` when a pause holds its trigger
+       back, and ``pauses`` (the stored pauses of its job and of every job) where the script
+       cannot read them itself: a Redis Cluster (see ``_control``).
+    2. The fields of the record it may store that the caller knows, as a JSON object left
+       open for the script to complete, so that it encodes nothing.
+    3. With ``claims_channel``: the claim notice it publishes if it wins, left open for the
+       lease expiry.
+    """
+    slot_key = req.slot_key
+    decide: dict[str, Any] = {
+        "job": req.job,
+        "slot_key": slot_key,
+        "lease_ms": req.lease_ms,
+        "overlap": req.overlap,
+        "restart_margin_ms": RESTART_MARGIN_MS,
+    }
+    # Written out rather than encoded as a dict: this is every claim's largest cost in Python.
+    known = (
+        f'{{"job":{_quote(req.job)},"slot_key":{_quote(slot_key)},"attempt":1,'
+        f'"run_id":{_quote(req.run_id)},"token":{_quote(req.token)},'
+        f'"instance":{_quote(req.instance)},"trigger":{_quote(req.trigger)}'
+    )
+    if req.slot is not None:
+        decide["slot"] = req.slot
+        known += f',"slot":{req.slot:d}'
+    if req.requested_by is not None:
+        known += f',"requested_by":{_quote(req.requested_by)}'
     if req.skip_reason is not None:
-        fields["skip_status"] = RunStatus(req.skip_status).value
+        decide["skip_reason"] = req.skip_reason
+        decide["skip_status"] = RunStatus(req.skip_status).value
     elif req.trigger in PAUSED_TRIGGERS:
-        fields["pausable"] = True
-        fields["pauses"] = pauses
-    return {**fields, "restart_margin_ms": RESTART_MARGIN_MS}
+        decide["pausable"] = True
+        if pauses is not None:
+            decide["pauses"] = pauses
+    if clock_offset_ms:
+        decide["clock_offset_ms"] = clock_offset_ms
+    if claims_channel is None:
+        return [_compact(decide), known]
+    decide["claims_channel"] = claims_channel
+    notice = f"[{_quote(req.job)},{_quote(slot_key)},{_quote(req.instance)},"
+    return [_compact(decide), known, notice]
 
 
 def takeover_fields(req: TakeoverRequest) -> dict[str, Any]:
@@ -199,7 +229,7 @@ def takeover_outcome(req: TakeoverRequest, answer: dict[str, Any]) -> TakeoverOu
 
 def _chunks(items: Sequence[list[Any]]) -> list[str]:
     return [
-        json.dumps(items[at : at + ANNOUNCED_PER_MESSAGE], separators=(",", ":"))
+        _compact(items[at : at + ANNOUNCED_PER_MESSAGE])
         for at in range(0, len(items), ANNOUNCED_PER_MESSAGE)
     ]
 

@@ -21,12 +21,14 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["SCRIPTS", "Call", "Script", "ScriptRunner"]
+__all__ = ["SCRIPTS", "Args", "Call", "Script", "ScriptRunner"]
 
 NAMES: Final = ("claim", "renew", "release", "take_over", "finish", "history")
 
-# A call: (the job's keys, the arguments as one JSON string).
-Call = tuple[Sequence[str], str]
+# A script's arguments: one JSON string (ARGV[1]), or several strings (ARGV[1], ARGV[2] ...).
+Args = str | Sequence[str]
+# A call: (the job's keys, the arguments).
+Call = tuple[Sequence[str], Args]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,10 @@ def _build() -> dict[str, Script]:
 SCRIPTS: Final = _build()
 
 
+def _argv(args: Args) -> Sequence[str]:
+    return (args,) if isinstance(args, str) else args
+
+
 class ScriptRunner:
     """Calls the scripts on one client (a ``Redis`` or a ``RedisCluster``)."""
 
@@ -67,7 +73,7 @@ class ScriptRunner:
             if sha != script.sha:  # pragma: no cover - Redis computes the same SHA1
                 raise RuntimeError(f"Redis answered SHA1 {sha} for script {script.name}")
 
-    async def call(self, name: str, keys: Sequence[str], args: str) -> Any:
+    async def call(self, name: str, keys: Sequence[str], args: Args) -> Any:
         """Run one script by its SHA1, loading the scripts again if the server lost them."""
         from redis.exceptions import NoScriptError
 
@@ -104,13 +110,13 @@ class ScriptRunner:
                 results[i] = result
         return results
 
-    async def _evalsha(self, script: Script, keys: Sequence[str], args: str) -> Any:
-        return await self._client.evalsha(script.sha, len(keys), *keys, args)
+    async def _evalsha(self, script: Script, keys: Sequence[str], args: Args) -> Any:
+        return await self._client.evalsha(script.sha, len(keys), *keys, *_argv(args))
 
     async def _pipeline(self, script: Script, calls: Sequence[Call]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
         for keys, args in calls:
             # Not pipe.evalsha(): a cluster pipeline refuses that method by name, while the
             # command itself is routed by its keys like any other.
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *_argv(args))
         return list(await pipe.execute(raise_on_error=False))

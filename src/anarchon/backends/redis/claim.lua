@@ -1,9 +1,14 @@
 -- claim: become the runner of one slot (Backend.claim). Idempotent per token.
--- A: job, slot_key, slot (absent for a manual run), run_id, token, instance, trigger,
---    lease_ms, overlap ('skip' or 'allow'), skip_reason and skip_status (optional),
---    requested_by (optional), pausable (true unless the trigger is manual), restart_margin_ms,
---    claims_channel (optional: where a won claim is announced; a batch of several claims is
---    announced by the caller instead, in one message), and on a Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
+-- A (ARGV[1]): job, slot_key, slot (absent for a manual run), lease_ms, overlap ('skip' or
+--    'allow'), skip_reason and skip_status (optional), pausable (true unless the trigger is
+--    manual), restart_margin_ms, claims_channel (optional: where a won claim is announced; a
+--    batch of several claims is announced by the caller instead, in one message), and on a
+--    Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
+-- ARGV[2]: the record's fields that the caller knows (job, slot_key, slot, attempt, run_id,
+--    token, instance, trigger, requested_by) as a JSON object without its closing brace; the
+--    script adds its own (id, status, started_at, fence, lease or reason) and closes it, so a
+--    claim encodes no record (see _rows.claim_arguments).
+-- ARGV[3] (with claims_channel): the claim notice without its lease expiry and closing bracket.
 -- KEYS[6] (not on a cluster): the pauses hash (field: job name or '*'; value: the pause as
 -- JSON with its rendered reason), read here so a stored pause holds every later claim.
 local PAUSES = KEYS[6]
@@ -64,52 +69,65 @@ end
 
 -- An answer for a slot this data set cannot vouch for; nothing is stored.
 local function refuse(reason)
-  return reply({status = 'lost', refused = true, run = {
-    job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
-    token = '', instance = A.instance, trigger = A.trigger, status = 'skipped', fence = 0,
-    started_at = NOW, reason = reason, requested_by = A.requested_by,
-  }})
+  local run = cjson.decode(ARGV[2] .. '}')
+  run.token = ''
+  run.status = 'skipped'
+  run.fence = 0
+  run.started_at = NOW
+  run.reason = reason
+  return reply({status = 'lost', refused = true, run = run})
 end
 
-local existing = current(A.slot_key)
-if existing then
-  if (existing.status == 'skipped' or existing.status == 'missed') and existing.attempt == 1 then
-    return reply({status = 'skipped', run = existing})
+-- The record of attempt 1 as stored: ARGV[2] and what this claim decided.
+local function record(row)
+  local out = ARGV[2] .. ',"id":"' .. row.id .. '","status":"' .. row.status
+    .. '","started_at":' .. int(NOW) .. ',"fence":' .. int(row.fence)
+  if row.reason then
+    return out .. ',"reason":' .. cjson.encode(row.reason) .. ',"finished_at":' .. int(NOW) .. '}'
   end
-  if existing.token == A.token and existing.attempt == 1 and existing.status == 'running'
-      and not existing.released then
-    -- A retried claim; once attempt 1 has ended it is LOST, so no handler starts on a run
-    -- that history shows as over.
-    return reply({status = 'won', run = existing})
-  end
-  local lost = {status = 'lost', run = existing}
-  if existing.status == 'running' then
-    lost.expires = existing.lease_expires_at
-  end
-  return reply(lost)
+  return out .. ',"lease_expires_at":' .. int(row.lease_expires_at) .. '}'
 end
 
-if redis.call('EXISTS', META) == 0 then
+-- The answer for the attempt stored as raw (JSON), sent as it is: the caller decides from it
+-- (anarchon.kit.lease.answer_existing: skipped, won again by a retry of the same token, or
+-- lost), so a claim that meets a record decodes and encodes nothing.
+local function answer(raw)
+  return '{"now":' .. int(NOW) .. ',"run":' .. raw .. '}'
+end
+
+local existing_id = redis.call('HGET', SLOTS, A.slot_key)
+if existing_id then
+  local raw = redis.call('HGET', RUNS, existing_id)
+  if raw then
+    return answer(raw)
+  end
+end
+
+local meta = read_meta()
+if not (meta.seq or meta.fence or meta.last_slot or meta.pruned_through or meta.known_from) then
   -- The first record of this job in this data set. Slots from before this server started
   -- are unknown to it: after a restart without persistence they may have run already, so
   -- they are refused (fail closed) rather than run a second time. The margin covers the
   -- one-second resolution of the uptime and small clock skew between instances and Redis.
+  -- known_from is written with the first attempt (insert), or alone if this claim is refused.
   local info = redis.pcall('INFO', 'server')
   local uptime = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
   if uptime then
     local started = (math.floor(NOW / 1000) - uptime) * 1000
-    redis.call('HSET', META, 'known_from', int(started + A.restart_margin_ms))
+    meta.known_from = started + A.restart_margin_ms
+    meta.known_from_new = true
   end
 end
 
 if A.slot then
-  local pruned = tonumber(redis.call('HGET', META, 'pruned_through'))
-  if pruned and A.slot <= pruned then
+  if meta.pruned_through and A.slot <= meta.pruned_through then
     return refuse("too old: the job's history is pruned past this slot")
   end
-  local known = tonumber(redis.call('HGET', META, 'known_from'))
-  if known and A.slot < known then
-    return refuse('unknown: Redis holds no record of this job before ' .. iso(known)
+  if meta.known_from and A.slot < meta.known_from then
+    if meta.known_from_new then
+      redis.call('HSET', META, 'known_from', int(meta.known_from))
+    end
+    return refuse('unknown: Redis holds no record of this job before ' .. iso(meta.known_from)
       .. ' (it restarted without its data), so the slot may have run already; not run again')
   end
 end
@@ -117,15 +135,15 @@ end
 -- The pause that holds this claim: the job's own, else the whole cluster's ('*'); active while
 -- it has no end or NOW is before it (this server's clock).
 local function active_pause()
-  for _, name in ipairs({A.job, '*'}) do
-    local raw
-    if PAUSES then
-      raw = redis.call('HGET', PAUSES, name)
-    else
-      raw = A.pauses and A.pauses[name]
-    end
-    if raw then
-      local pause = cjson.decode(raw)
+  local held
+  if PAUSES then
+    held = redis.call('HMGET', PAUSES, A.job, '*')
+  else
+    held = {A.pauses and A.pauses[A.job], A.pauses and A.pauses['*']}
+  end
+  for i = 1, 2 do
+    if held[i] then
+      local pause = cjson.decode(held[i])
       local ends = tonumber(pause.until_ms)
       if not ends or NOW < ends then
         return pause
@@ -168,30 +186,22 @@ if not reason and A.overlap == 'skip' then
   end
 end
 
-local row = {
-  job = A.job, slot_key = A.slot_key, slot = A.slot, attempt = 1, run_id = A.run_id,
-  token = A.token, instance = A.instance, trigger = A.trigger, started_at = NOW,
-  requested_by = A.requested_by,
-}
+local row = {slot_key = A.slot_key, slot = A.slot, started_at = NOW}
 if reason then
   row.status = status
   row.fence = 0
   row.reason = reason
-  row.finished_at = NOW
-  insert(row)
 else
   row.status = 'running'
-  row.fence = next_fence()
   row.lease_expires_at = NOW + A.lease_ms
-  insert(row)
 end
+local raw = insert(row, meta, record)
 for _, id in ipairs(stale) do
   redis.call('ZREM', LEASES, id)
 end
 if not reason and A.claims_channel then
   -- A claim notice, so instances still waiting their rank delay do not claim. pcall: a user
   -- whose ACL refuses the channel still claims (the others then claim and lose).
-  redis.pcall('PUBLISH', A.claims_channel,
-    cjson.encode({row.job, row.slot_key, row.instance, row.lease_expires_at}))
+  redis.pcall('PUBLISH', A.claims_channel, ARGV[3] .. int(row.lease_expires_at) .. ']')
 end
-return reply({status = row.status == 'running' and 'won' or 'skipped', run = row})
+return answer(raw)

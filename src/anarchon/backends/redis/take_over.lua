@@ -30,8 +30,8 @@ redis.call('ZREM', LEASES, row.id)
 local new = {
   job = row.job, slot_key = row.slot_key, slot = row.slot, attempt = row.attempt + 1,
   run_id = A.run_id, token = A.token, instance = A.instance, trigger = row.trigger,
-  requested_by = row.requested_by, status = 'running', fence = next_fence(), started_at = NOW,
+  requested_by = row.requested_by, status = 'running', started_at = NOW,
   lease_expires_at = NOW + A.lease_ms, prev = row.id,
 }
-insert(new)
+insert(new, read_meta()) -- gives it the next fence
 return reply({status = 'taken', run = new, expires = new.lease_expires_at})

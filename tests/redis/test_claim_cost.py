@@ -1,0 +1,90 @@
+"""The claim script's work on the server, counted on a private redis-server (INFO commandstats
+counts the commands a script runs as well as the script itself).
+
+A claim is the one call every instance makes for every slot; these budgets keep it short: a
+won claim reads the job's META and the pauses in one command each and writes META in one, a
+claim that meets a record reads two fields and answers the record as stored, and only a job's
+very first claim asks the server for its uptime (INFO).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from anarchon import Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.backends.redis import RedisBackend
+from tests.redis.servers import RedisServer
+
+
+def _request(job: str, slot: int, instance: str) -> ClaimRequest:
+    # Every option at its default (overlap, history, no skip reason) but the lease.
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=instance,
+        trigger=Trigger.SCHEDULE,
+        lease_ms=30_000,
+    )
+
+
+async def _counted(
+    client: Redis, backend: RedisBackend, requests: Sequence[ClaimRequest]
+) -> tuple[list[Any], dict[str, int]]:
+    await client.config_resetstat()
+    outcomes = await backend.claim(requests)
+    stats = await client.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    calls.pop("config|resetstat", None)
+    return outcomes, calls
+
+
+async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
+    own_server: RedisServer,
+) -> None:
+    backend = RedisBackend(own_server.url)
+    other = RedisBackend(own_server.url)
+    client = Redis.from_url(own_server.url)
+    await backend.start()
+    await other.start()
+    try:
+        slot = (int(time.time()) + 60) * 1000
+        [first], calls = await _counted(client, backend, [_request("cost", slot, "a")])
+        assert first.status is ClaimStatus.WON
+        assert calls.pop("info") == 1, calls  # the job's first record: its known_from
+
+        [won], calls = await _counted(client, backend, [_request("cost", slot + 1000, "a")])
+        assert won.status is ClaimStatus.WON and won.ticket is not None
+        assert first.ticket is not None and won.ticket.fence > first.ticket.fence
+        # TIME, HGET slots, HMGET meta, HMGET pauses, HSET meta/runs/slots, ZADD order and
+        # leases, PUBLISH the notice (the script's own call counts too).
+        assert calls == {
+            "evalsha": 1,
+            "time": 1,
+            "hget": 1,
+            "hmget": 2,
+            "hset": 3,
+            "zadd": 2,
+            "publish": 1,
+        }, calls
+
+        [lost], calls = await _counted(client, other, [_request("cost", slot + 1000, "b")])
+        assert lost.status is ClaimStatus.LOST and lost.run is not None
+        assert (lost.run.run_id, lost.run.fence) == (won.run.run_id, won.ticket.fence)
+        assert lost.lease_expires_at_ms == won.ticket.lease_expires_at_ms
+        assert calls == {"evalsha": 1, "time": 1, "hget": 2}, calls
+
+        history = await backend.history("cost")
+        assert [r.run_id for r in history] == [won.run.run_id, first.run.run_id]
+        assert history[0] == won.run
+    finally:
+        await client.aclose()
+        await other.stop()
+        await backend.stop()
