@@ -131,6 +131,7 @@ class Connection:
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.in_flight: asyncio.Semaphore | None = None
+        self._acks: _Acks | None = None
         """The gate that bounds a batch's claims in flight (:data:`MAX_IN_FLIGHT`)."""
         self._stream_has_ts: bool | None = None
         self._down = False
@@ -160,6 +161,9 @@ class Connection:
     async def close(self) -> None:
         """Close the client this connection opened; never the caller's."""
         nc, self.nc, self.js = self.nc, None, None
+        acks, self._acks = self._acks, None
+        if acks is not None:  # on a connection you passed in, the subscription is ended here
+            await acks.close()
         if nc is not None and nc is not self.given and not nc.is_closed:
             await nc.close()
 
@@ -390,10 +394,22 @@ class Connection:
         self, subject: str, payload: bytes, msg_id: str | None, wait_s: float
     ) -> PubAck:
         """Publish once, with ``msg_id`` as the de-duplication id; InFlight for a duplicate ack
-        whose original is not stored yet."""
-        _, js = self.require()
+        whose original is not stored yet.
+
+        As nats-py's ``JetStreamContext.publish``, with its errors (no answer in ``wait_s``:
+        ``nats.errors.TimeoutError``; nobody listening: ``NoStreamResponseError``; the
+        server's error: ``APIError``), but the ack comes to one subscription of this
+        connection, by reply subject, and waits on a plain future with a timer: about half the
+        client CPU of a request (its per-call inbox token and ``wait_for``), which is most of
+        a burst's client CPU.
+        """
+        nc, _ = self.require()
+        acks = self._acks if self._acks is not None and self._acks.nc is nc else None
+        if acks is None:
+            acks = self._acks = _Acks(nc)
+            await acks.listen()
         headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
-        ack = await js.publish(subject, payload, timeout=wait_s, headers=headers)
+        ack = await acks.publish(subject, payload, headers, wait_s)
         if ack.duplicate and not ack.seq:
             raise InFlight()
         return ack
@@ -527,3 +543,78 @@ class Connection:
         except Exception as exc:  # bounded anyway by the per-subject limit
             logger.debug("could not delete clock probe %d: %s", ack.seq, errors.describe(exc))
         return stored.time_ms if stored is not None else None
+
+
+class _Acks:
+    """Publish acks of one connection, received by one subscription (``<inbox>.<n>``)."""
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self._prefix = nc.new_inbox() + "."
+        self._count = 0
+        self._waiting: dict[str, asyncio.Future[PubAck]] = {}
+        self._sub: Any = None
+
+    async def listen(self) -> None:
+        self._sub = await self.nc.subscribe(self._prefix + "*", cb=self._heard)
+
+    async def close(self) -> None:
+        import nats.errors
+
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():  # as a request on a closed connection would
+                future.set_exception(nats.errors.ConnectionClosedError())
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # the connection is closed already
+                logger.debug("NATS: %s", errors.describe(exc))
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None, wait_s: float
+    ) -> PubAck:
+        import nats.errors
+
+        self._count += 1
+        reply = f"{self._prefix}{self._count}"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[PubAck] = loop.create_future()
+        self._waiting[reply] = future
+        timer = loop.call_later(wait_s, _expire, future)
+        try:
+            await self.nc.publish(subject, payload, reply=reply, headers=headers)
+            return await future
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        finally:
+            timer.cancel()
+            self._waiting.pop(reply, None)
+
+    async def _heard(self, msg: Any) -> None:
+        future = self._waiting.pop(msg.subject, None)
+        if future is None or future.done():
+            return
+        try:
+            future.set_result(_pub_ack(msg))
+        except Exception as exc:
+            future.set_exception(exc)
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+def _pub_ack(msg: Any) -> PubAck:
+    """The ack in ``msg``, or the error nats-py's JetStream publish raises for it."""
+    import nats.js.api
+    import nats.js.errors
+
+    if not msg.data and msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == "503":
+        raise nats.js.errors.NoStreamResponseError
+    answer = json.loads(msg.data)
+    if "error" in answer:
+        raise nats.js.errors.APIError.from_error(answer["error"])
+    return nats.js.api.PubAck.from_response(answer)

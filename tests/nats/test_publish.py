@@ -1,0 +1,90 @@
+"""One publish and its ack (``Connection.publish``), on real servers: the answers and errors are
+those of nats-py's JetStream publish, so the retry rules in ``_errors`` read them alike."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import pytest
+
+from anarchon.backends.nats import NatsBackend
+from anarchon.backends.nats import _errors as errors
+from tests.nats.servers import connect
+from tests.nats.test_claims import Make
+
+
+async def test_acks_come_back_to_their_own_publish(make: Make) -> None:
+    backend: NatsBackend = await make()
+    subject = f"{backend.prefix}sync.claims"
+    first = await backend._conn.publish(subject, b"{}", "sync:1", 2.0)
+    again = await backend._conn.publish(subject, b"{}", "sync:1", 2.0)
+    other = await backend._conn.publish(subject, b"{}", "sync:2", 2.0)
+    assert not first.duplicate and first.stream == backend.stream
+    assert again.duplicate and again.seq == first.seq
+    assert not other.duplicate and other.seq == first.seq + 1
+
+
+async def test_a_subject_nobody_stores_is_no_stream_response(make: Make) -> None:
+    backend: NatsBackend = await make()
+    with pytest.raises(nats.js.errors.NoStreamResponseError) as caught:
+        await backend._conn.publish("nobody.stores.this", b"", "x", 2.0)
+    assert errors.is_transient(caught.value) and not errors.maybe_sent(caught.value)
+
+
+async def test_an_unanswered_publish_times_out_and_may_be_stored(
+    make: Make, server_url: str
+) -> None:
+    backend: NatsBackend = await make()
+    listener = await connect(server_url)
+    try:
+        subject = f"silent.{uuid.uuid4().hex}"
+        await listener.subscribe(subject)  # hears it, never answers
+        await listener.flush()
+        with pytest.raises(nats.errors.TimeoutError) as caught:
+            await backend._conn.publish(subject, b"", "x", 0.2)
+        assert errors.maybe_sent(caught.value), "no answer: it may have been stored"
+    finally:
+        await listener.close()
+
+
+async def test_the_servers_error_is_an_api_error(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    responder = await connect(server_url)
+    error = {"code": 400, "err_code": 10999, "description": "refused here"}
+
+    async def refuse(msg: Any) -> None:
+        await msg.respond(json.dumps({"error": error}).encode())
+
+    try:
+        subject = f"refusing.{uuid.uuid4().hex}"
+        await responder.subscribe(subject, cb=refuse)
+        await responder.flush()
+        with pytest.raises(nats.js.errors.BadRequestError) as caught:
+            await backend._conn.publish(subject, b"", "x", 2.0)
+        assert caught.value.err_code == 10999 and not errors.maybe_sent(caught.value)
+    finally:
+        await responder.close()
+
+
+async def test_publishes_waiting_when_the_backend_stops_end_as_on_a_closed_connection(
+    make: Make, server_url: str
+) -> None:
+    import asyncio
+
+    backend: NatsBackend = await make()
+    listener = await connect(server_url)
+    try:
+        subject = f"silent.{uuid.uuid4().hex}"
+        await listener.subscribe(subject)
+        await listener.flush()
+        waiting = asyncio.ensure_future(backend._conn.publish(subject, b"", "x", 5.0))
+        await asyncio.sleep(0.1)
+        await backend.stop()
+        with pytest.raises(nats.errors.ConnectionClosedError):
+            await waiting
+    finally:
+        await listener.close()
