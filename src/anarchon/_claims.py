@@ -36,8 +36,8 @@ THREAD_POLL_S: Final = 0.05
 # bounds how long one call may take to send (NATS publishes a call's claims within
 # CLAIM_RETRY_S of it) then still claims 50 000 slots due at once, and a part that fails does
 # not cost the runs the parts before it won. One part at a time, not a few at once: two at once
-# started the last of a 10 000-slot burst no sooner on any backend (2026-12-04, 3 instances),
-# and a part sent only once the one before it is answered is judged too late on time.
+# did not start the last of a 10 000-slot burst measurably sooner on any backend (2026-12-04,
+# 3 instances), and a part that waits for the one before it is judged when it really goes out.
 CLAIM_PART: Final = MAX_BATCH
 
 Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
