@@ -148,9 +148,8 @@ class LeaseKeeper:
         self._backend = backend
         self._clock = clock
         self._on_lost = on_lost
-        # Each run kept is in the heap once, ordered by its renew_at (ActiveRun.__lt__): no
-        # entry object per run. A run no longer kept stays until its time comes, then is dropped.
-        self._heap: list[ActiveRun] = []
+        self._heap: list[tuple[int, int, ActiveRun]] = []
+        self._seq = 0
         self._live: set[ActiveRun] = set()
         self._wake = asyncio.Event()
         self._inbox: Mailbox | None = None
@@ -222,9 +221,10 @@ class LeaseKeeper:
         self._push(active, max(now, min(now + third, active.deadline - 2 * third)))
 
     def _push(self, active: ActiveRun, at: int) -> None:
-        active.renew_at = at  # not in the heap now: its place is taken here
-        heapq.heappush(self._heap, active)
-        if self._heap[0] is active:
+        self._seq += 1
+        active.renew_at = at
+        heapq.heappush(self._heap, (at, self._seq, active))
+        if self._heap[0][2] is active:
             self._wake.set()
 
     async def run(self) -> None:
@@ -232,14 +232,14 @@ class LeaseKeeper:
         while True:
             now = self._clock.monotonic_ms()
             due: list[ActiveRun] = []
-            while self._heap and self._heap[0].renew_at <= now:
-                active = heapq.heappop(self._heap)
-                if active in self._live and active.kept:
+            while self._heap and self._heap[0][0] <= now:
+                at, _, active = heapq.heappop(self._heap)
+                if active in self._live and active.kept and active.renew_at == at:
                     due.append(active)
             if due:
                 await self._renew(due)
                 continue
-            delay = min((self._heap[0].renew_at - now) / 1000 if self._heap else 30.0, 30.0)
+            delay = min((self._heap[0][0] - now) / 1000 if self._heap else 30.0, 30.0)
             assert self._inbox is not None
             if self._inbox.take(max(now + int(delay * 1000), 1)):
                 continue  # adds taken: the heap may have changed

@@ -105,10 +105,6 @@ class ActiveRun:
 
     __call__ = ended
 
-    def __lt__(self, other: ActiveRun) -> bool:
-        """Sooner to renew: the lease keeper's heap holds runs themselves."""
-        return self.renew_at < other.renew_at
-
     def set_deadline(self, deadline: int) -> None:
         """The lease surely ends at ``deadline`` (monotonic ms) unless renewed; any thread."""
         self.deadline = deadline
