@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ._batch import isolate
-from ._claims import Claims
+from ._claims import CLAIM_PART, Claims
 from ._clock import Clock
 from ._job import Job
 from ._metrics import Counters
@@ -44,6 +44,8 @@ than ``max_late_ms + jitter_ms`` after the start (a running instance could still
 COUNT_LIMIT: Final = 200_000
 """Missed slots are counted up to this many; beyond, the reason says "more than"."""
 _YIELD_EVERY: Final = 2_000
+PART: Final = CLAIM_PART
+"""Missed claims go to the backend in parts of at most this many, as the claim path's do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,23 +169,31 @@ class MissedSlots:
     async def _claim(
         self, requests: list[ClaimRequest], gaps: dict[str, tuple[int, Gap]], start_ms: int
     ) -> None:
-        """One batch of missed claims; a WARNING per job with how many were recorded."""
-        # One try: these are records of the past, not runs (the claim path's retries would drop
-        # them as too late anyway); if the backend cannot take them now, they stay unrecorded.
-        try:
-            answers = await isolate(
-                self._backend.claim, requests, _job_of, "recording missed slots"
-            )
-        except BackendUnavailable as exc:
-            logger.warning(
-                "missed slots of %d job(s) not recorded: %s",
-                len({r.job for r in requests}),
-                exc,
-                extra=log_fields(Action.CATCH_UP_FAILED),
-            )
-            return
+        """One batch of missed claims, sent in parts of at most :data:`PART` (a backend may
+        bound how long one call may take to send: NATS, within ``CLAIM_RETRY_S``); a WARNING
+        per job with how many were recorded."""
+        answered: list[tuple[ClaimRequest, ClaimOutcome | Exception]] = []
+        for first in range(0, len(requests), PART):
+            part = requests[first : first + PART]
+            # One try: these are records of the past, not runs (the claim path's retries would
+            # drop them as too late anyway); if the backend cannot take them now, they and the
+            # parts after them stay unrecorded.
+            try:
+                answers = await isolate(
+                    self._backend.claim, part, _job_of, "recording missed slots"
+                )
+            except BackendUnavailable as exc:
+                left = requests[first:]
+                logger.warning(
+                    "missed slots of %d job(s) not recorded: %s",
+                    len({r.job for r in left}),
+                    exc,
+                    extra=log_fields(Action.CATCH_UP_FAILED),
+                )
+                break
+            answered += zip(part, answers, strict=True)
         recorded: collections.Counter[str] = collections.Counter()
-        for request, outcome in zip(requests, answers, strict=True):
+        for request, outcome in answered:
             if (
                 isinstance(outcome, ClaimOutcome)
                 and outcome.status is ClaimStatus.SKIPPED

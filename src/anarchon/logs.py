@@ -122,6 +122,7 @@ class Action(StrEnum):
     SQLITE_PATH = "sqlite_path"
     EVICTION_POLICY = "eviction_policy"
     CLAIM_REFUSED_UNKNOWN = "claim_refused_unknown"
+    CLAIMS_FEED = "claims_feed"
     LISTEN = "listen"
     LISTEN_FAILED = "listen_failed"
     LISTEN_CALLBACK = "listen_callback"

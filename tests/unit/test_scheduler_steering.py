@@ -25,6 +25,7 @@ from anarchon._job import DEFAULT_RETRY_BACKOFF_MAX_MS, DEFAULT_RETRY_BACKOFF_MS
 from anarchon._missed import MARGIN_MS, MAX_RECORDED, Gap, gap_slots, missed_reason
 from anarchon._retrying import retry_number, retry_request_id
 from anarchon._schedule import CronSchedule
+from anarchon.backend import ClaimOutcome, ClaimRequest
 from anarchon.control import ALL_JOBS, RunRequest
 from anarchon.errors import InvalidJobName, InvalidOption, UnsupportedFeature
 from anarchon.testing import FakeClock
@@ -446,6 +447,40 @@ async def test_slots_nobody_ran_are_recorded_missed_on_restart(
         assert record.job == "tick"  # type: ignore[attr-defined]
         assert getattr(record, "from") == "2026-01-01T00:02:00.000+00:00"
         assert record.to == "2026-01-01T01:02:00.500+00:00"  # type: ignore[attr-defined]
+
+
+async def test_missed_slots_of_many_jobs_are_recorded_in_parts(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More missed claims than one part goes to the backend in parts (a NATS claim call must
+    send all of its publishes within CLAIM_RETRY_S); every slot of every part is recorded."""
+    monkeypatch.setattr("anarchon._missed.PART", 7)
+    calls: list[int] = []
+
+    class Counting(MemoryBackend):
+        async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+            if all(r.skip_status is RunStatus.MISSED for r in requests):
+                calls.append(len(requests))
+            return await super().claim(requests)
+
+    backend = Counting(clock=clock)
+    jobs = ["a", "b", "c"]
+    first = Scheduler(backend, clock=clock)
+    for job in jobs:
+        first.add(job, "* * * * *", _noop, jitter_ms=0, catch_up="none")
+    async with first:
+        await clock.advance(MINUTE + 500)
+    await clock.advance(10 * MINUTE)
+    second = Scheduler(backend, clock=clock)
+    for job in jobs:
+        second.add(job, "* * * * *", _noop, jitter_ms=0, catch_up="none")
+    async with second:
+        await clock.advance(500)
+    # 00:02 to 00:09 of each job (8 slots, those newer wait max_late_ms): 24 claims, parts of 7.
+    assert calls == [7, 7, 7, 3]
+    for job in jobs:
+        missed = [r for r in await backend.history(job) if r.status is RunStatus.MISSED]
+        assert sorted(r.slot_ms or 0 for r in missed) == [START + n * MINUTE for n in range(2, 10)]
 
 
 async def test_a_short_gap_is_recorded_whole_and_a_job_without_history_has_none(

@@ -122,7 +122,7 @@ class ReadBack:
             waited,
             "stalled" if stalled else "behind",
             self._last,
-            extra={"action": "claims_feed_stalled" if stalled else "claims_feed_behind"},
+            extra={"action": "claims_feed", "state": "stalled" if stalled else "behind"},
         )
         if stalled:
             self._start_soon(seq, again=True)
@@ -146,7 +146,7 @@ class ReadBack:
                 "no claims feed on stream %s (duplicate acks are read by sequence): %s",
                 self._connection.stream,
                 errors.describe(exc),
-                extra={"action": "claims_feed_failed"},
+                extra={"action": "claims_feed", "state": "failed"},
             )
 
     async def _subscribe(self, first: int) -> None:
@@ -229,7 +229,7 @@ class ReadBack:
                 "claims feed of stream %s stopped: no duplicate ack for %.0f s",
                 self._connection.stream,
                 FEED_IDLE_S,
-                extra={"action": "claims_feed_stopped"},
+                extra={"action": "claims_feed", "state": "stopped"},
             )
             await self.stop()
             self._started = -math.inf  # the next duplicate ack starts it again at once
