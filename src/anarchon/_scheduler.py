@@ -380,8 +380,10 @@ class Scheduler(Operations):
 
             def poke(job: str, slot_key: str, released: bool = True) -> None:
                 # From the backend's listener, possibly on another thread: one wake-up of the
-                # loop per batch of notifications (see Mailbox).
-                mailbox.post(watcher.poke, job, slot_key, released)
+                # loop per batch of notifications (see Mailbox). Not posted while nothing is
+                # watched (every result of a burst this instance alone runs is notified).
+                if watcher.watching():
+                    mailbox.post(watcher.poke, job, slot_key, released)
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
@@ -725,13 +727,14 @@ class Scheduler(Operations):
                 counters.claims_unranked += 1
             return False
         counters.claims_heard += 1
-        logger.debug(
-            "not claiming %s slot %s: %s won it first",
-            job.name,
-            slot,
-            notice.instance,
-            extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # in a burst, one per slot another instance won
+            logger.debug(
+                "not claiming %s slot %s: %s won it first",
+                job.name,
+                slot,
+                notice.instance,
+                extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
+            )
         return True
 
     def _push_back(self, due: Due, wall_ms: int) -> None:
