@@ -675,7 +675,10 @@ class Scheduler(Operations):
         # "Too late" is a decision shared with other instances: judged on the backend's clock
         # as measured, not on this host's wall clock (which may have been stepped).
         now = self._backend_clock.time.now_ms()
-        fired: list[tuple[Job, int]] = []
+        # The jobs fired and their slots, as two lists rather than a pair each: a burst's
+        # thousands wait for _reschedule, and each pair would be one more object to walk.
+        fired: list[Job] = []
+        slots: list[int] = []
         try:
             requests: list[ClaimRequest] = []
             reserved: set[str] = set()
@@ -690,7 +693,8 @@ class Scheduler(Operations):
                 if early_check and self._backend_clock.is_early(due.slot, now):
                     early.append(due)
                     continue
-                fired.append((job, due.slot))
+                fired.append(job)
+                slots.append(due.slot)
                 if self._state is not _State.RUNNING or self._heard(job, due.slot):
                     continue
                 request = self._claims.request(job, due.slot, Trigger.SCHEDULE, now)
@@ -711,7 +715,7 @@ class Scheduler(Operations):
         finally:
             if fired:
                 # After the claim is on its way: a batch of thousands would otherwise hold it.
-                self._spawn(self._reschedule(fired, now))
+                self._spawn(self._reschedule(fired, slots, now))
 
     def _heard(self, job: Job, slot: int) -> bool:
         """Count how this slot came to be claimed; True if another instance's win was heard
@@ -740,10 +744,11 @@ class Scheduler(Operations):
     def _push_back(self, due: Due, wall_ms: int) -> None:
         self._timer.push(due.job, due.slot, wall_ms, due.generation)
 
-    async def _reschedule(self, fired: list[tuple[Job, int]], now: int) -> None:
-        """Put each fired job's next slot on the timer. Slots that are already too late (on the
-        backend's clock) are passed over without a claim (the process was frozen)."""
-        for n, (job, slot) in enumerate(fired):
+    async def _reschedule(self, fired: list[Job], slots: list[int], now: int) -> None:
+        """Put each fired job's next slot (after its fired one in ``slots``) on the timer.
+        Slots that are already too late (on the backend's clock) are passed over without a
+        claim (the process was frozen)."""
+        for n, (job, slot) in enumerate(zip(fired, slots, strict=True)):
             if self._jobs.get(job.name) is job:
                 self._schedule_next(job, max(slot, now - job.policy.max_late_ms))
             if n % 512 == 511:
