@@ -104,7 +104,10 @@ class Coalescer(Generic[In, Out]):
         self._call = call
         self._job_of = job_of
         self._what = what
-        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
+        # Two parallel lists, not a list of (item, future) pairs: in a burst thousands wait
+        # at once, and each pair would be one more object for the garbage collector to walk.
+        self._items: list[In] = []
+        self._futures: list[asyncio.Future[Out]] = []
         self._tasks: set[asyncio.Future[None]] = set()
 
     def submit(self, item: In) -> asyncio.Future[Out]:
@@ -115,30 +118,36 @@ class Coalescer(Generic[In, Out]):
         collector to walk while they wait."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Out] = loop.create_future()
-        if not self._pending:
+        if not self._items:
             loop.call_soon(self._flush)
-        self._pending.append((item, future))
+        self._items.append(item)
+        self._futures.append(future)
         return future
 
     def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for start in range(0, len(pending), MAX_BATCH):
-            task = asyncio.ensure_future(self._send(pending[start : start + MAX_BATCH]))
+        items, futures = self._items, self._futures
+        self._items, self._futures = [], []
+        whole = len(items) <= MAX_BATCH  # the usual case: no copies
+        for start in range(0, len(items), MAX_BATCH):
+            end = start + MAX_BATCH
+            batch = self._send(
+                items if whole else items[start:end], futures if whole else futures[start:end]
+            )
+            task = asyncio.ensure_future(batch)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: list[tuple[In, asyncio.Future[Out]]]) -> None:
+    async def _send(self, items: list[In], futures: list[asyncio.Future[Out]]) -> None:
         try:
-            items = [item for item, _ in batch]
             results = await isolate(self._call, items, self._job_of, self._what)
         except BaseException as exc:
-            for _, future in batch:
+            for future in futures:
                 if not future.done():
                     future.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        for future, result in zip(futures, results, strict=True):
             if future.done():
                 continue
             if isinstance(result, BaseException):

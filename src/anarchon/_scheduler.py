@@ -380,8 +380,10 @@ class Scheduler(Operations):
 
             def poke(job: str, slot_key: str, released: bool = True) -> None:
                 # From the backend's listener, possibly on another thread: one wake-up of the
-                # loop per batch of notifications (see Mailbox).
-                mailbox.post(watcher.poke, job, slot_key, released)
+                # loop per batch of notifications (see Mailbox). Not posted while nothing is
+                # watched (every result of a burst this instance alone runs is notified).
+                if watcher.watching():
+                    mailbox.post(watcher.poke, job, slot_key, released)
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
@@ -673,7 +675,10 @@ class Scheduler(Operations):
         # "Too late" is a decision shared with other instances: judged on the backend's clock
         # as measured, not on this host's wall clock (which may have been stepped).
         now = self._backend_clock.time.now_ms()
-        fired: list[tuple[Job, int]] = []
+        # The jobs fired and their slots, as two lists rather than a pair each: a burst's
+        # thousands wait for _reschedule, and each pair would be one more object to walk.
+        fired: list[Job] = []
+        slots: list[int] = []
         try:
             requests: list[ClaimRequest] = []
             reserved: set[str] = set()
@@ -688,7 +693,8 @@ class Scheduler(Operations):
                 if early_check and self._backend_clock.is_early(due.slot, now):
                     early.append(due)
                     continue
-                fired.append((job, due.slot))
+                fired.append(job)
+                slots.append(due.slot)
                 if self._state is not _State.RUNNING or self._heard(job, due.slot):
                     continue
                 request = self._claims.request(job, due.slot, Trigger.SCHEDULE, now)
@@ -709,7 +715,7 @@ class Scheduler(Operations):
         finally:
             if fired:
                 # After the claim is on its way: a batch of thousands would otherwise hold it.
-                self._spawn(self._reschedule(fired, now))
+                self._spawn(self._reschedule(fired, slots, now))
 
     def _heard(self, job: Job, slot: int) -> bool:
         """Count how this slot came to be claimed; True if another instance's win was heard
@@ -725,22 +731,24 @@ class Scheduler(Operations):
                 counters.claims_unranked += 1
             return False
         counters.claims_heard += 1
-        logger.debug(
-            "not claiming %s slot %s: %s won it first",
-            job.name,
-            slot,
-            notice.instance,
-            extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # in a burst, one per slot another instance won
+            logger.debug(
+                "not claiming %s slot %s: %s won it first",
+                job.name,
+                slot,
+                notice.instance,
+                extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
+            )
         return True
 
     def _push_back(self, due: Due, wall_ms: int) -> None:
         self._timer.push(due.job, due.slot, wall_ms, due.generation)
 
-    async def _reschedule(self, fired: list[tuple[Job, int]], now: int) -> None:
-        """Put each fired job's next slot on the timer. Slots that are already too late (on the
-        backend's clock) are passed over without a claim (the process was frozen)."""
-        for n, (job, slot) in enumerate(fired):
+    async def _reschedule(self, fired: list[Job], slots: list[int], now: int) -> None:
+        """Put each fired job's next slot (after its fired one in ``slots``) on the timer.
+        Slots that are already too late (on the backend's clock) are passed over without a
+        claim (the process was frozen)."""
+        for n, (job, slot) in enumerate(zip(fired, slots, strict=True)):
             if self._jobs.get(job.name) is job:
                 self._schedule_next(job, max(slot, now - job.policy.max_late_ms))
             if n % 512 == 511:

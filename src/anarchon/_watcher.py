@@ -89,6 +89,12 @@ class BackupWatcher:
         else:
             self._forget(job, slot_key)
 
+    def watching(self) -> bool:
+        """Whether any run is watched: a cheap test before posting a :meth:`poke` to the
+        loop (safe from another thread: one read of the dict's size). A notice that arrives
+        just before its run is watched is not lost: the watch checks at the lease's end."""
+        return bool(self._watched)
+
     def __len__(self) -> int:
         return len(self._watched)
 

@@ -1,0 +1,51 @@
+"""Coalescer: items submitted together go in batches of at most MAX_BATCH, each caller gets its
+own item's result, and one bad item fails only its caller."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from anarchon._batch import MAX_BATCH, Coalescer
+from anarchon.errors import BackendUnavailable
+
+
+async def test_items_submitted_together_are_batched_and_answered_in_order() -> None:
+    batches: list[int] = []
+
+    async def double(items: Sequence[int]) -> Sequence[int | BaseException]:
+        batches.append(len(items))
+        return [item * 2 for item in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(double, str, "doubling")
+    futures = [coalescer.submit(n) for n in range(MAX_BATCH + 3)]
+    assert await asyncio.gather(*futures) == [n * 2 for n in range(MAX_BATCH + 3)]
+    assert batches == [MAX_BATCH, 3]
+    assert await coalescer.submit(21) == 42
+    assert batches == [MAX_BATCH, 3, 1]
+
+
+async def test_one_bad_item_fails_only_its_caller() -> None:
+    async def refuse_seven(items: Sequence[int]) -> Sequence[int | BaseException]:
+        if 7 in items:
+            raise ValueError("seven is refused")
+        return list(items)
+
+    coalescer: Coalescer[int, int] = Coalescer(refuse_seven, str, "echo")
+    futures = [coalescer.submit(n) for n in range(10)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert [r for r in results if not isinstance(r, BaseException)] == [0, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert isinstance(results[7], ValueError)
+
+
+async def test_an_unavailable_backend_reaches_every_caller() -> None:
+    async def down(items: Sequence[int]) -> Sequence[int | BaseException]:
+        raise BackendUnavailable("down")
+
+    coalescer: Coalescer[int, int] = Coalescer(down, str, "echo")
+    futures = [coalescer.submit(n) for n in range(3)]
+    for future in futures:
+        with pytest.raises(BackendUnavailable):
+            await future
