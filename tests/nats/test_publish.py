@@ -3,8 +3,11 @@ those of nats-py's JetStream publish, so the retry rules in ``_errors`` read the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats.errors
@@ -15,6 +18,19 @@ from anarchon.backends.nats import NatsBackend
 from anarchon.backends.nats import _errors as errors
 from tests.nats.servers import connect
 from tests.nats.test_claims import Make
+
+
+@contextlib.asynccontextmanager
+async def _silent(server_url: str) -> AsyncIterator[str]:
+    """A subject another client hears and never answers."""
+    listener = await connect(server_url)
+    try:
+        subject = f"silent.{uuid.uuid4().hex}"
+        await listener.subscribe(subject)
+        await listener.flush()
+        yield subject
+    finally:
+        await listener.close()
 
 
 async def test_acks_come_back_to_their_own_publish(make: Make) -> None:
@@ -39,16 +55,10 @@ async def test_an_unanswered_publish_times_out_and_may_be_stored(
     make: Make, server_url: str
 ) -> None:
     backend: NatsBackend = await make()
-    listener = await connect(server_url)
-    try:
-        subject = f"silent.{uuid.uuid4().hex}"
-        await listener.subscribe(subject)  # hears it, never answers
-        await listener.flush()
+    async with _silent(server_url) as subject:
         with pytest.raises(nats.errors.TimeoutError) as caught:
             await backend._conn.publish(subject, b"", "x", 0.2)
         assert errors.maybe_sent(caught.value), "no answer: it may have been stored"
-    finally:
-        await listener.close()
 
 
 async def test_the_servers_error_is_an_api_error(make: Make, server_url: str) -> None:
@@ -73,18 +83,10 @@ async def test_the_servers_error_is_an_api_error(make: Make, server_url: str) ->
 async def test_publishes_waiting_when_the_backend_stops_end_as_on_a_closed_connection(
     make: Make, server_url: str
 ) -> None:
-    import asyncio
-
     backend: NatsBackend = await make()
-    listener = await connect(server_url)
-    try:
-        subject = f"silent.{uuid.uuid4().hex}"
-        await listener.subscribe(subject)
-        await listener.flush()
+    async with _silent(server_url) as subject:
         waiting = asyncio.ensure_future(backend._conn.publish(subject, b"", "x", 5.0))
         await asyncio.sleep(0.1)
         await backend.stop()
         with pytest.raises(nats.errors.ConnectionClosedError):
             await waiting
-    finally:
-        await listener.close()

@@ -10,29 +10,20 @@ very first claim asks the server for its uptime (INFO).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 
-from anarchon import Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.redis import RedisBackend
+from tests.records import claim_request
 from tests.redis.servers import RedisServer
 
 
 def _request(job: str, slot: int, instance: str) -> ClaimRequest:
     # Every option at its default (overlap, history, no skip reason) but the lease.
-    return ClaimRequest(
-        job=job,
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=instance,
-        trigger=Trigger.SCHEDULE,
-        lease_ms=30_000,
-    )
+    return claim_request(job, slot, instance, lease_ms=30_000)
 
 
 async def _counted(
