@@ -16,6 +16,8 @@ from anarchon.registry import InstanceRecord, JobDefinition
 from anarchon.testing import FakeClock
 
 MINUTE = 60_000
+# No scheduler runs in these tests, only a backend: long waits move the clock a minute a step
+# (at the default 100 ms a step, 200 minutes took 23 s and timed out on a loaded CI machine).
 # 2027-01-15 08:00:00 UTC: a whole minute.
 T0 = 1_800_000_000_000 - 1_800_000_000_000 % MINUTE
 DEF = JobDefinition(
@@ -97,7 +99,7 @@ async def test_skipped_and_missed_slots_give_their_reason(status: RunStatus, fat
     reason = "no instance carried the job from 08:00 to 09:00"
     [out] = await backend.claim([_claim(T0, skip_reason=reason, skip_status=status)])
     assert out.status is ClaimStatus.SKIPPED
-    await clock.advance(MINUTE * 5)
+    await clock.advance(MINUTE * 5, step_ms=MINUTE)
     found = await explain(backend, "sync", T0)
     assert found.fate is fate and found.reason == reason
     assert reason in found.describe()
@@ -134,7 +136,7 @@ async def test_not_a_slot_gives_the_nearest_slots() -> None:
 
 async def test_no_record_tells_pruned_from_nobody_claimed() -> None:
     clock, backend = await _setup()
-    await clock.advance(30 * MINUTE)
+    await clock.advance(30 * MINUTE, step_ms=MINUTE)
     nothing = await explain(backend, "sync", T0)
     assert nothing.fate is Fate.NO_RECORD and nothing.history_pruned is None
     [won] = await backend.claim([_claim(T0 + 10 * MINUTE)])
@@ -164,8 +166,8 @@ async def test_without_slot_lookups_explain_reads_the_newest_records() -> None:
         [won] = await backend.claim([_claim(T0 + 2 * n * MINUTE)])
         assert won.ticket is not None
         await backend.finish(won.ticket, "succeeded", None)
-        await clock.advance(2 * MINUTE)
-    await clock.advance(10 * MINUTE)
+        await clock.advance(2 * MINUTE, step_ms=MINUTE)
+    await clock.advance(10 * MINUTE, step_ms=MINUTE)
     found = await explain(backend, "sync", T0 + 2 * MINUTE, definition=DEF)
     assert found.fate is Fate.RAN and found.records_read == 3
     beyond = await explain(backend, "sync", T0, definition=DEF, limit=2)
@@ -190,7 +192,7 @@ async def test_slot_records_finds_an_old_slot_among_many_records() -> None:
         (Trigger.RETRY, RunStatus.RUNNING),
     ]
     assert await backend.slot_records("nobody", T0) == ([], None)
-    await clock.advance(200 * MINUTE)
+    await clock.advance(200 * MINUTE, step_ms=MINUTE)
     fate = await explain(backend, "sync", T0 + 2 * MINUTE, limit=1)
     assert fate.fate is Fate.RUNNING and fate.records_read == 2
 

