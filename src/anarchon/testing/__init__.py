@@ -79,6 +79,11 @@ class FakeClock:
             _, _, future = heapq.heappop(self._sleepers)
             if not future.done():
                 future.set_result(None)
-        # Let woken tasks run, and the tasks they start, before time moves again.
+        # Let woken tasks run, and the tasks they start, before time moves again; stop early
+        # once nothing else is ready to run (an idle step then costs one pass of the loop, not
+        # twenty: an hour in 100 ms steps took seconds).
+        ready = getattr(asyncio.get_running_loop(), "_ready", None)
         for _ in range(20):
             await asyncio.sleep(0)
+            if ready is not None and not ready:
+                break
