@@ -109,23 +109,45 @@ class Coalescer(Generic[In, Out]):
         self._items: list[In] = []
         self._futures: list[asyncio.Future[Out]] = []
         self._tasks: set[asyncio.Future[None]] = set()
+        self._held = 0
+
+    @property
+    def held(self) -> bool:
+        """Items are kept back (see :meth:`hold`)."""
+        return self._held > 0
+
+    def hold(self) -> None:
+        """Keep the items submitted from now on back until :meth:`release` (holds nest) or
+        :meth:`flush`."""
+        self._held += 1
+
+    def release(self) -> None:
+        """End one :meth:`hold`; the last one sends what was kept back, in batches."""
+        self._held -= 1
+        if not self._held and self._items:
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def submit(self, item: In) -> asyncio.Future[Out]:
-        """Queue ``item`` for the next batch; await the returned future for its result.
+        """Queue ``item`` for the next batch (kept back while held); await the returned future
+        for its result.
 
         A plain function returning the future, not a coroutine: in a burst, ten thousand
         results wait at once, and each coroutine would be one more object for the garbage
         collector to walk while they wait."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Out] = loop.create_future()
-        if not self._items:
-            loop.call_soon(self._flush)
+        if not self._items and not self._held:
+            loop.call_soon(self.flush)
         self._items.append(item)
         self._futures.append(future)
         return future
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send every item waiting, those kept back by a hold too, in batches of at most
+        MAX_BATCH."""
         items, futures = self._items, self._futures
+        if not items:
+            return
         self._items, self._futures = [], []
         whole = len(items) <= MAX_BATCH  # the usual case: no copies
         for start in range(0, len(items), MAX_BATCH):

@@ -208,6 +208,10 @@ class Claims:
         self._idle.clear()
         started = self._clock.monotonic_ms()
         claimed: list[Claimed] = []
+        # Results of the first parts' runs wait for the last part (see hold_results).
+        held = len(requests) > CLAIM_PART
+        if held:
+            self._executor.hold_results()
         try:
             for first in range(0, len(requests), CLAIM_PART):
                 part = requests[first : first + CLAIM_PART]
@@ -224,6 +228,8 @@ class Claims:
                     answered(answers)
             return claimed
         finally:
+            if held:
+                self._executor.release_results()
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()

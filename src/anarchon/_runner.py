@@ -45,6 +45,8 @@ logger = logging.getLogger("anarchon.scheduler")
 STOPPED: Final = "stopped"
 # After the grace period, cancelled handlers and their hand-over calls get this long (s).
 CANCEL_GRACE_S: Final = 10.0
+# A time no held result is due by (monotonic ms, about 285 000 years).
+_NEVER: Final = 2**63 - 1
 
 Outcome = tuple[RunStatus, str | None, BaseException | None]
 """(status, error text, the exception to log with its traceback)."""
@@ -154,6 +156,10 @@ class RunExecutor:
     _finish_retries: int = field(default=0, init=False)
     _monotonic_ms: Callable[[], int] = field(init=False)
     _callbacks: contextvars.Context = field(init=False)
+    # While results are held: when the first held result may wait no longer (monotonic ms),
+    # and the task that sends them then.
+    _results_by: int = field(default=_NEVER, init=False)
+    _results_due: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._results = Coalescer(
@@ -246,7 +252,7 @@ class RunExecutor:
             # The first try here rather than in _finish: one coroutine fewer per waiting run.
             run: Run | None
             try:
-                run = await self._results.submit(FinishRequest(ticket, status, error))
+                run = await self._submit(active, ticket, status, error)
             except BackendError as failed:
                 run = await self._finish(active, status, error, exc, failed)
             else:
@@ -459,7 +465,7 @@ class RunExecutor:
         while True:
             if failed is None:
                 try:
-                    run = await self._results.submit(FinishRequest(ticket, status, error))
+                    run = await self._submit(active, ticket, status, error)
                 except BackendError as refused:
                     failed = refused
                 else:
@@ -497,6 +503,47 @@ class RunExecutor:
             failed = None
             delays = delays or backoff()
             await self.clock.sleep(next(delays))
+
+    def hold_results(self) -> None:
+        """Keep results back while a burst's claims are still being sent (:class:`Claims`
+        holds them from its first part to its last, then calls :meth:`release_results`): they
+        would otherwise go to the backend between its parts, ahead of the next part's claims
+        (on SQLite one thread and one write lock serve both), and start its runs later. A
+        result of a leased run waits no longer than its lease allows (see :meth:`_submit`)."""
+        self._results.hold()
+
+    def release_results(self) -> None:
+        """End :meth:`hold_results`: the results kept back go in batches."""
+        self._results.release()
+        if not self._results.held:
+            self._results_by = _NEVER
+            if self._results_due is not None:
+                self._results_due.cancel()
+                self._results_due = None
+
+    def _submit(
+        self, active: ActiveRun, ticket: Ticket, status: RunStatus, error: str | None
+    ) -> asyncio.Future[Run]:
+        """Queue the result of ``active``'s run for the next batch. While results are held,
+        one whose lease the keeper no longer renews waits at most until two thirds of its
+        lease are left, where a renewal would have been due: everything held goes then. So a
+        held result never goes out closer to its lease's end than a kept lease comes."""
+        results = self._results
+        if results.held and ticket.lease_expires_at_ms is not None:
+            by = active.deadline - ticket.lease_ms * 2 // 3
+            if by < self._results_by:
+                self._results_by = by
+                if self._results_due is not None:
+                    self._results_due.cancel()
+                self._results_due = asyncio.ensure_future(self._flush_results_by(by))
+        return results.submit(FinishRequest(ticket, status, error))
+
+    async def _flush_results_by(self, by: int) -> None:
+        """At ``by`` (monotonic ms), send the results held so far."""
+        await self.clock.sleep(max(0, by - self.clock.monotonic_ms()) / 1000)
+        self._results_due = None
+        self._results_by = _NEVER
+        self._results.flush()
 
     def _recorded(
         self, ticket: Ticket, status: RunStatus, error: str | None, exc: BaseException | None

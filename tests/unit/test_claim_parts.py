@@ -12,7 +12,9 @@ import pytest
 
 from anarchon import BackendUnavailable, RunContext, RunStatus, Scheduler
 from anarchon._claims import CLAIM_PART
-from anarchon.backend import ClaimOutcome, ClaimRequest
+from anarchon.backend import ClaimOutcome, ClaimRequest, FinishRequest
+from anarchon.errors import BackendError
+from anarchon.kit import Run
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import MINUTE, START
 
@@ -30,6 +32,7 @@ class Parts(MemoryBackend):
         self.answers = answers
         self.calls: list[list[str]] = []
         self.answered: list[int] = []  # when each call was answered (monotonic ms)
+        self.recorded: dict[str, int] = {}  # when each job's result was recorded (monotonic ms)
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         self.calls.append([r.job for r in requests])
@@ -40,6 +43,11 @@ class Parts(MemoryBackend):
         answers = await super().claim(requests)
         self.answered.append(self.clock.monotonic_ms())
         return answers
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+        now = self.clock.monotonic_ms()
+        self.recorded.update((ticket.job, now) for ticket, _, _ in items)
+        return await super().finish_many(items)
 
 
 def _scheduler(
@@ -89,6 +97,23 @@ async def test_a_large_due_batch_is_claimed_in_parts() -> None:
     assert backend.answered[0] < backend.answered[-1]
     assert metrics["claims_won"] == JOBS  # every claim counted once
     assert metrics["runs_succeeded"] == JOBS
+    # The results wait for the last part: sent between the parts, they would hold its claims up.
+    assert set(backend.recorded.values()) == {backend.answered[-1]}
+
+
+async def test_a_held_result_waits_no_longer_than_its_lease_allows() -> None:
+    # Each part takes 4 s: the last is answered 12 s after the slot. The first part's results
+    # may wait only until two thirds of their 15 s lease are left: 5 s after it was sent.
+    backend, _, scheduler = _scheduler(slow_s=4.0)
+    clock = backend.clock
+    async with scheduler:
+        await _to_the_slot(clock)
+        sent = clock.monotonic_ms() + 1_000
+        await clock.advance(16_000)
+        metrics = scheduler.metrics()
+    assert metrics["runs_succeeded"] == JOBS
+    first = {backend.recorded[job] for job in backend.calls[0]}
+    assert max(first) <= sent + 5_000 < backend.answered[-1]
 
 
 async def test_a_part_too_late_by_the_time_it_could_be_sent_is_not_sent(

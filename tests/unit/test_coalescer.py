@@ -49,3 +49,46 @@ async def test_an_unavailable_backend_reaches_every_caller() -> None:
     for future in futures:
         with pytest.raises(BackendUnavailable):
             await future
+
+
+async def test_a_hold_keeps_items_back_until_released_then_sends_them_together() -> None:
+    batches: list[int] = []
+
+    async def double(items: Sequence[int]) -> Sequence[int | BaseException]:
+        batches.append(len(items))
+        return [item * 2 for item in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(double, str, "doubling")
+    coalescer.hold()
+    coalescer.hold()  # holds nest
+    first = [coalescer.submit(n) for n in range(3)]
+    await asyncio.sleep(0.01)
+    later = [coalescer.submit(n) for n in range(3, 5)]
+    coalescer.release()
+    await asyncio.sleep(0.01)
+    assert coalescer.held and not batches and not any(f.done() for f in first + later)
+    coalescer.release()
+    assert await asyncio.gather(*first, *later) == [0, 2, 4, 6, 8]
+    assert batches == [5]
+    assert await coalescer.submit(21) == 42  # not held any more
+    assert batches == [5, 1]
+
+
+async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
+    batches: list[int] = []
+
+    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
+        batches.append(len(items))
+        return list(items)
+
+    coalescer: Coalescer[int, int] = Coalescer(echo, str, "echo")
+    coalescer.hold()
+    kept = [coalescer.submit(n) for n in range(2)]
+    coalescer.flush()
+    assert await asyncio.gather(*kept) == [0, 1]
+    after = coalescer.submit(7)
+    await asyncio.sleep(0.01)
+    assert batches == [2] and not after.done()
+    coalescer.release()
+    assert await after == 7
+    assert batches == [2, 1]

@@ -467,9 +467,13 @@ def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> Lease
 
 
 def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
+    return _holding(store.current(ticket.job, ticket.slot_key), ticket)
+
+
+def _holding(row: RunRow | None, ticket: Ticket) -> RunRow:
+    """``row``, the slot's current attempt, if ``ticket`` still holds it; else raise LeaseLost."""
     # Token and fence: a record made again with the same token (a manual run claimed again
     # after its record was pruned) is not the attempt an old ticket holds.
-    row = store.current(ticket.job, ticket.slot_key)
     if (
         row is None
         or row.token != ticket.token
@@ -536,7 +540,7 @@ def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now:
         assert done is not None
         run = done.to_run()
     else:
-        row = _held_by(store, ticket)
+        row = _holding(done, ticket)  # the attempt just read: one lookup, not two
         row.status = _STATUSES.get(status) or RunStatus(status)
         row.error = error
         row.finished_at = now

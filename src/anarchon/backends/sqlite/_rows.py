@@ -110,15 +110,53 @@ def request_of(values: tuple[Any, ...]) -> RunRequest:
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
-    """The row a query answered (columns in :data:`_COLUMNS` order), or None."""
+    """The row a query answered (columns in :data:`_COLUMNS` order), or None.
+
+    Unpacked by name rather than through a dict of the columns: every claim and result reads
+    one or two rows, and the dict cost half of a won claim's Python time."""
     if values is None:
         return None
-    fields = dict(zip(_COLUMNS, values, strict=True))
-    fields["released"] = bool(fields["released"])
-    return RunRow(**fields)
+    (job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
+     finished_at, lease_expires_at, released, error, reason, requested_by) = values  # fmt: skip
+    return RunRow(
+        job=job,
+        slot_key=slot_key,
+        slot=slot,
+        attempt=attempt,
+        run_id=run_id,
+        token=token,
+        instance=instance,
+        trigger=trigger,
+        status=status,
+        fence=fence,
+        started_at=started_at,
+        finished_at=finished_at,
+        lease_expires_at=lease_expires_at,
+        released=bool(released),
+        error=error,
+        reason=reason,
+        requested_by=requested_by,
+    )
 
 
 def _params(row: RunRow) -> dict[str, Any]:
-    params = {name: getattr(row, name) for name in _COLUMNS}
-    params.update(trigger=str(row.trigger), status=str(row.status), released=int(row.released))
-    return params
+    """The named parameters of the insert and update queries: every column of ``row``."""
+    return {
+        "job": row.job,
+        "slot_key": row.slot_key,
+        "slot": row.slot,
+        "attempt": row.attempt,
+        "run_id": row.run_id,
+        "token": row.token,
+        "instance": row.instance,
+        "trigger": str(row.trigger),
+        "status": str(row.status),
+        "fence": row.fence,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "lease_expires_at": row.lease_expires_at,
+        "released": int(row.released),
+        "error": row.error,
+        "reason": row.reason,
+        "requested_by": row.requested_by,
+    }
