@@ -2,10 +2,11 @@
 --
 -- {schema}, {versions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
--- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().)
--- Parts: run_columns, current_attempt, held_by_ticket and kept_notices are not statements but
--- pieces of the statements below, substituted where those write {run_columns} ... (see
--- _queries.py).
+-- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().
+-- claim_function, sent without parameters, writes RAISE's % as it is.)
+-- Parts: run_columns, current_attempt, held_by_ticket, kept_notices and claim_columns are not
+-- statements but pieces of the statements below, substituted where those write {run_columns}
+-- ... (see _queries.py).
 -- Times are epoch milliseconds of the database clock, {now_ms} (clock_timestamp(), plus a
 -- test-only offset, the session setting anarchon.test_clock_offset_ms, which production never
 -- sets), read once per statement in the "clock" CTE: never the instance's clock.
@@ -48,6 +49,15 @@ LEFT JOIN LATERAL ({current_attempt}) cur ON true
 -- name: kept_notices
 -- The notifications a statement of this session's transaction kept for send_notices.
 coalesce(nullif(current_setting('anarchon.notices', true), ''), '[]')::jsonb
+
+-- name: claim_columns
+-- What claim and claim_one answer: claim_function's columns, named as claim_decide names them.
+o_ord AS ord, o_verdict AS verdict, o_now AS now, o_job AS job, o_slot_key AS slot_key,
+o_slot AS slot, o_attempt AS attempt, o_run_id AS run_id, o_token AS token,
+o_instance AS instance, o_trigger AS trigger, o_status AS status, o_fence AS fence,
+o_started_at AS started_at, o_finished_at AS finished_at,
+o_lease_expires_at AS lease_expires_at, o_released AS released, o_error AS error,
+o_reason AS reason, o_requested_by AS requested_by
 
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
@@ -419,7 +429,9 @@ ORDER BY f.ord;
 --     locks every claim, takeover and result takes (schema version 3 instances too), so
 --     correctness never depends on the advisory locks.
 -- Every statement of a volatile function takes a new snapshot (READ COMMITTED), after the
--- locks before it.
+-- locks before it. So the function refuses to run in any other isolation level (SQLSTATE
+-- AN001): one claim is sent alone, as a transaction of its own (claim_one), on a connection
+-- whose default may be another level; the backend then sends it inside BEGIN READ COMMITTED.
 CREATE FUNCTION {claim_fn}(
     a_job text[], a_slot_key text[], a_slot bigint[], a_run_id text[], a_token text[],
     a_instance text[], a_trigger text[], a_lease_ms bigint[], a_overlap_skip boolean[],
@@ -435,6 +447,10 @@ CREATE FUNCTION {claim_fn}(
 DECLARE
     a_jobs text[] := a_job;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'the claim function needs READ COMMITTED, not %',
+            current_setting('transaction_isolation') USING ERRCODE = 'AN001';
+    END IF;
     IF cardinality(a_job) > 100 THEN
         PERFORM set_config('plan_cache_mode', 'force_custom_plan', true),
                 set_config('jit', 'off', true);
@@ -460,17 +476,25 @@ $fn$
 
 -- name: claim
 -- One call of claim_function, its columns named as claim_decide names them.
-SELECT o_ord AS ord, o_verdict AS verdict, o_now AS now, o_job AS job, o_slot_key AS slot_key,
-       o_slot AS slot, o_attempt AS attempt, o_run_id AS run_id, o_token AS token,
-       o_instance AS instance, o_trigger AS trigger, o_status AS status, o_fence AS fence,
-       o_started_at AS started_at, o_finished_at AS finished_at,
-       o_lease_expires_at AS lease_expires_at, o_released AS released, o_error AS error,
-       o_reason AS reason, o_requested_by AS requested_by
+SELECT {claim_columns}
 FROM {claim_fn}(
     %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
     %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
     %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
     %(pausable)s::boolean[], %(requested_by)s::text[], %(channel)s::text, %(later)s::boolean
+);
+
+-- name: claim_one
+-- The claim of one request, sent alone as a transaction of its own: its arrays are built here
+-- from one value each, so the driver sends plain values (a one-element array took psycopg
+-- longer to encode than the claim's whole round trip on the client).
+SELECT {claim_columns}
+FROM {claim_fn}(
+    ARRAY[%(job)s::text], ARRAY[%(slot_key)s::text], ARRAY[%(slot)s::bigint],
+    ARRAY[%(run_id)s::text], ARRAY[%(token)s::text], ARRAY[%(instance)s::text],
+    ARRAY[%(trigger)s::text], ARRAY[%(lease_ms)s::bigint], ARRAY[%(overlap_skip)s::boolean],
+    ARRAY[%(skip_reason)s::text], ARRAY[%(skip_status)s::text], ARRAY[%(pausable)s::boolean],
+    ARRAY[%(requested_by)s::text], %(channel)s::text, %(later)s::boolean
 );
 
 -- name: send_notices
