@@ -5,6 +5,7 @@ that locks no row."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from anarchon import BackendUnavailable, RunStatus
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
-from anarchon.backends.postgres._rows import claim_outcome, claim_params
+from anarchon.backends.postgres._rows import claim_one_params, claim_outcome, claim_params
 from tests.backends.postgres import DSN
 from tests.records import claim_request
 
@@ -180,3 +181,14 @@ async def test_a_generic_claim_plan_made_on_empty_tables_looks_rows_up_by_index(
         scans = _scans_of(plan, table)
         assert scans, f"the claim does not read {table}?\n{plan}"
         assert not any(s.startswith("Seq Scan") for s in scans), (table, scans)
+
+
+@pytest.mark.parametrize("later", [True, False])
+def test_claim_one_is_given_what_claim_is_given_for_one_request(later: bool) -> None:
+    req = claim_request("job", SLOT, "i1")
+    skipped = dataclasses.replace(req, skip_reason="too late")
+    for r in (req, skipped):
+        arrays = claim_params([r], "chan", later=later)
+        assert claim_one_params(r, "chan", later=later) == {
+            k: v if k in ("channel", "later") else v[0] for k, v in arrays.items()
+        }

@@ -155,6 +155,34 @@ async def test_a_repeatable_read_server_default_changes_nothing(schema: str) -> 
             await b.stop()
 
 
+async def test_one_request_claims_fall_back_to_a_transaction_under_repeatable_read(
+    schema: str,
+) -> None:
+    """A claim of one request is one statement, a transaction of its own, which the claim
+    function refuses outside READ COMMITTED: under a REPEATABLE READ default each backend
+    falls back to BEGIN READ COMMITTED once, and every slot still has one winner."""
+    dsn = f"{DSN}?options=-c%20default_transaction_isolation%3Drepeatable%5C%20read"
+    backends = [PostgresBackend(dsn, schema=schema, max_connections=2) for _ in range(3)]
+    plain = PostgresBackend(DSN, schema=schema, max_connections=2)
+    for b in [*backends, plain]:
+        await b.start()
+    try:
+        for n in range(10):
+            outs = await asyncio.gather(
+                *(
+                    b.claim([request(SLOT + n * 1000, instance=f"i{k}")])
+                    for k, b in enumerate([*backends, plain])
+                )
+            )
+            statuses = Counter(o.status for [o] in outs)
+            assert statuses == {ClaimStatus.WON: 1, ClaimStatus.LOST: 3}, (n, outs)
+        assert [b._one_statement for b in backends] == [False] * 3
+        assert plain._one_statement
+    finally:
+        for b in [*backends, plain]:
+            await b.stop()
+
+
 async def test_fences_rise_across_a_store_that_lost_its_data(make: Make, schema: str) -> None:
     backend = make()
     await backend.start()

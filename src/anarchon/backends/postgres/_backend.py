@@ -41,6 +41,8 @@ POLL_MS: Final = 500
 # Results recorded in one transaction, and in one call (one round trip, well inside timeout_ms).
 FINISH_GROUP: Final = 50
 FINISH_CALL: Final = 250
+# The claim function's refusal to run outside READ COMMITTED (queries.sql, claim_function).
+NOT_READ_COMMITTED: Final = "AN001"
 # How long the first subscribe() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
 # Jobs whose last slots one statement looks up (a start with 100 000 jobs: ten statements).
@@ -109,6 +111,8 @@ class PostgresBackend(contract.LeaseBackend):
         self._db = Connections(options, self._queries, self._where, repr(self))
         self._feed = ChangeFeed(self.name)
         self._listener: Listener | None = None
+        # One request is claimed by one statement until the server's isolation level refuses it.
+        self._one_statement = True
 
     @classmethod
     def from_url(cls, url: str) -> PostgresBackend:
@@ -202,16 +206,43 @@ class PostgresBackend(contract.LeaseBackend):
     ) -> list[contract.ClaimOutcome]:
         q = self._queries
         later = self._send_notices()
-        found = await self._db.transaction(
-            conn,
-            [],
-            q["claim"],
-            rows.claim_params(reqs, q.names.channel, later=later is not None),
-            later,
-        )
+        found = None
+        if len(reqs) == 1 and self._one_statement and conn.autocommit:
+            found = await self._claim_one(reqs[0], conn, later)
+        if found is None:
+            found = await self._db.transaction(
+                conn,
+                [],
+                q["claim"],
+                rows.claim_params(reqs, q.names.channel, later=later is not None),
+                later,
+            )
         if len(found) != len(reqs):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
         return [rows.claim_outcome(req, row) for req, row in zip(reqs, found, strict=True)]
+
+    async def _claim_one(
+        self, req: contract.ClaimRequest, conn: AsyncConnection[Any], later: Statement | None
+    ) -> Rows | None:
+        """One request as one statement, a transaction of its own on an autocommit connection:
+        one round trip without pipeline mode (whose BEGIN, COMMIT and synchronisation cost the
+        client more than the claim itself), and ``send_notices`` after it only if it won. None
+        when the connection's default isolation level is not READ COMMITTED, which the claim
+        function refuses: from then on this backend sends its claims inside BEGIN."""
+        from psycopg import Error
+
+        q = self._queries
+        params = rows.claim_one_params(req, q.names.channel, later=later is not None)
+        try:
+            found = await self._db.statement(conn, q["claim_one"], params)
+        except Error as exc:
+            if exc.sqlstate != NOT_READ_COMMITTED:
+                raise
+            self._one_statement = False
+            return None
+        if later is not None and rows.won_any(found):
+            await self._db.after_commit(conn, later)
+        return found
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]

@@ -365,6 +365,19 @@ class Connections:
             )
             return await cur.fetchall()
 
+    async def statement(
+        self, conn: AsyncConnection[Any], query: bytes, params: dict[str, Any]
+    ) -> Rows:
+        """The rows of one statement sent alone, on an autocommit connection a transaction of
+        its own: one round trip, without pipeline mode."""
+        cur = await self._run(conn, query, params, prepare=self.options.prepare_at_once)
+        return await cur.fetchall()
+
+    async def after_commit(self, conn: AsyncConnection[Any], after: Statement) -> None:
+        """Run ``after`` once a statement committed; its failure fails nothing committed."""
+        with contextlib.suppress(Exception):
+            await self._run(conn, after[0], after[1], prepare=self.options.prepare)
+
     async def _run(
         self,
         conn: AsyncConnection[Any],

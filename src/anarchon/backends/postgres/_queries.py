@@ -27,11 +27,17 @@ __all__ = ["IN_FUNCTION", "PARTS", "RAW", "Names", "Queries", "as_variables"]
 
 RAW: Final = load_queries(__name__.rpartition(".")[0], "queries.sql")
 # In order: a part may use the parts before it.
-PARTS: Final = ("run_columns", "current_attempt", "held_by_ticket", "kept_notices")
+PARTS: Final = (
+    "run_columns",
+    "current_attempt",
+    "held_by_ticket",
+    "kept_notices",
+    "claim_columns",
+)
 # Statements substituted into claim_function's body as {fn_<name>}; then the function itself,
 # a part of migration_4. Neither is sent on its own.
-IN_FUNCTION: Final = ("claim_recorded", "lock_jobs", "claim_decide")
-_FUNCTION_ONLY: Final = ("claim_recorded", "claim_function")
+IN_FUNCTION: Final = ("claim_recorded", "lock_jobs", "claim_alone", "claim_decide")
+_FUNCTION_ONLY: Final = ("claim_recorded", "claim_alone", "claim_function")
 _MAX_CHANNEL: Final = 63
 # A named parameter, or a percent sign written twice (queries.sql's conventions).
 _PLACEHOLDER: Final = re.compile(rb"%\((\w+)\)s|%%")

@@ -36,6 +36,7 @@ from anarchon.kit.lease import (
 )
 
 __all__ = [
+    "claim_one_params",
     "claim_outcome",
     "claim_params",
     "finish_params",
@@ -49,6 +50,7 @@ __all__ = [
     "takeover_params",
     "ticket_params",
     "without_repeats",
+    "won_any",
 ]
 
 # What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
@@ -79,6 +81,33 @@ def claim_params(reqs: Sequence[ClaimRequest], channel: str, *, later: bool) -> 
         "pausable": [r.skip_reason is None and r.trigger in PAUSED_TRIGGERS for r in reqs],
         "requested_by": [r.requested_by for r in reqs],
     }
+
+
+def claim_one_params(req: ClaimRequest, channel: str, *, later: bool) -> dict[str, Any]:
+    """The ``claim_one`` statement's parameters: :func:`claim_params` of ``[req]``, each array's
+    one value as it is."""
+    return {
+        "channel": channel,
+        "later": later,
+        "job": req.job,
+        "slot_key": req.slot_key,
+        "slot": req.slot,
+        "run_id": req.run_id,
+        "token": req.token,
+        "instance": req.instance,
+        "trigger": str(req.trigger),
+        "lease_ms": req.lease_ms,
+        "overlap_skip": req.overlap is Overlap.SKIP,
+        "skip_reason": req.skip_reason,
+        "skip_status": str(RunStatus(req.skip_status)),
+        "pausable": req.skip_reason is None and req.trigger in PAUSED_TRIGGERS,
+        "requested_by": req.requested_by,
+    }
+
+
+def won_any(found: Sequence[dict[str, Any]]) -> bool:
+    """Whether the ``claim`` rows won a slot (and so kept a claim notice to send)."""
+    return any(row["verdict"] == "won" for row in found)
 
 
 def without_repeats(
