@@ -28,7 +28,9 @@ pytestmark = pytest.mark.slow
 async def test_hand_over_by_polling_without_notifications(schema: str, tmp_path: Path) -> None:
     app = f"anarchon_poll_{uuid.uuid4().hex[:8]}"
     fleet = Fleet(url_of(schema, notifications="off", application_name=app), tmp_path)
-    schedule, slot = one_slot()
+    # 12 s ahead: three workers start in 2-3 s on a quiet machine, and took more than the usual
+    # 6 s on a loaded CI machine, after which the slot had passed and nothing ran it.
+    schedule, slot = one_slot(lead_s=12)
     try:
         workers = fleet.spawn(
             3,
@@ -40,6 +42,7 @@ async def test_hand_over_by_polling_without_notifications(schema: str, tmp_path:
             grace_ms=300,
         )
         fleet.wait_ready(workers)
+        assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
         sessions = await _sessions(app)
         assert sessions and not any(q.startswith("LISTEN") for _, q in sessions), sessions
         first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "start")
