@@ -75,24 +75,14 @@ async def test_duplicate_with_our_token_wins_with_another_loses(
     backend: NatsBackend = await make()
     mine = request()
     # The first attempt of a publish whose ack was lost: stored, but the client never heard.
-    nc = await connect(server_url)
-    try:
-        from anarchon.backends.nats import _records
-
-        ack = await nc.jetstream().publish(
-            f"{backend.prefix}sync.claims",
-            _records.encode_claim(mine),
-            headers={"Nats-Msg-Id": f"sync:{SLOT}"},
-        )
-    finally:
-        await nc.close()
+    seq = await store_unheard(server_url, backend, mine)
     [retried] = await backend.claim([mine])
     assert retried.status is ClaimStatus.WON, "a retried publish with our token is ours"
-    assert retried.ticket is not None and retried.ticket.fence == ack.seq
+    assert retried.ticket is not None and retried.ticket.fence == seq
     [other] = await backend.claim([request(instance="i2")])
     assert other.status is ClaimStatus.LOST
     assert other.run.run_id == mine.run_id and other.run.instance == "i1"
-    assert other.run.fence == ack.seq and other.run.status is RunStatus.RUNNING
+    assert other.run.fence == seq and other.run.status is RunStatus.RUNNING
     claims = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
     assert len(claims) == 1
 
@@ -271,19 +261,25 @@ async def test_a_won_claim_whose_read_back_would_fail_still_runs(make: Make) -> 
     assert time.monotonic() - began < 2
 
 
-async def _store_claim_of_another(url: str, backend: NatsBackend) -> int:
+async def store_unheard(url: str, backend: NatsBackend, claim: ClaimRequest) -> int:
+    """Store ``claim`` of job ``sync`` as its first publish would, through a client of its own
+    (``backend`` never hears the ack); return its sequence."""
     from anarchon.backends.nats import _records
 
     nc = await connect(url)
     try:
         ack = await nc.jetstream().publish(
             f"{backend.prefix}sync.claims",
-            _records.encode_claim(request(instance="other")),
-            headers={"Nats-Msg-Id": f"sync:{SLOT}"},
+            _records.encode_claim(claim),
+            headers={"Nats-Msg-Id": f"sync:{claim.slot}"},
         )
         return int(ack.seq)
     finally:
         await nc.close()
+
+
+async def _store_claim_of_another(url: str, backend: NatsBackend) -> int:
+    return await store_unheard(url, backend, request(instance="other"))
 
 
 async def test_a_duplicate_that_cannot_be_read_is_lost_and_logged(

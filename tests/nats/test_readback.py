@@ -15,7 +15,7 @@ from anarchon.backends.nats import NatsBackend
 from anarchon.backends.nats import _readback as readback
 from anarchon.backends.nats import _records as records
 from tests.nats.servers import connect
-from tests.nats.test_claims import SLOT, Make, _count_reads, request
+from tests.nats.test_claims import SLOT, Make, _count_reads, request, store_unheard
 
 
 async def _feeding(backend: NatsBackend) -> None:
@@ -71,19 +71,11 @@ async def test_our_own_stored_claim_is_recognised_through_the_feed(
     await _lose_one(winner, backend, SLOT)
     await _feeding(backend)
     mine = request(slot=SLOT + 1000, instance="i2")
-    nc = await connect(server_url)
-    try:
-        ack = await nc.jetstream().publish(
-            f"{backend.prefix}sync.claims",
-            records.encode_claim(mine),
-            headers={"Nats-Msg-Id": f"sync:{SLOT + 1000}"},
-        )
-    finally:
-        await nc.close()
+    seq = await store_unheard(server_url, backend, mine)
     reads = _count_reads(backend)
     [retried] = await backend.claim([mine])
     assert retried.status is ClaimStatus.WON and retried.ticket is not None
-    assert retried.ticket.fence == ack.seq and retried.ticket.token == mine.token
+    assert retried.ticket.fence == seq and retried.ticket.token == mine.token
     [other] = await winner.claim([request(slot=SLOT + 1000)])
     assert other.status is ClaimStatus.LOST and other.run.instance == "i2"
     assert reads == [], "read from the feed"
