@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from anarchon.backends.postgres import PostgresBackend
+from anarchon.backends.postgres._queries import Queries
 from tests.harness import Namespace
 
 DSN: Final = os.environ.get("ANARCHON_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
@@ -61,3 +62,14 @@ class PostgresHarness:
 
 
 HARNESS = PostgresHarness()
+
+
+async def migrate_to(conn: psycopg.AsyncConnection[object], queries: Queries, last: int) -> None:
+    """Create the schema and run migrations 1 to ``last`` as a release that stopped there did:
+    a store an older version left behind, for the tests of a newer one's migrations."""
+    await conn.execute(queries["create_schema"])
+    await conn.execute(queries["create_version_table"])
+    for version in range(1, last + 1):
+        for statement in queries.script(f"migration_{version}"):
+            await conn.execute(statement)
+        await conn.execute(queries["set_schema_version"], {"version": version})

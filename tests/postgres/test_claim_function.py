@@ -19,7 +19,7 @@ from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
 from anarchon.backends.postgres._rows import claim_one_params, claim_outcome, claim_params
-from tests.backends.postgres import DSN
+from tests.backends.postgres import DSN, migrate_to
 from tests.records import claim_request
 
 SLOT = 1_800_000_000_000
@@ -37,12 +37,7 @@ async def _make_version_3(schema: str) -> None:
     """The tables as a scheduler of schema version 3 left them, with one run recorded."""
     q = Queries(Names(schema, "anarchon_"))
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
-        await conn.execute(q["create_schema"])
-        await conn.execute(q["create_version_table"])
-        for version in (1, 2, 3):
-            for statement in q.script(f"migration_{version}"):
-                await conn.execute(statement)
-            await conn.execute(q["set_schema_version"], {"version": version})
+        await migrate_to(conn, q, 3)
         await conn.execute(
             sql.SQL(
                 "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance, trigger,"

@@ -15,7 +15,7 @@ from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Takeove
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
 from anarchon.control import ALL_JOBS, Pause, RunRequest, paused_reason
-from tests.backends.postgres import DSN
+from tests.backends.postgres import DSN, migrate_to
 
 from .test_postgres import SLOT, Make, fetch, request
 
@@ -35,12 +35,7 @@ async def test_a_version_2_schema_is_migrated_and_keeps_its_history(
     q = Queries(Names(schema, prefix))
     runs = sql.Identifier(schema, prefix + "runs")
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
-        await conn.execute(q["create_schema"])
-        await conn.execute(q["create_version_table"])
-        for version in (1, 2):
-            for statement in q.script(f"migration_{version}"):
-                await conn.execute(statement)
-            await conn.execute(q["set_schema_version"], {"version": version})
+        await migrate_to(conn, q, 2)
         await conn.execute(
             sql.SQL(
                 "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance,"
