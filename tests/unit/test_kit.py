@@ -4,6 +4,7 @@ and the contract's paired calls."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import sqlite3
@@ -88,6 +89,41 @@ async def test_bounded_call_cancels_the_abandoned_operation() -> None:
     with pytest.raises(asyncio.CancelledError):
         await caller
     await asyncio.wait_for(cancelled.wait(), 1)
+
+
+async def test_bounded_call_never_waits_for_an_operation_that_swallows_its_cancellation() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> str:
+        started.set()
+        while True:
+            try:
+                await release.wait()
+                return "late"
+            except asyncio.CancelledError:
+                continue  # a driver that swallows a cancellation arriving as a write completes
+
+    caller = asyncio.ensure_future(
+        bounded_call(stubborn(), where="x", timeout_s=None, translate=translate)
+    )
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 1)
+    with pytest.raises(BackendUnavailable, match="no answer within"):
+        await bounded_call(stubborn(), where="x", timeout_s=0.05, translate=translate)
+    release.set()
+    await asyncio.sleep(0)
+
+
+async def test_bounded_call_with_no_time_left_leaves_nothing_behind() -> None:
+    async def operation() -> None:
+        await asyncio.sleep(1)
+
+    with pytest.raises(BackendUnavailable, match="no answer within"):
+        await bounded_call(operation(), where="x", timeout_s=0, translate=translate)
+    await asyncio.sleep(0)
+    gc.collect()  # an operation never awaited, or an error never retrieved, would warn here
 
 
 async def test_retrying_retries_transient_errors_only() -> None:

@@ -17,6 +17,8 @@ once here:
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -55,13 +57,15 @@ async def bounded_call(
     :class:`~anarchon.errors.BackendUnavailable` on a timeout, what ``translate`` returns for a
     driver's error, and anything else (anarchon's own errors, cancellation, bugs) unchanged.
     """
-    task = asyncio.ensure_future(operation)
-    task.add_done_callback(consume)
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[T] = loop.create_future()
+    task = loop.create_task(_relay(operation, answer))
+    task.add_done_callback(functools.partial(_ended, operation))
     try:
         async with asyncio.timeout(timeout_s):
-            return await asyncio.shield(task)
+            return await answer
     except BaseException as exc:
-        failed_inside = task.done()
+        failed_inside = answer.done() and not answer.cancelled()
         if not failed_inside:
             task.cancel()
         if isinstance(exc, asyncio.CancelledError | AnarchonError):
@@ -74,6 +78,33 @@ async def bounded_call(
         if translated is not None:
             raise translated from exc
         raise
+
+
+async def _relay(operation: Awaitable[T], answer: asyncio.Future[T]) -> None:
+    """Await ``operation`` in the task of :func:`bounded_call` and hand its outcome to the
+    caller's ``answer`` at once (a shield would take two turns of the loop: one to see the task
+    done, one to wake the caller). An error is the caller's to see, not the task's; if the
+    caller is gone (``answer`` cancelled), the outcome is dropped."""
+    try:
+        result = await operation
+    except Exception as exc:
+        if not answer.done():
+            answer.set_exception(exc)
+        return
+    except BaseException as exc:  # cancelled: the caller gave up on it
+        if not answer.done():
+            answer.set_exception(exc)
+        raise
+    if not answer.done():
+        answer.set_result(result)
+
+
+def _ended(operation: Awaitable[Any], task: asyncio.Future[Any]) -> None:
+    """A :func:`bounded_call` task ended (a done callback): mark its outcome seen, and close
+    ``operation`` if the task was cancelled before it began awaiting it."""
+    consume(task)
+    if inspect.iscoroutine(operation) and inspect.getcoroutinestate(operation) == "CORO_CREATED":
+        operation.close()
 
 
 async def retrying(
