@@ -121,6 +121,9 @@ class Rendezvous:
         """True once the backend said it announces claims (only then are claims ranked)."""
         self._monotonic_ms = monotonic_ms
         self._groups: tuple[_Group, ...] = ()
+        # The job names of each definitions set (by digest) in the last view: a fleet of 100 000
+        # jobs per instance would otherwise build them again at every view (80 ms each).
+        self._job_sets: dict[str, frozenset[str]] = {}
         self._seen_at: int | None = None
         self._max_age_ms = 0
         # job -> the slot this instance waits to claim; job -> the notice heard for it.
@@ -130,16 +133,24 @@ class Rendezvous:
     def see(self, view: ClusterView) -> None:
         """Take a fresh registry view: rank only instances that beat within
         :data:`FRESH_HEARTBEATS` of their heartbeats before it was read."""
-        groups: dict[tuple[str, ...], list[str]] = {}
+        groups: dict[frozenset[str], list[str]] = {}
+        known, self._job_sets = self._job_sets, {}
         max_interval = 0
         for record in view.instances:
             if view.now_ms - record.heartbeat_ms > FRESH_HEARTBEATS * record.interval_ms:
                 continue
             if record.id == self.instance:
                 max_interval = max(max_interval, record.interval_ms)
-            names = tuple(sorted(d.name for d in record.jobs))
+            digest = record.definitions
+            names = None
+            if digest is not None:
+                names = self._job_sets.get(digest) or known.get(digest)
+            if names is None:
+                names = frozenset(d.name for d in record.jobs)
+            if digest is not None and (names or not record.job_count):
+                self._job_sets[digest] = names  # not a set whose definitions were missing
             groups.setdefault(names, []).append(record.id)
-        self._groups = tuple(_Group(frozenset(k), tuple(v)) for k, v in groups.items())
+        self._groups = tuple(_Group(k, tuple(v)) for k, v in groups.items())
         self._seen_at = self._monotonic_ms()
         # Ranking by a view this instance read long ago (its heartbeat failing, its loop
         # overloaded) would be a guess: past the registry's silent window, claim unranked.
@@ -148,6 +159,7 @@ class Rendezvous:
     def forget(self) -> None:
         """Drop the view and what was heard (the scheduler stopped)."""
         self._groups = ()
+        self._job_sets = {}
         self._seen_at = None
         self._pending.clear()
         self._heard.clear()

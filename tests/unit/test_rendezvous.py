@@ -4,6 +4,7 @@ process on the in-memory backend, counting the claim calls each slot costs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import collections
 import logging
 from collections.abc import Sequence
@@ -83,6 +84,23 @@ def test_stale_records_and_instances_without_the_job_are_not_ranked() -> None:
     rendezvous.see(build_view(records, now_ms=10_000))
     assert sorted(rendezvous.carriers("sync")) == ["a", "b"]
     assert rendezvous.carriers("report") == ["other"]
+
+
+def test_the_jobs_of_a_definitions_set_are_remembered_once_read() -> None:
+    rendezvous, _ = _rendezvous()
+    a, b = _record("a", 10_000), _record("b", 10_000)
+    named = [dataclasses.replace(r, definitions="set-1", job_count=1) for r in (a, b)]
+    # b's definitions could not be read: no jobs, though its record says it carries one.
+    missing = dataclasses.replace(named[1], jobs=())
+    rendezvous.see(build_view([missing], now_ms=10_000))
+    assert rendezvous.carriers("sync") == [], "nothing known of set-1 yet"
+    rendezvous.see(build_view([named[0], missing], now_ms=10_000))
+    assert rendezvous.carriers("sync") == ["a", "b"], "a's record says what set-1 holds"
+    rendezvous.see(build_view([missing], now_ms=10_000))
+    assert rendezvous.carriers("sync") == ["b"], "set-1 is remembered from the last view"
+    rendezvous.forget()
+    rendezvous.see(build_view([missing], now_ms=10_000))
+    assert rendezvous.carriers("sync") == []
 
 
 def test_it_falls_back_to_random_jitter() -> None:
