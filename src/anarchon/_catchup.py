@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ._claims import Claims
+from ._claims import CLAIM_PART, Claims
 from ._clock import Clock
 from ._job import Job
 from ._missed import MissedSlots
@@ -65,20 +65,31 @@ class CatchingUp:
     _missed: MissedSlots | None = None
 
     async def start(self, jobs: list[Job], now: int) -> None:
-        """Look up the last recorded slot of every job, in one backend call; start a catch-up
-        for each job that missed slots, and record the missed slots it does not run. ``now``:
-        when the scheduler started carrying the jobs (this host's clock)."""
+        """Look up the last recorded slot of every job, in backend calls of at most
+        :data:`~._claims.CLAIM_PART` jobs; start a catch-up for each job that missed slots, and
+        record the missed slots it does not run. ``now``: when the scheduler started carrying
+        the jobs (this host's clock). The jobs of a look-up that fails are skipped (logged)."""
         backend = self._backend
         lease = isinstance(backend, LeaseBackend)
         wanted = [j for j in jobs if lease and j.policy.catch_up != CatchUp.NONE]
         asked = jobs if self._missed is not None else wanted
         if not asked:
             return
-        try:
-            last_slots = await backend.last_slots([j.name for j in asked])
-        except BackendUnavailable as exc:
-            logger.warning("catch-up skipped: %s", exc, extra=log_fields(Action.CATCH_UP_FAILED))
-            return
+        # A job missing from last_slots (its look-up failed) is neither caught up nor recorded.
+        last_slots: dict[str, int | None] = {}
+        for first in range(0, len(asked), CLAIM_PART):
+            part = asked[first : first + CLAIM_PART]
+            try:
+                last_slots.update(await backend.last_slots([j.name for j in part]))
+            except BackendUnavailable as exc:
+                logger.warning(
+                    "catch-up skipped for %d job(s) (%s%s): %s",
+                    len(part),
+                    part[0].name,
+                    f" and {len(part) - 1} more" if len(part) > 1 else "",
+                    exc,
+                    extra=log_fields(Action.CATCH_UP_FAILED),
+                )
         # Slots are wall-clock instants computed from this host's clock, as the timer's are.
         planned: dict[str, list[int]] = {}
         for job in wanted:

@@ -648,8 +648,8 @@ class LeaseBackend(Backend):
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """Return :meth:`last_slot` for each job. Override to answer in one round trip: a
-        scheduler with thousands of jobs asks for all of them when it starts. Default:
-        :meth:`last_slot` per job."""
+        scheduler with thousands of jobs asks for them when it starts, at most 2 000 a call.
+        Default: :meth:`last_slot` per job."""
         return {job: await self.last_slot(job) for job in jobs}
 
     async def subscribe(self, on_change: ChangeListener) -> None:

@@ -4,8 +4,8 @@ process on the in-memory backend, counting the claim calls each slot costs."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import collections
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -518,3 +518,44 @@ async def test_gap_slots_counts_to_a_limit_then_finds_the_newest() -> None:
     assert "more than 10000 slots missed in all" in missed_reason(START, START + day, gap)
     small = await gap_slots(schedule, START, START + 5_000, exclude=frozenset({START + 5_000}))
     assert small == Gap([START + n * 1000 for n in range(1, 5)], 4)
+
+
+async def test_last_slots_are_looked_up_in_parts_and_a_failed_part_skips_only_its_jobs(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At start, the last slots of many jobs are read in parts (100 000 jobs in one Redis
+    pipeline took longer than a call may); a part the backend fails skips catch-up for its jobs
+    alone, logged once, and the other parts' jobs are caught up."""
+    monkeypatch.setattr("anarchon._catchup.CLAIM_PART", 2)
+    asked: list[list[str]] = []
+
+    class FailingSecondPart(MemoryBackend):
+        async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+            asked.append(list(jobs))
+            if len(asked) == 2:
+                raise BackendUnavailable("down for one part (test)")
+            return await super().last_slots(jobs)
+
+    backend = FailingSecondPart(clock=clock)
+    jobs = ["a", "b", "c", "d", "e"]
+    first = Scheduler(backend, clock=clock)
+    for job in jobs:
+        first.add(job, "* * * * *", _noop, jitter_ms=0)
+    async with first:
+        await clock.advance(MINUTE + 500)
+    await clock.advance(10 * MINUTE)
+    asked.clear()
+    caplog.clear()
+    caplog.set_level(logging.WARNING, "anarchon")
+    second = Scheduler(backend, clock=clock)
+    for job in jobs:
+        second.add(job, "* * * * *", _noop, jitter_ms=0)
+    async with second:
+        await clock.advance(5_000)
+    assert asked == [["a", "b"], ["c", "d"], ["e"]]
+    caught_up = {
+        job for job in jobs for r in await backend.history(job) if r.trigger is Trigger.CATCH_UP
+    }
+    assert caught_up == {"a", "b", "e"}
+    skipped = [r.getMessage() for r in caplog.records if "catch-up skipped" in r.getMessage()]
+    assert skipped == ["catch-up skipped for 2 job(s) (c and 1 more): down for one part (test)"]
