@@ -163,11 +163,17 @@ class Claims:
     # -- claiming ---------------------------------------------------------------------------
 
     async def fire(
-        self, requests: list[ClaimRequest], reserved: set[str], deadline_s: float | None = None
+        self,
+        requests: list[ClaimRequest],
+        reserved: set[str],
+        deadline_s: float | None = None,
+        not_before_ms: int | None = None,
     ) -> list[Claimed]:
         """Claim fired slots (or run requests) and act on each outcome; ``reserved`` names the
         requests (run ids) holding a thread reservation, given back unless a run started with
-        it. Returns the decided claims (see :meth:`claim` for ``deadline_s``)."""
+        it. Returns the decided claims (see :meth:`claim` for ``deadline_s``). With
+        ``not_before_ms`` (wall clock), the claims are sent at that time precisely, not before:
+        slots the timer handed over just before their time."""
 
         def act(claimed: list[Claimed]) -> None:
             # A part's outcomes are all handed out before its runs begin: yielding to the loop
@@ -182,6 +188,8 @@ class Claims:
                     reserved.discard(request.run_id)
 
         try:
+            if not_before_ms is not None:
+                await self._clock.sleep_until(not_before_ms, True)
             return await self.claim(requests, deadline_s, act)
         finally:
             for _ in reserved:

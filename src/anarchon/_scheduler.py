@@ -675,6 +675,10 @@ class Scheduler(Operations):
         # "Too late" is a decision shared with other instances: judged on the backend's clock
         # as measured, not on this host's wall clock (which may have been stepped).
         now = self._backend_clock.time.now_ms()
+        # Handed over before their slot (the timer's LEAD_MS): claimed at it, not before.
+        at: int | None = batch[-1].due_ms if batch else None
+        if at is not None and at <= self._clock.now_ms():
+            at = None
         # The jobs fired and their slots, as two lists rather than a pair each: a burst's
         # thousands wait for _reschedule, and each pair would be one more object to walk.
         fired: list[Job] = []
@@ -709,7 +713,7 @@ class Scheduler(Operations):
             if starved:
                 self._claims.starved(starved)
             if requests:
-                self._spawn(self._claims.fire(requests, reserved))
+                self._spawn(self._claims.fire(requests, reserved, not_before_ms=at))
             if early:
                 self._backend_clock.defer(early, now, self._push_back)
         finally:

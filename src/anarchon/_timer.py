@@ -22,6 +22,12 @@ STEP_CHECK_MS: Final = 1_000
 # A wall clock that moved this much more (or less) than the monotonic clock since the last look
 # was stepped. NTP slews offsets under 128 ms; anything past a second is a step.
 STEP_MIN_MS: Final = 1_000
+# Slots due at their very slot (no jitter, or the preferred rank) are handed over this long
+# before it, so their claims are built while the clock runs out, and sent at the slot itself
+# (the claim waits for it: see Claims.fire). Building 17 claims took 0.35 ms and starting the
+# claim's task 0.1 ms more on this 2-core machine, on every slot's lag; and a wake-up a few
+# milliseconds late (a busy host) is absorbed instead of delaying the claim.
+LEAD_MS: Final = 5
 
 
 class Due(NamedTuple):
@@ -88,12 +94,21 @@ class SlotTimer:
         return wall
 
     async def run(self) -> None:
-        """Hand over due slots until cancelled."""
+        """Hand over due slots until cancelled.
+
+        A batch is sorted by due time. Slots due at their slot are handed over up to
+        :data:`LEAD_MS` before it, in a batch of their own (all due at that one instant): the
+        receiver must not claim them before ``batch[-1].due_ms``."""
+        heap = self._heap
         while True:
             now = self._look()
             batch: list[Due] = []
-            while self._heap and self._heap[0].due_ms <= now:
-                batch.append(heapq.heappop(self._heap))
+            while heap and heap[0].due_ms <= now:
+                batch.append(heapq.heappop(heap))
+            if not batch and heap and _at_slot(heap[0]) and heap[0].due_ms - now <= LEAD_MS:
+                due = heap[0].due_ms
+                while heap and heap[0].due_ms == due and _at_slot(heap[0]):
+                    batch.append(heapq.heappop(heap))
             if batch:
                 result = self._on_due(batch)
                 if result is not None:
@@ -104,6 +119,12 @@ class SlotTimer:
                 await sleep_or_wake(self._clock.sleep(STEP_CHECK_MS / 1000), self._wake)
             else:
                 head = self._heap[0]
-                # Without jitter the slot is the moment to claim: wake on it, not after it.
-                precise = head.due_ms == head.slot
-                await sleep_or_wake(self._clock.sleep_until(head.due_ms, precise), self._wake)
+                # Without jitter the slot is the moment to claim: hand it over a little before
+                # (its claim then waits for the slot precisely), not after it.
+                at = head.due_ms - LEAD_MS if _at_slot(head) else head.due_ms
+                await sleep_or_wake(self._clock.sleep_until(at), self._wake)
+
+
+def _at_slot(due: Due) -> bool:
+    """The slot is claimed at its very time (no jitter, or the preferred rank)."""
+    return due.due_ms == due.slot

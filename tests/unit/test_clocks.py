@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Any
 
 import pytest
 
 from anarchon import RunContext, RunStatus, Scheduler
 from anarchon._clock import SystemClock
+from anarchon._timer import LEAD_MS
+from anarchon.backend import ClaimRequest
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import (
     MINUTE,
@@ -209,3 +212,29 @@ async def test_a_clock_step_before_any_measurement_does_not_claim_slots_early() 
     early = [(slot - at, slot) for at, slot in claims if at < slot - 50]
     assert len(claims) >= 15, claims
     assert not early, f"claimed ahead of the backend's clock (ms early, slot): {early[:5]}"
+
+
+async def test_a_slot_claimed_at_its_time_is_built_before_it_and_sent_at_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without jitter the timer hands the slot over LEAD_MS early, so its claim is built while
+    # the clock runs out; the claim itself still reaches the backend at the slot, not before.
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    scheduler = Scheduler(backend, clock=clock, instance_id="i0")
+    scheduler.add("tick", "* * * * * *", lambda ctx: None, jitter_ms=0, catch_up="none")
+    built: list[tuple[int, int | None]] = []
+    build = scheduler._claims.request
+
+    def request(*args: Any, **kwargs: Any) -> ClaimRequest:
+        made = build(*args, **kwargs)
+        built.append((clock.now_ms(), made.slot))
+        return made
+
+    monkeypatch.setattr(scheduler._claims, "request", request)
+    async with scheduler:
+        await clock.advance(3_100, step_ms=1)
+    claims = [(at, r.slot) for _, at, reqs in backend.named("claim") for r in reqs]
+    assert [slot for _, slot in claims] == [START + 1_000, START + 2_000, START + 3_000]
+    assert all(at == slot for at, slot in claims), claims
+    assert all(slot is not None and at == slot - LEAD_MS for at, slot in built), built
