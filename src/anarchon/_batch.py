@@ -27,6 +27,9 @@ Out = TypeVar("Out")
 
 # A larger batch would hold one transaction (SQLite's write lock) for too long.
 MAX_BATCH = 2_000
+# A hold keeps at most this many items back: each held result keeps its run alive (task,
+# coroutine, records), and the garbage collector walks them all at every full pass.
+MAX_HELD = 5 * MAX_BATCH
 # Item failures logged with their traceback per batch; the rest are counted in one line (a
 # backend that refuses everything would otherwise log every item of a burst).
 MAX_LOGGED = 5
@@ -117,8 +120,8 @@ class Coalescer(Generic[In, Out]):
         return self._held > 0
 
     def hold(self) -> None:
-        """Keep the items submitted from now on back until :meth:`release` (holds nest) or
-        :meth:`flush`."""
+        """Keep the items submitted from now on back until :meth:`release` (holds nest),
+        :meth:`flush`, or until :data:`MAX_HELD` wait."""
         self._held += 1
 
     def release(self) -> None:
@@ -138,6 +141,8 @@ class Coalescer(Generic[In, Out]):
         future: asyncio.Future[Out] = loop.create_future()
         if not self._items and not self._held:
             loop.call_soon(self.flush)
+        elif len(self._items) == MAX_HELD - 1:
+            loop.call_soon(self.flush)  # held or not, MAX_HELD waiting go now
         self._items.append(item)
         self._futures.append(future)
         return future

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from anarchon._batch import MAX_BATCH, Coalescer
+from anarchon._batch import MAX_BATCH, MAX_HELD, Coalescer
 from anarchon.errors import BackendUnavailable
 
 
@@ -92,3 +92,22 @@ async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
     coalescer.release()
     assert await after == 7
     assert batches == [2, 1]
+
+
+async def test_a_hold_keeps_at_most_max_held_items_back() -> None:
+    batches: list[int] = []
+
+    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
+        batches.append(len(items))
+        return list(items)
+
+    coalescer: Coalescer[int, int] = Coalescer(echo, str, "echo")
+    coalescer.hold()
+    futures = [coalescer.submit(n) for n in range(MAX_HELD)]
+    await asyncio.gather(*futures)
+    assert sum(batches) == MAX_HELD
+    after = coalescer.submit(7)
+    await asyncio.sleep(0.01)
+    assert not after.done()
+    coalescer.release()
+    assert await after == 7
