@@ -55,10 +55,21 @@ async def test_an_unanswered_publish_times_out_and_may_be_stored(
     make: Make, server_url: str
 ) -> None:
     backend: NatsBackend = await make()
-    async with _silent(server_url) as subject:
-        with pytest.raises(nats.errors.TimeoutError) as caught:
-            await backend._conn.publish(subject, b"", "x", 0.2)
-        assert errors.maybe_sent(caught.value), "no answer: it may have been stored"
+    # nats-server 2.15 answered "no responders" here twice in CI runs on a loaded machine,
+    # though the listener's subscription was flushed first; cause not found. A silent subject
+    # is tried up to three times: what is tested is what a timeout means.
+    for attempt in range(3):
+        async with _silent(server_url) as subject:
+            try:
+                await backend._conn.publish(subject, b"", "x", 0.2)
+            except nats.js.errors.NoStreamResponseError:
+                if attempt == 2:
+                    raise
+                continue
+            except nats.errors.TimeoutError as exc:
+                assert errors.maybe_sent(exc), "no answer: it may have been stored"
+                return
+        pytest.fail("a publish nobody answers did not time out")
 
 
 async def test_the_servers_error_is_an_api_error(make: Make, server_url: str) -> None:
