@@ -12,6 +12,16 @@ from anarchon._batch import MAX_BATCH, MAX_HELD, Coalescer
 from anarchon.errors import BackendUnavailable
 
 
+def _echoing(batches: list[int]) -> Coalescer[int, int]:
+    """A coalescer whose backend answers each item with itself, noting each batch's size."""
+
+    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
+        batches.append(len(items))
+        return list(items)
+
+    return Coalescer(echo, str, "echo")
+
+
 async def test_items_submitted_together_are_batched_and_answered_in_order() -> None:
     batches: list[int] = []
 
@@ -76,12 +86,7 @@ async def test_a_hold_keeps_items_back_until_released_then_sends_them_together()
 
 async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
     batches: list[int] = []
-
-    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
-        batches.append(len(items))
-        return list(items)
-
-    coalescer: Coalescer[int, int] = Coalescer(echo, str, "echo")
+    coalescer = _echoing(batches)
     coalescer.hold()
     kept = [coalescer.submit(n) for n in range(2)]
     coalescer.flush()
@@ -96,12 +101,7 @@ async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
 
 async def test_a_hold_keeps_at_most_max_held_items_back() -> None:
     batches: list[int] = []
-
-    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
-        batches.append(len(items))
-        return list(items)
-
-    coalescer: Coalescer[int, int] = Coalescer(echo, str, "echo")
+    coalescer = _echoing(batches)
     coalescer.hold()
     futures = [coalescer.submit(n) for n in range(MAX_HELD)]
     await asyncio.gather(*futures)
