@@ -165,3 +165,15 @@ async def test_other_processes_hear_of_releases_and_results(tmp_path: Path) -> N
     assert heard == [("job", str(SLOT), True), ("job", str(SLOT + 1000), False)]
     await reader.stop()
     await writer.stop()
+
+
+def test_a_row_is_read_in_the_order_of_its_columns() -> None:
+    """row_of unpacks a row by position: each value lands in the field of its column."""
+    from anarchon.backends.sqlite._rows import _COLUMNS, row_of
+
+    values = tuple(f"value of {name}" for name in _COLUMNS)
+    row = row_of(values)
+    assert row is not None
+    for name, value in zip(_COLUMNS, values, strict=True):
+        assert getattr(row, name) == (True if name == "released" else value), name
+    assert row_of(None) is None
