@@ -12,24 +12,20 @@ from anarchon._batch import MAX_BATCH, MAX_HELD, Coalescer
 from anarchon.errors import BackendUnavailable
 
 
-def _echoing(batches: list[int]) -> Coalescer[int, int]:
-    """A coalescer whose backend answers each item with itself, noting each batch's size."""
+def _multiplying(batches: list[int], factor: int = 1) -> Coalescer[int, int]:
+    """A coalescer whose backend answers each item times ``factor`` (by default the item
+    itself), noting each batch's size."""
 
-    async def echo(items: Sequence[int]) -> Sequence[int | BaseException]:
+    async def multiply(items: Sequence[int]) -> Sequence[int | BaseException]:
         batches.append(len(items))
-        return list(items)
+        return [item * factor for item in items]
 
-    return Coalescer(echo, str, "echo")
+    return Coalescer(multiply, str, "multiplying")
 
 
 async def test_items_submitted_together_are_batched_and_answered_in_order() -> None:
     batches: list[int] = []
-
-    async def double(items: Sequence[int]) -> Sequence[int | BaseException]:
-        batches.append(len(items))
-        return [item * 2 for item in items]
-
-    coalescer: Coalescer[int, int] = Coalescer(double, str, "doubling")
+    coalescer = _multiplying(batches, 2)
     futures = [coalescer.submit(n) for n in range(MAX_BATCH + 3)]
     assert await asyncio.gather(*futures) == [n * 2 for n in range(MAX_BATCH + 3)]
     assert batches == [MAX_BATCH, 3]
@@ -63,12 +59,7 @@ async def test_an_unavailable_backend_reaches_every_caller() -> None:
 
 async def test_a_hold_keeps_items_back_until_released_then_sends_them_together() -> None:
     batches: list[int] = []
-
-    async def double(items: Sequence[int]) -> Sequence[int | BaseException]:
-        batches.append(len(items))
-        return [item * 2 for item in items]
-
-    coalescer: Coalescer[int, int] = Coalescer(double, str, "doubling")
+    coalescer = _multiplying(batches, 2)
     coalescer.hold()
     coalescer.hold()  # holds nest
     first = [coalescer.submit(n) for n in range(3)]
@@ -86,7 +77,7 @@ async def test_a_hold_keeps_items_back_until_released_then_sends_them_together()
 
 async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
     batches: list[int] = []
-    coalescer = _echoing(batches)
+    coalescer = _multiplying(batches)
     coalescer.hold()
     kept = [coalescer.submit(n) for n in range(2)]
     coalescer.flush()
@@ -101,7 +92,7 @@ async def test_flush_sends_what_a_hold_kept_back_and_the_hold_goes_on() -> None:
 
 async def test_a_hold_keeps_at_most_max_held_items_back() -> None:
     batches: list[int] = []
-    coalescer = _echoing(batches)
+    coalescer = _multiplying(batches)
     coalescer.hold()
     futures = [coalescer.submit(n) for n in range(MAX_HELD)]
     await asyncio.gather(*futures)
