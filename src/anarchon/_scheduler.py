@@ -38,6 +38,7 @@ from contextlib import AsyncExitStack
 from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
+from . import otel
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
@@ -332,6 +333,7 @@ class Scheduler(Operations):
         # forked from one parent (gunicorn --preload) each get their own, with their pid.
         if self._explicit_id is None:
             self._default_id = (os.getpid(), default_instance_id())
+        await asyncio.to_thread(otel.preload)
         await self.backend.start()
         self._state = _State.RUNNING
         self._started_ms = self._clock.now_ms()
