@@ -238,3 +238,27 @@ async def test_a_slot_claimed_at_its_time_is_built_before_it_and_sent_at_it(
     assert [slot for _, slot in claims] == [START + 1_000, START + 2_000, START + 3_000]
     assert all(at == slot for at, slot in claims), claims
     assert all(slot is not None and at == slot - LEAD_MS for at, slot in built), built
+
+
+async def test_with_the_defaults_a_preferred_claim_goes_at_its_slot_and_none_before() -> None:
+    """Two instances, every option at its default: once they see each other, each slot's
+    preferred instance claims it at the slot (handed over LEAD_MS early, sent at the slot) and
+    no claim of any instance reaches the backend before its slot."""
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    schedulers = [Scheduler(backend, clock=clock, instance_id=f"i{n}") for n in range(2)]
+    for scheduler in schedulers:
+        scheduler.add("tick", "* * * * * *", lambda ctx: None)
+    for scheduler in schedulers:
+        await scheduler.start()
+    await clock.advance(20_000, step_ms=1)  # 1 ms steps: a claim 5 ms early would show
+    for scheduler in schedulers:
+        await scheduler.stop()
+    claims = [(at, r.slot) for _, at, reqs in backend.named("claim") for r in reqs]
+    assert claims and all(r_slot is not None and at >= r_slot for at, r_slot in claims), claims
+    first: dict[int, int] = {}
+    for at, r_slot in claims:
+        assert r_slot is not None
+        first[r_slot] = min(first.get(r_slot, at), at)
+    late = sorted(s for s in first if s >= START + 12_000)
+    assert late and all(first[s] == s for s in late), {s: first[s] - s for s in late}
