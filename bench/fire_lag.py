@@ -2,7 +2,13 @@
 
 The floor, per backend, is the round trip of one client doing the raw claim primitive
 (:mod:`bench.primitives`), measured alone just before; the one-request ``Backend.claim`` round
-trip is shown beside it to say where the lag goes.
+trip is shown beside it to say where the lag goes. The issue's target is read against it.
+
+The same-instant floor is the raw primitive under the fire lag's own conditions: three
+processes wake at the same instants (once a second) and each claims the same ``J`` keys in one
+batch (:func:`bench.probe.instant`); a key's lag is the instant to the answer of the batch that
+won it. It is what a scheduler with no code of its own would see on this machine, so
+``lag p99 - same-instant floor p99`` is what anarchon itself adds.
 
 Fire lag: three instances per backend, every backend at once but staggered: backend ``i`` fires
 at seconds ``i, i + 5, i + 10 ...`` of each minute, so only one backend's instances wake at any
@@ -19,19 +25,30 @@ import asyncio
 import json
 import math
 import time
+import uuid
 from typing import Any
 
 from .context import Context
-from .fleet import Proc, spawn, stop, wait_ready
+from .fleet import Proc, poll, spawn, stop, wait_ready
 from .stats import percentile, tally
 
 FIRE_CYCLE_S = 5
 PHASES = {"sqlite": 0, "redis": 1, "postgres": 2, "nats": 3, "memory": 4}
 INSTANCES = 3
+SAME_INSTANT_N = 20
+SAME_INSTANT_QUICK = 5
+SAME_INSTANT_LEAD_S = 3.0
+
+
+def jobs_per_instant(ctx: Context) -> int:
+    """``J``: how many slots are due at each of a backend's instants."""
+    instants = ctx.settings.fire_window_s // FIRE_CYCLE_S
+    return math.ceil(ctx.settings.fire_min_slots / instants)
 
 
 async def floors(ctx: Context) -> dict[str, Any]:
-    """Round trips of the primitive and of a one-request claim, per backend, one at a time."""
+    """Round trips of the primitive and of a one-request claim, per backend, one at a time;
+    then each backend's same-instant floor."""
     out: dict[str, Any] = {}
     for target in ctx.available():
         ctx.say(f"floor: {target.name}")
@@ -62,7 +79,41 @@ async def floors(ctx: Context) -> dict[str, Any]:
             "claim_p99": percentile(answer["claim_ms"], 99),
             "n": len(answer["floor_ms"]),
         }
+        out[target.name].update(await _same_instant(ctx, target.name))
     return out
+
+
+async def _same_instant(ctx: Context, name: str) -> dict[str, Any]:
+    """:data:`INSTANCES` processes claim the same ``J`` keys in one batch at the same instants."""
+    instants = SAME_INSTANT_QUICK if ctx.settings.name == "quick" else SAME_INSTANT_N
+    start_at = math.ceil(time.time() + SAME_INSTANT_LEAD_S)
+    argv = ["--params", json.dumps(ctx.targets[name].primitive), "--n", str(instants)]
+    argv += ["--jobs", str(jobs_per_instant(ctx)), "--start-at", str(start_at)]
+    argv += ["--run", uuid.uuid4().hex[:8]]
+    procs = [
+        spawn(
+            f"instant-{name}-{i}",
+            ["bench.probe", "instant", "--backend", name, "--instance", str(i), *argv],
+            ctx.dir("floor"),
+            ready=False,
+        )
+        for i in range(INSTANCES)
+    ]
+    limit = start_at + instants + 30 - time.time()
+    await poll(lambda: not any(p.alive() for p in procs), limit)
+    await stop(procs, limit_s=5)
+    lags: list[float] = []
+    for proc in procs:
+        if proc.popen.returncode != 0 or not proc.out.exists():
+            return {"instant_error": f"{proc.name} failed: {proc.log_tail(3)}"}
+        for answer in json.loads(proc.out.read_text())["instants"]:
+            lags += [answer["lag_ms"]] * answer["won"]
+    return {
+        "instant_p50": percentile(lags, 50),
+        "instant_p99": percentile(lags, 99),
+        "instant_keys": len(lags),
+        "instant_expected": instants * jobs_per_instant(ctx),
+    }
 
 
 def _expected(phase: int, jobs: int, w0: int, w1: int) -> list[tuple[str, int]]:
@@ -71,9 +122,8 @@ def _expected(phase: int, jobs: int, w0: int, w1: int) -> list[tuple[str, int]]:
 
 
 async def measure(ctx: Context) -> dict[str, Any]:
-    settings = ctx.settings
-    instants = settings.fire_window_s // FIRE_CYCLE_S
-    jobs = math.ceil(settings.fire_min_slots / instants)
+    instants = ctx.settings.fire_window_s // FIRE_CYCLE_S
+    jobs = jobs_per_instant(ctx)
     work = ctx.dir("fire")
     fleets: dict[str, list[Proc]] = {}
     rows: dict[str, Any] = {"jobs_per_instant": jobs}

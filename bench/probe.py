@@ -4,6 +4,8 @@
     python -m bench.probe batch   --backend redis --params '{...}' --n 10000 --out f.json
     python -m bench.probe rate    --backend redis --params '{...}' --url URL --start-at T \
         --seconds 3 --instance 0 --out f.json
+    python -m bench.probe instant --backend redis --params '{...}' --start-at T --n 20 \
+        --jobs 17 --run TAG --out f.json
 
 ``latency``: sequential round trips of one client (each call awaited before the next), first
 the primitive, then a one-request ``claim`` (after a short warm-up each).
@@ -12,6 +14,10 @@ the primitive, then a one-request ``claim`` (after a short warm-up each).
 0, 1, 2 ...; then, after a pause of the same kind, ``claim`` in a loop over slots 0, 1, 2 ...
 Every process of a rate run walks the same keys, so each key is contended by all of them; each
 call's round trip is recorded too (``lat_ms``, the claim-latency curve's figures).
+``instant``: the fire lag's floor under its own conditions. From wall time ``start-at``, once a
+second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
+claims the same keys at the same instants (as three instances claim the same due slots), and
+records, per instant, the time from the instant to its batch's answer and how many keys it won.
 Slots start at ``--base`` (epoch ms, now by default): a broker refuses to claim a slot older
 than its de-duplication window.
 """
@@ -31,6 +37,7 @@ from .primitives import make_primitive
 WARM_UP = 20
 RATE_JOBS = 8
 GAP_S = 1.0
+INSTANT_EVERY_S = 1.0
 
 
 def _request(job: str, slot: int, instance: str, lease: bool) -> Any:
@@ -141,9 +148,24 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def instant(args: argparse.Namespace) -> dict[str, Any]:
+    prim = make_primitive(args.backend, json.loads(args.params))
+    await prim.open()
+    answers: list[dict[str, float]] = []
+    try:
+        for i in range(args.n):
+            at = args.start_at + i * INSTANT_EVERY_S
+            await _until(at)
+            won = await prim.claim_batch([f"instant-{args.run}-{i}-{k}" for k in range(args.jobs)])
+            answers.append({"lag_ms": round((time.time() - at) * 1000, 3), "won": won})
+    finally:
+        await prim.close()
+    return {"instance": args.instance, "instants": answers}
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.probe")
-    p.add_argument("mode", choices=("latency", "batch", "rate"))
+    p.add_argument("mode", choices=("latency", "batch", "rate", "instant"))
     p.add_argument("--backend", required=True)
     p.add_argument("--params", required=True, help="the primitive's parameters, JSON")
     p.add_argument("--url", help="anarchon backend URL (latency, rate)")
@@ -152,6 +174,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-at", type=float, default=0.0)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--instance", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="keys per instant (instant)")
     p.add_argument("--run", default="0", help="a tag that keeps this run's keys apart")
     p.add_argument("--base", type=int, default=0, help="first slot, epoch ms (default: now)")
     args = p.parse_args(argv)
@@ -162,7 +185,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    modes = {"latency": latency, "batch": batch, "rate": rate}
+    modes = {"latency": latency, "batch": batch, "rate": rate, "instant": instant}
     result = asyncio.run(modes[args.mode](args))
     with open(args.out, "w") as handle:
         json.dump(result, handle)

@@ -79,20 +79,27 @@ def fire_section(results: dict[str, Any]) -> list[str]:
         f"(claimed in one batch), one instant every 5 s per backend, backends staggered by 1 s; "
         f"{fire['window_s']} s of slots. Floor: the raw primitive's round trip, one client, "
         "sequential (see `bench/primitives.py`); claim call: one-request `Backend.claim` round "
-        "trip, same conditions. Target: lag p99 ≤ floor p99 + 5 ms.",
+        "trip, same conditions. Target: lag p99 ≤ floor p99 + 5 ms. Same-instant floor: the "
+        "raw primitive under the fire lag's own conditions (three processes wake at the same "
+        "instants, each claims the same jobs in one batch; a key's lag is the instant to the "
+        "answer of the batch that won it): what a scheduler with no code of its own sees here, "
+        "so lag p99 − same-instant floor p99 is what anarchon adds. The target is read against "
+        "the one-client floor, as the issue states it.",
         "",
     ]
     rows = []
     for name in _names(results):
         why = _unavailable(results, name)
         if why or name not in fire:
-            rows.append([name, why or "failed", *["–"] * 10])
+            rows.append([name, why or "failed", *["–"] * 12])
             continue
         f, fl = fire[name], floor.get(name, {})
         over = (
             None if f["p99"] is None or fl.get("floor_p99") is None else f["p99"] - fl["floor_p99"]
         )
         rel = None if over is None or not fl["floor_p99"] else f["p99"] / fl["floor_p99"]
+        instant = fl.get("instant_p99")
+        added = None if f["p99"] is None or instant is None else f["p99"] - instant
         rows.append(
             [
                 name,
@@ -105,6 +112,8 @@ def fire_section(results: dict[str, Any]) -> list[str]:
                 ms(f["max"]),
                 ms(over),
                 ratio(rel),
+                f"{ms(fl.get('instant_p50'))} / {ms(instant)}",
+                ms(added),
                 verdict(
                     None
                     if over is None
@@ -126,6 +135,8 @@ def fire_section(results: dict[str, Any]) -> list[str]:
                 ms(core["max"]),
                 "–",
                 "–",
+                "–",
+                "–",
                 "reference",
             ]
         )
@@ -141,6 +152,8 @@ def fire_section(results: dict[str, Any]) -> list[str]:
             "lag max",
             "p99 − floor p99",
             "p99 / floor p99",
+            "same-instant floor p50 / p99",
+            "p99 − same-instant floor p99",
             "target",
         ],
         rows,
