@@ -130,6 +130,33 @@ async def test_a_recorded_slot_is_answered_without_waiting_for_the_job_lock(
         await holder.rollback()
 
 
+@pytest.mark.parametrize("batch", [False, True])
+async def test_claims_of_a_job_queue_on_its_advisory_lock(
+    make: Make, schema: str, batch: bool
+) -> None:
+    # One request takes its job's lock by a plain expression, a batch by a query over its
+    # jobs: the same key, so each waits for the other. Held elsewhere, the lock keeps even a
+    # recorded slot's claim waiting; another job's claim goes on.
+    winner, waiting = make(), make(timeout_ms=1_000)
+    await winner.start()
+    await waiting.start()
+    [won] = await winner.claim([claim_request("job", SLOT, "i1")])
+    assert won.status is ClaimStatus.WON
+    key = f"anarchon claims {schema}.anarchon_ job"
+    async with await psycopg.AsyncConnection.connect(DSN) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+        again = [claim_request("job", SLOT, "i2")]
+        if batch:
+            again.append(claim_request("other", SLOT, "i2"))
+        with pytest.raises(BackendUnavailable, match="timeout_ms=1000"):
+            await waiting.claim(again)
+        [other] = await waiting.claim([claim_request("other", SLOT + 60_000, "i2")])
+        assert other.status is ClaimStatus.WON
+        await holder.rollback()
+    answers = await waiting.claim(again)
+    assert answers[0].status is ClaimStatus.LOST and answers[0].run.run_id == won.run.run_id
+
+
 async def test_a_claim_answered_from_the_records_takes_no_transaction_id(
     make: Make, schema: str
 ) -> None:

@@ -688,6 +688,36 @@ async def test_a_failed_claim_transaction_leaves_the_connection_clean(
     assert "rolling back" not in caplog.text
 
 
+@pytest.mark.parametrize("prepared", [True, False])
+async def test_rows_carry_the_column_names_of_their_own_statement(
+    make: Make, schema: str, prepared: bool
+) -> None:
+    # Column names are read once per statement (_connection._NamedRows): a statement's rows
+    # never take another statement's names, and a result with another number of columns (a
+    # table that gained one) is named afresh.
+    backend = make(max_connections=1, prepared_statements=prepared)
+    await backend.start()
+    db = backend._db
+    first = b"SELECT 1 AS one, 2 AS two WHERE %(keep)s::boolean"
+    second = b"SELECT 3 AS three, 4 AS four WHERE %(keep)s::boolean"
+    assert await db.read(first, {"keep": False}) == []
+    for _ in range(3):
+        assert await db.read(first, {"keep": True}) == [{"one": 1, "two": 2}]
+        assert await db.read(second, {"keep": True}) == [{"three": 3, "four": 4}]
+    table = sql.Identifier(schema, "widening")
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE TABLE {} (a int)").format(table))
+        await conn.execute(sql.SQL("INSERT INTO {} VALUES (1)").format(table))
+    wide = sql.SQL("SELECT * FROM {}").format(table).as_bytes(None)
+    assert await db.read(wide) == [{"a": 1}]
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN b int DEFAULT 2").format(table))
+    if prepared:  # new sessions: the server refuses a prepared plan whose columns changed
+        await backend.stop()
+        await backend.start()
+    assert await db.read(wide) == [{"a": 1, "b": 2}]
+
+
 def test_channel_and_identifier_lengths_fit_postgres() -> None:
     short = Names("app", "anarchon_")
     assert short.channel == "app.anarchon_changes"

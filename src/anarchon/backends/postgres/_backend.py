@@ -110,6 +110,10 @@ class PostgresBackend(contract.LeaseBackend):
         self._where = describe_server(options)
         self._db = Connections(options, self._queries, self._where, repr(self))
         self._feed = ChangeFeed(self.name)
+        q = self._queries
+        self._notices: Statement | None = (
+            (q["send_notices"], {"channel": q.names.channel}) if options.notifications else None
+        )
         self._listener: Listener | None = None
         # One request is claimed by one statement until the server's isolation level refuses it.
         self._one_statement = True
@@ -167,6 +171,9 @@ class PostgresBackend(contract.LeaseBackend):
         database cannot store is answered on its own (LOST with ``error``); if the server
         refuses a batch for a value of one request, each request of it is decided alone.
         """
+        if len(requests) == 1 and unstorable(requests[0]) is None:
+            # One request (a slot due alone): nothing to split or to decide apart.
+            return await self._db.call(functools.partial(self._claim, [requests[0]]))
         reqs = list(requests)
         outcomes: list[contract.ClaimOutcome | None] = [None] * len(reqs)
         good: list[int] = []
@@ -229,14 +236,12 @@ class PostgresBackend(contract.LeaseBackend):
         client more than the claim itself), and ``send_notices`` after it only if it won. None
         when the connection's default isolation level is not READ COMMITTED, which the claim
         function refuses: from then on this backend sends its claims inside BEGIN."""
-        from psycopg import Error
-
         q = self._queries
         params = rows.claim_one_params(req, q.names.channel, later=later is not None)
         try:
             found = await self._db.statement(conn, q["claim_one"], params)
-        except Error as exc:
-            if exc.sqlstate != NOT_READ_COMMITTED:
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != NOT_READ_COMMITTED:
                 raise
             self._one_statement = False
             return None
@@ -288,9 +293,7 @@ class PostgresBackend(contract.LeaseBackend):
         kept (``send_notices`` in queries.sql: a transaction that notifies holds a cluster-wide
         lock through its commit). None with notifications off: behind PgBouncer in transaction
         mode the next statement may run in another session, so they are sent at commit."""
-        if not self.notifications:
-            return None
-        return (self._queries["send_notices"], {"channel": self._queries.names.channel})
+        return self._notices
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`; an index scan of ``limit`` rows."""
