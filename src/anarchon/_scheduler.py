@@ -43,7 +43,7 @@ from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
-from ._job import Handler, Job, JobKwargs, build_job, job_options
+from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
 from ._metrics import Counters
 from ._missed import MissedSlots
@@ -191,6 +191,7 @@ class Scheduler(Operations):
         self._default_id: tuple[int, str] | None = None  # (pid, id) before start
         self._clock: Clock = given_clock or SystemClock()
         self._jobs: dict[str, Job] = {}
+        self._resolved: Resolved = {}  # options resolved once for every job that shares them
         self._generation: dict[str, int] = {}
         self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
@@ -297,7 +298,7 @@ class Scheduler(Operations):
         if name in self._jobs:
             raise DuplicateJob(f"job name {name!r} is already registered; job names are unique")
         chosen = job_options("Scheduler.add", options)
-        job = build_job(name, schedule, handler, chosen, self.backend)
+        job = build_job(name, schedule, handler, chosen, self.backend, self._resolved)
         self._jobs[name] = job
         self._jobs_version += 1
         self._generation[name] = self._generation.get(name, 0) + 1
