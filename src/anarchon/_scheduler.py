@@ -393,8 +393,7 @@ class Scheduler(Operations):
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
-        for job in list(self._jobs.values()):
-            self._schedule_next(job, now)
+        self._schedule_all(list(self._jobs.values()), now)
         timer = self._loop_task("timer", self._timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(cancel_and_wait, [timer, skew])
@@ -673,6 +672,18 @@ class Scheduler(Operations):
         if plan.kind is Kind.BACKUP:
             self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
         self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
+
+    def _schedule_all(self, jobs: list[Job], after_ms: int) -> None:
+        """:meth:`_schedule_next` for every job of ``jobs``, put on the timer at once."""
+        plan, generation = self._rendezvous.plan, self._generation
+        entries: list[tuple[str, int, int, int]] = []
+        for job in jobs:
+            slot = job.schedule.next_slot(after_ms)
+            planned = plan(job.name, slot, job.policy.jitter_ms)
+            if planned.kind is Kind.BACKUP:
+                self.backend.expect_claims(slot, slot + planned.delay_ms)
+            entries.append((job.name, slot, slot + planned.delay_ms, generation[job.name]))
+        self._timer.push_many(entries)
 
     def _on_due(self, batch: list[Due]) -> None:
         # "Too late" is a decision shared with other instances: judged on the backend's clock

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import signal
@@ -200,6 +201,28 @@ async def test_ten_thousand_jobs_keep_one_timer(clock: FakeClock) -> None:
             return len(asyncio.all_tasks())
 
     assert await tasks_while_idle(10_000) == await tasks_while_idle(1), "tasks grow with jobs"
+
+
+async def test_jobs_armed_at_once_fire_as_if_pushed_one_by_one(clock: FakeClock) -> None:
+    """start() puts every job's first slot on the timer in one go (push_many): the heap hands
+    them over in the order single pushes would, and a slot earlier than any waiting wakes the
+    timer."""
+    from anarchon._timer import SlotTimer
+
+    entries = [(f"j{n}", 1_000 * (n % 7), 1_000 * (n % 7) + n % 3, n) for n in range(50)]
+    one, bulk = SlotTimer(clock, lambda batch: None), SlotTimer(clock, lambda batch: None)
+    for entry in entries:
+        one.push(*entry)
+    bulk.push_many(entries[:20])
+    bulk.push_many(entries[20:])
+    assert sorted(one._heap) == sorted(bulk._heap) and len(bulk) == 50
+    heap = list(bulk._heap)
+    assert [heapq.heappop(heap) for _ in range(50)] == sorted(one._heap)
+    bulk._wake.clear()
+    bulk.push_many([("late", 9_000, 9_000, 0)])
+    assert not bulk._wake.is_set()
+    bulk.push_many([("early", 0, -1, 0)])
+    assert bulk._wake.is_set()
 
 
 async def test_clock_skew_is_measured_and_warned(
