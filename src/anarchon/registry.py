@@ -237,10 +237,14 @@ def encode_definitions(jobs: tuple[JobDefinition, ...]) -> tuple[str, bytes]:
     if found is not None and found[0] is jobs:
         return found[1], found[2]
     options: dict[tuple[tuple[str, OptionValue], ...], int] = {}
+    # Jobs with equal options usually share one dict of them (definition_of): sorted once.
+    indexes: dict[int, int] = {}
     rows = []
     for job in jobs:
-        key = tuple(sorted(job.options.items()))
-        index = options.setdefault(key, len(options))
+        index = indexes.get(id(job.options))
+        if index is None:
+            key = tuple(sorted(job.options.items()))
+            index = indexes[id(job.options)] = options.setdefault(key, len(options))
         rows.append((job.name, job.expression, job.zone, index))
     document = {"options": [dict(key) for key in options], "jobs": rows}
     text = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
