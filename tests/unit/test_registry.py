@@ -191,8 +191,11 @@ async def test_instances_that_decode_to_the_same_definitions_give_the_same_view(
     assert len({id(r.jobs) for r in shared}) == 1  # one decoded tuple: the quick path
     separate = [record(f"i{n}", *jobs) for n in range(3)]  # equal, distinct tuples
     quick, full = build_view(shared, now_ms=1), build_view(separate, now_ms=1)
+    assert quick.definitions._built is None  # type: ignore[attr-defined]  # until first read
     assert list(quick.definitions) == list(full.definitions) == ["a", "sync"]
     assert quick.definitions == full.definitions and quick.drift == full.drift == ()
+    assert quick.definitions.get("a") == full.definitions["a"] and "b" not in quick.definitions
+    assert len(quick.definitions) == 2 and dict(quick.definitions.items()) == full.definitions
     assert quick.carriers("a") == ("i0", "i1", "i2")
 
 
