@@ -93,13 +93,12 @@ class CatchingUp:
         # Slots are wall-clock instants computed from this host's clock, as the timer's are.
         planned: dict[str, list[int]] = {}
         for job in wanted:
+            last = last_slots.get(job.name)
+            if last is None:
+                continue  # no history: nothing to catch up (most jobs of a first start)
             policy = job.policy
             slots, left_out = missed_slots(
-                job.schedule,
-                last_slots.get(job.name),
-                now,
-                policy.catch_up_window_ms,
-                _mode(policy.catch_up),
+                job.schedule, last, now, policy.catch_up_window_ms, _mode(policy.catch_up)
             )
             planned[job.name] = slots
             if slots:

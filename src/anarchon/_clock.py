@@ -42,6 +42,8 @@ EARLY_TOLERANCE_MS: Final = 1_000
 # A deferred slot is looked at again within this long (ms): the estimate may be stale (the
 # backend's clock stepped too, and is being measured again after the step).
 EARLY_RECHECK_MS: Final = 1_000
+# An offset from the backend's clock up to this (ms) is never warned of, whatever the jobs.
+SKEW_WARN_FLOOR_MS: Final = 250
 
 #: What a clock must provide (checked when a Scheduler is made).
 CLOCK_METHODS: Final = ("now_ms", "monotonic_ms", "sleep", "sleep_until")
@@ -195,10 +197,12 @@ class BackendClock:
         self.time.measured(server, (before_mono + after_mono) // 2)
         offset = server - (before + after) // 2
         self.offset_ms = offset
+        if abs(offset) <= SKEW_WARN_FLOOR_MS:
+            return  # below any threshold: the budgets of 100 000 jobs are not walked every minute
         budgets = [b for j in self._jobs.values() if (b := self._backend.skew_budget_ms(j.policy))]
         # Warn long before skew is unsafe: at a tenth of the tightest budget, and above 5 s anyway.
         threshold = min([5_000, *(b // 10 for b in budgets)])
-        if abs(offset) > max(threshold, 250):
+        if abs(offset) > max(threshold, SKEW_WARN_FLOOR_MS):
             self._counters.clock_skew_warnings += 1
             logger.warning(
                 "clock of %s is %+d ms off the %s backend's clock; slots fire off time, and past "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 import socket
 from collections.abc import Callable, Iterable
@@ -114,9 +115,12 @@ async def read_cluster(store: RegistryStore, now_ms: int) -> ClusterView:
     return build_view(await read_instances(store), now_ms)
 
 
+_by_name: Final = operator.attrgetter("name")
+
+
 def _define(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:
     """The definitions of ``jobs``, sorted by name."""
-    return tuple(sorted(map(definition_of, jobs), key=lambda d: d.name))
+    return tuple(sorted(map(definition_of, jobs), key=_by_name))
 
 
 def _define_and_encode(jobs: tuple[Job, ...]) -> tuple[JobDefinition, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import operator
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -77,6 +78,10 @@ _GAP_CACHE_SIZE: Final = 16_384
 _GAPS: dict[tuple[str, ZoneInfo], int | None] = {}
 _HANDLERS_CHECKED: dict[int, object] = {}
 _HANDLERS_CACHE_SIZE: Final = 256
+_ASYNC: dict[int, tuple[object, bool]] = {}
+# The resolved options a scheduler remembers (see Resolved): a handful of distinct option sets
+# is usual, however many jobs share them.
+_RESOLVED_CACHE_SIZE: Final = 256
 
 Timezone: TypeAlias = str | ZoneInfo
 """A time zone: an IANA name such as ``"Europe/Athens"``, or a :class:`zoneinfo.ZoneInfo`."""
@@ -141,9 +146,15 @@ class JobKwargs(TypedDict, total=False):
     on_failure: OnFailure | None
 
 
+_DEFAULT_OPTIONS: Final = JobOptions()
+_option_values: Final = operator.attrgetter(*JobOptions.__slots__)
+
+
 def job_options(caller: str, options: Mapping[str, Any]) -> JobOptions:
     """:class:`JobOptions` from keyword arguments; a TypeError naming ``caller`` and the first
     unknown option, as a call with a misspelt keyword argument would raise."""
+    if not options:
+        return _DEFAULT_OPTIONS  # frozen: every job added without options shares it
     check_keywords(caller, options, JobKwargs.__optional_keys__)
     return JobOptions(**options)
 
@@ -169,18 +180,77 @@ class Job:
         return f"Job({self.name!r}, {self.schedule.expression!r}, tz={self.schedule.timezone!r})"
 
 
+Resolved: TypeAlias = dict[tuple[Any, ...], tuple[Backend, JobPolicy, RetryPolicy]]
+"""A scheduler's memory of resolved options (:func:`build_job`'s ``memo``): the policy and
+retries that one set of options resolved to on one backend, whatever the job's name."""
+
+
 def build_job(
-    name: str, expression: str, handler: Handler, options: JobOptions, backend: Backend
+    name: str,
+    expression: str,
+    handler: Handler,
+    options: JobOptions,
+    backend: Backend,
+    memo: Resolved | None = None,
 ) -> Job:
-    """Validate everything about a job and resolve its options against ``backend``."""
+    """Validate everything about a job and resolve its options against ``backend``.
+
+    With ``memo``, options already resolved for another job (the same values, of the same
+    types, on the same backend, and the same schedule where its period matters) are not checked
+    again: 100 000 jobs on one set of options resolve it once. Only what passed is remembered,
+    so a bad value raises for every job that has it, naming that job.
+    """
     check_name(name)
     check_handler(name, handler)
     schedule = shared_schedule(expression, _zone_argument(options.timezone))
-    policy = resolve(name, options, backend, schedule)
-    retry = resolve_retries(name, options, backend)
-    check_on_failure(name, options.on_failure)
+    key = found = None
+    if memo is not None:
+        key, found = _remembered(memo, options, schedule)
+    if found is not None and found[0] is backend and not found[2].retries:
+        policy = _renamed(found[1], name)
+        retry = found[2]
+    else:
+        policy = resolve(name, options, backend, schedule)
+        retry = resolve_retries(name, options, backend)
+        check_on_failure(name, options.on_failure)
+        if key is not None and memo is not None:
+            if len(memo) >= _RESOLVED_CACHE_SIZE:
+                memo.clear()
+            memo[key] = (backend, policy, retry)
     backend.check_job(policy)
     return Job(name, schedule, handler, options, policy, retry)
+
+
+def _remembered(
+    memo: Resolved, options: JobOptions, schedule: CronSchedule
+) -> tuple[tuple[Any, ...] | None, tuple[Backend, JobPolicy, RetryPolicy] | None]:
+    """The key of ``options`` in ``memo`` and what it holds: the option values with their types
+    (``1`` and ``True`` are equal, but only one is a valid ``jitter_ms``) and the schedule where
+    its period matters. The key is None when an option cannot be hashed (it is then resolved
+    every time)."""
+    values = _option_values(options)
+    period = (schedule.expression, schedule.zone) if _period_matters(options, schedule) else None
+    key = (values, tuple(map(type, values)), period)
+    try:
+        return key, memo.get(key)
+    except TypeError:
+        return None, None
+
+
+def _renamed(policy: JobPolicy, name: str) -> JobPolicy:
+    """``policy`` for the job ``name`` (faster than :func:`dataclasses.replace`)."""
+    return JobPolicy(
+        name=name,
+        jitter_ms=policy.jitter_ms,
+        max_late_ms=policy.max_late_ms,
+        lease_ms=policy.lease_ms,
+        max_attempts=policy.max_attempts,
+        overlap=policy.overlap,
+        catch_up=policy.catch_up,
+        catch_up_window_ms=policy.catch_up_window_ms,
+        handover=policy.handover,
+        history_ttl_ms=policy.history_ttl_ms,
+    )
 
 
 def resolve_retries(name: str, opts: JobOptions, backend: Backend) -> RetryPolicy:
@@ -430,6 +500,20 @@ def _require(name: str, backend: Backend, opts: JobOptions) -> None:
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` is called as a coroutine function (also through
+    :func:`functools.partial` and an async ``__call__``); remembered per handler, which
+    thousands of jobs often share."""
+    found = _ASYNC.get(id(handler))
+    if found is not None and found[0] is handler:
+        return found[1]
+    answer = _find_async(handler)
+    if len(_ASYNC) >= _HANDLERS_CACHE_SIZE:
+        _ASYNC.clear()
+    _ASYNC[id(handler)] = (handler, answer)  # kept, so its id is not reused
+    return answer
+
+
+def _find_async(handler: Callable[..., Any]) -> bool:
     target: Any = handler
     while hasattr(target, "func"):  # functools.partial
         target = target.func

@@ -43,7 +43,7 @@ from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
-from ._job import Handler, Job, JobKwargs, build_job, job_options
+from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
 from ._metrics import Counters
 from ._missed import MissedSlots
@@ -191,6 +191,7 @@ class Scheduler(Operations):
         self._default_id: tuple[int, str] | None = None  # (pid, id) before start
         self._clock: Clock = given_clock or SystemClock()
         self._jobs: dict[str, Job] = {}
+        self._resolved: Resolved = {}  # options resolved once for every job that shares them
         self._generation: dict[str, int] = {}
         self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
@@ -297,7 +298,7 @@ class Scheduler(Operations):
         if name in self._jobs:
             raise DuplicateJob(f"job name {name!r} is already registered; job names are unique")
         chosen = job_options("Scheduler.add", options)
-        job = build_job(name, schedule, handler, chosen, self.backend)
+        job = build_job(name, schedule, handler, chosen, self.backend, self._resolved)
         self._jobs[name] = job
         self._jobs_version += 1
         self._generation[name] = self._generation.get(name, 0) + 1
@@ -392,8 +393,7 @@ class Scheduler(Operations):
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
-        for job in list(self._jobs.values()):
-            self._schedule_next(job, now)
+        self._schedule_all(list(self._jobs.values()), now)
         timer = self._loop_task("timer", self._timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(cancel_and_wait, [timer, skew])
@@ -672,6 +672,18 @@ class Scheduler(Operations):
         if plan.kind is Kind.BACKUP:
             self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
         self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
+
+    def _schedule_all(self, jobs: list[Job], after_ms: int) -> None:
+        """:meth:`_schedule_next` for every job of ``jobs``, put on the timer at once."""
+        plan, generation = self._rendezvous.plan, self._generation
+        entries: list[tuple[str, int, int, int]] = []
+        for job in jobs:
+            slot = job.schedule.next_slot(after_ms)
+            planned = plan(job.name, slot, job.policy.jitter_ms)
+            if planned.kind is Kind.BACKUP:
+                self.backend.expect_claims(slot, slot + planned.delay_ms)
+            entries.append((job.name, slot, slot + planned.delay_ms, generation[job.name]))
+        self._timer.push_many(entries)
 
     def _on_due(self, batch: list[Due]) -> None:
         # "Too late" is a decision shared with other instances: judged on the backend's clock

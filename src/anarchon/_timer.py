@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, NamedTuple
 
 from ._clock import Clock, sleep_or_wake
@@ -71,6 +71,20 @@ class SlotTimer:
         entry = Due(due_ms, self._seq, job, slot, generation)
         heapq.heappush(self._heap, entry)
         if self._heap[0] is entry:
+            self._wake.set()
+
+    def push_many(self, entries: Iterable[tuple[str, int, int, int]]) -> None:
+        """:meth:`push` for each ``(job, slot, due_ms, generation)``, the heap put in order once
+        (a scheduler starting with 100 000 jobs)."""
+        heap = self._heap
+        first = heap[0] if heap else None
+        seq = self._seq
+        for job, slot, due_ms, generation in entries:
+            seq += 1
+            heap.append(Due(due_ms, seq, job, slot, generation))
+        self._seq = seq
+        heapq.heapify(heap)
+        if heap and heap[0] is not first:
             self._wake.set()
 
     def __len__(self) -> int:

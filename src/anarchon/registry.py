@@ -27,7 +27,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
@@ -237,10 +237,14 @@ def encode_definitions(jobs: tuple[JobDefinition, ...]) -> tuple[str, bytes]:
     if found is not None and found[0] is jobs:
         return found[1], found[2]
     options: dict[tuple[tuple[str, OptionValue], ...], int] = {}
+    # Jobs with equal options usually share one dict of them (definition_of): sorted once.
+    indexes: dict[int, int] = {}
     rows = []
     for job in jobs:
-        key = tuple(sorted(job.options.items()))
-        index = options.setdefault(key, len(options))
+        index = indexes.get(id(job.options))
+        if index is None:
+            key = tuple(sorted(job.options.items()))
+            index = indexes[id(job.options)] = options.setdefault(key, len(options))
         rows.append((job.name, job.expression, job.zone, index))
     document = {"options": [dict(key) for key in options], "jobs": rows}
     text = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
@@ -467,12 +471,42 @@ def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
 _views: dict[int, tuple[tuple[JobDefinition, ...], Mapping[str, tuple[JobDefinition, ...]]]] = {}
 
 
+class _Alike(Mapping[str, tuple[JobDefinition, ...]]):
+    """Each job of one definitions set to its one definition, by name (read-only), built on
+    first use: a scheduler's heartbeat reads its views for their instances, and the mapping of
+    100 000 jobs took 0.2 s of its event loop at every new set."""
+
+    __slots__ = ("_built", "_jobs")
+
+    def __init__(self, jobs: tuple[JobDefinition, ...]) -> None:
+        self._jobs = jobs
+        self._built: MappingProxyType[str, tuple[JobDefinition, ...]] | None = None
+
+    def _mapping(self) -> Mapping[str, tuple[JobDefinition, ...]]:
+        if self._built is None:
+            ordered = sorted(self._jobs, key=lambda d: d.name)
+            self._built = MappingProxyType({d.name: (d,) for d in ordered})
+        return self._built
+
+    def __getitem__(self, name: str) -> tuple[JobDefinition, ...]:
+        return self._mapping()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
+
+    def __repr__(self) -> str:
+        return repr(dict(self._mapping()))
+
+
 def _alike(jobs: tuple[JobDefinition, ...]) -> Mapping[str, tuple[JobDefinition, ...]]:
     """Each job of ``jobs`` to its one definition, by name: built once per tuple (read-only)."""
     found = _views.get(id(jobs))
     if found is not None and found[0] is jobs:
         return found[1]
-    alike = MappingProxyType({d.name: (d,) for d in sorted(jobs, key=lambda d: d.name)})
+    alike = _Alike(jobs)
     if len(_views) >= 8:
         _views.clear()
     _views[id(jobs)] = (jobs, alike)  # the tuple is kept, so its id is not reused

@@ -20,7 +20,7 @@ from anarchon.backends.redis._errors import translate
 from anarchon.backends.redis._rows import RESTART_MARGIN_MS
 from tests.backends.redis import SERVER
 from tests.redis.servers import RedisServer, free_port, redis_server
-from tests.redis.test_scripts import claim_request
+from tests.redis.test_scripts import SLOT, claim_request
 
 PREFIX = "fault:"
 
@@ -144,6 +144,30 @@ async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServ
         assert [o.status for o in batch] == [ClaimStatus.WON] * 5
         own_server.cli("SCRIPT", "FLUSH")
         assert len(await backend.history("job")) == 1
+        own_server.cli("SCRIPT", "FLUSH")
+        assert await backend.last_slots(["j0", "none"]) == {"j0": None, "none": None}
+    finally:
+        await backend.stop()
+
+
+async def test_last_slots_in_parts_load_the_script_again_after_script_flush(
+    own_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three parts of the hget_ints script in one pipeline: each answered in order, after the
+    server lost the scripts too (fails if a part is dropped, reordered or left unloaded)."""
+    from anarchon.backends.redis import _connection
+
+    monkeypatch.setattr(_connection, "HGET_SCRIPT_KEYS", 3)
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        jobs = [f"j{n}" for n in range(8)]
+        slots = {j: SLOT + 1000 * n for n, j in enumerate(jobs) if n % 3 != 1}
+        await backend.claim([claim_request(job=j, slot=s) for j, s in slots.items()])
+        expected = {j: slots.get(j) for j in jobs}
+        assert await backend.last_slots(jobs) == expected
+        own_server.cli("SCRIPT", "FLUSH")
+        assert await backend.last_slots(jobs) == expected
     finally:
         await backend.stop()
 

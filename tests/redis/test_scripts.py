@@ -296,7 +296,13 @@ def test_bad_prefixes_are_refused_with_value_and_rule(bad: object) -> None:
 @pytest.mark.parametrize("good", ["anarchon:", "app:cron:", "a:", "App_1.prod-eu:", "9:"])
 def test_good_prefixes(good: str) -> None:
     assert RedisBackend(SERVER, prefix=good).prefix == good
-    assert Namespace(good).job("j").meta == f"{good}{{j}}:meta"
+    assert Namespace(good).job("j").meta == f"{good}{{j}}:meta" == Namespace(good).meta("j")
+
+
+def test_the_meta_key_alone_refuses_what_the_job_keys_refuse() -> None:
+    for bad in ("a}b", "{x}", "a b", ""):
+        with pytest.raises(InvalidJobName):
+            Namespace("app:").meta(bad)
 
 
 async def test_job_names_that_would_break_the_hash_tag_are_refused(make: Make) -> None:

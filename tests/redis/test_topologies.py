@@ -113,6 +113,10 @@ async def test_cluster_client(cluster: list[RedisServer]) -> None:
         again = await backend.claim([claim_request(job=j, slot=None) for j in jobs])
         assert [o.status for o in again] == [ClaimStatus.WON] * len(jobs)
         assert await backend.last_slot("job3") == outcomes[3].run.slot_ms
+        # On a cluster the jobs' META keys lie in many slots: one HGET each, not the script.
+        found = await other.last_slots([*jobs, "nobody"])
+        slots = {j: o.run.slot_ms for j, o in zip(jobs, outcomes, strict=True)}
+        assert found == {**slots, "nobody": None}
 
         # The pauses live in their own slot: read before a batch of claims, held in each.
         store = other.control()

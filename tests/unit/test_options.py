@@ -205,3 +205,39 @@ def test_a_jitter_that_reaches_the_period_or_max_late_is_refused(scheduler: Sche
     with pytest.raises(InvalidOption, match="jitter_ms=5000 for job 'j' must be less than"):
         scheduler.add("j", "* * * * *", handler, jitter_ms=5_000, max_late_ms=5_000)
     scheduler.add("j", "* * * * *", handler, jitter_ms=0, max_late_ms=0)
+
+
+def test_options_resolved_for_one_job_serve_others_only_of_the_same_types_and_period(
+    scheduler: Scheduler,
+) -> None:
+    """Jobs that share options resolve them once (100 000 jobs on one set of options), each
+    with its own name; a value equal but of another type, or the same jitter on a shorter
+    period, is checked again (each add below would pass if the first resolution were reused)."""
+    from anarchon._job import JobOptions, resolve
+
+    scheduler.add("a", "*/10 * * * * *", handler, jitter_ms=5_000)
+    with pytest.raises(InvalidOption, match=r"jitter_ms=5000 for job 'b' .* period, 2 s"):
+        scheduler.add("b", "*/2 * * * * *", handler, jitter_ms=5_000)
+    scheduler.add("c", "* * * * *", handler, max_attempts=1)
+    with pytest.raises(InvalidOption, match=r"max_attempts=True for job 'd' must be an integer"):
+        scheduler.add("d", "* * * * *", handler, max_attempts=True)
+    for name in ("e", "f"):
+        scheduler.add(name, "0 6 * * *", handler, lease_ms=60_000)
+    for name, options in (("a", JobOptions(jitter_ms=5_000)), ("f", JobOptions(lease_ms=60_000))):
+        job = scheduler._jobs[name]
+        fresh = resolve(name, options, scheduler.backend, job.schedule)
+        assert job.policy == fresh and job.policy.name == name
+
+
+def test_options_that_cannot_be_hashed_are_resolved_for_each_job(scheduler: Scheduler) -> None:
+    class Hook:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, run: object) -> None:
+            pass
+
+    hook = Hook()
+    scheduler.add("a", "* * * * *", handler, on_failure=hook)
+    scheduler.add("b", "* * * * *", handler, on_failure=hook)
+    job = scheduler._jobs["b"]
+    assert job.policy.name == "b" and job.options.on_failure is hook

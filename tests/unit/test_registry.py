@@ -191,9 +191,29 @@ async def test_instances_that_decode_to_the_same_definitions_give_the_same_view(
     assert len({id(r.jobs) for r in shared}) == 1  # one decoded tuple: the quick path
     separate = [record(f"i{n}", *jobs) for n in range(3)]  # equal, distinct tuples
     quick, full = build_view(shared, now_ms=1), build_view(separate, now_ms=1)
+    assert quick.definitions._built is None  # type: ignore[attr-defined]  # until first read
     assert list(quick.definitions) == list(full.definitions) == ["a", "sync"]
     assert quick.definitions == full.definitions and quick.drift == full.drift == ()
+    assert quick.definitions.get("a") == full.definitions["a"] and "b" not in quick.definitions
+    assert len(quick.definitions) == 2 and dict(quick.definitions.items()) == full.definitions
     assert quick.carriers("a") == ("i0", "i1", "i2")
+
+
+def test_shared_and_separate_options_dicts_encode_alike() -> None:
+    """encode_definitions sorts each shared options dict once: jobs sharing one dict, jobs with
+    equal dicts of their own, and a dict of other values all encode as separate dicts would."""
+    shared = {"lease_ms": 1, "jitter_ms": 0}
+    names = ("a", "b", "c")
+    one = tuple(
+        JobDefinition(name=n, expression="* * * * *", zone="UTC", options=shared) for n in names
+    )
+    own = tuple(
+        JobDefinition(name=n, expression="* * * * *", zone="UTC", options=dict(shared))
+        for n in names
+    )
+    assert encode_definitions(one) == encode_definitions(own)
+    other = (*one[:2], replace(one[2], options={"lease_ms": 2, "jitter_ms": 0}))
+    assert decode_definitions(encode_definitions(other)[1]) == other
 
 
 def test_a_definitions_set_round_trips_and_its_digest_does_not_depend_on_the_tuple() -> None:

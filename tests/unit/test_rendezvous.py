@@ -124,6 +124,14 @@ def test_it_falls_back_to_random_jitter() -> None:
     assert rendezvous.plan("sync", 0, 2_000).kind is Kind.UNRANKED
 
 
+def test_unranked_delays_are_uniform_over_the_whole_jitter() -> None:
+    """Each delay of 0 to jitter_ms (both ends included) about equally often."""
+    rendezvous, _ = _rendezvous()
+    counts = collections.Counter(rendezvous.plan("sync", 0, 3).delay_ms for _ in range(20_000))
+    assert sorted(counts) == [0, 1, 2, 3]
+    assert all(4_500 < n < 5_500 for n in counts.values()), counts
+
+
 def test_a_notice_for_the_pending_slot_drops_its_claim_once() -> None:
     rendezvous, _ = _rendezvous()
     rendezvous.see(build_view([_record("a", 0), _record("b", 0)], now_ms=0))

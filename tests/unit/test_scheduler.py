@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import signal
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from anarchon import BackendUnavailable, RunContext, RunStatus, Scheduler, Trigger
-from anarchon.backend import ClaimOutcome, ClaimRequest, Ticket
+from anarchon.backend import ClaimOutcome, ClaimRequest, JobPolicy, Ticket
 from anarchon.testing import FakeClock, MemoryBackend
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -202,6 +203,28 @@ async def test_ten_thousand_jobs_keep_one_timer(clock: FakeClock) -> None:
     assert await tasks_while_idle(10_000) == await tasks_while_idle(1), "tasks grow with jobs"
 
 
+async def test_jobs_armed_at_once_fire_as_if_pushed_one_by_one(clock: FakeClock) -> None:
+    """start() puts every job's first slot on the timer in one go (push_many): the heap hands
+    them over in the order single pushes would, and a slot earlier than any waiting wakes the
+    timer."""
+    from anarchon._timer import SlotTimer
+
+    entries = [(f"j{n}", 1_000 * (n % 7), 1_000 * (n % 7) + n % 3, n) for n in range(50)]
+    one, bulk = SlotTimer(clock, lambda batch: None), SlotTimer(clock, lambda batch: None)
+    for entry in entries:
+        one.push(*entry)
+    bulk.push_many(entries[:20])
+    bulk.push_many(entries[20:])
+    assert sorted(one._heap) == sorted(bulk._heap) and len(bulk) == 50
+    heap = list(bulk._heap)
+    assert [heapq.heappop(heap) for _ in range(50)] == sorted(one._heap)
+    bulk._wake.clear()
+    bulk.push_many([("late", 9_000, 9_000, 0)])
+    assert not bulk._wake.is_set()
+    bulk.push_many([("early", 0, -1, 0)])
+    assert bulk._wake.is_set()
+
+
 async def test_clock_skew_is_measured_and_warned(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -216,6 +239,32 @@ async def test_clock_skew_is_measured_and_warned(
         await clock.advance(100)
         assert scheduler.metrics()["clock_offset_ms"] == 45_000
     assert any(getattr(r, "action", None) == "clock_skew" for r in caplog.records)
+
+
+@pytest.mark.parametrize(("offset", "warned"), [(250, False), (-250, False), (251, True)])
+async def test_clock_skew_under_the_floor_does_not_walk_the_jobs(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture, offset: int, warned: bool
+) -> None:
+    """An offset of at most 250 ms is never warned of, so the jobs' skew budgets are not read
+    (100 000 of them took 0.2 s a minute on NATS); just past it, a tight budget warns."""
+    asked: list[str] = []
+
+    class Skewed(MemoryBackend):
+        async def server_time_ms(self) -> int | None:
+            return clock.now_ms() + offset
+
+        def skew_budget_ms(self, policy: JobPolicy) -> int | None:
+            asked.append(policy.name)
+            return 1_000  # warn from 100 ms: the floor decides
+
+    scheduler = Scheduler(Skewed(clock=clock), clock=clock)
+    scheduler.add("tick", "* * * * *", lambda ctx: None)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        await clock.advance(100)
+        assert scheduler._backend_clock.offset_ms == offset
+    skew = [r for r in caplog.records if getattr(r, "action", None) == "clock_skew"]
+    assert bool(skew) is warned and bool(asked) is warned
 
 
 async def test_manual_run_and_context(clock: FakeClock) -> None:

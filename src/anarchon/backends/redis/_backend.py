@@ -293,16 +293,14 @@ class RedisBackend(contract.LeaseBackend):
             raise lost
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
-        """See :meth:`anarchon.backend.LeaseBackend.last_slots`: one HGET per job, pipelined."""
+        """See :meth:`anarchon.backend.LeaseBackend.last_slots`: each job's ``last_slot``, in
+        one round trip (:meth:`Connection.hget_ints`)."""
         names = list(dict.fromkeys(jobs))
         if not names:
             return {}
-        metas = [self._keys.job(job).meta for job in names]
-        values = await self._connection.hget_many(metas, "last_slot")
-        return {
-            job: None if value is None else int(value)
-            for job, value in zip(names, values, strict=True)
-        }
+        metas = [self._keys.meta(job) for job in names]
+        values = await self._connection.hget_ints(metas, "last_slot")
+        return dict(zip(names, values, strict=True))
 
     async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """Call ``on_change(job, slot_key, released)`` on every release (True) and finish

@@ -1,10 +1,11 @@
 """The Lua scripts (``*.lua`` next to this module), loaded once and called by their SHA1.
 
-Each script is ``_common.lua`` followed by its own file. :class:`ScriptRunner` loads them with
-SCRIPT LOAD at start (on every primary of a cluster), calls them with EVALSHA, and loads them
-again when a server answers NOSCRIPT (it restarted, or a failover promoted a replica that never
-saw them). Batches go out as one pipeline: one round trip for many jobs' claims, each claim its
-own script call on its own job's keys, so a cluster routes each to the node of its slot.
+Each script is ``_common.lua`` followed by its own file (``hget_ints.lua`` stands alone).
+:class:`ScriptRunner` loads them with SCRIPT LOAD at start (on every primary of a cluster),
+calls them with EVALSHA, and loads them again when a server answers NOSCRIPT (it restarted, or
+a failover promoted a replica that never saw them). Batches go out as one pipeline: one round
+trip for many jobs' claims, each claim its own script call on its own job's keys, so a cluster
+routes each to the node of its slot.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["SCRIPTS", "Args", "Call", "Script", "ScriptRunner"]
 
 NAMES: Final = ("claim", "renew", "release", "take_over", "finish", "history")
+# Scripts that stand alone: _common.lua decodes ARGV[1] as JSON and names one job's keys.
+PLAIN_NAMES: Final = ("hget_ints",)
 
 # A script's arguments: one JSON string (ARGV[1]), or several strings (ARGV[1], ARGV[2] ...).
 Args = str | Sequence[str]
@@ -49,6 +52,9 @@ def _build() -> dict[str, Script]:
     scripts = {}
     for name in NAMES:
         source = f"{common}\n-- {name}.lua\n{_read(f'{name}.lua')}"
+        scripts[name] = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    for name in PLAIN_NAMES:
+        source = _read(f"{name}.lua")
         scripts[name] = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
     return scripts
 
