@@ -44,11 +44,14 @@ def _request(job: str, slot: int, instance: str, lease: bool) -> Any:
     from anarchon import Overlap, Trigger
     from anarchon.backend import ClaimRequest
 
+    # A run id and a token as the scheduler makes them (anarchon._claims): one read of 32
+    # random bytes. Two uuid4() cost about 10 us, which the scheduler does not spend on a claim.
+    ids = os.urandom(32).hex()
     return ClaimRequest(
         job=job,
         slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
+        run_id=ids[:32],
+        token=ids[32:],
         instance=instance,
         trigger=Trigger.SCHEDULE,
         lease_ms=15_000 if lease else 0,

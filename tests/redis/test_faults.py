@@ -16,9 +16,11 @@ import pytest
 from anarchon import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
 from anarchon.backend import ClaimStatus
 from anarchon.backends.redis import RedisBackend
+from anarchon.backends.redis._connection import CALL_TIMEOUT_S
 from anarchon.backends.redis._errors import translate
 from anarchon.backends.redis._rows import RESTART_MARGIN_MS
 from tests.backends.redis import SERVER
+from tests.postgres.proxy import TcpProxy
 from tests.redis.servers import RedisServer, free_port, redis_server
 from tests.redis.test_scripts import SLOT, claim_request
 
@@ -101,6 +103,52 @@ async def test_restart_without_persistence_fails_closed_and_recovers(
         assert fresh.ticket.fence is not None and fresh.ticket.fence > won.ticket.fence
     finally:
         await backend.stop()
+
+
+@pytest.mark.slow
+async def test_a_silent_network_fails_calls_within_their_limit(prefix: str) -> None:
+    """Packets dropped, connections open: a claim fails after the backend's call limit and a
+    renewal after a third of its lease (redis-py is given no socket timeout of its own), and
+    once the network flows again every call reads its own answer: a connection whose call was
+    abandoned is never used again, or the next call would read the late answer meant for it."""
+    proxy = TcpProxy(target=("127.0.0.1", 6379))
+    proxy.port = free_port()  # the Redis helper's port range, not PostgreSQL's
+    with proxy:
+        backend = RedisBackend(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+        await backend.start()
+        try:
+            slot = now_ms() + 60_000
+            [won] = await backend.claim([claim_request("silent", slot, lease_ms=1_500)])
+            assert won.ticket is not None
+            proxy.hold()
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailable, match=r"no answer within 0\.5 s"):
+                await asyncio.wait_for(backend.renew(won.ticket), 30)
+            assert time.monotonic() - began < 0.5 + 2
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailable, match=f"no answer within {CALL_TIMEOUT_S:g} s"):
+                await asyncio.wait_for(
+                    backend.claim([claim_request("silent", slot + 1000, instance="i2")]), 30
+                )
+            assert time.monotonic() - began < CALL_TIMEOUT_S + 2
+            proxy.restore()
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    now = await backend.server_time_ms()
+                    break
+                except BackendUnavailable:
+                    assert time.monotonic() < deadline, "the backend did not recover"
+                    await asyncio.sleep(0.2)
+            assert now is not None and abs(now - now_ms()) < 5_000
+            # Each answer is the one asked for (the held renewal and claim may have run late).
+            [other] = await backend.claim([claim_request("silent", slot + 2000, instance="i3")])
+            assert other.status is ClaimStatus.WON and other.run.instance == "i3"
+            assert other.run.slot_ms == slot + 2000
+            [first] = await backend.claim([claim_request("silent", slot, instance="i4")])
+            assert first.status is ClaimStatus.LOST and first.run.run_id == won.run.run_id
+        finally:
+            await backend.stop()
 
 
 async def test_an_outage_is_logged_once_and_so_is_the_recovery(

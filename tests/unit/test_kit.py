@@ -91,6 +91,41 @@ async def test_bounded_call_cancels_the_abandoned_operation() -> None:
     await asyncio.wait_for(cancelled.wait(), 1)
 
 
+async def test_bounded_call_cancels_the_operation_when_its_caller_is_cancelled_as_it_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The limit passes and the caller is cancelled before it wakes up: the caller ends
+    cancelled and the operation, which never answered, is cancelled too."""
+    import anarchon.kit.calls as calls
+
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller: asyncio.Future[None] | None = None
+    expire = calls._expire
+
+    def expire_then_cancel(answer: asyncio.Future[None]) -> None:
+        expire(answer)
+        assert caller is not None
+        caller.cancel()
+
+    monkeypatch.setattr(calls, "_expire", expire_then_cancel)
+    caller = asyncio.ensure_future(
+        bounded_call(hang(), where="x", timeout_s=0.05, translate=translate)
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert started.is_set()
+    await asyncio.wait_for(cancelled.wait(), 1)
+
+
 async def test_bounded_call_never_waits_for_an_operation_that_swallows_its_cancellation() -> None:
     started, release = asyncio.Event(), asyncio.Event()
 

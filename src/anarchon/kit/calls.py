@@ -4,12 +4,12 @@ A backend names only what differs: how its driver's exceptions become anarchon's
 (``translate``) and which of them are worth another try (``is_transient``). The rest, written
 once here:
 
-* :func:`bounded_call` runs one operation in a task of its own behind :func:`asyncio.shield`
-  with a timeout. Cancelling the caller always cancels the caller (a driver that swallows a
-  cancellation arriving as a write completes cannot keep it waiting); the abandoned task is
-  cancelled and its result consumed, so no "exception was never retrieved" is left behind; a
-  timeout becomes :class:`~anarchon.errors.BackendUnavailable`; a driver error goes through
-  ``translate``.
+* :func:`bounded_call` runs one operation in a task of its own (as :func:`asyncio.shield`
+  would) with a time limit. Cancelling the caller always cancels the caller (a driver that
+  swallows a cancellation arriving as a write completes cannot keep it waiting); the abandoned
+  task is cancelled and its result consumed, so no "exception was never retrieved" is left
+  behind; a timeout becomes :class:`~anarchon.errors.BackendUnavailable`; a driver error goes
+  through ``translate``.
 * :func:`retrying` calls an operation again, on anarchon's backoff, while ``is_transient``
   says the error is temporary, and gives up at a deadline.
 """
@@ -60,17 +60,25 @@ async def bounded_call(
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[T] = loop.create_future()
     task = loop.create_task(_relay(operation, answer))
-    task.add_done_callback(functools.partial(_ended, operation))
+    # The limit is a timer that fails ``answer``, not asyncio.timeout(): the caller's task is
+    # never cancelled by it, and it is cheaper (this whole function on an operation that does
+    # nothing: 17.8 -> 13.2 us of CPU, Python 3.11); every call of every backend comes here.
+    timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, answer)
     try:
-        async with asyncio.timeout(timeout_s):
-            return await answer
+        return await answer
     except BaseException as exc:
-        failed_inside = answer.done() and not answer.cancelled()
-        if not failed_inside:
+        # The task still runs unless it handed over the operation's own outcome.
+        handed = (
+            answer.done()
+            and not answer.cancelled()
+            and not isinstance(answer.exception(), _Expired)
+        )
+        if not handed:
             task.cancel()
+        task.add_done_callback(functools.partial(_ended, operation))
         if isinstance(exc, asyncio.CancelledError | AnarchonError):
             raise
-        if not failed_inside and isinstance(exc, TimeoutError):
+        if isinstance(exc, _Expired):
             assert timeout_s is not None
             shown = limit if limit is not None else f"{timeout_s:g} s"
             raise BackendUnavailable(f"{where}: no answer within {shown}") from None
@@ -78,13 +86,26 @@ async def bounded_call(
         if translated is not None:
             raise translated from exc
         raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+class _Expired(Exception):
+    """The limit of a :func:`bounded_call` passed (never leaves it)."""
+
+
+def _expire(answer: asyncio.Future[Any]) -> None:
+    """A :func:`bounded_call`'s timer: fail its ``answer`` unless the operation answered."""
+    if not answer.done():
+        answer.set_exception(_Expired())
 
 
 async def _relay(operation: Awaitable[T], answer: asyncio.Future[T]) -> None:
     """Await ``operation`` in the task of :func:`bounded_call` and hand its outcome to the
     caller's ``answer`` at once (a shield would take two turns of the loop: one to see the task
     done, one to wake the caller). An error is the caller's to see, not the task's; if the
-    caller is gone (``answer`` cancelled), the outcome is dropped."""
+    caller is gone (``answer`` cancelled or expired), the outcome is dropped."""
     try:
         result = await operation
     except Exception as exc:
@@ -100,8 +121,9 @@ async def _relay(operation: Awaitable[T], answer: asyncio.Future[T]) -> None:
 
 
 def _ended(operation: Awaitable[Any], task: asyncio.Future[Any]) -> None:
-    """A :func:`bounded_call` task ended (a done callback): mark its outcome seen, and close
-    ``operation`` if the task was cancelled before it began awaiting it."""
+    """The task of a :func:`bounded_call` that failed ended (a done callback; one that
+    answered has nothing to clean up): mark its outcome seen, and close ``operation`` if the
+    task was cancelled before it began awaiting it."""
     consume(task)
     if inspect.iscoroutine(operation) and inspect.getcoroutinestate(operation) == "CORO_CREATED":
         operation.close()

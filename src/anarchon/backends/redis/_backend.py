@@ -86,6 +86,9 @@ class RedisBackend(contract.LeaseBackend):
         self.url = url
         self.prefix = prefix
         self._keys = Namespace(prefix)
+        # Names every claim sends, made once.
+        self._pauses_key = self._keys.control.pauses
+        self._claims_channel = self._keys.claims_channel
         self._connection.owner = repr(self)
         self._feed = ChangeFeed(self.name)
         # Claim notices come on a subscription (connection) of their own.
@@ -137,7 +140,7 @@ class RedisBackend(contract.LeaseBackend):
             return []
         errors = [unstorable(r) for r in reqs]
         sent = [n for n, error in enumerate(errors) if error is None]
-        pauses_key = [self._keys.control.pauses]
+        pauses_key = [self._pauses_key]
         held: dict[str, str] | None = None
         if sent and self._on_cluster():
             # The pauses live in another cluster slot than the jobs' keys: read them first.
@@ -145,7 +148,7 @@ class RedisBackend(contract.LeaseBackend):
             held = await self.control().held([reqs[n].job for n in sent])
         # One claim announces itself from its script (no extra command); a batch is announced
         # by one message after it (Connection.announce).
-        alone = self._keys.claims_channel if len(sent) == 1 else None
+        alone = self._claims_channel if len(sent) == 1 else None
         calls = [
             (
                 self._keys.job(reqs[n].job).all() + pauses_key,
@@ -171,7 +174,7 @@ class RedisBackend(contract.LeaseBackend):
         if len(sent) > 1:
             # The won claims' notices, one message per batch, sent while the runs start.
             notices = rows.notice_messages(won_notices(out))
-            self._connection.announce(self._keys.claims_channel, notices)
+            self._connection.announce(self._claims_channel, notices)
         return out
 
     async def finish_many(

@@ -11,7 +11,7 @@ routes each to the node of its slot.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
@@ -116,8 +116,9 @@ class ScriptRunner:
                 results[i] = result
         return results
 
-    async def _evalsha(self, script: Script, keys: Sequence[str], args: Args) -> Any:
-        return await self._client.evalsha(script.sha, len(keys), *keys, *_argv(args))
+    def _evalsha(self, script: Script, keys: Sequence[str], args: Args) -> Awaitable[Any]:
+        # The command itself, not client.evalsha(): two calls fewer on every claim.
+        return self._client.execute_command("EVALSHA", script.sha, len(keys), *keys, *_argv(args))
 
     async def _pipeline(self, script: Script, calls: Sequence[Call]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
