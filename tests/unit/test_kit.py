@@ -70,19 +70,21 @@ async def test_bounded_call_returns_translates_and_times_out() -> None:
         )
 
 
+async def _hang(started: asyncio.Event, cancelled: asyncio.Event) -> None:
+    """An operation that never answers: sets ``started``, and ``cancelled`` when cancelled."""
+    started.set()
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 async def test_bounded_call_cancels_the_abandoned_operation() -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
-    async def hang() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     caller = asyncio.ensure_future(
-        bounded_call(hang(), where="x", timeout_s=None, translate=translate)
+        bounded_call(_hang(started, cancelled), where="x", timeout_s=None, translate=translate)
     )
     await started.wait()
     caller.cancel()
@@ -100,14 +102,6 @@ async def test_bounded_call_cancels_the_operation_when_its_caller_is_cancelled_a
 
     started, cancelled = asyncio.Event(), asyncio.Event()
 
-    async def hang() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     caller: asyncio.Future[None] | None = None
     expire = calls._expire
 
@@ -118,7 +112,7 @@ async def test_bounded_call_cancels_the_operation_when_its_caller_is_cancelled_a
 
     monkeypatch.setattr(calls, "_expire", expire_then_cancel)
     caller = asyncio.ensure_future(
-        bounded_call(hang(), where="x", timeout_s=0.05, translate=translate)
+        bounded_call(_hang(started, cancelled), where="x", timeout_s=0.05, translate=translate)
     )
     with pytest.raises(asyncio.CancelledError):
         await caller
