@@ -32,3 +32,18 @@ async def test_the_example_runs() -> None:
         await delete_prefix(SERVER, prefix)
     assert out.returncode == 0, out.stderr
     assert "attempt 1" in out.stdout and "RunStatus.SUCCEEDED" in out.stdout, out.stdout
+
+
+def test_the_operations_list_names_every_command_the_scripts_send() -> None:
+    """An ACL written from the page's "Commands used" must allow every command a script sends."""
+    package = Path(__file__).resolve().parents[2] / "src" / "anarchon" / "backends" / "redis"
+    sources = [*package.glob("*.lua"), *package.glob("*.py")]
+    sent = {
+        name.upper()
+        for path in sources
+        for name in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", path.read_text())
+    }
+    listed = re.search(r"inside the scripts\s+`([A-Z\s]+)`", DOC.read_text())
+    assert listed is not None, "no list of the scripts' commands in the Redis page"
+    assert sent, "no redis.call found: the pattern no longer matches the scripts"
+    assert sent <= set(listed.group(1).split()), sorted(sent - set(listed.group(1).split()))
