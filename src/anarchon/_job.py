@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar
 from zoneinfo import ZoneInfo
 
 from ._models import CatchUp, Overlap
@@ -76,12 +76,38 @@ _GAP_SLOTS: Final = 24
 _GAP_HORIZON_MS: Final = 400 * _DAY
 _GAP_CACHE_SIZE: Final = 16_384
 _GAPS: dict[tuple[str, ZoneInfo], int | None] = {}
-_HANDLERS_CHECKED: dict[int, object] = {}
 _HANDLERS_CACHE_SIZE: Final = 256
-_ASYNC: dict[int, tuple[object, bool]] = {}
 # The resolved options a scheduler remembers (see Resolved): a handful of distinct option sets
 # is usual, however many jobs share them.
 _RESOLVED_CACHE_SIZE: Final = 256
+
+V = TypeVar("V")
+
+
+class _ByHandler(Generic[V]):
+    """Answers remembered per handler object, which thousands of jobs often share: by its id,
+    the handler kept beside its answer so that its id is not reused; at most
+    :data:`_HANDLERS_CACHE_SIZE`, then forgotten all at once."""
+
+    __slots__ = ("_found",)
+
+    def __init__(self) -> None:
+        self._found: dict[int, tuple[object, V]] = {}
+
+    def get(self, handler: object) -> V | None:
+        """The answer remembered for ``handler``, or None."""
+        found = self._found.get(id(handler))
+        return found[1] if found is not None and found[0] is handler else None
+
+    def put(self, handler: object, answer: V) -> None:
+        """Remember ``answer`` for ``handler``."""
+        if len(self._found) >= _HANDLERS_CACHE_SIZE:
+            self._found.clear()
+        self._found[id(handler)] = (handler, answer)
+
+
+_CALLABLE_WITH_CTX: Final[_ByHandler[bool]] = _ByHandler()
+_IS_ASYNC: Final[_ByHandler[bool]] = _ByHandler()
 
 Timezone: TypeAlias = str | ZoneInfo
 """A time zone: an IANA name such as ``"Europe/Athens"``, or a :class:`zoneinfo.ZoneInfo`."""
@@ -319,8 +345,7 @@ def check_handler(name: str, handler: object) -> None:
     """
     if not callable(handler):
         raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
-    found = _HANDLERS_CHECKED.get(id(handler))
-    if found is not None and found is handler:
+    if _CALLABLE_WITH_CTX.get(handler):
         return  # thousands of jobs often share one handler: its signature is read once
     try:
         signature = inspect.signature(handler)
@@ -328,9 +353,7 @@ def check_handler(name: str, handler: object) -> None:
         return
     try:
         signature.bind(object())
-        if len(_HANDLERS_CHECKED) >= _HANDLERS_CACHE_SIZE:
-            _HANDLERS_CHECKED.clear()
-        _HANDLERS_CHECKED[id(handler)] = handler  # kept, so its id is not reused
+        _CALLABLE_WITH_CTX.put(handler, True)
     except TypeError:
         label = getattr(handler, "__qualname__", None) or repr(handler)
         raise InvalidOption(
@@ -503,14 +526,11 @@ def _is_async(handler: Callable[..., Any]) -> bool:
     """Whether ``handler`` is called as a coroutine function (also through
     :func:`functools.partial` and an async ``__call__``); remembered per handler, which
     thousands of jobs often share."""
-    found = _ASYNC.get(id(handler))
-    if found is not None and found[0] is handler:
-        return found[1]
-    answer = _find_async(handler)
-    if len(_ASYNC) >= _HANDLERS_CACHE_SIZE:
-        _ASYNC.clear()
-    _ASYNC[id(handler)] = (handler, answer)  # kept, so its id is not reused
-    return answer
+    found = _IS_ASYNC.get(handler)
+    if found is None:
+        found = _find_async(handler)
+        _IS_ASYNC.put(handler, found)
+    return found
 
 
 def _find_async(handler: Callable[..., Any]) -> bool:

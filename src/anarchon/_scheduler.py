@@ -666,24 +666,21 @@ class Scheduler(Operations):
     # -- firing -----------------------------------------------------------------------------
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
-        slot = job.schedule.next_slot(after_ms)
-        # The rank delay (or, unranked, a random jitter): see _rendezvous.
-        plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
-        if plan.kind is Kind.BACKUP:
-            self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
-        self._timer.push(job.name, slot, slot + plan.delay_ms, self._generation[job.name])
+        self._timer.push(*self._planned(job, after_ms))
 
     def _schedule_all(self, jobs: list[Job], after_ms: int) -> None:
         """:meth:`_schedule_next` for every job of ``jobs``, put on the timer at once."""
-        plan, generation = self._rendezvous.plan, self._generation
-        entries: list[tuple[str, int, int, int]] = []
-        for job in jobs:
-            slot = job.schedule.next_slot(after_ms)
-            planned = plan(job.name, slot, job.policy.jitter_ms)
-            if planned.kind is Kind.BACKUP:
-                self.backend.expect_claims(slot, slot + planned.delay_ms)
-            entries.append((job.name, slot, slot + planned.delay_ms, generation[job.name]))
-        self._timer.push_many(entries)
+        self._timer.push_many([self._planned(job, after_ms) for job in jobs])
+
+    def _planned(self, job: Job, after_ms: int) -> tuple[str, int, int, int]:
+        """The timer's entry for ``job``'s next slot after ``after_ms``: ``(job, slot, due_ms,
+        generation)``, due after its rank delay (or, unranked, a random jitter: see
+        _rendezvous)."""
+        slot = job.schedule.next_slot(after_ms)
+        plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
+        if plan.kind is Kind.BACKUP:
+            self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
+        return job.name, slot, slot + plan.delay_ms, self._generation[job.name]
 
     def _on_due(self, batch: list[Due]) -> None:
         # "Too late" is a decision shared with other instances: judged on the backend's clock
