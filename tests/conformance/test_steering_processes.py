@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -253,17 +254,30 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     print(f"[{harness.name}] pause --all: newest slots after return (ms): {latest}")
 
     # 2. A trigger: one run, on one of the three, trigger manual, requested_by the --by value.
-    sent = time.time()
-    request_id = anarchon(url, "trigger", "tick", "--by", "carol@ops").stdout.strip()
-    asked = time.time()
-
-    def manual() -> list[dict[str, Any]]:
-        return [r for r in steer.records(job="tick") if r["run_id"] == request_id]
-
-    [start] = wait_for(manual, "the triggered run", timeout=TRIGGER_BOUND_S + 20)
+    # tick runs every second with overlap='skip': a manual run claimed while that second's run
+    # holds its lease is rightly recorded as skipped for overlap; then the test asks again.
+    for _ in range(3):
+        sent = time.time()
+        request_id = anarchon(url, "trigger", "tick", "--by", "carol@ops").stdout.strip()
+        asked = time.time()
+        fate = wait_for(
+            partial(_trigger_fate, steer, request_id),
+            "the triggered run",
+            timeout=TRIGGER_BOUND_S + 20,
+        )
+        if fate == "ran":
+            break
+        [skip] = [r for r in history(url, "tick") if r["run_id"] == request_id]
+        assert skip["trigger"] == "manual" and skip["status"] == "skipped", skip
+        assert skip["reason"].startswith("overlap: "), skip
+        assert not _manual(steer, request_id), skip
+        print(f"[{harness.name}] trigger {request_id} skipped ({skip['reason']}); asking again")
+    else:
+        raise AssertionError("three triggers in a row were skipped for overlap")
+    [start] = _manual(steer, request_id)
     took = start["t"] - asked
     time.sleep(3)  # every instance has polled its requests a few times since
-    assert len(manual()) == 1, manual()
+    assert len(started := _manual(steer, request_id)) == 1, started
     assert start["trigger"] == "manual" and start["slot"] is None and start["retry"] == 0
     assert start["instance"] in instance_ids, (start, instance_ids)
     assert took < TRIGGER_BOUND_S, took
@@ -271,9 +285,24 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
         f"[{harness.name}] trigger: ran on {start['instance']} {took:.2f} s after the command "
         f"returned ({start['t'] - sent:.2f} s after it was started)"
     )
-    [run] = [r for r in history(url, "tick") if r["trigger"] == "manual"]
+    [run] = [r for r in history(url, "tick") if r["run_id"] == request_id]
+    assert run["trigger"] == "manual", run
     assert run["requested_by"] == "carol@ops" and run["status"] == "succeeded", run
     assert run["instance"] == start["instance"] and run["slot_ms"] is None
+
+
+def _manual(fleet: Instances, request_id: str) -> list[dict[str, Any]]:
+    """The handler starts of the run triggered by ``request_id``."""
+    return [r for r in fleet.records(job="tick") if r["run_id"] == request_id]
+
+
+def _trigger_fate(fleet: Instances, request_id: str) -> str | None:
+    """``ran`` once the triggered run started, ``skipped`` once it is recorded without
+    running (its claim met the scheduled run's lease: overlap='skip'), else None."""
+    if _manual(fleet, request_id):
+        return "ran"
+    recorded = [r for r in history(fleet.url, "tick") if r["run_id"] == request_id]
+    return "skipped" if recorded and recorded[0]["status"] == "skipped" else None
 
 
 def _settled(fleet: Instances, job: str, until: int) -> list[int]:

@@ -186,6 +186,7 @@ def run_json(run: Run | None, now_ms: int | None = None) -> dict[str, Any] | Non
         return None
     finished = run.finished_at
     out: dict[str, Any] = {
+        "run_id": run.run_id,
         "status": run.status.value,
         "trigger": run.trigger.value,
         "slot_ms": run.slot_ms,
