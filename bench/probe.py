@@ -33,11 +33,13 @@ import uuid
 from typing import Any
 
 from .primitives import make_primitive
+from .same_work import SameWork, make_same_work
 
 WARM_UP = 20
 RATE_JOBS = 8
 GAP_S = 1.0
 INSTANT_EVERY_S = 1.0
+SAME_WORK_JOB = "s{run}-{n}"
 
 
 def _request(job: str, slot: int, instance: str, lease: bool) -> Any:
@@ -120,6 +122,9 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     backend = await _backend(args.url)
     lease = backend.is_lease_backend
     instance = f"rate{args.instance}"
+    work = make_same_work(args.backend, backend, instance, args.url)
+    work.check(_request(SAME_WORK_JOB.format(run=args.run, n=0), args.base, instance, lease))
+    await work.open()
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
         await _until(args.start_at)
@@ -132,6 +137,10 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
             lat.append(round((time.perf_counter() - t) * 1000, 3))
             ops += 1
         out["primitive"] = {"ops": ops, "won": won, "lat_ms": lat}
+        start = end + GAP_S
+        await _until(start)
+        end = start + args.seconds
+        out["same_work"] = await _same_work(work, args.run, args.base, end)
         start = end + GAP_S
         await _until(start)
         ops, won, lat = 0, [], []
@@ -147,8 +156,25 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         out["claim"] = {"ops": ops, "won": won, "lat_ms": lat}
     finally:
         await prim.close()
+        await work.close()
         await backend.stop()
     return out
+
+
+async def _same_work(work: SameWork, run: str, base: int, end: float) -> dict[str, Any]:
+    """The same-work floor's loop: one claim's storage work at a time over the slots of jobs
+    :data:`SAME_WORK_JOB` of this run (apart from the claim loop's), a run id and token made
+    as :func:`_request` makes them."""
+    ops, won, lat = 0, [], []
+    while time.time() < end:
+        ids = os.urandom(32).hex()
+        job = SAME_WORK_JOB.format(run=run, n=ops % RATE_JOBS)
+        t = time.perf_counter()
+        if await work.claim(job, base + ops * 1000, ids[:32], ids[32:]):
+            won.append(ops)
+        lat.append(round((time.perf_counter() - t) * 1000, 3))
+        ops += 1
+    return {"ops": ops, "won": won, "lat_ms": lat}
 
 
 async def instant(args: argparse.Namespace) -> dict[str, Any]:
