@@ -11,9 +11,12 @@
 the primitive, then a one-request ``claim`` (after a short warm-up each).
 ``batch``: the primitive for ``n`` keys in one go (the burst's reference).
 ``rate``: from wall time ``start-at`` for ``seconds``, the primitive in a loop over keys
-0, 1, 2 ...; then, after a pause of the same kind, ``claim`` in a loop over slots 0, 1, 2 ...
-Every process of a rate run walks the same keys, so each key is contended by all of them; each
-call's round trip is recorded too (``lat_ms``, the claim-latency curve's figures).
+0, 1, 2 ...; then, after a pause of the same kind, the same-work floor (:mod:`bench.same_work`:
+the backend's own claim storage work by a bare client) in a loop over slots 0, 1, 2 ... of 8
+jobs; then ``claim`` in a loop over slots 0, 1, 2 ... of 8 other jobs (both sets of jobs named
+after the run). Every process of a rate run walks the same keys, so each key is contended by
+all of them; each call's round trip is recorded too (``lat_ms``, the claim-latency curve's
+figures).
 ``instant``: the fire lag's floor under its own conditions. From wall time ``start-at``, once a
 second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
 claims the same keys at the same instants (as three instances claim the same due slots), and
@@ -39,6 +42,10 @@ WARM_UP = 20
 RATE_JOBS = 8
 GAP_S = 1.0
 INSTANT_EVERY_S = 1.0
+# The rate loops' jobs carry the run's tag: every rate run on one namespace (section 3, then
+# the claim curve's sizes) starts at its own "now" and walks slots thousands of seconds ahead,
+# so with plain names a later run met the earlier runs' records and lost every claim.
+CLAIM_JOB = "r{run}-{n}"
 SAME_WORK_JOB = "s{run}-{n}"
 
 
@@ -146,7 +153,8 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         ops, won, lat = 0, [], []
         end = start + args.seconds
         while time.time() < end:
-            req = _request(f"r{ops % RATE_JOBS}", args.base + ops * 1000, instance, lease)
+            job = CLAIM_JOB.format(run=args.run, n=ops % RATE_JOBS)
+            req = _request(job, args.base + ops * 1000, instance, lease)
             t = time.perf_counter()
             outcome = (await backend.claim([req]))[0]
             lat.append(round((time.perf_counter() - t) * 1000, 3))
