@@ -1,10 +1,14 @@
 """3. Claim rate with three contending processes, as a share of the raw primitive's rate.
 
 Three :mod:`bench.probe` processes per backend start together (at one wall-clock time) and,
-for ``rate_seconds`` each, first do the raw primitive over keys 0, 1, 2 ... and then one-request
-``Backend.claim`` calls over slots 0, 1, 2 ... (of 8 jobs in turn). All three walk the same
-keys, so every key is contended three ways. Rate = calls answered per second, all three
-processes together; share = claim rate / primitive rate. Every key must have one winner.
+for ``rate_seconds`` each, first do the raw primitive over keys 0, 1, 2 ..., then the
+same-work floor (:mod:`bench.same_work`: the backend's own claim storage work by a bare client)
+over slots 0, 1, 2 ... of 8 jobs in turn, and then one-request ``Backend.claim`` calls over
+slots 0, 1, 2 ... of 8 other jobs. All three walk the same keys, so every key is contended
+three ways. Rate = calls answered per second, all three processes together; share = claim
+rate / primitive rate (the target), beside same-work / primitive (what the storage work leaves
+of the primitive) and claim / same-work (what anarchon's Python leaves of the storage work).
+Every key must have one winner, in every phase.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ async def _one(
         )
         for i in range(instances)
     ]
-    limit = start_at + 2 * seconds + 30 - time.time()
+    limit = start_at + 3 * seconds + 30 - time.time()
     await poll(lambda: not any(p.alive() for p in procs), limit)
     await stop(procs, limit_s=5)
     answers = []
@@ -85,16 +89,25 @@ async def _one(
             return {"error": f"{proc.name} failed: {proc.log_tail(3)}"}
         answers.append(json.loads(proc.out.read_text()))
     primitive = _summary(answers, "primitive", seconds)
+    same = _summary(answers, "same_work", seconds)
     claim = _summary(answers, "claim", seconds)
     return {
         "seconds": seconds,
         "primitive": primitive,
+        "same_work": same,
         "claim": claim,
-        "share": claim["rate"] / primitive["rate"] if primitive["rate"] else None,
+        "share": _ratio(claim, primitive),
+        "same_share": _ratio(same, primitive),
+        "python_share": _ratio(claim, same),
         "instances": instances,
         "primitive_lat": _latency(answers, "primitive"),
+        "same_work_lat": _latency(answers, "same_work"),
         "claim_lat": _latency(answers, "claim"),
     }
+
+
+def _ratio(top: dict[str, Any], bottom: dict[str, Any]) -> float | None:
+    return top["rate"] / bottom["rate"] if bottom["rate"] else None
 
 
 def _latency(answers: list[dict[str, Any]], phase: str) -> dict[str, float | None]:

@@ -10,8 +10,8 @@ backend, reusing the bench's own modules rather than copies of them:
   until the last handler started; the lead before the slot grows with N (registering and
   starting 50 000 jobs takes longer than 10 000);
 * **claim** (:mod:`bench.claim_rate`): N processes contending for the same keys, one-request
-  ``Backend.claim`` round trips (p50, p99) beside the raw primitive's under the same
-  contention.
+  ``Backend.claim`` round trips (p50, p99) beside the same-work floor's (:mod:`bench.same_work`)
+  and the raw primitive's under the same contention.
 
 A size that fails (raises, times out, does not start) is a row saying so; the other sizes
 and measurements still run. Plots: ``curves-idle.png``, ``curves-burst.png``,
@@ -171,11 +171,34 @@ def _claim_cell(row: Any, name: str) -> str:
     if "error" in r:
         return f"failed: {r['error'][:80]}"
     c, p = r.get("claim_lat") or {}, r.get("primitive_lat") or {}
-    dup = r["claim"]["duplicates"]
+    w = r.get("same_work_lat")
+    dup = r["claim"]["duplicates"] + (r.get("same_work") or {}).get("duplicates", 0)
+    same = f"same work {_ms(w.get('p50'))} / {_ms(w.get('p99'))}, " if w else ""
     return (
-        f"{_ms(c.get('p50'))} / {_ms(c.get('p99'))} (primitive {_ms(p.get('p50'))} / "
+        f"{_ms(c.get('p50'))} / {_ms(c.get('p99'))} ({same}primitive {_ms(p.get('p50'))} / "
         f"{_ms(p.get('p99'))})" + (f", **{dup} won twice**" if dup else "")
     )
+
+
+def _style(name: str) -> str:
+    """A curve's line: dashed for the raw primitive, dotted for the same-work floor."""
+    if name.endswith(" primitive"):
+        return "--"
+    return ":" if name.endswith(" same work") else "-"
+
+
+def _claim_pick(q: str) -> Any:
+    """The claim curve's value ``q`` (p50, p99) of a line: ``<backend>`` (the claim),
+    ``<backend> same work`` or ``<backend> primitive``."""
+
+    def pick(row: Any, name: str) -> Any:
+        if name.endswith(" primitive"):
+            return row[name.split()[0]]["primitive_lat"][q]
+        if name.endswith(" same work"):
+            return row[name.split()[0]]["same_work_lat"][q]
+        return row[name]["claim_lat"][q]
+
+    return pick
 
 
 def markdown(results: dict[str, Any]) -> list[str]:
@@ -196,8 +219,9 @@ def markdown(results: dict[str, Any]) -> list[str]:
         ("Idle: CPU (% of a core) and RSS of one instance, by registered jobs", "idle"),
         ("Burst: slot → last of N handlers started, three instances, by slots due", "burst"),
         (
-            "Claim round trip p50 / p99 by contending processes (one-request `claim`; the raw "
-            "primitive under the same contention in brackets)",
+            "Claim round trip p50 / p99 by contending processes (one-request `claim`; in "
+            "brackets the same-work floor, the backend's claim storage work by a bare client, "
+            "and the raw primitive, under the same contention)",
             "claim",
         ),
     ):
@@ -282,7 +306,7 @@ def plots(results: dict[str, Any], folder: Path) -> list[Path]:
                         marker="o",
                         label=name,
                         color=colors.get(name.split()[0], "black"),
-                        linestyle="--" if "primitive" in name else "-",
+                        linestyle=_style(name),
                     )
             ax.set_xscale("log")
             sizes = sorted(int(k) for k in part)
@@ -326,22 +350,15 @@ def plots(results: dict[str, Any], folder: Path) -> list[Path]:
         ["memory"],
     )
 
-    def claim(q: str) -> Any:
-        def pick(row: Any, name: str) -> Any:
-            if name.endswith(" primitive"):
-                return row[name.split()[0]]["primitive_lat"][q]
-            return row[name]["claim_lat"][q]
-
-        return pick
-
-    primitives = [f"{n} primitive" for n in names]
+    claim = _claim_pick
+    floors = [f"{n} {kind}" for n in names for kind in ("same work", "primitive")]
     draw(
         "claim",
         [
-            ("Claim round trip p50 (dashed: raw primitive)", claim("p50"), "ms"),
-            ("Claim round trip p99 (dashed: raw primitive)", claim("p99"), "ms"),
+            ("Claim round trip p50 (dotted: same work; dashed: primitive)", claim("p50"), "ms"),
+            ("Claim round trip p99 (dotted: same work; dashed: primitive)", claim("p99"), "ms"),
         ],
         "contending processes (log)",
-        primitives,
+        floors,
     )
     return written

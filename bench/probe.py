@@ -11,9 +11,12 @@
 the primitive, then a one-request ``claim`` (after a short warm-up each).
 ``batch``: the primitive for ``n`` keys in one go (the burst's reference).
 ``rate``: from wall time ``start-at`` for ``seconds``, the primitive in a loop over keys
-0, 1, 2 ...; then, after a pause of the same kind, ``claim`` in a loop over slots 0, 1, 2 ...
-Every process of a rate run walks the same keys, so each key is contended by all of them; each
-call's round trip is recorded too (``lat_ms``, the claim-latency curve's figures).
+0, 1, 2 ...; then, after a pause of the same kind, the same-work floor (:mod:`bench.same_work`:
+the backend's own claim storage work by a bare client) in a loop over slots 0, 1, 2 ... of 8
+jobs; then ``claim`` in a loop over slots 0, 1, 2 ... of 8 other jobs (both sets of jobs named
+after the run). Every process of a rate run walks the same keys, so each key is contended by
+all of them; each call's round trip is recorded too (``lat_ms``, the claim-latency curve's
+figures).
 ``instant``: the fire lag's floor under its own conditions. From wall time ``start-at``, once a
 second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
 claims the same keys at the same instants (as three instances claim the same due slots), and
@@ -33,11 +36,17 @@ import uuid
 from typing import Any
 
 from .primitives import make_primitive
+from .same_work import SameWork, make_same_work
 
 WARM_UP = 20
 RATE_JOBS = 8
 GAP_S = 1.0
 INSTANT_EVERY_S = 1.0
+# The rate loops' jobs carry the run's tag: every rate run on one namespace (section 3, then
+# the claim curve's sizes) starts at its own "now" and walks slots thousands of seconds ahead,
+# so with plain names a later run met the earlier runs' records and lost every claim.
+CLAIM_JOB = "r{run}-{n}"
+SAME_WORK_JOB = "s{run}-{n}"
 
 
 def _request(job: str, slot: int, instance: str, lease: bool) -> Any:
@@ -120,6 +129,9 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     backend = await _backend(args.url)
     lease = backend.is_lease_backend
     instance = f"rate{args.instance}"
+    work = make_same_work(args.backend, backend, instance, args.url)
+    work.check(_request(SAME_WORK_JOB.format(run=args.run, n=0), args.base, instance, lease))
+    await work.open()
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
         await _until(args.start_at)
@@ -134,10 +146,15 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         out["primitive"] = {"ops": ops, "won": won, "lat_ms": lat}
         start = end + GAP_S
         await _until(start)
+        end = start + args.seconds
+        out["same_work"] = await _same_work(work, args.run, args.base, end)
+        start = end + GAP_S
+        await _until(start)
         ops, won, lat = 0, [], []
         end = start + args.seconds
         while time.time() < end:
-            req = _request(f"r{ops % RATE_JOBS}", args.base + ops * 1000, instance, lease)
+            job = CLAIM_JOB.format(run=args.run, n=ops % RATE_JOBS)
+            req = _request(job, args.base + ops * 1000, instance, lease)
             t = time.perf_counter()
             outcome = (await backend.claim([req]))[0]
             lat.append(round((time.perf_counter() - t) * 1000, 3))
@@ -147,8 +164,25 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         out["claim"] = {"ops": ops, "won": won, "lat_ms": lat}
     finally:
         await prim.close()
+        await work.close()
         await backend.stop()
     return out
+
+
+async def _same_work(work: SameWork, run: str, base: int, end: float) -> dict[str, Any]:
+    """The same-work floor's loop: one claim's storage work at a time over the slots of jobs
+    :data:`SAME_WORK_JOB` of this run (apart from the claim loop's), a run id and token made
+    as :func:`_request` makes them."""
+    ops, won, lat = 0, [], []
+    while time.time() < end:
+        ids = os.urandom(32).hex()
+        job = SAME_WORK_JOB.format(run=run, n=ops % RATE_JOBS)
+        t = time.perf_counter()
+        if await work.claim(job, base + ops * 1000, ids[:32], ids[32:]):
+            won.append(ops)
+        lat.append(round((time.perf_counter() - t) * 1000, 3))
+        ops += 1
+    return {"ops": ops, "won": won, "lat_ms": lat}
 
 
 async def instant(args: argparse.Namespace) -> dict[str, Any]:

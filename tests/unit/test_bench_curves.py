@@ -35,6 +35,7 @@ async def test_a_failing_size_is_a_row_and_the_rest_still_run(
         return {
             "claim": {"duplicates": 0},
             "claim_lat": {"p50": 1.0, "p99": 2.0},
+            "same_work_lat": {"p50": 0.8, "p99": 1.5},
             "primitive_lat": {"p50": 0.5, "p99": 1.0},
         }
 
@@ -58,7 +59,7 @@ async def test_a_failing_size_is_a_row_and_the_rest_still_run(
     text = "\n".join(curves.markdown(results))
     assert "failed: TimeoutError: instances did not start" in text
     assert "failed: RuntimeError: boom" in text
-    assert "1.00 ms / 2.00 ms (primitive 0.50 ms / 1.00 ms)" in text
+    assert "1.00 ms / 2.00 ms (same work 0.80 ms / 1.50 ms, primitive 0.50 ms / 1.00 ms)" in text
     written = curves.plots(results, tmp_path)
     assert [p.name for p in written] == ["curves-idle.png", "curves-claim.png"]
     assert small in measured["idle"]
