@@ -8,7 +8,8 @@ import operator
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -206,9 +207,14 @@ class Job:
         return f"Job({self.name!r}, {self.schedule.expression!r}, tz={self.schedule.timezone!r})"
 
 
-Resolved: TypeAlias = dict[tuple[Any, ...], tuple[Backend, JobPolicy, RetryPolicy]]
-"""A scheduler's memory of resolved options (:func:`build_job`'s ``memo``): the policy and
-retries that one set of options resolved to on one backend, whatever the job's name."""
+Resolved: TypeAlias = dict[tuple[Any, ...], tuple[Backend, "partial[JobPolicy]", RetryPolicy]]
+"""A scheduler's memory of resolved options (:func:`build_job`'s ``memo``): the policy (as a
+maker of it for a job name, see :func:`_policy_maker`) and retries that one set of options
+resolved to on one backend, whatever the job's name."""
+# Every field of a policy but the job's name: what jobs on the same options share.
+_SHARED_POLICY_FIELDS: Final = tuple(
+    f.name for f in fields(JobPolicy) if f.init and f.name != "name"
+)
 
 
 def build_job(
@@ -233,7 +239,7 @@ def build_job(
     if memo is not None:
         key, found = _remembered(memo, options, schedule)
     if found is not None and found[0] is backend and not found[2].retries:
-        policy = _renamed(found[1], name)
+        policy = found[1](name=name)
         retry = found[2]
     else:
         policy = resolve(name, options, backend, schedule)
@@ -242,14 +248,14 @@ def build_job(
         if key is not None and memo is not None:
             if len(memo) >= _RESOLVED_CACHE_SIZE:
                 memo.clear()
-            memo[key] = (backend, policy, retry)
+            memo[key] = (backend, _policy_maker(policy), retry)
     backend.check_job(policy)
     return Job(name, schedule, handler, options, policy, retry)
 
 
 def _remembered(
     memo: Resolved, options: JobOptions, schedule: CronSchedule
-) -> tuple[tuple[Any, ...] | None, tuple[Backend, JobPolicy, RetryPolicy] | None]:
+) -> tuple[tuple[Any, ...] | None, tuple[Backend, partial[JobPolicy], RetryPolicy] | None]:
     """The key of ``options`` in ``memo`` and what it holds: the option values with their types
     (``1`` and ``True`` are equal, but only one is a valid ``jitter_ms``) and the schedule where
     its period matters. The key is None when an option cannot be hashed (it is then resolved
@@ -263,20 +269,12 @@ def _remembered(
         return None, None
 
 
-def _renamed(policy: JobPolicy, name: str) -> JobPolicy:
-    """``policy`` for the job ``name`` (faster than :func:`dataclasses.replace`)."""
-    return JobPolicy(
-        name=name,
-        jitter_ms=policy.jitter_ms,
-        max_late_ms=policy.max_late_ms,
-        lease_ms=policy.lease_ms,
-        max_attempts=policy.max_attempts,
-        overlap=policy.overlap,
-        catch_up=policy.catch_up,
-        catch_up_window_ms=policy.catch_up_window_ms,
-        handover=policy.handover,
-        history_ttl_ms=policy.history_ttl_ms,
-    )
+def _policy_maker(policy: JobPolicy) -> partial[JobPolicy]:
+    """``policy`` for any job name: ``maker(name=...)``. Its other fields are copied here, once
+    per set of options rather than once per job (a call costs what the constructor does, and
+    less than :func:`dataclasses.replace`), and a field added to :class:`JobPolicy` is copied
+    without being listed."""
+    return partial(JobPolicy, **{name: getattr(policy, name) for name in _SHARED_POLICY_FIELDS})
 
 
 def resolve_retries(name: str, opts: JobOptions, backend: Backend) -> RetryPolicy:

@@ -79,8 +79,7 @@ class PostgresRegistry:
         from psycopg import sql
 
         self._backend = backend
-        self._created = False
-        self._sets_created = False
+        self._created: set[str] = set()  # the tables this instance created (or found)
         self._statements = {
             name: sql.SQL(text)
             .format(table=sql.Identifier(backend.schema, backend.table_prefix + kind))
@@ -98,15 +97,18 @@ class PostgresRegistry:
         """The rows of one statement, alone; none when its table is not there."""
         return await self._backend._db.read_if_there(self._statements[name], params)
 
-    async def _write(self, create: str | None, name: str, params: dict[str, Any]) -> None:
-        """One write; the first one also creates its table (``create``, under the advisory
-        lock), in one transaction."""
+    async def _write(self, name: str, params: dict[str, Any]) -> None:
+        """One write; the first one into its table also creates the table (its ``create_``
+        statement, under the advisory lock), in one transaction."""
+        table = STATEMENTS[name][0]
+        if table in self._created:
+            await self._run(name, params)
+            return
         db = self._backend._db
+        before = [(self._create_lock, None), (self._statements[f"create_{table}"], None)]
         query = self._statements[name]
-        before = (
-            [] if create is None else [(self._create_lock, None), (self._statements[create], None)]
-        )
         await db.call(lambda conn: db.transaction(conn, before, query, params))
+        self._created.add(table)
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
@@ -115,11 +117,7 @@ class PostgresRegistry:
             "heartbeat_ms": instance.heartbeat_ms,
             "record": instance.to_json(),
         }
-        if self._created:
-            await self._run("record", params)
-        else:
-            await self._write("create_registry", "record", params)
-            self._created = True
+        await self._write("record", params)
 
     async def instances(self) -> list[InstanceRecord]:
         """See :meth:`anarchon.registry.RegistryStore.instances`."""
@@ -144,11 +142,7 @@ class PostgresRegistry:
     async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
         """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
         params = {"digest": digest, "saved_ms": saved_ms, "data": data}
-        if self._sets_created:
-            await self._run("save_definitions", params)
-        else:
-            await self._write("create_definitions", "save_definitions", params)
-            self._sets_created = True
+        await self._write("save_definitions", params)
 
     async def definitions(self, digest: str) -> bytes | None:
         """See :meth:`anarchon.registry.RegistryStore.definitions`."""
