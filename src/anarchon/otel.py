@@ -161,18 +161,20 @@ def preload() -> None:
 
 
 def claimed(
-    answers: Sequence[tuple[ClaimRequest, ClaimOutcome | Exception, int]],
+    requests: Sequence[ClaimRequest],
+    answers: Sequence[ClaimOutcome | Exception],
+    sent: int,
     backend: str,
     now_ms: int,
 ) -> None:
-    """Claims were answered (``(request, outcome or error, sent)``, ``sent`` and ``now_ms`` on
-    the scheduler's monotonic clock): one ``claim`` span per request."""
+    """Claims were answered (each request's outcome or error, in order; ``sent`` and
+    ``now_ms`` on the scheduler's monotonic clock): one ``claim`` span per request."""
     tracer = _tracer()
     if tracer is None or not answers:
         return
     api = _api()
     end = time.time_ns()
-    for request, outcome, sent in answers:
+    for request, outcome in zip(requests, answers, strict=True):
         attributes: _Attributes = {
             **_slot_attributes(request.job, request.slot, request.slot_key),
             "anarchon.instance": request.instance,
