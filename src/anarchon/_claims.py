@@ -198,12 +198,13 @@ class Claims:
             # later (the early runs' results compete with the rest), and "all started" is
             # what counts. Its runs then start while the next part is claimed.
             sent_requests, answers, sent = answered
-            for request, outcome in zip(sent_requests, answers, strict=True):
-                if not isinstance(outcome, ClaimOutcome):
-                    continue  # refused for good; logged with its job
-                ours = request.run_id in reserved
-                if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
-                    reserved.discard(request.run_id)
+            with otel.pinned():
+                for request, outcome in zip(sent_requests, answers, strict=True):
+                    if not isinstance(outcome, ClaimOutcome):
+                        continue  # refused for good; logged with its job
+                    ours = request.run_id in reserved
+                    if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
+                        reserved.discard(request.run_id)
 
         try:
             if not_before_ms is not None:

@@ -27,9 +27,10 @@ default) records every slot; ``TraceIdRatioBased`` samples whole slots alike on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
@@ -49,6 +50,10 @@ TRACER_NAME: Final = "anarchon"
 
 _Attributes = dict[str, str | int | bool]
 _state: dict[str, Any] = {"provider": None, "enabled": True, "api": None, "cache": None}
+# The tracer (or None) looked up once for a batch of runs started together (see pinned), or
+# _UNPINNED: looked up per call.
+_UNPINNED: Final = object()
+_pinned: list[Any] = [_UNPINNED]
 
 
 class _Attempt:
@@ -133,6 +138,19 @@ def traced_run(
     if tracer is None:
         return run
     return _traced_run(tracer, active, run)
+
+
+@contextlib.contextmanager
+def pinned() -> Iterator[None]:
+    """Within, the tracer is looked up once, not once per run: a claim's answers start
+    thousands of runs in one step of the event loop (no await inside), and finding that no
+    tracer provider is set costs a look into the environment each time."""
+    before = _pinned[0]
+    _pinned[0] = _tracer()
+    try:
+        yield
+    finally:
+        _pinned[0] = before
 
 
 def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | None) -> None:
@@ -225,6 +243,9 @@ def _api() -> Any:
 
 
 def _tracer() -> Tracer | None:
+    tracer = _pinned[0]
+    if tracer is not _UNPINNED:
+        return tracer  # type: ignore[no-any-return]
     if not _state["enabled"]:
         return None
     api = _api()
