@@ -203,7 +203,7 @@ class Claims:
                     if not isinstance(outcome, ClaimOutcome):
                         continue  # refused for good; logged with its job
                     ours = request.run_id in reserved
-                    if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
+                    if self.handle(outcome, ours, sent, request) is not None and ours:
                         reserved.discard(request.run_id)
 
         try:
@@ -379,10 +379,11 @@ class Claims:
         outcome: ClaimOutcome,
         reserved: bool = False,
         sent: int | None = None,
-        slot_key: str | None = None,
+        request: ClaimRequest | None = None,
     ) -> ActiveRun | None:
         """Act on a claim's outcome: run what was won, log the rest, watch runs others hold.
-        ``slot_key``: the request's (a retry's differs from its slot's).
+        ``request``: the claim it answers, for its slot key (a retry's differs from its
+        slot's), read only for a run another instance holds.
 
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
@@ -430,7 +431,9 @@ class Claims:
                     extra=_extra(outcome),
                 )
             if self._watcher is not None and run.status == "running" and job is not None:
-                if slot_key is None:
+                if request is not None:
+                    slot_key = request.slot_key
+                else:
                     slot_key = slot_key_of(run.slot_ms, run.run_id)
                 self._watcher.watch(
                     run.job, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms
