@@ -84,6 +84,11 @@ def _parts(requests: Sequence[ClaimRequest], consume: bool) -> Iterator[list[Cla
         yield list(requests[first : first + CLAIM_PART])
 
 
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _job_of(request: ClaimRequest) -> str:
     return request.job
 
@@ -225,8 +230,8 @@ class Claims:
 
         The requests go to the backend in parts of at most :data:`CLAIM_PART`, one after
         another; ``answered`` (if given) gets each part's decided claims as soon as they are
-        known, and the loop runs once before the next part is sent (so the runs a part won
-        start while the next part is claimed, even on a backend whose claim never waits).
+        known; the runs a part won start while the next part is claimed (on a backend whose
+        claim never lets the event loop run, before the next part's answers are acted on).
         Returns the decided claims; with ``keep=False`` none are kept (an empty list): a
         burst's requests and answers are then freed part by part, as soon as ``answered`` has
         acted on them, and a list of ``requests`` is emptied as its parts are sent (the caller
@@ -247,10 +252,11 @@ class Claims:
         held = len(requests) > CLAIM_PART
         if held:
             self._executor.hold_results()
+        # Set once the event loop has run since the last part's runs were handed out (they
+        # have started then): see below.
+        loop_ran: asyncio.Future[None] | None = None
         try:
             for n, part in enumerate(_parts(requests, keep)):
-                if n and answered is not None:
-                    await asyncio.sleep(0)  # the runs of the parts before start first
                 if n and not self._running():
                     self._not_sent(part)
                     continue
@@ -260,12 +266,19 @@ class Claims:
                 answers = await self._claim_retrying(sendable, started, deadline_s)
                 if answers is None:
                     continue
+                if loop_ran is not None and not loop_ran.done():
+                    # The backend answered without letting the loop run (memory): the runs of
+                    # the part before start now, not after the last part. A backend that waits
+                    # for its answer has run them meanwhile, the next part already sent.
+                    await asyncio.sleep(0)
                 otel.claimed(*answers, self._backend.name, self._clock.monotonic_ms())
                 if keep:
                     sent = answers[2]
                     claimed += [(r, a, sent) for r, a in zip(answers[0], answers[1], strict=True)]
                 if answered is not None:
                     answered(answers)
+                    loop_ran = asyncio.get_running_loop().create_future()
+                    asyncio.get_running_loop().call_soon(_set_done, loop_ran)
             return claimed
         finally:
             if held:
