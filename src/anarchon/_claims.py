@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -43,6 +43,9 @@ CLAIM_PART: Final = MAX_BATCH
 Claimed = tuple[ClaimRequest, ClaimOutcome | Exception, int]
 """A request, the backend's answer (or the error for that request alone), and when it was sent
 (monotonic ms)."""
+Answered = tuple[list[ClaimRequest], list[ClaimOutcome | Exception], int]
+"""A part's requests sent, the backend's answers (or errors) in their order, and when they were
+sent (monotonic ms): one list each, not a :data:`Claimed` tuple per request."""
 
 
 def _new_ids() -> tuple[str, str]:
@@ -66,6 +69,24 @@ def _extra(outcome: ClaimOutcome) -> dict[str, Any]:
     if outcome.status is ClaimStatus.LOST and outcome.error is not None:
         action = Action.CLAIM_REFUSED
     return log_fields(action, run.job, run.slot_ms, holder=run.instance)
+
+
+def _parts(requests: Sequence[ClaimRequest], consume: bool) -> Iterator[list[ClaimRequest]]:
+    """``requests`` in parts of at most :data:`CLAIM_PART`; with ``consume`` (and a list), each
+    part taken out of the list as it is handed out, so what was sent can be freed."""
+    if consume and isinstance(requests, list):
+        while requests:
+            part = requests[:CLAIM_PART]
+            del requests[:CLAIM_PART]
+            yield part
+        return
+    for first in range(0, len(requests), CLAIM_PART):
+        yield list(requests[first : first + CLAIM_PART])
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _job_of(request: ClaimRequest) -> str:
@@ -168,29 +189,32 @@ class Claims:
         reserved: set[str],
         deadline_s: float | None = None,
         not_before_ms: int | None = None,
+        keep: bool = True,
     ) -> list[Claimed]:
         """Claim fired slots (or run requests) and act on each outcome; ``reserved`` names the
         requests (run ids) holding a thread reservation, given back unless a run started with
-        it. Returns the decided claims (see :meth:`claim` for ``deadline_s``). With
-        ``not_before_ms`` (wall clock), the claims are sent at that time precisely, not before:
-        slots the timer handed over just before their time."""
+        it. Returns the decided claims (see :meth:`claim` for ``deadline_s`` and ``keep``).
+        With ``not_before_ms`` (wall clock), the claims are sent at that time precisely, not
+        before: slots the timer handed over just before their time."""
 
-        def act(claimed: list[Claimed]) -> None:
+        def act(answered: Answered) -> None:
             # A part's outcomes are all handed out before its runs begin: yielding to the loop
             # every few hundred outcomes starts the first handlers sooner but the last ones
             # later (the early runs' results compete with the rest), and "all started" is
             # what counts. Its runs then start while the next part is claimed.
-            for request, outcome, sent in claimed:
-                if not isinstance(outcome, ClaimOutcome):
-                    continue  # refused for good; logged with its job
-                ours = request.run_id in reserved
-                if self.handle(outcome, ours, sent, request.slot_key) is not None and ours:
-                    reserved.discard(request.run_id)
+            sent_requests, answers, sent = answered
+            with otel.pinned():
+                for request, outcome in zip(sent_requests, answers, strict=True):
+                    if not isinstance(outcome, ClaimOutcome):
+                        continue  # refused for good; logged with its job
+                    ours = request.run_id in reserved
+                    if self.handle(outcome, ours, sent, request) is not None and ours:
+                        reserved.discard(request.run_id)
 
         try:
             if not_before_ms is not None:
                 await self._clock.sleep_until(not_before_ms, True)
-            return await self.claim(requests, deadline_s, act)
+            return await self.claim(requests, deadline_s, act, keep)
         finally:
             for _ in reserved:
                 self._threads.unreserve()
@@ -199,16 +223,24 @@ class Claims:
         self,
         requests: Sequence[ClaimRequest],
         deadline_s: float | None = None,
-        answered: Callable[[list[Claimed]], None] | None = None,
+        answered: Callable[[Answered], None] | None = None,
+        keep: bool = True,
     ) -> list[Claimed]:
         """Claim with retries while the backend is unavailable; fail closed.
 
         The requests go to the backend in parts of at most :data:`CLAIM_PART`, one after
         another; ``answered`` (if given) gets each part's decided claims as soon as they are
-        known. A scheduled request is sent (and retried) only until its slot becomes too late
-        (on the backend's clock); a manual or catch-up request until ``deadline_s`` (monotonic,
-        from this call, if given): a part is judged right before it is sent, and after each
-        retry pause. Dropped requests are logged, not run. A request the backend refuses for
+        known; the runs a part won start while the next part is claimed (on a backend whose
+        claim never lets the event loop run, before the next part's answers are acted on).
+        Returns the decided claims; with ``keep=False`` none are kept (an empty list): a
+        burst's requests and answers are then freed part by part, as soon as ``answered`` has
+        acted on them, and a list of ``requests`` is emptied as its parts are sent (the caller
+        hands it over).
+
+        A scheduled request is sent (and retried) only until its slot becomes too late (on the
+        backend's clock); a manual or catch-up request until ``deadline_s`` (monotonic, from
+        this call, if given): a part is judged right before it is sent, and after each retry
+        pause. Dropped requests are logged, not run. A request the backend refuses for
         good (not a transient error) gets its error in its place; the others of its batch are
         unaffected, and a part that fails does not undo the parts before it.
         """
@@ -220,20 +252,33 @@ class Claims:
         held = len(requests) > CLAIM_PART
         if held:
             self._executor.hold_results()
+        # Set once the event loop has run since the last part's runs were handed out (they
+        # have started then): see below.
+        loop_ran: asyncio.Future[None] | None = None
         try:
-            for first in range(0, len(requests), CLAIM_PART):
-                part = requests[first : first + CLAIM_PART]
-                if first and not self._running():
+            for n, part in enumerate(_parts(requests, keep)):
+                if n and not self._running():
                     self._not_sent(part)
                     continue
                 sendable = self._sendable(part, started, deadline_s)
                 if not sendable:
                     continue
                 answers = await self._claim_retrying(sendable, started, deadline_s)
-                otel.claimed(answers, self._backend.name, self._clock.monotonic_ms())
-                claimed += answers
+                if answers is None:
+                    continue
+                if loop_ran is not None and not loop_ran.done():
+                    # The backend answered without letting the loop run (memory): the runs of
+                    # the part before start now, not after the last part. A backend that waits
+                    # for its answer has run them meanwhile, the next part already sent.
+                    await asyncio.sleep(0)
+                otel.claimed(*answers, self._backend.name, self._clock.monotonic_ms())
+                if keep:
+                    sent = answers[2]
+                    claimed += [(r, a, sent) for r, a in zip(answers[0], answers[1], strict=True)]
                 if answered is not None:
                     answered(answers)
+                    loop_ran = asyncio.get_running_loop().create_future()
+                    asyncio.get_running_loop().call_soon(_set_done, loop_ran)
             return claimed
         finally:
             if held:
@@ -285,7 +330,7 @@ class Claims:
 
     async def _claim_retrying(
         self, pending: list[ClaimRequest], started: int, deadline_s: float | None
-    ) -> list[Claimed]:
+    ) -> Answered | None:
         error: BackendUnavailable | None = None
         for delay in backoff():
             sent = self._clock.monotonic_ms()
@@ -303,9 +348,9 @@ class Claims:
                 error = exc
             else:
                 self._counters.claimed(self._clock.monotonic_ms() - sent)
-                return [(r, a, sent) for r, a in zip(pending, answers, strict=True)]
+                return pending, answers, sent
             if not self._running():
-                return []
+                return None
             await self._clock.sleep(delay)
             # Re-check after the pause: a slot that became too late meanwhile is not claimed.
             now = self._backend_time.now_ms()
@@ -326,8 +371,8 @@ class Claims:
                     keep.append(request)
             pending = keep
             if not pending:
-                return []
-        return []  # pragma: no cover
+                return None
+        return None  # pragma: no cover
 
     def _expired(
         self, request: ClaimRequest, now: int, waited_ms: int, deadline_s: float | None
@@ -347,10 +392,11 @@ class Claims:
         outcome: ClaimOutcome,
         reserved: bool = False,
         sent: int | None = None,
-        slot_key: str | None = None,
+        request: ClaimRequest | None = None,
     ) -> ActiveRun | None:
         """Act on a claim's outcome: run what was won, log the rest, watch runs others hold.
-        ``slot_key``: the request's (a retry's differs from its slot's).
+        ``request``: the claim it answers, for its slot key (a retry's differs from its
+        slot's), read only for a run another instance holds.
 
         Returns the run started (which then owns the thread reservation), or None."""
         run = outcome.run
@@ -398,7 +444,9 @@ class Claims:
                     extra=_extra(outcome),
                 )
             if self._watcher is not None and run.status == "running" and job is not None:
-                if slot_key is None:
+                if request is not None:
+                    slot_key = request.slot_key
+                else:
                     slot_key = slot_key_of(run.slot_ms, run.run_id)
                 self._watcher.watch(
                     run.job, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms

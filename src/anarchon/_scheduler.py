@@ -724,7 +724,7 @@ class Scheduler(Operations):
             if starved:
                 self._claims.starved(starved)
             if requests:
-                self._spawn(self._claims.fire(requests, reserved, not_before_ms=at))
+                self._spawn(self._claims.fire(requests, reserved, not_before_ms=at, keep=False))
             if early:
                 self._backend_clock.defer(early, now, self._push_back)
         finally:

@@ -27,9 +27,10 @@ default) records every slot; ``TraceIdRatioBased`` samples whole slots alike on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
@@ -49,6 +50,10 @@ TRACER_NAME: Final = "anarchon"
 
 _Attributes = dict[str, str | int | bool]
 _state: dict[str, Any] = {"provider": None, "enabled": True, "api": None, "cache": None}
+# The tracer (or None) looked up once for a batch of runs started together (see pinned), or
+# _UNPINNED: looked up per call.
+_UNPINNED: Final = object()
+_pinned: list[Any] = [_UNPINNED]
 
 
 class _Attempt:
@@ -135,6 +140,19 @@ def traced_run(
     return _traced_run(tracer, active, run)
 
 
+@contextlib.contextmanager
+def pinned() -> Iterator[None]:
+    """Within, the tracer is looked up once, not once per run: a claim's answers start
+    thousands of runs in one step of the event loop (no await inside), and finding that no
+    tracer provider is set costs a look into the environment each time."""
+    before = _pinned[0]
+    _pinned[0] = _tracer()
+    try:
+        yield
+    finally:
+        _pinned[0] = before
+
+
 def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | None) -> None:
     """The handler of the current run returned (``outcome``: status, error, exception; None if
     it was cancelled): record its exception on the attempt's span."""
@@ -161,18 +179,20 @@ def preload() -> None:
 
 
 def claimed(
-    answers: Sequence[tuple[ClaimRequest, ClaimOutcome | Exception, int]],
+    requests: Sequence[ClaimRequest],
+    answers: Sequence[ClaimOutcome | Exception],
+    sent: int,
     backend: str,
     now_ms: int,
 ) -> None:
-    """Claims were answered (``(request, outcome or error, sent)``, ``sent`` and ``now_ms`` on
-    the scheduler's monotonic clock): one ``claim`` span per request."""
+    """Claims were answered (each request's outcome or error, in order; ``sent`` and
+    ``now_ms`` on the scheduler's monotonic clock): one ``claim`` span per request."""
     tracer = _tracer()
     if tracer is None or not answers:
         return
     api = _api()
     end = time.time_ns()
-    for request, outcome, sent in answers:
+    for request, outcome in zip(requests, answers, strict=True):
         attributes: _Attributes = {
             **_slot_attributes(request.job, request.slot, request.slot_key),
             "anarchon.instance": request.instance,
@@ -223,6 +243,9 @@ def _api() -> Any:
 
 
 def _tracer() -> Tracer | None:
+    tracer = _pinned[0]
+    if tracer is not _UNPINNED:
+        return tracer  # type: ignore[no-any-return]
     if not _state["enabled"]:
         return None
     api = _api()

@@ -33,9 +33,12 @@ class Parts(MemoryBackend):
         self.calls: list[list[str]] = []
         self.answered: list[int] = []  # when each call was answered (monotonic ms)
         self.recorded: dict[str, int] = {}  # when each job's result was recorded (monotonic ms)
+        self.runs: dict[str, int] = {}  # the runs started so far (the test's), if it tells us
+        self.runs_at_call: list[int] = []  # how many had started when each claim call came
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         self.calls.append([r.job for r in requests])
+        self.runs_at_call.append(len(self.runs))
         if self.slow_s:
             await self.clock.sleep(self.slow_s)
         if self.answers is not None and len(self.answered) >= self.answers:
@@ -99,6 +102,25 @@ async def test_a_large_due_batch_is_claimed_in_parts() -> None:
     assert metrics["runs_succeeded"] == JOBS
     # The results wait for the last part: sent between the parts, they would hold its claims up.
     assert set(backend.recorded.values()) == {backend.answered[-1]}
+
+
+async def test_a_backend_whose_claim_never_waits_still_starts_a_parts_runs_before_the_next() -> (
+    None
+):
+    # The in-memory backend answers without letting the event loop run: the runs each part won
+    # still start before the next part's answers are acted on, not all after the last part.
+    backend, started, scheduler = _scheduler()
+    backend.runs = started
+    clock = backend.clock
+    async with scheduler:
+        await _to_the_slot(clock)
+        await clock.advance(2_000)
+        metrics = scheduler.metrics()
+    assert [len(call) for call in backend.calls] == [2_000, 2_000, 500]
+    assert backend.runs_at_call[:2] == [0, 0]
+    assert backend.runs_at_call[2] >= 2_000, "the first part's runs waited for the last part"
+    assert metrics["runs_succeeded"] == JOBS
+    assert set(backend.recorded.values()) == {backend.answered[-1]}, "results wait, as before"
 
 
 async def test_a_held_result_waits_no_longer_than_its_lease_allows() -> None:

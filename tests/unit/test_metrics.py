@@ -8,8 +8,9 @@ import json
 import pytest
 
 from anarchon import MemoryBackend, Metrics, Scheduler
-from anarchon._metrics import Counters
-from anarchon._models import RunStatus
+from anarchon._metrics import DURATION_BUCKETS, LAG_BUCKETS, SLOT_OUTCOMES, Counters
+from anarchon._models import RunStatus, Trigger
+from anarchon.backend import Ticket
 from anarchon.testing import FakeClock
 
 START = 1_767_225_600_000
@@ -49,3 +50,45 @@ async def test_every_counter_is_zero_from_the_start() -> None:
     metrics = scheduler.metrics()
     assert metrics["claims_won"] == 0 and metrics.get("too_late") == 0
     assert metrics["jobs"] == 1 and metrics["clock_offset_ms"] is None
+
+
+def test_per_job_figures_reach_the_snapshot_each_in_its_own_place() -> None:
+    counters = Counters()
+    ticket = Ticket(
+        job="a",
+        slot=START,
+        slot_key=str(START),
+        run_id="r",
+        token="t",
+        instance="i",
+        trigger=Trigger.SCHEDULE,
+        attempt=1,
+        fence=1,
+        started_at_ms=START,
+        lease_ms=30_000,
+    )
+    counters.handler_started(ticket, START + 30)  # a fire lag of 30 ms
+    counters.handler_ended("a", 2_000)
+    counters.handler_ended("a", 5)
+    counters.count_run(RunStatus.SUCCEEDED, "a", START + 2_030)
+    counters.count_run(RunStatus.FAILED, "a")
+    counters.count("a", "taken_over")
+    counters.count("a", "lease_lost")
+    counters.count("a", "lease_lost")
+    counters.missed("a", 3)
+    counters.handler_ended("b", 50)
+    snapshot = Metrics.of(counters)
+    a, b = snapshot.by_job["a"], snapshot.by_job["b"]
+    assert a.slots == {**dict.fromkeys(SLOT_OUTCOMES, 0), "missed": 3}
+    assert a.runs == {"succeeded": 1, "failed": 1} and a.last_success_ms == START + 2_030
+    assert (a.taken_over, a.handed_over, a.lease_lost, a.result_refused) == (1, 0, 2, 0)
+    assert (snapshot.taken_over, snapshot.lease_lost, snapshot.slots_missed) == (1, 2, 3)
+    assert a.fire_lag.counts[LAG_BUCKETS.index(0.05)] == 1 and a.fire_lag.count == 1
+    assert a.fire_lag.sum == pytest.approx(0.03)
+    assert a.handler_duration.counts[DURATION_BUCKETS.index(5.0)] == 1
+    assert a.handler_duration.counts[0] == 1 and a.handler_duration.count == 2
+    assert a.handler_duration.sum == pytest.approx(2.005)
+    assert b.last_success_ms is None and b.handler_duration.count == 1 and b.fire_lag.count == 0
+    assert all(isinstance(n, int) for n in [*a.slots.values(), *a.fire_lag.counts])
+    counters.count_run(RunStatus.SUCCEEDED, "a", START + 9_000)
+    assert snapshot.by_job["a"].runs["succeeded"] == 1, "a snapshot does not follow the counters"
