@@ -222,7 +222,7 @@ class PostgresBackend(contract.LeaseBackend):
                 conn,
                 [],
                 q["claim"],
-                rows.claim_params(reqs, q.names.channel, later=later is not None),
+                rows.claim_batch_params(reqs, q.names.channel, later=later is not None),
                 later,
             )
         if len(found) != len(reqs):
@@ -244,7 +244,7 @@ class PostgresBackend(contract.LeaseBackend):
         if len(reqs) == 1:
             query, params = q["claim_one"], rows.claim_one_params(reqs[0], channel, later=kept)
         else:
-            query, params = q["claim"], rows.claim_params(reqs, channel, later=kept)
+            query, params = q["claim"], rows.claim_batch_params(reqs, channel, later=kept)
         try:
             found = await self._db.statement(conn, query, params)
         except Exception as exc:

@@ -657,13 +657,27 @@ END
 $fn$
 
 -- name: claim
--- One call of claim_function, its columns named as claim_decide names them.
+-- One call of claim_function, its columns named as claim_decide names them. The batch comes as
+-- one JSON array, a request's values per element in the function's argument order
+-- (_rows.claim_batch_params), turned back into the function's arrays here.
 SELECT {claim_columns}
-FROM {claim_fn}(
-    %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
-    %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
-    %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
-    %(pausable)s::boolean[], %(requested_by)s::text[], %(channel)s::text, %(later)s::boolean
+FROM (
+    SELECT array_agg(e ->> 0 ORDER BY n) AS job, array_agg(e ->> 1 ORDER BY n) AS slot_key,
+           array_agg((e ->> 2)::bigint ORDER BY n) AS slot,
+           array_agg(e ->> 3 ORDER BY n) AS run_id, array_agg(e ->> 4 ORDER BY n) AS token,
+           array_agg(e ->> 5 ORDER BY n) AS instance, array_agg(e ->> 6 ORDER BY n) AS trigger,
+           array_agg((e ->> 7)::bigint ORDER BY n) AS lease_ms,
+           array_agg((e ->> 8)::boolean ORDER BY n) AS overlap_skip,
+           array_agg(e ->> 9 ORDER BY n) AS skip_reason,
+           array_agg(e ->> 10 ORDER BY n) AS skip_status,
+           array_agg((e ->> 11)::boolean ORDER BY n) AS pausable,
+           array_agg(e ->> 12 ORDER BY n) AS requested_by
+    FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS b (e, n)
+) a
+CROSS JOIN LATERAL {claim_fn}(
+    a.job, a.slot_key, a.slot, a.run_id, a.token, a.instance, a.trigger, a.lease_ms,
+    a.overlap_skip, a.skip_reason, a.skip_status, a.pausable, a.requested_by,
+    %(channel)s::text, %(later)s::boolean
 );
 
 -- name: claim_one
