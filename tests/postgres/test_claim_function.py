@@ -18,7 +18,12 @@ from anarchon import BackendUnavailable, RunStatus
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from anarchon.backends.postgres._queries import Names, Queries
-from anarchon.backends.postgres._rows import claim_one_params, claim_outcome, claim_params
+from anarchon.backends.postgres._rows import (
+    claim_batch_params,
+    claim_one_params,
+    claim_outcome,
+    claim_params,
+)
 from tests.backends.postgres import DSN, migrate_to
 from tests.records import claim_request
 
@@ -168,7 +173,7 @@ async def test_a_claim_answered_from_the_records_takes_no_transaction_id(
 
     async def xid_after(req: ClaimRequest) -> tuple[str, Any]:
         async with await psycopg.AsyncConnection.connect(DSN) as conn:
-            params = claim_params([req], q.names.channel, later=False)
+            params = claim_batch_params([req], q.names.channel, later=False)
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(q["claim"], params)
             [row] = await cur.fetchall()
@@ -214,3 +219,36 @@ def test_claim_one_is_given_what_claim_is_given_for_one_request(later: bool) -> 
         assert claim_one_params(r, "chan", later=later) == {
             k: v if k in ("channel", "later") else v[0] for k, v in arrays.items()
         }
+
+
+def test_claim_batch_params_hold_what_claim_params_hold() -> None:
+    import json
+
+    reqs = [claim_request("job", SLOT, "i1"), claim_request("j\u00e9b \"'{,}\\", SLOT + 1, "i2")]
+    reqs[1] = dataclasses.replace(reqs[1], skip_reason="too late", requested_by="ops")
+    arrays = claim_params(reqs, "chan", later=True)
+    batch = claim_batch_params(reqs, "chan", later=True)
+    assert batch["channel"] == "chan" and batch["later"] is True
+    fields = [k for k in arrays if k not in ("channel", "later")]
+    rows = json.loads(batch["batch"])
+    assert {f: [row[n] for row in rows] for n, f in enumerate(fields)} == {
+        f: arrays[f] for f in fields
+    }
+
+
+async def test_the_claim_statement_reads_back_every_value_of_a_batch(make: Make) -> None:
+    # The JSON the claim statement unpacks: odd characters, NULLs and numbers come back as sent.
+    backend = make()
+    await backend.start()
+    reqs = [
+        dataclasses.replace(claim_request(job, SLOT, "i\u00e9 \"'{,}\\"), requested_by=by)
+        for job, by in (("j\u00e9b \"'{,}\\", None), ("job2", "ops \u2603"))
+    ]
+    outcomes = await backend.claim(reqs)
+    for req, outcome in zip(reqs, outcomes, strict=True):
+        assert outcome.status is ClaimStatus.WON and outcome.run is not None
+        assert (outcome.run.job, outcome.run.instance) == (req.job, req.instance)
+        assert outcome.run.requested_by == req.requested_by
+        assert outcome.ticket is not None and outcome.ticket.slot == SLOT
+    [recorded] = await backend.history(reqs[0].job, limit=1)
+    assert (recorded.run_id, recorded.instance) == (reqs[0].run_id, reqs[0].instance)

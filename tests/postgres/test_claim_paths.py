@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from anarchon import BackendError, LeaseLost, RunStatus, Trigger
+from anarchon import BackendError, LeaseLost, Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Ticket
 from anarchon.backends.postgres import PostgresBackend
 from tests.backends.postgres import DSN, drop_schema
@@ -205,3 +205,81 @@ async def test_the_test_clock_offset_moves_only_its_own_sessions(make: Make, off
     moved._test_clock_offset_ms = offset
     a, b = await moved.server_time_ms(), await plain.server_time_ms()
     assert a is not None and b is not None and abs(a - b - offset) < 2_000
+
+
+async def test_a_batch_wins_by_one_insert_only_when_every_request_wins(make: Make) -> None:
+    # claim_plain records a batch whose every request wins; any other batch is claim_decide's,
+    # whose answers stay those of every other backend: one recorded slot, one paused job, one
+    # job twice with overlap="skip", or the whole cluster paused.
+    from anarchon.control import ALL_JOBS, Pause
+
+    backend = make()
+    await backend.start()
+    control = backend.control()
+    plain = [request(job=f"plain{n}") for n in range(3)]
+    won = await backend.claim(plain)
+    assert [o.status for o in won] == [ClaimStatus.WON] * 3
+    # A new job's first fence: max(0 + 1, now in ms), as claim_decide gives it.
+    assert all(o.ticket is not None and o.ticket.fence == o.ticket.started_at_ms for o in won)
+    await control.pause(Pause(job="held", by="ops", at_ms=0))
+    mixed = [
+        request(job="plain0", instance="i2"),  # recorded by i1: lost to it
+        request(job="held"),  # paused: recorded skipped
+        request(job="free"),
+        request(job="twice", overlap=Overlap.SKIP),
+        request(SLOT + 1000, job="twice", overlap=Overlap.SKIP),  # the first holds the job
+    ]
+    outcomes = await backend.claim(mixed)
+    assert [o.status for o in outcomes] == [
+        ClaimStatus.LOST,
+        ClaimStatus.SKIPPED,
+        ClaimStatus.WON,
+        ClaimStatus.WON,
+        ClaimStatus.SKIPPED,
+    ]
+    assert outcomes[0].run is not None and outcomes[0].run.run_id == plain[0].run_id
+    assert outcomes[1].run is not None and outcomes[1].run.reason == "paused by ops"
+    await control.pause(Pause(job=ALL_JOBS, by="ops", at_ms=0))
+    everyone = await backend.claim([request(SLOT + 2000, job=f"plain{n}") for n in range(3)])
+    assert [o.status for o in everyone] == [ClaimStatus.SKIPPED] * 3
+    await control.resume(ALL_JOBS)
+    later = await backend.claim([request(SLOT + 3000, job=f"plain{n}") for n in range(3)])
+    assert [o.status for o in later] == [ClaimStatus.WON] * 3
+    for before, after in zip(won, later, strict=True):
+        assert before.ticket is not None and after.ticket is not None
+        assert before.ticket.fence is not None and after.ticket.fence is not None
+        assert after.ticket.fence > before.ticket.fence
+
+
+async def test_a_winner_has_its_answer_before_its_claim_notices_are_sent(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The notices of a won claim follow the answer on the same connection, which goes back to
+    # the pool only then; stop() waits for them.
+    backend = make(max_connections=1)
+    await backend.start()
+    heard: list[Any] = []
+    assert await backend.subscribe_claims(heard.extend)
+    db = backend._db
+    sent = asyncio.Event()
+    release = asyncio.Event()
+    after_commit = db.after_commit
+
+    async def held_back(conn: Any, after: Any) -> None:
+        await release.wait()
+        await after_commit(conn, after)
+        sent.set()
+
+    monkeypatch.setattr(db, "after_commit", held_back)
+    [outcome] = await backend.claim([request(job="first")])
+    assert outcome.status is ClaimStatus.WON and not sent.is_set()
+    release.set()
+    await asyncio.wait_for(sent.wait(), 5)
+    # The one connection is free again: a second claim goes through.
+    [again] = await backend.claim([request(job="second")])
+    assert again.status is ClaimStatus.WON
+    for _ in range(50):
+        if {n.job for n in heard} >= {"first", "second"}:
+            break
+        await asyncio.sleep(0.1)
+    assert {n.job for n in heard} >= {"first", "second"}

@@ -3,8 +3,8 @@
 Each method names its statements (``queries.sql``, composed by ``_queries.py``), runs them
 through ``_connection.py`` and turns their rows into answers with ``_rows.py``. The claim path:
 :meth:`PostgresBackend.claim` calls the server-side function ``claim_function`` (which locks,
-then runs ``claim_decide``) in one transaction, and ``_rows.claim_outcome`` reads each
-request's answer from its row.
+then decides by ``claim_alone``, ``claim_plain`` or ``claim_decide``) in one statement, and
+``_rows.claim_outcome`` reads each request's answer from its row.
 """
 
 from __future__ import annotations
@@ -163,10 +163,11 @@ class PostgresBackend(contract.LeaseBackend):
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`.
 
-        A batch is one transaction, sent in one round trip, around one call of the server-side
-        function ``claim_function``: it answers a batch whose slots are all recorded without
-        locking a row (so an instance that lost the race commits without a log flush), else
-        locks the rows of its jobs and decides every request in one statement. A batch naming
+        A batch is one call of the server-side function ``claim_function``, sent as one
+        statement (a transaction of its own) in one round trip: it answers a batch whose slots
+        are all recorded without locking a row (so an instance that lost the race commits
+        without a log flush), else locks the rows of its jobs and decides every request in one
+        statement. A winner's claim notices are sent after the answer. A batch naming
         one slot twice is split so that the second request sees the first. A request the
         database cannot store is answered on its own (LOST with ``error``); if the server
         refuses a batch for a value of one request, each request of it is decided alone.
@@ -214,39 +215,45 @@ class PostgresBackend(contract.LeaseBackend):
         q = self._queries
         later = self._send_notices()
         found = None
-        if len(reqs) == 1 and self._one_statement and conn.autocommit:
-            found = await self._claim_one(reqs[0], conn, later)
+        if self._one_statement and conn.autocommit:
+            found = await self._claim_statement(reqs, conn, later)
         if found is None:
             found = await self._db.transaction(
                 conn,
                 [],
                 q["claim"],
-                rows.claim_params(reqs, q.names.channel, later=later is not None),
+                rows.claim_batch_params(reqs, q.names.channel, later=later is not None),
                 later,
             )
         if len(found) != len(reqs):
             raise BackendError(f"claim answered {len(found)} rows for {len(reqs)} requests")
         return [rows.claim_outcome(req, row) for req, row in zip(reqs, found, strict=True)]
 
-    async def _claim_one(
-        self, req: contract.ClaimRequest, conn: AsyncConnection[Any], later: Statement | None
+    async def _claim_statement(
+        self, reqs: list[contract.ClaimRequest], conn: AsyncConnection[Any], later: Statement | None
     ) -> Rows | None:
-        """One request as one statement, a transaction of its own on an autocommit connection:
-        one round trip without pipeline mode (whose BEGIN, COMMIT and synchronisation cost the
-        client more than the claim itself), and ``send_notices`` after it only if it won. None
-        when the connection's default isolation level is not READ COMMITTED, which the claim
-        function refuses: from then on this backend sends its claims inside BEGIN."""
+        """The batch as one statement, a transaction of its own on an autocommit connection:
+        one message and one round trip, without pipeline mode (whose BEGIN, COMMIT and
+        synchronisation cost the client more than the claim itself, and whose messages, sent
+        one by one, wake the server once each). A winner's ``send_notices`` runs after the
+        answer is handed over (:meth:`Connections.defer`). None when the connection's default
+        isolation level is not READ COMMITTED, which the claim function refuses: from then on
+        this backend sends its claims inside BEGIN."""
         q = self._queries
-        params = rows.claim_one_params(req, q.names.channel, later=later is not None)
+        channel, kept = q.names.channel, later is not None
+        if len(reqs) == 1:
+            query, params = q["claim_one"], rows.claim_one_params(reqs[0], channel, later=kept)
+        else:
+            query, params = q["claim"], rows.claim_batch_params(reqs, channel, later=kept)
         try:
-            found = await self._db.statement(conn, q["claim_one"], params)
+            found = await self._db.statement(conn, query, params)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) != NOT_READ_COMMITTED:
                 raise
             self._one_statement = False
             return None
         if later is not None and rows.won_any(found):
-            await self._db.after_commit(conn, later)
+            self._db.defer(conn, later)
         return found
 
     async def finish_many(

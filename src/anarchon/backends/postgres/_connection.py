@@ -11,7 +11,9 @@ while it was idle (the server's goodbye on a restart or ``pg_terminate_backend``
 the stream), it is tested with an empty round trip; a quiet one costs no round trip. After a
 connection error the pool's other idle connections are checked in the background, so one
 server restart costs one failed call, not one per pooled connection. Several transactions
-are sent in one round trip in pipeline mode (:meth:`Connections.each`).
+are sent in one round trip in pipeline mode (:meth:`Connections.each`). A statement nobody waits
+for (a winner's claim notices) can be left to run after a call has answered
+(:meth:`Connections.defer`): its connection returns to the pool once it is done.
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ class Connections:
         self._open = False
         self._down = False
         self._checking: asyncio.Task[None] | None = None
+        # Statements a call's work left to run on its connection after its answer (see defer),
+        # and the tasks running them, each holding its connection until it is done.
+        self._tails: dict[AsyncConnection[Any], Statement] = {}
+        self._tail_tasks: set[asyncio.Task[None]] = set()
         self._last_used: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = (
             weakref.WeakKeyDictionary()
         )
@@ -154,8 +160,11 @@ class Connections:
             self._pool = pool
 
     async def close(self) -> None:
-        """Close the pool the backend opened (never the caller's)."""
+        """Close the pool the backend opened (never the caller's), once the statements left to
+        run after an answer (:meth:`defer`) are done."""
         self._open = False
+        if self._tail_tasks:
+            await asyncio.wait(list(self._tail_tasks), timeout=self._timeout_s)
         if self._checking is not None:
             self._checking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -266,16 +275,28 @@ class Connections:
                         f"PostgreSQL {self.where}: the connection given to PostgresBackend is "
                         "closed; pass a pool to have broken connections replaced"
                     )
-                return await self._work_on(given, work)
+                try:
+                    return await self._work_on(given, work)
+                finally:
+                    tail = self._tails.pop(given, None)
+                    if tail is not None:
+                        await self.after_commit(given, tail)
         pool = self._pool if given is None else given
         if pool is None:
             raise BackendError(f"{self._owner} is not started; start the scheduler first")
         conn = await self._pooled(pool)
+        answered = False
         try:
-            return await self._work_on(conn, work)
+            result = await self._work_on(conn, work)
+            answered = True
+            return result
         finally:
-            self._last_used[conn] = time.monotonic()
-            await pool.putconn(conn)
+            tail = self._tails.pop(conn, None)
+            if tail is not None and answered:
+                self._start_tail(pool, conn, tail)
+            else:
+                self._last_used[conn] = time.monotonic()
+                await pool.putconn(conn)
 
     async def _work_on(
         self, conn: AsyncConnection[Any], work: Callable[[AsyncConnection[Any]], Awaitable[T]]
@@ -393,6 +414,38 @@ class Connections:
         its own: one round trip, without pipeline mode."""
         cur = await self._run(conn, query, params, prepare=self.options.prepare_at_once)
         return await cur.fetchall()
+
+    def defer(self, conn: AsyncConnection[Any], after: Statement) -> None:
+        """Run ``after`` on ``conn`` once the current call's work has answered: the caller has
+        its answer without waiting for it, and the connection goes back to the pool only when
+        ``after`` is done (on a connection the caller passed in, it runs before the answer, as
+        nothing else may use that connection meanwhile). For a statement whose outcome nobody
+        waits for, sent after a commit (its failure fails nothing committed)."""
+        self._tails[conn] = after
+
+    def _start_tail(
+        self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any], after: Statement
+    ) -> None:
+        async def tail() -> None:
+            try:
+                await asyncio.wait_for(self.after_commit(conn, after), self._timeout_s)
+            except BaseException:
+                # Timed out or cancelled mid-statement: the connection is in no state to reuse.
+                with contextlib.suppress(Exception):
+                    await conn.close()
+                raise
+            finally:
+                self._last_used[conn] = time.monotonic()
+                await pool.putconn(conn)
+
+        task = asyncio.ensure_future(tail())
+        self._tail_tasks.add(task)
+        task.add_done_callback(self._tail_done)
+
+    def _tail_done(self, task: asyncio.Task[None]) -> None:
+        self._tail_tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen: a tail that failed failed nothing committed
 
     async def after_commit(self, conn: AsyncConnection[Any], after: Statement) -> None:
         """Run ``after`` once a statement committed; its failure fails nothing committed."""

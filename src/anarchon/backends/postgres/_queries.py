@@ -36,8 +36,14 @@ PARTS: Final = (
 )
 # Statements substituted into claim_function's body as {fn_<name>}; then the function itself,
 # a part of migration_4. Neither is sent on its own.
-IN_FUNCTION: Final = ("claim_recorded", "lock_jobs", "claim_alone", "claim_decide")
-_FUNCTION_ONLY: Final = ("claim_recorded", "claim_alone", "claim_function")
+IN_FUNCTION: Final = (
+    "claim_recorded",
+    "lock_jobs",
+    "claim_alone",
+    "claim_plain",
+    "claim_decide",
+)
+_FUNCTION_ONLY: Final = ("claim_recorded", "claim_alone", "claim_plain", "claim_function")
 _MAX_CHANNEL: Final = 63
 # A named parameter, or a percent sign written twice (queries.sql's conventions).
 _PLACEHOLDER: Final = re.compile(rb"%\((\w+)\)s|%%")

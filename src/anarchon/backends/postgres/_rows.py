@@ -8,6 +8,7 @@ by the shared lease rules (:mod:`anarchon.kit.lease`), so they are the other bac
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any, Final
@@ -36,6 +37,7 @@ from anarchon.kit.lease import (
 )
 
 __all__ = [
+    "claim_batch_params",
     "claim_one_params",
     "claim_outcome",
     "claim_params",
@@ -59,50 +61,72 @@ _RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
 # -- parameters -----------------------------------------------------------------------------
 
 
-def claim_params(reqs: Sequence[ClaimRequest], channel: str, *, later: bool) -> dict[str, Any]:
-    """The ``claim`` statement's parameters: one array per field, a request per index, the
-    ``channel`` its claim notices go to, and whether they are kept for ``send_notices``
-    (``later``) instead of sent at commit."""
-    return {
-        "channel": channel,
-        "later": later,
-        "job": [r.job for r in reqs],
-        "slot_key": [r.slot_key for r in reqs],
-        "slot": [r.slot for r in reqs],
-        "run_id": [r.run_id for r in reqs],
-        "token": [r.token for r in reqs],
-        "instance": [r.instance for r in reqs],
-        "trigger": [str(r.trigger) for r in reqs],
-        "lease_ms": [r.lease_ms for r in reqs],
-        "overlap_skip": [r.overlap is Overlap.SKIP for r in reqs],
-        "skip_reason": [r.skip_reason for r in reqs],
-        "skip_status": [str(RunStatus(r.skip_status)) for r in reqs],
+# The fields of a claim request as the claim statements take them, in _claim_values' order.
+_CLAIM_FIELDS: Final = (
+    "job",
+    "slot_key",
+    "slot",
+    "run_id",
+    "token",
+    "instance",
+    "trigger",
+    "lease_ms",
+    "overlap_skip",
+    "skip_reason",
+    "skip_status",
+    "pausable",
+    "requested_by",
+)
+
+
+def _claim_values(r: ClaimRequest) -> tuple[Any, ...]:
+    """One request's values, field by field (:data:`_CLAIM_FIELDS`)."""
+    return (
+        r.job,
+        r.slot_key,
+        r.slot,
+        r.run_id,
+        r.token,
+        r.instance,
+        str(r.trigger),
+        r.lease_ms,
+        r.overlap is Overlap.SKIP,
+        r.skip_reason,
+        str(RunStatus(r.skip_status)),
         # Whether a pause may hold the request (the statement looks the pause up itself).
-        "pausable": [r.skip_reason is None and r.trigger in PAUSED_TRIGGERS for r in reqs],
-        "requested_by": [r.requested_by for r in reqs],
-    }
+        r.skip_reason is None and r.trigger in PAUSED_TRIGGERS,
+        r.requested_by,
+    )
+
+
+def claim_params(reqs: Sequence[ClaimRequest], channel: str, *, later: bool) -> dict[str, Any]:
+    """``claim_decide``'s parameters (the claim function's arguments): one array per field, a
+    request per index, the ``channel`` its claim notices go to, and whether they are kept for
+    ``send_notices`` (``later``) instead of sent at commit."""
+    columns = zip(*map(_claim_values, reqs), strict=True) if reqs else [()] * len(_CLAIM_FIELDS)
+    params: dict[str, Any] = {"channel": channel, "later": later}
+    params.update(zip(_CLAIM_FIELDS, map(list, columns), strict=True))
+    return params
+
+
+def claim_batch_params(
+    reqs: Sequence[ClaimRequest], channel: str, *, later: bool
+) -> dict[str, Any]:
+    """The ``claim`` statement's parameters: :func:`claim_params` as one JSON array with a
+    request's values per element, which the statement turns back into the function's arrays.
+    One string encodes in a few microseconds; thirteen arrays of a batch of 17 took the driver
+    160-280 us of CPU (each string element checked for quoting), more than the rest of a claim
+    on the client."""
+    batch = json.dumps([_claim_values(r) for r in reqs], separators=(",", ":"))
+    return {"channel": channel, "later": later, "batch": batch}
 
 
 def claim_one_params(req: ClaimRequest, channel: str, *, later: bool) -> dict[str, Any]:
     """The ``claim_one`` statement's parameters: :func:`claim_params` of ``[req]``, each array's
     one value as it is."""
-    return {
-        "channel": channel,
-        "later": later,
-        "job": req.job,
-        "slot_key": req.slot_key,
-        "slot": req.slot,
-        "run_id": req.run_id,
-        "token": req.token,
-        "instance": req.instance,
-        "trigger": str(req.trigger),
-        "lease_ms": req.lease_ms,
-        "overlap_skip": req.overlap is Overlap.SKIP,
-        "skip_reason": req.skip_reason,
-        "skip_status": str(RunStatus(req.skip_status)),
-        "pausable": req.skip_reason is None and req.trigger in PAUSED_TRIGGERS,
-        "requested_by": req.requested_by,
-    }
+    params: dict[str, Any] = {"channel": channel, "later": later}
+    params.update(zip(_CLAIM_FIELDS, _claim_values(req), strict=True))
+    return params
 
 
 def won_any(found: Sequence[dict[str, Any]]) -> bool:

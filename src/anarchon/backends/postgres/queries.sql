@@ -471,6 +471,111 @@ FROM inserted x CROSS JOIN won w
 LEFT JOIN notified ON true
 LEFT JOIN bumped ON true;
 
+-- name: claim_plain
+-- In claim_function, for a batch of requests of distinct jobs, under their jobs' locks: when
+-- every request wins as claim_alone decides one, they are all recorded and answered as
+-- claim_decide records and answers winners (each job's next fence, the claim notices);
+-- otherwise no row, no write: claim_decide decides. Each lookup is one per request by the
+-- primary key (LATERAL ... LIMIT 1, as in claim_decide).
+WITH clock AS MATERIALIZED (
+    SELECT {now_ms} AS now
+),
+cluster AS MATERIALIZED (
+    SELECT true AS paused FROM {pauses} z CROSS JOIN clock
+    WHERE z.job = '*' AND (z.until_ms IS NULL OR clock.now < z.until_ms)
+),
+won AS MATERIALIZED (
+    SELECT r.*, clock.now, greatest(j.fence, clock.now - 1) + 1 AS fence
+    FROM unnest(
+        %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
+        %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
+        %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(pausable)s::boolean[],
+        %(requested_by)s::text[]
+    ) WITH ORDINALITY AS r (job, slot_key, slot, run_id, token, instance, trigger, lease_ms,
+                            overlap_skip, skip_reason, pausable, requested_by, ord)
+    CROSS JOIN clock
+    CROSS JOIN LATERAL (SELECT j.fence FROM {jobs} j WHERE j.job = r.job LIMIT 1) j
+    LEFT JOIN LATERAL (
+        SELECT true AS found FROM {runs} x
+        WHERE x.job = r.job AND x.slot_key = r.slot_key
+        LIMIT 1
+    ) rec ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS found FROM {pruned} p WHERE p.job = r.job AND r.slot <= p.through LIMIT 1
+    ) p ON true
+    LEFT JOIN LATERAL (
+        -- The job's own pause; the whole cluster's ('*') is looked up once, in "cluster".
+        SELECT true AS found FROM {pauses} z
+        WHERE r.pausable AND z.job = r.job AND (z.until_ms IS NULL OR clock.now < z.until_ms)
+        LIMIT 1
+    ) pz ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS found FROM {runs} x
+        WHERE r.overlap_skip AND x.job = r.job AND x.status = 'running' AND NOT x.released
+          AND x.lease_expires_at > clock.now
+        LIMIT 1
+    ) h ON true
+    WHERE r.skip_reason IS NULL AND rec.found IS NULL AND p.found IS NULL AND pz.found IS NULL
+      AND h.found IS NULL AND NOT (r.pausable AND EXISTS (SELECT 1 FROM cluster))
+),
+every AS MATERIALIZED (
+    SELECT count(*) = cardinality(%(job)s::text[])
+           AND count(DISTINCT job) = cardinality(%(job)s::text[]) AS yes
+    FROM won
+),
+inserted AS (
+    -- No ON CONFLICT: under the jobs' locks a slot this statement's snapshot shows without a
+    -- record has none (a conflict would be a bug, and fails the claim).
+    INSERT INTO {runs} (job, slot_key, attempt, slot, run_id, token, instance, trigger, status,
+                        fence, started_at, finished_at, lease_expires_at, released, error,
+                        reason, requested_by)
+    SELECT w.job, w.slot_key, 1, w.slot, w.run_id, w.token, w.instance, w.trigger, 'running',
+           w.fence, w.now, NULL, w.now + w.lease_ms, false, NULL, NULL, w.requested_by
+    FROM won w CROSS JOIN every
+    WHERE every.yes
+    ORDER BY w.ord
+    RETURNING 1
+),
+bumped AS (
+    UPDATE {jobs} j SET fence = w.fence
+    FROM won w CROSS JOIN every
+    WHERE every.yes AND j.job = w.job
+),
+notices AS MATERIALIZED (
+    -- claim_decide's notices of its winners.
+    SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
+    FROM (
+        SELECT v.notice, v.pos,
+               sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
+        FROM (
+            SELECT json_build_array(w.job, w.slot_key, w.instance, w.now + w.lease_ms)
+                       AS notice,
+                   row_number() OVER (ORDER BY w.job, w.slot_key) AS pos
+            FROM won w CROSS JOIN every
+            WHERE every.yes
+        ) v
+    ) w
+    GROUP BY w.chunk
+),
+notified AS MATERIALIZED (
+    SELECT count(CASE WHEN NOT %(later)s::boolean THEN pg_notify(%(channel)s::text, n.payload)
+                 END) AS sent,
+           CASE WHEN %(later)s::boolean THEN
+               set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
+           END AS kept
+    FROM notices n
+)
+-- The winners' records as inserted (run_columns' order), in the order of the requests.
+SELECT w.ord, 'won'::text, w.now, w.job, w.slot_key, w.slot, 1, w.run_id, w.token, w.instance,
+       w.trigger, 'running'::text, w.fence, w.now, NULL::bigint, w.now + w.lease_ms, false,
+       NULL::text, NULL::text, w.requested_by
+FROM won w
+CROSS JOIN every
+CROSS JOIN (SELECT count(*) AS n FROM inserted) i
+LEFT JOIN notified ON true
+WHERE every.yes AND i.n = cardinality(%(job)s::text[])
+ORDER BY w.ord;
+
 -- name: claim_function
 -- The claim (PostgresBackend.claim), made by migration_4: one call decides a batch (the
 -- arguments are claim_decide's parameters, an array per field) and answers claim_decide's rows.
@@ -541,22 +646,38 @@ BEGIN
     {fn_lock_jobs}
     IF cardinality(a_job) = 1 THEN
         RETURN QUERY {fn_claim_alone}
-        IF FOUND THEN
-            RETURN;
-        END IF;
+    ELSE
+        RETURN QUERY {fn_claim_plain}
+    END IF;
+    IF FOUND THEN
+        RETURN;
     END IF;
     RETURN QUERY {fn_claim_decide}
 END
 $fn$
 
 -- name: claim
--- One call of claim_function, its columns named as claim_decide names them.
+-- One call of claim_function, its columns named as claim_decide names them. The batch comes as
+-- one JSON array, a request's values per element in the function's argument order
+-- (_rows.claim_batch_params), turned back into the function's arrays here.
 SELECT {claim_columns}
-FROM {claim_fn}(
-    %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
-    %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
-    %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
-    %(pausable)s::boolean[], %(requested_by)s::text[], %(channel)s::text, %(later)s::boolean
+FROM (
+    SELECT array_agg(e ->> 0 ORDER BY n) AS job, array_agg(e ->> 1 ORDER BY n) AS slot_key,
+           array_agg((e ->> 2)::bigint ORDER BY n) AS slot,
+           array_agg(e ->> 3 ORDER BY n) AS run_id, array_agg(e ->> 4 ORDER BY n) AS token,
+           array_agg(e ->> 5 ORDER BY n) AS instance, array_agg(e ->> 6 ORDER BY n) AS trigger,
+           array_agg((e ->> 7)::bigint ORDER BY n) AS lease_ms,
+           array_agg((e ->> 8)::boolean ORDER BY n) AS overlap_skip,
+           array_agg(e ->> 9 ORDER BY n) AS skip_reason,
+           array_agg(e ->> 10 ORDER BY n) AS skip_status,
+           array_agg((e ->> 11)::boolean ORDER BY n) AS pausable,
+           array_agg(e ->> 12 ORDER BY n) AS requested_by
+    FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS b (e, n)
+) a
+CROSS JOIN LATERAL {claim_fn}(
+    a.job, a.slot_key, a.slot, a.run_id, a.token, a.instance, a.trigger, a.lease_ms,
+    a.overlap_skip, a.skip_reason, a.skip_status, a.pausable, a.requested_by,
+    %(channel)s::text, %(later)s::boolean
 );
 
 -- name: claim_one
