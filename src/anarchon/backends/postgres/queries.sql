@@ -564,6 +564,11 @@ notified AS MATERIALIZED (
                set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
            END AS kept
     FROM notices n
+),
+recorded AS MATERIALIZED (
+    -- Counted once: as a subquery in the join below, planned for the one row the planner
+    -- expects of "won", it was counted again for each winner (10 000 requests: 8.2 s).
+    SELECT count(*) AS n FROM inserted
 )
 -- The winners' records as inserted (run_columns' order), in the order of the requests.
 SELECT w.ord, 'won'::text, w.now, w.job, w.slot_key, w.slot, 1, w.run_id, w.token, w.instance,
@@ -571,7 +576,7 @@ SELECT w.ord, 'won'::text, w.now, w.job, w.slot_key, w.slot, 1, w.run_id, w.toke
        NULL::text, NULL::text, w.requested_by
 FROM won w
 CROSS JOIN every
-CROSS JOIN (SELECT count(*) AS n FROM inserted) i
+CROSS JOIN recorded i
 LEFT JOIN notified ON true
 WHERE every.yes AND i.n = cardinality(%(job)s::text[])
 ORDER BY w.ord;
