@@ -78,7 +78,10 @@ class _MemoryRows:
         return [*self.earlier.get((job, key), ()), self.runs[(job, key)]]
 
     def live_holder(self, job: str, now: int) -> RunRow | None:
-        live = [row for key in self.by_job.get(job, {}) if (row := self.runs[(job, key)]).live(now)]
+        keys = self.by_job.get(job)
+        if not keys:  # a job's first claim (all of a burst's, when it starts)
+            return None
+        live = [row for key in keys if (row := self.runs[(job, key)]).live(now)]
         return min(live, key=self._seq_of, default=None)
 
     def _seq_of(self, row: RunRow) -> int:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
+from .._schedule import slot_to_datetime
 from ..backend import (
     HANDED_OVER,
     LEASE_LOST,
@@ -131,18 +132,17 @@ class RunRow:
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
-        started = ms_to_datetime(self.started_at)
-        assert started is not None
+        finished = self.finished_at
         return Run(
             job=self.job,
-            slot=ms_to_datetime(self.slot),
+            slot=None if self.slot is None else slot_to_datetime(self.slot),
             run_id=self.run_id,
             instance=self.instance,
             trigger=_TRIGGERS.get(self.trigger) or Trigger(self.trigger),
             attempt=self.attempt,
             status=_STATUSES.get(self.status) or RunStatus(self.status),
-            started_at=started,
-            finished_at=ms_to_datetime(self.finished_at),
+            started_at=slot_to_datetime(self.started_at),
+            finished_at=None if finished is None else slot_to_datetime(finished),
             error=self.error,
             fence=self.fence or None,
             reason=self.reason,
