@@ -34,14 +34,12 @@ from . import _connection
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection
+from ._connection import MAX_IN_FLIGHT, Ack, Connection
 from ._readback import ReadBack
 from ._records import Claim
 from ._window import CLAIM_MARGIN_MS, Window
 
 if TYPE_CHECKING:
-    from nats.js.api import PubAck
-
     from ._control import NatsControl
 
 logger = logging.getLogger("anarchon.backends.nats")
@@ -183,7 +181,7 @@ class ClaimPath:
         payload = records.encode_claim(req)
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
 
-        async def publish(wait_s: float) -> PubAck:
+        async def publish(wait_s: float) -> Ack:
             try:
                 return await self._connection.publish(subject, payload, msg_id, wait_s)
             except Exception as exc:
