@@ -102,6 +102,10 @@ class ClaimPath:
         # however long a request waits for the in-flight gate.
         deadline = self._connection.retry_deadline()
         requests = await self._paused(requests)
+        if len(requests) == 1:
+            # The usual firing of one slot: its outcome or its error, with nothing to gather.
+            async with gate:
+                return [await self._claim_one(requests[0], deadline)]
 
         answers: list[ClaimOutcome | Exception | None] = [None] * len(requests)
         order = iter(range(len(requests)))
@@ -123,11 +127,7 @@ class ClaimPath:
                     except Exception as exc:
                         answers[n] = exc
 
-        workers = min(len(requests), MAX_IN_FLIGHT)
-        if workers == 1:
-            await work()  # one request (the usual firing of one slot): no task to make
-        else:
-            await asyncio.gather(*(work() for _ in range(workers)))
+        await asyncio.gather(*(work() for _ in range(min(len(requests), MAX_IN_FLIGHT))))
         problems = [a for a in answers if isinstance(a, Exception)]
         if problems:
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
