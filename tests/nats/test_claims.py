@@ -425,3 +425,27 @@ async def test_a_result_of_another_run_for_the_slot_is_refused(make: Make) -> No
     other = replace(won.ticket, run_id=uuid.uuid4().hex, token=uuid.uuid4().hex)
     with pytest.raises(LeaseLost, match="already has a result from run"):
         await backend.finish(other, RunStatus.SUCCEEDED, None)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"slot": None, "key": "manual-1", "trigger": Trigger.MANUAL, "requested_by": "cli"},
+        {"skip_reason": 'too late: \u00e9t\u00e9 "quoted"', "skip_status": RunStatus.MISSED},
+        {"instance": "h\u00f4te-1\n"},
+    ],
+)
+def test_a_claims_payload_is_the_json_of_its_fields(changes: dict[str, Any]) -> None:
+    """The payload is written out by hand for speed: it must stay the compact JSON of the
+    claim's fields, in their order (other instances and history decode it)."""
+    from anarchon.backends.nats import _records
+
+    req = replace(request(), **changes)
+    body: dict[str, Any] = {"v": 1, **_records.identity(req)}
+    if req.requested_by is not None:
+        body["requested_by"] = req.requested_by
+    if req.skip_reason is not None:
+        body["status"] = str(req.skip_status)
+        body["reason"] = req.skip_reason
+    assert _records.encode_claim(req) == json.dumps(body, separators=(",", ":")).encode()

@@ -9,14 +9,19 @@ very first claim asks the server for its uptime (INFO).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
+from anarchon import Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.redis import RedisBackend
+from anarchon.backends.redis._rows import RESTART_MARGIN_MS, claim_arguments
 from tests.records import claim_request
 from tests.redis.servers import RedisServer
 
@@ -79,3 +84,57 @@ async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
         await client.aclose()
         await other.stop()
         await backend.stop()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"slot": None, "key": "manual-1", "trigger": Trigger.MANUAL, "requested_by": "cli"},
+        {"skip_reason": 'too late: "\u00e9t\u00e9"', "skip_status": RunStatus.MISSED},
+        {"overlap": Overlap.SKIP, "instance": "h\u00f4te\n"},
+    ],
+)
+@pytest.mark.parametrize("pauses", [None, {"cost": "{}", "*": "{}"}])
+def test_the_claim_arguments_are_compact_json_of_the_request(
+    changes: dict[str, Any], pauses: dict[str, str] | None
+) -> None:
+    """claim_arguments writes its JSON out by hand for speed: the first argument must stay the
+    compact JSON of what the script decides by, in this order (the bench's same-work floor
+    compares it), and the second the stored record's known fields, left open."""
+    req = replace(_request("cost", 60_000, "a"), **changes)
+    decide: dict[str, Any] = {
+        "job": req.job,
+        "slot_key": req.slot_key,
+        "lease_ms": req.lease_ms,
+        "overlap": req.overlap,
+        "restart_margin_ms": RESTART_MARGIN_MS,
+    }
+    known: dict[str, Any] = {
+        "job": req.job,
+        "slot_key": req.slot_key,
+        "attempt": 1,
+        "run_id": req.run_id,
+        "token": req.token,
+        "instance": req.instance,
+        "trigger": req.trigger,
+    }
+    if req.slot is not None:
+        decide["slot"] = known["slot"] = req.slot
+    if req.requested_by is not None:
+        known["requested_by"] = req.requested_by
+    if req.skip_reason is not None:
+        decide["skip_reason"], decide["skip_status"] = req.skip_reason, req.skip_status
+    elif req.trigger is not Trigger.MANUAL:
+        decide["pausable"] = True
+        if pauses is not None:
+            decide["pauses"] = pauses
+    decide["clock_offset_ms"] = -5
+    decide["claims_channel"] = "app:_claims"
+    compact = json.JSONEncoder(separators=(",", ":")).encode
+    first, second, notice = claim_arguments(
+        req, pauses, claims_channel="app:_claims", clock_offset_ms=-5
+    )
+    assert first == compact(decide)
+    assert second + "}" == compact(known)
+    assert notice == compact([req.job, req.slot_key, req.instance])[:-1] + ","

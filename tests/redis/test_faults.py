@@ -347,6 +347,24 @@ def test_backend_from_url_reaches_redis() -> None:
     assert isinstance(backend, RedisBackend) and backend.prefix == "via-url:"
 
 
+@pytest.mark.parametrize(
+    ("query", "inline"),
+    [("", True), ("&socket_timeout=5", False)],
+)
+async def test_calls_run_in_the_callers_task_only_without_a_socket_timeout(
+    query: str, inline: bool
+) -> None:
+    """redis-py sends a command through asyncio.wait_for when a socket timeout is set, which
+    can swallow a cancellation: such a client's calls keep a task of their own."""
+    backend = RedisBackend.from_url(f"{SERVER}?prefix=inline:{query}")
+    await backend.start()
+    try:
+        assert backend._connection._inline is inline
+        assert await backend.last_slots(["inline-job"]) == {"inline-job": None}
+    finally:
+        await backend.stop()
+
+
 def test_module_imports_without_the_driver_and_construction_names_the_extra() -> None:
     code = (
         "import sys; sys.modules['redis'] = None\n"

@@ -4,6 +4,7 @@ and the contract's paired calls."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import re
@@ -22,7 +23,7 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
-from anarchon.kit import OUTAGE_ACTIONS, Bound, check_pattern
+from anarchon.kit import OUTAGE_ACTIONS, Bound, calls, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.migrations import Step, migrate
@@ -37,7 +38,10 @@ def translate(exc: BaseException) -> BackendError | None:
     return None
 
 
-async def test_bounded_call_returns_translates_and_times_out() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_bounded_call_returns_translates_and_times_out(inline: bool) -> None:
+    bounded_call = functools.partial(calls.bounded_call, inline=inline)
+
     async def answer(
         value: object = 1, fail: BaseException | None = None, wait: float = 0
     ) -> object:
@@ -80,11 +84,20 @@ async def _hang(started: asyncio.Event, cancelled: asyncio.Event) -> None:
         raise
 
 
-async def test_bounded_call_cancels_the_abandoned_operation() -> None:
+@pytest.mark.parametrize(("inline", "timeout_s"), [(False, None), (True, None), (True, 30)])
+async def test_bounded_call_cancels_the_abandoned_operation(
+    inline: bool, timeout_s: float | None
+) -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
     caller = asyncio.ensure_future(
-        bounded_call(_hang(started, cancelled), where="x", timeout_s=None, translate=translate)
+        bounded_call(
+            _hang(started, cancelled),
+            where="x",
+            timeout_s=timeout_s,
+            translate=translate,
+            inline=inline,
+        )
     )
     await started.wait()
     caller.cancel()
@@ -145,14 +158,52 @@ async def test_bounded_call_never_waits_for_an_operation_that_swallows_its_cance
     await asyncio.sleep(0)
 
 
-async def test_bounded_call_with_no_time_left_leaves_nothing_behind() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_bounded_call_with_no_time_left_leaves_nothing_behind(inline: bool) -> None:
     async def operation() -> None:
         await asyncio.sleep(1)
 
     with pytest.raises(BackendUnavailable, match="no answer within"):
-        await bounded_call(operation(), where="x", timeout_s=0, translate=translate)
+        await bounded_call(operation(), where="x", timeout_s=0, translate=translate, inline=inline)
     await asyncio.sleep(0)
     gc.collect()  # an operation never awaited, or an error never retrieved, would warn here
+
+
+async def test_inline_bounded_call_leaves_the_callers_own_cancellation_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inline, the limit cancels the caller's task: a timeout must not count against the
+    caller (its task is not left cancelling), and a cancellation of the caller that arrives
+    with the timer is the caller's, not a timeout."""
+    with pytest.raises(BackendUnavailable, match="no answer within"):
+        await calls.bounded_call(
+            asyncio.sleep(5), where="x", timeout_s=0.01, translate=translate, inline=True
+        )
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    assert (
+        await calls.bounded_call(
+            asyncio.sleep(0, "ok"), where="x", timeout_s=5, translate=translate, inline=True
+        )
+        == "ok"
+    )
+
+    async def caller() -> None:
+        await calls.bounded_call(
+            asyncio.sleep(5), where="x", timeout_s=0.05, translate=translate, inline=True
+        )
+
+    # The caller is cancelled by someone else in the same turn of the loop as the timer fires.
+    cancel = calls._cancel
+
+    def cancel_twice(task: asyncio.Task[None], fired: list[bool]) -> None:
+        cancel(task, fired)
+        task.cancel()
+
+    monkeypatch.setattr(calls, "_cancel", cancel_twice)
+    outer = asyncio.ensure_future(caller())
+    with pytest.raises(asyncio.CancelledError):
+        await outer
 
 
 async def test_retrying_retries_transient_errors_only() -> None:

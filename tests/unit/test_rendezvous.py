@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -276,6 +277,19 @@ async def test_a_dead_preferred_instance_costs_its_slots_a_rank_delay_not_a_run(
 
 
 # -- claim notices in the kit -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "notice",
+    [
+        ClaimNotice("sync", "60000", "pod-1", 75_000),
+        ClaimNotice("sync", "60000-retry-1", 'h\u00f4te "1"\n', None),
+    ],
+)
+def test_a_notice_is_written_as_compact_json(notice: ClaimNotice) -> None:
+    """encode_notice writes the JSON out by hand for speed; Lua and SQL write the same text."""
+    fields = [notice.job, notice.slot_key, notice.instance, notice.lease_expires_at_ms]
+    assert encode_notice(notice) == json.dumps(fields, separators=(",", ":"))
 
 
 def test_notices_round_trip_and_malformed_ones_are_logged_and_dropped(

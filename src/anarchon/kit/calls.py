@@ -10,6 +10,9 @@ once here:
   task is cancelled and its result consumed, so no "exception was never retrieved" is left
   behind; a timeout becomes :class:`~anarchon.errors.BackendUnavailable`; a driver error goes
   through ``translate``.
+  A driver that cannot swallow a cancellation may ask for ``inline``: the operation is awaited
+  in the caller's own task, its limit a timer that cancels that task (as
+  :func:`asyncio.timeout` does), which spares the task and two turns of the event loop per call.
 * :func:`retrying` calls an operation again, on anarchon's backoff, while ``is_transient``
   says the error is temporary, and gives up at a deadline.
 """
@@ -48,6 +51,7 @@ async def bounded_call(
     timeout_s: float | None,
     translate: Translate,
     limit: str | None = None,
+    inline: bool = False,
 ) -> T:
     """Await ``operation`` for at most ``timeout_s`` seconds (None: no limit).
 
@@ -56,7 +60,15 @@ async def bounded_call(
     (``"timeout_ms=5000"``; default: ``timeout_s`` in seconds). Raises
     :class:`~anarchon.errors.BackendUnavailable` on a timeout, what ``translate`` returns for a
     driver's error, and anything else (anarchon's own errors, cancellation, bugs) unchanged.
+
+    ``inline``: await ``operation`` (a coroutine) in the caller's task, for a driver that never
+    swallows a cancellation (no ``asyncio.wait_for`` of its own on Python 3.11): the same
+    answers for about a third of the CPU (around one Redis EVALSHA: 80 000 -> 29 000
+    instructions, callgrind), and the operation is cancelled when the limit passes rather
+    than abandoned.
     """
+    if inline:
+        return await _inline(operation, where, timeout_s, translate, limit)
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[T] = loop.create_future()
     task = loop.create_task(_relay(operation, answer))
@@ -89,6 +101,53 @@ async def bounded_call(
     finally:
         if timer is not None:
             timer.cancel()
+
+
+async def _inline(
+    operation: Awaitable[T],
+    where: str,
+    timeout_s: float | None,
+    translate: Translate,
+    limit: str | None,
+) -> T:
+    """:func:`bounded_call` in the caller's task (``inline``)."""
+    task = asyncio.current_task()
+    assert task is not None
+    fired: list[bool] = []
+    timer = None
+    pending = 0
+    if timeout_s is not None:
+        # As asyncio.timeout: the timer cancels this task; a cancellation counted beyond the
+        # ones pending at entry is the timer's alone if uncancelling brings the count back.
+        pending = task.cancelling()
+        timer = asyncio.get_running_loop().call_later(timeout_s, _cancel, task, fired)
+    try:
+        return await operation
+    except asyncio.CancelledError:
+        if fired:
+            fired.clear()
+            if task.uncancel() <= pending:
+                shown = limit if limit is not None else f"{timeout_s:g} s"
+                raise BackendUnavailable(f"{where}: no answer within {shown}") from None
+        raise
+    except AnarchonError:
+        raise
+    except Exception as exc:
+        translated = translate(exc)
+        if translated is not None:
+            raise translated from exc
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+            if fired:  # the operation answered (or failed) despite the timer's cancellation
+                task.uncancel()
+
+
+def _cancel(task: asyncio.Task[Any], fired: list[bool]) -> None:
+    """An inline :func:`bounded_call`'s timer: cancel the caller's task."""
+    fired.append(True)
+    task.cancel()
 
 
 class _Expired(Exception):

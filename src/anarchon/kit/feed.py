@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from json.encoder import encode_basestring_ascii as _quote
 
 from ..backend import (
     ChangeEvent,
@@ -51,9 +52,12 @@ def won_notices(outcomes: Sequence[ClaimOutcome]) -> list[ClaimNotice]:
 def encode_notice(notice: ClaimNotice) -> str:
     """One notice as compact JSON (``[job, slot_key, instance, lease_expires_at_ms]``), the
     shape :func:`decode_notices` reads; backends that build it in SQL or Lua write the same."""
-    return json.dumps(
-        [notice.job, notice.slot_key, notice.instance, notice.lease_expires_at_ms],
-        separators=(",", ":"),
+    # Written out (the same text as json.dumps with compact separators): a broker sends one
+    # after every won claim.
+    expires = notice.lease_expires_at_ms
+    return (
+        f"[{_quote(notice.job)},{_quote(notice.slot_key)},{_quote(notice.instance)},"
+        f"{'null' if expires is None else f'{expires:d}'}]"
     )
 
 

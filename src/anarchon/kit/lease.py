@@ -211,6 +211,12 @@ class RowStore(Protocol):
 
 def unstorable(req: ClaimRequest | TakeoverRequest) -> BackendError | None:
     """The error for a request whose numbers a backend cannot store, or None if it is fine."""
+    # Every claim asks: the usual answer (plain integers in range) first, with no list made.
+    lease = req.lease_ms
+    if isinstance(req, ClaimRequest) and type(lease) is int and 0 <= lease <= MAX_MS:
+        slot = req.slot
+        if slot is None or (type(slot) is int and 0 <= slot <= MAX_MS):
+            return None
     checks: list[tuple[str, object, int, int]] = [("lease_ms", req.lease_ms, 0, MAX_MS)]
     if isinstance(req, ClaimRequest):
         if req.slot is not None:

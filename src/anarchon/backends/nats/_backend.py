@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Unpack
 
@@ -28,7 +27,7 @@ from ...backend import (
     Ticket,
 )
 from ...kit import Run, Trigger, check_keywords, check_name, redact_url
-from ...kit.feed import ChangeFeed, decode_notices, won_notices
+from ...kit.feed import ChangeFeed, decode_notices, encode_notice, won_notices
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
@@ -65,6 +64,11 @@ LAST_SLOTS_AT_ONCE: Final = 32
 
 #: Claim notices per core NATS message (far under the default 1 MB payload limit).
 NOTICES_PER_MESSAGE: Final = 500
+
+
+def _notices(notices: Sequence[ClaimNotice]) -> str:
+    """Several claim notices as one message: a JSON list of them (:func:`encode_notice`)."""
+    return f"[{','.join(encode_notice(n) for n in notices)}]"
 
 
 class NatsBackend(Backend):
@@ -247,8 +251,8 @@ class NatsBackend(Backend):
         try:
             for at in range(0, len(notices), NOTICES_PER_MESSAGE):
                 chunk = notices[at : at + NOTICES_PER_MESSAGE]
-                body = [[n.job, n.slot_key, n.instance, n.lease_expires_at_ms] for n in chunk]
-                await nc.publish(subject, json.dumps(body, separators=(",", ":")).encode())
+                body = encode_notice(chunk[0]) if len(chunk) == 1 else _notices(chunk)
+                await nc.publish(subject, body.encode())
         except Exception as exc:  # the connection is down: the claims themselves were acked
             self._feed.logger.debug("claim notices not sent: %s", exc)
 

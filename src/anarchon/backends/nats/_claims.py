@@ -34,14 +34,12 @@ from . import _connection
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection
+from ._connection import MAX_IN_FLIGHT, Ack, Connection
 from ._readback import ReadBack
 from ._records import Claim
 from ._window import CLAIM_MARGIN_MS, Window
 
 if TYPE_CHECKING:
-    from nats.js.api import PubAck
-
     from ._control import NatsControl
 
 logger = logging.getLogger("anarchon.backends.nats")
@@ -104,6 +102,10 @@ class ClaimPath:
         # however long a request waits for the in-flight gate.
         deadline = self._connection.retry_deadline()
         requests = await self._paused(requests)
+        if len(requests) == 1:
+            # The usual firing of one slot: its outcome or its error, with nothing to gather.
+            async with gate:
+                return [await self._claim_one(requests[0], deadline)]
 
         answers: list[ClaimOutcome | Exception | None] = [None] * len(requests)
         order = iter(range(len(requests)))
@@ -125,11 +127,7 @@ class ClaimPath:
                     except Exception as exc:
                         answers[n] = exc
 
-        workers = min(len(requests), MAX_IN_FLIGHT)
-        if workers == 1:
-            await work()  # one request (the usual firing of one slot): no task to make
-        else:
-            await asyncio.gather(*(work() for _ in range(workers)))
+        await asyncio.gather(*(work() for _ in range(min(len(requests), MAX_IN_FLIGHT))))
         problems = [a for a in answers if isinstance(a, Exception)]
         if problems:
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
@@ -183,7 +181,7 @@ class ClaimPath:
         payload = records.encode_claim(req)
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
 
-        async def publish(wait_s: float) -> PubAck:
+        async def publish(wait_s: float) -> Ack:
             try:
                 return await self._connection.publish(subject, payload, msg_id, wait_s)
             except Exception as exc:

@@ -17,7 +17,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from ...errors import BackendError, BackendUnavailable, MissingDependency
 from ...kit import backoff
@@ -33,7 +33,6 @@ from ._records import Stored
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.js import JetStreamContext
-    from nats.js.api import PubAck
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -103,6 +102,15 @@ async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
         timeout_s=timeout_s,
         translate=lambda exc: errors.translate(exc, doing),
     )
+
+
+class Ack(NamedTuple):
+    """A JetStream publish ack: what the backend reads of it (nats-py's ``PubAck`` costs a
+    ``dataclasses.fields()`` walk per ack)."""
+
+    stream: str
+    seq: int
+    duplicate: bool
 
 
 class Connection:
@@ -368,7 +376,7 @@ class Connection:
         """Run ``call(wait_s)`` until it succeeds, retrying transient failures until
         ``deadline`` (event-loop time) or MAX_ATTEMPTS; then raise BackendUnavailable."""
         loop = asyncio.get_running_loop()
-        delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
+        delays = None  # made at the first failure: most calls succeed at once
         attempt = 0
         while True:
             attempt += 1
@@ -378,6 +386,8 @@ class Connection:
             except Exception as exc:
                 if not errors.is_transient(exc):
                     raise errors.translate(exc, doing) from exc
+                if delays is None:
+                    delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
                 delay = next(delays)
                 if attempt >= MAX_ATTEMPTS or loop.time() + delay >= deadline:
                     raise errors.translate(exc, doing) from exc
@@ -390,9 +400,7 @@ class Connection:
                 )
             await asyncio.sleep(delay)
 
-    async def publish(
-        self, subject: str, payload: bytes, msg_id: str | None, wait_s: float
-    ) -> PubAck:
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None, wait_s: float) -> Ack:
         """Publish once, with ``msg_id`` as the de-duplication id; InFlight for a duplicate ack
         whose original is not stored yet.
 
@@ -416,7 +424,7 @@ class Connection:
 
     async def publish_retrying(
         self, subject: str, payload: bytes, msg_id: str | None, doing: str, deadline: float
-    ) -> PubAck:
+    ) -> Ack:
         """:meth:`publish`, retried with the same id until ``deadline``."""
         return await self.retry(
             lambda t: self.publish(subject, payload, msg_id, t), doing, deadline
@@ -552,7 +560,7 @@ class _Acks:
         self.nc = nc
         self._prefix = nc.new_inbox() + "."
         self._count = 0
-        self._waiting: dict[str, asyncio.Future[PubAck]] = {}
+        self._waiting: dict[str, asyncio.Future[Ack]] = {}
         self._sub: Any = None
 
     async def listen(self) -> None:
@@ -574,19 +582,19 @@ class _Acks:
 
     async def publish(
         self, subject: str, payload: bytes, headers: dict[str, str] | None, wait_s: float
-    ) -> PubAck:
-        import nats.errors
-
+    ) -> Ack:
         self._count += 1
         reply = f"{self._prefix}{self._count}"
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[PubAck] = loop.create_future()
+        future: asyncio.Future[Ack] = loop.create_future()
         self._waiting[reply] = future
         timer = loop.call_later(wait_s, _expire, future)
         try:
             await self.nc.publish(subject, payload, reply=reply, headers=headers)
             return await future
         except TimeoutError:
+            import nats.errors
+
             raise nats.errors.TimeoutError from None
         finally:
             timer.cancel()
@@ -607,14 +615,17 @@ def _expire(future: asyncio.Future[Any]) -> None:
         future.set_exception(TimeoutError())
 
 
-def _pub_ack(msg: Any) -> PubAck:
+def _pub_ack(msg: Any) -> Ack:
     """The ack in ``msg``, or the error nats-py's JetStream publish raises for it."""
-    import nats.js.api
-    import nats.js.errors
+    if not msg.data:
+        import nats.js.api
+        import nats.js.errors
 
-    if not msg.data and msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == "503":
-        raise nats.js.errors.NoStreamResponseError
+        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == "503":
+            raise nats.js.errors.NoStreamResponseError
     answer = json.loads(msg.data)
     if "error" in answer:
+        import nats.js.errors
+
         raise nats.js.errors.APIError.from_error(answer["error"])
-    return nats.js.api.PubAck.from_response(answer)
+    return Ack(str(answer.get("stream", "")), int(answer["seq"]), bool(answer.get("duplicate")))

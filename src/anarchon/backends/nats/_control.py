@@ -208,6 +208,8 @@ class NatsControl:
         BackendUnavailable."""
         try:
             listed = await self._pause_keys()
+            if not listed:  # no pause stored: nothing to look up (every claim asks)
+                return {}
             names = [n for n in (*jobs, ALL_JOBS) if self._pause_key(n) in listed]
             found = await self._read_cached(names) if names else {}
         except BackendUnavailable:

@@ -90,6 +90,18 @@ def _policies(config: Any) -> set[str]:
     return found
 
 
+def _cancellable(client: Client) -> bool:
+    """Whether every command of ``client`` ends at once when its task is cancelled, so that
+    :meth:`Connection.call` may await it in the caller's task (``bounded_call``'s ``inline``):
+    a client on one server (plain or Sentinel) with no ``socket_timeout``, the backend's own
+    by default (see :func:`_from_url`). With a ``socket_timeout`` redis-py sends each command
+    through ``asyncio.wait_for``, which can swallow a cancellation on Python 3.11; a cluster
+    client routes through more layers than were checked. Those keep a task of their own."""
+    pool = getattr(client, "connection_pool", None)
+    options = getattr(pool, "connection_kwargs", None)
+    return isinstance(options, dict) and options.get("socket_timeout") is None
+
+
 def _from_url(url: str) -> Callable[[], Redis]:
     """The client of a backend made from ``url``.
 
@@ -141,6 +153,8 @@ class Connection:
         self._client: Client | None = None
         self._scripts: ScriptRunner | None = None
         self._cluster = False
+        # Whether calls may run in the caller's task (see _cancellable).
+        self._inline = False
         self._down = False
         self._announcing: set[asyncio.Future[None]] = set()
 
@@ -206,6 +220,7 @@ class Connection:
 
         self._client, self._scripts = client, scripts
         self._cluster = isinstance(client, RedisCluster)
+        self._inline = _cancellable(client)
         await self._check_eviction(client)
 
     @staticmethod
@@ -270,7 +285,11 @@ class Connection:
         but is no outage, so refused writes between successful reads do not flap the log."""
         try:
             result = await bounded_call(
-                aw, where=self._named, timeout_s=timeout_s, translate=self._translate
+                aw,
+                where=self._named,
+                timeout_s=timeout_s,
+                translate=self._translate,
+                inline=self._inline,
             )
         except BackendUnavailable as exc:
             # No cause: bounded's own timeout; else the driver's exception.
