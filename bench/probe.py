@@ -147,14 +147,17 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         start = end + GAP_S
         await _until(start)
         end = start + args.seconds
-        out["same_work"] = await _same_work(work, args.run, args.base, end)
+        # The floor's and the claim's slots start at their phase's start, the same in every
+        # process: slots from before a store first saw a job can be refused as unknown (Redis
+        # refuses those from before its server started, plus 2 s: a fresh private server).
+        out["same_work"] = await _same_work(work, args.run, int(start * 1000), end)
         start = end + GAP_S
         await _until(start)
         ops, won, lat = 0, [], []
         end = start + args.seconds
         while time.time() < end:
             job = CLAIM_JOB.format(run=args.run, n=ops % RATE_JOBS)
-            req = _request(job, args.base + ops * 1000, instance, lease)
+            req = _request(job, int(start * 1000) + ops * 1000, instance, lease)
             t = time.perf_counter()
             outcome = (await backend.claim([req]))[0]
             lat.append(round((time.perf_counter() - t) * 1000, 3))
