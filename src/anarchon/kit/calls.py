@@ -24,7 +24,7 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .._retry import backoff
 from ..errors import AnarchonError, BackendError, BackendUnavailable
@@ -94,10 +94,7 @@ async def bounded_call(
             assert timeout_s is not None
             shown = limit if limit is not None else f"{timeout_s:g} s"
             raise BackendUnavailable(f"{where}: no answer within {shown}") from None
-        translated = translate(exc) if isinstance(exc, Exception) else None
-        if translated is not None:
-            raise translated from exc
-        raise
+        _reraise(exc, translate)
     finally:
         if timer is not None:
             timer.cancel()
@@ -133,15 +130,20 @@ async def _inline(
     except AnarchonError:
         raise
     except Exception as exc:
-        translated = translate(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
+        _reraise(exc, translate)
     finally:
         if timer is not None:
             timer.cancel()
             if fired:  # the operation answered (or failed) despite the timer's cancellation
                 task.uncancel()
+
+
+def _reraise(exc: BaseException, translate: Translate) -> NoReturn:
+    """Raise the backend's own error for ``exc`` (``translate``), else ``exc`` itself."""
+    translated = translate(exc) if isinstance(exc, Exception) else None
+    if translated is not None:
+        raise translated from exc
+    raise exc
 
 
 def _cancel(task: asyncio.Task[Any], fired: list[bool]) -> None:
