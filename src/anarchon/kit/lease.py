@@ -132,17 +132,16 @@ class RunRow:
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
-        finished = self.finished_at
         return Run(
             job=self.job,
-            slot=None if self.slot is None else slot_to_datetime(self.slot),
+            slot=ms_to_datetime(self.slot),
             run_id=self.run_id,
             instance=self.instance,
             trigger=_TRIGGERS.get(self.trigger) or Trigger(self.trigger),
             attempt=self.attempt,
             status=_STATUSES.get(self.status) or RunStatus(self.status),
             started_at=slot_to_datetime(self.started_at),
-            finished_at=None if finished is None else slot_to_datetime(finished),
+            finished_at=ms_to_datetime(self.finished_at),
             error=self.error,
             fence=self.fence or None,
             reason=self.reason,
