@@ -91,9 +91,7 @@ async def bounded_call(
         if isinstance(exc, asyncio.CancelledError | AnarchonError):
             raise
         if isinstance(exc, _Expired):
-            assert timeout_s is not None
-            shown = limit if limit is not None else f"{timeout_s:g} s"
-            raise BackendUnavailable(f"{where}: no answer within {shown}") from None
+            raise _no_answer(where, timeout_s, limit) from None
         _reraise(exc, translate)
     finally:
         if timer is not None:
@@ -124,8 +122,7 @@ async def _inline(
         if fired:
             fired.clear()
             if task.uncancel() <= pending:
-                shown = limit if limit is not None else f"{timeout_s:g} s"
-                raise BackendUnavailable(f"{where}: no answer within {shown}") from None
+                raise _no_answer(where, timeout_s, limit) from None
         raise
     except AnarchonError:
         raise
@@ -136,6 +133,13 @@ async def _inline(
             timer.cancel()
             if fired:  # the operation answered (or failed) despite the timer's cancellation
                 task.uncancel()
+
+
+def _no_answer(where: str, timeout_s: float | None, limit: str | None) -> BackendUnavailable:
+    """The error of a call whose limit passed, naming the limit as the user set it."""
+    assert timeout_s is not None
+    shown = limit if limit is not None else f"{timeout_s:g} s"
+    return BackendUnavailable(f"{where}: no answer within {shown}")
 
 
 def _reraise(exc: BaseException, translate: Translate) -> NoReturn:
