@@ -1,4 +1,4 @@
-"""1. Fire lag: slot to handler start with ``jitter_ms=0``, beside the primitive's round trip.
+"""1. Fire lag: slot to handler start, with ``jitter_ms=0`` and with the defaults.
 
 The floor, per backend, is the round trip of one client doing the raw claim primitive
 (:mod:`bench.primitives`), measured alone just before; the one-request ``Backend.claim`` round
@@ -17,16 +17,23 @@ in the window) and the core claims them in one backend call. A fifth row, one in
 in-memory backend (no I/O, nobody to contend with), shows what the core itself costs. Lag is
 the winner's handler start (``time.time()`` in the handler) minus the slot, both on this
 host's clock.
+
+Then the same fleets again with every job option at its default: each slot's preferred instance
+claims at the slot, the others after a rank delay unless they hear of the winner first, so no
+key is contended; a second table shows what a user who sets nothing gets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 import time
 import uuid
 from typing import Any
+
+from anarchon import Scheduler
 
 from .context import Context
 from .fleet import Proc, poll, spawn, stop, wait_ready
@@ -38,6 +45,8 @@ INSTANCES = 3
 SAME_INSTANT_N = 20
 SAME_INSTANT_QUICK = 5
 SAME_INSTANT_LEAD_S = 3.0
+# The scheduler's default heartbeat, in whole seconds (rounded up).
+HEARTBEAT_S = -(-inspect.signature(Scheduler).parameters["heartbeat_ms"].default // 1000)
 
 
 def jobs_per_instant(ctx: Context) -> int:
@@ -122,22 +131,38 @@ def _expected(phase: int, jobs: int, w0: int, w1: int) -> list[tuple[str, int]]:
 
 
 async def measure(ctx: Context) -> dict[str, Any]:
+    """The fire lag with ``jitter_ms=0`` (every instance claims every slot at its instant: the
+    contended case the target is read on, with the core alone beside it), then with every option
+    at its default (each slot's preferred instance claims at the slot, the others only after a
+    rank delay unless they hear of a winner)."""
+    rows = await _window(ctx, {"jitter_ms": 0}, core=True, lead_s=2)
+    # Rank delays need each instance to have read the others' heartbeat records (every
+    # heartbeat): start counting two heartbeats after the last one started.
+    rows["defaults"] = await _window(ctx, {}, core=False, lead_s=2 + 2 * HEARTBEAT_S)
+    return rows
+
+
+async def _window(
+    ctx: Context, options: dict[str, Any], *, core: bool, lead_s: int
+) -> dict[str, Any]:
+    """Three instances per backend with the jobs' ``options``, staggered; lags over a window
+    that starts ``lead_s`` after the last instance is ready."""
     instants = ctx.settings.fire_window_s // FIRE_CYCLE_S
     jobs = jobs_per_instant(ctx)
-    work = ctx.dir("fire")
+    work = ctx.dir("fire" if options else "firedefaults")
     fleets: dict[str, list[Proc]] = {}
     rows: dict[str, Any] = {"jobs_per_instant": jobs}
-    for name in [t.name for t in ctx.available()] + ["memory"]:
+    for name in [t.name for t in ctx.available()] + (["memory"] if core else []):
         phase = PHASES[name]
         spec = [
             {
                 "prefix": "f",
                 "count": jobs,
                 "schedule": f"{phase}-59/{FIRE_CYCLE_S} * * * * *",
-                "options": {"jitter_ms": 0},
+                "options": options,
             }
         ]
-        url = ctx.services.url(name, "fire")
+        url = ctx.services.url(name, "fire" if options else "firedefaults")
         fleets[name] = [
             spawn(
                 f"{name}-{n}",
@@ -149,10 +174,11 @@ async def measure(ctx: Context) -> dict[str, Any]:
     every = [p for procs in fleets.values() for p in procs]
     problems = await wait_ready(every, 90)
     # Count whole cycles only, from a few seconds after the last instance started.
-    w0 = (math.ceil(time.time()) + 2 + FIRE_CYCLE_S) // FIRE_CYCLE_S * FIRE_CYCLE_S
+    w0 = (math.ceil(time.time()) + lead_s + FIRE_CYCLE_S) // FIRE_CYCLE_S * FIRE_CYCLE_S
     w1 = w0 + instants * FIRE_CYCLE_S
     ctx.say(
-        f"fire lag: {len(fleets)} backends x {INSTANCES} instances, {jobs} jobs per instant, "
+        f"fire lag ({'options ' + json.dumps(options) if options else 'defaults'}): "
+        f"{len(fleets)} backends x {INSTANCES} instances, {jobs} jobs per instant, "
         f"window {w1 - w0} s"
     )
     await asyncio.sleep(max(0.0, w1 + 1.5 - time.time()))
@@ -161,6 +187,11 @@ async def measure(ctx: Context) -> dict[str, Any]:
     for name, procs in fleets.items():
         starts = [r for p in procs for r in p.starts()]
         result = tally(_expected(PHASES[name], jobs, w0, w1), starts)
+        won = lost = 0
+        for proc in procs:
+            for exit_record in (r for r in proc.records() if r.get("e") == "exit"):
+                won += exit_record["metrics"].get("claims_won", 0)
+                lost += exit_record["metrics"].get("claims_lost", 0)
         rows[name] = {
             "expected": result.expected,
             "ran": result.ran,
@@ -171,5 +202,7 @@ async def measure(ctx: Context) -> dict[str, Any]:
             "max": max(result.lags_ms) if result.lags_ms else None,
             "lags": sorted(result.lags_ms),
             "winners": sorted(result.by_pid.values(), reverse=True),
+            # Over each process's whole life (start-up slots included), not only the window.
+            "claims_per_slot": (won + lost) / won if won else None,
         }
     return rows
