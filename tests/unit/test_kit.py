@@ -10,6 +10,7 @@ import logging
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,16 @@ from anarchon import (
     BackendUnavailable,
     InvalidOption,
     Run,
+    RunStatus,
     SQLiteBackend,
+    Trigger,
     backend_from_url,
 )
 from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
 from anarchon.kit import OUTAGE_ACTIONS, Bound, calls, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
+from anarchon.kit.lease import first_attempt, ticket_of
 from anarchon.kit.migrations import Step, migrate
 from anarchon.kit.urls import bool_option, int_option, ms_option, split_url, str_option
 
@@ -282,6 +286,24 @@ def test_check_pattern_returns_the_value_or_names_it_and_the_rule() -> None:
     for bad in ("aB", "", 3, None):
         with pytest.raises(InvalidOption, match=r"^schema=.* must be lower-case letters$"):
             check_pattern("schema", bad, rule, "must be lower-case letters")
+
+
+def test_ticket_of_makes_one_ticket_from_a_request_and_from_its_stored_row() -> None:
+    req = ClaimRequest(
+        job="sync", slot=60_000, run_id="r1", token="t1", instance="i1", trigger=Trigger.CATCH_UP
+    )
+    ticket = ticket_of(req, attempt=1, fence=7, started_at_ms=62_000)
+    named = (ticket.job, ticket.slot, ticket.slot_key, ticket.run_id, ticket.token, ticket.instance)
+    assert named == ("sync", 60_000, "60000", "r1", "t1", "i1")
+    assert ticket.trigger is Trigger.CATCH_UP
+    row = first_attempt(req, 62_000, RunStatus.RUNNING, None, slot=60_000, token="t1", fence=7)
+    row.lease_expires_at = 92_000
+    row.trigger = "catch-up"  # as a backend reads it back: text
+    held = row.ticket(30_000, 62_500, None)
+    assert held.trigger is Trigger.CATCH_UP
+    assert held == replace(
+        ticket, lease_ms=30_000, lease_expires_at_ms=92_000, backend_now_ms=62_500
+    )
 
 
 def test_outage_actions_are_the_four_names() -> None:

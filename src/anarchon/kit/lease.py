@@ -52,6 +52,7 @@ from ..backend import (
     ClaimOutcome,
     ClaimRequest,
     ClaimStatus,
+    RunIdentity,
     TakeoverOutcome,
     TakeoverRequest,
     TakeoverStatus,
@@ -89,6 +90,7 @@ __all__ = [
     "renew",
     "take_over",
     "takeover_answer",
+    "ticket_of",
     "ttl_cutoff",
     "unstorable",
 ]
@@ -150,14 +152,8 @@ class RunRow:
 
     def ticket(self, lease_ms: int, now: int, history_ttl_ms: int | None) -> Ticket:
         """Return the holder's ticket for this attempt."""
-        return Ticket(
-            job=self.job,
-            slot=self.slot,
-            slot_key=self.slot_key,
-            run_id=self.run_id,
-            token=self.token,
-            instance=self.instance,
-            trigger=_TRIGGERS.get(self.trigger) or Trigger(self.trigger),
+        return ticket_of(
+            self,
             attempt=self.attempt,
             fence=self.fence,
             started_at_ms=self.started_at,
@@ -175,6 +171,38 @@ class RunRow:
             and self.lease_expires_at is not None
             and self.lease_expires_at > now
         )
+
+
+def ticket_of(
+    claim: ClaimRequest | RunIdentity | RunRow,
+    *,
+    attempt: int,
+    fence: int | None,
+    started_at_ms: int,
+    lease_ms: int = 0,
+    lease_expires_at_ms: int | None = None,
+    backend_now_ms: int | None = None,
+    history_ttl_ms: int | None = None,
+) -> Ticket:
+    """The ticket of the run ``claim`` names, for its holder: the claim's identity (its trigger
+    a :class:`~anarchon.Trigger` or the text stored for one) with this attempt, fence, start
+    and lease. Every backend's tickets are made here."""
+    return Ticket(
+        job=claim.job,
+        slot=claim.slot,
+        slot_key=claim.slot_key,
+        run_id=claim.run_id,
+        token=claim.token,
+        instance=claim.instance,
+        trigger=_TRIGGERS.get(claim.trigger) or Trigger(claim.trigger),
+        attempt=attempt,
+        fence=fence,
+        started_at_ms=started_at_ms,
+        lease_ms=lease_ms,
+        lease_expires_at_ms=lease_expires_at_ms,
+        backend_now_ms=backend_now_ms,
+        history_ttl_ms=history_ttl_ms,
+    )
 
 
 class RowStore(Protocol):

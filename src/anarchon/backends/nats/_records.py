@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from json.encoder import encode_basestring_ascii as _quote
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from ...backend import ClaimRequest, RunIdentity, Ticket
 from ...kit import Run, RunStatus, Trigger, ms_to_datetime
+from ...kit.lease import ticket_of
 from . import _subjects as subjects
 
 VERSION: Final = 1
@@ -28,28 +29,13 @@ IDENTITY: Final = tuple(f.name for f in fields(RunIdentity))
 SKIP_STATUSES: Final = frozenset({RunStatus.SKIPPED, RunStatus.MISSED})
 
 
-class Identified(Protocol):
-    """Anything that names a run: a claim request, a decoded claim, a ticket."""
-
-    @property
-    def job(self) -> str: ...
-    @property
-    def slot(self) -> int | None: ...
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def instance(self) -> str: ...
-    @property
-    def trigger(self) -> Trigger: ...
-
-
 def identity(source: object) -> dict[str, Any]:
     """The :data:`IDENTITY` fields of ``source``, to build another record of the same run."""
     return {name: getattr(source, name) for name in IDENTITY}
 
 
 def run_of(
-    source: Identified,
+    source: RunIdentity | ClaimRequest,
     status: RunStatus,
     started_ms: int,
     finished_ms: int | None = None,
@@ -130,19 +116,8 @@ class Claim(RunIdentity):
 
     def ticket(self) -> Ticket:
         """The winner's ticket: the fence is the claim's stream sequence."""
-        # The identity written out, not identity(self): every won claim makes one.
-        return Ticket(
-            job=self.job,
-            slot=self.slot,
-            slot_key=self.slot_key,
-            run_id=self.run_id,
-            token=self.token,
-            instance=self.instance,
-            trigger=self.trigger,
-            attempt=1,
-            fence=self.seq,
-            started_at_ms=self.time_ms,
-            backend_now_ms=self.time_ms,
+        return ticket_of(
+            self, attempt=1, fence=self.seq, started_at_ms=self.time_ms, backend_now_ms=self.time_ms
         )
 
 

@@ -32,6 +32,7 @@ PARTS: Final = (
     "current_attempt",
     "held_by_ticket",
     "kept_notices",
+    "claim_notices",
     "claim_columns",
 )
 # Statements substituted into claim_function's body as {fn_<name>}; then the function itself,
@@ -115,11 +116,15 @@ class Queries:
 
         self.names = names
         self._values = names.identifiers()
+        # In claim_function's body the parts' parameters are the function's arguments too.
+        in_function = dict(self._values)
         for part in PARTS:
-            self._values[part] = sql.SQL(_without_comments(RAW[part])).format(**self._values)
+            text = _without_comments(RAW[part])
+            self._values[part] = sql.SQL(text).format(**self._values)
+            in_function[part] = sql.SQL(as_variables(text)).format(**in_function)
         for name in IN_FUNCTION:
             body = as_variables(_without_comments(RAW[name]))
-            self._values["fn_" + name] = sql.SQL(body).format(**self._values)
+            self._values["fn_" + name] = sql.SQL(body).format(**in_function)
         function = _without_comments(RAW["claim_function"])
         self._values["claim_function"] = sql.SQL(function).format(**self._values)
         # Rendered once: composing a statement again for every call costs more than sending it.

@@ -4,9 +4,9 @@
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().
 -- claim_function, sent without parameters, writes RAISE's % as it is.)
--- Parts: run_columns, current_attempt, held_by_ticket, kept_notices and claim_columns are not
--- statements but pieces of the statements below, substituted where those write {run_columns}
--- ... (see _queries.py).
+-- Parts: run_columns, current_attempt, held_by_ticket, kept_notices, claim_notices and
+-- claim_columns are not statements but pieces of the statements below, substituted where those
+-- write {run_columns} ... (see _queries.py).
 -- Times are epoch milliseconds of the database clock, {now_ms} (clock_timestamp(), plus a
 -- test-only offset, the session setting anarchon.test_clock_offset_ms, which production never
 -- sets), read once per statement in the "clock" CTE: never the instance's clock.
@@ -49,6 +49,36 @@ LEFT JOIN LATERAL ({current_attempt}) cur ON true
 -- name: kept_notices
 -- The notifications a statement of this session's transaction kept for send_notices.
 coalesce(nullif(current_setting('anarchon.notices', true), ''), '[]')::jsonb
+
+-- name: claim_notices
+-- The last CTEs of claim_decide and claim_plain, after their "winners" (job, slot_key,
+-- instance, lease_expires_at of each won claim): the claim notices (Backend.subscribe_claims),
+-- the won claims as JSON lists [job, slot_key, instance, lease expiry], several to a
+-- notification, each notification under 8000 bytes (NOTIFY's limit). %(later)s: kept for
+-- send_notices, which the backend runs right after COMMIT (see there); else sent at commit by
+-- this transaction. (CASE: only the branch taken is evaluated.)
+notices AS MATERIALIZED (
+    SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
+    FROM (
+        SELECT v.notice, v.pos,
+               sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
+        FROM (
+            SELECT json_build_array(w.job, w.slot_key, w.instance, w.lease_expires_at)
+                       AS notice,
+                   row_number() OVER (ORDER BY w.job, w.slot_key) AS pos
+            FROM winners w
+        ) v
+    ) w
+    GROUP BY w.chunk
+),
+notified AS MATERIALIZED (
+    SELECT count(CASE WHEN NOT %(later)s::boolean THEN pg_notify(%(channel)s::text, n.payload)
+                 END) AS sent,
+           CASE WHEN %(later)s::boolean THEN
+               set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
+           END AS kept
+    FROM notices n
+)
 
 -- name: claim_columns
 -- What claim and claim_one answer: claim_function's columns, named as claim_decide names them.
@@ -352,34 +382,12 @@ answers AS (
     ) x
     WHERE n.verdict = 'existing'
 ),
-notices AS MATERIALIZED (
-    -- Claim notices (Backend.subscribe_claims): the won claims as JSON lists [job, slot_key,
-    -- instance, lease expiry], several to a notification, each notification under 8000 bytes
-    -- (NOTIFY's limit).
-    SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
-    FROM (
-        SELECT v.notice, v.pos,
-               sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
-        FROM (
-            SELECT json_build_array(i.job, i.slot_key, i.instance, i.lease_expires_at)
-                       AS notice,
-                   row_number() OVER (ORDER BY i.job, i.slot_key) AS pos
-            FROM inserted i
-            WHERE i.status = 'running'
-        ) v
-    ) w
-    GROUP BY w.chunk
+winners AS (
+    SELECT i.job, i.slot_key, i.instance, i.lease_expires_at
+    FROM inserted i
+    WHERE i.status = 'running'
 ),
-notified AS (
-    -- %(later)s: kept for send_notices, which the backend runs right after COMMIT (see there);
-    -- else sent at commit by this transaction. (CASE: only the branch taken is evaluated.)
-    SELECT count(CASE WHEN NOT %(later)s::boolean THEN pg_notify(%(channel)s::text, n.payload)
-                 END) AS sent,
-           CASE WHEN %(later)s::boolean THEN
-               set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
-           END AS kept
-    FROM notices n
-)
+{claim_notices}
 SELECT n.ord, n.verdict, n.now, {run_columns}
 FROM numbered n LEFT JOIN answers x ON x.ord = n.ord
 CROSS JOIN notified
@@ -541,30 +549,12 @@ bumped AS (
     FROM won w CROSS JOIN every
     WHERE every.yes AND j.job = w.job
 ),
-notices AS MATERIALIZED (
-    -- claim_decide's notices of its winners.
-    SELECT json_agg(w.notice ORDER BY w.pos)::text AS payload
-    FROM (
-        SELECT v.notice, v.pos,
-               sum(octet_length(v.notice::text) + 1) OVER (ORDER BY v.pos) / 7000 AS chunk
-        FROM (
-            SELECT json_build_array(w.job, w.slot_key, w.instance, w.now + w.lease_ms)
-                       AS notice,
-                   row_number() OVER (ORDER BY w.job, w.slot_key) AS pos
-            FROM won w CROSS JOIN every
-            WHERE every.yes
-        ) v
-    ) w
-    GROUP BY w.chunk
+winners AS (
+    SELECT w.job, w.slot_key, w.instance, w.now + w.lease_ms AS lease_expires_at
+    FROM won w CROSS JOIN every
+    WHERE every.yes
 ),
-notified AS MATERIALIZED (
-    SELECT count(CASE WHEN NOT %(later)s::boolean THEN pg_notify(%(channel)s::text, n.payload)
-                 END) AS sent,
-           CASE WHEN %(later)s::boolean THEN
-               set_config('anarchon.notices', coalesce(jsonb_agg(n.payload), '[]')::text, false)
-           END AS kept
-    FROM notices n
-),
+{claim_notices},
 recorded AS MATERIALIZED (
     -- Counted once: as a subquery in the join below, planned for the one row the planner
     -- expects of "won", it was counted again for each winner (10 000 requests: 8.2 s).
