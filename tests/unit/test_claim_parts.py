@@ -5,6 +5,7 @@ it is sent and retried on its own, and each part's runs start as soon as it is a
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Sequence
 
@@ -35,10 +36,15 @@ class Parts(MemoryBackend):
         self.recorded: dict[str, int] = {}  # when each job's result was recorded (monotonic ms)
         self.runs: dict[str, int] = {}  # the runs started so far (the test's), if it tells us
         self.runs_at_call: list[int] = []  # how many had started when each claim call came
+        self.requests_at_call: list[int] = []  # claim requests alive when each call came
+        self.count_requests = False
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         self.calls.append([r.job for r in requests])
         self.runs_at_call.append(len(self.runs))
+        if self.count_requests:
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, ClaimRequest))
+            self.requests_at_call.append(alive)
         if self.slow_s:
             await self.clock.sleep(self.slow_s)
         if self.answers is not None and len(self.answered) >= self.answers:
@@ -121,6 +127,22 @@ async def test_a_backend_whose_claim_never_waits_still_starts_a_parts_runs_befor
     assert backend.runs_at_call[2] >= 2_000, "the first part's runs waited for the last part"
     assert metrics["runs_succeeded"] == JOBS
     assert set(backend.recorded.values()) == {backend.answered[-1]}, "results wait, as before"
+
+
+async def test_a_bursts_requests_are_freed_part_by_part() -> None:
+    # The timer hands its list of requests over: the parts already answered and acted on are
+    # not kept alive (by that list) while the later parts are claimed.
+    backend, started, scheduler = _scheduler()
+    backend.count_requests = True
+    clock = backend.clock
+    async with scheduler:
+        await _to_the_slot(clock)
+        await clock.advance(2_000)
+    assert [len(call) for call in backend.calls] == [2_000, 2_000, 500]
+    assert len(started) == JOBS
+    # At the third call, the first part's 2 000 are gone: the second part's (its answers are
+    # still being let go of) and the third's are left.
+    assert backend.requests_at_call[2] <= 2_500, backend.requests_at_call
 
 
 async def test_a_held_result_waits_no_longer_than_its_lease_allows() -> None:
