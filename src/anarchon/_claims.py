@@ -256,7 +256,7 @@ class Claims:
         # have started then): see below.
         loop_ran: asyncio.Future[None] | None = None
         try:
-            for n, part in enumerate(_parts(requests, keep)):
+            for n, part in enumerate(_parts(requests, not keep)):
                 if n and not self._running():
                     self._not_sent(part)
                     continue

@@ -5,6 +5,7 @@ it is sent and retried on its own, and each part's runs start as soon as it is a
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Sequence
 
@@ -35,10 +36,15 @@ class Parts(MemoryBackend):
         self.recorded: dict[str, int] = {}  # when each job's result was recorded (monotonic ms)
         self.runs: dict[str, int] = {}  # the runs started so far (the test's), if it tells us
         self.runs_at_call: list[int] = []  # how many had started when each claim call came
+        self.requests_at_call: list[int] = []  # claim requests alive when each call came
+        self.count_requests = False
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         self.calls.append([r.job for r in requests])
         self.runs_at_call.append(len(self.runs))
+        if self.count_requests:
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, ClaimRequest))
+            self.requests_at_call.append(alive)
         if self.slow_s:
             await self.clock.sleep(self.slow_s)
         if self.answers is not None and len(self.answered) >= self.answers:
@@ -111,6 +117,7 @@ async def test_a_backend_whose_claim_never_waits_still_starts_a_parts_runs_befor
     # still start before the next part's answers are acted on, not all after the last part.
     backend, started, scheduler = _scheduler()
     backend.runs = started
+    backend.count_requests = True
     clock = backend.clock
     async with scheduler:
         await _to_the_slot(clock)
@@ -121,6 +128,9 @@ async def test_a_backend_whose_claim_never_waits_still_starts_a_parts_runs_befor
     assert backend.runs_at_call[2] >= 2_000, "the first part's runs waited for the last part"
     assert metrics["runs_succeeded"] == JOBS
     assert set(backend.recorded.values()) == {backend.answered[-1]}, "results wait, as before"
+    # The timer hands its list of requests over: at the third call the first part's 2 000 are
+    # gone (freed once acted on), the second's (still being let go of) and the third's left.
+    assert backend.requests_at_call[2] <= 2_500, backend.requests_at_call
 
 
 async def test_a_held_result_waits_no_longer_than_its_lease_allows() -> None:

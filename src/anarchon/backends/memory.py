@@ -64,6 +64,12 @@ class _MemoryRows:
         self.earlier: dict[tuple[str, str], list[RunRow]] = {}
         # Slot keys of each job in the order their first attempt was recorded: oldest first.
         self.by_job: dict[str, dict[str, None]] = {}
+        # The attempts recorded ``running`` (under their ``seq`` key), and how many each job
+        # has: live_holder looks through a job's slots only while one of its attempts runs, not
+        # at every claim (a job's slots reach history_size: with 100 recorded, a claim took
+        # 65 us instead of 12). Ints and the ``seq`` keys: no object made per run.
+        self.running: dict[tuple[str, str, int], RunRow] = {}
+        self.running_by_job: dict[str, int] = {}
         self.fences: dict[str, int] = {}
         self.pruned: dict[str, int] = {}
         self.order = itertools.count()
@@ -79,7 +85,7 @@ class _MemoryRows:
 
     def live_holder(self, job: str, now: int) -> RunRow | None:
         keys = self.by_job.get(job)
-        if not keys:  # a job's first claim (all of a burst's, when it starts)
+        if not keys or not self.running_by_job.get(job):  # the usual case: none runs
             return None
         live = [row for key in keys if (row := self.runs[(job, key)]).live(now)]
         return min(live, key=self._seq_of, default=None)
@@ -93,10 +99,17 @@ class _MemoryRows:
             self.earlier.setdefault((row.job, row.slot_key), []).append(before)
         self.runs[(row.job, row.slot_key)] = row
         self.by_job.setdefault(row.job, {})[row.slot_key] = None
-        self.seq[(row.job, row.slot_key, row.attempt)] = next(self.order)
+        attempt = (row.job, row.slot_key, row.attempt)
+        self.seq[attempt] = next(self.order)
+        if row.status == RunStatus.RUNNING:
+            self.running[attempt] = row
+            self.running_by_job[row.job] = self.running_by_job.get(row.job, 0) + 1
 
     def update(self, row: RunRow) -> None:
-        """Rows are mutated in place; nothing to write back."""
+        """Rows are mutated in place: only the count of running attempts is kept up."""
+        ended = row.status != RunStatus.RUNNING
+        if ended and self.running.pop((row.job, row.slot_key, row.attempt), None) is not None:
+            self.running_by_job[row.job] -= 1
 
     def next_fence(self, job: str, now: int) -> int:
         self.fences[job] = rules.next_fence(self.fences.get(job), now)
