@@ -26,7 +26,7 @@ from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus, slot_key_
 from .errors import BackendUnavailable
 from .logs import Action, log_fields
 
-__all__ = ["Claimed", "Claims"]
+__all__ = ["Claimed", "Claims", "share_first"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -82,6 +82,30 @@ def _parts(requests: Sequence[ClaimRequest], consume: bool) -> Iterator[list[Cla
         return
     for first in range(0, len(requests), CLAIM_PART):
         yield list(requests[first : first + CLAIM_PART])
+
+
+def share_first(
+    requests: list[ClaimRequest], share_of: Callable[[str], tuple[int, int] | None]
+) -> list[ClaimRequest]:
+    """``requests`` turned to begin with this instance's share of their parts, when they take
+    more than one: ``share_of(job)`` of the first is this instance's position among the
+    instances that fire them and how many they are (None: as they are).
+
+    Instances that fire the same slots in the same order would otherwise all claim the first
+    part together (one wins it, the others wait for it and lose), then the second, and so on.
+    Each beginning with a part of its own, they win their first parts side by side and the
+    runs of a burst start sooner. The claims still decide: instances that disagree on their
+    shares only lose more claims. Only whole parts move, and a last, shorter part stays last,
+    so every instance's parts hold the same slots."""
+    if len(requests) <= CLAIM_PART:
+        return requests
+    share = share_of(requests[0].job)
+    if share is None:
+        return requests
+    position, count = share
+    whole = len(requests) // CLAIM_PART * CLAIM_PART
+    cut = position * (whole // CLAIM_PART) // count * CLAIM_PART
+    return requests[cut:whole] + requests[:cut] + requests[whole:]
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

@@ -177,6 +177,14 @@ class Rendezvous:
             return []
         return [i for g in self._groups if job in g.jobs for i in g.ids]
 
+    def share(self, job: str) -> tuple[int, int] | None:
+        """This instance's position among the ranked carriers of ``job`` (by id) and how many
+        they are; None when it is alone or not one of them (no view, a stale one)."""
+        carriers = sorted(self.carriers(job))
+        if len(carriers) < 2 or self.instance not in carriers:
+            return None
+        return carriers.index(self.instance), len(carriers)
+
     def plan(self, job: str, slot: int, jitter_ms: int) -> Plan:
         """When this instance claims ``job``'s ``slot``, remembered as the slot it waits on."""
         self._heard.pop(job, None)

@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar, Unpack
 
 from . import otel
 from ._catchup import CatchingUp
-from ._claims import Claims
+from ._claims import Claims, share_first
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
@@ -724,6 +724,7 @@ class Scheduler(Operations):
             if starved:
                 self._claims.starved(starved)
             if requests:
+                requests = share_first(requests, self._rendezvous.share)
                 self._spawn(self._claims.fire(requests, reserved, not_before_ms=at, keep=False))
             if early:
                 self._backend_clock.defer(early, now, self._push_back)

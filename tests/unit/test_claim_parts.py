@@ -5,6 +5,7 @@ it is sent and retried on its own, and each part's runs start as soon as it is a
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 from collections.abc import Sequence
@@ -12,7 +13,8 @@ from collections.abc import Sequence
 import pytest
 
 from anarchon import BackendUnavailable, RunContext, RunStatus, Scheduler
-from anarchon._claims import CLAIM_PART
+from anarchon._claims import CLAIM_PART, share_first
+from anarchon._models import Trigger
 from anarchon.backend import ClaimOutcome, ClaimRequest, FinishRequest
 from anarchon.errors import BackendError
 from anarchon.kit import Run
@@ -32,6 +34,7 @@ class Parts(MemoryBackend):
         self.slow_s = slow_s
         self.answers = answers
         self.calls: list[list[str]] = []
+        self.callers: list[str] = []  # the instance of each call
         self.answered: list[int] = []  # when each call was answered (monotonic ms)
         self.recorded: dict[str, int] = {}  # when each job's result was recorded (monotonic ms)
         self.runs: dict[str, int] = {}  # the runs started so far (the test's), if it tells us
@@ -41,6 +44,7 @@ class Parts(MemoryBackend):
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         self.calls.append([r.job for r in requests])
+        self.callers.append(requests[0].instance)
         self.runs_at_call.append(len(self.runs))
         if self.count_requests:
             alive = sum(1 for o in gc.get_objects() if isinstance(o, ClaimRequest))
@@ -217,3 +221,84 @@ async def test_parts_not_yet_sent_when_the_scheduler_stops_are_not_claimed(
     assert [len(call) for call in backend.calls] == [2_000]
     logged = [r for r in _not_claimed(caplog) if r.getMessage().startswith("stopping:")]
     assert sorted(int(r.getMessage().split()[1]) for r in logged) == [500, 2_000]
+
+
+def _requests(count: int) -> list[ClaimRequest]:
+    return [
+        ClaimRequest(
+            job=f"j{n}",
+            slot=0,
+            run_id=f"r{n}",
+            token=f"t{n}",
+            instance="me",
+            trigger=Trigger.SCHEDULE,
+        )
+        for n in range(count)
+    ]
+
+
+BURST = 6_500  # three full parts and a half one
+
+
+def _third(position: int, job: str) -> tuple[int, int]:
+    """The share of the instance at ``position`` of three."""
+    return position, 3
+
+
+def test_each_instance_begins_a_burst_with_its_own_parts() -> None:
+    requests = _requests(BURST)
+    parts = [requests[n : n + CLAIM_PART] for n in range(0, BURST, CLAIM_PART)]
+    firsts = []
+    for position in range(3):
+        turned = share_first(requests, functools.partial(_third, position))
+        # Whole parts, in turn from this instance's own, the short one last: every instance's
+        # parts hold the same slots, so each part is claimed whole by whoever gets there first.
+        assert (
+            turned
+            == [r for part in parts[position:3] + parts[:position] for r in part] + (parts[3])
+        )
+        firsts.append(turned[0].job)
+    assert firsts == ["j0", "j2000", "j4000"]
+
+
+def test_a_burst_is_claimed_in_order_without_a_share_or_in_one_part() -> None:
+    requests = _requests(BURST)
+    assert share_first(requests, lambda job: None) is requests
+    small = _requests(CLAIM_PART)
+
+    def never(job: str) -> tuple[int, int]:
+        raise AssertionError("one part: no share looked up")
+
+    assert share_first(small, never) is small
+
+
+async def test_three_instances_begin_a_burst_with_different_parts() -> None:
+    clock = FakeClock(START)
+    backend = Parts(clock)
+
+    async def work(ctx: RunContext) -> None:
+        pass
+
+    schedulers = []
+    for n in range(3):
+        scheduler = Scheduler(backend, clock=clock, instance_id=f"pod-{n}", heartbeat_ms=1_000)
+        for job in range(BURST):
+            scheduler.add(f"j{job}", "0 * * * *", work, jitter_ms=0)
+        schedulers.append(scheduler)
+    for scheduler in schedulers:
+        await scheduler.start()
+    # Up to the slot, the last seconds in small steps: every instance beats (and reads the
+    # others' records) several times before it.
+    await clock.advance(60 * MINUTE - 5_000, step_ms=MINUTE)
+    await clock.advance(7_000, step_ms=100)
+    runs = [s.metrics().runs_succeeded for s in schedulers]
+    for scheduler in schedulers:
+        await scheduler.stop()
+    # Each instance's first claim call begins with a different part, and every part is claimed
+    # whole: each instance runs whole parts.
+    firsts: dict[str, str] = {}
+    for caller, call in zip(backend.callers, backend.calls, strict=True):
+        firsts.setdefault(caller, call[0])
+    assert firsts == {"pod-0": "j0", "pod-1": "j2000", "pod-2": "j4000"}
+    assert all(len(call) in (CLAIM_PART, BURST % CLAIM_PART) for call in backend.calls)
+    assert sum(runs) == BURST, runs  # each slot ran once

@@ -87,6 +87,25 @@ def test_stale_records_and_instances_without_the_job_are_not_ranked() -> None:
     assert rendezvous.carriers("report") == ["other"]
 
 
+def test_each_live_carrier_has_its_own_share() -> None:
+    records = [_record(i, 10_000) for i in ("c", "a", "b")]
+    records.append(_record("dead", 10_000 - 3_001))
+    view = build_view(records, now_ms=10_000)
+    shares = {}
+    for me in ("a", "b", "c"):
+        rendezvous, _ = _rendezvous(me)
+        rendezvous.see(view)
+        shares[me] = rendezvous.share("sync")
+    assert shares == {"a": (0, 3), "b": (1, 3), "c": (2, 3)}
+    rendezvous, _ = _rendezvous("dead")
+    rendezvous.see(view)
+    assert rendezvous.share("sync") is None, "not a live carrier"
+    alone, _ = _rendezvous("a")
+    alone.see(build_view([_record("a", 10_000)], now_ms=10_000))
+    assert alone.share("sync") is None
+    assert _rendezvous("a")[0].share("sync") is None, "no view"
+
+
 def test_the_jobs_of_a_definitions_set_are_remembered_once_read() -> None:
     rendezvous, _ = _rendezvous()
     a, b = _record("a", 10_000), _record("b", 10_000)
