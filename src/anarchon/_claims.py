@@ -96,8 +96,9 @@ def share_first(
     Each beginning with a part of its own, they win their first parts side by side and the
     runs of a burst start sooner. The claims still decide: instances that disagree on their
     shares only lose more claims. Only whole parts move, and a last, shorter part stays last,
-    so every instance's parts hold the same slots."""
-    if len(requests) <= CLAIM_PART:
+    so every instance's parts hold the same slots. Requests naming one job twice (slots caught
+    up together) keep their order: a job's earlier slot is claimed before its later one."""
+    if len(requests) <= CLAIM_PART or len({r.job for r in requests}) != len(requests):
         return requests
     share = share_of(requests[0].job)
     if share is None:
