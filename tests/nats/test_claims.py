@@ -427,6 +427,49 @@ async def test_a_result_of_another_run_for_the_slot_is_refused(make: Make) -> No
         await backend.finish(other, RunStatus.SUCCEEDED, None)
 
 
+async def test_a_batch_of_results_is_published_together_each_decided_on_its_own(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """finish_many publishes its results concurrently (one by one, a burst's 10 000 results
+    took seconds); each item still gets its own answer, in order."""
+    from anarchon import LeaseLost
+    from anarchon.backend import FinishRequest
+
+    backend: NatsBackend = await make()
+    won = await backend.claim([request(job=f"j{n}") for n in range(3)])
+    tickets = [o.ticket for o in won if o.ticket is not None]
+    assert len(tickets) == 3
+    taken = replace(tickets[1], run_id=uuid.uuid4().hex, token=uuid.uuid4().hex)
+    await backend.finish(taken, RunStatus.SUCCEEDED, None)  # j1's slot has another's result
+    publish = backend._conn.publish
+    in_flight = peak = 0
+
+    async def counted(*args: Any) -> Any:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await publish(*args)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(backend._conn, "publish", counted)
+    results = await backend.finish_many(
+        [
+            FinishRequest(t, RunStatus.SUCCEEDED if t.job != "j2" else RunStatus.FAILED, "x")
+            for t in tickets
+        ]
+    )
+    assert peak == 3
+    first, refused, last = results
+    assert isinstance(first, Run) and first.status is RunStatus.SUCCEEDED
+    assert first.run_id == tickets[0].run_id
+    assert isinstance(refused, LeaseLost) and "already has a result from run" in str(refused)
+    assert isinstance(last, Run) and last.status is RunStatus.FAILED and last.error == "x"
+    stored = await backend.last_run("j2")
+    assert stored is not None and stored.status is RunStatus.FAILED and stored.error == "x"
+
+
 @pytest.mark.parametrize(
     "changes",
     [
