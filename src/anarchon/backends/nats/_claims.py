@@ -58,6 +58,12 @@ MAX_UNSURE: Final = 100_000
 #: The local clock: the start of a claim won on its ack, and the end finish() answers with.
 CLOCK: Final = SystemClock()
 
+# Results published at once by finish_many. Far fewer than a batch's claims: a result is not
+# due at an instant, and the stream orders one publish at a time, so 256 results in flight
+# (one instance's burst, recorded) slowed the other instances' claims of the same burst; one
+# after another, 10 000 results took seconds of round trips and their client CPU.
+RESULTS_IN_FLIGHT: Final = 32
+
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
@@ -92,6 +98,8 @@ class ClaimPath:
         # is settled in the background (settle).
         self._unsure: dict[str, _Unsure] = {}
         self._readback = ReadBack(connection, prefix)
+        # Results in flight at once, a gate of their own: see RESULTS_IN_FLIGHT.
+        self._results_gate = asyncio.Semaphore(RESULTS_IN_FLIGHT)
 
     # -- claims -----------------------------------------------------------------------------
 
@@ -108,7 +116,9 @@ class ClaimPath:
             # The usual firing of one slot: its outcome or its error, with nothing to gather.
             async with gate:
                 return [await self._claim_one(requests[0], deadline)]
-        answers = await _in_flight(gate, requests, lambda req: self._claim_one(req, deadline))
+        answers = await _in_flight(
+            gate, MAX_IN_FLIGHT, requests, lambda req: self._claim_one(req, deadline)
+        )
         problems = [a for a in answers if isinstance(a, Exception)]
         if problems:
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
@@ -316,11 +326,10 @@ class ClaimPath:
         )
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
-        """:meth:`finish` for each item, published concurrently (as a batch's claims, through
-        the in-flight gate): each item's run, or its :class:`BackendError` (LeaseLost, a value
-        the stream refuses) in its place; :class:`BackendUnavailable` for the whole call.
-        One after another, each result waited for its own round trip: 10 000 results of a
-        burst took seconds, and their client CPU competed with the other instances' claims."""
+        """:meth:`finish` for each item, published concurrently (at most
+        :data:`RESULTS_IN_FLIGHT` at once, all calls together): each item's run, or its
+        :class:`BackendError` (LeaseLost, a value the stream refuses) in its place;
+        :class:`BackendUnavailable` for the whole call."""
         if len(items) == 1:
             try:
                 return [await self.finish(*items[0])]
@@ -328,9 +337,9 @@ class ClaimPath:
                 raise
             except BackendError as exc:
                 return [exc]
-        gate = self._connection.in_flight
-        assert gate is not None
-        answers = await _in_flight(gate, items, lambda item: self.finish(*item))
+        answers = await _in_flight(
+            self._results_gate, RESULTS_IN_FLIGHT, items, lambda item: self.finish(*item)
+        )
         out: list[Run | BackendError] = []
         for answer in answers:
             if isinstance(answer, BackendUnavailable) or not isinstance(answer, Run | BackendError):
@@ -489,9 +498,13 @@ class ClaimPath:
 
 
 async def _in_flight(
-    gate: asyncio.Semaphore, items: Sequence[Item], call: Callable[[Item], Awaitable[Answer]]
+    gate: asyncio.Semaphore,
+    limit: int,
+    items: Sequence[Item],
+    call: Callable[[Item], Awaitable[Answer]],
 ) -> list[Answer | Exception]:
-    """``call(item)`` for each item, as many at once as ``gate`` lets through, in order: each
+    """``call(item)`` for each item, by at most ``limit`` workers, as many at once as ``gate``
+    (shared with other calls, at most ``limit`` wide) lets through, in order: each
     answer, or the exception it raised, in its item's place. Once one raised
     :class:`BackendUnavailable` (the backend is down), the items not started yet get that
     error at once.
@@ -517,7 +530,7 @@ async def _in_flight(
                 except Exception as exc:
                     answers[n] = exc
 
-    await asyncio.gather(*(work() for _ in range(min(len(items), MAX_IN_FLIGHT))))
+    await asyncio.gather(*(work() for _ in range(min(len(items), limit))))
     return [answers[n] for n in range(len(items))]
 
 
