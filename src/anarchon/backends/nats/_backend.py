@@ -290,7 +290,7 @@ class NatsBackend(Backend):
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: each result published as
-        :meth:`finish` does, up to 32 in flight at once."""
+        :meth:`finish` does, up to 8 in flight at once."""
         return await self._claims.finish_many(items)
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
