@@ -141,21 +141,29 @@ async def test_manual_runs_claim_under_their_own_id(make: Make, server_url: str)
     assert await backend.last_run("sync") == run, "run_now() returns the stored run"
 
 
-async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
+class PeakPublishes:
+    """Counts how many publishes of ``backend`` are in flight at once, at most (``peak``)."""
+
+    def __init__(self, backend: NatsBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.in_flight = self.peak = 0
+        publish = backend._conn.publish
+
+        async def counted(*args: Any) -> Any:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                return await publish(*args)
+            finally:
+                self.in_flight -= 1
+
+        monkeypatch.setattr(backend._conn, "publish", counted)
+
+
+async def test_a_large_batch_is_published_concurrently(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
     backend: NatsBackend = await make()
-    publish = backend._conn.publish
-    in_flight = peak = 0
-
-    async def counting(*args: Any) -> Any:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        try:
-            return await publish(*args)
-        finally:
-            in_flight -= 1
-
-    backend._conn.publish = counting  # type: ignore[method-assign,assignment]
+    publishes = PeakPublishes(backend, monkeypatch)
     reqs = [request(job=f"j{n % 100}", slot=SLOT + (n // 100) * 1000) for n in range(10_000)]
     began = time.monotonic()
     outcomes = await backend.claim(reqs)
@@ -163,7 +171,7 @@ async def test_a_large_batch_is_published_concurrently(make: Make) -> None:
     assert [o.status for o in outcomes] == [ClaimStatus.WON] * len(reqs)
     assert [o.run.run_id for o in outcomes] == [r.run_id for r in reqs]
     assert len({o.ticket.fence for o in outcomes if o.ticket}) == len(reqs)
-    assert peak >= 100, f"at most {peak} publishes were in flight at once"
+    assert publishes.peak >= 100, f"at most {publishes.peak} publishes were in flight at once"
     assert took < 30, f"{len(reqs)} claims took {took:.1f} s"
 
 
@@ -425,6 +433,37 @@ async def test_a_result_of_another_run_for_the_slot_is_refused(make: Make) -> No
     other = replace(won.ticket, run_id=uuid.uuid4().hex, token=uuid.uuid4().hex)
     with pytest.raises(LeaseLost, match="already has a result from run"):
         await backend.finish(other, RunStatus.SUCCEEDED, None)
+
+
+async def test_a_batch_of_results_is_published_together_each_decided_on_its_own(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """finish_many publishes its results concurrently (one by one, a burst's 10 000 results
+    took seconds); each item still gets its own answer, in order."""
+    from anarchon import LeaseLost
+    from anarchon.backend import FinishRequest
+
+    backend: NatsBackend = await make()
+    won = await backend.claim([request(job=f"j{n}") for n in range(3)])
+    tickets = [o.ticket for o in won if o.ticket is not None]
+    assert len(tickets) == 3
+    taken = replace(tickets[1], run_id=uuid.uuid4().hex, token=uuid.uuid4().hex)
+    await backend.finish(taken, RunStatus.SUCCEEDED, None)  # j1's slot has another's result
+    publishes = PeakPublishes(backend, monkeypatch)
+    results = await backend.finish_many(
+        [
+            FinishRequest(t, RunStatus.SUCCEEDED if t.job != "j2" else RunStatus.FAILED, "x")
+            for t in tickets
+        ]
+    )
+    assert publishes.peak == 3
+    first, refused, last = results
+    assert isinstance(first, Run) and first.status is RunStatus.SUCCEEDED
+    assert first.run_id == tickets[0].run_id
+    assert isinstance(refused, LeaseLost) and "already has a result from run" in str(refused)
+    assert isinstance(last, Run) and last.status is RunStatus.FAILED and last.error == "x"
+    stored = await backend.last_run("j2")
+    assert stored is not None and stored.status is RunStatus.FAILED and stored.error == "x"
 
 
 @pytest.mark.parametrize(

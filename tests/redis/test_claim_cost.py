@@ -9,9 +9,10 @@ very first claim asks the server for its uptime (INFO).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from redis.asyncio import Redis
 from anarchon import Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.redis import RedisBackend
-from anarchon.backends.redis._rows import RESTART_MARGIN_MS, claim_arguments
+from anarchon.backends.redis._rows import CLAIMS_PER_CALL, RESTART_MARGIN_MS, claim_arguments
 from tests.records import claim_request
 from tests.redis.servers import RedisServer
 
@@ -42,15 +43,28 @@ async def _counted(
     return outcomes, calls
 
 
-async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
-    own_server: RedisServer,
-) -> None:
-    backend = RedisBackend(own_server.url)
-    other = RedisBackend(own_server.url)
-    client = Redis.from_url(own_server.url)
+@contextlib.asynccontextmanager
+async def _two_instances(
+    server: RedisServer,
+) -> AsyncIterator[tuple[RedisBackend, RedisBackend, Redis]]:
+    """Two started backends on ``server`` and a client of its own for INFO commandstats."""
+    backend = RedisBackend(server.url)
+    other = RedisBackend(server.url)
+    client = Redis.from_url(server.url)
     await backend.start()
     await other.start()
     try:
+        yield backend, other, client
+    finally:
+        await client.aclose()
+        await other.stop()
+        await backend.stop()
+
+
+async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
+    own_server: RedisServer,
+) -> None:
+    async with _two_instances(own_server) as (backend, other, client):
         slot = (int(time.time()) + 60) * 1000
         [first], calls = await _counted(client, backend, [_request("cost", slot, "a")])
         assert first.status is ClaimStatus.WON
@@ -80,10 +94,29 @@ async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
         history = await backend.history("cost")
         assert [r.run_id for r in history] == [won.run.run_id, first.run.run_id]
         assert history[0] == won.run
-    finally:
-        await client.aclose()
-        await other.stop()
-        await backend.stop()
+
+
+async def test_a_batch_sends_its_claims_in_few_script_calls(own_server: RedisServer) -> None:
+    """On one server a batch's claims go CLAIMS_PER_CALL to a script call (one command instead
+    of one each), every claim decided on its own as if alone."""
+    async with _two_instances(own_server) as (backend, other, client):
+        slot = (int(time.time()) + 60) * 1000
+        jobs = [f"b{n}" for n in range(2 * CLAIMS_PER_CALL + 3)]
+        calls_made = -(-len(jobs) // CLAIMS_PER_CALL)
+        won, calls = await _counted(client, backend, [_request(j, slot, "a") for j in jobs])
+        assert [o.status for o in won] == [ClaimStatus.WON] * len(jobs)
+        assert calls["evalsha"] == calls_made and calls["time"] == calls_made, calls
+        assert calls["info"] == calls["hset"] // 3 == len(jobs), calls  # each job's first
+        # The batch's notices: one message after it (it may have gone out already), not one
+        # PUBLISH per claim from the scripts.
+        assert calls.get("publish", 0) <= 1, calls
+
+        lost, calls = await _counted(client, other, [_request(j, slot, "b") for j in jobs])
+        assert [o.status for o in lost] == [ClaimStatus.LOST] * len(jobs)
+        assert [o.run.run_id for o in lost] == [o.run.run_id for o in won]
+        assert calls == {"evalsha": calls_made, "time": calls_made, "hget": 2 * len(jobs)}
+        for job, outcome in zip(jobs, won, strict=True):
+            assert await backend.history(job) == [outcome.run]
 
 
 @pytest.mark.parametrize(

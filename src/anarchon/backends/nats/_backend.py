@@ -23,9 +23,11 @@ from ...backend import (
     ClaimNotice,
     ClaimOutcome,
     ClaimRequest,
+    FinishRequest,
     JobPolicy,
     Ticket,
 )
+from ...errors import BackendError
 from ...kit import Run, Trigger, check_keywords, check_name, redact_url
 from ...kit.feed import ChangeFeed, decode_notices, encode_notice, won_notices
 from . import _records as records
@@ -285,6 +287,11 @@ class NatsBackend(Backend):
         trip): the stored run, or LeaseLost if the slot has another run's result.
         """
         return await self._claims.finish(ticket, status, error)
+
+    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
+        """See :meth:`anarchon.backend.Backend.finish_many`: each result published as
+        :meth:`finish` does, up to 8 in flight at once."""
+        return await self._claims.finish_many(items)
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """Claims and results of ``job`` combined, newest first; a claim without a result is

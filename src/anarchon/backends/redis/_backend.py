@@ -131,50 +131,74 @@ class RedisBackend(contract.LeaseBackend):
         await self._connection.close()
 
     async def claim(self, requests: Sequence[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
-        """See :meth:`anarchon.backend.Backend.claim`; one script call per request, all in
-        one pipeline (one round trip). The won claims are announced on ``<prefix>_claims``
-        (:meth:`subscribe_claims`): a claim alone by its script, a batch in one message per
-        500 claims, published without waiting."""
+        """See :meth:`anarchon.backend.Backend.claim`; all in one pipeline (one round trip): on
+        one server, up to :data:`~._rows.CLAIMS_PER_CALL` claims per script call, on a cluster
+        one (its jobs' keys lie in many slots). The won claims are announced on
+        ``<prefix>_claims`` (:meth:`subscribe_claims`): a claim alone by its script, a batch in
+        one message per 500 claims, published without waiting."""
         reqs = list(requests)
         if not reqs:
             return []
         errors = [unstorable(r) for r in reqs]
-        sent = [n for n, error in enumerate(errors) if error is None]
+        sent = [reqs[n] for n, error in enumerate(errors) if error is None]
         pauses_key = [self._pauses_key]
         held: dict[str, str] | None = None
+        per_call = rows.CLAIMS_PER_CALL
         if sent and self._on_cluster():
             # The pauses live in another cluster slot than the jobs' keys: read them first.
-            pauses_key = []
-            held = await self.control().held([reqs[n].job for n in sent])
+            pauses_key, per_call = [], 1
+            held = await self.control().held([req.job for req in sent])
         # One claim announces itself from its script (no extra command); a batch is announced
         # by one message after it (Connection.announce).
         alone = self._claims_channel if len(sent) == 1 else None
-        calls = [
-            (
-                self._keys.job(reqs[n].job).all() + pauses_key,
-                rows.claim_arguments(
-                    reqs[n],
-                    _pauses_of(held, reqs[n].job),
-                    claims_channel=alone,
-                    clock_offset_ms=self._test_clock_offset_ms,
-                ),
-            )
-            for n in sent
-        ]
-        answers = await self._connection.scripts("claim", calls, transient_raise=True)
-        decided = dict(zip(sent, answers, strict=True))
+        answers = iter(await self._claimed(sent, pauses_key, held, alone, per_call))
         out: list[contract.ClaimOutcome] = []
-        for n, req in enumerate(reqs):
-            answer = decided.get(n, errors[n])
+        for req, error in zip(reqs, errors, strict=True):
+            answer = error or next(answers)
             if isinstance(answer, BackendError):
                 out.append(refused_outcome(req, 0, answer))
             else:
-                assert answer is not None
                 out.append(rows.claim_outcome(req, answer))
         if len(sent) > 1:
             # The won claims' notices, one message per batch, sent while the runs start.
             notices = rows.notice_messages(won_notices(out))
             self._connection.announce(self._claims_channel, notices)
+        return out
+
+    async def _claimed(
+        self,
+        reqs: list[contract.ClaimRequest],
+        pauses_key: list[str],
+        held: dict[str, str] | None,
+        alone: str | None,
+        per_call: int,
+    ) -> list[dict[str, Any] | BackendError]:
+        """The claim script's answer to each request (or the error of its call), ``per_call``
+        requests to a script call, all calls in one pipeline. A call of several that failed is
+        sent again one claim per call, so that only the claim at fault gets the error."""
+        parts = [reqs[at : at + per_call] for at in range(0, len(reqs), per_call)]
+        calls = []
+        for part in parts:
+            keys: list[str] = []
+            args: list[str] = []
+            for req in part:
+                keys += self._keys.job(req.job)
+                args += rows.claim_arguments(
+                    req,
+                    _pauses_of(held, req.job),
+                    claims_channel=alone,
+                    clock_offset_ms=self._test_clock_offset_ms,
+                )
+            calls.append((keys + pauses_key, args))
+        answers = await self._connection.scripts("claim", calls, transient_raise=True)
+        out: list[dict[str, Any] | BackendError] = []
+        for part, answer in zip(parts, answers, strict=True):
+            if not isinstance(answer, BackendError):
+                out += answer["claims"]
+            elif len(part) == 1:
+                out.append(answer)
+            else:
+                out += await self._claimed(part, pauses_key, held, alone, 1)
         return out
 
     async def finish_many(

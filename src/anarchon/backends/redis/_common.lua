@@ -1,9 +1,10 @@
 -- Prepended to every anarchon script when it is loaded (see _scripts.py). Each script is one
 -- atomic step on ONE job: KEYS are that job's keys in the order of _keys.py (1 meta, 2 runs,
 -- 3 slots, 4 order, 5 leases), all with the job's hash tag, so a script never crosses a Redis
--- Cluster slot (claim also takes the pauses hash as KEYS[6], except on a cluster, where it is
--- given the pauses in its arguments: see claim.lua). ARGV[1] holds the call's arguments as a
--- JSON object; every script answers JSON.
+-- Cluster slot (claim also takes the pauses hash last, except on a cluster, where it is given
+-- the pauses in its arguments; and on one server, several jobs' claims in one call, each as
+-- such a step: see claim.lua). ARGV[1] holds the call's arguments as a JSON object; every
+-- script answers JSON.
 -- Times are epoch milliseconds on this server's clock (TIME), never an instance's clock; a
 -- test-only A.clock_offset_ms (never sent in production) moves it, so tests can pass time.
 --

@@ -38,6 +38,7 @@ from ...kit.lease import (
 
 __all__ = [
     "ANNOUNCED_PER_MESSAGE",
+    "CLAIMS_PER_CALL",
     "PRUNE_SCAN",
     "RESTART_MARGIN_MS",
     "arguments",
@@ -63,6 +64,11 @@ RESTART_MARGIN_MS: Final = 2_000
 # Pruning looks at most at this many history entries per result, so a finish stays a short
 # script (it prunes at most PRUNE_BATCH slots, as every backend does).
 PRUNE_SCAN: Final = 1_000
+# Claims per call of the claim script on one server: one command instead of one per claim (the
+# client's per-command work was most of a batch claim's CPU), short enough that a call holds
+# the server for a few milliseconds at most, and that a call writes at most this many claims'
+# records past maxmemory (see _common.lua).
+CLAIMS_PER_CALL: Final = 50
 # Claim notices (or finishes) announced per PUBLISH: a burst of 10 000 claims is 20 messages,
 # each far under Redis's 512 MB limit and small enough for every subscriber to read at once.
 ANNOUNCED_PER_MESSAGE: Final = 500

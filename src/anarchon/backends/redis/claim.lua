@@ -1,17 +1,28 @@
--- claim: become the runner of one slot (Backend.claim). Idempotent per token.
--- A (ARGV[1]): job, slot_key, slot (absent for a manual run), lease_ms, overlap ('skip' or
---    'allow'), skip_reason and skip_status (optional), pausable (true unless the trigger is
---    manual), restart_margin_ms, claims_channel (optional: where a won claim is announced; a
---    batch of several claims is announced by the caller instead, in one message), and on a
---    Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
--- ARGV[2]: the record's fields that the caller knows (job, slot_key, slot, attempt, run_id,
---    token, instance, trigger, requested_by) as a JSON object without its closing brace; the
---    script adds its own (id, status, started_at, fence, lease or reason) and closes it, so a
---    claim encodes no record (see _rows.claim_arguments).
--- ARGV[3] (with claims_channel): the claim notice without its lease expiry and closing bracket.
--- KEYS[6] (not on a cluster): the pauses hash (field: job name or '*'; value: the pause as
--- JSON with its rendered reason), read here so a stored pause holds every later claim.
-local PAUSES = KEYS[6]
+-- claim: become the runner of one or more slots (Backend.claim), one after another, each on its
+-- own job's keys as if it were a call of its own. Idempotent per token.
+-- KEYS: the five keys of each claim's job (in _common.lua's order), claim after claim, and (not
+--    on a cluster) the pauses hash last: the field is a job name or '*', the value the pause as
+--    JSON with its rendered reason, read here so a stored pause holds every later claim.
+-- ARGV: two arguments per claim (three when it publishes its notice), claim after claim:
+--  1. A: job, slot_key, slot (absent for a manual run), lease_ms, overlap ('skip' or 'allow'),
+--     skip_reason and skip_status (optional), pausable (true unless the trigger is manual),
+--     restart_margin_ms, claims_channel (optional: where a won claim is announced; the claims
+--     of a call of several are announced by the caller instead, in one message), and on a Redis
+--     Cluster pauses (the stored pauses of the job and of '*', read just before).
+--  2. The record's fields that the caller knows (job, slot_key, slot, attempt, run_id, token,
+--     instance, trigger, requested_by) as a JSON object without its closing brace; the script
+--     adds its own (id, status, started_at, fence, lease or reason) and closes it, so a claim
+--     encodes no record (see _rows.claim_arguments).
+--  3. (with claims_channel) the claim notice without its lease expiry and closing bracket.
+-- Answers {"claims": [each claim's answer, in order]}.
+-- Several claims in one call cost the client one command instead of one each (most of a batch
+-- claim's client CPU was redis-py's per-command work). A call runs as one atomic step; one
+-- that fails is sent again claim by claim by the caller, and a claim it had recorded then
+-- answers as won again (same token). Memory: _common.lua's deny-OOM rule holds per call, so a
+-- call writes at most its claims' records past maxmemory (_rows.CLAIMS_PER_CALL of them).
+local COUNT = math.floor(#KEYS / 5)
+local PAUSES = #KEYS > 5 * COUNT and KEYS[#KEYS] or nil
+local KNOWN, NOTICE -- the second and third argument of the claim being decided
 
 -- Python's datetime.isoformat() of an aware UTC datetime, for the reasons we record.
 local function iso(ms)
@@ -69,7 +80,7 @@ end
 
 -- An answer for a slot this data set cannot vouch for; nothing is stored.
 local function refuse(reason)
-  local run = cjson.decode(ARGV[2] .. '}')
+  local run = cjson.decode(KNOWN .. '}')
   run.token = ''
   run.status = 'skipped'
   run.fence = 0
@@ -78,9 +89,9 @@ local function refuse(reason)
   return reply({status = 'lost', refused = true, run = run})
 end
 
--- The record of attempt 1 as stored: ARGV[2] and what this claim decided.
+-- The record of attempt 1 as stored: KNOWN and what this claim decided.
 local function record(row)
-  local out = ARGV[2] .. ',"id":"' .. row.id .. '","status":"' .. row.status
+  local out = KNOWN .. ',"id":"' .. row.id .. '","status":"' .. row.status
     .. '","started_at":' .. int(NOW) .. ',"fence":' .. int(row.fence)
   if row.reason then
     return out .. ',"reason":' .. cjson.encode(row.reason) .. ',"finished_at":' .. int(NOW) .. '}'
@@ -93,43 +104,6 @@ end
 -- lost), so a claim that meets a record decodes and encodes nothing.
 local function answer(raw)
   return '{"now":' .. int(NOW) .. ',"run":' .. raw .. '}'
-end
-
-local existing_id = redis.call('HGET', SLOTS, A.slot_key)
-if existing_id then
-  local raw = redis.call('HGET', RUNS, existing_id)
-  if raw then
-    return answer(raw)
-  end
-end
-
-local meta = read_meta()
-if not (meta.seq or meta.fence or meta.last_slot or meta.pruned_through or meta.known_from) then
-  -- The first record of this job in this data set. Slots from before this server started
-  -- are unknown to it: after a restart without persistence they may have run already, so
-  -- they are refused (fail closed) rather than run a second time. The margin covers the
-  -- one-second resolution of the uptime and small clock skew between instances and Redis.
-  -- known_from is written with the first attempt (insert), or alone if this claim is refused.
-  local info = redis.pcall('INFO', 'server')
-  local uptime = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-  if uptime then
-    local started = (math.floor(NOW / 1000) - uptime) * 1000
-    meta.known_from = started + A.restart_margin_ms
-    meta.known_from_new = true
-  end
-end
-
-if A.slot then
-  if meta.pruned_through and A.slot <= meta.pruned_through then
-    return refuse("too old: the job's history is pruned past this slot")
-  end
-  if meta.known_from and A.slot < meta.known_from then
-    if meta.known_from_new then
-      redis.call('HSET', META, 'known_from', int(meta.known_from))
-    end
-    return refuse('unknown: Redis holds no record of this job before ' .. iso(meta.known_from)
-      .. ' (it restarted without its data), so the slot may have run already; not run again')
-  end
 end
 
 -- The pause that holds this claim: the job's own, else the whole cluster's ('*'); active while
@@ -168,40 +142,97 @@ local function paused_reason(pause)
   return out
 end
 
-local reason = A.skip_reason
-local status = reason and (A.skip_status or 'skipped') or 'skipped'
-if not reason and A.pausable then
-  local pause = active_pause()
-  if pause then
-    reason = paused_reason(pause)
+-- Decide the claim whose keys and arguments are set (META ..., A, KNOWN, NOTICE); its answer.
+local function claim()
+  local existing_id = redis.call('HGET', SLOTS, A.slot_key)
+  if existing_id then
+    local raw = redis.call('HGET', RUNS, existing_id)
+    if raw then
+      return answer(raw)
+    end
   end
-end
-local stale = {}
-if not reason and A.overlap == 'skip' then
-  local holder
-  holder, stale = live_holder()
-  if holder then
-    reason = 'overlap: run ' .. holder.run_id .. ' (' .. describe(holder)
-      .. ') still holds its lease'
+
+  local meta = read_meta()
+  if not (meta.seq or meta.fence or meta.last_slot or meta.pruned_through or meta.known_from) then
+    -- The first record of this job in this data set. Slots from before this server started
+    -- are unknown to it: after a restart without persistence they may have run already, so
+    -- they are refused (fail closed) rather than run a second time. The margin covers the
+    -- one-second resolution of the uptime and small clock skew between instances and Redis.
+    -- known_from is written with the first attempt (insert), or alone if this claim is refused.
+    -- A plain find, then the digits: a pattern search over the whole INFO text cost more than
+    -- the INFO call itself.
+    local info = redis.pcall('INFO', 'server')
+    local at = type(info) == 'string' and string.find(info, 'uptime_in_seconds:', 1, true)
+    local uptime = at and tonumber(string.match(info, '^%d+', at + 18))
+    if uptime then
+      local started = (math.floor(NOW / 1000) - uptime) * 1000
+      meta.known_from = started + A.restart_margin_ms
+      meta.known_from_new = true
+    end
   end
+
+  if A.slot then
+    if meta.pruned_through and A.slot <= meta.pruned_through then
+      return refuse("too old: the job's history is pruned past this slot")
+    end
+    if meta.known_from and A.slot < meta.known_from then
+      if meta.known_from_new then
+        redis.call('HSET', META, 'known_from', int(meta.known_from))
+      end
+      return refuse('unknown: Redis holds no record of this job before ' .. iso(meta.known_from)
+        .. ' (it restarted without its data), so the slot may have run already; not run again')
+    end
+  end
+
+  local reason = A.skip_reason
+  local status = reason and (A.skip_status or 'skipped') or 'skipped'
+  if not reason and A.pausable then
+    local pause = active_pause()
+    if pause then
+      reason = paused_reason(pause)
+    end
+  end
+  local stale = {}
+  if not reason and A.overlap == 'skip' then
+    local holder
+    holder, stale = live_holder()
+    if holder then
+      reason = 'overlap: run ' .. holder.run_id .. ' (' .. describe(holder)
+        .. ') still holds its lease'
+    end
+  end
+
+  local row = {slot_key = A.slot_key, slot = A.slot, started_at = NOW}
+  if reason then
+    row.status = status
+    row.fence = 0
+    row.reason = reason
+  else
+    row.status = 'running'
+    row.lease_expires_at = NOW + A.lease_ms
+  end
+  local raw = insert(row, meta, record)
+  for _, id in ipairs(stale) do
+    redis.call('ZREM', LEASES, id)
+  end
+  if not reason and A.claims_channel then
+    -- A claim notice, so instances still waiting their rank delay do not claim. pcall: a user
+    -- whose ACL refuses the channel still claims (the others then claim and lose).
+    redis.pcall('PUBLISH', A.claims_channel, NOTICE .. int(row.lease_expires_at) .. ']')
+  end
+  return answer(raw)
 end
 
-local row = {slot_key = A.slot_key, slot = A.slot, started_at = NOW}
-if reason then
-  row.status = status
-  row.fence = 0
-  row.reason = reason
-else
-  row.status = 'running'
-  row.lease_expires_at = NOW + A.lease_ms
+local answers = {}
+local per = #ARGV / COUNT
+for k = 1, COUNT do
+  local key, arg = 5 * (k - 1), per * (k - 1)
+  META, RUNS, SLOTS, ORDER, LEASES = KEYS[key + 1], KEYS[key + 2], KEYS[key + 3], KEYS[key + 4],
+    KEYS[key + 5]
+  if k > 1 then
+    A = cjson.decode(ARGV[arg + 1])
+  end
+  KNOWN, NOTICE = ARGV[arg + 2], per > 2 and ARGV[arg + 3] or nil
+  answers[k] = claim()
 end
-local raw = insert(row, meta, record)
-for _, id in ipairs(stale) do
-  redis.call('ZREM', LEASES, id)
-end
-if not reason and A.claims_channel then
-  -- A claim notice, so instances still waiting their rank delay do not claim. pcall: a user
-  -- whose ACL refuses the channel still claims (the others then claim and lose).
-  redis.pcall('PUBLISH', A.claims_channel, ARGV[3] .. int(row.lease_expires_at) .. ']')
-end
-return answer(raw)
+return '{"claims":[' .. table.concat(answers, ',') .. ']}'
