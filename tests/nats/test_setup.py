@@ -112,6 +112,7 @@ def test_urls(url: str, servers: list[str], options: dict[str, Any]) -> None:
         ("nats://h:4222/CRON", "has a path"),
         ("nats://?stream=X", "names no server"),
         ("nats://h:4222?prefix=cron", "prefix='cron' is not a NATS subject prefix"),
+        ("nats://h:4222?shrink_window=maybe", "shrink_window='maybe' .* must be true or false"),
     ],
 )
 def test_bad_urls(url: str, text: str) -> None:

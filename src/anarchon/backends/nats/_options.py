@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
 from ...kit import redact_url
+from ...kit.urls import bool_option
 
 DEFAULT_SERVERS: Final = "nats://localhost:4222"
 MAX_REPLICAS: Final = 5
@@ -32,8 +33,6 @@ INT_OPTIONS: Final = ("duplicate_window_ms", "history_size", "replicas")
 TEXT_OPTIONS: Final = ("stream", "prefix")
 BOOL_OPTIONS: Final = ("shrink_window",)
 URL_OPTIONS: Final = (*TEXT_OPTIONS, *INT_OPTIONS, *BOOL_OPTIONS, *FILE_OPTIONS, "server")
-_TRUE: Final = ("1", "true", "yes", "on")
-_FALSE: Final = ("0", "false", "no", "off")
 
 
 def check_servers(servers: str | Sequence[str]) -> list[str]:
@@ -280,11 +279,7 @@ def _option(shown: str, key: str, value: str) -> Any:
                 f"backend URL {shown!r}: {key}={value!r} must be an integer"
             ) from None
     if key in BOOL_OPTIONS:
-        if value.lower() in _TRUE:
-            return True
-        if value.lower() in _FALSE:
-            return False
-        raise InvalidOption(f"backend URL {shown!r}: {key}={value!r} must be true or false")
+        return bool_option(key, value, shown)
     return value
 
 

@@ -19,14 +19,12 @@ from typing import Any, Final
 
 from ...backend import ClaimRequest, RunIdentity, Ticket
 from ...kit import Run, RunStatus, Trigger, ms_to_datetime
-from ...kit.lease import ticket_of
+from ...kit.lease import SKIP_STATUSES, ticket_of
 from . import _subjects as subjects
 
 VERSION: Final = 1
 #: The fields that name a run, the same in a claim request, a claim, a ticket and both payloads.
 IDENTITY: Final = tuple(f.name for f in fields(RunIdentity))
-#: The statuses a skip record carries.
-SKIP_STATUSES: Final = frozenset({RunStatus.SKIPPED, RunStatus.MISSED})
 
 
 def identity(source: object) -> dict[str, Any]:
