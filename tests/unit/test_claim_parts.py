@@ -48,7 +48,10 @@ class Parts(MemoryBackend):
         self.callers.append(requests[0].instance)
         self.runs_at_call.append(len(self.runs))
         if self.count_requests:
-            alive = sum(1 for o in gc.get_objects() if isinstance(o, ClaimRequest))
+            # type(), not isinstance(): no attribute of any object in the heap is looked up
+            # (isinstance asks an unknown object for __class__; an xdist worker that had run
+            # hundreds of tests died in this loop once).
+            alive = sum(1 for o in gc.get_objects() if type(o) is ClaimRequest)
             self.requests_at_call.append(alive)
         if self.slow_s:
             await self.clock.sleep(self.slow_s)
