@@ -135,6 +135,48 @@ async def test_a_recorded_slot_is_answered_without_waiting_for_the_job_lock(
         await holder.rollback()
 
 
+async def test_a_claim_reads_a_few_pages_whatever_the_history_of_its_job(
+    make: Make, schema: str
+) -> None:
+    # The claim function keeps generic plans for its session, made at its first call: here on
+    # an empty table. A lookup of the slot's record that took runs_recorded (job) read the
+    # job's whole history, fetching each run to compare its slot key, at every claim.
+    backend = make()
+    await backend.start()
+    q = backend._queries
+    runs = sql.Identifier(schema, "anarchon_runs")
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        plain = conn.cursor(row_factory=dict_row)
+        for slot in (SLOT, SLOT + 60_000):
+            req = claim_request("job", slot, "i1")
+            params = claim_one_params(req, q.names.channel, later=False)
+            if slot > SLOT:
+                await conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance,"
+                        " trigger, status, fence, started_at, finished_at)"
+                        " SELECT 'job', (%s - n * 60000)::text, 1, %s - n * 60000, 'r' || n,"
+                        " 't', 'i0', 'schedule', 'succeeded', n, n, n"
+                        " FROM generate_series(1, 10000) n"
+                    ).format(runs),
+                    (SLOT, SLOT),
+                )
+                explain = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q["claim_one"]
+                await plain.execute(explain, params)
+                [row] = await plain.fetchall()
+                [plan] = row["QUERY PLAN"]
+                top = plan["Plan"]
+                pages = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+                # 24 by the primary key; about 300 through runs_recorded (10 000 runs)
+                assert pages < 100, pages
+            else:
+                await plain.execute(q["claim_one"], params)
+                [row] = await plain.fetchall()
+                assert claim_outcome(req, row).status is ClaimStatus.WON
+    [newest] = await backend.history("job", limit=1)
+    assert newest.slot_ms == SLOT + 60_000 and newest.instance == "i1"
+
+
 @pytest.mark.parametrize("batch", [False, True])
 async def test_claims_of_a_job_queue_on_its_advisory_lock(
     make: Make, schema: str, batch: bool

@@ -266,9 +266,10 @@ looked AS (
     CROSS JOIN LATERAL (SELECT j.fence FROM {jobs} j WHERE j.job = r.job LIMIT 1) j
     LEFT JOIN LATERAL (SELECT p.through FROM {pruned} p WHERE p.job = r.job LIMIT 1) p ON true
     LEFT JOIN LATERAL (
+        -- ORDER BY attempt: by the primary key (see claim_alone), never runs_recorded.
         SELECT true AS found FROM {runs} x
         WHERE x.job = r.job AND x.slot_key = r.slot_key
-        LIMIT 1
+        ORDER BY x.attempt DESC LIMIT 1
     ) rec ON true
     LEFT JOIN LATERAL (
         -- The pause that holds the request (anarchon.control.active_pause): the job's own, else
@@ -431,9 +432,12 @@ won AS (
     SELECT j.fence AS job_fence, clock.now
     FROM clock CROSS JOIN {jobs} j
     WHERE j.job = %(job)s[1] AND %(skip_reason)s[1] IS NULL
-      AND NOT EXISTS (
-          SELECT 1 FROM {runs} x WHERE x.job = %(job)s[1] AND x.slot_key = %(slot_key)s[1]
-      )
+      -- The slot's record by the primary key. ORDER BY attempt makes it so: a generic plan
+      -- made on an empty table took runs_recorded for a NOT EXISTS (the job's whole history,
+      -- each row fetched to compare its slot_key, at every claim).
+      AND (SELECT x.attempt FROM {runs} x
+           WHERE x.job = %(job)s[1] AND x.slot_key = %(slot_key)s[1]
+           ORDER BY x.attempt DESC LIMIT 1) IS NULL
       AND NOT EXISTS (
           SELECT 1 FROM {pruned} p WHERE p.job = %(job)s[1] AND %(slot)s[1] <= p.through
       )
@@ -504,9 +508,10 @@ won AS MATERIALIZED (
     CROSS JOIN clock
     CROSS JOIN LATERAL (SELECT j.fence FROM {jobs} j WHERE j.job = r.job LIMIT 1) j
     LEFT JOIN LATERAL (
+        -- ORDER BY attempt: by the primary key (see claim_alone), never runs_recorded.
         SELECT true AS found FROM {runs} x
         WHERE x.job = r.job AND x.slot_key = r.slot_key
-        LIMIT 1
+        ORDER BY x.attempt DESC LIMIT 1
     ) rec ON true
     LEFT JOIN LATERAL (
         SELECT true AS found FROM {pruned} p WHERE p.job = r.job AND r.slot <= p.through LIMIT 1
