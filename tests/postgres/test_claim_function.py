@@ -135,6 +135,47 @@ async def test_a_recorded_slot_is_answered_without_waiting_for_the_job_lock(
         await holder.rollback()
 
 
+async def test_a_claim_queued_on_its_jobs_row_decides_on_what_the_holder_committed(
+    make: Make, schema: str
+) -> None:
+    # One request locks its job's row by taking the next fence (take_fence), then decides in a
+    # statement of its own: a claim of version 3 holding the row records the slot and raises
+    # the fence meanwhile; the waiting claim answers from that record (not a key conflict),
+    # and the next slot's winner gets a fence above the one the holder wrote.
+    backend = make(timeout_ms=3_000)
+    await backend.start()
+    [first] = await backend.claim([claim_request("job", SLOT, "i1")])
+    assert first.status is ClaimStatus.WON and first.ticket is not None
+    q = Queries(Names(schema, "anarchon_"))
+    held = claim_request("job", SLOT + 60_000, "old")
+    fence = (first.ticket.fence or 0) + 10**9
+    async with await psycopg.AsyncConnection.connect(DSN) as holder:
+        await holder.execute(q["lock_jobs"], {"jobs": ["job"]})
+        waiting = asyncio.create_task(
+            backend.claim([dataclasses.replace(held, run_id="new", token="new", instance="i2")])
+        )
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        jobs, runs = (sql.Identifier(schema, f"anarchon_{t}") for t in ("jobs", "runs"))
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (job, slot_key, attempt, slot, run_id, token, instance, trigger,"
+                " status, fence, started_at, lease_expires_at)"
+                " VALUES ('job', %s, 1, %s, 'old', 'old', 'old', 'schedule', 'running', %s, 1,"
+                " 1)"
+            ).format(runs),
+            (str(held.slot), held.slot, fence),
+        )
+        await holder.execute(sql.SQL("UPDATE {} SET fence = %s").format(jobs), (fence,))
+        await holder.commit()
+        [answer] = await waiting
+    assert answer.status is ClaimStatus.LOST and answer.run is not None
+    assert (answer.run.run_id, answer.run.fence) == ("old", fence)
+    [after] = await backend.claim([claim_request("job", SLOT + 120_000, "i2")])
+    assert after.status is ClaimStatus.WON and after.ticket is not None
+    assert (after.ticket.fence or 0) > fence
+
+
 async def test_a_claim_reads_a_few_pages_whatever_the_history_of_its_job(
     make: Make, schema: str
 ) -> None:

@@ -39,12 +39,21 @@ PARTS: Final = (
 # a part of migration_4. Neither is sent on its own.
 IN_FUNCTION: Final = (
     "claim_recorded",
+    "claim_recorded_one",
+    "take_fence",
     "lock_jobs",
     "claim_alone",
     "claim_plain",
     "claim_decide",
 )
-_FUNCTION_ONLY: Final = ("claim_recorded", "claim_alone", "claim_plain", "claim_function")
+_FUNCTION_ONLY: Final = (
+    "claim_recorded",
+    "claim_recorded_one",
+    "take_fence",
+    "claim_alone",
+    "claim_plain",
+    "claim_function",
+)
 _MAX_CHANNEL: Final = 63
 # A named parameter, or a percent sign written twice (queries.sql's conventions).
 _PLACEHOLDER: Final = re.compile(rb"%\((\w+)\)s|%%")
