@@ -15,6 +15,7 @@ from typing import Any, Final
 from . import otel
 from ._batch import MAX_BATCH, isolate
 from ._clock import BackendTime, Clock
+from ._frozen import maker
 from ._job import Job
 from ._metrics import Counters, skip_class
 from ._models import RunStatus, Trigger
@@ -31,6 +32,8 @@ __all__ = ["Claimed", "Claims", "share_first"]
 logger = logging.getLogger("anarchon.scheduler")
 
 THREAD_POLL_S: Final = 0.05
+# One request per fired slot (see anarchon._frozen).
+_new_request: Final = maker(ClaimRequest)
 # A due batch reaches the backend in parts of at most this many claims, one part after
 # another, each judged too late right before it is sent and retried on its own: a backend that
 # bounds how long one call may take to send (NATS publishes a call's claims within
@@ -171,7 +174,7 @@ class Claims:
                     extra=log_fields(Action.TOO_LATE, job.name, slot),
                 )
         run_id, token = _new_ids()
-        return ClaimRequest(
+        return _new_request(
             job=job.name,
             slot=slot,
             run_id=run_id,

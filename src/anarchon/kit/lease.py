@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
+from .._frozen import maker
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._schedule import slot_to_datetime
 from ..backend import (
@@ -108,6 +109,10 @@ MAX_ATTEMPTS: Final = 2**31 - 1
 # call costs eight times as much, and each claim and finish converts three.
 _TRIGGERS: Final = {trigger.value: trigger for trigger in Trigger}
 _STATUSES: Final = {status.value: status for status in RunStatus}
+# Every claim's answer builds these records (a won claim all three): see anarchon._frozen.
+_new_run: Final = maker(Run)
+_new_ticket: Final = maker(Ticket)
+_new_outcome: Final = maker(ClaimOutcome)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -134,7 +139,7 @@ class RunRow:
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
-        return Run(
+        return _new_run(
             job=self.job,
             slot=ms_to_datetime(self.slot),
             run_id=self.run_id,
@@ -284,7 +289,7 @@ def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOu
 def not_run(row: RunRow, now: int, error: BackendError | None = None) -> ClaimOutcome:
     """The answer to a claim refused without storing anything: ``row``, attempt 1 of the slot
     (not stored), says why in its reason; LOST, so the caller does not run."""
-    return ClaimOutcome(status=ClaimStatus.LOST, run=row.to_run(), backend_now_ms=now, error=error)
+    return _new_outcome(status=ClaimStatus.LOST, run=row.to_run(), backend_now_ms=now, error=error)
 
 
 def first_attempt(
@@ -343,7 +348,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token)
         row.finished_at = now
         store.insert(row)
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     row = first_attempt(
         req,
         now,
@@ -356,7 +361,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     )
     store.insert(row)
     ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-    return ClaimOutcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+    return _new_outcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
 
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
@@ -369,7 +374,7 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     a backend that decides in its own language (Lua, SQL) from the attempt it found or just
     recorded."""
     if row.status in SKIP_STATUSES and row.attempt == 1:
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     if (
         row.token == req.token
         and row.attempt == 1
@@ -380,10 +385,10 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
         # failed when its lease ran out on the last attempt), the retry is told LOST, so no
         # handler starts on a run that history already shows as over.
         ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-        return ClaimOutcome(
+        return _new_outcome(
             status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now
         )
-    return ClaimOutcome(
+    return _new_outcome(
         status=ClaimStatus.LOST,
         run=row.to_run(),
         lease_expires_at_ms=row.lease_expires_at if row.status == RunStatus.RUNNING else None,
