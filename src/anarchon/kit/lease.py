@@ -192,7 +192,7 @@ def ticket_of(
     """The ticket of the run ``claim`` names, for its holder: the claim's identity (its trigger
     a :class:`~anarchon.Trigger` or the text stored for one) with this attempt, fence, start
     and lease. Every backend's tickets are made here."""
-    return Ticket(
+    return _new_ticket(
         job=claim.job,
         slot=claim.slot,
         slot_key=claim.slot_key,
