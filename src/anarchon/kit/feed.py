@@ -35,6 +35,7 @@ from .calls import consume
 __all__ = ["ChangeFeed", "NextChanges", "decode_notices", "encode_notice", "won_notices"]
 
 _new_notice = maker(ClaimNotice)  # one per won claim (see anarchon._frozen)
+_WON = ClaimStatus.WON  # read per outcome: see _RUNNING in anarchon.kit.lease
 
 NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent | ClaimNotice]]]
 """A backend's stream of changes: wait for the next ones and return them (none is fine: a
@@ -48,7 +49,7 @@ def won_notices(outcomes: Sequence[ClaimOutcome]) -> list[ClaimNotice]:
     return [
         _new_notice(t.job, t.slot_key, t.instance, t.lease_expires_at_ms)
         for o in outcomes
-        if o.status is ClaimStatus.WON and (t := o.ticket) is not None
+        if o.status is _WON and (t := o.ticket) is not None
     ]
 
 
