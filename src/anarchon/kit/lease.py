@@ -308,12 +308,14 @@ def first_attempt(
     token: str = "",
     fence: int = 0,
     lease_expires_at: int | None = None,
+    slot_key: str | None = None,
 ) -> RunRow:
     """The record of attempt 1 of ``req``'s slot, started at ``now``; by default it holds no
-    token, fence or lease (a refused or pruned claim)."""
+    token, fence or lease (a refused or pruned claim). ``slot_key``: ``req.slot_key``, when the
+    caller has it already."""
     return RunRow(
         job=req.job,
-        slot_key=req.slot_key,
+        slot_key=req.slot_key if slot_key is None else slot_key,
         slot=slot,
         attempt=1,
         run_id=req.run_id,
@@ -334,7 +336,8 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     error = unstorable(req)
     if error is not None:
         return refused_outcome(req, now, error)
-    existing = store.current(req.job, req.slot_key)
+    key = req.slot_key  # made from the slot each time it is read: read once
+    existing = store.current(req.job, key)
     if existing is not None:
         return answer_existing(existing, req, now)
     pruned = store.pruned_through(req.job)
@@ -343,7 +346,8 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     reason = req.skip_reason
     status = req.skip_status if reason is not None else _SKIPPED
     if reason is None:
-        pause = active_pause(store.pauses(req.job), req.job, req.trigger, now)
+        pauses = store.pauses(req.job)  # the usual answer: none
+        pause = active_pause(pauses, req.job, req.trigger, now) if pauses else None
         if pause is not None:
             reason = paused_reason(pause)
     if reason is None and req.overlap is _OVERLAP_SKIP:
@@ -351,7 +355,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
     if reason is not None:
-        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token)
+        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token, slot_key=key)
         row.finished_at = now
         store.insert(row)
         return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
@@ -364,6 +368,7 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         token=req.token,
         fence=store.next_fence(req.job, now),
         lease_expires_at=now + req.lease_ms,
+        slot_key=key,
     )
     store.insert(row)
     ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
