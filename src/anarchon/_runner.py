@@ -50,6 +50,9 @@ _NEVER: Final = 2**63 - 1
 
 Outcome = tuple[RunStatus, str | None, BaseException | None]
 """(status, error text, the exception to log with its traceback)."""
+# A handler's success, the one outcome of nearly every run: one object, not one per run (and
+# no read of RunStatus.SUCCEEDED, which costs 0.15-0.2 us on Python 3.11: EnumType.__getattr__).
+_SUCCEEDED: Final[Outcome] = (RunStatus.SUCCEEDED, None, None)
 OnFailed = Callable[[Job, Ticket, Run], Awaitable[None]]
 """``on_failed(job, ticket, run)``: a handler failed and its ``failed`` result was accepted."""
 
@@ -341,7 +344,7 @@ class RunExecutor:
             if job.is_async and job.timeout_ms is None:
                 # The common case, without a coroutine of its own (see _run_async).
                 await job.handler(active.ctx)
-                return RunStatus.SUCCEEDED, None, None
+                return _SUCCEEDED
             if job.is_async:
                 return await self._run_async(active)
             return await self._run_thread(active)

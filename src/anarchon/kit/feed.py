@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _quote
 
+from .._frozen import maker
 from ..backend import (
     ChangeEvent,
     ChangeListener,
@@ -33,6 +34,9 @@ from .calls import consume
 
 __all__ = ["ChangeFeed", "NextChanges", "decode_notices", "encode_notice", "won_notices"]
 
+_new_notice = maker(ClaimNotice)  # one per won claim (see anarchon._frozen)
+_WON = ClaimStatus.WON  # read per outcome: see _RUNNING in anarchon.kit.lease
+
 NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent | ClaimNotice]]]
 """A backend's stream of changes: wait for the next ones and return them (none is fine: a
 subscription made, a quiet connection checked); raise while the backend is out of reach. Claim
@@ -43,9 +47,9 @@ def won_notices(outcomes: Sequence[ClaimOutcome]) -> list[ClaimNotice]:
     """A notice for each won claim among ``outcomes`` (for a backend that announces claims
     after it answered them, as the in-memory and NATS backends do)."""
     return [
-        ClaimNotice(t.job, t.slot_key, t.instance, t.lease_expires_at_ms)
+        _new_notice(t.job, t.slot_key, t.instance, t.lease_expires_at_ms)
         for o in outcomes
-        if o.status is ClaimStatus.WON and (t := o.ticket) is not None
+        if o.status is _WON and (t := o.ticket) is not None
     ]
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
+from .._frozen import maker
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._schedule import slot_to_datetime
 from ..backend import (
@@ -108,6 +109,16 @@ MAX_ATTEMPTS: Final = 2**31 - 1
 # call costs eight times as much, and each claim and finish converts three.
 _TRIGGERS: Final = {trigger.value: trigger for trigger in Trigger}
 _STATUSES: Final = {status.value: status for status in RunStatus}
+# Every claim's answer builds these records (a won claim all three): see anarchon._frozen.
+_new_run: Final = maker(Run)
+_new_ticket: Final = maker(Ticket)
+_new_outcome: Final = maker(ClaimOutcome)
+# The members a claim reads, as module constants: on Python 3.11 ``Enum.MEMBER`` goes through
+# EnumType's ``__getattr__`` hook (0.15-0.2 us a read), and a burst decides thousands of claims.
+_RUNNING: Final = RunStatus.RUNNING
+_SKIPPED: Final = RunStatus.SKIPPED
+_WON: Final = ClaimStatus.WON
+_OVERLAP_SKIP: Final = Overlap.SKIP
 
 
 @dataclass(slots=True, kw_only=True)
@@ -134,7 +145,7 @@ class RunRow:
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
-        return Run(
+        return _new_run(
             job=self.job,
             slot=ms_to_datetime(self.slot),
             run_id=self.run_id,
@@ -187,7 +198,7 @@ def ticket_of(
     """The ticket of the run ``claim`` names, for its holder: the claim's identity (its trigger
     a :class:`~anarchon.Trigger` or the text stored for one) with this attempt, fence, start
     and lease. Every backend's tickets are made here."""
-    return Ticket(
+    return _new_ticket(
         job=claim.job,
         slot=claim.slot,
         slot_key=claim.slot_key,
@@ -284,7 +295,7 @@ def refused_outcome(req: ClaimRequest, now: int, error: BackendError) -> ClaimOu
 def not_run(row: RunRow, now: int, error: BackendError | None = None) -> ClaimOutcome:
     """The answer to a claim refused without storing anything: ``row``, attempt 1 of the slot
     (not stored), says why in its reason; LOST, so the caller does not run."""
-    return ClaimOutcome(status=ClaimStatus.LOST, run=row.to_run(), backend_now_ms=now, error=error)
+    return _new_outcome(status=ClaimStatus.LOST, run=row.to_run(), backend_now_ms=now, error=error)
 
 
 def first_attempt(
@@ -297,12 +308,14 @@ def first_attempt(
     token: str = "",
     fence: int = 0,
     lease_expires_at: int | None = None,
+    slot_key: str | None = None,
 ) -> RunRow:
     """The record of attempt 1 of ``req``'s slot, started at ``now``; by default it holds no
-    token, fence or lease (a refused or pruned claim)."""
+    token, fence or lease (a refused or pruned claim). ``slot_key``: ``req.slot_key``, when the
+    caller has it already."""
     return RunRow(
         job=req.job,
-        slot_key=req.slot_key,
+        slot_key=req.slot_key if slot_key is None else slot_key,
         slot=slot,
         attempt=1,
         run_id=req.run_id,
@@ -323,40 +336,43 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
     error = unstorable(req)
     if error is not None:
         return refused_outcome(req, now, error)
-    existing = store.current(req.job, req.slot_key)
+    key = req.slot_key  # made from the slot each time it is read: read once
+    existing = store.current(req.job, key)
     if existing is not None:
         return answer_existing(existing, req, now)
     pruned = store.pruned_through(req.job)
     if req.slot is not None and pruned is not None and req.slot <= pruned:
         return pruned_outcome(req, now)
     reason = req.skip_reason
-    status = req.skip_status if reason is not None else RunStatus.SKIPPED
+    status = req.skip_status if reason is not None else _SKIPPED
     if reason is None:
-        pause = active_pause(store.pauses(req.job), req.job, req.trigger, now)
+        pauses = store.pauses(req.job)  # the usual answer: none
+        pause = active_pause(pauses, req.job, req.trigger, now) if pauses else None
         if pause is not None:
             reason = paused_reason(pause)
-    if reason is None and req.overlap is Overlap.SKIP:
+    if reason is None and req.overlap is _OVERLAP_SKIP:
         holder = store.live_holder(req.job, now)
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
     if reason is not None:
-        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token)
+        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token, slot_key=key)
         row.finished_at = now
         store.insert(row)
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     row = first_attempt(
         req,
         now,
-        RunStatus.RUNNING,
+        _RUNNING,
         None,
         slot=req.slot,
         token=req.token,
         fence=store.next_fence(req.job, now),
         lease_expires_at=now + req.lease_ms,
+        slot_key=key,
     )
     store.insert(row)
     ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-    return ClaimOutcome(status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+    return _new_outcome(status=_WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
 
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
@@ -369,7 +385,7 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     a backend that decides in its own language (Lua, SQL) from the attempt it found or just
     recorded."""
     if row.status in SKIP_STATUSES and row.attempt == 1:
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
     if (
         row.token == req.token
         and row.attempt == 1
@@ -380,10 +396,10 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
         # failed when its lease ran out on the last attempt), the retry is told LOST, so no
         # handler starts on a run that history already shows as over.
         ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-        return ClaimOutcome(
+        return _new_outcome(
             status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now
         )
-    return ClaimOutcome(
+    return _new_outcome(
         status=ClaimStatus.LOST,
         run=row.to_run(),
         lease_expires_at_ms=row.lease_expires_at if row.status == RunStatus.RUNNING else None,
