@@ -23,8 +23,9 @@ sqlite     the claim transaction's statements (``queries.sql``, as a traced clai
 redis      ``EVALSHA`` of the backend's claim script (``SCRIPTS["claim"]``, loaded by    redis-py
            the backend's start) on the job's five keys and the pauses hash, with the
            three arguments a claim of one request sends (the claims channel included,
-           so a winner's script publishes its notice); client opened with the
-           backend's ``socket_timeout=None``
+           so a winner's script publishes its notice), packed by the backend's
+           ``pack`` and sent on a pooled connection as the backend sends a single
+           script call; client opened with the backend's ``socket_timeout=None``
 postgres   the ``claim_one`` statement (``queries.sql``, one call of the claim          psycopg 3
            function) with the backend's parameters, positional, binary, prepared as
            the backend prepares it, on an autocommit connection; a winner then sends
@@ -216,9 +217,10 @@ class RedisSameWork(SameWork):
         super().__init__(backend, instance)
         from anarchon.backends.redis._keys import Namespace
         from anarchon.backends.redis._rows import RESTART_MARGIN_MS
-        from anarchon.backends.redis._scripts import SCRIPTS
+        from anarchon.backends.redis._scripts import SCRIPTS, pack
 
-        self.sha = SCRIPTS["claim"].sha
+        self.script = SCRIPTS["claim"]
+        self.pack = pack
         self.url = backend.url
         self.names = Namespace(backend.prefix)
         self.pauses = self.names.control.pauses
@@ -258,10 +260,22 @@ class RedisSameWork(SameWork):
         ]
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
-        keys = self.keys(job)
-        answer = await self._client.execute_command(
-            "EVALSHA", self.sha, len(keys), *keys, *self.args(job, slot, run_id, token)
-        )
+        # As the backend sends one script call (_scripts.ScriptRunner._sent): packed, on a
+        # connection of the client's pool, with the connection's retries.
+        packed = self.pack(self.script, self.keys(job), self.args(job, slot, run_id, token))
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()
+
+        async def exchange() -> Any:
+            await connection.send_packed_command(packed)
+            return await connection.read_response()
+
+        try:
+            answer = await connection.retry.call_with_retry(
+                exchange, lambda _: connection.disconnect()
+            )
+        finally:
+            await pool.release(connection)
         # The answer carries the stored record: ours if it has our token.
         return token.encode() in answer
 
