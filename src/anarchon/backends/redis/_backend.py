@@ -137,6 +137,12 @@ class RedisBackend(contract.LeaseBackend):
         ``<prefix>_claims`` (:meth:`subscribe_claims`): a claim alone by its script, a batch in
         one message per 500 claims, published without waiting."""
         reqs = list(requests)
+        if len(reqs) == 1:
+            return [await self._claim_one(reqs[0])]
+        return await self._claim_batch(reqs)
+
+    async def _claim_batch(self, reqs: list[contract.ClaimRequest]) -> list[contract.ClaimOutcome]:
+        """:meth:`claim` of any number of requests."""
         if not reqs:
             return []
         errors = [unstorable(r) for r in reqs]
@@ -164,6 +170,29 @@ class RedisBackend(contract.LeaseBackend):
             notices = rows.notice_messages(won_notices(out))
             self._connection.announce(self._claims_channel, notices)
         return out
+
+    async def _claim_one(self, req: contract.ClaimRequest) -> contract.ClaimOutcome:
+        """:meth:`claim` of one request (what the scheduler sends for most slots): the same
+        script call, answers and errors, without the lists and loops of a batch."""
+        error = unstorable(req)
+        if error is not None:
+            return refused_outcome(req, 0, error)
+        if self._on_cluster():
+            [outcome] = await self._claim_batch([req])
+            return outcome
+        answer = await self._connection.script_answer(
+            "claim",
+            [*self._keys.job(req.job), self._pauses_key],
+            rows.claim_arguments(
+                req,
+                claims_channel=self._claims_channel,
+                clock_offset_ms=self._test_clock_offset_ms,
+            ),
+            transient_raise=True,
+        )
+        if isinstance(answer, BackendError):
+            return refused_outcome(req, 0, answer)
+        return rows.claim_outcome(req, answer["claims"][0])
 
     async def _claimed(
         self,

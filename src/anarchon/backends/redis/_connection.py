@@ -23,7 +23,7 @@ from ...kit import redact_url
 from ...kit.calls import bounded_call
 from ._errors import is_driver_error, is_unreachable, translate, translator
 from ._rows import text
-from ._scripts import Call, ScriptRunner
+from ._scripts import Args, Call, ScriptRunner
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -335,16 +335,26 @@ class Connection:
         error of that item alone (a transient one is raised for the whole call when
         ``transient_raise``)."""
         answers = await self.call(self._runner().call_many(name, calls), timeout_s)
-        out: list[dict[str, Any] | BackendError] = []
-        for answer in answers:
-            if not isinstance(answer, BaseException):
-                out.append(json.loads(text(answer)))
-                continue
-            error = translate(answer, self.where)
-            if transient_raise and isinstance(error, BackendUnavailable):
-                raise error from answer
-            out.append(error)
-        return out
+        return [self._decoded(answer, transient_raise) for answer in answers]
+
+    async def script_answer(
+        self, name: str, keys: Sequence[str], args: Args, *, transient_raise: bool = False
+    ) -> dict[str, Any] | BackendError:
+        """:meth:`scripts` of one call, without the lists around it (a claim of one request,
+        the most frequent call)."""
+        answer = await self.call(self._runner().call_one(name, keys, args))
+        return self._decoded(answer, transient_raise)
+
+    def _decoded(self, answer: Any, transient_raise: bool) -> dict[str, Any] | BackendError:
+        """A script's answer decoded, or its error reply translated (raised if transient and
+        ``transient_raise``)."""
+        if not isinstance(answer, BaseException):
+            decoded: dict[str, Any] = json.loads(text(answer))
+            return decoded
+        error = translate(answer, self.where)
+        if transient_raise and isinstance(error, BackendUnavailable):
+            raise error from answer
+        return error
 
     def announce(self, channel: str, messages: Sequence[str]) -> None:
         """PUBLISH ``messages`` on ``channel``, in order, from a task of its own: the caller

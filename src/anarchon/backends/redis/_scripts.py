@@ -146,6 +146,15 @@ class ScriptRunner:
             await self.load()
             return await self._evalsha(script, keys, args)
 
+    async def call_one(self, name: str, keys: Sequence[str], args: Args) -> Any:
+        """:meth:`call_many` of one call: its answer, or the error reply of its call."""
+        from redis.exceptions import ResponseError
+
+        try:
+            return await self.call(name, keys, args)
+        except ResponseError as exc:
+            return exc
+
     async def call_many(self, name: str, calls: Sequence[Call]) -> list[Any]:
         """Run one script per call in a single pipeline (one round trip); results in order.
 
@@ -153,14 +162,10 @@ class ScriptRunner:
         without the scripts were retried): each call is decided on its own, and a batch is not
         atomic as a whole. A failure of the whole round trip (connection lost) is raised.
         """
-        from redis.exceptions import NoScriptError, ResponseError
+        from redis.exceptions import NoScriptError
 
         if len(calls) == 1:
-            keys, args = calls[0]
-            try:
-                return [await self.call(name, keys, args)]
-            except ResponseError as exc:
-                return [exc]
+            return [await self.call_one(name, *calls[0])]
 
         script = SCRIPTS[name]
         results = await self._pipeline(script, calls)
