@@ -180,6 +180,25 @@ async def test_an_outage_is_logged_once_and_so_is_the_recovery(
     assert all(r.name == "anarchon.backends.redis" for r in caplog.records)
 
 
+async def test_a_claim_after_the_server_closed_its_connections_is_decided(
+    own_server: RedisServer,
+) -> None:
+    """A single claim goes out on a pooled connection (see _scripts); one the server closed
+    meanwhile is replaced, as for any redis-py command, and the claim is decided."""
+    backend = RedisBackend(own_server.url, prefix=PREFIX)
+    await backend.start()
+    try:
+        await settle(own_server)
+        slot = now_ms() // 1000 * 1000
+        [first] = await backend.claim([claim_request(job="killed", slot=slot)])
+        assert first.status is ClaimStatus.WON
+        own_server.cli("CLIENT", "KILL", "TYPE", "normal")
+        [second] = await backend.claim([claim_request(job="killed", slot=slot + 1000)])
+        assert second.status is ClaimStatus.WON
+    finally:
+        await backend.stop()
+
+
 async def test_scripts_are_loaded_again_after_script_flush(own_server: RedisServer) -> None:
     backend = RedisBackend(own_server.url, prefix=PREFIX)
     await backend.start()

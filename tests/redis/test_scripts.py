@@ -419,3 +419,49 @@ async def test_finishes_and_claim_notices_reach_the_others_alone_and_in_batches(
     assert sorted((n.job, n.slot_key) for n in notices) == expected, notices
     assert sorted(changes) == sorted((job, key, False) for job, key in expected), changes
     assert all(n.instance == "i1" and n.lease_expires_at_ms for n in notices), notices
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str) -> None:
+    """A single script call is packed by anarchon (``_scripts.pack``): byte for byte what
+    redis-py packs, in the client's encoding."""
+    from redis.asyncio.connection import Connection
+
+    from anarchon.backends.redis._scripts import SCRIPTS, pack
+
+    keys = ["{app:caf\u00e9}:meta", "{app:caf\u00e9}:runs", "p:pauses"]
+    args = ['{"job":"caf\u00e9","slot":1}', "", "x" * 7000]
+    packer = Connection(encoding=encoding)
+    for name in ("claim", "hget_ints"):
+        script = SCRIPTS[name]
+        expected = packer.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        assert pack(script, keys, args, encoding) == b"".join(expected)
+        one = packer.pack_command("EVALSHA", script.sha, 1, keys[0], args[0])
+        assert pack(script, keys[:1], args[0], encoding) == b"".join(one)
+
+
+async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() -> None:
+    """A plain client's single script calls are sent packed on its pool's connections; a
+    subclass of the client (which may send commands its own way) keeps execute_command."""
+    from redis.asyncio import Redis
+
+    from anarchon.backends.redis._scripts import ScriptRunner
+
+    class Traced(Redis):
+        pass
+
+    plain, traced = Redis.from_url(SERVER), Traced.from_url(SERVER)
+    try:
+        assert ScriptRunner(plain)._pool is plain.connection_pool
+        assert ScriptRunner(traced)._pool is None
+        assert ScriptRunner(Redis.from_url(SERVER, single_connection_client=True))._pool is None
+        backend = RedisBackend(client=traced, prefix=f"traced{uuid.uuid4().hex[:6]}:")
+        await backend.start()
+        try:
+            [won] = await backend.claim([claim_request()])
+            assert won.status is ClaimStatus.WON
+        finally:
+            await backend.stop()
+    finally:
+        await plain.aclose()
+        await traced.aclose()
