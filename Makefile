@@ -44,6 +44,7 @@ test: install-test services lint typecheck
 ## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, < 10 min.
 ## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the
 ## `bench` extra. BENCH_ARGS=--quick for a short run.
+## arq depends on redis[hiredis], so the peers parse Redis's answers with hiredis as anarchon[redis] does.
 PEERS_VENV ?= bench/.venv-peers
 PEERS_REQS := 'arq>=0.26,<0.27' 'procrastinate>=3,<4' 'apscheduler>=3.11,<4' 'sqlalchemy>=2,<3' \
 	'psycopg[binary]>=3.1,<4'
@@ -51,7 +52,7 @@ BENCH_ARGS ?=
 
 # Installs only what is missing: reinstalling anarchon under running tests would break them.
 bench: $(BIN)/python services
-	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, nats' \
+	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, hiredis, nats' \
 		2>/dev/null || $(BIN)/pip install -q -e '.[all,bench]'
 	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -c 'import arq, procrastinate, apscheduler, sqlalchemy, psycopg' \
@@ -66,7 +67,7 @@ bench: $(BIN)/python services
 SOAK_MINUTES ?= 60
 SOAK_BACKENDS ?= sqlite,redis,postgres,nats
 soak: $(BIN)/python services
-	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, nats' \
+	$(BIN)/python -c 'import anarchon, matplotlib, psutil, psycopg, psycopg_pool, redis, hiredis, nats' \
 		2>/dev/null || $(BIN)/pip install -q -e '.[all,bench]'
 	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) --backends $(SOAK_BACKENDS)
 
