@@ -77,7 +77,12 @@ def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
-@functools.lru_cache(maxsize=100_000)
+# Packed keys kept: a few hundred bytes each, so at most about half a megabyte whatever the
+# number of jobs (packing a job's keys again costs about 1 % of a claim's client work).
+PACKED_KEYS_KEPT: Final = 1_024
+
+
+@functools.lru_cache(maxsize=PACKED_KEYS_KEPT)
 def _packed_keys(keys: tuple[str, ...], encoding: str, errors: str) -> bytes:
     """The key count and the keys of a call, packed (a job's keys are the same in every call)."""
     return _bulk(b"%d" % len(keys)) + b"".join(_bulk(key.encode(encoding, errors)) for key in keys)
