@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -15,6 +16,8 @@ __all__ = [
     "BUSY_TIMEOUT",
     "BUSY_WAIT_FIRST_S",
     "BUSY_WAIT_MAX_S",
+    "BUSY_WAIT_SHORT_FOR_S",
+    "BUSY_WAIT_SHORT_S",
     "CLAIMED_POLL_MS",
     "DEFAULT_PATH",
     "ENV_PATH",
@@ -22,6 +25,7 @@ __all__ = [
     "EVENTS_POLL_MS",
     "EVENTS_PRUNE_EVERY_MS",
     "Options",
+    "lock_waits",
     "parse_url",
 ]
 
@@ -29,9 +33,16 @@ ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
 BUSY_TIMEOUT: Final = Bound(0, 3_600_000, ms=True)
 # A write transaction that finds another process's under way tries again after these waits
-# (doubling): a claim's transaction holds the lock for about a millisecond, and SQLite's own
-# busy handler would sleep 1, 2, 5, 10 ... ms (see Connection._begin).
-BUSY_WAIT_FIRST_S: Final = 0.000_25
+# (see lock_waits): a claim's transaction holds the lock for about a millisecond (0.3-0.5 ms of
+# statements, then a commit's fsync), and SQLite's own busy handler would sleep 1, 2, 5, 10
+# ... ms (see Connection._begin). Measured with three instances claiming their own slots at
+# one instant (defaults): with steps doubling to 2 ms, a waiter took the freed lock 0.6 ms
+# (median) after it was freed, up to 2 ms; with steps of at most 0.25 ms, 0.15-0.3 ms.
+BUSY_WAIT_FIRST_S: Final = 0.000_1
+BUSY_WAIT_SHORT_S: Final = 0.000_25
+# Short steps for as long as a few claims' transactions take; then doubling to the long step,
+# so a wait for a long transaction (a burst's) does not try thousands of times a second.
+BUSY_WAIT_SHORT_FOR_S: Final = 0.02
 BUSY_WAIT_MAX_S: Final = 0.002
 # How often each process reads the events table; a hand-over is noticed within this.
 EVENTS_POLL_MS: Final = 200
@@ -45,6 +56,19 @@ EVENTS_PRUNE_EVERY_MS: Final = 10_000
 # notices are read with the events: 20 reads a second cost an idle process ~1 % of a core.
 CLAIMED_POLL_MS: Final = 50
 _OWNER: Final = "SQLiteBackend"
+
+
+def lock_waits() -> Iterator[float]:
+    """The waits (seconds) between tries of a ``BEGIN IMMEDIATE`` that finds the write lock
+    taken: :data:`BUSY_WAIT_FIRST_S` doubling to :data:`BUSY_WAIT_SHORT_S` while they add up
+    to less than :data:`BUSY_WAIT_SHORT_FOR_S`, then doubling to :data:`BUSY_WAIT_MAX_S`. The
+    caller stops at its busy timeout."""
+    delay, waited = BUSY_WAIT_FIRST_S, 0.0
+    while True:
+        yield delay
+        waited += delay
+        cap = BUSY_WAIT_SHORT_S if waited < BUSY_WAIT_SHORT_FOR_S else BUSY_WAIT_MAX_S
+        delay = min(2 * delay, cap)
 
 
 @dataclass(frozen=True, slots=True)
