@@ -16,8 +16,6 @@ __all__ = [
     "BUSY_TIMEOUT",
     "BUSY_WAIT_FIRST_S",
     "BUSY_WAIT_MAX_S",
-    "BUSY_WAIT_SHORT_FOR_S",
-    "BUSY_WAIT_SHORT_S",
     "CLAIMED_POLL_MS",
     "DEFAULT_PATH",
     "ENV_PATH",
@@ -33,16 +31,14 @@ ENV_PATH: Final = "ANARCHON_DB"
 DEFAULT_PATH: Final = "anarchon.db"
 BUSY_TIMEOUT: Final = Bound(0, 3_600_000, ms=True)
 # A write transaction that finds another process's under way tries again after these waits
-# (see lock_waits): a claim's transaction holds the lock for about a millisecond (0.3-0.5 ms of
-# statements, then a commit's fsync), and SQLite's own busy handler would sleep 1, 2, 5, 10
-# ... ms (see Connection._begin). Measured with three instances claiming their own slots at
-# one instant (defaults): with steps doubling to 2 ms, a waiter took the freed lock 0.6 ms
-# (median) after it was freed, up to 2 ms; with steps of at most 0.25 ms, 0.15-0.3 ms.
-BUSY_WAIT_FIRST_S: Final = 0.000_1
-BUSY_WAIT_SHORT_S: Final = 0.000_25
-# Short steps for as long as a few claims' transactions take; then doubling to the long step,
-# so a wait for a long transaction (a burst's) does not try thousands of times a second.
-BUSY_WAIT_SHORT_FOR_S: Final = 0.02
+# (doubling; see lock_waits): a claim's transaction holds the lock for about a millisecond, and
+# SQLite's own busy handler would sleep 1, 2, 5, 10 ... ms (see Connection._begin). Shorter
+# steps (0.1 ms, then at most 0.25 ms for 20 ms) were tried: a waiter took the freed lock
+# sooner (0.15-0.3 ms after it was freed against 0.6 ms, median), but three instances claiming
+# at one instant did not start their slots sooner (bench fire, SQLite, three alternated rounds,
+# load 2-5; the likely cause, not measured: on two cores the waiters' extra tries take CPU from
+# the lock's holder).
+BUSY_WAIT_FIRST_S: Final = 0.000_25
 BUSY_WAIT_MAX_S: Final = 0.002
 # How often each process reads the events table; a hand-over is noticed within this.
 EVENTS_POLL_MS: Final = 200
@@ -60,15 +56,12 @@ _OWNER: Final = "SQLiteBackend"
 
 def lock_waits() -> Iterator[float]:
     """The waits (seconds) between tries of a ``BEGIN IMMEDIATE`` that finds the write lock
-    taken: :data:`BUSY_WAIT_FIRST_S` doubling to :data:`BUSY_WAIT_SHORT_S` while they add up
-    to less than :data:`BUSY_WAIT_SHORT_FOR_S`, then doubling to :data:`BUSY_WAIT_MAX_S`. The
-    caller stops at its busy timeout."""
-    delay, waited = BUSY_WAIT_FIRST_S, 0.0
+    taken: :data:`BUSY_WAIT_FIRST_S` doubling to :data:`BUSY_WAIT_MAX_S`. The caller stops at
+    its busy timeout."""
+    delay = BUSY_WAIT_FIRST_S
     while True:
         yield delay
-        waited += delay
-        cap = BUSY_WAIT_SHORT_S if waited < BUSY_WAIT_SHORT_FOR_S else BUSY_WAIT_MAX_S
-        delay = min(2 * delay, cap)
+        delay = min(2 * delay, BUSY_WAIT_MAX_S)
 
 
 @dataclass(frozen=True, slots=True)
