@@ -10,6 +10,14 @@ batch (:func:`bench.probe.instant`); a key's lag is the instant to the answer of
 won it. It is what a scheduler with no code of its own would see on this machine, so
 ``lag p99 - same-instant floor p99`` is what anarchon itself adds.
 
+The distinct-key floor is its counterpart for the defaults table: the same three processes at
+the same instants, but each claims only the keys of the jobs it is the preferred instance for
+(the rendezvous ranking of the fire lag's own instance ids and job names), so every process
+wins what it claims and every one of them commits a write at the instant (three durable
+commits on SQLite and PostgreSQL, where the same-key floor has one writer and two losers that
+write nothing). A SQLite process that finds the write lock taken tries again every
+:data:`DISTINCT_LOCK_POLL_S`, so the floor measures the commits, not SQLite's busy handler.
+
 Fire lag: three instances per backend, every backend at once but staggered: backend ``i`` fires
 at seconds ``i, i + 5, i + 10 ...`` of each minute, so only one backend's instances wake at any
 moment. At each of its instants, ``J`` jobs are due together (``J`` = slots wanted / instants
@@ -42,6 +50,13 @@ from .stats import percentile, tally
 FIRE_CYCLE_S = 5
 PHASES = {"sqlite": 0, "redis": 1, "postgres": 2, "nats": 3, "memory": 4}
 INSTANCES = 3
+# The fire lag's instance ids and job names: the distinct-key floor ranks them as the defaults do.
+INSTANCE_IDS = [f"i{n}" for n in range(INSTANCES)]
+JOB_PREFIX = "f"
+# In the distinct-key floor every SQLite process writes at the instant, so two of three wait for
+# the write lock: they try again this often rather than through SQLite's busy handler, whose
+# sleeps (1, 2, 5, 10 ... ms) would be measured instead of the other writers' commits.
+DISTINCT_LOCK_POLL_S = 0.000_1
 SAME_INSTANT_N = 20
 SAME_INSTANT_QUICK = 5
 SAME_INSTANT_LEAD_S = 3.0
@@ -57,7 +72,7 @@ def jobs_per_instant(ctx: Context) -> int:
 
 async def floors(ctx: Context) -> dict[str, Any]:
     """Round trips of the primitive and of a one-request claim, per backend, one at a time;
-    then each backend's same-instant floor."""
+    then each backend's same-instant floor (same keys) and distinct-key floor."""
     out: dict[str, Any] = {}
     for target in ctx.available():
         ctx.say(f"floor: {target.name}")
@@ -88,20 +103,29 @@ async def floors(ctx: Context) -> dict[str, Any]:
             "claim_p99": percentile(answer["claim_ms"], 99),
             "n": len(answer["floor_ms"]),
         }
-        out[target.name].update(await _same_instant(ctx, target.name))
+        out[target.name].update(await _same_instant(ctx, target.name, distinct=False))
+        out[target.name].update(await _same_instant(ctx, target.name, distinct=True))
     return out
 
 
-async def _same_instant(ctx: Context, name: str) -> dict[str, Any]:
-    """:data:`INSTANCES` processes claim the same ``J`` keys in one batch at the same instants."""
+async def _same_instant(ctx: Context, name: str, *, distinct: bool) -> dict[str, Any]:
+    """:data:`INSTANCES` processes claim ``J`` keys in one batch each at the same instants: the
+    same keys (figures ``instant_*``), or with ``distinct`` each its own share by the
+    rendezvous ranking (figures ``distinct_*``)."""
+    field = "distinct" if distinct else "instant"
     instants = SAME_INSTANT_QUICK if ctx.settings.name == "quick" else SAME_INSTANT_N
     start_at = math.ceil(time.time() + SAME_INSTANT_LEAD_S)
-    argv = ["--params", json.dumps(ctx.targets[name].primitive), "--n", str(instants)]
+    params = dict(ctx.targets[name].primitive)
+    if distinct and name == "sqlite":
+        params["lock_poll_s"] = DISTINCT_LOCK_POLL_S
+    argv = ["--params", json.dumps(params), "--n", str(instants)]
     argv += ["--jobs", str(jobs_per_instant(ctx)), "--start-at", str(start_at)]
     argv += ["--run", uuid.uuid4().hex[:8]]
+    if distinct:
+        argv += ["--carriers", ",".join(INSTANCE_IDS), "--prefix", JOB_PREFIX]
     procs = [
         spawn(
-            f"instant-{name}-{i}",
+            f"{field}-{name}-{i}",
             ["bench.probe", "instant", "--backend", name, "--instance", str(i), *argv],
             ctx.dir("floor"),
             ready=False,
@@ -114,20 +138,20 @@ async def _same_instant(ctx: Context, name: str) -> dict[str, Any]:
     lags: list[float] = []
     for proc in procs:
         if proc.popen.returncode != 0 or not proc.out.exists():
-            return {"instant_error": f"{proc.name} failed: {proc.log_tail(3)}"}
+            return {f"{field}_error": f"{proc.name} failed: {proc.log_tail(3)}"}
         for answer in json.loads(proc.out.read_text())["instants"]:
             lags += [answer["lag_ms"]] * answer["won"]
     return {
-        "instant_p50": percentile(lags, 50),
-        "instant_p99": percentile(lags, 99),
-        "instant_keys": len(lags),
-        "instant_expected": instants * jobs_per_instant(ctx),
+        f"{field}_p50": percentile(lags, 50),
+        f"{field}_p99": percentile(lags, 99),
+        f"{field}_keys": len(lags),
+        f"{field}_expected": instants * jobs_per_instant(ctx),
     }
 
 
 def _expected(phase: int, jobs: int, w0: int, w1: int) -> list[tuple[str, int]]:
     seconds = [s for s in range(w0, w1) if s % FIRE_CYCLE_S == phase]
-    return [(f"f{n}", s * 1000) for s in seconds for n in range(jobs)]
+    return [(f"{JOB_PREFIX}{n}", s * 1000) for s in seconds for n in range(jobs)]
 
 
 async def measure(ctx: Context) -> dict[str, Any]:
@@ -156,7 +180,7 @@ async def _window(
         phase = PHASES[name]
         spec = [
             {
-                "prefix": "f",
+                "prefix": JOB_PREFIX,
                 "count": jobs,
                 "schedule": f"{phase}-59/{FIRE_CYCLE_S} * * * * *",
                 "options": options,
@@ -166,10 +190,10 @@ async def _window(
         fleets[name] = [
             spawn(
                 f"{name}-{n}",
-                ["bench.worker", "--url", url, "--spec", json.dumps(spec), "--instance", f"i{n}"],
+                ["bench.worker", "--url", url, "--spec", json.dumps(spec), "--instance", instance],
                 work,
             )
-            for n in range(1 if name == "memory" else INSTANCES)
+            for n, instance in enumerate(INSTANCE_IDS[: 1 if name == "memory" else INSTANCES])
         ]
     every = [p for procs in fleets.values() for p in procs]
     problems = await wait_ready(every, 90)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,8 +66,14 @@ def _sqlite_connect(path: str) -> sqlite3.Connection:
 
 
 class SQLitePrimitive(Primitive):
-    def __init__(self, path: str) -> None:
+    """``lock_poll_s``: when set, a ``BEGIN IMMEDIATE`` that finds another process's write
+    under way is tried again every ``lock_poll_s`` (busy timeout 0 for it) instead of through
+    SQLite's busy handler, whose sleeps (1, 2, 5, 10 ... ms) would be measured instead of the
+    other writers' commits (the distinct-key floor, where every process writes at once)."""
+
+    def __init__(self, path: str, lock_poll_s: float | None = None) -> None:
         self.path = path
+        self.lock_poll_s = lock_poll_s
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="floor-sqlite")
         self._conn: sqlite3.Connection | None = None
 
@@ -82,7 +89,10 @@ class SQLitePrimitive(Primitive):
     def _insert(self, keys: list[str]) -> int:
         assert self._conn is not None
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        if self.lock_poll_s is None:
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            self._begin_polling(conn, self.lock_poll_s)
         try:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO claims (k) VALUES (?)", [(k,) for k in keys])
@@ -92,6 +102,23 @@ class SQLitePrimitive(Primitive):
             raise
         conn.execute("COMMIT")
         return won
+
+    @staticmethod
+    def _begin_polling(conn: sqlite3.Connection, every_s: float) -> None:
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    busy = "locked" in str(exc) or "busy" in str(exc)
+                    if not busy or time.monotonic() >= deadline:
+                        raise
+                time.sleep(every_s)
+        finally:
+            conn.execute("PRAGMA busy_timeout=10000")
 
     async def claim(self, key: str) -> bool:
         loop = asyncio.get_running_loop()
@@ -189,7 +216,7 @@ class NatsPrimitive(Primitive):
 def make_primitive(backend: str, params: dict[str, Any]) -> Primitive:
     """The primitive of ``backend`` ("sqlite", "redis", "postgres", "nats")."""
     if backend == "sqlite":
-        return SQLitePrimitive(params["path"])
+        return SQLitePrimitive(params["path"], params.get("lock_poll_s"))
     if backend == "redis":
         return RedisPrimitive(params["url"], params["prefix"])
     if backend == "postgres":

@@ -5,7 +5,7 @@
     python -m bench.probe rate    --backend redis --params '{...}' --url URL --start-at T \
         --seconds 3 --instance 0 --out f.json
     python -m bench.probe instant --backend redis --params '{...}' --start-at T --n 20 \
-        --jobs 17 --run TAG --out f.json
+        --jobs 17 --run TAG --out f.json [--carriers i0,i1,i2 --instance 0]
 
 ``latency``: sequential round trips of one client (each call awaited before the next), first
 the primitive, then a one-request ``claim`` (after a short warm-up each).
@@ -21,6 +21,11 @@ figures).
 second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
 claims the same keys at the same instants (as three instances claim the same due slots), and
 records, per instant, the time from the instant to its batch's answer and how many keys it won.
+With ``--carriers``, each process claims instead only the keys whose job it would be the
+preferred instance for (rank 0 by :func:`anarchon._rendezvous.rank` of ``<prefix><k>:<slot>``
+among the carriers, this process being carrier ``--instance``): the distinct keys each
+instance claims at an instant with the defaults, so no key is contended and every process
+writes.
 Slots start at ``--base`` (epoch ms, now by default): a broker refuses to claim a slot older
 than its de-duplication window.
 """
@@ -188,16 +193,35 @@ async def _same_work(work: SameWork, run: str, base: int, end: float) -> dict[st
     return {"ops": ops, "won": won, "lat_ms": lat}
 
 
+def preferred(carriers: list[str], instance: int, prefix: str, jobs: int, slot: int) -> list[int]:
+    """The jobs ``<prefix><k>`` (``k < jobs``) whose ``slot`` carrier ``instance`` is ranked
+    first for, as the scheduler ranks them with the defaults (rendezvous over the carriers)."""
+    from anarchon._rendezvous import rank
+
+    me = carriers[instance]
+    return [k for k in range(jobs) if rank(me, carriers, f"{prefix}{k}:{slot}") == 0]
+
+
 async def instant(args: argparse.Namespace) -> dict[str, Any]:
     prim = make_primitive(args.backend, json.loads(args.params))
+    carriers = args.carriers.split(",") if args.carriers else []
     await prim.open()
     answers: list[dict[str, float]] = []
     try:
         for i in range(args.n):
             at = args.start_at + i * INSTANT_EVERY_S
+            mine = list(range(args.jobs))
+            if carriers:
+                slot = round(at * 1000)
+                mine = preferred(carriers, args.instance, args.prefix, args.jobs, slot)
+            keys = [f"instant-{args.run}-{i}-{k}" for k in mine]
             await _until(at)
-            won = await prim.claim_batch([f"instant-{args.run}-{i}-{k}" for k in range(args.jobs)])
-            answers.append({"lag_ms": round((time.time() - at) * 1000, 3), "won": won})
+            if not keys:
+                continue
+            won = await prim.claim_batch(keys)
+            answers.append(
+                {"lag_ms": round((time.time() - at) * 1000, 3), "won": won, "keys": len(keys)}
+            )
     finally:
         await prim.close()
     return {"instance": args.instance, "instants": answers}
@@ -216,6 +240,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instance", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="keys per instant (instant)")
     p.add_argument("--run", default="0", help="a tag that keeps this run's keys apart")
+    p.add_argument("--carriers", default="", help="instance ids, comma-separated (instant)")
+    p.add_argument("--prefix", default="f", help="the jobs' name prefix (instant, carriers)")
     p.add_argument("--base", type=int, default=0, help="first slot, epoch ms (default: now)")
     args = p.parse_args(argv)
     if not args.base:

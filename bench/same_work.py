@@ -96,14 +96,14 @@ class SQLiteSameWork(SameWork):
 
     def __init__(self, backend: Any, instance: str) -> None:
         super().__init__(backend, instance)
-        from anarchon.backends.sqlite._options import BUSY_WAIT_FIRST_S, BUSY_WAIT_MAX_S
+        from anarchon.backends.sqlite._options import lock_waits
         from anarchon.backends.sqlite._queries import Q
         from anarchon.backends.sqlite._rows import PAUSES_READ_AT_ONCE
 
         self.path = str(backend.path)
         self.q = Q
         self.pauses_limit = PAUSES_READ_AT_ONCE + 1
-        self.first_wait_s, self.max_wait_s = BUSY_WAIT_FIRST_S, BUSY_WAIT_MAX_S
+        self.lock_waits = lock_waits
         self.busy_s = 10.0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="same-work-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -132,7 +132,7 @@ class SQLiteSameWork(SameWork):
         conn.execute("PRAGMA busy_timeout=0")
         try:
             deadline = time.monotonic() + self.busy_s
-            delay = self.first_wait_s
+            waits = self.lock_waits()
             while True:
                 try:
                     conn.execute("BEGIN IMMEDIATE")
@@ -141,8 +141,7 @@ class SQLiteSameWork(SameWork):
                     busy = "locked" in str(exc) or "busy" in str(exc)
                     if not busy or time.monotonic() >= deadline:
                         raise
-                time.sleep(delay)
-                delay = min(2 * delay, self.max_wait_s)
+                time.sleep(next(waits))
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_s * 1000)}")
 

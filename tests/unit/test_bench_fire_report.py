@@ -24,7 +24,9 @@ def _lags(p99: float, *, missed: int = 0, per_slot: float | None = None) -> dict
     return row
 
 
-def _results(defaults: dict[str, Any] | None) -> dict[str, Any]:
+def _results(
+    defaults: dict[str, Any] | None, distinct: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
     fire: dict[str, Any] = {"jobs_per_instant": 17, "window_s": 60, "problems": []}
     fire.update(redis=_lags(9.0), sqlite=_lags(4.0))
     if defaults is not None:
@@ -33,6 +35,8 @@ def _results(defaults: dict[str, Any] | None) -> dict[str, Any]:
         name: {"floor_p50": 0.2, "floor_p99": 1.0, "claim_p50": 0.3, "claim_p99": 1.5}
         for name in ("redis", "sqlite")
     }
+    for name, figures in (distinct or {}).items():
+        floor[name].update(figures)
     targets = {
         "redis": {"available": True, "lease": True},
         "sqlite": {"available": True, "lease": True},
@@ -52,10 +56,27 @@ def test_the_defaults_table_reads_each_backend_against_the_same_target() -> None
     assert "| redis | 204/204 | 0 / 0 | 0.20 ms / 1.00 ms |" in first
     assert "| 8.00 ms | 9.00× |" in first and first.count("**met**") == 1
     # Defaults: redis 4.5 ms over the floor with 1.02 claims a slot is met; sqlite missed a slot.
-    redis = "| redis | 204/204 | 0 / 0 | 2.75 ms | 5.50 ms | 6.50 ms | 4.50 ms | 1.02 | **met** |"
-    sqlite = "| sqlite | 203/204 | 1 / 0 | 3.50 ms | 7.00 ms | 8.00 ms | 6.00 ms | – | **not met**"
-    assert redis in defaults and sqlite in defaults
-    assert "| nats | not available: no server | – | – | – | – | – | – | – |" in defaults
+    redis = "| redis | 204/204 | 0 / 0 | 2.75 ms | 5.50 ms | 6.50 ms | 4.50 ms | – / – | – | 1.02 |"
+    sqlite = "| sqlite | 203/204 | 1 / 0 | 3.50 ms | 7.00 ms | 8.00 ms | 6.00 ms | – / – | – | – |"
+    assert redis + " **met** |" in defaults and sqlite + " **not met** |" in defaults
+    assert "| nats | not available: no server |" + " – |" * 9 in defaults
+
+
+def test_the_defaults_table_shows_the_distinct_key_floor_beside_the_target() -> None:
+    distinct = {
+        "redis": {"distinct_p50": 1.5, "distinct_p99": 2.25},
+        "sqlite": {"distinct_p50": 4.0, "distinct_p99": 9.5},
+    }
+    results = _results({"redis": _lags(5.5), "sqlite": _lags(7.0)}, distinct)
+    results["floor"]["sqlite"].update(instant_p50=0.5, instant_p99=3.0)
+    first, defaults = "\n".join(report.fire_section(results)).split("### With every option")
+    # Redis: 5.5 - 2.25 = 3.25 ms over the distinct-key floor; sqlite 7.0 - 9.5 = -2.5 ms. The
+    # target stays read against the one-client floor (sqlite 6.0 ms over it: not met).
+    assert "| 4.50 ms | 1.50 ms / 2.25 ms | 3.25 ms | – | **met** |" in defaults
+    assert "| 6.00 ms | 4.00 ms / 9.50 ms | -2.50 ms | – | **not met** |" in defaults
+    assert "distinct-key floor p50 / p99 | p99 − distinct-key floor p99 |" in defaults
+    # The jitter_ms=0 table keeps the same-key floor (sqlite: 4.0 - 3.0 ms) and no distinct one.
+    assert "| 0.50 ms / 3.00 ms | 1.00 ms |" in first and "distinct" not in first
 
 
 def test_results_from_before_the_defaults_run_make_one_table() -> None:

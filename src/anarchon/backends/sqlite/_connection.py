@@ -21,7 +21,7 @@ from ...kit import backoff
 from ...kit.migrations import migrate
 from ._clock import AnchoredClock
 from ._errors import DATA_ERRORS, is_busy, translate
-from ._options import BUSY_WAIT_FIRST_S, BUSY_WAIT_MAX_S, EVENTS_KEEP_MS, EVENTS_PRUNE_EVERY_MS
+from ._options import EVENTS_KEEP_MS, EVENTS_PRUNE_EVERY_MS, lock_waits
 from ._queries import STEPS, Q
 from ._rows import SQLiteRows
 
@@ -148,8 +148,7 @@ class Connection:
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE``, waiting for another process's write transaction in short steps
-        (:data:`~._options.BUSY_WAIT_FIRST_S` doubling up to :data:`~._options.BUSY_WAIT_MAX_S`)
-        for up to the busy timeout.
+        (:func:`~._options.lock_waits`) for up to the busy timeout.
 
         Not SQLite's busy handler: it sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms
         between tries, so a write that arrives while another process commits (a claim lost to
@@ -158,7 +157,7 @@ class Connection:
         conn.execute("PRAGMA busy_timeout=0")
         try:
             deadline: float | None = None
-            delay = BUSY_WAIT_FIRST_S
+            waits = lock_waits()
             while True:
                 try:
                     conn.execute("BEGIN IMMEDIATE")
@@ -168,8 +167,7 @@ class Connection:
                     deadline = now + self.busy_timeout_s if deadline is None else deadline
                     if not is_busy(exc) or now >= deadline:
                         raise
-                time.sleep(min(delay, max(0.0, deadline - now)))
-                delay = min(2 * delay, BUSY_WAIT_MAX_S)
+                time.sleep(min(next(waits), max(0.0, deadline - now)))
         finally:
             conn.execute(self._busy_pragma)
 
