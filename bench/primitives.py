@@ -21,15 +21,36 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 import sqlite3
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["Primitive", "make_primitive", "prepare_sqlite"]
+__all__ = ["Primitive", "begin_polling", "make_primitive", "prepare_sqlite"]
 
 FLOOR_TABLE = "floor.claims"
 NATS_IN_FLIGHT = 256
+
+
+def begin_polling(conn: sqlite3.Connection, waits: Iterator[float], busy_s: float) -> None:
+    """``BEGIN IMMEDIATE``, retried after each of ``waits`` while another process writes (for up
+    to ``busy_s``), instead of SQLite's busy handler; the busy timeout is ``busy_s`` after."""
+    conn.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline = time.monotonic() + busy_s
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(next(waits))
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
 
 
 class Primitive(abc.ABC):
@@ -92,7 +113,7 @@ class SQLitePrimitive(Primitive):
         if self.lock_poll_s is None:
             conn.execute("BEGIN IMMEDIATE")
         else:
-            self._begin_polling(conn, self.lock_poll_s)
+            begin_polling(conn, itertools.repeat(self.lock_poll_s), busy_s=10.0)
         try:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO claims (k) VALUES (?)", [(k,) for k in keys])

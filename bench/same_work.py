@@ -54,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+from .primitives import begin_polling
+
 __all__ = ["SameWork", "make_same_work"]
 
 LEASE_MS = 15_000
@@ -129,21 +131,7 @@ class SQLiteSameWork(SameWork):
     def _begin(self, conn: sqlite3.Connection) -> None:
         # As the backend begins (sqlite/_connection.py, _begin): its own short waits, not
         # SQLite's busy handler.
-        conn.execute("PRAGMA busy_timeout=0")
-        try:
-            deadline = time.monotonic() + self.busy_s
-            waits = self.lock_waits()
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    busy = "locked" in str(exc) or "busy" in str(exc)
-                    if not busy or time.monotonic() >= deadline:
-                        raise
-                time.sleep(next(waits))
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_s * 1000)}")
+        begin_polling(conn, self.lock_waits(), self.busy_s)
 
     def _claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
         assert self._conn is not None
