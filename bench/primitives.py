@@ -124,23 +124,6 @@ class SQLitePrimitive(Primitive):
         conn.execute("COMMIT")
         return won
 
-    @staticmethod
-    def _begin_polling(conn: sqlite3.Connection, every_s: float) -> None:
-        conn.execute("PRAGMA busy_timeout=0")
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    busy = "locked" in str(exc) or "busy" in str(exc)
-                    if not busy or time.monotonic() >= deadline:
-                        raise
-                time.sleep(every_s)
-        finally:
-            conn.execute("PRAGMA busy_timeout=10000")
-
     async def claim(self, key: str) -> bool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self._insert, [key]) == 1
