@@ -111,8 +111,8 @@ class _MemoryRows:
     def update(self, row: RunRow) -> None:
         """Rows are mutated in place: only the count of running attempts is kept up."""
         attempt = (row.job, row.slot_key, row.attempt)
-        if row.status != RunStatus.RUNNING and attempt in self.running:
-            self.running.discard(attempt)
+        if row.status != _RUNNING and attempt in self.running:
+            self.running.remove(attempt)
             self.running_by_job[row.job] -= 1
 
     def next_fence(self, job: str, now: int) -> int:
