@@ -20,12 +20,14 @@ sqlite     the claim transaction's statements (``queries.sql``, as a traced clai
            ``some_pauses``, ``next_fence``, ``insert`` and commits. One call of a
            one-thread executor per claim, on a connection opened as the backend opens
            its own (WAL, ``synchronous=FULL``)
-redis      ``EVALSHA`` of the backend's claim script (``SCRIPTS["claim"]``, loaded by    redis-py
-           the backend's start) on the job's five keys and the pauses hash, with the
-           three arguments a claim of one request sends (the claims channel included,
-           so a winner's script publishes its notice), packed by the backend's
-           ``pack`` and sent on a pooled connection as the backend sends a single
-           script call; client opened with the backend's ``socket_timeout=None``
+redis      ``FCALL`` of the backend's claim function (``EVALSHA`` of its claim script    redis-py
+           where the backend calls scripts so: Redis < 7, an ACL without
+           ``FUNCTION``), loaded as the backend loads them, on the job's five keys and
+           the pauses hash, with the three arguments a claim of one request sends (the
+           claims channel included, so a winner's script publishes its notice), packed
+           by the backend's ``pack`` and sent on a pooled connection as the backend
+           sends a single script call; client opened with the backend's
+           ``socket_timeout=None``
 postgres   the ``claim_one`` statement (``queries.sql``, one call of the claim          psycopg 3
            function) with the backend's parameters, positional, binary, prepared as
            the backend prepares it, on an autocommit connection; a winner then sends
@@ -198,7 +200,7 @@ class SQLiteSameWork(SameWork):
 
 
 class RedisSameWork(SameWork):
-    """``EVALSHA`` of the Redis backend's claim script."""
+    """``FCALL`` (or ``EVALSHA``) of the Redis backend's claim script, as the backend calls it."""
 
     def __init__(self, backend: Any, instance: str) -> None:
         super().__init__(backend, instance)
@@ -215,13 +217,20 @@ class RedisSameWork(SameWork):
         self.margin = RESTART_MARGIN_MS
         self._keys: dict[str, list[str]] = {}
         self._client: Any = None
+        self.function = False
 
     async def open(self) -> None:
         from redis.asyncio import Redis
 
+        from anarchon.backends.redis._scripts import ScriptRunner
+
         # As the backend makes its client (redis/_connection.py): no socket timeout.
         self._client = Redis.from_url(self.url, socket_timeout=None)
         await self._client.ping()
+        # As the backend loads the scripts: a function library if the server takes it.
+        runner = ScriptRunner(self._client)
+        await runner.load()
+        self.function = runner.functions
 
     async def close(self) -> None:
         if self._client is not None:
@@ -249,7 +258,8 @@ class RedisSameWork(SameWork):
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
         # As the backend sends one script call (_scripts.ScriptRunner._sent): packed, on a
         # connection of the client's pool, with the connection's retries.
-        packed = self.pack(self.script, self.keys(job), self.args(job, slot, run_id, token))
+        args = self.args(job, slot, run_id, token)
+        packed = self.pack(self.script, self.keys(job), args, function=self.function)
         pool = self._client.connection_pool
         connection = await pool.get_connection()
 

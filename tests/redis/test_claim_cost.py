@@ -76,7 +76,7 @@ async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
         # TIME, HGET slots, HMGET meta, HMGET pauses, HSET meta/runs/slots, ZADD order and
         # leases, PUBLISH the notice (the script's own call counts too).
         assert calls == {
-            "evalsha": 1,
+            "fcall": 1,
             "time": 1,
             "hget": 1,
             "hmget": 2,
@@ -89,7 +89,7 @@ async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
         assert lost.status is ClaimStatus.LOST and lost.run is not None
         assert (lost.run.run_id, lost.run.fence) == (won.run.run_id, won.ticket.fence)
         assert lost.lease_expires_at_ms == won.ticket.lease_expires_at_ms
-        assert calls == {"evalsha": 1, "time": 1, "hget": 2}, calls
+        assert calls == {"fcall": 1, "time": 1, "hget": 2}, calls
 
         history = await backend.history("cost")
         assert [r.run_id for r in history] == [won.run.run_id, first.run.run_id]
@@ -105,7 +105,7 @@ async def test_a_batch_sends_its_claims_in_few_script_calls(own_server: RedisSer
         calls_made = -(-len(jobs) // CLAIMS_PER_CALL)
         won, calls = await _counted(client, backend, [_request(j, slot, "a") for j in jobs])
         assert [o.status for o in won] == [ClaimStatus.WON] * len(jobs)
-        assert calls["evalsha"] == calls_made and calls["time"] == calls_made, calls
+        assert calls["fcall"] == calls_made and calls["time"] == calls_made, calls
         assert calls["info"] == calls["hset"] // 3 == len(jobs), calls  # each job's first
         # The batch's notices: one message after it (it may have gone out already), not one
         # PUBLISH per claim from the scripts.
@@ -114,7 +114,7 @@ async def test_a_batch_sends_its_claims_in_few_script_calls(own_server: RedisSer
         lost, calls = await _counted(client, other, [_request(j, slot, "b") for j in jobs])
         assert [o.status for o in lost] == [ClaimStatus.LOST] * len(jobs)
         assert [o.run.run_id for o in lost] == [o.run.run_id for o in won]
-        assert calls == {"evalsha": calls_made, "time": calls_made, "hget": 2 * len(jobs)}
+        assert calls == {"fcall": calls_made, "time": calls_made, "hget": 2 * len(jobs)}
         for job, outcome in zip(jobs, won, strict=True):
             assert await backend.history(job) == [outcome.run]
 

@@ -438,6 +438,8 @@ def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str) -> None
         assert pack(script, keys, args, encoding) == b"".join(expected)
         one = packer.pack_command("EVALSHA", script.sha, 1, keys[0], args[0])
         assert pack(script, keys[:1], args[0], encoding) == b"".join(one)
+        called = packer.pack_command("FCALL", script.function, len(keys), *keys, *args)
+        assert pack(script, keys, args, encoding, function=True) == b"".join(called)
 
 
 async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() -> None:

@@ -13,8 +13,11 @@
 -- writes through. So every script's first write is a deny-OOM one: while memory is full, every
 -- change is refused alike (claims fail closed, no backup takes over, renewals and results
 -- wait), and none grows memory past the limit.
-local META, RUNS, SLOTS, ORDER, LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local A = cjson.decode(ARGV[1])
+--
+-- Each script defines main(), its work; the call's state (KEYS, ARGV, the job's keys, A, NOW) is
+-- set by begin() first (see _scripts.py: an EVAL script runs its whole text at every call, a
+-- function library only main() and begin()).
+local KEYS, ARGV, META, RUNS, SLOTS, ORDER, LEASES, A, NOW
 
 -- Integers as Redis arguments: exact, never in exponent notation.
 local function int(x)
@@ -26,7 +29,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local NOW = now_ms() + (A.clock_offset_ms or 0)
+local function begin(keys, argv)
+  KEYS, ARGV = keys, argv
+  META, RUNS, SLOTS, ORDER, LEASES = keys[1], keys[2], keys[3], keys[4], keys[5]
+  A = cjson.decode(argv[1])
+  NOW = now_ms() + (A.clock_offset_ms or 0)
+end
 
 local function reply(answer)
   answer.now = NOW

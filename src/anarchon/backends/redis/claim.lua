@@ -20,8 +20,7 @@
 -- that fails is sent again claim by claim by the caller, and a claim it had recorded then
 -- answers as won again (same token). Memory: _common.lua's deny-OOM rule holds per call, so a
 -- call writes at most its claims' records past maxmemory (_rows.CLAIMS_PER_CALL of them).
-local COUNT = math.floor(#KEYS / 5)
-local PAUSES = #KEYS > 5 * COUNT and KEYS[#KEYS] or nil
+local PAUSES -- the pauses hash (KEYS' last), nil on a cluster
 local KNOWN, NOTICE -- the second and third argument of the claim being decided
 
 -- Python's datetime.isoformat() of an aware UTC datetime, for the reasons we record.
@@ -223,16 +222,20 @@ local function claim()
   return answer(raw)
 end
 
-local answers = {}
-local per = #ARGV / COUNT
-for k = 1, COUNT do
-  local key, arg = 5 * (k - 1), per * (k - 1)
-  META, RUNS, SLOTS, ORDER, LEASES = KEYS[key + 1], KEYS[key + 2], KEYS[key + 3], KEYS[key + 4],
-    KEYS[key + 5]
-  if k > 1 then
-    A = cjson.decode(ARGV[arg + 1])
+local function main()
+  local count = math.floor(#KEYS / 5)
+  PAUSES = #KEYS > 5 * count and KEYS[#KEYS] or nil
+  local answers = {}
+  local per = #ARGV / count
+  for k = 1, count do
+    local key, arg = 5 * (k - 1), per * (k - 1)
+    META, RUNS, SLOTS, ORDER, LEASES = KEYS[key + 1], KEYS[key + 2], KEYS[key + 3],
+      KEYS[key + 4], KEYS[key + 5]
+    if k > 1 then
+      A = cjson.decode(ARGV[arg + 1])
+    end
+    KNOWN, NOTICE = ARGV[arg + 2], per > 2 and ARGV[arg + 3] or nil
+    answers[k] = claim()
   end
-  KNOWN, NOTICE = ARGV[arg + 2], per > 2 and ARGV[arg + 3] or nil
-  answers[k] = claim()
+  return '{"claims":[' .. table.concat(answers, ',') .. ']}'
 end
-return '{"claims":[' .. table.concat(answers, ',') .. ']}'

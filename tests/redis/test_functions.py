@@ -1,0 +1,184 @@
+"""The scripts as a Redis 7 function library (FUNCTION LOAD, FCALL), on private servers: loaded
+at start and again after the server lost it, and EVALSHA where the server has no functions (an
+older Redis: FUNCTION unknown) or the user may not load them (ACL)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from anarchon import BackendUnavailable
+from anarchon.backend import ClaimStatus
+from anarchon.backends.redis import RedisBackend, _connection
+from anarchon.backends.redis._scripts import LIBRARY, SCRIPTS
+from tests.redis.servers import RedisServer, redis_server
+from tests.redis.test_scripts import SLOT, claim_request
+
+LIBRARY_NAME = LIBRARY.split("\n", 1)[0].removeprefix("#!lua name=")
+
+
+async def _calls(url: str) -> dict[str, int]:
+    client = Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def _fields(flat: list[Any]) -> dict[str, Any]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+@contextlib.asynccontextmanager
+async def _started(url: str) -> AsyncIterator[RedisBackend]:
+    backend = RedisBackend(url, prefix="fn:")
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.stop()
+
+
+async def _every_call_kind(backend: RedisBackend, job: str, slot: int = SLOT) -> None:
+    """A claim alone, a batch (one script call), history and last_slots (hget_ints), each
+    answered: four script calls."""
+    [one] = await backend.claim([claim_request(job=job, slot=slot)])
+    assert one.status is ClaimStatus.WON
+    batch = await backend.claim([claim_request(job=f"{job}{n}", slot=slot) for n in range(3)])
+    assert [o.status for o in batch] == [ClaimStatus.WON] * 3
+    assert [r.slot_ms for r in await backend.history(job)] == [slot]
+    assert await backend.last_slots([job, f"{job}-none"]) == {job: slot, f"{job}-none": None}
+
+
+async def test_on_redis_7_the_scripts_are_one_library_called_by_fcall(
+    own_server: RedisServer,
+) -> None:
+    async with _started(own_server.url) as backend:
+        await _every_call_kind(backend, "j")
+        calls = await _calls(own_server.url)
+        assert calls["fcall"] == 4 and "evalsha" not in calls, calls
+        assert "script|load" not in calls, calls
+        client = Redis.from_url(own_server.url, decode_responses=True)
+        try:
+            [library] = await client.function_list(LIBRARY_NAME)
+        finally:
+            await client.aclose()
+        # RESP2: each library and function a flat list of names and values.
+        listed = [_fields(f) for f in _fields(library)["functions"]]
+        functions = {f["name"]: f["flags"] for f in listed}
+        assert functions == {
+            s.function: ["no-writes"] if s.name in {"history", "hget_ints"} else []
+            for s in SCRIPTS.values()
+        }
+
+
+async def test_functions_are_loaded_again_after_the_server_lost_them(
+    own_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FUNCTION FLUSH (as a restart without persistence leaves the server): every kind of call
+    loads the library again and is answered; last_slots in three parts of one pipeline."""
+    monkeypatch.setattr(_connection, "HGET_SCRIPT_KEYS", 1)
+    async with _started(own_server.url) as backend:
+        for n, call in enumerate(("claim", "batch", "history", "last_slots")):
+            own_server.cli("FUNCTION", "FLUSH")
+            if call == "claim":
+                [won] = await backend.claim([claim_request(job="a", slot=SLOT)])
+                assert won.status is ClaimStatus.WON
+            elif call == "batch":
+                batch = await backend.claim([claim_request(job=f"b{k}") for k in range(3)])
+                assert [o.status for o in batch] == [ClaimStatus.WON] * 3
+            elif call == "history":
+                assert len(await backend.history("a")) == 1
+            else:
+                found = await backend.last_slots(["a", "b0", "none"])
+                assert found == {"a": SLOT, "b0": SLOT, "none": None}
+            assert LIBRARY_NAME in own_server.cli("FUNCTION", "LIST"), n
+        assert "evalsha" not in await _calls(own_server.url)
+
+
+@pytest.fixture
+def server_without_functions(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis 7 that answers FUNCTION and FCALL as a Redis 6 does: unknown command."""
+    with redis_server(
+        tmp_path, "--rename-command", "FUNCTION", "", "--rename-command", "FCALL", ""
+    ) as server:
+        yield server
+
+
+async def test_a_server_without_functions_gets_evalsha(
+    server_without_functions: RedisServer,
+) -> None:
+    url = server_without_functions.url
+    async with _started(url) as backend:
+        await _every_call_kind(backend, "j")
+        server_without_functions.cli("SCRIPT", "FLUSH")
+        [won] = await backend.claim([claim_request(job="k")])
+        assert won.status is ClaimStatus.WON
+    calls = await _calls(url)
+    assert calls["evalsha"] == 6 and "fcall" not in calls, calls
+
+
+async def test_a_user_refused_function_load_gets_evalsha(own_server: RedisServer) -> None:
+    """The page's minimal ACL user loads and calls the library; the same user without FUNCTION
+    calls the scripts by EVALSHA."""
+    rules = ["on", ">secret", "~fn:*", "&fn:*", "+@read", "+@write", "+@scripting", "+@pubsub"]
+    rules += ["+@connection", "-@dangerous", "+info", "+time"]
+    own_server.cli("ACL", "SETUSER", "minimal", *rules)
+    own_server.cli("ACL", "SETUSER", "nofunction", *rules, "-function")
+    server = f"127.0.0.1:{own_server.port}/0"
+    for user, command, other in (
+        ("minimal", "fcall", "evalsha"),
+        ("nofunction", "evalsha", "fcall"),
+    ):
+        own_server.cli("FUNCTION", "FLUSH")
+        own_server.cli("CONFIG", "RESETSTAT")
+        async with _started(f"redis://{user}:secret@{server}") as backend:
+            await _every_call_kind(backend, user, SLOT + 1000 * len(user))
+        calls = await _calls(own_server.url)
+        assert calls.get(command) == 4 and other not in calls, (user, calls)
+
+
+async def test_a_library_already_loaded_is_kept_not_compiled_again(
+    own_server: RedisServer,
+) -> None:
+    """Every start asks FUNCTION LOAD; the second finds the library and keeps it (a REPLACE
+    would compile it again, about a millisecond of the server's time each start)."""
+    async with _started(own_server.url) as first, _started(own_server.url) as second:
+        [won] = await second.claim([claim_request(job="j", slot=SLOT)])
+        [lost] = await first.claim([claim_request(job="j", slot=SLOT)])
+        assert (won.status, lost.status) == (ClaimStatus.WON, ClaimStatus.LOST)
+    client = Redis.from_url(own_server.url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    load = stats["cmdstat_function|load"]
+    assert load["calls"] == 2 and load["failed_calls"] == 1, load
+
+
+async def test_while_memory_is_full_a_function_that_may_write_is_refused_as_a_whole(
+    own_server: RedisServer,
+) -> None:
+    """A claim that would meet a record is refused like every change (EVALSHA answered it lost:
+    its script had not written); the no-writes functions still answer."""
+    from tests.redis.test_memory import fill, relieve
+
+    async with _started(own_server.url) as backend:
+        [won] = await backend.claim([claim_request(job="j", slot=SLOT)])
+        assert won.status is ClaimStatus.WON
+        await fill(own_server)
+        try:
+            with pytest.raises(BackendUnavailable, match="OutOfMemoryError"):
+                await backend.claim([claim_request(job="j", slot=SLOT)])
+            assert [r.slot_ms for r in await backend.history("j")] == [SLOT]
+            assert await backend.last_slots(["j"]) == {"j": SLOT}
+        finally:
+            await relieve(own_server)
+        [lost] = await backend.claim([claim_request(job="j", slot=SLOT)])
+        assert lost.status is ClaimStatus.LOST
