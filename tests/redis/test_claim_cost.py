@@ -4,7 +4,7 @@ counts the commands a script runs as well as the script itself).
 A claim is the one call every instance makes for every slot; these budgets keep it short: a
 won claim reads the job's META and the pauses in one command each and writes META in one, a
 claim that meets a record reads two fields and answers the record as stored, and only a job's
-very first claim asks the server for its uptime (INFO).
+very first claim needs the server's uptime (INFO), which the function library asks once.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ async def _two_instances(
         await backend.stop()
 
 
-async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
+async def test_a_claim_runs_few_commands_and_the_uptime_is_asked_once(
     own_server: RedisServer,
 ) -> None:
     async with _two_instances(own_server) as (backend, other, client):
@@ -69,6 +69,10 @@ async def test_a_claim_runs_few_commands_and_asks_the_uptime_once_per_job(
         [first], calls = await _counted(client, backend, [_request("cost", slot, "a")])
         assert first.status is ClaimStatus.WON
         assert calls.pop("info") == 1, calls  # the job's first record: its known_from
+        # Another job's first record, by another instance: the library knows the uptime.
+        [new], calls = await _counted(client, other, [_request("cost2", slot, "b")])
+        assert new.status is ClaimStatus.WON and "info" not in calls, calls
+        assert calls["hset"] == 3, calls  # known_from written with the record, in one HSET
 
         [won], calls = await _counted(client, backend, [_request("cost", slot + 1000, "a")])
         assert won.status is ClaimStatus.WON and won.ticket is not None
@@ -106,7 +110,8 @@ async def test_a_batch_sends_its_claims_in_few_script_calls(own_server: RedisSer
         won, calls = await _counted(client, backend, [_request(j, slot, "a") for j in jobs])
         assert [o.status for o in won] == [ClaimStatus.WON] * len(jobs)
         assert calls["fcall"] == calls_made and calls["time"] == calls_made, calls
-        assert calls["info"] == calls["hset"] // 3 == len(jobs), calls  # each job's first
+        # Each job's first record (three HSETs, known_from among them); the uptime asked once.
+        assert calls["hset"] // 3 == len(jobs) and calls["info"] == 1, calls
         # The batch's notices: one message after it (it may have gone out already), not one
         # PUBLISH per claim from the scripts.
         assert calls.get("publish", 0) <= 1, calls

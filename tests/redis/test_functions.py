@@ -182,3 +182,29 @@ async def test_while_memory_is_full_a_function_that_may_write_is_refused_as_a_wh
             await relieve(own_server)
         [lost] = await backend.claim([claim_request(job="j", slot=SLOT)])
         assert lost.status is ClaimStatus.LOST
+
+
+async def test_the_library_asks_the_uptime_once_and_every_first_record_knows_the_start(
+    own_server: RedisServer,
+) -> None:
+    """Each job's first record holds known_from = the server's start + the restart margin; the
+    library asks INFO for it once, not at each job's first claim (fails if asked per job)."""
+    from anarchon.backends.redis._keys import Namespace
+    from anarchon.backends.redis._rows import RESTART_MARGIN_MS
+    from tests.redis.test_faults import server_started_ms
+
+    slot = SLOT + 10_000
+    async with _started(own_server.url) as backend:
+        outcomes = await backend.claim([claim_request(job=f"k{n}", slot=slot) for n in range(3)])
+        outcomes += [(await backend.claim([claim_request(job="k3", slot=slot)]))[0]]
+        assert [o.status for o in outcomes] == [ClaimStatus.WON] * 4
+    assert (await _calls(own_server.url))["info"] == 1
+    started = await server_started_ms(own_server)
+    client = Redis.from_url(own_server.url)
+    try:
+        names = Namespace("fn:")
+        known = [await client.hget(names.job(f"k{n}").meta, "known_from") for n in range(4)]
+    finally:
+        await client.aclose()
+    assert len(set(known)) == 1 and known[0] is not None, known
+    assert abs(int(known[0]) - (started + RESTART_MARGIN_MS)) <= 1000, (known, started)
