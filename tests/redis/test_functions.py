@@ -208,3 +208,25 @@ async def test_the_library_asks_the_uptime_once_and_every_first_record_knows_the
         await client.aclose()
     assert len(set(known)) == 1 and known[0] is not None, known
     assert abs(int(known[0]) - (started + RESTART_MARGIN_MS)) <= 1000, (known, started)
+
+
+async def test_a_client_with_its_own_fcall_callback_keeps_execute_command(
+    own_server: RedisServer,
+) -> None:
+    """Its callback shapes every FCALL answer, which a packed call on a pooled connection would
+    skip: such a client sends the scripts by execute_command (fails if only EVALSHA's counts)."""
+    from anarchon.backends.redis._scripts import ScriptRunner
+
+    client = Redis.from_url(own_server.url)
+    client.set_response_callback("FCALL", lambda answer, **_: answer)  # type: ignore[arg-type]
+    try:
+        assert ScriptRunner(client)._pool is None
+        backend = RedisBackend(client=client, prefix="fn:")
+        await backend.start()
+        try:
+            [won] = await backend.claim([claim_request(job="cb")])
+            assert won.status is ClaimStatus.WON
+        finally:
+            await backend.stop()
+    finally:
+        await client.aclose()

@@ -168,15 +168,15 @@ def _pool(client: Redis | RedisCluster) -> Any:
     """The connection pool a single call may take its connection from (see the module's
     docstring), or None to send it by ``execute_command``: a cluster client (which routes by
     key), a subclass or a single-connection client (which may send commands their own way), a
-    client with its own answer callback for EVALSHA, and redis-py before 8 (where the pool's
-    and connections' methods differ; 8.2 is the version measured)."""
+    client with its own answer callback for EVALSHA or FCALL, and redis-py before 8 (where the
+    pool's and connections' methods differ; 8.2 is the version measured)."""
     import redis
     from redis.asyncio import Redis
 
     if (
         type(client) is not Redis
         or client.single_connection_client
-        or "EVALSHA" in client.response_callbacks
+        or {"EVALSHA", "FCALL"} & client.response_callbacks.keys()
         or int(redis.__version__.split(".")[0]) < 8
     ):
         return None
