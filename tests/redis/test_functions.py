@@ -230,3 +230,25 @@ async def test_a_client_with_its_own_fcall_callback_keeps_execute_command(
             await backend.stop()
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("key", [None, "manual-req1", 'manual-qu"ote', "manual-caf\u00e9\\"])
+async def test_a_claim_that_meets_a_record_finds_it_by_the_key_it_was_sent(
+    own_server: RedisServer, key: str | None
+) -> None:
+    """The claim script looks a slot's record up by the key at the head of its second argument
+    without decoding the first; a key that JSON escapes (a quote, non-ASCII, a backslash: a
+    triggered run's request id) is decoded instead. Either way: one winner, and the others are
+    told its run, alone and in a batch."""
+    slot = None if key else SLOT
+    async with _started(own_server.url) as a, _started(own_server.url) as b:
+        [won] = await a.claim([claim_request(job="j-1", slot=slot, instance="a", key=key)])
+        again = claim_request(job="j-1", slot=slot, instance="b", key=key)
+        [lost] = await b.claim([again])
+        [in_batch, other] = await b.claim([again, claim_request(job="j-2", slot=slot, key=key)])
+        assert won.status is ClaimStatus.WON and won.run is not None
+        assert (lost.status, in_batch.status) == (ClaimStatus.LOST, ClaimStatus.LOST)
+        assert lost.run == in_batch.run == won.run
+        assert other.status is ClaimStatus.WON
+        [history] = await a.history("j-1")
+        assert history == won.run
