@@ -5,6 +5,7 @@ older Redis: FUNCTION unknown) or the user may not load them (ACL)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from anarchon.backend import ClaimStatus
 from anarchon.backends.redis import RedisBackend, _connection
 from anarchon.backends.redis._scripts import LIBRARY, SCRIPTS
 from tests.redis.servers import RedisServer, redis_server
+from tests.redis.test_faults import settle
 from tests.redis.test_scripts import SLOT, claim_request
 
 LIBRARY_NAME = LIBRARY.split("\n", 1)[0].removeprefix("#!lua name=")
@@ -252,3 +254,21 @@ async def test_a_claim_that_meets_a_record_finds_it_by_the_key_it_was_sent(
         assert other.status is ClaimStatus.WON
         [history] = await a.history("j-1")
         assert history == won.run
+
+
+async def test_a_restart_onto_a_server_without_functions_goes_on_by_evalsha(
+    own_server: RedisServer,
+) -> None:
+    """Started on a Redis 7, the backend calls functions; the server comes back as one that
+    answers FCALL as a Redis 6 does (a rollback, a failover onto an older replica): the call is
+    answered, by EVALSHA, without a restart of the backend."""
+    async with _started(own_server.url) as backend:
+        await _every_call_kind(backend, "a")
+        own_server.kill()
+        own_server.args = ("--rename-command", "FUNCTION", "", "--rename-command", "FCALL", "")
+        own_server.start()
+        await settle(own_server)
+        now = (int(time.time()) + 5) * 1000
+        await _every_call_kind(backend, "b", now)
+    calls = await _calls(own_server.url)
+    assert calls["evalsha"] >= 4 and "fcall" not in calls, calls

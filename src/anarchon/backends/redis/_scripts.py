@@ -155,12 +155,17 @@ def _head(script: Script, function: bool) -> bytes:
     return b"$7\r\nEVALSHA\r\n" + _bulk(script.sha.encode())
 
 
+# Error replies that say the server lacks the function called, or functions altogether (a
+# failover or a restart onto a Redis before 7: the scripts are loaded for EVALSHA then).
+_NO_FUNCTION: Final = ("Function not found", "unknown command 'FCALL'")
+
+
 def _missing(answer: object) -> bool:
     """Whether ``answer`` (an error) says the server lacks the script or function called."""
     from redis.exceptions import NoScriptError, ResponseError
 
     return isinstance(answer, NoScriptError) or (
-        isinstance(answer, ResponseError) and str(answer).startswith("Function not found")
+        isinstance(answer, ResponseError) and str(answer).startswith(_NO_FUNCTION)
     )
 
 
