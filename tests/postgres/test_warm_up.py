@@ -11,6 +11,7 @@ row, no notice and no open transaction behind.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -123,3 +124,37 @@ async def test_warm_up_leaves_nothing(make: Callable[..., PostgresBackend], sche
         )
     )
     assert [o.status for batch in outcomes for o in batch] == [ClaimStatus.WON] * 9
+
+
+async def test_a_warm_up_that_waits_gives_up(
+    make: Callable[..., PostgresBackend], schema: str
+) -> None:
+    """A warm-up that waits for a lock (a migration under way elsewhere) gives up after
+    WARM_UP_LIMIT_MS, at most half of timeout_ms: start() still opens its pool in time (its
+    connection tried twice, by the pool and after the migrations, 0.5 s each), where a warm-up
+    without a limit held the pool's first connection past timeout_ms and start() failed."""
+    first = make()
+    await first.start()
+    await first.stop()
+    names = first._queries.names
+    async with await psycopg.AsyncConnection.connect(DSN) as holder:
+        await holder.execute(f'LOCK TABLE "{schema}"."{names.prefix}runs" IN ACCESS EXCLUSIVE MODE')
+        backend = make(timeout_ms=1_000)
+        started = time.monotonic()
+        await backend.start()
+        assert time.monotonic() - started < 1.5
+        await holder.rollback()
+    [won] = await backend.claim(
+        [
+            ClaimRequest(
+                job="job",
+                slot=SLOT,
+                run_id=uuid.uuid4().hex,
+                token=uuid.uuid4().hex,
+                instance="i0",
+                trigger=Trigger.SCHEDULE,
+                lease_ms=60_000,
+            )
+        ]
+    )
+    assert won.status is ClaimStatus.WON

@@ -48,6 +48,9 @@ NOT_READ_COMMITTED: Final = "AN001"
 LISTEN_WAIT_S: Final = 2.0
 # Jobs whose last slots one statement looks up (a start with 100 000 jobs: ten statements).
 LAST_SLOTS_BATCH: Final = 10_000
+# The longest a new connection's warm-up (PostgresBackend._warm) may wait, at most half of
+# timeout_ms: the pool hands the connection out unwarmed after that.
+WARM_UP_LIMIT_MS: Final = 1_000
 # The waits between attempts to LISTEN again.
 _listen_backoff = functools.partial(backoff, first=0.2, cap=5.0)
 
@@ -236,15 +239,15 @@ class PostgresBackend(contract.LeaseBackend):
         one = rows.claim_one_params(req(1, 0), channel, later=later)
         won = rows.claim_batch_params([req(2, 0), req(3, 0)], channel, later=later)
         decided = rows.claim_batch_params([req(2, 1), req(3, 1, "warm-up")], channel, later=later)
-        # psycopg's own BEGIN and ROLLBACK: a ROLLBACK sent as a statement makes psycopg forget
-        # (DEALLOCATE ALL) the statements it prepared on the connection, these ones included.
         async with conn.transaction(force_rollback=True):
             await conn.execute(q["read_committed"], prepare=False)
+            limit = min(WARM_UP_LIMIT_MS, self.timeout_ms // 2)
+            await conn.execute(q["warm_up_limit"], {"ms": str(limit)}, prepare=False)
             for query, params in ((q["claim_one"], one), (q["claim"], won), (q["claim"], decided)):
                 await self._db.statement(conn, query, params)
-        # psycopg forgets what it prepared in a transaction rolled back: the batch's statement is
-        # prepared again by a claim of no request, which runs the function's statements on no
-        # rows and writes nothing.
+        # psycopg forgets what it prepared once a transaction is rolled back (a rollback may undo
+        # what a statement refers to): the batch's statement is prepared again by a claim of no
+        # request, which runs the function's statements on no rows and writes nothing.
         await self._db.statement(
             conn, q["claim"], rows.claim_batch_params([], channel, later=later)
         )
