@@ -10,13 +10,14 @@ then decides by ``claim_alone``, ``claim_plain`` or ``claim_decide``) in one sta
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from anarchon import backend as contract
 from anarchon.errors import BackendError, BackendUnavailable
-from anarchon.kit import Run, backoff
+from anarchon.kit import Run, Trigger, backoff
 from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 
@@ -47,6 +48,9 @@ NOT_READ_COMMITTED: Final = "AN001"
 LISTEN_WAIT_S: Final = 2.0
 # Jobs whose last slots one statement looks up (a start with 100 000 jobs: ten statements).
 LAST_SLOTS_BATCH: Final = 10_000
+# The longest a new connection's warm-up (PostgresBackend._warm) may wait, at most half of
+# timeout_ms: the pool hands the connection out unwarmed after that.
+WARM_UP_LIMIT_MS: Final = 1_000
 # The waits between attempts to LISTEN again.
 _listen_backoff = functools.partial(backoff, first=0.2, cap=5.0)
 
@@ -117,6 +121,9 @@ class PostgresBackend(contract.LeaseBackend):
         self._listener: Listener | None = None
         # One request is claimed by one statement until the server's isolation level refuses it.
         self._one_statement = True
+        # Whether this backend claims (its pool's connections are warmed for it, see _warm): a
+        # clone keeps leases only.
+        self._claims = True
 
     @classmethod
     def from_url(cls, url: str) -> PostgresBackend:
@@ -148,7 +155,8 @@ class PostgresBackend(contract.LeaseBackend):
 
     async def start(self) -> None:
         """Open the pool (if the backend owns it) and migrate the tables. Idempotent."""
-        await self._db.open(lambda conn: migrate(conn, self._queries))
+        warm = self._warm if self._claims else None
+        await self._db.open(lambda conn: migrate(conn, self._queries), warm)
 
     async def start_reader(self) -> None:
         """Open the pool and check that the tables are there; create or change nothing."""
@@ -199,6 +207,50 @@ class PostgresBackend(contract.LeaseBackend):
             for (n, _), outcome in zip(chunk, decided, strict=True):
                 outcomes[n] = outcome
         return [o for o in outcomes if o is not None]
+
+    async def _warm(self, conn: AsyncConnection[Any]) -> None:
+        """Plan the claim on a new connection of the backend's pool before a claim uses it.
+
+        A session compiles the claim function and plans each of its statements the first time
+        it runs them, and psycopg prepares the claim's statement once per connection: the first
+        claim a connection wins took 8.3 ms for 17 requests where the next took 1.7 ms (one
+        client, fresh slots, 12 new connections, medians). The pool hands its connections out
+        in turn, so at one instant the winner was often on a connection that had never won a
+        claim. Here every path of the function runs once, on made-up jobs, in a transaction
+        rolled back: one request won (a new job), a batch won, a batch that claim_decide
+        decides (a request with a skip reason). Nothing is committed, no log is flushed, and the
+        plans and prepared statements stay with the session."""
+        q = self._queries
+        channel, later = q.names.channel, self._notices is not None
+        name = f"anarchon-warm-up-{uuid.uuid4().hex}"
+
+        def req(job: int, slot: int, skip: str | None = None) -> contract.ClaimRequest:
+            return contract.ClaimRequest(
+                job=f"{name}-{job}",
+                slot=slot,
+                run_id=f"{name}-{job}-{slot}",
+                token=name,
+                instance=name,
+                trigger=Trigger.SCHEDULE,
+                lease_ms=1,
+                skip_reason=skip,
+            )
+
+        one = rows.claim_one_params(req(1, 0), channel, later=later)
+        won = rows.claim_batch_params([req(2, 0), req(3, 0)], channel, later=later)
+        decided = rows.claim_batch_params([req(2, 1), req(3, 1, "warm-up")], channel, later=later)
+        async with conn.transaction(force_rollback=True):
+            await conn.execute(q["read_committed"], prepare=False)
+            limit = min(WARM_UP_LIMIT_MS, self.timeout_ms // 2)
+            await conn.execute(q["warm_up_limit"], {"ms": str(limit)}, prepare=False)
+            for query, params in ((q["claim_one"], one), (q["claim"], won), (q["claim"], decided)):
+                await self._db.statement(conn, query, params)
+        # psycopg forgets what it prepared once a transaction is rolled back (a rollback may undo
+        # what a statement refers to): the batch's statement is prepared again by a claim of no
+        # request, which runs the function's statements on no rows and writes nothing.
+        await self._db.statement(
+            conn, q["claim"], rows.claim_batch_params([], channel, later=later)
+        )
 
     async def _claim_alone(self, req: contract.ClaimRequest) -> contract.ClaimOutcome:
         try:
@@ -435,11 +487,14 @@ class PostgresBackend(contract.LeaseBackend):
 
     def clone(self) -> PostgresBackend | None:
         """A new, unstarted backend on the same database, schema and prefix with a small pool
-        of its own (two connections), for the scheduler's lease keeper thread. From a pool or
+        of its own (two connections), for the scheduler's lease keeper thread (its connections
+        are not warmed for claims: it renews leases). From a pool or
         connection you passed in, the copy connects with its connection string; None when
         that cannot be read (a conninfo function, connection keyword arguments)."""
         dsn = self._db.copyable_dsn()
         if dsn is None:
             return None
         own = replace(self._options, dsn=dsn, pool=None, max_connections=2)
-        return PostgresBackend(**own.arguments())
+        copy = PostgresBackend(**own.arguments())
+        copy._claims = False
+        return copy

@@ -114,24 +114,53 @@ class Connections:
         )
         # Each statement's column names, read from its first result (see _row_factory).
         self._row_factories: dict[bytes, AsyncRowFactory[dict[str, Any]]] = {}
+        # Makes a new connection of the backend's own pool ready for claims (see open).
+        self._warm: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None
+        self._warmed: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
         self._call_where = f"PostgreSQL {where}"
         self._call_limit = f"timeout_ms={options.timeout_ms}"
         self._timeout_s = options.timeout_ms / 1000
 
     # -- opening and closing -------------------------------------------------------------------
 
-    async def open(self, first: Callable[[AsyncConnection[Any]], Awaitable[None]]) -> None:
+    async def open(
+        self,
+        first: Callable[[AsyncConnection[Any]], Awaitable[None]],
+        warm: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> None:
         """Open the pool if the backend owns one (waiting for its first connection), then run
-        ``first`` (migrations, or a reader's check); close again if it fails. Idempotent."""
+        ``first`` (migrations, or a reader's check); close again if it fails. Idempotent.
+
+        ``warm`` runs on every new connection of the backend's own pool before the pool hands
+        it out (the pool's ``configure``), and on the first connection once ``first`` has run
+        (which may have made what ``warm`` needs): the claim's statements are then planned
+        before a claim waits for them (see PostgresBackend._warm). A warm-up that fails is
+        ignored: the connection is used unwarmed. A pool or connection the caller gave is not
+        warmed (its connections are the caller's)."""
         if self._open:
             return
+        self._warm = warm
         await self._open_pool()
         self._open = True
         try:
             await self.call(first)
+            if warm is not None and self._given is None:
+                await self.call(self._warm_once)
         except BaseException:
             await self.close()
             raise
+
+    async def _warm_once(self, conn: AsyncConnection[Any]) -> None:
+        """Run the warm-up on ``conn`` unless it ran there already (the pool's ``configure``)."""
+        if self._warm is None or conn in self._warmed:
+            return
+        try:
+            await self._warm(conn)
+        except Exception:
+            # Not there yet (the first connection, before migrations) or the server refused:
+            # the warm-up's transaction was rolled back, the connection is good as it is.
+            return
+        self._warmed.add(conn)
 
     async def _open_pool(self) -> None:
         from psycopg_pool import AsyncConnectionPool
@@ -146,6 +175,7 @@ class Connections:
                 kwargs=self._connection_options(),
                 open=False,
                 timeout=timeout_s,
+                configure=self._warm_once,
                 name=f"anarchon-{self.options.schema}.{self.options.table_prefix}",
             )
             try:

@@ -202,6 +202,12 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 -- The first statement of a transaction psycopg opened (on a connection the caller passed in).
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+-- name: warm_up_limit
+-- In the warm-up of a new connection of the pool (PostgresBackend._warm), for its transaction
+-- only: a lock it would wait for (a migration under way) fails it after WARM_UP_LIMIT_MS (at most
+-- half of timeout_ms) rather than holding up the pool's new connection.
+SELECT set_config('statement_timeout', %(ms)s, true);
+
 -- name: set_clock_offset
 -- Test-only: move this session's database clock (see {now_ms}).
 SELECT set_config('anarchon.test_clock_offset_ms', %(offset)s, false);
