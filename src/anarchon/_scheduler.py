@@ -45,6 +45,7 @@ from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
+from ._members import BACKUP, PREFERRED
 from ._metrics import Counters
 from ._missed import MissedSlots
 from ._models import Run, Trigger
@@ -70,10 +71,6 @@ ENV_BACKEND: Final = "ANARCHON_BACKEND"
 __all__ = ["Scheduler"]
 
 logger = logging.getLogger("anarchon.scheduler")
-# Compared once per due slot (_heard): module constants, not ``Kind.PREFERRED``, which costs
-# 0.15-0.2 us a read on Python 3.11 (EnumType's __getattr__ hook).
-_PREFERRED: Final = Kind.PREFERRED
-_BACKUP: Final = Kind.BACKUP
 
 H = TypeVar("H", bound=Handler)
 
@@ -746,9 +743,9 @@ class Scheduler(Operations):
         kind, notice = self._rendezvous.due(job.name, slot)
         counters = self._counters
         if notice is None:
-            if kind is _PREFERRED:
+            if kind is PREFERRED:
                 counters.claims_preferred += 1
-            elif kind is _BACKUP:
+            elif kind is BACKUP:
                 counters.claims_backup += 1
             else:
                 counters.claims_unranked += 1
