@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from ._members import UNRANKED
+from ._members import BACKUP, PREFERRED, UNRANKED
 from ._models import Kind
 from .backend import ClaimNotice
 from .registry import SILENT_HEARTBEATS, ClusterView
@@ -181,9 +181,9 @@ class Rendezvous:
         carriers = self.carriers(job) if self.notices and jitter_ms > 0 else []
         position = rank(self.instance, carriers, f"{job}:{slot}") if len(carriers) > 1 else None
         if position is None:
-            plan = Plan(_uniform(jitter_ms) if jitter_ms else 0, Kind.UNRANKED)
+            plan = Plan(_uniform(jitter_ms) if jitter_ms else 0, UNRANKED)
         else:
-            kind = Kind.PREFERRED if position == 0 else Kind.BACKUP
+            kind = PREFERRED if position == 0 else BACKUP
             plan = Plan(delay_for_rank(position, jitter_ms), kind)
         self._pending[job] = (slot, plan.kind)
         return plan
