@@ -156,13 +156,15 @@ class SlotTimer:
                     await result
                 continue
             self._wake.clear()
-            if not self._heap or self._heap[0].due_ms - now > STEP_CHECK_MS:
-                await sleep_or_wake(self._clock.sleep(STEP_CHECK_MS / 1000), self._wake)
-            else:
-                head = self._heap[0]
+            at = now + STEP_CHECK_MS + 1
+            if heap:
+                head = heap[0]
                 # Without jitter the slot is the moment to claim: hand it over a little before
                 # (its claim then waits for the slot precisely), not after it.
                 at = head.due_ms - self.lead_ms(head.due_ms) if _at_slot(head) else head.due_ms
+            if at - now > STEP_CHECK_MS:
+                await sleep_or_wake(self._clock.sleep(STEP_CHECK_MS / 1000), self._wake)
+            else:
                 await sleep_or_wake(self._clock.sleep_until(at), self._wake)
 
 

@@ -16,6 +16,7 @@ from tests.unit.core_helpers import MINUTE, START, BackendClock, Recording, on_a
 
 JOBS = 2_500
 SLOT = START + 60 * MINUTE
+LEAD = LEAD_MS + JOBS * PREPARE_US // 1_000
 
 
 async def _work(ctx: RunContext) -> None:
@@ -35,14 +36,17 @@ def test_the_lead_grows_with_the_slots_of_an_instant_up_to_its_cap() -> None:
     timer.push("jittered", SLOT, SLOT + 700, 0)  # not due at its slot: no lead of its own
     assert timer.lead_ms(SLOT) == LEAD_MS and timer.lead_ms(SLOT + 700) == LEAD_MS
     timer.push_many((f"j{n}", SLOT, SLOT, 0) for n in range(JOBS - 1))
-    assert timer.lead_ms(SLOT) == LEAD_MS + JOBS * PREPARE_US // 1_000
+    assert timer.lead_ms(SLOT) == LEAD
     many = PREPARE_MAX_MS * 1_000 // PREPARE_US + 1
     timer.push_many((f"k{n}", SLOT + 1_000, SLOT + 1_000, 0) for n in range(many))
     assert timer.lead_ms(SLOT + 1_000) == LEAD_MS + PREPARE_MAX_MS
 
 
+# The timer last looks at the heap this long before the slot (it looks at least once a second):
+# a second before, or less than a second and its lead (then it must not sleep a whole second).
+@pytest.mark.parametrize("looked_ms", [1_000, 1_000 + LEAD // 2])
 async def test_a_burst_is_built_its_lead_before_the_slot_and_claimed_at_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, looked_ms: int
 ) -> None:
     clock = FakeClock(START)
     backend = Recording(clock)
@@ -55,12 +59,11 @@ async def test_a_burst_is_built_its_lead_before_the_slot_and_claimed_at_it(
         return build(*args, **kwargs)
 
     monkeypatch.setattr(scheduler._claims, "request", request)
-    lead = LEAD_MS + JOBS * PREPARE_US // 1_000
-    assert lead >= 3 * LEAD_MS
+    assert LEAD >= 3 * LEAD_MS
     async with scheduler:
-        await clock.advance(60 * MINUTE - 1_000, step_ms=MINUTE)
-        await clock.advance(1_200, step_ms=1)
-        assert set(built) == {SLOT - lead} and len(built) == JOBS
+        await clock.advance(60 * MINUTE - looked_ms, step_ms=MINUTE)
+        await clock.advance(looked_ms + 200, step_ms=1)
+        assert set(built) == {SLOT - LEAD} and len(built) == JOBS
         claims = backend.named("claim")
         assert {at for _, at, _ in claims} == {SLOT}
         assert sum(len(requests) for _, _, requests in claims) == JOBS
