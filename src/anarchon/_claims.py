@@ -15,6 +15,7 @@ from typing import Any, Final
 from . import otel
 from ._batch import MAX_BATCH, isolate
 from ._clock import BackendTime, Clock
+from ._collector import Pause, pause
 from ._frozen import maker
 from ._job import Job
 from ._members import SCHEDULE, WON
@@ -279,8 +280,11 @@ class Claims:
         claimed: list[Claimed] = []
         # Results of the first parts' runs wait for the last part (see hold_results).
         held = len(requests) > CLAIM_PART
+        collecting: Pause | None = None
         if held:
             self._executor.hold_results()
+            # A burst: its runs start with the garbage collector held back (see _collector).
+            collecting = pause()
         # Set once the event loop has run since the last part's runs were handed out (they
         # have started then): see below.
         loop_ran: asyncio.Future[None] | None = None
@@ -312,6 +316,9 @@ class Claims:
         finally:
             if held:
                 self._executor.release_results()
+            if collecting is not None:
+                # After the last part's runs have started: they were handed out just now.
+                asyncio.get_running_loop().call_soon(collecting.end)
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
