@@ -312,13 +312,16 @@ class Claims:
                     answered(answers)
                     loop_ran = asyncio.get_running_loop().create_future()
                     asyncio.get_running_loop().call_soon(_set_done, loop_ran)
-            return claimed
-        finally:
-            if held:
-                self._executor.release_results()
             if collecting is not None:
                 # After the last part's runs have started: they were handed out just now.
                 asyncio.get_running_loop().call_soon(collecting.end)
+                collecting = None
+            return claimed
+        finally:
+            if collecting is not None:  # cancelled or failed: at once (the loop may be closing)
+                collecting.end()
+            if held:
+                self._executor.release_results()
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
