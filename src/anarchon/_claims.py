@@ -15,8 +15,10 @@ from typing import Any, Final
 from . import otel
 from ._batch import MAX_BATCH, isolate
 from ._clock import BackendTime, Clock
+from ._collector import Pause, pause
 from ._frozen import maker
 from ._job import Job
+from ._members import SCHEDULE, WON
 from ._metrics import Counters, skip_class
 from ._models import RunStatus, Trigger
 from ._retry import backoff
@@ -34,10 +36,6 @@ logger = logging.getLogger("anarchon.scheduler")
 THREAD_POLL_S: Final = 0.05
 # One request per fired slot (see anarchon._frozen).
 _new_request: Final = maker(ClaimRequest)
-# Members read once or twice per slot, as module constants: on Python 3.11 ``Enum.MEMBER``
-# goes through EnumType's ``__getattr__`` hook (0.15-0.2 us a read).
-_SCHEDULE: Final = Trigger.SCHEDULE
-_WON: Final = ClaimStatus.WON
 # A due batch reaches the backend in parts of at most this many claims, one part after
 # another, each judged too late right before it is sent and retried on its own: a backend that
 # bounds how long one call may take to send (NATS publishes a call's claims within
@@ -162,7 +160,7 @@ class Claims:
         than ``max_late_ms`` after it (``now``, on the backend's clock) is claimed as skipped."""
         policy = job.policy
         skip_reason = None
-        if slot is not None and now is not None and trigger is _SCHEDULE:
+        if slot is not None and now is not None and trigger is SCHEDULE:
             late = now - slot
             if late > policy.max_late_ms:
                 self._counters.too_late += 1
@@ -282,8 +280,11 @@ class Claims:
         claimed: list[Claimed] = []
         # Results of the first parts' runs wait for the last part (see hold_results).
         held = len(requests) > CLAIM_PART
+        collecting: Pause | None = None
         if held:
             self._executor.hold_results()
+            # A burst: its runs start with the garbage collector held back (see _collector).
+            collecting = pause()
         # Set once the event loop has run since the last part's runs were handed out (they
         # have started then): see below.
         loop_ran: asyncio.Future[None] | None = None
@@ -311,8 +312,14 @@ class Claims:
                     answered(answers)
                     loop_ran = asyncio.get_running_loop().create_future()
                     asyncio.get_running_loop().call_soon(_set_done, loop_ran)
+            if collecting is not None:
+                # After the last part's runs have started: they were handed out just now.
+                asyncio.get_running_loop().call_soon(collecting.end)
+                collecting = None
             return claimed
         finally:
+            if collecting is not None:  # cancelled or failed: at once (the loop may be closing)
+                collecting.end()
             if held:
                 self._executor.release_results()
             self._in_flight -= 1
@@ -411,7 +418,7 @@ class Claims:
     ) -> bool:
         if deadline_s is not None and waited_ms > deadline_s * 1000:
             return True
-        if request.trigger is _SCHEDULE and request.slot is not None:
+        if request.trigger is SCHEDULE and request.slot is not None:
             job = self._jobs.get(request.job)
             limit = job.policy.max_late_ms if job else 0
             return now - request.slot > limit
@@ -434,7 +441,7 @@ class Claims:
         run = outcome.run
         self._counters.claim_answered(outcome, self.instance)
         job = self._jobs.get(run.job)
-        if outcome.status is _WON:
+        if outcome.status is WON:
             assert outcome.ticket is not None
             self._counters.claims_won += 1
             if logger.isEnabledFor(logging.DEBUG):  # a burst of thousands: no fields unless logged

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
+from ._members import SCHEDULE, WON
 from ._models import RunStatus, Trigger
 from .backend import OVERLAP, TOO_LATE, ClaimStatus
 from .control import PAUSED
@@ -63,10 +64,6 @@ _SKIP_CLASSES: Final = (
     (PAUSED, "skipped_paused"),
 )
 _SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
-# Read once per slot each, as module constants: on Python 3.11 ``Enum.MEMBER`` goes through
-# EnumType's ``__getattr__`` hook (0.15-0.2 us a read).
-_SCHEDULE: Final = Trigger.SCHEDULE
-_WON: Final = ClaimStatus.WON
 RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value)
 JobCounter = Literal["taken_over", "handed_over", "lease_lost", "result_refused"]
 """The flat counters that are also counted per job (:meth:`Counters.count`)."""
@@ -337,7 +334,7 @@ class Counters(_Tallies):
         run = outcome.run
         if run.trigger not in _SLOT_TRIGGERS:
             return
-        if outcome.status is _WON:
+        if outcome.status is WON:
             self.job(run.job)[_RAN] += 1
         elif outcome.status is ClaimStatus.SKIPPED and run.instance == instance:
             self.job(run.job)[_SLOTS_AT[skip_class(run.reason)]] += 1
@@ -354,7 +351,7 @@ class Counters(_Tallies):
     def handler_started(self, ticket: Ticket, now_ms: int) -> None:
         """A handler starts at ``now_ms`` (wall clock): observe the fire lag of a first attempt
         at a scheduled slot."""
-        if ticket.trigger is _SCHEDULE and ticket.attempt == 1 and ticket.slot is not None:
+        if ticket.trigger is SCHEDULE and ticket.attempt == 1 and ticket.slot is not None:
             lag = max(0, now_ms - ticket.slot) / 1000
             _observe(self.job(ticket.job), _LAG, LAG_BUCKETS, lag)
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from ._schedule import slot_to_datetime
 
-__all__ = ["CatchUp", "Overlap", "Run", "RunStatus", "Trigger", "ms_to_datetime"]
+__all__ = ["CatchUp", "Kind", "Overlap", "Run", "RunStatus", "Trigger", "ms_to_datetime"]
 
 
 class Trigger(StrEnum):
@@ -57,6 +57,17 @@ class CatchUp(StrEnum):
     NONE = "none"
     LATEST = "latest"
     ALL = "all"
+
+
+class Kind(StrEnum):
+    """Why an instance claims a slot when it does (see :mod:`anarchon._rendezvous`)."""
+
+    PREFERRED = "preferred"
+    """Ranked first: claims at the slot."""
+    BACKUP = "backup"
+    """Ranked after the first: claims after its rank delay unless it hears of a winner."""
+    UNRANKED = "unranked"
+    """No ranking (alone, no view, no jitter, no notices): the random jitter."""
 
 
 def ms_to_datetime(value: int | None) -> datetime | None:

@@ -18,9 +18,10 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final, NamedTuple
 
+from ._members import BACKUP, PREFERRED, UNRANKED
+from ._models import Kind
 from .backend import ClaimNotice
 from .registry import SILENT_HEARTBEATS, ClusterView
 
@@ -84,22 +85,6 @@ def delay_for_rank(position: int, jitter_ms: int) -> int:
     if position >= LAST_RANK:
         return jitter_ms
     return jitter_ms - (jitter_ms >> position)
-
-
-class Kind(StrEnum):
-    """Why an instance claims a slot when it does."""
-
-    PREFERRED = "preferred"
-    """Ranked first: claims at the slot."""
-    BACKUP = "backup"
-    """Ranked after the first: claims after its rank delay unless it hears of a winner."""
-    UNRANKED = "unranked"
-    """No ranking (alone, no view, no jitter, no notices): the random jitter."""
-
-
-# Read once per due slot (see due()): a module constant, not ``Kind.UNRANKED``, which costs
-# 0.15-0.2 us a read on Python 3.11 (EnumType's __getattr__ hook).
-_UNRANKED: Final = Kind.UNRANKED
 
 
 class Plan(NamedTuple):
@@ -196,9 +181,9 @@ class Rendezvous:
         carriers = self.carriers(job) if self.notices and jitter_ms > 0 else []
         position = rank(self.instance, carriers, f"{job}:{slot}") if len(carriers) > 1 else None
         if position is None:
-            plan = Plan(_uniform(jitter_ms) if jitter_ms else 0, Kind.UNRANKED)
+            plan = Plan(_uniform(jitter_ms) if jitter_ms else 0, UNRANKED)
         else:
-            kind = Kind.PREFERRED if position == 0 else Kind.BACKUP
+            kind = PREFERRED if position == 0 else BACKUP
             plan = Plan(delay_for_rank(position, jitter_ms), kind)
         self._pending[job] = (slot, plan.kind)
         return plan
@@ -220,7 +205,7 @@ class Rendezvous:
     def due(self, job: str, slot: int) -> tuple[Kind, ClaimNotice | None]:
         """The slot is due here: stop waiting on it. Returns how it was planned and the notice
         heard for it, if any (then do not claim: another instance won it)."""
-        kind = _UNRANKED
+        kind = UNRANKED
         pending = self._pending.get(job)
         if pending is not None and pending[0] == slot:
             kind = pending[1]

@@ -45,13 +45,14 @@ from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
+from ._members import BACKUP, PREFERRED
 from ._metrics import Counters
 from ._missed import MissedSlots
 from ._models import Run, Trigger
 from ._operations import Operations
 from ._operations import State as _State
 from ._options import Bound, check_int
-from ._rendezvous import Kind, Rendezvous
+from ._rendezvous import Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
@@ -70,10 +71,6 @@ ENV_BACKEND: Final = "ANARCHON_BACKEND"
 __all__ = ["Scheduler"]
 
 logger = logging.getLogger("anarchon.scheduler")
-# Compared once per due slot (_heard): module constants, not ``Kind.PREFERRED``, which costs
-# 0.15-0.2 us a read on Python 3.11 (EnumType's __getattr__ hook).
-_PREFERRED: Final = Kind.PREFERRED
-_BACKUP: Final = Kind.BACKUP
 
 H = TypeVar("H", bound=Handler)
 
@@ -682,7 +679,7 @@ class Scheduler(Operations):
         _rendezvous)."""
         slot = job.schedule.next_slot(after_ms)
         plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
-        if plan.kind is Kind.BACKUP:
+        if plan.kind is BACKUP:
             self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
         return job.name, slot, slot + plan.delay_ms, self._generation[job.name]
 
@@ -690,10 +687,16 @@ class Scheduler(Operations):
         # "Too late" is a decision shared with other instances: judged on the backend's clock
         # as measured, not on this host's wall clock (which may have been stepped).
         now = self._backend_clock.time.now_ms()
-        # Handed over before their slot (the timer's LEAD_MS): claimed at it, not before.
+        # Handed over before their slot (the timer's lead_ms): claimed at it, not before, and
+        # judged early or not by the backend's clock then.
         at: int | None = batch[-1].due_ms if batch else None
-        if at is not None and at <= self._clock.now_ms():
-            at = None
+        sent_at = now
+        if at is not None:
+            ahead = at - self._clock.now_ms()
+            if ahead > 0:
+                sent_at += ahead
+            else:
+                at = None
         # The jobs fired and their slots, as two lists rather than a pair each: a burst's
         # thousands wait for _reschedule, and each pair would be one more object to walk.
         fired: list[Job] = []
@@ -712,7 +715,7 @@ class Scheduler(Operations):
                 job = self._jobs.get(due.job)
                 if job is None or self._generation.get(due.job) != due.generation:
                     continue
-                if early_check and self._backend_clock.is_early(due.slot, now):
+                if early_check and self._backend_clock.is_early(due.slot, sent_at):
                     early.append(due)
                     continue
                 fired.append(job)
@@ -746,9 +749,9 @@ class Scheduler(Operations):
         kind, notice = self._rendezvous.due(job.name, slot)
         counters = self._counters
         if notice is None:
-            if kind is _PREFERRED:
+            if kind is PREFERRED:
                 counters.claims_preferred += 1
-            elif kind is _BACKUP:
+            elif kind is BACKUP:
                 counters.claims_backup += 1
             else:
                 counters.claims_unranked += 1

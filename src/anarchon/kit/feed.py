@@ -21,13 +21,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _quote
 
 from .._frozen import maker
+from .._members import WON as _WON
 from ..backend import (
     ChangeEvent,
     ChangeListener,
     ClaimListener,
     ClaimNotice,
     ClaimOutcome,
-    ClaimStatus,
 )
 from ..logs import Action
 from .calls import consume
@@ -35,7 +35,6 @@ from .calls import consume
 __all__ = ["ChangeFeed", "NextChanges", "decode_notices", "encode_notice", "won_notices"]
 
 _new_notice = maker(ClaimNotice)  # one per won claim (see anarchon._frozen)
-_WON = ClaimStatus.WON  # read per outcome: see _RUNNING in anarchon.kit.lease
 
 NextChanges = Callable[[], Awaitable[Sequence[ChangeEvent | ClaimNotice]]]
 """A backend's stream of changes: wait for the next ones and return them (none is fine: a

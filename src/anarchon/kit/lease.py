@@ -42,6 +42,8 @@ from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from .._frozen import maker
+from .._members import RUNNING as _RUNNING
+from .._members import WON as _WON
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._schedule import slot_to_datetime
 from ..backend import (
@@ -115,9 +117,7 @@ _new_ticket: Final = maker(Ticket)
 _new_outcome: Final = maker(ClaimOutcome)
 # The members a claim reads, as module constants: on Python 3.11 ``Enum.MEMBER`` goes through
 # EnumType's ``__getattr__`` hook (0.15-0.2 us a read), and a burst decides thousands of claims.
-_RUNNING: Final = RunStatus.RUNNING
 _SKIPPED: Final = RunStatus.SKIPPED
-_WON: Final = ClaimStatus.WON
 _OVERLAP_SKIP: Final = Overlap.SKIP
 
 
