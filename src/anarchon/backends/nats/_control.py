@@ -232,6 +232,14 @@ class NatsControl:
                 held[job] = pause
         return held
 
+    def nothing_paused(self) -> bool:
+        """True while the listed pause keys are trusted (:meth:`_pause_keys`) and there are
+        none: :meth:`holding` would answer no pause without a read (the claim's fast path)."""
+        listed = self._listed
+        return (
+            listed is not None and not listed[1] and asyncio.get_running_loop().time() < listed[0]
+        )
+
     async def _pause_keys(self) -> set[str]:
         """The keys of the pauses stored in the bucket (a resumed pause's key stays listed, its
         delete marker read as no pause), listed at most every :data:`PAUSE_CACHE_S`; none while
