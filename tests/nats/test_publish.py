@@ -201,3 +201,33 @@ async def test_a_first_attempt_made_by_the_caller_counts_in_the_retries(make: Ma
         await backend._conn.retry(call, "x", deadline, failed=ValueError("bad"))
     assert not isinstance(refused.value, BackendUnavailable)
     assert len(waits) == 1
+
+
+async def test_each_read_of_the_socket_asks_for_read_size_bytes(make: Make) -> None:
+    """asyncio reads 256 KiB at a time, which glibc maps and unmaps for every read; the
+    backend's own connection asks for READ_SIZE, again after a reconnect (a new socket)."""
+    from anarchon.backends.nats._connection import READ_SIZE
+
+    backend: NatsBackend = await make()
+    nc = backend._conn.nc
+    assert nc is not None
+
+    def read_size() -> int:
+        transport: Any = nc._transport
+        return int(transport._io_writer.transport.max_size)
+
+    assert read_size() == READ_SIZE < 128 * 1024
+    reconnects = nc.stats["reconnects"]
+    await nc.force_reconnect()
+    for _ in range(200):
+        if nc.is_connected and nc.stats["reconnects"] > reconnects:
+            break
+        await asyncio.sleep(0.02)
+    await nc.flush()
+    assert nc.stats["reconnects"] > reconnects
+    for _ in range(100):  # nats-py calls reconnected_cb as a task of its own
+        if read_size() == READ_SIZE:
+            break
+        await asyncio.sleep(0.01)
+    assert read_size() == READ_SIZE
+    await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:1", 2.0)
