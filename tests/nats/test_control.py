@@ -235,3 +235,75 @@ async def test_a_bucket_the_claims_cannot_read_pauses_nothing(
     [won] = await backend.claim([request()])
     assert won.status is ClaimStatus.WON
     assert "pauses not checked" in caplog.text
+
+
+async def _until(check: Callable[[], bool], limit_s: float = 2.0) -> None:
+    deadline = time.monotonic() + limit_s
+    for _ in range(int(limit_s / 0.01)):
+        if check() or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_pause_stored_elsewhere_reaches_the_claims_at_once(make: Make) -> None:
+    """The watch on the bucket's pause subjects hears a pause (and a resume) stored by another
+    instance as it is stored: the next claim holds, inside the listing's cache time."""
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    [first] = await runner.claim([request()])  # lists "no pause", starts the watch
+    assert first.status is ClaimStatus.WON
+    control = runner.control()
+    key = control._pause_key(ALL_JOBS)
+    began = time.monotonic()
+    pause = Pause(job=ALL_JOBS, by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    await _until(lambda: control._listed is not None and key in control._listed[1])
+    [held] = await runner.claim([request(slot=SLOT + 1000)])
+    assert time.monotonic() - began < PAUSE_CACHE_S  # the listing read first is still trusted
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)
+    assert await operator.control().resume(ALL_JOBS) == pause
+    await _until(lambda: not control._cache)
+    [after] = await runner.claim([request(slot=SLOT + 2000)])
+    assert after.status is ClaimStatus.WON
+
+
+async def test_a_claim_waits_for_the_pause_listing_only_without_the_watch(make: Make) -> None:
+    """While the watch keeps the listing current, a claim whose listing is older than the
+    cache time is not held up by reading it again (that read runs in the background); after
+    a reconnect (the watch may have missed pauses meanwhile) the claim reads it first."""
+    runner: NatsBackend = await make()
+    [first] = await runner.claim([request()])
+    assert first.status is ClaimStatus.WON
+    control = runner.control()
+    keys = control._keys
+    listings: list[float] = []
+
+    async def slow(kv: Any, kind: str) -> list[str]:
+        listings.append(time.monotonic())
+        await asyncio.sleep(0.5)
+        return await keys(kv, kind)
+
+    control._keys = slow  # type: ignore[method-assign]
+    await operator_pause_elsewhere(make)  # the bucket exists: each listing reads it
+    await asyncio.sleep(PAUSE_CACHE_S + 0.1)
+    began = time.monotonic()
+    [second] = await runner.claim([request(slot=SLOT + 1000)])
+    assert time.monotonic() - began < 0.4
+    assert second.status is ClaimStatus.SKIPPED  # the watch heard the pause
+    await _until(lambda: len(listings) == 1)
+    assert len(listings) == 1  # read again, in the background
+    nc = runner._conn.nc
+    assert nc is not None
+    nc.stats["reconnects"] += 1  # as nats-py counts a reconnect
+    began = time.monotonic()
+    [third] = await runner.claim([request(slot=SLOT + 2000)])
+    assert time.monotonic() - began >= 0.5
+    assert third.status is ClaimStatus.SKIPPED
+
+
+async def operator_pause_elsewhere(make: Make) -> Pause:
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    operator: NatsBackend = await make()
+    await operator.control().pause(pause)
+    return pause

@@ -120,3 +120,114 @@ async def test_publishes_waiting_when_the_backend_stops_end_as_on_a_closed_conne
                 await waiting
 
     await _past_no_responders(publish_unanswered)
+
+
+async def test_acks_and_the_claims_feed_are_handled_in_the_read_loop(make: Make) -> None:
+    """Both subscriptions of the claim path hand their messages over as nats-py reads them
+    (``Sink``), with no task and queue of their own: an event-loop turn less per message."""
+    from anarchon.backends.nats._readback import FEED_BEFORE
+
+    backend: NatsBackend = await make()
+    other: NatsBackend = await make()
+    subject = f"{backend.prefix}sync.claims"
+    await other._conn.publish(subject, b"{}", "sync:1", 2.0)
+    ack = await backend._conn.publish(subject, b"{}", "sync:1", 2.0)
+    assert ack.duplicate
+    feed = backend._claims._readback
+    await feed._start(max(1, ack.seq - FEED_BEFORE))
+    assert feed.running
+    acks = backend._conn._acks
+    assert acks is not None
+    for sub in (acks._sub, feed._sub):
+        assert sub is not None
+        assert sub._wait_for_msgs_task is None
+        assert sub._pending_queue.qsize() == 0
+    stored = await feed.read(ack.seq)
+    assert stored is not None and stored.seq == ack.seq
+
+
+async def test_a_sink_whose_handler_fails_leaves_the_connection_working(
+    server_url: str, caplog: Any
+) -> None:
+    import logging
+
+    from anarchon.backends.nats._connection import subscribe_sink
+
+    nc = await connect(server_url)
+    try:
+        heard: list[bytes] = []
+
+        def handle(msg: Any) -> None:
+            heard.append(msg.data)
+            if msg.data == b"bad":
+                raise ValueError("unreadable")
+
+        subject = f"sink.{uuid.uuid4().hex}"
+        sub = await subscribe_sink(nc, subject, handle)
+        with caplog.at_level(logging.DEBUG, logger="anarchon.backends.nats"):
+            for data in (b"bad", b"good"):
+                await nc.publish(subject, data)
+            await nc.flush()
+            for _ in range(100):
+                if len(heard) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        assert heard == [b"bad", b"good"]
+        assert "was not handled: unreadable" in caplog.text
+        assert nc.is_connected
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+
+
+async def test_a_first_attempt_made_by_the_caller_counts_in_the_retries(make: Make) -> None:
+    """The claim path makes its first publish itself and hands a failure to ``retry`` as
+    ``failed``: a transient one is retried at once, a permanent one is raised as translated,
+    neither is attempted again as attempt 1."""
+    from anarchon.errors import BackendError, BackendUnavailable
+
+    backend: NatsBackend = await make()
+    waits: list[float] = []
+
+    async def call(wait_s: float) -> str:
+        waits.append(wait_s)
+        return "stored"
+
+    deadline = asyncio.get_running_loop().time() + 5
+    transient = nats.errors.TimeoutError()
+    assert await backend._conn.retry(call, "x", deadline, failed=transient) == "stored"
+    assert len(waits) == 1
+    with pytest.raises(BackendError) as refused:
+        await backend._conn.retry(call, "x", deadline, failed=ValueError("bad"))
+    assert not isinstance(refused.value, BackendUnavailable)
+    assert len(waits) == 1
+
+
+async def test_each_read_of_the_socket_asks_for_read_size_bytes(make: Make) -> None:
+    """asyncio reads 256 KiB at a time, which glibc maps and unmaps for every read; the
+    backend's own connection asks for READ_SIZE, again after a reconnect (a new socket)."""
+    from anarchon.backends.nats._connection import READ_SIZE
+
+    backend: NatsBackend = await make()
+    nc = backend._conn.nc
+    assert nc is not None
+
+    def read_size() -> int:
+        transport: Any = nc._transport
+        return int(transport._io_writer.transport.max_size)
+
+    assert read_size() == READ_SIZE < 128 * 1024
+    reconnects = nc.stats["reconnects"]
+    await nc.force_reconnect()
+    for _ in range(200):
+        if nc.is_connected and nc.stats["reconnects"] > reconnects:
+            break
+        await asyncio.sleep(0.02)
+    await nc.flush()
+    assert nc.stats["reconnects"] > reconnects
+    for _ in range(100):  # nats-py calls reconnected_cb as a task of its own
+        if read_size() == READ_SIZE:
+            break
+        await asyncio.sleep(0.01)
+    assert read_size() == READ_SIZE
+    await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:1", 2.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -73,3 +74,28 @@ async def test_an_outage_logs_once_with_the_shared_actions(
     mine = [r for r in caplog.records if r.name == "anarchon.backends.nats"]
     actions = [getattr(r, "action", None) for r in mine if r.levelno >= logging.WARNING]
     assert actions == ["backend_unavailable", "backend_recovered"] * 2
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"slot": 1_800_000_000_000},
+        {"slot": 1_800_000_000_000, "requested_by": "ops"},
+        {"slot": 1_800_000_000_000, "key": "1800000000000-retry-2", "trigger": "retry"},
+        {"slot": None, "trigger": "manual", "requested_by": "cli"},
+    ],
+)
+def test_a_won_claim_is_answered_as_from_the_claim_it_stored(fields: dict[str, Any]) -> None:
+    """The claim path builds a win straight from the request (``_won``): the same outcome as
+    from the claim the request stores (``claim_of_request``)."""
+    from anarchon.backend import ClaimRequest
+    from anarchon.backends.nats._claims import _answer, _won
+    from anarchon.backends.nats._records import claim_of_request
+    from anarchon.kit import Trigger
+
+    trigger = Trigger(str(fields.pop("trigger", "schedule")))
+    req = ClaimRequest(
+        job="sync", run_id="r" * 32, token="t" * 32, instance="i1", trigger=trigger, **fields
+    )
+    seq, now = 4711, 1_800_000_000_123
+    assert _won(req, seq, now) == _answer(req, claim_of_request(req, seq, now), exact=False)

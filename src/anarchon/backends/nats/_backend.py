@@ -216,6 +216,7 @@ class NatsBackend(Backend):
             upkeep.cancel()
             await asyncio.gather(upkeep, return_exceptions=True)
         await self._claims.close()
+        await self._control.close()
         claimed, self._claimed = self._claimed, None
         if claimed is not None:  # on a connection you passed in, it outlives this backend
             with contextlib.suppress(Exception):

@@ -30,6 +30,7 @@ from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, T
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
 from ...kit import Run, RunStatus, SystemClock, Trigger
+from ...kit.lease import ticket_of
 from . import _connection
 from . import _errors as errors
 from . import _records as records
@@ -129,7 +130,7 @@ class ClaimPath:
     async def _paused(self, requests: Sequence[ClaimRequest]) -> Sequence[ClaimRequest]:
         """The requests, each one a pause holds turned into a skip record with the pause's
         reason. The pauses of the batch's jobs are read once (see :mod:`._control`)."""
-        if self._control is None:
+        if self._control is None or self._control.nothing_paused():
             return requests
         jobs = {r.job for r in requests if r.skip_reason is None and r.trigger in PAUSED_TRIGGERS}
         if not jobs:
@@ -152,16 +153,18 @@ class ClaimPath:
     async def _claim_one(self, req: ClaimRequest, deadline: float) -> ClaimOutcome:
         now = CLOCK.now_ms()
         loop = asyncio.get_running_loop()
-        slot = _own_slot(req)
-        if slot is not None:
+        at = loop.time()
+        slot_key = req.slot_key
+        slot = req.slot if req.slot is not None and slot_key == str(req.slot) else None
+        if slot is not None:  # _own_slot(req)
             # Never publish a claim whose id JetStream may have forgotten: it would be stored.
             margin = SKIP_SAFETY_MS if req.skip_reason is not None else 0
             safe_ms = self._safe_until_ms(slot, margin)
             if req.skip_reason is not None and now >= safe_ms:
                 return self._unrecorded_skip(req, now)
-            deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
-        msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
-        if loop.time() >= deadline:
+            deadline = min(deadline, at + (safe_ms - now) / 1000)
+        msg_id = f"{req.job}:{slot_key}"  # subjects.CLAIM_ID
+        if at >= deadline:
             # Waited behind earlier claims of a large batch on a slow server: sending now could
             # store the claim later than CLAIM_MARGIN_MS allows. The core retries, if in time.
             waited = _connection.CLAIM_RETRY_S
@@ -169,31 +172,27 @@ class ClaimPath:
                 f"NATS: claim {msg_id} not sent: {waited:.0f} s passed while it waited for "
                 "earlier claims of its batch (the server answers slowly)"
             )
-        subject = subjects.CLAIMS.format(prefix=self._prefix, job=req.job)
-        payload = records.encode_claim(req)
+        subject = f"{self._prefix}{req.job}.claims"  # subjects.CLAIMS
+        payload = records.encode_claim(req, slot_key)
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
-
-        async def publish(wait_s: float) -> Ack:
-            try:
-                return await self._connection.publish(subject, payload, msg_id, wait_s)
-            except Exception as exc:
-                if errors.maybe_sent(exc):
-                    unsure.append(exc)
-                raise
-
+        connection = self._connection
         try:
-            ack = await self._connection.retry(
-                publish, f"claiming {msg_id}", deadline, {"job": req.job, "slot": req.slot}
+            # The first attempt by itself: most claims need no other.
+            ack = await connection.publish(
+                subject, payload, msg_id, connection.first_wait(deadline, at)
             )
-        except BackendUnavailable:
-            if unsure:
-                self._remember_unsure(req)
-            raise
+        except Exception as exc:
+            if errors.maybe_sent(exc):
+                unsure.append(exc)
+            ack = await self._publish_retrying(req, subject, payload, msg_id, deadline, exc, unsure)
         if not ack.duplicate:
             # The first message with this id: ours, decided by the ack alone (the seed reads
             # back only on a duplicate). Start time is the local clock's until finish() reads
             # the stored claim's timestamp.
-            self._unsure.pop(req.token, None)
+            if self._unsure:
+                self._unsure.pop(req.token, None)
+            if req.skip_reason is None:
+                return _won(req, ack.seq, now)
             return _answer(req, records.claim_of_request(req, ack.seq, now), exact=False)
         stored_claim = await self._read_duplicate(req, msg_id, ack.seq, bool(unsure))
         if isinstance(stored_claim, ClaimOutcome):
@@ -206,6 +205,42 @@ class ClaimPath:
             extra={"job": req.job, "slot": req.slot, "action": "claim_duplicate"},
         )
         return _answer(req, stored_claim, exact=True)
+
+    async def _publish_retrying(
+        self,
+        req: ClaimRequest,
+        subject: str,
+        payload: bytes,
+        msg_id: str,
+        deadline: float,
+        failed: Exception,
+        unsure: list[BaseException],
+    ) -> Ack:
+        """The claim's publish after its first attempt failed with ``failed``: retried (the
+        same id and payload) while transient, until ``deadline``. Each attempt that may have
+        been stored unanswered is added to ``unsure``; if none succeeds and any may have been
+        stored, the claim is remembered to be settled (:meth:`settle`)."""
+
+        async def publish(wait_s: float) -> Ack:
+            try:
+                return await self._connection.publish(subject, payload, msg_id, wait_s)
+            except Exception as exc:
+                if errors.maybe_sent(exc):
+                    unsure.append(exc)
+                raise
+
+        try:
+            return await self._connection.retry(
+                publish,
+                f"claiming {msg_id}",
+                deadline,
+                {"job": req.job, "slot": req.slot},
+                failed=failed,
+            )
+        except BackendUnavailable:
+            if unsure:
+                self._remember_unsure(req)
+            raise
 
     async def _read_duplicate(
         self, req: ClaimRequest, msg_id: str, seq: int, unsure: bool
@@ -542,6 +577,15 @@ def _own_slot(req: ClaimRequest) -> int | None:
     if req.slot is not None and req.slot_key == str(req.slot):
         return req.slot
     return None
+
+
+def _won(req: ClaimRequest, seq: int, now_ms: int) -> ClaimOutcome:
+    """WON, on a non-duplicate ack of the claim ``req`` (not a skip record) stored at ``seq``:
+    what :func:`_answer` makes of :func:`._records.claim_of_request`, built straight from the
+    request."""
+    run = records.run_of(req, RunStatus.RUNNING, now_ms, fence=seq, requested_by=req.requested_by)
+    ticket = ticket_of(req, attempt=1, fence=seq, started_at_ms=now_ms, backend_now_ms=now_ms)
+    return ClaimOutcome(status=ClaimStatus.WON, run=run, ticket=ticket)
 
 
 def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:

@@ -17,7 +17,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, cast
 
 from ...errors import BackendError, BackendUnavailable, MissingDependency
 from ...kit import backoff
@@ -59,6 +59,11 @@ MAX_ATTEMPTS: Final = 12
 # thousands does not overflow nats-py's reconnect buffer.
 MAX_IN_FLIGHT: Final = 256
 FETCH_BATCH: Final = 500
+# Bytes each read of the socket asks for, on the connections this backend opens. asyncio asks
+# for 256 KiB, above glibc's mmap threshold, so every read mapped a fresh buffer, faulted it in
+# and unmapped it again: about 12 us a read here, where an ack or a claim of the feed is a few
+# hundred bytes and nats-py parses at most 32 KiB at a time.
+READ_SIZE: Final = 64 * 1024
 CONSUMER_INACTIVE_S: Final = 30.0
 
 
@@ -79,6 +84,15 @@ def _where(nc: NATS) -> str:
     """host:port of the server a client is connected to (never its credentials)."""
     url = nc.connected_url
     return f"{url.hostname}:{url.port}" if url is not None else "?"
+
+
+def _set_read_size(nc: NATS) -> None:
+    """Make each read of the client's socket ask for :data:`READ_SIZE` bytes (a plain TCP
+    connection's asyncio transport; a TLS one reads through its own buffer and is left alone)."""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None and isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = READ_SIZE
 
 
 def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
@@ -225,6 +239,7 @@ class Connection:
             self._connecting = False
         # The first connection fails fast; from now on a lost connection is retried forever.
         nc.options["max_reconnect_attempts"] = -1
+        _set_read_size(nc)
         return nc
 
     # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
@@ -263,6 +278,8 @@ class Connection:
     async def _on_reconnected(self) -> None:
         self._down = False
         nc = self.nc
+        if nc is not None:
+            _set_read_size(nc)  # a new socket
         url = _where(nc) if nc is not None else "?"
         logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
 
@@ -343,6 +360,12 @@ class Connection:
             raise BackendError(f"{self._owner} is not started; start the scheduler first")
         return self.nc, self.js
 
+    @staticmethod
+    def first_wait(deadline: float, now: float) -> float:
+        """How long the first attempt of a call retried until ``deadline`` waits (as
+        :meth:`retry` waits), at event-loop time ``now``."""
+        return max(0.25, min(REQUEST_TIMEOUT_S, deadline - now))
+
     def retry_deadline(self) -> float:
         """Event-loop time until which a call started now is retried (:data:`CLAIM_RETRY_S`)."""
         return asyncio.get_running_loop().time() + CLAIM_RETRY_S
@@ -372,18 +395,25 @@ class Connection:
         doing: str,
         deadline: float,
         fields: dict[str, Any] | None = None,
+        *,
+        failed: Exception | None = None,
     ) -> T:
         """Run ``call(wait_s)`` until it succeeds, retrying transient failures until
-        ``deadline`` (event-loop time) or MAX_ATTEMPTS; then raise BackendUnavailable."""
+        ``deadline`` (event-loop time) or MAX_ATTEMPTS; then raise BackendUnavailable.
+
+        ``failed``: the error of a first attempt the caller already made itself (with
+        :meth:`first_wait`), which counts as attempt 1."""
         loop = asyncio.get_running_loop()
         delays = None  # made at the first failure: most calls succeed at once
         attempt = 0
         while True:
             attempt += 1
-            timeout = max(0.25, min(REQUEST_TIMEOUT_S, deadline - loop.time()))
             try:
-                return await call(timeout)
+                if failed is not None:
+                    raise failed
+                return await call(max(0.25, min(REQUEST_TIMEOUT_S, deadline - loop.time())))
             except Exception as exc:
+                failed = None
                 if not errors.is_transient(exc):
                     raise errors.translate(exc, doing) from exc
                 if delays is None:
@@ -553,6 +583,39 @@ class Connection:
         return stored.time_ms if stored is not None else None
 
 
+class Sink:
+    """Hands each message of a subscription to ``handle`` as nats-py reads it.
+
+    nats-py gives a subscription made with ``cb=`` its messages through a queue and a task of
+    the subscription's own: an event-loop turn, a queue put and get and a task step per message
+    before the callback runs. A subscription made with ``future=`` gets each message by
+    ``future.set_result(msg)`` in the client's read loop instead (the path of nats-py's
+    one-shot requests), so this object stands in for that future: every message goes to
+    ``handle`` at once, in order. ``handle`` must not block; what it raises is logged, never
+    let into nats-py's read loop.
+    """
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: Callable[[Any], None]) -> None:
+        self._handle = handle
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, msg: Any) -> None:
+        try:
+            self._handle(msg)
+        except Exception as exc:
+            logger.debug("NATS: a message on %s was not handled: %s", msg.subject, exc)
+
+
+async def subscribe_sink(nc: NATS, subject: str, handle: Callable[[Any], None]) -> Any:
+    """Subscribe to ``subject``, each message handed to ``handle`` in nats-py's read loop
+    (:class:`Sink`); the subscription, to unsubscribe."""
+    return await nc.subscribe(subject, future=cast(Any, Sink(handle)))
+
+
 class _Acks:
     """Publish acks of one connection, received by one subscription (``<inbox>.<n>``)."""
 
@@ -564,7 +627,7 @@ class _Acks:
         self._sub: Any = None
 
     async def listen(self) -> None:
-        self._sub = await self.nc.subscribe(self._prefix + "*", cb=self._heard)
+        self._sub = await subscribe_sink(self.nc, self._prefix + "*", self._heard)
 
     async def close(self) -> None:
         import nats.errors
@@ -600,7 +663,7 @@ class _Acks:
             timer.cancel()
             self._waiting.pop(reply, None)
 
-    async def _heard(self, msg: Any) -> None:
+    def _heard(self, msg: Any) -> None:
         future = self._waiting.pop(msg.subject, None)
         if future is None or future.done():
             return

@@ -21,8 +21,10 @@ What is atomic here and what is not:
   the claim, and it cannot read the bucket. Before it publishes a claim, an instance lists the
   bucket's pause keys (from the bucket's stream info: one request for any number of jobs) and
   reads the job's and ``*``'s pauses among them (the list and each pause remembered for at most
-  :data:`PAUSE_CACHE_S`; a write through this backend object updates them at once) and, if one
-  holds on its own clock, publishes a skip record instead. A pause stored while another
+  :data:`PAUSE_CACHE_S`; a write through this backend object updates them at once, and a write
+  anywhere else as soon as the watch on the bucket's pause subjects hears it, while that watch
+  lets claims go on without waiting for the list to be read again: see ``_pause_keys``) and,
+  if one holds on its own clock, publishes a skip record instead. A pause stored while another
   instance's claim is already past that check (or within that instance's cache time) does not
   stop that claim: a pause takes effect within about a second, not at an instant.
 """
@@ -30,18 +32,20 @@ What is atomic here and what is not:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Collection, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._connection import bounded
+from ._connection import bounded, subscribe_sink
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
     from nats.js.client import JetStreamContext
     from nats.js.kv import KeyValue
 
@@ -78,6 +82,14 @@ class NatsControl:
         self._cache: dict[str, tuple[float, Pause | None]] = {}
         # Until when (loop time) the listed pause keys are trusted, and the keys.
         self._listed: tuple[float, set[str]] | None = None
+        # The watch on the bucket's pause subjects (see _pause_keys): the client it is on and
+        # its subscription; the client's reconnect count when the listing it keeps was read;
+        # the keys it hears, for each listing under way; the listing read in the background.
+        self._watch: tuple[NATS, Any] | None = None
+        self._watch_refused = False
+        self._listed_reconnects = -1
+        self._heard: list[set[str]] = []
+        self._listing: asyncio.Future[set[str]] | None = None
         self._loading: dict[str, asyncio.Future[Pause | None]] = {}
         self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._quiet_until = 0.0
@@ -232,18 +244,141 @@ class NatsControl:
                 held[job] = pause
         return held
 
+    def nothing_paused(self) -> bool:
+        """True while the listed pause keys are trusted (:meth:`_pause_keys`) and there are
+        none: :meth:`holding` would answer no pause without a read (the claim's fast path)."""
+        listed = self._listed
+        if listed is None or listed[1]:
+            return False
+        if asyncio.get_running_loop().time() < listed[0]:
+            return True
+        if self._watching():
+            self._list_soon()
+            return True
+        return False
+
     async def _pause_keys(self) -> set[str]:
         """The keys of the pauses stored in the bucket (a resumed pause's key stays listed, its
-        delete marker read as no pause), listed at most every :data:`PAUSE_CACHE_S`; none while
-        the bucket does not exist."""
+        delete marker read as no pause); none while the bucket does not exist.
+
+        The listing is kept current by a watch: a subscription to the bucket's pause subjects
+        (``$KV.<bucket>.<prefix>.p.>``), which hears every pause stored or removed, by any
+        instance, as it is stored. While the watch runs on the connection the listing was read
+        on (no reconnect since), a claim does not wait for a listing: one older than
+        :data:`PAUSE_CACHE_S` is read again in the background. Without the watch (before the
+        first claim, after a reconnect, or where the server refuses the subscription) the
+        claim reads the listing first, at most every :data:`PAUSE_CACHE_S`, as it always did.
+        """
         loop = asyncio.get_running_loop()
         listed = self._listed
-        if listed is not None and loop.time() < listed[0]:
-            return listed[1]
-        kv = await self._open(create=False)
-        keys = set() if kv is None else set(await self._keys(kv, "p"))
+        if listed is not None:
+            if loop.time() < listed[0]:
+                return listed[1]
+            if self._watching():
+                self._list_soon()
+                return listed[1]
+        await self._start_watch()
+        return await self._list()
+
+    def _watching(self) -> bool:
+        """True while the watch keeps the listing current: it runs on the backend's client and
+        the client has not reconnected since the listing was read."""
+        watch = self._watch
+        nc = self._backend._conn.nc
+        return (
+            watch is not None
+            and watch[0] is nc
+            and nc is not None
+            and nc.is_connected
+            and nc.stats["reconnects"] == self._listed_reconnects
+        )
+
+    async def _start_watch(self) -> None:
+        """Subscribe to the bucket's pause subjects on the backend's client, unless the watch
+        runs there or the server refused it. Best effort: without it claims read the listing."""
+        nc = self._backend._conn.nc
+        if nc is None or self._watch_refused:
+            return
+        if self._watch is not None and self._watch[0] is nc:
+            return
+        await self._stop_watch()
+        before = nc.last_error
+        sub = None
+        try:
+            sub = await subscribe_sink(
+                nc, f"$KV.{self.bucket}.{self._space}.p.>", self._heard_pause
+            )
+            # The server answers a subscription it refuses before this flush's answer.
+            await nc.flush(timeout=round(CALL_TIMEOUT_S))
+            refused = nc.last_error
+            if refused is not before and "permissions violation" in str(refused).lower():
+                self._watch_refused = True
+                raise BackendError(str(refused))
+        except Exception as exc:
+            logger.debug("NATS: no watch on the pauses of %s: %s", self.bucket, exc)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            return
+        self._watch = (nc, sub)
+
+    def _heard_pause(self, msg: Any) -> None:
+        """A pause stored or removed (in nats-py's read loop): its key is listed from now on,
+        and the pauses remembered are read again."""
+        key = msg.subject[len(self.bucket) + 5 :]  # "$KV.<bucket>.<key>"
+        for heard in self._heard:
+            heard.add(key)
+        if self._listed is not None:
+            self._listed[1].add(key)
+        self._cache.clear()
+        self._absent_until = 0.0  # the bucket exists now
+
+    def _list_soon(self) -> None:
+        """Read the listing again in the background (one read at a time)."""
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.ensure_future(self._list_quietly())
+
+    async def _list_quietly(self) -> set[str]:
+        try:
+            return await self._list()
+        except BackendUnavailable as exc:
+            logger.debug("NATS: listing the pauses of %s failed: %s", self.bucket, exc)
+        except BackendError as exc:
+            self._warn_unreadable(exc)
+        return set()
+
+    async def _list(self) -> set[str]:
+        """Read the bucket's pause keys (one request), with the keys the watch hears meanwhile;
+        they are trusted for :data:`PAUSE_CACHE_S`, and longer while the watch runs."""
+        loop = asyncio.get_running_loop()
+        nc = self._backend._conn.nc
+        reconnects = nc.stats["reconnects"] if nc is not None else -1
+        heard: set[str] = set()
+        self._heard.append(heard)
+        try:
+            kv = await self._open(create=False)
+            keys = set() if kv is None else set(await self._keys(kv, "p"))
+        finally:
+            self._heard.remove(heard)
+        keys |= heard
         self._listed = (loop.time() + PAUSE_CACHE_S, keys)
+        self._listed_reconnects = reconnects
         return keys
+
+    async def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            with contextlib.suppress(Exception):  # the connection is closed already
+                await watch[1].unsubscribe()
+
+    async def close(self) -> None:
+        """Stop the watch and any listing under way (the backend stops)."""
+        listing, self._listing = self._listing, None
+        if listing is not None and not listing.done():
+            listing.cancel()
+            await asyncio.gather(listing, return_exceptions=True)
+        await self._stop_watch()
+        self._listed = None
 
     def _warn_unreadable(self, exc: BackendError) -> None:
         loop = asyncio.get_running_loop()

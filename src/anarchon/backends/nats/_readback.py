@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection
+from ._connection import MAX_IN_FLIGHT, Connection, subscribe_sink
 from ._records import Stored
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class ReadBack:
         self._used = -math.inf  # loop time of the last read
         self._started = -math.inf  # loop time of the last start
         self._starting: asyncio.Future[None] | None = None
+        self._answers: set[asyncio.Future[None]] = set()  # flow-control answers being sent
 
     @property
     def running(self) -> bool:
@@ -157,12 +158,12 @@ class ReadBack:
         generation = self._generation
         inbox = nc.new_inbox()
 
-        async def heard(msg: Msg) -> None:
+        def heard(msg: Msg) -> None:
             if generation == self._generation:
-                await self._heard(msg)
+                self._heard(msg)
 
         self._first, self._last = first, first - 1
-        sub = await nc.subscribe(inbox, cb=heard)
+        sub = await subscribe_sink(nc, inbox, heard)
         config = {
             "deliver_subject": inbox,
             "deliver_policy": "by_start_sequence",
@@ -189,14 +190,17 @@ class ReadBack:
             return
         self._sub, self._consumer = sub, str(answer.get("name") or "")
 
-    async def _heard(self, msg: Msg) -> None:
+    def _heard(self, msg: Msg) -> None:
+        """One delivered message, in nats-py's read loop (:class:`._connection.Sink`)."""
         reply = msg.reply or ""
         fields = records.ack_fields(reply)
         if fields is None:
             if reply:  # flow control: the server waits for this answer before sending more
                 nc = self._connection.nc
                 if nc is not None:
-                    await _quietly(nc.publish(reply, b""))
+                    answer = asyncio.ensure_future(_quietly(nc.publish(reply, b"")))
+                    self._answers.add(answer)  # kept until sent: the loop holds tasks weakly
+                    answer.add_done_callback(self._answers.discard)
             return  # an idle heartbeat
         seq, time_ms, _ = fields
         if seq <= self._last:

@@ -119,15 +119,17 @@ class Claim(RunIdentity):
         )
 
 
-def encode_claim(req: ClaimRequest) -> bytes:
+def encode_claim(req: ClaimRequest, slot_key: str | None = None) -> bytes:
     """The payload of a claim message: the JSON of ``{"v": VERSION, **identity(req)}``, then
-    ``requested_by`` when set, and a skip record's ``status`` and ``reason``."""
+    ``requested_by`` when set, and a skip record's ``status`` and ``reason`` (``slot_key``:
+    ``req.slot_key``, when the caller has it)."""
     # Written out rather than encoded as a dict (the same bytes as _dump's): every claim
     # sends one, and json.dumps of a dict costs three times as much.
     slot = "null" if req.slot is None else f"{req.slot:d}"
     out = (
         f'{{"v":{VERSION},"job":{_quote(req.job)},"slot":{slot},'
-        f'"slot_key":{_quote(req.slot_key)},"run_id":{_quote(req.run_id)},'
+        f'"slot_key":{_quote(req.slot_key if slot_key is None else slot_key)},'
+        f'"run_id":{_quote(req.run_id)},'
         f'"token":{_quote(req.token)},"instance":{_quote(req.instance)},'
         f'"trigger":{_quote(req.trigger)}'
     )
