@@ -1,8 +1,9 @@
 """Private redis-server processes for tests that kill, restart or cluster them.
 
-Each runs on a loopback port of the Redis helper's range (16400-16499) with a temporary
-directory and no persistence, and is stopped by its process id. The shared server on 6379 is
-never touched by these.
+Each runs on a loopback port of the Redis tests' range (16400-16799: a hundred ports for each
+of four pytest workers, each port handed out once) with a temporary directory and no
+persistence, and is stopped by its process id. The shared server on 6379 is never touched by
+these.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REDIS_SERVER = "/usr/bin/redis-server"
-RANGE = range(16400, 16500)
+RANGE = range(16400, 16800)
 
 
 def _ports() -> range:
