@@ -22,6 +22,7 @@ from anarchon import Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from tests.backends.postgres import DSN
+from tests.records import claim_request
 
 SLOT = 1_800_000_000_000
 # The memory contexts of a session (pg_backend_memory_contexts shows the current session's
@@ -144,17 +145,5 @@ async def test_a_warm_up_that_waits_gives_up(
         await backend.start()
         assert time.monotonic() - started < 1.5
         await holder.rollback()
-    [won] = await backend.claim(
-        [
-            ClaimRequest(
-                job="job",
-                slot=SLOT,
-                run_id=uuid.uuid4().hex,
-                token=uuid.uuid4().hex,
-                instance="i0",
-                trigger=Trigger.SCHEDULE,
-                lease_ms=60_000,
-            )
-        ]
-    )
+    [won] = await backend.claim([claim_request("job", SLOT, "i0", lease_ms=60_000)])
     assert won.status is ClaimStatus.WON
