@@ -34,7 +34,7 @@ from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
 from ._claims import ClaimPath
-from ._connection import Connection, import_nats
+from ._connection import Connection, cancel_unfinished, import_nats
 from ._control import NatsControl
 from ._options import (
     DEFAULT_SERVERS,
@@ -212,9 +212,7 @@ class NatsBackend(Backend):
     async def stop(self) -> None:
         """Close the connection this backend opened; never one you passed in."""
         upkeep, self._upkeep = self._upkeep, None
-        if upkeep is not None:
-            upkeep.cancel()
-            await asyncio.gather(upkeep, return_exceptions=True)
+        await cancel_unfinished(upkeep)
         await self._claims.close()
         await self._control.close()
         claimed, self._claimed = self._claimed, None

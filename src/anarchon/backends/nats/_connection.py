@@ -105,6 +105,15 @@ def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
     return tuple(numbers) >= (major, minor)
 
 
+async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` if it is still under way and wait for it to end, its outcome (an error
+    included) consumed: the stop and close paths' background work (a listing, a feed's start,
+    the upkeep)."""
+    if task is not None:
+        task.cancel()  # nothing, if it has ended
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
     """``aw`` (a call off the claim path: a key-value bucket's) within ``timeout_s``, by
     :func:`anarchon.kit.calls.bounded_call`: no answer in time is

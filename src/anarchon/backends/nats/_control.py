@@ -41,7 +41,7 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._connection import bounded, subscribe_sink
+from ._connection import bounded, cancel_unfinished, subscribe_sink
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
 
 if TYPE_CHECKING:
@@ -374,9 +374,7 @@ class NatsControl:
     async def close(self) -> None:
         """Stop the watch and any listing under way (the backend stops)."""
         listing, self._listing = self._listing, None
-        if listing is not None and not listing.done():
-            listing.cancel()
-            await asyncio.gather(listing, return_exceptions=True)
+        await cancel_unfinished(listing)
         await self._stop_watch()
         self._listed = None
 

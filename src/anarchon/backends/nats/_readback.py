@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection, subscribe_sink
+from ._connection import MAX_IN_FLIGHT, Connection, cancel_unfinished, subscribe_sink
 from ._records import Stored
 
 if TYPE_CHECKING:
@@ -263,9 +263,7 @@ class ReadBack:
     async def close(self) -> None:
         """Stop the feed and any start of it still under way."""
         starting, self._starting = self._starting, None
-        if starting is not None and not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
+        await cancel_unfinished(starting)
         await self.stop()
 
 
