@@ -263,7 +263,7 @@ async def test_a_pause_stored_elsewhere_reaches_the_claims_at_once(make: Make) -
     assert held.status is ClaimStatus.SKIPPED
     assert held.run.reason == paused_reason(pause)
     assert await operator.control().resume(ALL_JOBS) == pause
-    await _until(lambda: not control._cache)
+    await _until(lambda: control._cache.get(key, (0, pause))[1] is None)  # heard: no pause
     [after] = await runner.claim([request(slot=SLOT + 2000)])
     assert after.status is ClaimStatus.WON
 
@@ -307,3 +307,72 @@ async def operator_pause_elsewhere(make: Make) -> Pause:
     operator: NatsBackend = await make()
     await operator.control().pause(pause)
     return pause
+
+
+def heard(control: Any, job: str, pause: Pause | None) -> None:
+    """Hand the watch a message as the server would deliver it for ``job``'s pause subject."""
+    from nats.aio.msg import Msg
+
+    subject = f"$KV.{control.bucket}.{control._pause_key(job)}"
+    if pause is None:
+        msg = Msg(None, subject, "", b"", {"KV-Operation": "DEL"})  # type: ignore[arg-type]
+    else:
+        msg = Msg(None, subject, "", pause.to_json().encode(), None)  # type: ignore[arg-type]
+    control._heard_pause(msg)
+
+
+async def test_a_pause_heard_before_the_stream_stored_it_holds(make: Make) -> None:
+    """The server may hand a pause's message to the watch before the bucket's stream has
+    stored it: a listing or a read of the key at that moment answers the state before. What
+    the watch heard holds anyway, and a listing read meanwhile keeps the key."""
+    runner: NatsBackend = await make()
+    await operator_pause_elsewhere(make)  # the bucket exists; "sync" is paused
+    [first] = await runner.claim([request(job="other")])  # lists "sync" only; starts the watch
+    assert first.status is ClaimStatus.WON
+    control = runner.control()
+    pause = Pause(job=ALL_JOBS, by="ops", at_ms=int(time.time() * 1000))
+    heard(control, ALL_JOBS, pause)  # not stored: as if the stream had not stored it yet
+    await control._list()  # a listing read now does not list it
+    assert control._listed is not None and control._pause_key(ALL_JOBS) in control._listed[1]
+    [held] = await runner.claim([request(job="other", slot=SLOT + 1000)])
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)
+    heard(control, ALL_JOBS, None)  # a delete marker heard: no pause
+    [after] = await runner.claim([request(job="other", slot=SLOT + 2000)])
+    assert after.status is ClaimStatus.WON
+
+
+async def test_a_read_begun_before_a_pause_was_heard_does_not_hide_it(make: Make) -> None:
+    """A read of a job's pause that was under way when the watch heard the job paused answers
+    the state before; it must not be remembered over what the watch heard."""
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    await operator.control().pause(Pause(job="sync", by="ops", at_ms=int(time.time() * 1000)))
+    assert await operator.control().resume("sync") is not None  # "sync" stays listed
+    [first] = await runner.claim([request()])  # lists "sync", starts the watch
+    assert first.status is ClaimStatus.WON
+    control = runner.control()
+    read_pause = control._read_pause
+    release = asyncio.Event()
+    reading = asyncio.Event()
+
+    async def held_up(kv: Any, job: str) -> Any:
+        answer = await read_pause(kv, job)  # no pause yet
+        reading.set()
+        await release.wait()
+        return answer
+
+    control._read_pause = held_up  # type: ignore[method-assign]
+    control._cache.clear()  # the next claim reads the pause of "sync"
+    racing = asyncio.ensure_future(runner.claim([request(slot=SLOT + 1000)]))
+    await asyncio.wait_for(reading.wait(), 5)
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    key = control._pause_key("sync")
+    await _until(lambda: control._cache.get(key, (0, None))[1] == pause)
+    release.set()
+    await racing  # raced the pause: either answer is right for it
+    control._read_pause = read_pause  # type: ignore[method-assign]
+    [held] = await runner.claim([request(slot=SLOT + 2000)])
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Collection, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
@@ -79,16 +80,21 @@ class NatsControl:
         self._js: JetStreamContext | None = None
         self._absent_until = 0.0  # loop time until which a missing bucket is believed missing
         self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        # Each pause key's pause (None: none) and until when (loop time) it is trusted.
         self._cache: dict[str, tuple[float, Pause | None]] = {}
         # Until when (loop time) the listed pause keys are trusted, and the keys.
         self._listed: tuple[float, set[str]] | None = None
         # The watch on the bucket's pause subjects (see _pause_keys): the client it is on and
         # its subscription; the client's reconnect count when the listing it keeps was read;
-        # the keys it hears, for each listing under way; the listing read in the background.
+        # every key it has heard (a listing may be read before the bucket's stream stored
+        # what the watch heard: each listing keeps these); how many changes it has heard (a
+        # read begun before a change must not replace what the change said); the listing read
+        # in the background.
         self._watch: tuple[NATS, Any] | None = None
         self._watch_refused = False
         self._listed_reconnects = -1
-        self._heard: list[set[str]] = []
+        self._heard_keys: set[str] = set()
+        self._changes = 0
         self._listing: asyncio.Future[set[str]] | None = None
         self._loading: dict[str, asyncio.Future[Pause | None]] = {}
         self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
@@ -119,6 +125,7 @@ class NatsControl:
         loop = asyncio.get_running_loop()
         if not create and loop.time() < self._absent_until:
             return None
+        changes = self._changes
         if self._opening is None or self._opening[0] is not loop:
             self._opening = (loop, asyncio.Lock())
         async with self._opening[1]:
@@ -134,7 +141,8 @@ class NatsControl:
                 if not isinstance(exc.__cause__, BucketNotFoundError):
                     raise
                 if not create:
-                    self._absent_until = loop.time() + PAUSE_CACHE_S
+                    if self._changes == changes:  # else the watch heard of a write since
+                        self._absent_until = loop.time() + PAUSE_CACHE_S
                     return None
                 from nats.js.api import KeyValueConfig
 
@@ -146,7 +154,10 @@ class NatsControl:
             return kv
 
     def _remember(self, job: str, pause: Pause | None) -> None:
-        self._cache[job] = (asyncio.get_running_loop().time() + PAUSE_CACHE_S, pause)
+        self._cache[self._pause_key(job)] = (
+            asyncio.get_running_loop().time() + PAUSE_CACHE_S,
+            pause,
+        )
 
     # -- pauses -----------------------------------------------------------------------------
 
@@ -324,14 +335,24 @@ class NatsControl:
 
     def _heard_pause(self, msg: Any) -> None:
         """A pause stored or removed (in nats-py's read loop): its key is listed from now on,
-        and the pauses remembered are read again."""
+        and what the message says is the key's pause for :data:`PAUSE_CACHE_S` (the server
+        may hand the message to the watch before the bucket's stream has stored it: a read
+        of the key or a listing at that moment still answers the state before). A read begun
+        before the message does not replace it (see :meth:`_load`)."""
         key = msg.subject[len(self.bucket) + 5 :]  # "$KV.<bucket>.<key>"
-        for heard in self._heard:
-            heard.add(key)
+        self._changes += 1
+        self._heard_keys.add(key)
         if self._listed is not None:
             self._listed[1].add(key)
-        self._cache.clear()
         self._absent_until = 0.0  # the bucket exists now
+        self._loading.pop(key, None)  # claims from now on do not wait for an older read
+        try:
+            pause = _heard_value(msg, key)
+        except BackendError as exc:
+            logger.debug("%s", exc)
+            self._cache.pop(key, None)  # read it from the bucket (which names the problem)
+            return
+        self._cache[key] = (asyncio.get_running_loop().time() + PAUSE_CACHE_S, pause)
 
     def _list_soon(self) -> None:
         """Read the listing again in the background (one read at a time)."""
@@ -353,14 +374,9 @@ class NatsControl:
         loop = asyncio.get_running_loop()
         nc = self._backend._conn.nc
         reconnects = nc.stats["reconnects"] if nc is not None else -1
-        heard: set[str] = set()
-        self._heard.append(heard)
-        try:
-            kv = await self._open(create=False)
-            keys = set() if kv is None else set(await self._keys(kv, "p"))
-        finally:
-            self._heard.remove(heard)
-        keys |= heard
+        kv = await self._open(create=False)
+        keys = set() if kv is None else set(await self._keys(kv, "p"))
+        keys |= self._heard_keys  # heard during the read, or before the stream stored them
         self._listed = (loop.time() + PAUSE_CACHE_S, keys)
         self._listed_reconnects = reconnects
         return keys
@@ -377,6 +393,7 @@ class NatsControl:
         await cancel_unfinished(listing)
         await self._stop_watch()
         self._listed = None
+        self._heard_keys.clear()
 
     def _warn_unreadable(self, exc: BackendError) -> None:
         loop = asyncio.get_running_loop()
@@ -397,7 +414,7 @@ class NatsControl:
         found: dict[str, Pause | None] = {}
         missing = []
         for name in names:
-            known = self._cache.get(name)
+            known = self._cache.get(self._pause_key(name))
             if known is not None and now < known[0]:
                 found[name] = known[1]
             else:
@@ -415,20 +432,33 @@ class NatsControl:
                 return await self._load(name)
 
         def one(name: str) -> asyncio.Future[Pause | None]:
-            loading = self._loading.get(name)
+            key = self._pause_key(name)
+            loading = self._loading.get(key)
             if loading is None:
                 loading = asyncio.ensure_future(load(name))
-                self._loading[name] = loading
-                loading.add_done_callback(lambda _: self._loading.pop(name, None))
+                self._loading[key] = loading
+                loading.add_done_callback(partial(self._loaded, key))
             return asyncio.shield(loading)
 
         answers = await asyncio.gather(*(one(name) for name in missing))
         found.update(zip(missing, answers, strict=True))
         return found
 
+    def _loaded(self, key: str, loading: asyncio.Future[Pause | None]) -> None:
+        if self._loading.get(key) is loading:
+            del self._loading[key]
+
     async def _load(self, job: str) -> Pause | None:
+        """The job's pause, read from the bucket and remembered, unless the watch heard of a
+        change while it was read: then what the watch heard is the newer answer."""
+        changes = self._changes
         kv = await self._open(create=False)
         pause = None if kv is None else (await self._read_pause(kv, job))[0]
+        if self._changes != changes:
+            heard = self._cache.get(self._pause_key(job))
+            if heard is not None:
+                return heard[1]
+            return pause
         self._remember(job, pause)
         return pause
 
@@ -509,6 +539,14 @@ def _decode(kind: _Document[T], data: bytes, key: str) -> T:
             f"NATS: key {key!r} of the control bucket holds {data[:80]!r}, not an anarchon "
             f"document ({type(exc).__name__}: {exc}); is something else writing to it?"
         ) from exc
+
+
+def _heard_value(msg: Any, key: str) -> Pause | None:
+    """The pause a message on a pause subject stores: None for a delete or purge marker."""
+    operation = (msg.headers or {}).get("KV-Operation")
+    if operation in ("DEL", "PURGE") or not msg.data:
+        return None
+    return _decode(Pause, msg.data, key)
 
 
 async def _unless_changed(write: Awaitable[object]) -> bool:
