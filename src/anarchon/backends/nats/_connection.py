@@ -86,7 +86,7 @@ def _where(nc: NATS) -> str:
     return f"{url.hostname}:{url.port}" if url is not None else "?"
 
 
-def _set_read_size(nc: NATS) -> None:
+def set_read_size(nc: NATS) -> None:
     """Make each read of the client's socket ask for :data:`READ_SIZE` bytes (a plain TCP
     connection's asyncio transport; a TLS one reads through its own buffer and is left alone)."""
     writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
@@ -248,7 +248,7 @@ class Connection:
             self._connecting = False
         # The first connection fails fast; from now on a lost connection is retried forever.
         nc.options["max_reconnect_attempts"] = -1
-        _set_read_size(nc)
+        set_read_size(nc)
         return nc
 
     # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
@@ -288,7 +288,7 @@ class Connection:
         self._down = False
         nc = self.nc
         if nc is not None:
-            _set_read_size(nc)  # a new socket
+            set_read_size(nc)  # a new socket
         url = _where(nc) if nc is not None else "?"
         logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
 
