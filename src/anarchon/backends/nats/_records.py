@@ -162,13 +162,7 @@ def decode_claim(msg: Stored) -> Claim | None:
 def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
     """The claim a request would store, for answers built without reading it back."""
     return Claim(
-        job=req.job,
-        slot=req.slot,
-        slot_key=req.slot_key,
-        run_id=req.run_id,
-        token=req.token,
-        instance=req.instance,
-        trigger=req.trigger,
+        **identity(req),
         seq=seq,
         time_ms=time_ms,
         reason=req.skip_reason,

@@ -31,6 +31,7 @@ PARTS: Final = (
     "run_columns",
     "current_attempt",
     "held_by_ticket",
+    "slot_recorded",
     "kept_notices",
     "claim_notices",
     "claim_columns",

@@ -46,6 +46,14 @@ SELECT clock.now, cur.attempt, cur.status, cur.released,
 FROM clock
 LEFT JOIN LATERAL ({current_attempt}) cur ON true
 
+-- name: slot_recorded
+-- In claim_decide and claim_plain, per request r: whether r's slot has a record (found true, else
+-- no row). ORDER BY attempt makes it a lookup by the primary key (see claim_alone), never
+-- by runs_recorded.
+SELECT true AS found FROM {runs} x
+WHERE x.job = r.job AND x.slot_key = r.slot_key
+ORDER BY x.attempt DESC LIMIT 1
+
 -- name: kept_notices
 -- The notifications a statement of this session's transaction kept for send_notices.
 coalesce(nullif(current_setting('anarchon.notices', true), ''), '[]')::jsonb
@@ -271,12 +279,7 @@ looked AS (
     -- claim after 100 000 runs were added, against 8 ms for a new session's plan).
     CROSS JOIN LATERAL (SELECT j.fence FROM {jobs} j WHERE j.job = r.job LIMIT 1) j
     LEFT JOIN LATERAL (SELECT p.through FROM {pruned} p WHERE p.job = r.job LIMIT 1) p ON true
-    LEFT JOIN LATERAL (
-        -- ORDER BY attempt: by the primary key (see claim_alone), never runs_recorded.
-        SELECT true AS found FROM {runs} x
-        WHERE x.job = r.job AND x.slot_key = r.slot_key
-        ORDER BY x.attempt DESC LIMIT 1
-    ) rec ON true
+    LEFT JOIN LATERAL ({slot_recorded}) rec ON true
     LEFT JOIN LATERAL (
         -- The pause that holds the request (anarchon.control.active_pause): the job's own, else
         -- the whole cluster's ('*'); two lookups by the primary key, on the statement's clock.
@@ -512,12 +515,7 @@ won AS MATERIALIZED (
                             overlap_skip, skip_reason, pausable, requested_by, ord)
     CROSS JOIN clock
     CROSS JOIN LATERAL (SELECT j.fence FROM {jobs} j WHERE j.job = r.job LIMIT 1) j
-    LEFT JOIN LATERAL (
-        -- ORDER BY attempt: by the primary key (see claim_alone), never runs_recorded.
-        SELECT true AS found FROM {runs} x
-        WHERE x.job = r.job AND x.slot_key = r.slot_key
-        ORDER BY x.attempt DESC LIMIT 1
-    ) rec ON true
+    LEFT JOIN LATERAL ({slot_recorded}) rec ON true
     LEFT JOIN LATERAL (
         SELECT true AS found FROM {pruned} p WHERE p.job = r.job AND r.slot <= p.through LIMIT 1
     ) p ON true
