@@ -376,3 +376,44 @@ async def test_a_read_begun_before_a_pause_was_heard_does_not_hide_it(make: Make
     [held] = await runner.claim([request(slot=SLOT + 2000)])
     assert held.status is ClaimStatus.SKIPPED
     assert held.run.reason == paused_reason(pause)
+
+
+async def test_a_bucket_lookup_answered_before_the_first_pause_does_not_hide_it(
+    make: Make, monkeypatch: Any
+) -> None:
+    """The first pause creates the bucket. A lookup of the bucket answered "no bucket" just
+    before, but heard after the watch heard the pause, must not make the claims believe the
+    bucket missing (before: for a second, and a listing read meanwhile listed no pause, so
+    claims went on unpaused for about two seconds: a CI failure of the three-instance test)."""
+    from nats.js.errors import BucketNotFoundError
+
+    from anarchon.errors import BackendError
+
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    [first] = await runner.claim([request()])  # no bucket: lists nothing, starts the watch
+    assert first.status is ClaimStatus.WON
+    control = runner.control()
+    key = control._pause_key("sync")
+    bounded = control._bounded
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    looked_up: list[str] = []
+
+    async def answered_late(aw: Any, doing: str) -> Any:
+        if doing != "opening the control bucket" or looked_up:
+            return await bounded(aw, doing)
+        looked_up.append(doing)
+        aw.close()  # the lookup's answer, "no bucket", came before the pause was stored...
+        await operator.control().pause(pause)  # ...and is read after the watch heard it
+        await _until(lambda: control._listed is not None and key in control._listed[1])
+        raise BackendError("NATS: opening the control bucket failed") from BucketNotFoundError()
+
+    monkeypatch.setattr(control, "_bounded", answered_late)
+    control._absent_until = 0.0  # as a second later: the next listing looks the bucket up
+    await control._list()  # a listing whose lookup was under way
+    await control._list()  # the next listing, read after the pause was heard
+    assert looked_up
+    await asyncio.sleep(PAUSE_CACHE_S + 0.1)  # what the watch heard is no longer trusted alone
+    [held] = await runner.claim([request(slot=SLOT + 1000)])
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)
