@@ -417,3 +417,23 @@ async def test_a_bucket_lookup_answered_before_the_first_pause_does_not_hide_it(
     [held] = await runner.claim([request(slot=SLOT + 1000)])
     assert held.status is ClaimStatus.SKIPPED
     assert held.run.reason == paused_reason(pause)
+
+
+async def test_a_watch_started_after_the_first_pause_lists_it(make: Make) -> None:
+    """An instance that polled its run requests just before the first pause created the bucket
+    believes the bucket missing for a second. Its first claim after the pause starts the watch
+    too late to hear the pause, so the listing it trusts from then on must be read from the
+    server, not from that belief (before: it listed no pause and its claims ran unpaused for
+    about two seconds, a CI failure of the three-instance test)."""
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    control = runner.control()
+    assert await control.requests() == []  # no bucket: believed missing for a second
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    [held] = await runner.claim([request()])  # the first claim: lists, starts the watch
+    assert held.status is ClaimStatus.SKIPPED
+    assert held.run.reason == paused_reason(pause)
+    await asyncio.sleep(PAUSE_CACHE_S + 0.1)
+    [again] = await runner.claim([request(slot=SLOT + 1000)])
+    assert again.status is ClaimStatus.SKIPPED

@@ -118,12 +118,16 @@ class NatsControl:
             self._kv = None
             raise
 
-    async def _open(self, create: bool) -> KeyValue | None:
+    async def _open(self, create: bool, look: bool = False) -> KeyValue | None:
+        """The bucket; None while it does not exist (``create``: make it). A bucket found
+        missing is believed missing for :data:`PAUSE_CACHE_S` without looking again, unless
+        ``look``."""
         _, js = self._backend._conn.require()
         if self._kv is not None and self._js is js:
             return self._kv
         loop = asyncio.get_running_loop()
-        if not create and loop.time() < self._absent_until:
+        believed = not create and not look
+        if believed and loop.time() < self._absent_until:
             return None
         changes = self._changes
         if self._opening is None or self._opening[0] is not loop:
@@ -131,7 +135,7 @@ class NatsControl:
         async with self._opening[1]:
             if self._kv is not None and self._js is js:
                 return self._kv
-            if not create and loop.time() < self._absent_until:
+            if believed and loop.time() < self._absent_until:
                 return None
             from nats.js.errors import BucketNotFoundError
 
@@ -374,7 +378,9 @@ class NatsControl:
         loop = asyncio.get_running_loop()
         nc = self._backend._conn.nc
         reconnects = nc.stats["reconnects"] if nc is not None else -1
-        kv = await self._open(create=False)
+        # Looked up, not believed missing: the watch may have started after a lookup (of a
+        # run request poll, say) found no bucket, and the first pause stored since, unheard.
+        kv = await self._open(create=False, look=True)
         keys = set() if kv is None else set(await self._keys(kv, "p"))
         keys |= self._heard_keys  # heard during the read, or before the stream stored them
         self._listed = (loop.time() + PAUSE_CACHE_S, keys)
