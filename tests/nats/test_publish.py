@@ -310,9 +310,11 @@ async def test_raw_subscriptions_leave_the_clients_other_messages_to_nats_py(
 ) -> None:
     """On a client with a raw subscription, another subscription still gets nats-py's
     messages (headers parsed); a raw handler that fails is logged and the client goes on."""
-    from anarchon.backends.nats._connection import subscribe_raw
+    from anarchon.backends.nats._connection import _OPENED, raw_ready, subscribe_raw
 
     nc = await connect(server_url)
+    _OPENED.add(nc)  # as a client the backend opened: raw paths allowed
+    assert raw_ready(nc)
     try:
         raw_heard: list[tuple[bytes, bytes | None]] = []
 
@@ -340,3 +342,45 @@ async def test_raw_subscriptions_leave_the_clients_other_messages_to_nats_py(
         assert nc.is_connected
     finally:
         await nc.close()
+
+
+async def test_a_callers_client_is_used_through_nats_py_alone(make: Make, server_url: str) -> None:
+    """The raw paths (the Writer, raw subscriptions) take only clients the backend opened: a
+    client the caller passed in keeps its own ``_process_msg`` and publishes, and its claims
+    and their acks and feed work the same through nats-py's parsed messages."""
+    from anarchon.backend import ClaimStatus
+    from anarchon.backends.nats._connection import raw_ready
+    from tests.records import claim_request
+
+    slot = 1_800_000_000_000
+    winner: NatsBackend = await make()
+    assert winner._conn.nc is not None and raw_ready(winner._conn.nc)
+    nc = await connect(server_url)
+    mine = NatsBackend(connection=nc, stream=winner.stream, prefix=winner.prefix)
+    try:
+        await mine.start()
+        assert not raw_ready(nc)
+        [won] = await winner.claim([claim_request("sync", slot, "i1")])
+        [lost] = await mine.claim([claim_request("sync", slot, "i2")])
+        [mine_won] = await mine.claim([claim_request("sync", slot + 1000, "i2")])
+        assert (won.status, lost.status, mine_won.status) == (
+            ClaimStatus.WON,
+            ClaimStatus.LOST,
+            ClaimStatus.WON,
+        )
+        assert lost.run.instance == "i1"
+        assert "_process_msg" not in vars(nc)  # nats-py's own, not replaced
+    finally:
+        await mine.stop()
+        await nc.close()
+
+
+def test_a_status_rebuilt_from_a_parsed_message_reads_as_the_raw_one() -> None:
+    from anarchon.backends.nats._connection import _pub_ack, _raw_headers
+
+    rebuilt = _raw_headers({"Status": "503"})
+    assert rebuilt == b"NATS/1.0 503\r\n\r\n"
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        _pub_ack(b"", rebuilt)
+    assert _raw_headers({"Nats-Msg-Id": "a"}) == b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
+    assert _raw_headers(None) is None

@@ -18,6 +18,7 @@ import math
 import re
 import ssl
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, cast
@@ -252,6 +253,7 @@ class Connection:
         # The first connection fails fast; from now on a lost connection is retried forever.
         nc.options["max_reconnect_attempts"] = -1
         set_read_size(nc)
+        _OPENED.add(nc)
         return nc
 
     # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
@@ -671,16 +673,63 @@ def _dispatch(nc: NATS) -> _RawDispatch:
     return dispatch
 
 
+#: The clients the backend opened itself: only theirs take the raw paths (:func:`raw_ready`);
+#: a client the caller passed in is used through nats-py's public calls alone.
+_OPENED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: nats-py's client internals the raw paths use, as nats-py 2.9 to 2.16 have them.
+_PROCESS_MSG_PARAMS: Final = ("self", "sid", "subject", "reply", "data", "headers")
+_CLIENT_ATTRIBUTES: Final = ("_pending", "_pending_data_size", "_status", "_transport")
+_known_clients: dict[type, bool] = {}
+
+
+def raw_ready(nc: NATS) -> bool:
+    """True if the raw paths (:func:`subscribe_raw`, :class:`Writer`) may be used on ``nc``:
+    the backend opened it (never a caller's client) and its class has the internals they use
+    (checked once per class; another nats-py keeps to its public calls)."""
+    if nc not in _OPENED:
+        return False
+    kind = type(nc)
+    known = _known_clients.get(kind)
+    if known is None:
+        import inspect
+
+        try:
+            params = tuple(inspect.signature(kind._process_msg).parameters)
+        except (AttributeError, TypeError, ValueError):
+            params = ()
+        known = _known_clients[kind] = (
+            params == _PROCESS_MSG_PARAMS
+            and isinstance(getattr(kind, "CONNECTED", None), int)
+            and all(hasattr(nc, name) for name in _CLIENT_ATTRIBUTES)
+            and isinstance(getattr(nc, "_max_payload", None), int)
+        )
+        if not known:
+            logger.debug("NATS: this nats-py's client internals differ; raw paths not used")
+    return known
+
+
+def _raw_headers(headers: dict[str, str] | None) -> bytes | None:
+    """A header block as the server sent it, from nats-py's parsed ``Msg.headers`` (its
+    status line's code and text are kept there as ``Status`` and ``Description``)."""
+    if not headers:
+        return None
+    status = " ".join(v for v in (headers.get("Status"), headers.get("Description")) if v)
+    lines = [f"NATS/1.0 {status}".rstrip()]
+    lines += [f"{k}: {v}" for k, v in headers.items() if k not in ("Status", "Description")]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 class RawSubscription:
     """A subscription whose messages go to a :data:`RawHandler` (:func:`subscribe_raw`)."""
 
     __slots__ = ("_dispatch", "sub")
 
-    def __init__(self, sub: Any, dispatch: _RawDispatch) -> None:
+    def __init__(self, sub: Any, dispatch: _RawDispatch | None) -> None:
         self.sub, self._dispatch = sub, dispatch
 
     async def unsubscribe(self) -> None:
-        self._dispatch.table.pop(self.sub._id, None)
+        if self._dispatch is not None:
+            self._dispatch.table.pop(self.sub._id, None)
         await self.sub.unsubscribe()
 
 
@@ -688,7 +737,15 @@ async def subscribe_raw(nc: NATS, subject: str, handle: RawHandler) -> RawSubscr
     """Subscribe to ``subject``, each message handed to ``handle`` raw, in nats-py's read loop
     before nats-py parses it (:class:`_RawDispatch`). ``handle`` must not block; what it raises
     is logged, never let into the read loop. The subscription is nats-py's (the client makes
-    it again after a reconnect, with the same id); its messages never reach its ``Sink``."""
+    it again after a reconnect, with the same id); its messages never reach its ``Sink``.
+    On a client :func:`raw_ready` refuses, each message is handed over from nats-py's parsed
+    message instead (the same arguments, rebuilt)."""
+    if not raw_ready(nc):
+
+        def parsed(msg: Any) -> None:
+            handle(msg.subject.encode(), msg.reply.encode(), msg.data, _raw_headers(msg.headers))
+
+        return RawSubscription(await subscribe_sink(nc, subject, parsed), None)
     dispatch = _dispatch(nc)
     sub = await nc.subscribe(subject, future=cast(Any, Sink(lambda msg: None)))
     dispatch.table[sub._id] = handle
@@ -710,8 +767,8 @@ class Writer:
     block key by key, and wakes its flusher through a queue and a future: an event-loop turn of
     a task per publish. Here the command is built in one step and the buffer goes out at the
     end of the turn, all publishes of the turn together, as the flusher would send them. What
-    this path does not handle goes through nats-py's ``publish`` (the client not connected or
-    draining, a payload over the server's limit, a subject or id with white space)."""
+    this path does not handle goes through nats-py's ``publish`` (a client :func:`raw_ready`
+    refuses: the caller's, or another nats-py's; the client not connected or draining, a payload over the server's limit, a subject or id with white space)."""
 
     __slots__ = ("_connected", "_loop", "_scheduled", "nc")
 
@@ -719,12 +776,14 @@ class Writer:
         self.nc = nc
         self._loop = loop
         self._scheduled = False
-        self._connected = type(nc).CONNECTED
+        # A client raw_ready refuses never matches: every publish goes through nats-py's.
+        self._connected = type(nc).CONNECTED if raw_ready(nc) else None
 
     async def publish(self, subject: str, reply: str, payload: bytes, msg_id: str | None) -> None:
         nc = self.nc
         if (
-            nc._status != self._connected
+            self._connected is None
+            or nc._status != self._connected
             or len(payload) > nc._max_payload
             or _UNSAFE.search(subject) is not None
             or (msg_id is not None and _UNSAFE.search(msg_id) is not None)
