@@ -364,39 +364,45 @@ class PostgresSameWork(SameWork):
 
 
 class NatsSameWork(SameWork):
-    """The NATS backend's claim publish, sent as the backend sends it: a core publish with a
-    reply subject, its ack heard on one subscription of the connection (``_Acks`` in
-    ``nats/_connection.py``; about half the client CPU of nats-py's JetStream publish), handed
-    over in nats-py's read loop (``subscribe_sink``) on a connection that reads 64 KiB at a
-    time (``set_read_size``), as the backend's own connections do."""
+    """The NATS backend's claim publish, sent as the backend sends it: the ``HPUB`` command
+    written straight into nats-py's buffer and sent at the end of the event-loop turn
+    (``Writer`` in ``nats/_connection.py``), its ack heard on one subscription of the
+    connection, handed over raw as nats-py's parser reads it (``subscribe_raw``), on a
+    connection that reads 64 KiB at a time (``set_read_size``), as the backend's own
+    connections do. Without the backend's time limit per publish (one timer per connection
+    there)."""
 
     def __init__(self, backend: Any, instance: str, url: str) -> None:
         super().__init__(backend, instance)
-        from anarchon.backends.nats._subjects import CLAIM_ID, CLAIMS, MSG_ID
+        from anarchon.backends.nats._subjects import CLAIM_ID, CLAIMS
 
         parts = urlsplit(url)
         self.servers = f"{parts.scheme}://{parts.netloc}"
         self.prefix = backend.prefix
-        self.subject, self.msg_id, self.header = CLAIMS, CLAIM_ID, MSG_ID
+        self.subject, self.msg_id = CLAIMS, CLAIM_ID
         self._nc: Any = None
+        self._writer: Any = None
         self._inbox = ""
+        self._skip = 0
         self._count = 0
-        self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._waiting: dict[int, asyncio.Future[bytes]] = {}
 
     async def open(self) -> None:
         import nats
 
-        from anarchon.backends.nats._connection import set_read_size, subscribe_sink
+        from anarchon.backends.nats._connection import Writer, set_read_size, subscribe_raw
 
         self._nc = await nats.connect(servers=[self.servers], connect_timeout=5)
         set_read_size(self._nc)
+        self._writer = Writer(self._nc, asyncio.get_running_loop())
         self._inbox = self._nc.new_inbox() + "."
-        await subscribe_sink(self._nc, self._inbox + "*", self._heard)
+        self._skip = len(self._inbox)
+        await subscribe_raw(self._nc, self._inbox + "*", self._heard)
 
-    def _heard(self, msg: Any) -> None:
-        future = self._waiting.pop(msg.subject, None)
+    def _heard(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        future = self._waiting.pop(int(subject[self._skip :]), None)
         if future is not None and not future.done():
-            future.set_result(msg.data)
+            future.set_result(data)
 
     async def close(self) -> None:
         if self._nc is not None:
@@ -411,15 +417,15 @@ class NatsSameWork(SameWork):
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
         self._count += 1
-        reply = f"{self._inbox}{self._count}"
-        future = self._waiting[reply] = asyncio.get_running_loop().create_future()
-        await self._nc.publish(
+        n = self._count
+        future = self._waiting[n] = asyncio.get_running_loop().create_future()
+        await self._writer.publish(
             self.subject.format(prefix=self.prefix, job=job),
+            f"{self._inbox}{n}",
             self.payload(job, slot, run_id, token),
-            reply=reply,
-            headers={self.header: self.msg_id.format(job=job, slot_key=slot)},
+            self.msg_id.format(job=job, slot_key=slot),
         )
-        ack = json.loads(await future)
+        ack = json.loads((await future).decode())
         if "error" in ack:
             raise RuntimeError(f"NATS refused the claim's publish: {ack['error']}")
         return not ack.get("duplicate", False)

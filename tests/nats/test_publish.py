@@ -123,8 +123,9 @@ async def test_publishes_waiting_when_the_backend_stops_end_as_on_a_closed_conne
 
 
 async def test_acks_and_the_claims_feed_are_handled_in_the_read_loop(make: Make) -> None:
-    """Both subscriptions of the claim path hand their messages over as nats-py reads them
-    (``Sink``), with no task and queue of their own: an event-loop turn less per message."""
+    """Both subscriptions of the claim path have their messages handed over raw as nats-py's
+    parser reads them (``subscribe_raw``), with no task and queue of their own and no ``Msg``
+    built."""
     from anarchon.backends.nats._readback import FEED_BEFORE
 
     backend: NatsBackend = await make()
@@ -138,10 +139,11 @@ async def test_acks_and_the_claims_feed_are_handled_in_the_read_loop(make: Make)
     assert feed.running
     acks = backend._conn._acks
     assert acks is not None
-    for sub in (acks._sub, feed._sub):
-        assert sub is not None
-        assert sub._wait_for_msgs_task is None
-        assert sub._pending_queue.qsize() == 0
+    for raw in (acks._sub, feed._sub):
+        assert raw is not None
+        assert raw.sub._wait_for_msgs_task is None
+        assert raw.sub._pending_queue.qsize() == 0
+        assert raw.sub._received == 0  # never passed to nats-py's handling
     stored = await feed.read(ack.seq)
     assert stored is not None and stored.seq == ack.seq
 
@@ -231,3 +233,154 @@ async def test_each_read_of_the_socket_asks_for_read_size_bytes(make: Make) -> N
         await asyncio.sleep(0.01)
     assert read_size() == READ_SIZE
     await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:1", 2.0)
+
+
+async def test_publishes_of_one_turn_go_out_in_one_write(make: Make) -> None:
+    """The claim's publishes are written into nats-py's buffer and sent once per event-loop
+    turn (``Writer``): ten publishes made together are one write, and each gets its own ack."""
+    backend: NatsBackend = await make()
+    subject = f"{backend.prefix}sync.claims"
+    await backend._conn.publish(subject, b"{}", "sync:0", 2.0)  # the acks' subscription
+    nc = backend._conn.nc
+    assert nc is not None and nc._transport is not None
+    transport = nc._transport
+    writes: list[int] = []
+    write = transport.writelines
+
+    def counted(payload: list[bytes]) -> None:
+        writes.append(len(payload))
+        write(payload)
+
+    transport.writelines = counted  # type: ignore[method-assign]
+    try:
+        acks = await asyncio.gather(
+            *(backend._conn.publish(subject, b"{}", f"sync:{n}", 2.0) for n in range(1, 11))
+        )
+    finally:
+        del transport.writelines
+    assert writes == [10]
+    assert [a.duplicate for a in acks] == [False] * 10
+    assert len({a.seq for a in acks}) == 10
+
+
+async def test_a_publish_the_writer_does_not_handle_goes_through_nats_py(make: Make) -> None:
+    """A message id with white space is nats-py's to encode (the Writer would break the
+    protocol line): the publish is stored under the id nats-py sends."""
+    backend: NatsBackend = await make()
+    subject = f"{backend.prefix}sync.claims"
+    first = await backend._conn.publish(subject, b"{}", "sync: 1", 2.0)
+    again = await backend._conn.publish(subject, b"{}", "sync: 1", 2.0)
+    assert not first.duplicate and again.duplicate and again.seq == first.seq
+
+
+async def test_unanswered_publishes_share_one_timer(make: Make, server_url: str) -> None:
+    """Publishes in flight add their deadline to one heap of the connection's; one timer
+    fails those whose deadline passed, each within its wait plus EXPIRY_TICK_S."""
+    from anarchon.backends.nats._connection import EXPIRY_TICK_S
+
+    backend: NatsBackend = await make()
+    await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:0", 2.0)
+    acks = backend._conn._acks
+    assert acks is not None
+
+    async def publish_unanswered() -> None:
+        async with _silent(server_url) as subject:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            waiting = [
+                asyncio.ensure_future(backend._conn.publish(subject, b"", f"x{n}", 0.3))
+                for n in range(20)
+            ]
+            await asyncio.sleep(0.05)
+            assert len(acks._deadlines) == 20
+            assert acks._timer is not None
+            answers = await asyncio.gather(*waiting, return_exceptions=True)
+            took = loop.time() - began
+            if any(isinstance(a, nats.js.errors.NoStreamResponseError) for a in answers):
+                raise nats.js.errors.NoStreamResponseError  # tried again on a fresh subject
+            assert all(isinstance(a, nats.errors.TimeoutError) for a in answers), answers
+            assert 0.3 <= took < 0.3 + EXPIRY_TICK_S + 1.0  # generous: a loaded machine
+            assert not acks._waiting and not acks._deadlines
+
+    await _past_no_responders(publish_unanswered)
+
+
+async def test_raw_subscriptions_leave_the_clients_other_messages_to_nats_py(
+    server_url: str,
+) -> None:
+    """On a client with a raw subscription, another subscription still gets nats-py's
+    messages (headers parsed); a raw handler that fails is logged and the client goes on."""
+    from anarchon.backends.nats._connection import _OPENED, raw_ready, subscribe_raw
+
+    nc = await connect(server_url)
+    _OPENED.add(nc)  # as a client the backend opened: raw paths allowed
+    assert raw_ready(nc)
+    try:
+        raw_heard: list[tuple[bytes, bytes | None]] = []
+
+        def handle(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            raw_heard.append((data, headers))
+            if data == b"bad":
+                raise ValueError("unreadable")
+
+        token = uuid.uuid4().hex
+        raw = await subscribe_raw(nc, f"raw.{token}", handle)
+        plain = await nc.subscribe(f"plain.{token}")
+        await nc.publish(f"raw.{token}", b"bad", headers={"K": "v"})
+        await nc.publish(f"raw.{token}", b"good")
+        await nc.publish(f"plain.{token}", b"hello", headers={"K": "v"})
+        msg = await plain.next_msg(timeout=2)
+        assert msg.data == b"hello" and msg.headers == {"K": "v"}
+        for _ in range(100):
+            if len(raw_heard) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [d for d, _ in raw_heard] == [b"bad", b"good"]
+        assert raw_heard[0][1] is not None and b"K: v" in raw_heard[0][1]
+        assert raw.sub._received == 0
+        await raw.unsubscribe()
+        assert nc.is_connected
+    finally:
+        await nc.close()
+
+
+async def test_a_callers_client_is_used_through_nats_py_alone(make: Make, server_url: str) -> None:
+    """The raw paths (the Writer, raw subscriptions) take only clients the backend opened: a
+    client the caller passed in keeps its own ``_process_msg`` and publishes, and its claims
+    and their acks and feed work the same through nats-py's parsed messages."""
+    from anarchon.backend import ClaimStatus
+    from anarchon.backends.nats._connection import raw_ready
+    from tests.records import claim_request
+
+    slot = 1_800_000_000_000
+    winner: NatsBackend = await make()
+    assert winner._conn.nc is not None and raw_ready(winner._conn.nc)
+    nc = await connect(server_url)
+    mine = NatsBackend(connection=nc, stream=winner.stream, prefix=winner.prefix)
+    try:
+        await mine.start()
+        assert not raw_ready(nc)
+        [won] = await winner.claim([claim_request("sync", slot, "i1")])
+        [lost] = await mine.claim([claim_request("sync", slot, "i2")])
+        [mine_won] = await mine.claim([claim_request("sync", slot + 1000, "i2")])
+        assert (won.status, lost.status, mine_won.status) == (
+            ClaimStatus.WON,
+            ClaimStatus.LOST,
+            ClaimStatus.WON,
+        )
+        assert lost.run.instance == "i1"
+        assert "_process_msg" not in vars(nc)  # nats-py's own, not replaced
+    finally:
+        await mine.stop()
+        await nc.close()
+
+
+def test_a_status_rebuilt_from_a_parsed_message_reads_as_the_raw_one() -> None:
+    from anarchon.backends.nats._connection import _pub_ack, _raw_headers
+
+    rebuilt = _raw_headers({"Status": "503"})
+    assert rebuilt == b"NATS/1.0 503\r\n\r\n"
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        _pub_ack(b"", rebuilt)
+    assert _raw_headers({"Nats-Msg-Id": "a"}) == b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
+    assert _raw_headers(None) is None

@@ -23,17 +23,19 @@ import asyncio
 import heapq
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection, cancel_unfinished, subscribe_sink
+from ._connection import (
+    MAX_IN_FLIGHT,
+    Connection,
+    RawSubscription,
+    cancel_unfinished,
+    subscribe_raw,
+)
 from ._records import Stored
-
-if TYPE_CHECKING:
-    from nats.aio.msg import Msg
-    from nats.aio.subscription import Subscription
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -71,7 +73,7 @@ class ReadBack:
         self._kept: dict[int, Stored] = {}
         self._waiting: dict[int, list[asyncio.Future[Stored | None]]] = {}
         self._heap: list[int] = []  # the sequences in _waiting, smallest first
-        self._sub: Subscription | None = None
+        self._sub: RawSubscription | None = None
         self._consumer: str | None = None
         self._generation = 0
         self._first = 0  # the first sequence the running feed delivers
@@ -158,12 +160,12 @@ class ReadBack:
         generation = self._generation
         inbox = nc.new_inbox()
 
-        def heard(msg: Msg) -> None:
+        def heard(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
             if generation == self._generation:
-                self._heard(msg)
+                self._heard(subject, reply, data)
 
         self._first, self._last = first, first - 1
-        sub = await subscribe_sink(nc, inbox, heard)
+        sub = await subscribe_raw(nc, inbox, heard)
         config = {
             "deliver_subject": inbox,
             "deliver_policy": "by_start_sequence",
@@ -190,9 +192,9 @@ class ReadBack:
             return
         self._sub, self._consumer = sub, str(answer.get("name") or "")
 
-    def _heard(self, msg: Msg) -> None:
-        """One delivered message, in nats-py's read loop (:class:`._connection.Sink`)."""
-        reply = msg.reply or ""
+    def _heard(self, subject: bytes, raw_reply: bytes, data: bytes) -> None:
+        """One delivered message, raw, in nats-py's read loop (``subscribe_raw``)."""
+        reply = raw_reply.decode()
         fields = records.ack_fields(reply)
         if fields is None:
             if reply:  # flow control: the server waits for this answer before sending more
@@ -206,7 +208,7 @@ class ReadBack:
         if seq <= self._last:
             return
         self._last = seq
-        stored = Stored(seq=seq, subject=msg.subject, time_ms=time_ms, data=msg.data)
+        stored = Stored(seq=seq, subject=subject.decode(), time_ms=time_ms, data=data)
         waiters = self._waiting.pop(seq, None)
         if waiters is not None:
             for waiter in waiters:
