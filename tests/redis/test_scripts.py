@@ -549,3 +549,24 @@ async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
     finally:
         for client in (small, blocking, plain):
             await client.aclose()
+
+
+async def test_the_kept_connection_is_closed_if_its_pool_forgot_it() -> None:
+    """A pool reset (by its owner) while the backend keeps a connection of it: stop() closes
+    that connection itself instead of failing."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    backend = RedisBackend(client=client, prefix=f"reset{uuid.uuid4().hex[:6]}:")
+    try:
+        await backend.start()
+        [won] = await backend.claim([claim_request()])
+        assert won.status is ClaimStatus.WON
+        runner = backend._connection._scripts
+        assert runner is not None and runner._lane is not None
+        lane = runner._lane
+        client.connection_pool.reset()  # type: ignore[no-untyped-call, unused-ignore]
+        await backend.stop()
+        assert not lane.is_connected
+    finally:
+        await client.aclose()

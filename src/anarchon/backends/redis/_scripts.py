@@ -343,8 +343,12 @@ class ScriptRunner:
         if self._lane_busy:
             return
         lane, self._lane = self._lane, None
-        if lane is not None:
+        if lane is None:
+            return
+        try:
             await self._pool.release(lane)
+        except KeyError:  # the pool no longer knows it (someone reset the pool): close it here
+            await lane.disconnect()
 
     async def _sent_pooled(self, packed: bytes) -> Any:
         """Send one packed command on a pooled connection and read its answer, as
