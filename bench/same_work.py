@@ -25,9 +25,9 @@ redis      ``FCALL`` of the backend's claim function (``EVALSHA`` of its claim s
            ``FUNCTION``), loaded as the backend loads them, on the job's five keys and
            the pauses hash, with the three arguments a claim of one request sends (the
            claims channel included, so a winner's script publishes its notice), packed
-           by the backend's ``pack`` and sent on a pooled connection as the backend
-           sends a single script call; client opened with the backend's
-           ``socket_timeout=None``
+           by the backend's ``pack`` and sent on one connection of the client's pool
+           kept for single calls, as the backend sends a single script call; client
+           opened with the backend's ``socket_timeout=None``
 postgres   the ``claim_one`` statement (``queries.sql``, one call of the claim          psycopg 3
            function) with the backend's parameters, positional, binary, prepared as
            the backend prepares it, on an autocommit connection; a winner then sends
@@ -217,6 +217,7 @@ class RedisSameWork(SameWork):
         self.margin = RESTART_MARGIN_MS
         self._keys: dict[str, list[str]] = {}
         self._client: Any = None
+        self._lane: Any = None
         self.function = False
 
     async def open(self) -> None:
@@ -234,6 +235,8 @@ class RedisSameWork(SameWork):
 
     async def close(self) -> None:
         if self._client is not None:
+            if self._lane is not None:
+                await self._client.connection_pool.release(self._lane)
             await self._client.aclose()
 
     def keys(self, job: str) -> list[str]:
@@ -256,23 +259,20 @@ class RedisSameWork(SameWork):
         ]
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
-        # As the backend sends one script call (_scripts.ScriptRunner._sent): packed, on a
-        # connection of the client's pool, with the connection's retries.
+        # As the backend sends one script call (_scripts.ScriptRunner._sent): packed, on the
+        # connection of the client's pool kept for single calls (taken at the first), with
+        # the connection's retries.
         args = self.args(job, slot, run_id, token)
         packed = self.pack(self.script, self.keys(job), args, function=self.function)
-        pool = self._client.connection_pool
-        connection = await pool.get_connection()
+        connection = self._lane
+        if connection is None:
+            connection = self._lane = await self._client.connection_pool.get_connection()
 
         async def exchange() -> Any:
             await connection.send_packed_command(packed)
             return await connection.read_response()
 
-        try:
-            answer = await connection.retry.call_with_retry(
-                exchange, lambda _: connection.disconnect()
-            )
-        finally:
-            await pool.release(connection)
+        answer = await connection.retry.call_with_retry(exchange, lambda _: connection.disconnect())
         # The answer carries the stored record: ours if it has our token.
         return token.encode() in answer
 

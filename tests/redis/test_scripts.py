@@ -467,3 +467,106 @@ async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() ->
     finally:
         await plain.aclose()
         await traced.aclose()
+
+
+async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain client's single calls go out on one connection of its pool kept for them (the
+    lane), taken once, not taken and returned per call; calls while it is in use take pooled
+    connections; stop() gives it back (the client passed in goes on without it), also when a
+    call still uses it."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    pool = client.connection_pool
+    taken: list[object] = []
+    get_connection = pool.get_connection
+
+    async def counted() -> object:
+        connection = await get_connection()  # type: ignore[no-untyped-call, unused-ignore]
+        taken.append(connection)
+        return connection
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    backend = RedisBackend(client=client, prefix=f"lane{uuid.uuid4().hex[:6]}:")
+    try:
+        await backend.start()
+        taken.clear()
+        for n in range(20):
+            [won] = await backend.claim([claim_request(slot=SLOT + n * 1000)])
+            assert won.status is ClaimStatus.WON
+        assert len(taken) == 1 and pool._in_use_connections == {taken[0]}
+        at_once = await asyncio.gather(
+            *(backend.claim([claim_request(slot=SLOT + (100 + n) * 1000)]) for n in range(8))
+        )
+        assert [o.status for [o] in at_once] == [ClaimStatus.WON] * 8
+        assert len(taken) > 1 and pool._in_use_connections == {taken[0]}
+        # stop() while a call uses the lane: it is given back when that call ends.
+        claim = asyncio.ensure_future(backend.claim([claim_request(slot=SLOT + 999_000)]))
+        runner = backend._connection._scripts
+        assert runner is not None
+        for _ in range(100):  # the claim's first steps, up to sending on the lane
+            if runner._lane_busy:
+                break
+            await asyncio.sleep(0)
+        assert runner._lane_busy
+        await runner.release_lane()
+        assert pool._in_use_connections == {taken[0]}
+        [late] = await claim
+        assert late.status is ClaimStatus.WON
+        assert not pool._in_use_connections
+        [after] = await backend.claim([claim_request(slot=SLOT + 998_000)])
+        assert after.status is ClaimStatus.WON and not pool._in_use_connections
+    finally:
+        await backend.stop()
+        assert not pool._in_use_connections
+        await client.aclose()
+
+
+async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
+    """A pool of fewer than LANE_MIN_POOL connections (or a blocking one) lends each single
+    call a connection and takes it back, so the one kept never leaves it short."""
+    from redis.asyncio import BlockingConnectionPool, Redis
+
+    from anarchon.backends.redis._scripts import LANE_MIN_POOL, ScriptRunner
+
+    small = Redis.from_url(SERVER, max_connections=LANE_MIN_POOL - 1)
+    blocking = Redis(connection_pool=BlockingConnectionPool.from_url(SERVER))
+    plain = Redis.from_url(SERVER)
+    try:
+        assert not ScriptRunner(small)._may_keep_lane
+        assert not ScriptRunner(blocking)._may_keep_lane
+        assert ScriptRunner(plain)._may_keep_lane
+        backend = RedisBackend(client=small, prefix=f"small{uuid.uuid4().hex[:6]}:")
+        await backend.start()
+        try:
+            [won] = await backend.claim([claim_request()])
+            assert won.status is ClaimStatus.WON
+            assert not small.connection_pool._in_use_connections
+        finally:
+            await backend.stop()
+    finally:
+        for client in (small, blocking, plain):
+            await client.aclose()
+
+
+async def test_the_kept_connection_is_closed_if_its_pool_forgot_it() -> None:
+    """A pool reset (by its owner) while the backend keeps a connection of it: stop() closes
+    that connection itself instead of failing."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    backend = RedisBackend(client=client, prefix=f"reset{uuid.uuid4().hex[:6]}:")
+    try:
+        await backend.start()
+        [won] = await backend.claim([claim_request()])
+        assert won.status is ClaimStatus.WON
+        runner = backend._connection._scripts
+        assert runner is not None and runner._lane is not None
+        lane = runner._lane
+        client.connection_pool.reset()  # type: ignore[no-untyped-call, unused-ignore]
+        await backend.stop()
+        assert not lane.is_connected
+    finally:
+        await client.aclose()

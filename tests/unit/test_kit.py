@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,9 +43,20 @@ def translate(exc: BaseException) -> BackendError | None:
     return None
 
 
-@pytest.mark.parametrize("inline", [False, True])
-async def test_bounded_call_returns_translates_and_times_out(inline: bool) -> None:
-    bounded_call = functools.partial(calls.bounded_call, inline=inline)
+# How a bounded call may keep its limit: a task of its own, inline with a timer of its own,
+# inline with a Deadlines shared by the calls.
+MODES = ["task", "inline", "deadlines"]
+
+
+def _mode(mode: str) -> tuple[bool, calls.Deadlines | None]:
+    """``inline`` and ``deadlines`` of a bounded call in ``mode``."""
+    return mode != "task", calls.Deadlines() if mode == "deadlines" else None
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_bounded_call_returns_translates_and_times_out(mode: str) -> None:
+    inline, deadlines = _mode(mode)
+    bounded_call = functools.partial(calls.bounded_call, inline=inline, deadlines=deadlines)
 
     async def answer(
         value: object = 1, fail: BaseException | None = None, wait: float = 0
@@ -88,12 +100,14 @@ async def _hang(started: asyncio.Event, cancelled: asyncio.Event) -> None:
         raise
 
 
-@pytest.mark.parametrize(("inline", "timeout_s"), [(False, None), (True, None), (True, 30)])
+@pytest.mark.parametrize(
+    ("mode", "timeout_s"), [("task", None), ("inline", None), ("inline", 30), ("deadlines", 30)]
+)
 async def test_bounded_call_cancels_the_abandoned_operation(
-    inline: bool, timeout_s: float | None
+    mode: str, timeout_s: float | None
 ) -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
-
+    inline, deadlines = _mode(mode)
     caller = asyncio.ensure_future(
         bounded_call(
             _hang(started, cancelled),
@@ -101,6 +115,7 @@ async def test_bounded_call_cancels_the_abandoned_operation(
             timeout_s=timeout_s,
             translate=translate,
             inline=inline,
+            deadlines=deadlines,
         )
     )
     await started.wait()
@@ -162,13 +177,21 @@ async def test_bounded_call_never_waits_for_an_operation_that_swallows_its_cance
     await asyncio.sleep(0)
 
 
-@pytest.mark.parametrize("inline", [False, True])
-async def test_bounded_call_with_no_time_left_leaves_nothing_behind(inline: bool) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_bounded_call_with_no_time_left_leaves_nothing_behind(mode: str) -> None:
     async def operation() -> None:
         await asyncio.sleep(1)
 
+    inline, deadlines = _mode(mode)
     with pytest.raises(BackendUnavailable, match="no answer within"):
-        await bounded_call(operation(), where="x", timeout_s=0, translate=translate, inline=inline)
+        await bounded_call(
+            operation(),
+            where="x",
+            timeout_s=0,
+            translate=translate,
+            inline=inline,
+            deadlines=deadlines,
+        )
     await asyncio.sleep(0)
     gc.collect()  # an operation never awaited, or an error never retrieved, would warn here
 
@@ -208,6 +231,63 @@ async def test_inline_bounded_call_leaves_the_callers_own_cancellation_alone(
     outer = asyncio.ensure_future(caller())
     with pytest.raises(asyncio.CancelledError):
         await outer
+
+
+async def test_deadlines_keep_many_calls_limits_with_one_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls sharing a Deadlines: each that hangs fails at its own limit (the shorter first,
+    whatever the order they began in), the others answer, no task is left cancelling, and
+    calls one after another do not make a timer each."""
+    deadlines = calls.Deadlines()
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counted(when: float, callback: Any, *args: Any, **options: Any) -> asyncio.TimerHandle:
+        armed.append(when)
+        return call_at(when, callback, *args, **options)
+
+    monkeypatch.setattr(loop, "call_at", counted)
+
+    async def call(wait: float, timeout_s: float) -> tuple[str, float]:
+        began = loop.time()
+        try:
+            await bounded_call(
+                asyncio.sleep(wait),
+                where="x",
+                timeout_s=timeout_s,
+                translate=translate,
+                inline=True,
+                deadlines=deadlines,
+            )
+        except BackendUnavailable as exc:
+            assert f"no answer within {timeout_s:g} s" in str(exc)
+            task = asyncio.current_task()
+            assert task is not None and task.cancelling() == 0
+            return "timeout", loop.time() - began
+        return "answer", loop.time() - began
+
+    results = await asyncio.gather(
+        call(60, 0.6), call(60, 0.2), call(0.05, 5), call(0.3, 0.45), call(60, 0.4)
+    )
+    assert [kind for kind, _ in results] == ["timeout", "timeout", "answer", "answer", "timeout"]
+    for (_, took), limit in zip([results[0], results[1], results[4]], [0.6, 0.2, 0.4], strict=True):
+        assert limit <= took < limit + 0.25, results
+    armed.clear()
+    for _ in range(200):
+        assert (
+            await bounded_call(
+                asyncio.sleep(0, "ok"),
+                where="x",
+                timeout_s=5,
+                translate=translate,
+                inline=True,
+                deadlines=deadlines,
+            )
+            == "ok"
+        )
+    assert len(armed) <= 1, armed
 
 
 async def test_retrying_retries_transient_errors_only() -> None:
