@@ -45,6 +45,8 @@ IN_FUNCTION: Final = (
     "lock_jobs",
     "claim_alone",
     "claim_plain",
+    "plain_notices",
+    "plain_notices_chunked",
     "claim_decide",
 )
 _FUNCTION_ONLY: Final = (
@@ -54,6 +56,8 @@ _FUNCTION_ONLY: Final = (
     "take_fences",
     "claim_alone",
     "claim_plain",
+    "plain_notices",
+    "plain_notices_chunked",
     "claim_function",
 )
 _MAX_CHANNEL: Final = 63

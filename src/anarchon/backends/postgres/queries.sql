@@ -505,13 +505,14 @@ ORDER BY 1
 ON CONFLICT (job) DO UPDATE SET fence = greatest(j.fence, EXCLUDED.fence - 1) + 1;
 
 -- name: claim_plain
--- In claim_function, for a batch of requests of distinct jobs, under their jobs' locks: when
--- every request wins as claim_alone decides one, they are all recorded and answered as
--- claim_decide records and answers winners (each job's next fence, the claim notices);
+-- In claim_function, for a batch of requests of distinct jobs, under their jobs' locks and at
+-- the clock %(now)s read after them: when every request wins as claim_alone decides one, they
+-- are all recorded and answered as claim_decide records and answers winners (each with the
+-- fence take_fences gave its job; the function then keeps their claim notices, plain_notices);
 -- otherwise no row, no write: claim_decide decides. Each lookup is one per request by the
 -- primary key (LATERAL ... LIMIT 1, as in claim_decide).
 WITH clock AS MATERIALIZED (
-    SELECT {now_ms} AS now
+    SELECT %(now)s::bigint AS now
 ),
 cluster AS MATERIALIZED (
     SELECT true AS paused FROM {pauses} z CROSS JOIN clock
@@ -568,22 +569,37 @@ inserted AS (
     FROM won w CROSS JOIN every
     WHERE every.yes
     ORDER BY w.ord
-),
-winners AS (
-    SELECT w.job, w.slot_key, w.instance, w.now + w.lease_ms AS lease_expires_at
-    FROM won w CROSS JOIN every
-    WHERE every.yes
-),
-{claim_notices}
+)
 -- The winners' records as inserted (run_columns' order), in the order of the requests.
 SELECT w.ord, 'won'::text, w.now, w.job, w.slot_key, w.slot, 1, w.run_id, w.token, w.instance,
        w.trigger, 'running'::text, w.fence, w.now, NULL::bigint, w.now + w.lease_ms, false,
        NULL::text, NULL::text, w.requested_by
 FROM won w
 CROSS JOIN every
-LEFT JOIN notified ON true
 WHERE every.yes
 ORDER BY w.ord;
+
+-- name: plain_notices
+-- In claim_function, after claim_plain recorded every request of the batch at the clock
+-- %(now)s: the claim notices, all in one JSON list INTO a_notice (claim_notices' notice of each
+-- won claim, in the order of the requests: a listener reads each notice alone). Made inside
+-- claim_plain (claim_notices' numbering, chunking and sorts), they cost a won batch of 17 about
+-- 0.35 M instructions more.
+SELECT json_agg(json_build_array(u.job, u.slot_key, u.instance, %(now)s + u.lease_ms))::text
+FROM unnest(%(job)s::text[], %(slot_key)s::text[], %(instance)s::text[], %(lease_ms)s::bigint[])
+    AS u (job, slot_key, instance, lease_ms)
+INTO a_notice;
+
+-- name: plain_notices_chunked
+-- plain_notices' list when it is over 7000 bytes: claim_notices' chunks (each notification
+-- under NOTIFY's 8000 bytes), kept for send_notices or sent at commit.
+WITH winners AS (
+    SELECT u.job, u.slot_key, u.instance, %(now)s + u.lease_ms AS lease_expires_at
+    FROM unnest(%(job)s::text[], %(slot_key)s::text[], %(instance)s::text[],
+                %(lease_ms)s::bigint[]) AS u (job, slot_key, instance, lease_ms)
+),
+{claim_notices}
+SELECT n.sent FROM notified n INTO discarded;
 
 -- name: claim_function
 -- The claim (PostgresBackend.claim), made by migration_4: one call decides a batch (the
@@ -633,6 +649,7 @@ CREATE FUNCTION {claim_fn}(
 DECLARE
     a_jobs text[] := a_job;
     a_fence bigint;
+    a_now bigint;
     a_notice text;
     discarded text;
 BEGIN
@@ -690,8 +707,18 @@ BEGIN
         END IF;
     ELSE
         {fn_take_fences}
+        a_now := {now_ms};
         RETURN QUERY {fn_claim_plain}
         IF FOUND THEN
+            {fn_plain_notices}
+            IF octet_length(a_notice) > 7000 THEN
+                {fn_plain_notices_chunked}
+            ELSIF a_later THEN
+                discarded := set_config('anarchon.notices', jsonb_build_array(a_notice)::text,
+                                        false);
+            ELSE
+                discarded := pg_notify(a_channel, a_notice)::text;
+            END IF;
             RETURN;
         END IF;
     END IF;
