@@ -42,17 +42,23 @@ IN_FUNCTION: Final = (
     "claim_recorded",
     "claim_recorded_one",
     "take_fence",
+    "take_fences",
     "lock_jobs",
     "claim_alone",
     "claim_plain",
+    "plain_notices",
+    "plain_notices_chunked",
     "claim_decide",
 )
 _FUNCTION_ONLY: Final = (
     "claim_recorded",
     "claim_recorded_one",
     "take_fence",
+    "take_fences",
     "claim_alone",
     "claim_plain",
+    "plain_notices",
+    "plain_notices_chunked",
     "claim_function",
 )
 _MAX_CHANNEL: Final = 63
