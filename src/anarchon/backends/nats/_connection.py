@@ -768,7 +768,8 @@ class Writer:
     a task per publish. Here the command is built in one step and the buffer goes out at the
     end of the turn, all publishes of the turn together, as the flusher would send them. What
     this path does not handle goes through nats-py's ``publish`` (a client :func:`raw_ready`
-    refuses: the caller's, or another nats-py's; the client not connected or draining, a payload over the server's limit, a subject or id with white space)."""
+    refuses: the caller's, or another nats-py's; the client not connected or draining, a
+    payload over the server's limit, a subject or id with white space)."""
 
     __slots__ = ("_connected", "_loop", "_scheduled", "nc")
 
