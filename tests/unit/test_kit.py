@@ -221,13 +221,13 @@ async def test_inline_bounded_call_leaves_the_callers_own_cancellation_alone(
         )
 
     # The caller is cancelled by someone else in the same turn of the loop as the timer fires.
-    cancel = calls._cancel
+    fire = calls._Limit.fire
 
-    def cancel_twice(task: asyncio.Task[None], fired: list[bool]) -> None:
-        cancel(task, fired)
-        task.cancel()
+    def cancel_twice(limit: Any) -> None:
+        fire(limit)
+        limit.task.cancel()
 
-    monkeypatch.setattr(calls, "_cancel", cancel_twice)
+    monkeypatch.setattr(calls._Limit, "fire", cancel_twice)
     outer = asyncio.ensure_future(caller())
     with pytest.raises(asyncio.CancelledError):
         await outer

@@ -112,46 +112,50 @@ async def _inline(
     translate: Translate,
     limit: str | None,
 ) -> T:
-    """:func:`bounded_call` in the caller's task (``inline``)."""
-    task = asyncio.current_task()
-    assert task is not None
-    fired: list[bool] = []
-    timer = None
-    pending = 0
-    if timeout_s is not None:
-        # As asyncio.timeout: the timer cancels this task; a cancellation counted beyond the
-        # ones pending at entry is the timer's alone if uncancelling brings the count back.
-        pending = task.cancelling()
-        timer = asyncio.get_running_loop().call_later(timeout_s, _cancel, task, fired)
+    """:func:`bounded_call` in the caller's task (``inline``), its limit kept by a timer of
+    its own."""
+    if timeout_s is None:
+        try:
+            return await operation
+        except AnarchonError:
+            raise
+        except Exception as exc:
+            _reraise(exc, translate)
+    loop = asyncio.get_running_loop()
+    call = _Limit.of_current(loop, timeout_s)
+    timer = loop.call_later(timeout_s, call.fire)
     try:
-        return await operation
-    except asyncio.CancelledError:
-        if fired:
-            fired.clear()
-            if task.uncancel() <= pending:
-                raise _no_answer(where, timeout_s, limit) from None
-        raise
-    except AnarchonError:
-        raise
-    except Exception as exc:
-        _reraise(exc, translate)
+        return await _limited(operation, call, where, timeout_s, translate, limit)
     finally:
-        if timer is not None:
-            timer.cancel()
-            if fired:  # the operation answered (or failed) despite the timer's cancellation
-                task.uncancel()
+        timer.cancel()
 
 
 class _Limit:
-    """One inline call kept by :class:`Deadlines`: its task, its deadline (the loop's clock),
-    and whether the limit cancelled the task."""
+    """The limit of one inline call: its task, its deadline (the loop's clock), whether the
+    limit cancelled the task, and how many cancellations were pending at entry."""
 
-    __slots__ = ("deadline", "fired", "task")
+    __slots__ = ("deadline", "fired", "pending", "task")
 
     def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
         self.task = task
         self.deadline = deadline
         self.fired = False
+        # As asyncio.timeout: a cancellation counted beyond the ones pending at entry is the
+        # limit's alone if uncancelling brings the count back.
+        self.pending = task.cancelling()
+
+    @classmethod
+    def of_current(cls, loop: asyncio.AbstractEventLoop, timeout_s: float) -> _Limit:
+        """The limit of a call in the current task, ``timeout_s`` from now."""
+        task = asyncio.current_task()
+        assert task is not None
+        return cls(task, loop.time() + timeout_s)
+
+    def fire(self) -> None:
+        """The limit passed: cancel the call's task (once)."""
+        if not self.fired:
+            self.fired = True
+            self.task.cancel()
 
 
 class Deadlines:
@@ -201,8 +205,7 @@ class Deadlines:
             if call.fired:
                 continue
             if call.deadline <= now:
-                call.fired = True
-                call.task.cancel()
+                call.fire()
             elif call.deadline < following:
                 following = call.deadline
         if following < math.inf:
@@ -220,19 +223,31 @@ async def _watched(
     """:func:`bounded_call` in the caller's task (``inline``), its limit kept by
     ``deadlines``; the same answers as :func:`_inline`."""
     loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    # As asyncio.timeout: a cancellation counted beyond the ones pending at entry is the
-    # limit's alone if uncancelling brings the count back.
-    pending = task.cancelling()
-    call = _Limit(task, loop.time() + timeout_s)
+    call = _Limit.of_current(loop, timeout_s)
     deadlines._add(call, loop)
+    try:
+        return await _limited(operation, call, where, timeout_s, translate, limit)
+    finally:
+        deadlines._calls.discard(call)
+
+
+async def _limited(
+    operation: Awaitable[T],
+    call: _Limit,
+    where: str,
+    timeout_s: float,
+    translate: Translate,
+    limit: str | None,
+) -> T:
+    """Await ``operation`` in ``call``'s task under its limit (a timer or :class:`Deadlines`
+    fires it): the limit's cancellation is the call's :func:`_no_answer`, any other one goes
+    on; the driver's failure is translated."""
     try:
         return await operation
     except asyncio.CancelledError:
         if call.fired:
             call.fired = False
-            if task.uncancel() <= pending:
+            if call.task.uncancel() <= call.pending:
                 raise _no_answer(where, timeout_s, limit) from None
         raise
     except AnarchonError:
@@ -240,9 +255,8 @@ async def _watched(
     except Exception as exc:
         _reraise(exc, translate)
     finally:
-        deadlines._calls.discard(call)
         if call.fired:  # the operation answered (or failed) despite the limit's cancellation
-            task.uncancel()
+            call.task.uncancel()
 
 
 def _no_answer(where: str, timeout_s: float | None, limit: str | None) -> BackendUnavailable:
@@ -258,12 +272,6 @@ def _reraise(exc: BaseException, translate: Translate) -> NoReturn:
     if translated is not None:
         raise translated from exc
     raise exc
-
-
-def _cancel(task: asyncio.Task[Any], fired: list[bool]) -> None:
-    """An inline :func:`bounded_call`'s timer: cancel the caller's task."""
-    fired.append(True)
-    task.cancel()
 
 
 class _Expired(Exception):
