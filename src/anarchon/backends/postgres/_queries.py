@@ -111,6 +111,7 @@ class Names:
             "runs_running": sql.Identifier(self.prefix + "runs_running"),
             "runs_slot": sql.Identifier(self.prefix + "runs_slot"),
             "claim_fn": table("claim"),
+            "claim_answer": table("claim_answer"),
             # Prefix of the claim function's advisory lock keys (one per job).
             "claim_lock": sql.Literal(f"anarchon claims {self.schema}.{self.prefix} "),
             # The database clock in epoch ms, written once: clock_timestamp() plus a test-only

@@ -198,7 +198,15 @@ CREATE INDEX {requests_due} ON {requests} (job, due_ms, requested_at_ms, id);
 -- before it locks their rows, so an instance that lost the race to a slot answers from the
 -- winner's record without a write of its own. Instances of schema version 3 still running
 -- beside it lock the same rows and run the same statement: they stay correct.
+CREATE TYPE {claim_answer} AS (
+    o_ord bigint, o_verdict text, o_now bigint, o_job text, o_slot_key text, o_slot bigint,
+    o_attempt integer, o_run_id text, o_token text, o_instance text, o_trigger text,
+    o_status text, o_fence bigint, o_started_at bigint, o_finished_at bigint,
+    o_lease_expires_at bigint, o_released boolean, o_error text, o_reason text,
+    o_requested_by text
+);
 {claim_function};
+ALTER TABLE {runs} DROP CONSTRAINT {runs_status_check};
 
 -- name: now
 SELECT {now_ms} AS now;
@@ -472,9 +480,7 @@ SELECT %(job)s[1], %(slot_key)s[1], 1, %(slot)s[1], %(run_id)s[1], %(token)s[1],
        w.now + %(lease_ms)s[1], false, NULL, NULL, %(requested_by)s[1]
 FROM won w
 RETURNING 1::bigint, 'won'::text, x.started_at, {run_columns}
-INTO o_ord, o_verdict, o_now, o_job, o_slot_key, o_slot, o_attempt, o_run_id, o_token,
-     o_instance, o_trigger, o_status, o_fence, o_started_at, o_finished_at, o_lease_expires_at,
-     o_released, o_error, o_reason, o_requested_by;
+INTO a_out;
 
 -- name: claim_recorded_one
 -- In claim_function, for a batch of one request: claim_recorded's answer, by one lookup of the
@@ -627,7 +633,12 @@ SELECT n.sent FROM notified n INTO discarded;
 --     and result takes (schema version 3 instances too), so correctness never depends on the
 --     advisory locks. Server cost of a won one-request claim (callgrind, instructions of the
 --     session per claim, its send_notices included): 1.10 M with claim_recorded, lock_jobs
---     and a claim_alone that answered through CTEs, 0.77 M now; the raw primitive's 0.06 M.
+--     and a claim_alone that answered through CTEs, 0.77 M without them; 0.79 M since the answer
+--     is a composite type (<prefix>claim_answer, whose row description is cached where a
+--     RETURNS TABLE rebuilt it from the catalogue at every call) and the runs table has no
+--     status CHECK; the raw primitive's 0.06 M. Lost: 0.26 M.
+--     Taking the fence in claim_alone's statement (the decision's snapshot guarded by the job
+--     row's xmin) cost more than the statement it saved (0.86-0.92 M): not done.
 -- Every statement of a volatile function takes a new snapshot (READ COMMITTED), after the
 -- locks before it. So the function refuses to run in any other isolation level (SQLSTATE
 -- AN001): one claim is sent alone, as a transaction of its own (claim_one), on a connection
@@ -637,14 +648,9 @@ CREATE FUNCTION {claim_fn}(
     a_instance text[], a_trigger text[], a_lease_ms bigint[], a_overlap_skip boolean[],
     a_skip_reason text[], a_skip_status text[], a_pausable boolean[], a_requested_by text[],
     a_channel text, a_later boolean
-) RETURNS TABLE (
-    o_ord bigint, o_verdict text, o_now bigint, o_job text, o_slot_key text, o_slot bigint,
-    o_attempt integer, o_run_id text, o_token text, o_instance text, o_trigger text,
-    o_status text, o_fence bigint, o_started_at bigint, o_finished_at bigint,
-    o_lease_expires_at bigint, o_released boolean, o_error text, o_reason text,
-    o_requested_by text
-) LANGUAGE plpgsql VOLATILE AS $fn$
+) RETURNS SETOF {claim_answer} LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
+    a_out {claim_answer};
     a_jobs text[] := a_job;
     a_fence bigint;
     a_now bigint;
@@ -692,15 +698,16 @@ BEGIN
         IF FOUND THEN
             -- claim_decide's notice of one won claim: kept for send_notices, or sent at
             -- commit. Plain expressions, evaluated without starting a query.
-            a_notice := json_build_array(json_build_array(o_job, o_slot_key, o_instance,
-                                                          o_lease_expires_at))::text;
+            a_notice := json_build_array(json_build_array(
+                a_out.o_job, a_out.o_slot_key, a_out.o_instance, a_out.o_lease_expires_at
+            ))::text;
             IF a_later THEN
                 discarded := set_config('anarchon.notices', jsonb_build_array(a_notice)::text,
                                         false);
             ELSE
                 discarded := pg_notify(a_channel, a_notice)::text;
             END IF;
-            RETURN NEXT;
+            RETURN NEXT a_out;
             RETURN;
         END IF;
     ELSE
