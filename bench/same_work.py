@@ -31,7 +31,8 @@ redis      ``FCALL`` of the backend's claim function (``EVALSHA`` of its claim s
 postgres   the ``claim_one`` statement (``queries.sql``, one call of the claim          psycopg 3
            function) with the backend's parameters, positional, binary, prepared as
            the backend prepares it, on an autocommit connection; a winner then sends
-           ``send_notices`` (the backend's second round trip, with notifications on)
+           ``notify_claim`` with its claim notice (the backend's second round trip,
+           with notifications on)
 nats       a JetStream publish to ``<prefix><job>.claims`` with ``Nats-Msg-Id:          nats-py
            <job>:<slot>`` and the claim's payload (``encode_claim``'s JSON), its ack
            heard on one subscription as the backend hears it; won unless the ack says
@@ -288,7 +289,7 @@ class RedisSameWork(SameWork):
 
 
 class PostgresSameWork(SameWork):
-    """The PostgreSQL backend's ``claim_one`` statement, and ``send_notices`` after a win."""
+    """The PostgreSQL backend's ``claim_one`` statement, and ``notify_claim`` after a win."""
 
     def __init__(self, backend: Any, instance: str) -> None:
         super().__init__(backend, instance)
@@ -298,10 +299,11 @@ class PostgresSameWork(SameWork):
         self.channel = queries.names.channel
         self.dsn = backend.dsn
         self.claim_sql, self.claim_names = positional(queries["claim_one"])
-        self.notices = positional(queries["send_notices"]) if backend.notifications else None
+        self.notices = positional(queries["notify_claim"]) if backend.notifications else None
         self.prepare = bool(backend.prepared_statements)
         self._conn: Any = None
         self._token_at = -1
+        self._expires_at = -1
 
     async def open(self) -> None:
         import psycopg
@@ -316,7 +318,8 @@ class PostgresSameWork(SameWork):
         """The ``claim_one`` parameters of one request (``_rows.claim_one_params``)."""
         return {
             "channel": self.channel,
-            "later": self.notices is not None,
+            # None: the claim keeps no notice, this client sends it (notify_claim).
+            "later": None if self.notices is not None else False,
             "job": job,
             "slot_key": str(slot),
             "slot": slot,
@@ -343,24 +346,36 @@ class PostgresSameWork(SameWork):
         rows = await cur.fetchall()
         if self._token_at < 0:
             assert cur.description is not None
-            self._token_at = [c.name for c in cur.description].index("token")
+            names = [c.name for c in cur.description]
+            self._token_at = names.index("token")
+            self._expires_at = names.index("lease_expires_at")
         won = bool(rows) and rows[0][self._token_at] == token
         if won and self.notices is not None:
             text, _ = self.notices
+            payload = self.notice(job, slot, rows[0][self._expires_at])
             await AsyncRawCursor(self._conn).execute(
-                text, [self.channel], binary=True, prepare=None if self.prepare else False
+                text, [self.channel, payload], binary=True, prepare=None if self.prepare else False
             )
         return won
 
+    def notice(self, job: str, slot: int, expires: int) -> str:
+        """``notify_claim``'s payload for a won claim (``_rows.claim_notice``)."""
+        return json.dumps([job, str(slot), self.instance, expires], separators=(",", ":"))
+
     def check(self, req: Any) -> None:
-        from anarchon.backends.postgres._rows import claim_one_params
+        from anarchon.backends.postgres._rows import claim_notice, claim_one_params
 
         theirs = claim_one_params(req, self.channel, later=self.notices is not None)
         ours = self.params(req.job, req.slot, req.run_id, req.token)
         if ours != theirs:
             raise _differs("claim_one's parameters", ours, theirs)
-        if self.notices is not None and self.notices[1] != ("channel",):
-            raise _differs("send_notices' parameters", ("channel",), self.notices[1])
+        if self.notices is not None:
+            if self.notices[1] != ("channel", "payload"):
+                raise _differs("notify_claim's parameters", ("channel", "payload"), self.notices[1])
+            row = {"job": req.job, "slot_key": req.slot_key, "instance": req.instance}
+            theirs = claim_notice({**row, "lease_expires_at": 7}, self.channel)["payload"]
+            if self.notice(req.job, req.slot, 7) != theirs:
+                raise _differs("the claim notice", self.notice(req.job, req.slot, 7), theirs)
 
 
 class NatsSameWork(SameWork):

@@ -98,3 +98,28 @@ async def test_notices_kept_for_after_commit_are_forgotten_once_sent(
     await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
     [row] = await backend._db.read(b"SELECT current_setting('anarchon.notices', true) AS kept")
     assert row["kept"] == "[]"
+
+
+async def test_a_one_request_claim_keeps_no_notice_and_its_notice_is_the_won_run(
+    make: Callable[..., PostgresBackend],
+) -> None:
+    # With notifications on, a claim of one request keeps nothing in the session (claim_one
+    # sends "later" NULL); the backend sends the winner's notice itself (notify_claim), built
+    # from the answer: the run's job, slot key, instance and lease expiry, as the server wrote
+    # them. A lost claim sends nothing.
+    claimer, listener = make(max_connections=1), make()
+    await claimer.start()
+    await listener.start()
+    heard: list[ClaimNotice] = []
+    assert await listener.subscribe_claims(heard.extend)
+    [won] = await claimer.claim([_request("a")])
+    assert won.ticket is not None and won.run is not None
+    [row] = await claimer._db.read(b"SELECT current_setting('anarchon.notices', true) AS kept")
+    assert row["kept"] in (None, "", "[]")
+    await _heard_within(heard, 1)
+    expires = won.ticket.lease_expires_at_ms
+    assert heard == [ClaimNotice("a", str(SLOT), "claimer", expires)]
+    [lost] = await claimer.claim([_request("a", "other")])
+    assert lost.ticket is None
+    await asyncio.sleep(0.2)
+    assert len(heard) == 1

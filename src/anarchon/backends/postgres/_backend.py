@@ -287,8 +287,9 @@ class PostgresBackend(contract.LeaseBackend):
         """The batch as one statement, a transaction of its own on an autocommit connection:
         one message and one round trip, without pipeline mode (whose BEGIN, COMMIT and
         synchronisation cost the client more than the claim itself, and whose messages, sent
-        one by one, wake the server once each). A winner's ``send_notices`` runs after the
-        answer is handed over (:meth:`Connections.defer`). None when the connection's default
+        one by one, wake the server once each). A winner's ``send_notices`` (for one request,
+        its notice sent by ``notify_claim``) runs after the answer is handed over
+        (:meth:`Connections.defer`). None when the connection's default
         isolation level is not READ COMMITTED, which the claim function refuses: from then on
         this backend sends its claims inside BEGIN."""
         q = self._queries
@@ -305,7 +306,10 @@ class PostgresBackend(contract.LeaseBackend):
             self._one_statement = False
             return None
         if later is not None and rows.won_any(found):
-            self._db.defer(conn, later)
+            if len(reqs) == 1:
+                self._db.defer(conn, (q["notify_claim"], rows.claim_notice(found[0], channel)))
+            else:
+                self._db.defer(conn, later)
         return found
 
     async def finish_many(

@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any, Final
 
 from anarchon.backend import (
+    ClaimNotice,
     ClaimOutcome,
     ClaimRequest,
     SlotRecords,
@@ -24,6 +25,7 @@ from anarchon.backend import (
 from anarchon.control import PAUSED_TRIGGERS
 from anarchon.errors import BackendUnavailable, LeaseLost
 from anarchon.kit import Overlap, Run, RunStatus
+from anarchon.kit.feed import encode_notice
 from anarchon.kit.lease import (
     MAX_MS,
     PRUNE_BATCH,
@@ -38,6 +40,7 @@ from anarchon.kit.lease import (
 
 __all__ = [
     "claim_batch_params",
+    "claim_notice",
     "claim_one_params",
     "claim_outcome",
     "claim_params",
@@ -125,10 +128,18 @@ def claim_batch_params(
 
 def claim_one_params(req: ClaimRequest, channel: str, *, later: bool) -> dict[str, Any]:
     """The ``claim_one`` statement's parameters: :func:`claim_params` of ``[req]``, each array's
-    one value as it is."""
-    params: dict[str, Any] = {"channel": channel, "later": later}
+    one value as it is. With ``later``, the claim keeps no notice (``later`` NULL): the backend
+    sends a winner's own (:func:`claim_notice`) after the answer."""
+    params: dict[str, Any] = {"channel": channel, "later": None if later else False}
     params.update(zip(_CLAIM_FIELDS, _claim_values(req), strict=True))
     return params
+
+
+def claim_notice(row: dict[str, Any], channel: str) -> dict[str, Any]:
+    """``notify_claim``'s parameters: the claim notice of the won claim answered by ``row``
+    (a ``claim_one`` row), as the claim function writes it."""
+    notice = ClaimNotice(row["job"], row["slot_key"], row["instance"], row["lease_expires_at"])
+    return {"channel": channel, "payload": encode_notice(notice)}
 
 
 def won_any(found: Sequence[dict[str, Any]]) -> bool:
