@@ -36,9 +36,10 @@ PARTS: Final = (
     "claim_notices",
     "claim_columns",
 )
-# Statements substituted into claim_function's body as {fn_<name>}; then the function itself,
-# a part of migration_4. Neither is sent on its own.
+# Statements (and keep_notice, a PL/pgSQL fragment) substituted into claim_function's body as
+# {fn_<name>}; then the function itself, a part of migration_4. Neither is sent on its own.
 IN_FUNCTION: Final = (
+    "keep_notice",
     "claim_recorded",
     "claim_recorded_one",
     "take_fence",
@@ -51,6 +52,7 @@ IN_FUNCTION: Final = (
     "claim_decide",
 )
 _FUNCTION_ONLY: Final = (
+    "keep_notice",
     "claim_recorded",
     "claim_recorded_one",
     "take_fence",

@@ -606,6 +606,16 @@ WITH winners AS (
 {claim_notices}
 SELECT n.sent FROM notified n INTO discarded;
 
+-- name: keep_notice
+-- In claim_function, after a won claim's notification was made INTO a_notice (one request, or
+-- plain_notices' list under 7000 bytes): kept for send_notices (%(later)s), or sent at commit.
+-- PL/pgSQL, not a statement: plain expressions, evaluated without starting a query.
+IF %(later)s THEN
+    discarded := set_config('anarchon.notices', jsonb_build_array(a_notice)::text, false);
+ELSE
+    discarded := pg_notify(%(channel)s, a_notice)::text;
+END IF;
+
 -- name: claim_function
 -- The claim (PostgresBackend.claim), made by migration_4: one call decides a batch (the
 -- arguments are claim_decide's parameters, an array per field) and answers claim_decide's rows.
@@ -705,12 +715,7 @@ BEGIN
                 a_notice := json_build_array(json_build_array(
                     a_out.o_job, a_out.o_slot_key, a_out.o_instance, a_out.o_lease_expires_at
                 ))::text;
-                IF a_later THEN
-                    discarded := set_config('anarchon.notices',
-                                            jsonb_build_array(a_notice)::text, false);
-                ELSE
-                    discarded := pg_notify(a_channel, a_notice)::text;
-                END IF;
+                {fn_keep_notice}
             END IF;
             RETURN NEXT a_out;
             RETURN;
@@ -723,11 +728,8 @@ BEGIN
             {fn_plain_notices}
             IF octet_length(a_notice) > 7000 THEN
                 {fn_plain_notices_chunked}
-            ELSIF a_later THEN
-                discarded := set_config('anarchon.notices', jsonb_build_array(a_notice)::text,
-                                        false);
             ELSE
-                discarded := pg_notify(a_channel, a_notice)::text;
+                {fn_keep_notice}
             END IF;
             RETURN;
         END IF;
