@@ -207,7 +207,6 @@ CREATE TYPE {claim_answer} AS (
     o_requested_by text
 );
 {claim_function};
-ALTER TABLE {runs} DROP CONSTRAINT {runs_status_check};
 
 -- name: now
 SELECT {now_ms} AS now;
@@ -644,11 +643,12 @@ END IF;
 --     and result takes (schema version 3 instances too), so correctness never depends on the
 --     advisory locks. Server cost of a won one-request claim (callgrind, instructions of the
 --     session per claim, its send_notices included): 1.10 M with claim_recorded, lock_jobs
---     and a claim_alone that answered through CTEs, 0.77 M without them; 0.70 M since the answer
+--     and a claim_alone that answered through CTEs, 0.77 M without them; about 0.75 M since the answer
 --     is a composite type (<prefix>claim_answer, whose row description is cached where a
---     RETURNS TABLE rebuilt it from the catalogue at every call), the runs table has no status
---     CHECK and a one-request winner's notice is sent by the client (notify_claim) instead of
---     kept here for send_notices (a_later NULL); the raw primitive's 0.06 M. Lost: 0.26 M.
+--     RETURNS TABLE rebuilt it from the catalogue at every call) and a one-request winner's
+--     notice is sent by the client (notify_claim) instead of kept here for send_notices
+--     (a_later NULL); the raw primitive's 0.06 M. Lost: 0.26 M. The runs table's status
+--     CHECK costs 0.04 M of a won claim and stays: it guards the data against any writer.
 --     Taking the fence in claim_alone's statement (the decision's snapshot guarded by the job
 --     row's xmin) cost more than the statement it saved (0.86-0.92 M): not done.
 -- Every statement of a volatile function takes a new snapshot (READ COMMITTED), after the
@@ -787,7 +787,8 @@ FROM jsonb_array_elements_text({kept_notices}) AS n (payload);
 -- notice, built by the client from the answer (kit.feed.encode_notice). As send_notices, a
 -- transaction of its own that writes nothing, but without keeping the notice in the session
 -- and reading it back (set_config in the claim, send_notices' JSON and aggregate): 0.09 M
--- instructions less per won claim (callgrind, 0.79 -> 0.70 M).
+-- instructions less per won claim (callgrind, 0.79 -> 0.70 M, both measured without the runs
+-- status CHECK).
 SELECT pg_notify(%(channel)s::text, %(payload)s::text) AS sent;
 
 -- name: peek_takeover
