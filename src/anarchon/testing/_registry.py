@@ -196,7 +196,7 @@ class RegistryContract:
         [raw] = await store.instances()
         assert raw.job_count == MANY_JOBS and len(raw.to_json()) < 400
         began = time.perf_counter()
-        await record_instance(store, _record("big", 2_000, jobs), {})  # the set is kept: a beat
+        await record_instance(store, _record("big", 2_000, jobs), {})  # kept: its time moves
         beat_s = time.perf_counter() - began
         assert beat_s < max(saved_s, 0.5), (beat_s, saved_s)
         _forget()

@@ -141,7 +141,7 @@ def _from_url(url: str) -> Callable[[], Redis]:
 def _jitter_backoff(base: float, cap: float) -> AbstractBackoff:
     """redis-py's backoff between its retries of a command: a random delay up to
     ``base * 2**failures``, at most ``cap`` seconds. As redis-py's ``ExponentialWithJitterBackoff``
-    computes it; that class is only in redis-py 5.3 and later, and ``redis>=5`` is allowed."""
+    computes it; that class is only in redis-py 5.3 and later, and ``redis>=5.0.1`` is allowed."""
     from redis.backoff import AbstractBackoff
 
     class JitterBackoff(AbstractBackoff):
