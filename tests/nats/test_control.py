@@ -409,7 +409,6 @@ async def test_a_bucket_lookup_answered_before_the_first_pause_does_not_hide_it(
         raise BackendError("NATS: opening the control bucket failed") from BucketNotFoundError()
 
     monkeypatch.setattr(control, "_bounded", answered_late)
-    control._absent_until = 0.0  # as a second later: the next listing looks the bucket up
     await control._list()  # a listing whose lookup was under way
     await control._list()  # the next listing, read after the pause was heard
     assert looked_up
@@ -437,3 +436,32 @@ async def test_a_watch_started_after_the_first_pause_lists_it(make: Make) -> Non
     await asyncio.sleep(PAUSE_CACHE_S + 0.1)
     [again] = await runner.claim([request(slot=SLOT + 1000)])
     assert again.status is ClaimStatus.SKIPPED
+
+
+async def test_steering_after_a_poll_that_found_no_bucket_reads_the_server(make: Make) -> None:
+    """An instance whose run-request poll found no bucket believes it missing for a second; the
+    first pause, stored by another instance, creates it. Resuming, listing the pauses and
+    reading the requests on the first instance must look at the server, not at that belief
+    (before: resume answered 'not paused' and left the pause in force, pauses() listed none,
+    and the request another instance stored was not read)."""
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    control = runner.control()
+    assert await control.requests() == []  # no bucket: believed missing for a second
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    manual = RunRequest(
+        id=uuid.uuid4().hex,
+        job="sync",
+        trigger=Trigger.MANUAL,
+        key="manual-x",
+        slot=None,
+        due_ms=pause.at_ms,
+        requested_by="ops",
+        requested_at_ms=pause.at_ms,
+    )
+    assert await operator.control().request(manual)
+    assert await control.pauses() == [pause]
+    assert await control.requests() == [manual]
+    assert await control.resume("sync") == pause
+    assert await operator.control().pauses() == []

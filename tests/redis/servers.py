@@ -18,8 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 REDIS_SERVER = "/usr/bin/redis-server"
 RANGE = range(16400, 16800)
+#: redis-py's major version: the compat venv (``make compat``) runs the lowest allowed, 5.
+REDIS_MAJOR = int(redis.__version__.split(".")[0])
 
 
 def _ports() -> range:

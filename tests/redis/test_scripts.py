@@ -25,8 +25,11 @@ from anarchon.backends.redis import RedisBackend
 from anarchon.backends.redis._keys import KINDS, Namespace
 from tests.backends.redis import SERVER
 from tests.redis.conftest import Make
+from tests.redis.servers import REDIS_MAJOR
 
 SLOT = 1_800_000_000_000
+#: The single calls' own path (a pooled connection, the kept lane) is taken on redis-py 8+ only.
+NEEDS_REDIS_8 = pytest.mark.skipif(REDIS_MAJOR < 8, reason="the pooled path needs redis-py 8")
 LEASE_MS = 600
 
 
@@ -442,6 +445,7 @@ def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str) -> None
         assert pack(script, keys, args, encoding, function=True) == b"".join(called)
 
 
+@NEEDS_REDIS_8
 async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() -> None:
     """A plain client's single script calls are sent packed on its pool's connections; a
     subclass of the client (which may send commands its own way) keeps execute_command."""
@@ -469,6 +473,7 @@ async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() ->
         await traced.aclose()
 
 
+@NEEDS_REDIS_8
 async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -524,6 +529,7 @@ async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
         await client.aclose()
 
 
+@NEEDS_REDIS_8
 async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
     """A pool of fewer than LANE_MIN_POOL connections (or a blocking one) lends each single
     call a connection and takes it back, so the one kept never leaves it short."""
@@ -551,6 +557,7 @@ async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
             await client.aclose()
 
 
+@NEEDS_REDIS_8
 async def test_the_kept_connection_is_closed_if_its_pool_forgot_it() -> None:
     """A pool reset (by its owner) while the backend keeps a connection of it: stop() closes
     that connection itself instead of failing."""

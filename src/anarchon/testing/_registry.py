@@ -134,6 +134,25 @@ class RegistryContract:
         await store.save_definitions("d1", one, 9_000)  # saved again after a prune
         assert await store.definitions("d1") == one
 
+    async def test_a_set_found_by_a_new_record_outlives_a_prune_read_before_it(
+        self, backend: Backend
+    ) -> None:
+        """An instance that starts (or changes its jobs) with a set that is kept but old and
+        named by nobody (a rollback, say) records itself naming it while another instance's
+        beat may have read the records just before and prunes just after: the set's saved
+        time moves with that first record, so the prune keeps it (it does not drop a set a
+        live record names for the minute until the next check)."""
+        store = _store(backend)
+        jobs = _jobs(3, "*/7 * * * *")
+        digest = encode_definitions(jobs)[0]
+        await record_instance(store, _record("old", 1_000, jobs))  # saved at 1 000
+        await store.remove("old")  # nobody names it now
+        keep = {r.definitions for r in await store.instances() if r.definitions}  # a beat
+        await record_instance(store, _record("new", 5_000, jobs), {})  # finds it, names it
+        assert await store.prune_definitions(keep, 2_000) == []  # saved again at 5 000
+        assert await store.has_definitions(digest)
+        await store.remove("new")
+
     async def test_a_set_larger_than_one_message_round_trips(self, backend: Backend) -> None:
         """A set of 3 MB that does not compress (larger than a NATS message) is kept whole."""
         store = _store(backend)
@@ -177,7 +196,7 @@ class RegistryContract:
         [raw] = await store.instances()
         assert raw.job_count == MANY_JOBS and len(raw.to_json()) < 400
         began = time.perf_counter()
-        await record_instance(store, _record("big", 2_000, jobs), {})  # the set is kept: a beat
+        await record_instance(store, _record("big", 2_000, jobs), {})  # kept: its time moves
         beat_s = time.perf_counter() - began
         assert beat_s < max(saved_s, 0.5), (beat_s, saved_s)
         _forget()

@@ -78,7 +78,6 @@ class NatsControl:
         self._space = token(backend.prefix)
         self._kv: KeyValue | None = None
         self._js: JetStreamContext | None = None
-        self._absent_until = 0.0  # loop time until which a missing bucket is believed missing
         self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         # Each pause key's pause (None: none) and until when (loop time) it is trusted.
         self._cache: dict[str, tuple[float, Pause | None]] = {}
@@ -118,25 +117,21 @@ class NatsControl:
             self._kv = None
             raise
 
-    async def _open(self, create: bool, look: bool = False) -> KeyValue | None:
-        """The bucket; None while it does not exist (``create``: make it). A bucket found
-        missing is believed missing for :data:`PAUSE_CACHE_S` without looking again, unless
-        ``look``."""
+    async def _open(self, create: bool) -> KeyValue | None:
+        """The bucket; None while it does not exist (``create``: make it). A bucket found is
+        remembered; one found missing is looked up again at the next call, never believed
+        missing: another instance's first write creates it at any moment, and a resume, a
+        listing or a poll answered from such a belief would miss that write (a resume would
+        answer 'not paused' and leave the pause in force)."""
         _, js = self._backend._conn.require()
         if self._kv is not None and self._js is js:
             return self._kv
         loop = asyncio.get_running_loop()
-        believed = not create and not look
-        if believed and loop.time() < self._absent_until:
-            return None
-        changes = self._changes
         if self._opening is None or self._opening[0] is not loop:
             self._opening = (loop, asyncio.Lock())
         async with self._opening[1]:
             if self._kv is not None and self._js is js:
                 return self._kv
-            if believed and loop.time() < self._absent_until:
-                return None
             from nats.js.errors import BucketNotFoundError
 
             try:
@@ -145,8 +140,6 @@ class NatsControl:
                 if not isinstance(exc.__cause__, BucketNotFoundError):
                     raise
                 if not create:
-                    if self._changes == changes:  # else the watch heard of a write since
-                        self._absent_until = loop.time() + PAUSE_CACHE_S
                     return None
                 from nats.js.api import KeyValueConfig
 
@@ -154,7 +147,7 @@ class NatsControl:
                 kv = await self._bounded(
                     js.create_key_value(config), f"creating key-value bucket {self.bucket!r}"
                 )
-            self._kv, self._js, self._absent_until = kv, js, 0.0
+            self._kv, self._js = kv, js
             return kv
 
     def _remember(self, job: str, pause: Pause | None) -> None:
@@ -228,11 +221,10 @@ class NatsControl:
     async def holding(self, jobs: Collection[str], now_ms: int) -> dict[str, Pause]:
         """The pause that holds each of ``jobs`` at ``now_ms`` (this instance's clock), for the
         jobs one holds: the job's own, else the whole cluster's. Each is read from the bucket
-        at most every :data:`PAUSE_CACHE_S`; nothing is read while the bucket is known not to
-        exist. Only the pauses the bucket lists (its stream info: one request for any number of
-        jobs, at most every :data:`PAUSE_CACHE_S`) are read. A permanent failure to read (a user
-        not allowed to read the bucket) is logged and answers no pause; a transient one raises
-        BackendUnavailable."""
+        at most every :data:`PAUSE_CACHE_S`. Only the pauses the bucket lists (its stream info:
+        one request for any number of jobs, at most every :data:`PAUSE_CACHE_S`) are read. A
+        permanent failure to read (a user not allowed to read the bucket) is logged and answers
+        no pause; a transient one raises BackendUnavailable."""
         try:
             listed = await self._pause_keys()
             if not listed:  # no pause stored: nothing to look up (every claim asks)
@@ -348,7 +340,6 @@ class NatsControl:
         self._heard_keys.add(key)
         if self._listed is not None:
             self._listed[1].add(key)
-        self._absent_until = 0.0  # the bucket exists now
         self._loading.pop(key, None)  # claims from now on do not wait for an older read
         try:
             pause = _heard_value(msg, key)
@@ -378,9 +369,9 @@ class NatsControl:
         loop = asyncio.get_running_loop()
         nc = self._backend._conn.nc
         reconnects = nc.stats["reconnects"] if nc is not None else -1
-        # Looked up, not believed missing: the watch may have started after a lookup (of a
+        # Looked up on the server (see _open): the watch may have started after a lookup (of a
         # run request poll, say) found no bucket, and the first pause stored since, unheard.
-        kv = await self._open(create=False, look=True)
+        kv = await self._open(create=False)
         keys = set() if kv is None else set(await self._keys(kv, "p"))
         keys |= self._heard_keys  # heard during the read, or before the stream stored them
         self._listed = (loop.time() + PAUSE_CACHE_S, keys)
@@ -427,8 +418,6 @@ class NatsControl:
                 missing.append(name)
         if not missing:
             return found
-        if now < self._absent_until:
-            return {**found, **dict.fromkeys(missing)}
         if self._reads is None or self._reads[0] is not loop:
             self._reads = (loop, asyncio.Semaphore(READS_AT_ONCE))
         gate = self._reads[1]

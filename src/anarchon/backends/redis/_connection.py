@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.client import PubSub
     from redis.asyncio.cluster import RedisCluster
+    from redis.backoff import AbstractBackoff
 
     Client = Redis | RedisCluster
 
@@ -121,17 +123,32 @@ def _from_url(url: str) -> Callable[[], Redis]:
     def connect() -> Redis:
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
-        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.exceptions import ConnectionError, TimeoutError
 
-        # The URL's own query options win over these keyword arguments.
+        # The URL's own query options win over these keyword arguments. retry_on_error: before
+        # redis-py 6, a command is retried only on the errors it names, whatever ``retry`` says.
         return Redis.from_url(
             url,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), DRIVER_RETRIES),
+            retry=Retry(_jitter_backoff(base=0.05, cap=0.5), DRIVER_RETRIES),
+            retry_on_error=[ConnectionError, TimeoutError],
             socket_timeout=None,
             socket_connect_timeout=CALL_TIMEOUT_S,
         )
 
     return connect
+
+
+def _jitter_backoff(base: float, cap: float) -> AbstractBackoff:
+    """redis-py's backoff between its retries of a command: a random delay up to
+    ``base * 2**failures``, at most ``cap`` seconds. As redis-py's ``ExponentialWithJitterBackoff``
+    computes it; that class is only in redis-py 5.3 and later, and ``redis>=5.0.1`` is allowed."""
+    from redis.backoff import AbstractBackoff
+
+    class JitterBackoff(AbstractBackoff):
+        def compute(self, failures: int) -> float:
+            return min(cap, random.random() * base * float(2**failures))
+
+    return JitterBackoff()
 
 
 class Connection:
@@ -213,6 +230,16 @@ class Connection:
         """Make the client, check the server answers and load the scripts; warn about an
         eviction policy that may drop records."""
         client = self._connect()
+        from redis.asyncio.cluster import RedisCluster
+
+        if isinstance(client, RedisCluster) and not hasattr(client, "pubsub"):
+            import redis
+
+            raise InvalidOption(
+                f"a RedisCluster client needs redis-py 8.0 or later (this is {redis.__version__}):"
+                " the backend's notifications publish and subscribe on it, which redis-py's"
+                " asyncio cluster client cannot do before 8.0"
+            )
         scripts = ScriptRunner(client)
         try:
             await bounded(self._prepare(client, scripts), self.where)
@@ -222,8 +249,6 @@ class Connection:
             if isinstance(exc, TypeError):  # an unknown query option reached redis-py
                 raise InvalidOption(f"Redis URL {self.where!r}: {exc}") from exc
             raise type(exc)(f"cannot start the Redis backend: {exc}") from exc
-        from redis.asyncio.cluster import RedisCluster
-
         self._client, self._scripts = client, scripts
         self._cluster = isinstance(client, RedisCluster)
         self._inline = _cancellable(client)
