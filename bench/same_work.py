@@ -274,8 +274,9 @@ class RedisSameWork(SameWork):
             return await connection.read_response()
 
         answer = await connection.retry.call_with_retry(exchange, lambda _: connection.disconnect())
-        # The answer carries the stored record: ours if it has our token.
-        return token.encode() in answer
+        # Won: the short answer ('[[now,fence]]'); else the stored record, ours if it has our
+        # token (a retry).
+        return answer.startswith(b"[[") or token.encode() in answer
 
     def check(self, req: Any) -> None:
         from anarchon.backends.redis._rows import claim_arguments

@@ -424,16 +424,18 @@ async def test_finishes_and_claim_notices_reach_the_others_alone_and_in_batches(
     assert all(n.instance == "i1" and n.lease_expires_at_ms for n in notices), notices
 
 
-@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
-def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str) -> None:
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1", "utf-7"])
+@pytest.mark.parametrize("job", ["caf\u00e9", "cafe+"])
+def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str, job: str) -> None:
     """A single script call is packed by anarchon (``_scripts.pack``): byte for byte what
-    redis-py packs, in the client's encoding."""
+    redis-py packs, in the client's encoding, whether its arguments are ASCII (written as one
+    text) or not."""
     from redis.asyncio.connection import Connection
 
     from anarchon.backends.redis._scripts import SCRIPTS, pack
 
-    keys = ["{app:caf\u00e9}:meta", "{app:caf\u00e9}:runs", "p:pauses"]
-    args = ['{"job":"caf\u00e9","slot":1}', "", "x" * 7000]
+    keys = [f"{{app:{job}}}:meta", f"{{app:{job}}}:runs", "p:pauses"]
+    args = [f'{{"job":"{job}","slot":1}}', "", "x" * 7000]
     packer = Connection(encoding=encoding)
     for name in ("claim", "hget_ints"):
         script = SCRIPTS[name]

@@ -30,9 +30,17 @@ from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBacke
 from anarchon.kit import OUTAGE_ACTIONS, Bound, calls, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
-from anarchon.kit.lease import first_attempt, ticket_of
+from anarchon.kit.lease import (
+    RunRow,
+    answer_existing,
+    first_attempt,
+    stored_run,
+    ticket_of,
+    won_outcome,
+)
 from anarchon.kit.migrations import Step, migrate
 from anarchon.kit.urls import bool_option, int_option, ms_option, split_url, str_option
+from tests.records import claim_request
 
 
 def translate(exc: BaseException) -> BackendError | None:
@@ -584,3 +592,26 @@ def test_sqlite_urls_take_their_options_through_the_kit(tmp_path: Path) -> None:
         InvalidOption, match=r"unknown option 'mode'.*busy_timeout_ms, history_size"
     ):
         backend_from_url(f"sqlite:///{tmp_path}/a.db?mode=ro")
+
+
+@pytest.mark.parametrize("slot", [1_700_000_000_000, None])
+@pytest.mark.parametrize("requested_by", [None, "alice"])
+def test_a_won_claim_made_from_its_request_is_the_one_made_from_its_record(
+    slot: int | None, requested_by: str | None
+) -> None:
+    """won_outcome (what a backend answering ``[now, fence]`` gives) equals the answer made
+    from the stored record of attempt 1, and stored_run the record's own run, also from
+    JSON's floats."""
+    req = replace(
+        claim_request("j", 0, "i1", lease_ms=30_000), slot=slot, requested_by=requested_by
+    )
+    now, fence = 1_700_000_000_123, 1_700_000_000_124
+    row = first_attempt(
+        req, now, RunStatus.RUNNING, None, slot=slot, token=req.token, fence=fence,
+        lease_expires_at=now + req.lease_ms,
+    )  # fmt: skip
+    assert won_outcome(req, now, fence) == answer_existing(row, req, now)
+    stored = {name: getattr(row, name) for name in RunRow.__dataclass_fields__}
+    stored["trigger"] = str(req.trigger)
+    assert stored_run(stored) == row.to_run()
+    assert stored_run({**stored, "fence": float(fence), "started_at": float(now)}) == row.to_run()

@@ -38,8 +38,9 @@ the same):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from .._frozen import maker
 from .._members import RUNNING as _RUNNING
@@ -80,9 +81,11 @@ __all__ = [
     "answer_existing",
     "check_ticket",
     "claim",
+    "existing_verdict",
     "finish",
     "first_attempt",
     "lease_lost",
+    "lost_outcome",
     "next_fence",
     "not_run",
     "peek_answer",
@@ -91,11 +94,13 @@ __all__ = [
     "refused_outcome",
     "release",
     "renew",
+    "stored_run",
     "take_over",
     "takeover_answer",
     "ticket_of",
     "ttl_cutoff",
     "unstorable",
+    "won_outcome",
 ]
 
 # At most this many slots are pruned per accepted result, so a result stays a short step.
@@ -119,6 +124,8 @@ _new_outcome: Final = maker(ClaimOutcome)
 # EnumType's ``__getattr__`` hook (0.15-0.2 us a read), and a burst decides thousands of claims.
 _SKIPPED: Final = RunStatus.SKIPPED
 _OVERLAP_SKIP: Final = Overlap.SKIP
+_LOST: Final = ClaimStatus.LOST
+_SKIPPED_CLAIM: Final = ClaimStatus.SKIPPED
 
 
 @dataclass(slots=True, kw_only=True)
@@ -182,6 +189,32 @@ class RunRow:
             and self.lease_expires_at is not None
             and self.lease_expires_at > now
         )
+
+
+def stored_run(data: Mapping[str, Any]) -> Run:
+    """The public record of an attempt stored as ``data``: :class:`RunRow`'s fields by name
+    (numbers as anything ``int()`` takes, JSON's floats included; an optional field absent or
+    None), as ``RunRow(...).to_run()`` gives it, without making the row (what a claim that
+    lost to ``data`` answers, and each record of a history)."""
+    slot = data.get("slot")
+    finished = data.get("finished_at")
+    trigger = data["trigger"]
+    status = data["status"]
+    return _new_run(
+        job=data["job"],
+        slot=None if slot is None else slot_to_datetime(int(slot)),
+        run_id=data["run_id"],
+        instance=data["instance"],
+        trigger=_TRIGGERS.get(trigger) or Trigger(trigger),
+        attempt=int(data["attempt"]),
+        status=_STATUSES.get(status) or RunStatus(status),
+        started_at=slot_to_datetime(int(data["started_at"])),
+        finished_at=None if finished is None else slot_to_datetime(int(finished)),
+        error=data.get("error"),
+        fence=int(data.get("fence") or 0) or None,
+        reason=data.get("reason"),
+        requested_by=data.get("requested_by"),
+    )
 
 
 def ticket_of(
@@ -371,8 +404,52 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         slot_key=key,
     )
     store.insert(row)
-    ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-    return _new_outcome(status=_WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+    return won_outcome(req, now, row.fence, slot_key=key)
+
+
+def won_outcome(
+    req: ClaimRequest, now: int, fence: int, *, slot_key: str | None = None
+) -> ClaimOutcome:
+    """The answer to a claim that recorded attempt 1 of ``req``'s slot, running from ``now``
+    (the backend's clock) under a lease of ``req.lease_ms`` with ``fence``: the run and the
+    ticket made from the request itself, equal to what the record stored gives
+    (:meth:`RunRow.to_run`, :meth:`RunRow.ticket`). So a backend that decides in its own
+    language (Lua) needs to answer a won claim with ``now`` and ``fence`` alone.
+    ``slot_key``: ``req.slot_key``, when the caller has it already."""
+    slot = req.slot
+    trigger = _TRIGGERS.get(req.trigger) or Trigger(req.trigger)
+    run = _new_run(
+        job=req.job,
+        slot=None if slot is None else slot_to_datetime(slot),
+        run_id=req.run_id,
+        instance=req.instance,
+        trigger=trigger,
+        attempt=1,
+        status=_RUNNING,
+        started_at=slot_to_datetime(now),
+        finished_at=None,
+        error=None,
+        fence=fence or None,
+        reason=None,
+        requested_by=req.requested_by,
+    )
+    ticket = _new_ticket(
+        job=req.job,
+        slot=slot,
+        slot_key=req.slot_key if slot_key is None else slot_key,
+        run_id=req.run_id,
+        token=req.token,
+        instance=req.instance,
+        trigger=trigger,
+        attempt=1,
+        fence=fence,
+        started_at_ms=now,
+        lease_ms=req.lease_ms,
+        lease_expires_at_ms=now + req.lease_ms,
+        backend_now_ms=now,
+        history_ttl_ms=req.history_ttl_ms,
+    )
+    return _new_outcome(status=_WON, run=run, ticket=ticket, backend_now_ms=now)
 
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
@@ -384,25 +461,41 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot that already has a record ``row``; also the answer of
     a backend that decides in its own language (Lua, SQL) from the attempt it found or just
     recorded."""
-    if row.status in SKIP_STATUSES and row.attempt == 1:
-        return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
-    if (
-        row.token == req.token
-        and row.attempt == 1
-        and row.status == RunStatus.RUNNING
-        and not row.released
-    ):
-        # A retried claim: the caller is still the runner. Once attempt 1 has ended (recorded
-        # failed when its lease ran out on the last attempt), the retry is told LOST, so no
-        # handler starts on a run that history already shows as over.
-        ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
-        return _new_outcome(
-            status=ClaimStatus.WON, run=row.to_run(), ticket=ticket, backend_now_ms=now
-        )
+    verdict = existing_verdict(req, row.status, row.attempt, row.token, row.released)
+    if verdict is _LOST:
+        return lost_outcome(row.to_run(), row.status, row.lease_expires_at, now)
+    if verdict is _SKIPPED_CLAIM:
+        return _new_outcome(status=_SKIPPED_CLAIM, run=row.to_run(), backend_now_ms=now)
+    # A retried claim: the caller is still the runner.
+    ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
+    return _new_outcome(status=_WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
+
+
+def existing_verdict(
+    req: ClaimRequest, status: str, attempt: int, token: str, released: bool
+) -> ClaimStatus:
+    """How a claim of a slot that already has a record is answered, from that record's
+    ``status``, ``attempt``, ``token`` and ``released`` (:func:`answer_existing` makes the
+    whole answer): SKIPPED if attempt 1 was recorded instead of a run, WON if attempt 1 is
+    ``req``'s own, still running and not handed over (a retried claim), else LOST."""
+    if status in SKIP_STATUSES and attempt == 1:
+        return _SKIPPED_CLAIM
+    if token == req.token and attempt == 1 and status == _RUNNING and not released:
+        return _WON
+    # Once attempt 1 has ended (recorded failed when its lease ran out on the last attempt),
+    # a retry of its claim is told LOST, so no handler starts on a run that history already
+    # shows as over.
+    return _LOST
+
+
+def lost_outcome(run: Run, status: str, lease_expires_at: int | None, now: int) -> ClaimOutcome:
+    """The answer LOST (:func:`existing_verdict`) to a claim that met the record ``run``,
+    stored with ``status`` and ``lease_expires_at``: the caller does not run, and watches the
+    run's lease while it runs."""
     return _new_outcome(
-        status=ClaimStatus.LOST,
-        run=row.to_run(),
-        lease_expires_at_ms=row.lease_expires_at if row.status == RunStatus.RUNNING else None,
+        status=_LOST,
+        run=run,
+        lease_expires_at_ms=lease_expires_at if status == _RUNNING else None,
         backend_now_ms=now,
     )
 

@@ -192,7 +192,7 @@ class RedisBackend(contract.LeaseBackend):
         )
         if isinstance(answer, BackendError):
             return refused_outcome(req, 0, answer)
-        return rows.claim_outcome(req, answer["claims"][0])
+        return rows.claim_outcome(req, answer[0])
 
     async def _claimed(
         self,
@@ -201,7 +201,7 @@ class RedisBackend(contract.LeaseBackend):
         held: dict[str, str] | None,
         alone: str | None,
         per_call: int,
-    ) -> list[dict[str, Any] | BackendError]:
+    ) -> list[rows.ClaimAnswer | BackendError]:
         """The claim script's answer to each request (or the error of its call), ``per_call``
         requests to a script call, all calls in one pipeline. A call of several that failed is
         sent again one claim per call, so that only the claim at fault gets the error."""
@@ -220,10 +220,10 @@ class RedisBackend(contract.LeaseBackend):
                 )
             calls.append((keys + pauses_key, args))
         answers = await self._connection.scripts("claim", calls, transient_raise=True)
-        out: list[dict[str, Any] | BackendError] = []
+        out: list[rows.ClaimAnswer | BackendError] = []
         for part, answer in zip(parts, answers, strict=True):
             if not isinstance(answer, BackendError):
-                out += answer["claims"]
+                out += answer
             elif len(part) == 1:
                 out.append(answer)
             else:
@@ -268,7 +268,7 @@ class RedisBackend(contract.LeaseBackend):
             lost = rows.lost(ticket, answer)
             if lost is None:
                 finished.append((ticket.job, ticket.slot_key))
-            out.append(lost or rows.run_row(answer["run"]).to_run())
+            out.append(lost or rows.stored_run(answer["run"]))
         if alone is None:
             self._connection.announce(self._keys.channel, rows.change_messages(finished))
         return out

@@ -317,14 +317,13 @@ class Connection:
         again. An error reply (OOM, READONLY ...) is an answer: it is raised like any failure
         but is no outage, so refused writes between successful reads do not flap the log."""
         try:
-            result = await bounded_call(
-                aw,
-                where=self._named,
-                timeout_s=timeout_s,
-                translate=self._translate,
-                inline=self._inline,
-                deadlines=self._deadlines,
-            )
+            if self._inline:
+                # bounded_call(inline=True, deadlines=...) without its frame: every claim.
+                result = await self._deadlines.call(aw, self._named, timeout_s, self._translate)
+            else:
+                result = await bounded_call(
+                    aw, where=self._named, timeout_s=timeout_s, translate=self._translate
+                )
         except BackendUnavailable as exc:
             # No cause: bounded's own timeout; else the driver's exception.
             if exc.__cause__ is None or is_unreachable(exc.__cause__):
@@ -364,7 +363,7 @@ class Connection:
         *,
         timeout_s: float = CALL_TIMEOUT_S,
         transient_raise: bool = False,
-    ) -> list[dict[str, Any] | BackendError]:
+    ) -> list[Any | BackendError]:
         """Run one script per call in one pipeline: each item its decoded JSON answer, or the
         error of that item alone (a transient one is raised for the whole call when
         ``transient_raise``)."""
@@ -373,18 +372,17 @@ class Connection:
 
     async def script_answer(
         self, name: str, keys: Sequence[str], args: Args, *, transient_raise: bool = False
-    ) -> dict[str, Any] | BackendError:
+    ) -> Any | BackendError:
         """:meth:`scripts` of one call, without the lists around it (a claim of one request,
         the most frequent call)."""
         answer = await self.call(self._runner().call_one(name, keys, args))
         return self._decoded(answer, transient_raise)
 
-    def _decoded(self, answer: Any, transient_raise: bool) -> dict[str, Any] | BackendError:
-        """A script's answer decoded, or its error reply translated (raised if transient and
-        ``transient_raise``)."""
+    def _decoded(self, answer: Any, transient_raise: bool) -> Any | BackendError:
+        """A script's answer decoded (a JSON object or list), or its error reply translated
+        (raised if transient and ``transient_raise``)."""
         if not isinstance(answer, BaseException):
-            decoded: dict[str, Any] = _scan(text(answer), 0)[0]
-            return decoded
+            return _scan(text(answer), 0)[0]
         error = translate(answer, self.where)
         if transient_raise and isinstance(error, BackendUnavailable):
             raise error from answer

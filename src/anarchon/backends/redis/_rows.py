@@ -19,6 +19,7 @@ from ...backend import (
     ClaimNotice,
     ClaimOutcome,
     ClaimRequest,
+    ClaimStatus,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
@@ -31,9 +32,13 @@ from ...kit.lease import (
     MAX_MS,
     RunRow,
     answer_existing,
+    existing_verdict,
     lease_lost,
+    lost_outcome,
     not_run,
+    stored_run,
     takeover_answer,
+    won_outcome,
 )
 
 __all__ = [
@@ -41,6 +46,7 @@ __all__ = [
     "CLAIMS_PER_CALL",
     "PRUNE_SCAN",
     "RESTART_MARGIN_MS",
+    "ClaimAnswer",
     "arguments",
     "change_messages",
     "claim_arguments",
@@ -51,6 +57,7 @@ __all__ = [
     "prune_ttl",
     "run_row",
     "runs",
+    "stored_run",
     "takeover_fields",
     "takeover_outcome",
     "text",
@@ -72,6 +79,10 @@ CLAIMS_PER_CALL: Final = 50
 # Claim notices (or finishes) announced per PUBLISH: a burst of 10 000 claims is 20 messages,
 # each far under Redis's 512 MB limit and small enough for every subscriber to read at once.
 ANNOUNCED_PER_MESSAGE: Final = 500
+# Read once (an enum member read costs a lookup through EnumType's hook on Python 3.11).
+_LOST: Final = ClaimStatus.LOST
+# One claim's answer from the claim script: [now, fence] when won, else a JSON object.
+ClaimAnswer = list[int] | dict[str, Any]
 # The fields of a takeover request the take_over script reads, under the same names.
 TAKEOVER_FIELDS: Final = ("slot_key", "run_id", "token", "instance", "lease_ms", "max_attempts")
 
@@ -114,21 +125,23 @@ def claim_arguments(
     3. With ``claims_channel``: the claim notice it publishes if it wins, left open for the
        lease expiry.
     """
-    slot_key = req.slot_key
     # Both written out rather than encoded from dicts (the same text as _compact's): these
-    # were every claim's largest cost in Python.
+    # were every claim's largest cost in Python. Each text quoted once.
+    job = _quote(req.job)
+    key = _quote(req.slot_key)
+    instance = _quote(req.instance)
+    slot = req.slot
     decide = (
-        f'{{"job":{_quote(req.job)},"slot_key":{_quote(slot_key)},"lease_ms":{req.lease_ms:d},'
+        f'{{"job":{job},"slot_key":{key},"lease_ms":{req.lease_ms:d},'
         f'"overlap":{_quote(req.overlap)},"restart_margin_ms":{RESTART_MARGIN_MS:d}'
     )
     known = (
-        f'{{"job":{_quote(req.job)},"slot_key":{_quote(slot_key)},"attempt":1,'
-        f'"run_id":{_quote(req.run_id)},"token":{_quote(req.token)},'
-        f'"instance":{_quote(req.instance)},"trigger":{_quote(req.trigger)}'
+        f'{{"job":{job},"slot_key":{key},"attempt":1,"run_id":{_quote(req.run_id)},'
+        f'"token":{_quote(req.token)},"instance":{instance},"trigger":{_quote(req.trigger)}'
     )
-    if req.slot is not None:
-        decide += f',"slot":{req.slot:d}'
-        known += f',"slot":{req.slot:d}'
+    if slot is not None:
+        decide += f',"slot":{slot:d}'
+        known += f',"slot":{slot:d}'
     if req.requested_by is not None:
         known += f',"requested_by":{_quote(req.requested_by)}'
     if req.skip_reason is not None:
@@ -142,9 +155,8 @@ def claim_arguments(
         decide += f',"clock_offset_ms":{clock_offset_ms:d}'
     if claims_channel is None:
         return [decide + "}", known]
-    decide += f',"claims_channel":{_quote(claims_channel)}'
-    notice = f"[{_quote(req.job)},{_quote(slot_key)},{_quote(req.instance)},"
-    return [decide + "}", known, notice]
+    decide += f',"claims_channel":{_quote(claims_channel)}}}'
+    return [decide, known, f"[{job},{key},{instance},"]
 
 
 def takeover_fields(req: TakeoverRequest) -> dict[str, Any]:
@@ -190,7 +202,7 @@ def run_row(data: dict[str, Any]) -> RunRow:
 
 def runs(records: list[Any]) -> list[Run]:
     """The history script's answer (stored records, newest first) as runs."""
-    return [run_row(json.loads(text(raw))).to_run() for raw in records]
+    return [stored_run(json.loads(text(raw))) for raw in records]
 
 
 def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
@@ -205,14 +217,29 @@ def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
     return lease_lost(ticket, answer["attempt"], answer["status"])
 
 
-def claim_outcome(req: ClaimRequest, answer: dict[str, Any]) -> ClaimOutcome:
-    """The claim script's answer to ``req``, by the lease rules: from the attempt it found or
-    recorded, or, ``refused``, from the record it did not store. A slot refused because Redis
-    lost its data before it is logged, since it will never run."""
+def claim_outcome(req: ClaimRequest, answer: ClaimAnswer) -> ClaimOutcome:
+    """The claim script's answer to ``req`` (see ``claim.lua``), by the lease rules:
+    ``[now, fence]`` when it recorded attempt 1 running for ``req`` (the rest of the run and
+    its ticket is the request's own); else ``{"now", "run"}``, from the attempt it found or
+    recorded (skipped), or, with ``refused``, from the record it did not store. A slot refused
+    because Redis lost its data before it is logged, since it will never run."""
+    if isinstance(answer, list):
+        now, fence = answer
+        return won_outcome(req, now, fence)
     now = int(answer["now"])
-    row = run_row(answer["run"])
-    if not answer.get("refused"):
-        return answer_existing(row, req, now)
+    data = answer["run"]
+    if "refused" in answer:
+        return _refused(req, run_row(data), now)
+    status = data["status"]
+    attempt = int(data["attempt"])
+    verdict = existing_verdict(req, status, attempt, data["token"], bool(data.get("released")))
+    if verdict is not _LOST:  # skipped, or won again by a retry of the same token
+        return answer_existing(run_row(data), req, now)
+    expires = data.get("lease_expires_at")
+    return lost_outcome(stored_run(data), status, None if expires is None else int(expires), now)
+
+
+def _refused(req: ClaimRequest, row: RunRow, now: int) -> ClaimOutcome:
     if row.reason and row.reason.startswith("unknown"):
         logger.warning(
             "job %s slot %s not run: %s",

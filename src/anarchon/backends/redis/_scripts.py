@@ -145,16 +145,41 @@ def pack(
     ``function``) in Redis's protocol (RESP), its text encoded as the client encodes it
     (``encoding``, ``errors``)."""
     argv = _argv(args)
-    head = b"*%d\r\n" % (3 + len(keys) + len(argv)) + _head(script, function)
-    tail = b"".join([_bulk(arg.encode(encoding, errors)) for arg in argv])
-    return head + _packed_keys(tuple(keys), encoding, errors) + tail
+    count = 3 + len(keys) + len(argv)
+    head = _COUNTS[count] if count < len(_COUNTS) else b"*%d\r\n" % count
+    command = _HEADS[function][script.name]
+    packed_keys = _packed_keys(tuple(keys), encoding, errors)
+    # The arguments written as text and encoded once: each argument's length in characters is
+    # its length in bytes when the whole text is ASCII (JSON with ASCII names, as a claim's
+    # usually is) and the encoding writes ASCII as ASCII. Half this function's cost otherwise
+    # (a bytes format and an encode per argument).
+    tail = ""
+    for arg in argv:
+        tail += f"${len(arg)}\r\n{arg}\r\n"
+    if tail.isascii() and encoding in _WRITES_ASCII:
+        return b"".join((head, command, packed_keys, tail.encode()))
+    tail_bytes = b"".join([_bulk(arg.encode(encoding, errors)) for arg in argv])
+    return b"".join((head, command, packed_keys, tail_bytes))
 
 
-@functools.cache
-def _head(script: Script, function: bool) -> bytes:
+# Encodings that write ASCII text as ASCII, under the names redis-py's users give them (any
+# other takes the slower way, which is right for every encoding).
+_WRITES_ASCII: Final = frozenset({"utf-8", "utf8", "UTF-8", "ascii", "latin-1", "latin1"})
+# A command's length header for the usual lengths (a bytes format costs more than the lookup).
+_COUNTS: Final = tuple(b"*%d\r\n" % n for n in range(32))
+
+
+def _heads(function: bool) -> dict[str, bytes]:
+    """The command and script of a call of each script, packed: ``FCALL <function>`` or
+    ``EVALSHA <sha>``."""
     if function:
-        return b"$5\r\nFCALL\r\n" + _bulk(script.function.encode())
-    return b"$7\r\nEVALSHA\r\n" + _bulk(script.sha.encode())
+        return {n: b"$5\r\nFCALL\r\n" + _bulk(s.function.encode()) for n, s in SCRIPTS.items()}
+    return {n: b"$7\r\nEVALSHA\r\n" + _bulk(s.sha.encode()) for n, s in SCRIPTS.items()}
+
+
+# By function (FCALL or EVALSHA), then by script name: two dict lookups per call (a cache keyed
+# by the Script itself hashed the dataclass in Python at every call).
+_HEADS: Final = {True: _heads(True), False: _heads(False)}
 
 
 # Error replies that say the server lacks the function called, or functions altogether (a

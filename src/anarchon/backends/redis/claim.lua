@@ -14,7 +14,10 @@
 --     adds its own (id, status, started_at, fence, lease or reason) and closes it, so a claim
 --     encodes no record (see _rows.claim_arguments).
 --  3. (with claims_channel) the claim notice without its lease expiry and closing bracket.
--- Answers {"claims": [each claim's answer, in order]}.
+-- Answers a JSON list of each claim's answer, in order: [now, fence] for a claim that recorded
+-- attempt 1 running (the caller sent the rest of that record: its run and ticket are made from
+-- the request, see _rows.claim_outcome), else {"now": ..., "run": the record} for a claim that
+-- met a record or recorded a skip, or a refusal ({"refused": true, ...}).
 -- Several claims in one call cost the client one command instead of one each (most of a batch
 -- claim's client CPU was redis-py's per-command work). A call runs as one atomic step; one
 -- that fails is sent again claim by claim by the caller, and a claim it had recorded then
@@ -254,7 +257,11 @@ local function claim()
     -- whose ACL refuses the channel still claims (the others then claim and lose).
     redis.pcall('PUBLISH', A.claims_channel, NOTICE .. int(row.lease_expires_at) .. ']')
   end
-  return answer(raw)
+  if reason then
+    return answer(raw)
+  end
+  -- Won: the caller knows the record but for its start (NOW, its lease from it) and fence.
+  return '[' .. int(NOW) .. ',' .. int(row.fence) .. ']'
 end
 
 local function main()
@@ -272,5 +279,5 @@ local function main()
     DECIDE, KNOWN, NOTICE = ARGV[arg + 1], ARGV[arg + 2], per > 2 and ARGV[arg + 3] or nil
     answers[k] = claim()
   end
-  return '{"claims":[' .. table.concat(answers, ',') .. ']}'
+  return '[' .. table.concat(answers, ',') .. ']'
 end
