@@ -418,18 +418,26 @@ async def test_a_bucket_lookup_answered_before_the_first_pause_does_not_hide_it(
     assert held.run.reason == paused_reason(pause)
 
 
+async def _paused_after_a_poll_found_no_bucket(
+    make: Make,
+) -> tuple[NatsBackend, NatsBackend, Pause]:
+    """A runner whose run-request poll found no control bucket (so believes it missing for a
+    second), then the first pause stored by an operator instance, which creates the bucket."""
+    runner: NatsBackend = await make()
+    operator: NatsBackend = await make()
+    assert await runner.control().requests() == []  # no bucket: believed missing for a second
+    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
+    await operator.control().pause(pause)
+    return runner, operator, pause
+
+
 async def test_a_watch_started_after_the_first_pause_lists_it(make: Make) -> None:
     """An instance that polled its run requests just before the first pause created the bucket
     believes the bucket missing for a second. Its first claim after the pause starts the watch
     too late to hear the pause, so the listing it trusts from then on must be read from the
     server, not from that belief (before: it listed no pause and its claims ran unpaused for
     about two seconds, a CI failure of the three-instance test)."""
-    runner: NatsBackend = await make()
-    operator: NatsBackend = await make()
-    control = runner.control()
-    assert await control.requests() == []  # no bucket: believed missing for a second
-    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
-    await operator.control().pause(pause)
+    runner, _operator, pause = await _paused_after_a_poll_found_no_bucket(make)
     [held] = await runner.claim([request()])  # the first claim: lists, starts the watch
     assert held.status is ClaimStatus.SKIPPED
     assert held.run.reason == paused_reason(pause)
@@ -444,12 +452,8 @@ async def test_steering_after_a_poll_that_found_no_bucket_reads_the_server(make:
     reading the requests on the first instance must look at the server, not at that belief
     (before: resume answered 'not paused' and left the pause in force, pauses() listed none,
     and the request another instance stored was not read)."""
-    runner: NatsBackend = await make()
-    operator: NatsBackend = await make()
+    runner, operator, pause = await _paused_after_a_poll_found_no_bucket(make)
     control = runner.control()
-    assert await control.requests() == []  # no bucket: believed missing for a second
-    pause = Pause(job="sync", by="ops", at_ms=int(time.time() * 1000))
-    await operator.control().pause(pause)
     manual = RunRequest(
         id=uuid.uuid4().hex,
         job="sync",
