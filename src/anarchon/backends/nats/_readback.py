@@ -194,13 +194,12 @@ class ReadBack:
 
     def _heard(self, subject: bytes, raw_reply: bytes, data: bytes) -> None:
         """One delivered message, raw, in nats-py's read loop (``subscribe_raw``)."""
-        reply = raw_reply.decode()
-        fields = records.ack_fields(reply)
+        fields = records.ack_fields(raw_reply)
         if fields is None:
-            if reply:  # flow control: the server waits for this answer before sending more
+            if raw_reply:  # flow control: the server waits for this answer before sending more
                 nc = self._connection.nc
                 if nc is not None:
-                    answer = asyncio.ensure_future(_quietly(nc.publish(reply, b"")))
+                    answer = asyncio.ensure_future(_quietly(nc.publish(raw_reply.decode(), b"")))
                     self._answers.add(answer)  # kept until sent: the loop holds tasks weakly
                     answer.add_done_callback(self._answers.discard)
             return  # an idle heartbeat
@@ -208,7 +207,7 @@ class ReadBack:
         if seq <= self._last:
             return
         self._last = seq
-        stored = Stored(seq=seq, subject=subject.decode(), time_ms=time_ms, data=data)
+        stored = records.new_stored(seq, subject.decode(), time_ms, data)
         waiters = self._waiting.pop(seq, None)
         if waiters is not None:
             for waiter in waiters:
