@@ -262,7 +262,10 @@ class ClaimPath:
           BackendUnavailable, so the core retries the claim with the same token and a later
           read settles it.
         """
-        delivered = await self._readback.read(seq)
+        readback = self._readback
+        delivered = readback.take(seq)
+        if delivered is None:
+            delivered = await readback.read(seq)
         if delivered is not None:
             fed = records.decode_claim(delivered)
             # The same claim id, or it is read by sequence below (a stream deleted and created

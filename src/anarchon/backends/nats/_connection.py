@@ -473,7 +473,9 @@ class Connection:
         :class:`Writer` with the publishes of the same event-loop turn: a claim notice
         after a won claim goes out with the next claim's publish, in one write."""
         nc, _ = self.require()
-        await self._writer_of(nc).publish(subject, "", payload, None)
+        writer = self._writer_of(nc)
+        if not writer.write(subject, "", payload, None):
+            await writer.publish(subject, "", payload, None)
 
     def _writer_of(self, nc: NATS) -> Writer:
         """The :class:`Writer` of ``nc`` (a new one after the client changed)."""
@@ -801,6 +803,15 @@ class Writer:
         self._connected = type(nc).CONNECTED if raw_ready(nc) else None
 
     async def publish(self, subject: str, reply: str, payload: bytes, msg_id: str | None) -> None:
+        """Publish: :meth:`write`, or nats-py's ``publish`` where that path does not go."""
+        if not self.write(subject, reply, payload, msg_id):
+            headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
+            await self.nc.publish(subject, payload, reply=reply, headers=headers)
+
+    def write(self, subject: str, reply: str, payload: bytes, msg_id: str | None) -> bool:
+        """Add the publish's command to nats-py's buffer, sent at the end of the turn; False
+        (nothing done) where this path does not go (see the class): the caller publishes
+        through nats-py. No coroutine: a claim's publish awaits only its ack."""
         nc = self.nc
         if (
             self._connected is None
@@ -809,9 +820,7 @@ class Writer:
             or _UNSAFE.search(subject) is not None
             or (msg_id is not None and _UNSAFE.search(msg_id) is not None)
         ):
-            headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
-            await nc.publish(subject, payload, reply=reply, headers=headers)
-            return
+            return False
         if msg_id is None:
             cmd = b"PUB %s %s%d\r\n%s\r\n" % (
                 subject.encode(),
@@ -837,6 +846,7 @@ class Writer:
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
+        return True
 
     def _flush(self) -> None:
         """Write what is pending (as nats-py's flusher does), unless the client lost its
@@ -908,7 +918,10 @@ class _Acks:
         if at < self._timer_at:
             self._arm(at)
         try:
-            await self._writer.publish(subject, f"{self._prefix}{n}", payload, msg_id)
+            writer = self._writer
+            reply = f"{self._prefix}{n}"
+            if not writer.write(subject, reply, payload, msg_id):
+                await writer.publish(subject, reply, payload, msg_id)
             return await future
         except TimeoutError:
             import nats.errors

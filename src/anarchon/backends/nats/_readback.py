@@ -88,6 +88,15 @@ class ReadBack:
         """True while a feed is subscribed."""
         return self._sub is not None
 
+    def take(self, seq: int) -> Stored | None:
+        """The stored message at ``seq`` if the feed delivered it already (most duplicate acks
+        of a race come after their claim's delivery), with no coroutine; else None, and
+        :meth:`read` waits for it."""
+        kept = self._kept.pop(seq, None)
+        if kept is not None:
+            self._used = asyncio.get_running_loop().time()
+        return kept
+
     async def read(self, seq: int) -> Stored | None:
         """The stored message at ``seq`` if the feed delivered it or delivers it in time (see
         the module's docstring); None when the caller must read it by sequence."""
