@@ -435,12 +435,12 @@ class NatsSameWork(SameWork):
         self._count += 1
         n = self._count
         future = self._waiting[n] = asyncio.get_running_loop().create_future()
-        await self._writer.publish(
-            self.subject.format(prefix=self.prefix, job=job),
-            f"{self._inbox}{n}",
-            self.payload(job, slot, run_id, token),
-            self.msg_id.format(job=job, slot_key=slot),
-        )
+        subject = self.subject.format(prefix=self.prefix, job=job)
+        reply = f"{self._inbox}{n}"
+        payload = self.payload(job, slot, run_id, token)
+        msg_id = self.msg_id.format(job=job, slot_key=slot)
+        if not self._writer.write(subject, reply, payload, msg_id):  # as _Acks.publish
+            await self._writer.publish(subject, reply, payload, msg_id)
         ack = json.loads((await future).decode())
         if "error" in ack:
             raise RuntimeError(f"NATS refused the claim's publish: {ack['error']}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -386,3 +387,72 @@ def test_a_status_rebuilt_from_a_parsed_message_reads_as_the_raw_one() -> None:
         _pub_ack(b"", rebuilt)
     assert _raw_headers({"Nats-Msg-Id": "a"}) == b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
     assert _raw_headers(None) is None
+
+
+async def _heard(notices: list[Any], count: int) -> None:
+    for _ in range(200):
+        if len(notices) >= count:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_claim_notices_are_written_and_heard_raw(make: Make) -> None:
+    """A won claim's notice is written by the connection's Writer with the turn's publishes,
+    not through nats-py's ``publish`` (its checks, queue and flusher task), and an instance
+    subscribed to claim notices hears it as nats-py's parser reads it (``subscribe_raw``: no
+    task and queue of its own, no ``Msg`` built); a batch's notices come in one message."""
+    from tests.records import claim_request
+
+    slot = int(time.time()) * 1000
+    winner: NatsBackend = await make()
+    other: NatsBackend = await make()
+    heard: list[Any] = []
+    assert await other.subscribe_claims(heard.extend)
+    nc = winner._conn.nc
+    assert nc is not None
+    published: list[str] = []
+    publish = nc.publish
+
+    async def counted(subject: str, *args: Any, **kwargs: Any) -> None:
+        published.append(subject)
+        await publish(subject, *args, **kwargs)
+
+    nc.publish = counted  # type: ignore[method-assign]
+    try:
+        await winner.claim([claim_request("sync", slot, "i1")])
+        await winner.claim(
+            [claim_request("sync", slot + 1000, "i1"), claim_request("sync", slot + 2000, "i1")]
+        )
+        await _heard(heard, 3)
+    finally:
+        del nc.publish
+    assert [(n.job, n.slot_key, n.instance) for n in heard] == [
+        ("sync", str(slot + n * 1000), "i1") for n in range(3)
+    ]
+    assert f"_anarchon.{winner.stream}.claimed" not in published  # (pause reads: requests)
+    claimed = other._claimed
+    assert claimed is not None and claimed.sub._received == 0  # never nats-py's handling
+
+
+async def test_a_callers_client_hears_claim_notices_through_nats_py(
+    make: Make, server_url: str
+) -> None:
+    """On a client the caller passed in, claim notices are heard through nats-py's parsed
+    messages, the same notices."""
+    from tests.records import claim_request
+
+    slot = int(time.time()) * 1000
+    winner: NatsBackend = await make()
+    nc = await connect(server_url)
+    mine = NatsBackend(connection=nc, stream=winner.stream, prefix=winner.prefix)
+    try:
+        await mine.start()
+        heard: list[Any] = []
+        assert await mine.subscribe_claims(heard.extend)
+        await winner.claim([claim_request("sync", slot, "i1")])
+        await _heard(heard, 1)
+        assert [(n.job, n.slot_key, n.instance) for n in heard] == [("sync", str(slot), "i1")]
+        assert "_process_msg" not in vars(nc)
+    finally:
+        await mine.stop()
+        await nc.close()

@@ -49,7 +49,10 @@ def test_ack_fields_in_both_formats() -> None:
     v1 = "$JS.ACK.CRON.c1.1.812.3.1796233905174528297.7"
     v2 = "$JS.ACK.dom.hash.CRON.c1.1.812.3.1796233905174528297.7.rnd"
     assert ack_fields(v1) == ack_fields(v2) == (812, 1796233905174, 7)
+    assert ack_fields(v1.encode()) == ack_fields(v2.encode()) == (812, 1796233905174, 7)
     assert ack_fields("_INBOX.x") is None
+    assert ack_fields(b"_INBOX.x") is None
+    assert ack_fields(b"$JS.ACK.CRON.c1.1.x.3.4.7") is None
 
 
 async def test_an_outage_logs_once_with_the_shared_actions(

@@ -152,9 +152,43 @@ async def test_a_delivered_claim_of_another_id_is_read_by_sequence(make: Make) -
         await real(seq)
         return stale
 
+    real_take = feed.take
+
+    def stale_take(seq: int) -> Any:  # delivered already, or read() waits for it
+        return stale if real_take(seq) is not None else None
+
     feed.read = stale_read  # type: ignore[method-assign]
+    feed.take = stale_take  # type: ignore[method-assign]
     reads = _count_reads(loser)
     lost = await _lose_one(winner, loser, SLOT + 1000)
     assert lost.status is ClaimStatus.LOST and lost.run.slot is not None
     assert lost.run.slot.timestamp() * 1000 == SLOT + 1000, "the stored claim, not the stale one"
     assert len(reads) == 1
+
+
+async def test_a_claim_the_feed_delivered_already_is_taken_without_waiting(make: Make) -> None:
+    """A duplicate ack whose stored claim the feed delivered before it came (the usual order in
+    a race: the winner's claim is stored, and delivered, before the losers' publishes arrive)
+    is settled from what was delivered, with no wait on the feed (``take``, no ``read``)."""
+    winner: NatsBackend = await make()
+    loser: NatsBackend = await make()
+    await _lose_one(winner, loser, SLOT)
+    await _feeding(loser)
+    feed = loser._claims._readback
+    [won] = await winner.claim([request(slot=SLOT + 1000)])
+    assert won.ticket is not None and won.ticket.fence is not None
+    for _ in range(200):  # delivered to the loser's feed
+        if feed._last >= won.ticket.fence:
+            break
+        await asyncio.sleep(0.01)
+    waited: list[int] = []
+    real = feed.read
+
+    async def counted(seq: int) -> Any:
+        waited.append(seq)
+        return await real(seq)
+
+    feed.read = counted  # type: ignore[method-assign]
+    [lost] = await loser.claim([request(slot=SLOT + 1000, instance="i2")])
+    assert lost.status is ClaimStatus.LOST and lost.run.run_id == won.run.run_id
+    assert waited == []

@@ -3,7 +3,8 @@
 
 A backend (in this repository or outside it) imports the contract from :mod:`anarchon.backend`,
 the errors from :mod:`anarchon.errors`, and its plumbing from here: name checks, option checks,
-backoff, time conversion, URL redaction and the outage log actions here, and in submodules:
+backoff, time conversion, URL redaction, fast makers of frozen records (:func:`maker`) and the
+outage log actions here, and in submodules:
 
 * :mod:`anarchon.kit.checks`: names checked by pattern (:func:`check_pattern`);
 * :mod:`anarchon.kit.lease`: the lease rules, written once (fences, pruning, overlap, answers);
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Final
 
 from .._clock import Clock, SystemClock
+from .._frozen import maker
 from .._job import check_name
 from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._options import HISTORY_SIZE, Bound, check_bool, check_int, check_keywords, ms_text
@@ -66,6 +68,7 @@ __all__ = [
     "check_keywords",
     "check_name",
     "check_pattern",
+    "maker",
     "ms_text",
     "ms_to_datetime",
     "redact_url",

@@ -34,7 +34,7 @@ from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
 from ._claims import ClaimPath
-from ._connection import Connection, cancel_unfinished, import_nats
+from ._connection import Connection, cancel_unfinished, import_nats, subscribe_raw
 from ._control import NatsControl
 from ._options import (
     DEFAULT_SERVERS,
@@ -155,6 +155,7 @@ class NatsBackend(Backend):
         self._upkeep: asyncio.Future[None] | None = None
         self._feed = ChangeFeed(self.name)
         self._claimed: Any = None  # the subscription to claim notices, once subscribed
+        self._claimed_subject = subjects.CLAIMED.format(stream=self.stream)
 
     def __repr__(self) -> str:
         where = "connection=<yours>" if self._yours else repr([redact_url(s) for s in self.servers])
@@ -245,33 +246,33 @@ class NatsBackend(Backend):
 
     async def _announce(self, notices: Sequence[ClaimNotice]) -> None:
         """Publish claim notices on core NATS (after the acks: only decided wins), in messages
-        of at most :data:`NOTICES_PER_MESSAGE`. Best effort: a lost notice costs another
-        instance a losing claim, never a run."""
-        nc, _ = self._conn.require()
-        subject = subjects.CLAIMED.format(stream=self.stream)
+        of at most :data:`NOTICES_PER_MESSAGE`, written with the publishes of the same
+        event-loop turn (:meth:`._connection.Connection.send`: a one-slot claim's notice goes
+        out with the next claim's publish). Best effort: a lost notice costs another instance a
+        losing claim, never a run."""
+        subject = self._claimed_subject
         try:
             for at in range(0, len(notices), NOTICES_PER_MESSAGE):
                 chunk = notices[at : at + NOTICES_PER_MESSAGE]
                 body = encode_notice(chunk[0]) if len(chunk) == 1 else _notices(chunk)
-                await nc.publish(subject, body.encode())
+                await self._conn.send(subject, body.encode())
         except Exception as exc:  # the connection is down: the claims themselves were acked
             self._feed.logger.debug("claim notices not sent: %s", exc)
 
     async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
         """Call ``on_claims`` with the notices every instance publishes on
         ``_anarchon.<stream>.claimed`` after its claims are acked (core NATS; the client
-        subscribes again by itself after a reconnect)."""
+        subscribes again by itself after a reconnect). Each message is handed over as nats-py's
+        parser reads it (:func:`._connection.subscribe_raw`): listeners must not block."""
         self._feed.add_claims(on_claims)
         if self._claimed is None:
             nc, _ = self._conn.require()
             feed = self._feed
 
-            async def heard(msg: Any) -> None:
-                feed.dispatch_claims(decode_notices(msg.data, feed.logger))
+            def heard(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+                feed.dispatch_claims(decode_notices(data, feed.logger))
 
-            self._claimed = await nc.subscribe(
-                subjects.CLAIMED.format(stream=self.stream), cb=heard
-            )
+            self._claimed = await subscribe_raw(nc, self._claimed_subject, heard)
             with contextlib.suppress(Exception):  # the subscription reaches the server first
                 await nc.flush(timeout=2)
         return True

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, Ticket
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
-from ...kit import Run, RunStatus, SystemClock, Trigger
+from ...kit import Run, RunStatus, SystemClock, Trigger, maker
 from ...kit.lease import ticket_of
 from . import _connection
 from . import _errors as errors
@@ -65,6 +65,13 @@ CLOCK: Final = SystemClock()
 # (256 of them made their last claims later). One after another, 2 000 results took 0.4 s of
 # round trips and 130 us of client CPU each; 8 at once, 0.16 s and 50 us.
 RESULTS_IN_FLIGHT: Final = 8
+
+# Every claim's answer: built by a maker (see anarchon._frozen), with the members it reads as
+# constants (on Python 3.11 ``ClaimStatus.WON`` goes through EnumType's ``__getattr__``).
+_new_outcome: Final = maker(ClaimOutcome)
+_WON: Final = ClaimStatus.WON
+_LOST: Final = ClaimStatus.LOST
+_RUNNING: Final = RunStatus.RUNNING
 
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
@@ -197,13 +204,14 @@ class ClaimPath:
         stored_claim = await self._read_duplicate(req, msg_id, ack.seq, bool(unsure))
         if isinstance(stored_claim, ClaimOutcome):
             return stored_claim
-        logger.debug(
-            "claim %s is a duplicate of seq %d (%s)",
-            msg_id,
-            ack.seq,
-            "ours: a retried publish" if stored_claim.token == req.token else "another's",
-            extra={"job": req.job, "slot": req.slot, "action": "claim_duplicate"},
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # two of three claims of a race: no arguments
+            logger.debug(
+                "claim %s is a duplicate of seq %d (%s)",
+                msg_id,
+                ack.seq,
+                "ours: a retried publish" if stored_claim.token == req.token else "another's",
+                extra={"job": req.job, "slot": req.slot, "action": "claim_duplicate"},
+            )
         return _answer(req, stored_claim, exact=True)
 
     async def _publish_retrying(
@@ -254,7 +262,10 @@ class ClaimPath:
           BackendUnavailable, so the core retries the claim with the same token and a later
           read settles it.
         """
-        delivered = await self._readback.read(seq)
+        readback = self._readback
+        delivered = readback.take(seq)
+        if delivered is None:
+            delivered = await readback.read(seq)
         if delivered is not None:
             fed = records.decode_claim(delivered)
             # The same claim id, or it is read by sequence below (a stream deleted and created
@@ -304,7 +315,7 @@ class ClaimPath:
             f"duplicate window ({self._window.ms} ms), where a "
             "record could no longer be told apart from the slot's claim"
         )
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason))
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason))
 
     # -- results ----------------------------------------------------------------------------
 
@@ -583,24 +594,22 @@ def _won(req: ClaimRequest, seq: int, now_ms: int) -> ClaimOutcome:
     """WON, on a non-duplicate ack of the claim ``req`` (not a skip record) stored at ``seq``:
     what :func:`_answer` makes of :func:`._records.claim_of_request`, built straight from the
     request."""
-    run = records.run_of(req, RunStatus.RUNNING, now_ms, fence=seq, requested_by=req.requested_by)
+    run = records.run_of(req, _RUNNING, now_ms, fence=seq, requested_by=req.requested_by)
     ticket = ticket_of(req, attempt=1, fence=seq, started_at_ms=now_ms, backend_now_ms=now_ms)
-    return ClaimOutcome(status=ClaimStatus.WON, run=run, ticket=ticket)
+    return _new_outcome(status=_WON, run=run, ticket=ticket)
 
 
 def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:
     run = claim.run()
     if claim.skipped:
-        return ClaimOutcome(status=ClaimStatus.SKIPPED, run=run)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=run)
     if claim.token == req.token:
         now = claim.time_ms if exact else None
-        return ClaimOutcome(
-            status=ClaimStatus.WON, run=run, ticket=claim.ticket(), backend_now_ms=now
-        )
-    return ClaimOutcome(status=ClaimStatus.LOST, run=run)
+        return _new_outcome(status=_WON, run=run, ticket=claim.ticket(), backend_now_ms=now)
+    return _new_outcome(status=_LOST, run=run)
 
 
 def _lost(req: ClaimRequest, reason: str) -> ClaimOutcome:
     """Lost, with no stored claim to show (trimmed, or unreadable)."""
     run = records.unrecorded(req, CLOCK.now_ms(), reason)
-    return ClaimOutcome(status=ClaimStatus.LOST, run=run)
+    return _new_outcome(status=_LOST, run=run)

@@ -88,6 +88,15 @@ class ReadBack:
         """True while a feed is subscribed."""
         return self._sub is not None
 
+    def take(self, seq: int) -> Stored | None:
+        """The stored message at ``seq`` if the feed delivered it already (most duplicate acks
+        of a race come after their claim's delivery), with no coroutine; else None, and
+        :meth:`read` waits for it."""
+        kept = self._kept.pop(seq, None)
+        if kept is not None:
+            self._used = asyncio.get_running_loop().time()
+        return kept
+
     async def read(self, seq: int) -> Stored | None:
         """The stored message at ``seq`` if the feed delivered it or delivers it in time (see
         the module's docstring); None when the caller must read it by sequence."""
@@ -194,13 +203,12 @@ class ReadBack:
 
     def _heard(self, subject: bytes, raw_reply: bytes, data: bytes) -> None:
         """One delivered message, raw, in nats-py's read loop (``subscribe_raw``)."""
-        reply = raw_reply.decode()
-        fields = records.ack_fields(reply)
+        fields = records.ack_fields(raw_reply)
         if fields is None:
-            if reply:  # flow control: the server waits for this answer before sending more
+            if raw_reply:  # flow control: the server waits for this answer before sending more
                 nc = self._connection.nc
                 if nc is not None:
-                    answer = asyncio.ensure_future(_quietly(nc.publish(reply, b"")))
+                    answer = asyncio.ensure_future(_quietly(nc.publish(raw_reply.decode(), b"")))
                     self._answers.add(answer)  # kept until sent: the loop holds tasks weakly
                     answer.add_done_callback(self._answers.discard)
             return  # an idle heartbeat
@@ -208,7 +216,7 @@ class ReadBack:
         if seq <= self._last:
             return
         self._last = seq
-        stored = Stored(seq=seq, subject=subject.decode(), time_ms=time_ms, data=data)
+        stored = records.new_stored(seq, subject.decode(), time_ms, data)
         waiters = self._waiting.pop(seq, None)
         if waiters is not None:
             for waiter in waiters:
