@@ -192,20 +192,25 @@ async def test_last_slots_reads_only_the_jobs_that_have_claims(make: Make) -> No
     assert len(reads) == 2, reads
 
 
-async def test_run_requests_leave_no_tombstones(make: Make, server_url: str) -> None:
-    backend: NatsBackend = await make()
-    store = backend.control()
-    now = int(time.time() * 1000)
-    made = RunRequest(
+def _manual_request(at_ms: int) -> RunRequest:
+    """A manual run of ``sync`` requested by ``ops`` at ``at_ms``, due then."""
+    return RunRequest(
         id=uuid.uuid4().hex,
         job="sync",
         trigger=Trigger.MANUAL,
         key="manual-x",
         slot=None,
-        due_ms=now,
+        due_ms=at_ms,
         requested_by="ops",
-        requested_at_ms=now,
+        requested_at_ms=at_ms,
     )
+
+
+async def test_run_requests_leave_no_tombstones(make: Make, server_url: str) -> None:
+    backend: NatsBackend = await make()
+    store = backend.control()
+    now = int(time.time() * 1000)
+    made = _manual_request(now)
     assert await store.request(made) is True
     assert await store.requests(["sync"]) == [made]
     await store.done(made.id)
@@ -454,16 +459,7 @@ async def test_steering_after_a_poll_that_found_no_bucket_reads_the_server(make:
     and the request another instance stored was not read)."""
     runner, operator, pause = await _paused_after_a_poll_found_no_bucket(make)
     control = runner.control()
-    manual = RunRequest(
-        id=uuid.uuid4().hex,
-        job="sync",
-        trigger=Trigger.MANUAL,
-        key="manual-x",
-        slot=None,
-        due_ms=pause.at_ms,
-        requested_by="ops",
-        requested_at_ms=pause.at_ms,
-    )
+    manual = _manual_request(pause.at_ms)
     assert await operator.control().request(manual)
     assert await control.pauses() == [pause]
     assert await control.requests() == [manual]

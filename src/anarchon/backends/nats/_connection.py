@@ -166,9 +166,10 @@ class Connection:
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.in_flight: asyncio.Semaphore | None = None
+        """The gate that bounds a batch's claims in flight (:data:`MAX_IN_FLIGHT`)."""
         self._acks: _Acks | None = None
         self._writer: Writer | None = None
-        """The gate that bounds a batch's claims in flight (:data:`MAX_IN_FLIGHT`)."""
+        """What writes publishes and notices into the client's buffer (:meth:`_writer_of`)."""
         self._stream_has_ts: bool | None = None
         self._down = False
         self._connecting = False
