@@ -440,7 +440,7 @@ class NatsSameWork(SameWork):
         payload = self.payload(job, slot, run_id, token)
         msg_id = self.msg_id.format(job=job, slot_key=slot)
         if not self._writer.write(subject, reply, payload, msg_id):  # as _Acks.publish
-            await self._writer.publish(subject, reply, payload, msg_id)
+            await self._writer.through_client(subject, reply, payload, msg_id)
         ack = json.loads((await future).decode())
         if "error" in ack:
             raise RuntimeError(f"NATS refused the claim's publish: {ack['error']}")

@@ -476,7 +476,7 @@ class Connection:
         nc, _ = self.require()
         writer = self._writer_of(nc)
         if not writer.write(subject, "", payload, None):
-            await writer.publish(subject, "", payload, None)
+            await writer.through_client(subject, "", payload, None)
 
     def _writer_of(self, nc: NATS) -> Writer:
         """The :class:`Writer` of ``nc`` (a new one after the client changed)."""
@@ -803,16 +803,10 @@ class Writer:
         # A client raw_ready refuses never matches: every publish goes through nats-py's.
         self._connected = type(nc).CONNECTED if raw_ready(nc) else None
 
-    async def publish(self, subject: str, reply: str, payload: bytes, msg_id: str | None) -> None:
-        """Publish: :meth:`write`, or nats-py's ``publish`` where that path does not go."""
-        if not self.write(subject, reply, payload, msg_id):
-            headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
-            await self.nc.publish(subject, payload, reply=reply, headers=headers)
-
     def write(self, subject: str, reply: str, payload: bytes, msg_id: str | None) -> bool:
         """Add the publish's command to nats-py's buffer, sent at the end of the turn; False
-        (nothing done) where this path does not go (see the class): the caller publishes
-        through nats-py. No coroutine: a claim's publish awaits only its ack."""
+        (nothing done) where this path does not go (see the class): the caller then publishes
+        by :meth:`through_client`. No coroutine: a claim's publish awaits only its ack."""
         nc = self.nc
         if (
             self._connected is None
@@ -848,6 +842,13 @@ class Writer:
             self._scheduled = True
             self._loop.call_soon(self._flush)
         return True
+
+    async def through_client(
+        self, subject: str, reply: str, payload: bytes, msg_id: str | None
+    ) -> None:
+        """The publish :meth:`write` refused, by nats-py's ``publish``."""
+        headers = {subjects.MSG_ID: msg_id} if msg_id is not None else None
+        await self.nc.publish(subject, payload, reply=reply, headers=headers)
 
     def _flush(self) -> None:
         """Write what is pending (as nats-py's flusher does), unless the client lost its
@@ -922,7 +923,7 @@ class _Acks:
             writer = self._writer
             reply = f"{self._prefix}{n}"
             if not writer.write(subject, reply, payload, msg_id):
-                await writer.publish(subject, reply, payload, msg_id)
+                await writer.through_client(subject, reply, payload, msg_id)
             return await future
         except TimeoutError:
             import nats.errors
