@@ -100,11 +100,11 @@ class ReadBack:
     async def read(self, seq: int) -> Stored | None:
         """The stored message at ``seq`` if the feed delivered it or delivers it in time (see
         the module's docstring); None when the caller must read it by sequence."""
-        loop = asyncio.get_running_loop()
-        self._used = loop.time()
-        kept = self._kept.pop(seq, None)
+        kept = self.take(seq)
         if kept is not None:
             return kept
+        loop = asyncio.get_running_loop()
+        self._used = loop.time()
         if self._sub is None:
             self._start_soon(seq)
             return None
