@@ -214,8 +214,8 @@ class InstanceRecord:
 # A heartbeat writes its instance's record and reads every other's every few seconds; with
 # 100 000 jobs the definitions are tens of megabytes that rarely change. A record names them by
 # digest; the set itself is encoded once per tuple of definitions (a heartbeat keeps its tuple
-# while the jobs do not change), saved once per digest, store and caller, and decoded once per
-# digest.
+# while the jobs do not change), uploaded once per digest and store (each caller's first record
+# of a digest only moves the saved time of a set the store has), and decoded once per digest.
 
 _JOBS_KEY: Final = '"jobs":'
 _CACHE_SIZE: Final = 64
@@ -299,16 +299,33 @@ async def record_instance(
 
     ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last saved or found
     its set in the store: a heartbeat passes the same dict each beat. The first record of a
-    digest saves the set (if the store has it, that only moves its saved time, so a prune
-    whose records were read just before this record does not remove a set that was old and
-    unnamed until now); later the set is looked for once per :data:`RECHECK_S` and uploaded
-    only when it is missing."""
+    digest touches the set (:meth:`RegistryStore.touch_definitions`: its saved time moves,
+    its bytes are not sent again) and saves it only if the store does not have it; later the
+    set is looked for once per :data:`RECHECK_S` and uploaded only when it is missing.
+
+    Why the first record must move the saved time: a set that is kept but old and named by no
+    live record (a rollback to earlier jobs, say) may be pruned by another instance's beat
+    whose records were read just before this record, so that read does not name the set. The
+    prune decides each set in one atomic step, by its saved time against a cutoff at least a
+    minute back (:meth:`RegistryStore.prune_definitions`), and the touch is one atomic step
+    too, so one comes first. If the touch does, the set's saved time is now and the prune
+    keeps it; if the prune does, the touch finds no set, and the set is saved (as new, saved
+    now) before the record. Either way the record never names a set removed under it: exactly
+    what saving the set first gave, without uploading tens of megabytes (100 000 jobs) at
+    every instance's start. A store without ``touch_definitions`` (written for an earlier
+    :class:`RegistryStore`) has its set saved, as before."""
     digest, data = await _encoded(instance.jobs)
     now = time.monotonic()
     known = saved if saved is not None else {}
     checked = known.get(digest)
     if checked is None or now - checked >= RECHECK_S:
-        if checked is None or not await store.has_definitions(digest):
+        if checked is None:
+            # getattr: a store written for an earlier RegistryStore may lack it (then: save).
+            touch = getattr(store, "touch_definitions", None)
+            found = touch is not None and await touch(digest, instance.heartbeat_ms)
+        else:
+            found = await store.has_definitions(digest)
+        if not found:
             await store.save_definitions(digest, data, instance.heartbeat_ms)
         known.clear()
         known[digest] = now
@@ -560,10 +577,26 @@ class RegistryStore(Protocol):
     async def has_definitions(self, digest: str) -> bool:
         """True if a set is saved under ``digest`` (without reading it)."""
 
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """If a set is saved under ``digest``, move its saved time to ``saved_ms`` (unless it
+        is later already) and answer True; else change nothing and answer False. One atomic
+        step against :meth:`prune_definitions` (it must never answer True for a set that a
+        prune removes at the same time), and without sending the set's bytes: an instance's
+        first record of a digest touches the set and saves it only when this answers False
+        (:func:`record_instance` says why the saved time must move).
+
+        This default answers False, so the set is saved, as before this method existed: a
+        store that subclasses :class:`RegistryStore` without implementing it still works,
+        and so does one written for the earlier protocol (:func:`record_instance` saves when
+        the store has no ``touch_definitions``)."""
+        return False
+
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """Remove the sets saved before ``cutoff_ms`` whose digest is not in ``keep`` (the
         digests the live records name); return their digests. A set saved at or after the
-        cutoff is kept: an instance saves its set before the record that names it."""
+        cutoff is kept: an instance saves (or touches) its set before the record that names
+        it. Each set is decided in one atomic step, by its saved time then (a set touched or
+        saved again since ``keep`` was read is kept)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

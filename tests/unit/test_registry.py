@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
+from typing import Any, cast
 
 import pytest
 
@@ -16,6 +17,7 @@ from anarchon.errors import BackendUnavailable
 from anarchon.registry import (
     InstanceRecord,
     JobDefinition,
+    RegistryStore,
     build_view,
     decode_definitions,
     encode_definitions,
@@ -224,3 +226,37 @@ def test_a_definitions_set_round_trips_and_its_digest_does_not_depend_on_the_tup
     assert encode_definitions((definition(lease_ms=2),))[0] != digest
     with pytest.raises(ValueError, match="damaged"):
         decode_definitions(b"not zlib")
+
+
+class EarlierRegistry:
+    """A store written for the RegistryStore before touch_definitions: a MemoryRegistry
+    without it, counting the sets it is sent."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryRegistry()
+        self.sent = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "touch_definitions":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
+        self.sent += 1
+        await self.inner.save_definitions(digest, data, saved_ms)
+
+
+async def test_a_store_without_touch_has_the_first_record_s_set_saved() -> None:
+    """A store without touch_definitions (an outside backend's, written before it) keeps
+    working: each first record of a digest saves the set, which moves its saved time, so the
+    race of a prune read before the record stays fixed there too. RegistryStore's own default
+    (for a store that subclasses it) answers False: save."""
+    store = EarlierRegistry()
+    assert not hasattr(store, "touch_definitions")
+    jobs = (definition(lease_ms=7),)
+    await record_instance(cast(RegistryStore, store), record("old", *jobs, beat=1_000))
+    await store.inner.remove("old")
+    await record_instance(cast(RegistryStore, store), record("new", *jobs, beat=5_000), {})
+    assert store.sent == 2
+    assert await store.inner.prune_definitions(set(), 2_000) == []
+    assert not await RegistryStore.touch_definitions(cast(RegistryStore, store), "d", 1)

@@ -350,6 +350,14 @@ class MemoryRegistry:
         """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
         return digest in self._sets
 
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.touch_definitions`."""
+        kept = self._sets.get(digest)
+        if kept is None:
+            return False
+        self._sets[digest] = (max(kept[0], saved_ms), kept[1])
+        return True
+
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions`."""
         gone = [d for d, (saved, _) in self._sets.items() if saved < cutoff_ms and d not in keep]

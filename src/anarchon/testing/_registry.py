@@ -76,6 +76,8 @@ class RegistryContract:
         await store.remove("nobody")
         assert await store.definitions("0" * 64) is None
         assert not await store.has_definitions("0" * 64)
+        assert not await store.touch_definitions("0" * 64, 1_000)
+        assert not await store.has_definitions("0" * 64)
         assert await store.prune_definitions(set(), 10**15) == []
         assert not await store.exists()
 
@@ -149,9 +151,53 @@ class RegistryContract:
         await store.remove("old")  # nobody names it now
         keep = {r.definitions for r in await store.instances() if r.definitions}  # a beat
         await record_instance(store, _record("new", 5_000, jobs), {})  # finds it, names it
-        assert await store.prune_definitions(keep, 2_000) == []  # saved again at 5 000
+        assert await store.prune_definitions(keep, 2_000) == []  # touched at 5 000
         assert await store.has_definitions(digest)
         await store.remove("new")
+
+    async def test_touching_a_set_moves_its_saved_time_only_if_it_is_kept(
+        self, backend: Backend
+    ) -> None:
+        """Touching a kept set moves its saved time (never back) and answers True; touching a
+        missing one answers False and saves nothing."""
+        store = _store(backend)
+        assert not await store.touch_definitions("t1", 1_000)
+        assert not await store.has_definitions("t1")
+        await store.save_definitions("t1", b"one", 1_000)
+        assert await store.touch_definitions("t1", 5_000)
+        assert await store.touch_definitions("t1", 2_000)  # stays at 5 000
+        assert await store.prune_definitions(set(), 5_000) == []
+        assert await store.definitions("t1") == b"one"
+        assert await store.prune_definitions(set(), 5_001) == ["t1"]
+        assert not await store.touch_definitions("t1", 9_000)
+        assert not await store.has_definitions("t1") and await store.definitions("t1") is None
+
+    async def test_a_first_record_of_a_kept_set_does_not_send_it_again(
+        self, backend: Backend, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An instance's first record of a digest the store keeps (every start but the first
+        one's, in a deploy) moves the set's saved time without sending its bytes (100 000 jobs
+        are megabytes); a set pruned since is sent again."""
+        store = _store(backend)
+        jobs = _jobs(5, "*/11 * * * *")
+        digest = encode_definitions(jobs)[0]
+        await record_instance(store, _record("first", 1_000, jobs))
+        sent: list[str] = []
+        save = store.save_definitions
+
+        async def counted(digest: str, data: bytes, saved_ms: int) -> None:
+            sent.append(digest)
+            await save(digest, data, saved_ms)
+
+        monkeypatch.setattr(store, "save_definitions", counted)
+        await record_instance(store, _record("second", 5_000, jobs), {})
+        assert sent == []
+        assert await store.prune_definitions(set(), 5_000) == []  # touched at 5 000
+        assert await store.prune_definitions(set(), 5_001) == [digest]
+        await record_instance(store, _record("third", 6_000, jobs), {})
+        assert sent == [digest]
+        _forget()
+        assert {r.id: r.jobs for r in await read_instances(store)}["third"] == jobs
 
     async def test_a_set_larger_than_one_message_round_trips(self, backend: Backend) -> None:
         """A set of 3 MB that does not compress (larger than a NATS message) is kept whole."""
@@ -196,7 +242,7 @@ class RegistryContract:
         [raw] = await store.instances()
         assert raw.job_count == MANY_JOBS and len(raw.to_json()) < 400
         began = time.perf_counter()
-        await record_instance(store, _record("big", 2_000, jobs), {})  # kept: its time moves
+        await record_instance(store, _record("big", 2_000, jobs), {})  # kept: touched, not sent
         beat_s = time.perf_counter() - began
         assert beat_s < max(saved_s, 0.5), (beat_s, saved_s)
         _forget()

@@ -20,9 +20,11 @@ Definitions sets (:func:`anarchon.registry.record_instance`) are kept in a secon
 cut into chunks ``<prefix>.D.0``, ``<prefix>.D.1``, ... each under the server's maximum
 payload (100 000 jobs compress to a few hundred kilobytes), and its manifest ``<prefix>.D.m``
 (JSON: chunks, size, saved time) is written last with a compare-and-set create, so a reader
-that finds the manifest finds every chunk. Saving a set already kept moves its saved time with
-a compare-and-set update. Pruning lists the manifests, deletes each old unnamed one with a
-compare-and-set on the revision it read, then its chunks.
+that finds the manifest finds every chunk. Touching a set (or saving one already kept) moves
+its saved time with a compare-and-set update of the manifest alone, read again on a conflict (a
+conflict with a prune's delete then finds no manifest, and a save writes the set anew).
+Pruning lists the manifests, deletes each old unnamed one with a compare-and-set on the revision
+it read, then its chunks.
 """
 
 from __future__ import annotations
@@ -246,24 +248,50 @@ class NatsRegistry:
         size = max(1024, nc.max_payload - CHUNK_MARGIN)
 
         async def save() -> None:
-            found = await self._manifest(kv, digest)
+            if await self._touch(kv, digest, saved_ms):
+                return
             try:
-                if found is not None:
-                    manifest, revision = found
-                    if int(manifest.get("saved_ms", 0)) < saved_ms:
-                        manifest["saved_ms"] = saved_ms
-                        body = json.dumps(manifest).encode()
-                        await kv.update(self._set_key(digest, "m"), body, last=revision)
-                    return
                 chunks = [data[at : at + size] for at in range(0, len(data), size)] or [b""]
                 for n, chunk in enumerate(chunks):
                     await kv.put(self._set_key(digest, str(n)), chunk)
                 manifest = {"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms}
                 await kv.create(self._set_key(digest, "m"), json.dumps(manifest).encode())
             except KeyWrongLastSequenceError:
-                return  # saved or refreshed by another instance meanwhile: the same bytes
+                return  # saved by another instance meanwhile: the same bytes
 
         await self._bounded(save(), "saving a definitions set", SET_TIMEOUT_S)
+
+    async def _touch(self, kv: KeyValue, digest: str, saved_ms: int) -> bool:
+        """Move the saved time in the set's manifest (a compare-and-set update of the revision
+        read, read again when another instance touched or pruned it meanwhile); False when
+        there is no manifest. Only the manifest is written, never a chunk."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        while True:
+            found = await self._manifest(kv, digest)
+            if found is None:
+                return False
+            manifest, revision = found
+            if int(manifest.get("saved_ms", 0)) >= saved_ms:
+                return True  # a prune that reads this revision keeps it, as after an update
+            manifest["saved_ms"] = saved_ms
+            body = json.dumps(manifest).encode()
+            try:
+                await kv.update(self._set_key(digest, "m"), body, last=revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return True
+
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.touch_definitions` and the module
+        docstring: a compare-and-set update of the manifest (the chunks are not sent). A prune
+        deletes the manifest with a compare-and-set on the revision it read, so of the two the
+        later one fails: a prune after the touch keeps the set, a touch after the prune finds
+        it gone and answers False."""
+        kv = await self._open_sets(create=False)
+        if kv is None:
+            return False
+        return await self._bounded(self._touch(kv, digest, saved_ms), "touching a definitions set")
 
     async def definitions(self, digest: str) -> bytes | None:
         """See :meth:`anarchon.registry.RegistryStore.definitions`."""

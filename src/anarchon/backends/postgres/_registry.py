@@ -57,6 +57,11 @@ STATEMENTS: Final = {
     ),
     "definitions": ("definitions", "SELECT data FROM {table} WHERE digest = %(digest)s"),
     "has_definitions": ("definitions", "SELECT 1 AS found FROM {table} WHERE digest = %(digest)s"),
+    "touch_definitions": (
+        "definitions",
+        "UPDATE {table} SET saved_ms = greatest(saved_ms, %(saved_ms)s) "
+        "WHERE digest = %(digest)s RETURNING digest",
+    ),
     "prune_definitions": (
         "definitions",
         "DELETE FROM {table} WHERE saved_ms < %(cutoff_ms)s AND NOT (digest = ANY(%(keep)s)) "
@@ -152,6 +157,12 @@ class PostgresRegistry:
     async def has_definitions(self, digest: str) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
         return bool(await self._run("has_definitions", {"digest": digest}))
+
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.touch_definitions`: one ``UPDATE``
+        (none when the table is not there yet)."""
+        params = {"digest": digest, "saved_ms": saved_ms}
+        return bool(await self._run("touch_definitions", params))
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: one statement."""

@@ -49,16 +49,29 @@ for _, id in ipairs(silent) do
 end
 return silent
 """
-SAVE_SET: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-end
+# ARGV[1] the digest, ARGV[2] the saved time (moved only forward), ARGV[3] the set.
+_MOVE_SAVED: Final = """
 local saved = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not saved or tonumber(saved) < tonumber(ARGV[2]) then
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 end
 return 1
 """
+SAVE_SET: Final = (
+    """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+end"""
+    + _MOVE_SAVED
+)
+# SAVE_SET without the set: 0 (and nothing changed) when it is not kept.
+TOUCH_SET: Final = (
+    """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end"""
+    + _MOVE_SAVED
+)
 # ARGV[1] the cutoff, ARGV[2..] the digests to keep.
 PRUNE_SETS: Final = """
 local keep = {}
@@ -141,6 +154,10 @@ class RedisRegistry:
         """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
         connection = self._backend._connection
         return bool(await connection.call(connection.client().hexists(self._sets[0], digest)))
+
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.touch_definitions`: one script."""
+        return bool(await self._eval_sets(TOUCH_SET, digest, saved_ms))
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: one script."""

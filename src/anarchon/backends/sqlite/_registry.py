@@ -45,6 +45,9 @@ SAVE_SET: Final = (
 SETS_EXIST: Final = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{SETS}'"
 SELECT_SET: Final = f"SELECT data FROM {SETS} WHERE digest = ?"
 HAS_SET: Final = f"SELECT 1 FROM {SETS} WHERE digest = ?"
+TOUCH_SET: Final = (
+    f"UPDATE {SETS} SET saved_ms = max(saved_ms, ?) WHERE digest = ? RETURNING digest"
+)
 OLD_SETS: Final = f"SELECT digest FROM {SETS} WHERE saved_ms < ?"
 DELETE_SET: Final = f"DELETE FROM {SETS} WHERE digest = ? AND saved_ms < ?"
 
@@ -132,6 +135,16 @@ class SQLiteRegistry:
             return conn.execute(HAS_SET, (digest,)).fetchone() is not None
 
         return await self._backend._db.call(read)
+
+    async def touch_definitions(self, digest: str, saved_ms: int) -> bool:
+        """See :meth:`anarchon.registry.RegistryStore.touch_definitions`: one ``UPDATE``."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if conn.execute(SETS_EXIST).fetchone() is None:
+                return False
+            return conn.execute(TOUCH_SET, (saved_ms, digest)).fetchone() is not None
+
+        return await self._backend._db.call(write)
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions`: each removal is one
