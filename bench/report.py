@@ -405,6 +405,69 @@ def rate_section(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    return [*out, "", *ladder_section(results)]
+
+
+LADDER_STEPS = {
+    "primitive": "the raw primitive (a one-column key)",
+    "record_pk": "+ the whole run record, returned; a loser reads the winner's record (a table "
+    "with only the primary key)",
+    "record_runs": "+ the runs table's secondary indexes and checks (the backend's own table, "
+    "made by its migrations)",
+    "same_work": "+ the claim itself (the backend's claim statement: job lock, fence, overlap "
+    "and pause checks, claim notice)",
+    "claim": "+ anarchon's Python (`Backend.claim`)",
+}
+
+
+def ladder_section(results: dict[str, Any]) -> list[str]:
+    """The record ladder's table (bench/ladder.py), where it ran."""
+    rate = results.get("rate") or {}
+    laddered = [n for n in _names(results) if (rate.get(n) or {}).get("ladder")]
+    if not laddered:
+        return []
+    first = rate[laddered[0]]["ladder"]
+    out = [
+        "Record ladder: what each part of a claim's storage work costs. The same three "
+        f"processes, after the phases above, run {first['rounds']} rounds of every step below, "
+        f"{first['seconds']:g} s each, the steps' order reversed every other round, all three "
+        "on the same keys; a step's rate is the median over the rounds, its share of the "
+        "primitive the median of the rounds' own shares (the step's rate over the same "
+        "round's primitive), the ranges the lowest and highest round. Single rounds are "
+        "bimodal (the three processes in lockstep, every key waiting for the first writer's "
+        "commit, or one ahead and the others finding its keys): hence many short rounds. "
+        "Each step does what the one before did and more: the record steps write the run "
+        "record a won claim writes, by a bare client (`INSERT … ON CONFLICT DO NOTHING "
+        "RETURNING`, and for a loser the backend's lookup of the winner's record), with no "
+        "function, lock, fence or notice; see `bench/ladder.py`.",
+        "",
+    ]
+    rows = []
+    for name in laddered:
+        for step, r in rate[name]["ladder"]["steps"].items():
+            rows.append(
+                [
+                    name,
+                    LADDER_STEPS.get(step, step),
+                    f"{r['rate']:,.0f}/s",
+                    f"{min(r['rates']):,.0f}–{max(r['rates']):,.0f}/s",
+                    pct(r["share"]),
+                    f"{pct(min(r['shares']))}–{pct(max(r['shares']))}" if r["shares"] else "–",
+                    f"{r['duplicates']} / {r['unclaimed']}",
+                ]
+            )
+    out += table(
+        [
+            "backend",
+            "step",
+            "rate (median)",
+            "rounds",
+            "share of the primitive (median)",
+            "rounds",
+            "keys won twice / nobody won",
+        ],
+        rows,
+    )
     return [*out, ""]
 
 
