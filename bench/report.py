@@ -409,15 +409,19 @@ def rate_section(results: dict[str, Any]) -> list[str]:
 
 
 LADDER_STEPS = {
-    "primitive": "the raw primitive (a one-column key)",
-    "record_pk": "+ the whole run record, returned; a loser reads the winner's record (a table "
-    "with only the primary key)",
-    "record_runs": "+ the runs table's secondary indexes and checks (the backend's own table, "
-    "made by its migrations)",
-    "same_work": "+ the claim itself (the backend's claim statement: job lock, fence, overlap "
-    "and pause checks, claim notice)",
-    "claim": "+ anarchon's Python (`Backend.claim`)",
+    "primitive": "primitive",
+    "record_pk": "run record, primary key only",
+    "record_runs": "run record, the runs table",
+    "same_work": "same-work floor",
+    "claim": "claim",
 }
+
+
+def _share_range(step: str, shares: list[float]) -> str:
+    # The primitive's own share is 100 % in every round: no range to show.
+    if step == "primitive" or not shares:
+        return "–"
+    return f"{pct(min(shares))}–{pct(max(shares))}"
 
 
 def ladder_section(results: dict[str, Any]) -> list[str]:
@@ -435,11 +439,17 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         "primitive the median of the rounds' own shares (the step's rate over the same "
         "round's primitive), the ranges the lowest and highest round. Single rounds are "
         "bimodal (the three processes in lockstep, every key waiting for the first writer's "
-        "commit, or one ahead and the others finding its keys): hence many short rounds. "
-        "Each step does what the one before did and more: the record steps write the run "
-        "record a won claim writes, by a bare client (`INSERT … ON CONFLICT DO NOTHING "
-        "RETURNING`, and for a loser the backend's lookup of the winner's record), with no "
-        "function, lock, fence or notice; see `bench/ladder.py`.",
+        "commit, or one ahead and the others finding its keys), hence many short rounds. "
+        "Each step does what the one before does and more. *Run record, primary key only* "
+        "(PostgreSQL): the whole run record a won claim writes, by a bare client, `INSERT … "
+        "ON CONFLICT DO NOTHING RETURNING` the record, a loser then reading the winner's (the "
+        "backend's lookup by the primary key; a second round trip), into a copy of the runs "
+        "table (its columns, defaults and identity) with only its primary key. *Run record, "
+        "the runs table*: the same into the backend's own runs table, made by its migrations "
+        "(+ its secondary indexes and status check). Neither takes a lock, a fence or sends a "
+        "notice. *Same-work floor*: + the claim's own storage work (on PostgreSQL the claim "
+        "function: the job's lock, the fence, the pause and overlap checks, and a winner's "
+        "notice). *Claim*: + anarchon's Python. See `bench/ladder.py`.",
         "",
     ]
     rows = []
@@ -452,7 +462,7 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
                     f"{r['rate']:,.0f}/s",
                     f"{min(r['rates']):,.0f}–{max(r['rates']):,.0f}/s",
                     pct(r["share"]),
-                    f"{pct(min(r['shares']))}–{pct(max(r['shares']))}" if r["shares"] else "–",
+                    _share_range(step, r["shares"]),
                     f"{r['duplicates']} / {r['unclaimed']}",
                 ]
             )

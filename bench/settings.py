@@ -62,8 +62,9 @@ class Settings:
     """Alternated rounds of the ladder's steps (each step's figure: the median over them)."""
     ladder_seconds: float = 0.5
     """Length of one step of one round."""
-    ladder_backends: tuple[str, ...] = ("postgres",)
-    """Backends the ladder runs on (after the claim rate's phases)."""
+    ladder_backends: tuple[str, ...] = ("sqlite", "redis", "postgres", "nats")
+    """Backends the ladder runs on, after the claim rate's phases (record steps on PostgreSQL
+    only; elsewhere alternated rounds of the primitive, the same-work floor and the claim)."""
 
 
 FULL = Settings(

@@ -215,8 +215,10 @@ def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
     }
     text = "\n".join(report.rate_section(results))
     assert "run 3 rounds of every step below, 0.5 s each" in text
-    assert "| postgres | + the whole run record" in text
+    assert "| postgres | run record, primary key only |" in text
     assert "| 600/s | 360–1,600/s | 80 % | 50 %–90 % | 0 / 0 |" in text
+    step["shares"] = []  # no primitive in any round: no share
+    assert "| 600/s | 360–1,600/s | 80 % | – | 0 / 0 |" in "\n".join(report.rate_section(results))
     # No ladder, no ladder table.
     del row["ladder"]
     assert "Record ladder" not in "\n".join(report.rate_section(results))
