@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .same_work import LEASE_MS, PostgresClient, request_params
 from .stats import median
 
 __all__ = [
@@ -125,7 +126,7 @@ async def prepare(url: str) -> None:
         await conn.execute(sql.SQL("ALTER TABLE {} ADD {}").format(pk, sql.SQL(found[0])))
 
 
-class PostgresRecord:
+class PostgresRecord(PostgresClient):
     """One client writing claims' run records into one runs table (``prefix``: its table
     prefix), a loser reading the winner's record."""
 
@@ -139,30 +140,11 @@ class PostgresRecord:
         # The backend's lookup of a slot's record (a part of its claim statements).
         read = "\n".join(s for s in RAW["current_attempt"].splitlines() if not s.startswith("--"))
         self.read, self.read_names = positional(queries.compose(read).as_bytes(None))
-        self._conn: Any = None
         self._token_at = -1
 
-    async def open(self) -> None:
-        import psycopg
-
-        self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-
     def params(self, job: str, slot: int, run_id: str, token: str, now: int) -> dict[str, Any]:
-        return {
-            "job": job,
-            "slot_key": str(slot),
-            "slot": slot,
-            "run_id": run_id,
-            "token": token,
-            "instance": self.instance,
-            "trigger": "schedule",
-            "now": now,
-            "expires": now + 15_000,
-        }
+        run = request_params(job, slot, run_id, token, self.instance)
+        return {**run, "now": now, "expires": now + LEASE_MS}
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
         """Write the record of ``job``'s ``slot``; True if this call wrote it."""
