@@ -11,7 +11,7 @@ of the primitive) and claim / same-work (what anarchon's Python leaves of the st
 Every key must have one winner, in every phase. On the backends of ``ladder_backends``
 (settings) the same processes then run the record ladder (:mod:`bench.ladder`): short
 alternated rounds of the primitive, the run record alone (PostgreSQL), the same-work floor and
-the claim, each step's figure the median of its rounds.
+the claim, each step's figure taken over all its rounds.
 """
 
 from __future__ import annotations

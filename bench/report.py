@@ -435,9 +435,10 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         "Record ladder: what each part of a claim's storage work costs. The same three "
         f"processes, after the phases above, run {first['rounds']} rounds of every step below, "
         f"{first['seconds']:g} s each, the steps' order reversed every other round, all three "
-        "on the same keys; a step's rate is the median over the rounds, its share of the "
-        "primitive the median of the rounds' own shares (the step's rate over the same "
-        "round's primitive), the ranges the lowest and highest round. Single rounds are "
+        "on the same keys; a step's rate is its calls in all rounds over their time, its share "
+        "of the primitive that rate over the primitive's (steadier from run to run than the "
+        "median of the rounds), the ranges the lowest and highest round (a round's share: the "
+        "step's rate over the same round's primitive rate). Single rounds are "
         "bimodal (the three processes in lockstep, every key waiting for the first writer's "
         "commit, or one ahead and the others finding its keys), hence many short rounds. "
         "Each step does what the one before does and more. *Run record, primary key only* "
@@ -470,9 +471,9 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         [
             "backend",
             "step",
-            "rate (median)",
+            "rate (all rounds)",
             "rounds",
-            "share of the primitive (median)",
+            "share of the primitive",
             "rounds",
             "keys won twice / nobody won",
         ],

@@ -59,7 +59,7 @@ class Settings:
     """Contending processes of the claim-latency curve."""
     # 3. claim rate: the record ladder (bench/ladder.py)
     ladder_rounds: int = 10
-    """Alternated rounds of the ladder's steps (each step's figure: the median over them)."""
+    """Alternated rounds of the ladder's steps (each step's figure: over all of them)."""
     ladder_seconds: float = 0.5
     """Length of one step of one round."""
     ladder_backends: tuple[str, ...] = ("sqlite", "redis", "postgres", "nats")

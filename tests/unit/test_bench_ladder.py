@@ -1,6 +1,6 @@
 # ruff: noqa: RUF001 - the tables use typographic dashes
 """The claim rate's record ladder: its tables follow the backend's runs table, its records are
-the backend's records, its rounds alternate and its figures are the rounds' medians."""
+the backend's records, its rounds alternate and its figures are taken over all the rounds."""
 
 from __future__ import annotations
 
@@ -170,32 +170,33 @@ def _answer(rounds: list[dict[str, tuple[int, list[int]]]]) -> dict[str, Any]:
     }
 
 
-def test_a_steps_figures_are_the_medians_of_its_rounds() -> None:
+def test_a_steps_figures_are_taken_over_all_its_rounds() -> None:
     # Two processes, three rounds; process b wins key 1 of record_pk in round 0 as well (a
     # duplicate), and nobody wins key 2 of round 1, which both reached.
     a = _answer(
         [
             {"primitive": (500, list(range(500))), "record_pk": (400, [0, 1])},
-            {"primitive": (100, list(range(100))), "record_pk": (90, [0, 1])},
-            {"primitive": (300, list(range(300))), "record_pk": (150, list(range(150)))},
+            {"primitive": (100, list(range(100))), "record_pk": (100, [0, 1])},
+            {"primitive": (400, list(range(400))), "record_pk": (100, list(range(100)))},
         ]
     )
     b = _answer(
         [
             {"primitive": (500, []), "record_pk": (400, [1, *range(2, 400)])},
-            {"primitive": (100, []), "record_pk": (90, list(range(3, 90)))},
-            {"primitive": (300, []), "record_pk": (150, [])},
+            {"primitive": (100, []), "record_pk": (100, list(range(3, 100)))},
+            {"primitive": (400, []), "record_pk": (100, [])},
         ]
     )
     found = ladder.summary([a, b])
     assert found["rounds"] == 3 and found["seconds"] == 0.5
     prim, rec = found["steps"]["primitive"], found["steps"]["record_pk"]
-    assert prim["rates"] == [2000.0, 400.0, 1200.0]
-    assert prim["rate"] == 1200.0
-    assert rec["rates"] == [1600.0, 360.0, 600.0]
-    assert rec["rate"] == 600.0
-    assert rec["shares"] == [0.8, 0.9, 0.5]
-    assert rec["share"] == 0.8  # the rounds' own shares, not 600 / 1200
+    assert prim["rates"] == [2000.0, 400.0, 1600.0]
+    assert prim["rate"] == 4000.0 / 3
+    assert rec["rates"] == [1600.0, 400.0, 400.0]
+    assert rec["rate"] == 800.0
+    assert rec["shares"] == [0.8, 1.0, 0.25]
+    assert rec["median_share"] == 0.8
+    assert rec["share"] == 0.6  # all rounds' calls over the primitive's, not a round's median
     assert rec["duplicates"] == 1
     assert rec["unclaimed"] == 1
 
