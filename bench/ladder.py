@@ -9,7 +9,9 @@ mean over the rounds (its calls in all rounds over their time), and its share of
 that rate over the primitive's (see :func:`summary`). The rounds are bimodal: whether the
 processes walk the keys in lockstep (each key waits for the first writer's commit) or one
 runs ahead (the others find its committed keys) changes a round's rate by up to half, so one
-long round measures that chance rather than the step.
+long round measures that chance rather than the step. ``lead``: the share of a round's keys
+the process that won most of them won (1/3: the three raced for every key; 1: one ran
+ahead), the median over the rounds.
 
 =============  ===========================================================================
 step           one call (for key or slot k; PostgreSQL, psycopg 3, autocommit)
@@ -189,8 +191,11 @@ def _round(answers: list[dict[str, Any]], n: int, step: str, seconds: float) -> 
         for k in c["won"]:
             wins[k] = wins.get(k, 0) + 1
     settled = min(c["ops"] for c in calls)
+    won = sum(len(c["won"]) for c in calls)
     return {
         "rate": ops / seconds,
+        # 1/3 when the three processes raced for every key, 1 when one ran ahead and won all.
+        "lead": max(len(c["won"]) for c in calls) / won if won else None,
         "duplicates": sum(w - 1 for w in wins.values() if w > 1),
         "unclaimed": sum(1 for k in range(settled) if k not in wins),
     }
@@ -221,6 +226,7 @@ def summary(answers: list[dict[str, Any]]) -> dict[str, Any]:
             "share": sum(rates) / sum(primitive) if sum(primitive) else None,
             "shares": shares,
             "median_share": median(shares),
+            "lead": median([r[step]["lead"] for r in per_round if r[step]["lead"] is not None]),
             "duplicates": sum(r[step]["duplicates"] for r in per_round),
             "unclaimed": sum(r[step]["unclaimed"] for r in per_round),
         }

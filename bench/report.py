@@ -440,7 +440,10 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         "median of the rounds), the ranges the lowest and highest round (a round's share: the "
         "step's rate over the same round's primitive rate). Single rounds are "
         "bimodal (the three processes in lockstep, every key waiting for the first writer's "
-        "commit, or one ahead and the others finding its keys), hence many short rounds. "
+        "commit, or one ahead and the others finding its keys), hence many short rounds; "
+        "*keys won by the leading process*: the share of a round's keys won by the process "
+        "that won most (33 %: the three raced for every key; 100 %: one ran ahead), the median "
+        "of the rounds. "
         "Each step does what the one before does and more. *Run record, primary key only* "
         "(PostgreSQL): the whole run record a won claim writes, by a bare client, `INSERT … "
         "ON CONFLICT DO NOTHING RETURNING` the record, a loser then reading the winner's (the "
@@ -464,6 +467,7 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
                     f"{min(r['rates']):,.0f}–{max(r['rates']):,.0f}/s",
                     pct(r["share"]),
                     _share_range(step, r["shares"]),
+                    pct(r.get("lead")),
                     f"{r['duplicates']} / {r['unclaimed']}",
                 ]
             )
@@ -475,6 +479,7 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
             "rounds",
             "share of the primitive",
             "rounds",
+            "keys won by the leading process",
             "keys won twice / nobody won",
         ],
         rows,

@@ -199,11 +199,14 @@ def test_a_steps_figures_are_taken_over_all_its_rounds() -> None:
     assert rec["share"] == 0.6  # all rounds' calls over the primitive's, not a round's median
     assert rec["duplicates"] == 1
     assert rec["unclaimed"] == 1
+    # Round 0: b won 399 of the 401 wins; round 1: b 97 of 99; round 2: a all of them.
+    assert rec["lead"] == 399 / 401  # the median round
+    assert prim["lead"] == 1.0
 
 
 def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
     step = {"rate": 600.0, "rates": [1600.0, 360.0, 600.0], "share": 0.8}
-    step |= {"shares": [0.8, 0.9, 0.5], "duplicates": 0, "unclaimed": 0}
+    step |= {"shares": [0.8, 0.9, 0.5], "lead": 0.5, "duplicates": 0, "unclaimed": 0}
     row: dict[str, Any] = {
         "primitive": {"rate": 1000.0, "duplicates": 0, "unclaimed": 0},
         "claim": {"rate": 500.0, "duplicates": 0, "unclaimed": 0},
@@ -217,9 +220,11 @@ def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
     text = "\n".join(report.rate_section(results))
     assert "run 3 rounds of every step below, 0.5 s each" in text
     assert "| postgres | run record, primary key only |" in text
-    assert "| 600/s | 360–1,600/s | 80 % | 50 %–90 % | 0 / 0 |" in text
+    assert "| 600/s | 360–1,600/s | 80 % | 50 %–90 % | 50 % | 0 / 0 |" in text
     step["shares"] = []  # no primitive in any round: no share
-    assert "| 600/s | 360–1,600/s | 80 % | – | 0 / 0 |" in "\n".join(report.rate_section(results))
+    assert "| 600/s | 360–1,600/s | 80 % | – | 50 % | 0 / 0 |" in "\n".join(
+        report.rate_section(results)
+    )
     # No ladder, no ladder table.
     del row["ladder"]
     assert "Record ladder" not in "\n".join(report.rate_section(results))
