@@ -428,8 +428,15 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
     """The record ladder's table (bench/ladder.py), where it ran."""
     rate = results.get("rate") or {}
     laddered = [n for n in _names(results) if (rate.get(n) or {}).get("ladder")]
+    failed = [
+        f"Record ladder on {n} not run: {rate[n]['ladder_error']}"
+        for n in _names(results)
+        if (rate.get(n) or {}).get("ladder_error")
+    ]
+    if failed:
+        failed.append("")
     if not laddered:
-        return []
+        return failed
     first = rate[laddered[0]]["ladder"]
     out = [
         "Record ladder: what each part of a claim's storage work costs. The same three "
@@ -484,7 +491,7 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    return [*out, ""]
+    return [*out, "", *failed]
 
 
 def idle_section(results: dict[str, Any]) -> list[str]:

@@ -228,3 +228,7 @@ def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
     # No ladder, no ladder table.
     del row["ladder"]
     assert "Record ladder" not in "\n".join(report.rate_section(results))
+    # A ladder that could not be prepared says why.
+    row["ladder_error"] = "UndefinedTable: relation does not exist"
+    text = "\n".join(report.rate_section(results))
+    assert "Record ladder on postgres not run: UndefinedTable: relation does not exist" in text
