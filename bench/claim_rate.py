@@ -128,8 +128,16 @@ async def _one(
         "primitive_lat": _latency(answers, "primitive"),
         "same_work_lat": _latency(answers, "same_work"),
         "claim_lat": _latency(answers, "claim"),
-        **({"ladder": ladder.summary(answers)} if rounds else ladder_error),
+        **(_ladder(answers) if rounds else ladder_error),
     }
+
+
+def _ladder(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ladder's figures, or why a process could not run it."""
+    for answer in answers:
+        if "ladder" not in answer:
+            return {"ladder_error": answer.get("ladder_error", "no ladder in the answer")}
+    return {"ladder": ladder.summary(answers)}
 
 
 def _ratio(top: dict[str, Any], bottom: dict[str, Any]) -> float | None:

@@ -21,8 +21,9 @@ primitive      :mod:`bench.primitives`: ``INSERT INTO floor.claims VALUES (k) ON
 record_pk      the run record a won claim writes (every column of the backend's runs table,
                its defaults and identity), into a copy of the runs table with only its
                primary key: ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` the record, and a
-               loser then reads the winner's record (the backend's ``current_attempt``
-               lookup by the primary key); positional, binary, prepared, as the backend sends
+               loser then reads the winner's record (as the backend's ``current_attempt``
+               looks it up, by the primary key); positional, binary, prepared, as the backend
+               sends
 record_runs    the same two statements on the backend's own runs table (made by the backend's
                migrations on a namespace of its own: table prefix ``ladder_``), with its
                secondary indexes and checks; no claim function, lock, fence or notice
@@ -72,6 +73,15 @@ ON CONFLICT DO NOTHING
 RETURNING {run_columns}
 """
 """A won claim's run record (as ``claim_recorded_one`` inserts it; no fence: 0)."""
+READ = """
+SELECT {run_columns}
+FROM {runs} x
+WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s
+ORDER BY x.attempt DESC LIMIT 1
+"""
+"""A loser's read of the winner's record, by the primary key (as the backend's
+``current_attempt`` reads it; written here so that a change of the backend's statements does
+not stop the ladder, which only needs the table and its columns)."""
 
 
 def steps(name: str) -> tuple[str, ...]:
@@ -133,15 +143,13 @@ class PostgresRecord(PostgresClient):
     prefix), a loser reading the winner's record."""
 
     def __init__(self, dsn: str, schema: str, prefix: str, instance: str) -> None:
-        from anarchon.backends.postgres._queries import RAW, Names, Queries, positional
+        from anarchon.backends.postgres._queries import Names, Queries, positional
 
         queries = Queries(Names(schema, prefix))
         self.dsn = dsn
         self.instance = instance
         self.insert, self.insert_names = positional(queries.compose(INSERT).as_bytes(None))
-        # The backend's lookup of a slot's record (a part of its claim statements).
-        read = "\n".join(s for s in RAW["current_attempt"].splitlines() if not s.startswith("--"))
-        self.read, self.read_names = positional(queries.compose(read).as_bytes(None))
+        self.read, self.read_names = positional(queries.compose(READ).as_bytes(None))
         self._token_at = -1
 
     def params(self, job: str, slot: int, run_id: str, token: str, now: int) -> dict[str, Any]:

@@ -42,6 +42,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import ladder
@@ -156,9 +157,6 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     work = make_same_work(args.backend, backend, instance, args.url)
     work.check(_request(SAME_WORK_JOB.format(run=args.run, n=0), args.base, instance, lease))
     await work.open()
-    records = make_records(args.backend, args.ladder_url, instance) if args.ladder_rounds else {}
-    for record in records.values():
-        await record.open()
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
         await _until(args.start_at)
@@ -176,35 +174,57 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         end = start + args.seconds
         out["claim"] = await _claim(backend, args.run, int(start * 1000), end, instance, lease)
         if args.ladder_rounds:
-            steps = ladder.steps(args.backend)
-            start = end + GAP_S
-            rounds = []
-            for n in range(args.ladder_rounds):
-                # Each round's keys are its own: its jobs and keys carry the round's tag.
-                run, done = f"{args.run}x{n}", {}
-                for step in ladder.order(steps, n):
-                    await _until(start)
-                    end = start + args.ladder_seconds
-                    base = int(start * 1000)
-                    if step == "primitive":
-                        done[step] = await _primitive(prim, run, end)
-                    elif step == "same_work":
-                        done[step] = await _same_work(work, run, base, end)
-                    elif step == "claim":
-                        done[step] = await _claim(backend, run, base, end, instance, lease)
-                    else:
-                        done[step] = await _same_work(records[step], run, base, end, RECORD_JOB)
-                    del done[step]["lat_ms"]
-                    start = end + ladder.GAP_S
-                rounds.append(done)
-            out["ladder"] = {"steps": steps, "seconds": args.ladder_seconds, "rounds": rounds}
+
+            async def step_loop(step: str, run: str, base: int, end: float) -> dict[str, Any]:
+                if step == "primitive":
+                    return await _primitive(prim, run, end)
+                if step == "same_work":
+                    return await _same_work(work, run, base, end)
+                return await _claim(backend, run, base, end, instance, lease)
+
+            try:
+                out["ladder"] = await _ladder(args, instance, end + GAP_S, step_loop)
+            except Exception as exc:  # the phases above stand: say why the ladder did not
+                out["ladder_error"] = f"{type(exc).__name__}: {exc}"[:200]
     finally:
         await prim.close()
         await work.close()
-        for record in records.values():
-            await record.close()
         await backend.stop()
     return out
+
+
+async def _ladder(
+    args: argparse.Namespace,
+    instance: str,
+    start: float,
+    step_loop: Callable[[str, str, int, float], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The record ladder's rounds from wall time ``start``: ``step_loop`` runs the steps the
+    rate loop has (primitive, same-work floor, claim), the record steps run here."""
+    steps = ladder.steps(args.backend)
+    records = make_records(args.backend, args.ladder_url, instance)
+    try:
+        for record in records.values():
+            await record.open()
+        rounds = []
+        for n in range(args.ladder_rounds):
+            # Each round's keys are its own: its jobs and keys carry the round's tag.
+            run, done = f"{args.run}x{n}", {}
+            for step in ladder.order(steps, n):
+                await _until(start)
+                end = start + args.ladder_seconds
+                base = int(start * 1000)
+                if step in records:
+                    done[step] = await _same_work(records[step], run, base, end, RECORD_JOB)
+                else:
+                    done[step] = await step_loop(step, run, base, end)
+                del done[step]["lat_ms"]
+                start = end + ladder.GAP_S
+            rounds.append(done)
+    finally:
+        for record in records.values():
+            await record.close()
+    return {"steps": steps, "seconds": args.ladder_seconds, "rounds": rounds}
 
 
 async def _primitive(prim: Primitive, run: str, end: float) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from bench import ladder, probe, report
+from bench import claim_rate, ladder, probe, report
 
 from anarchon import backend_from_url
 
@@ -126,22 +126,27 @@ async def test_record_steps_write_the_records_the_backend_reads(database: str) -
     ]
 
 
-async def test_a_rate_probe_runs_the_ladders_rounds(
-    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _probe(database: str, out: Path, rounds: int, prepared: bool) -> dict[str, Any]:
+    """One rate probe on ``database`` (0.2 s loops), then ``rounds`` ladder rounds."""
     async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
         await conn.execute("CREATE SCHEMA floor")
         await conn.execute("CREATE TABLE floor.claims (k text PRIMARY KEY)")
     rate_url = f"{database}?schema=rate"
     url = ladder.ladder_url("postgres", rate_url)
     assert url is not None
-    await ladder.prepare(url)
-    monkeypatch.setattr(probe, "GAP_S", 0.05)
+    if prepared:
+        await ladder.prepare(url)
     argv = ["rate", "--backend", "postgres", "--params", json.dumps({"dsn": database})]
     argv += ["--url", rate_url, "--start-at", str(time.time() + 0.3), "--seconds", "0.2"]
-    argv += ["--ladder-rounds", "2", "--ladder-seconds", "0.2", "--ladder-url", url]
-    args = probe.parse([*argv, "--out", str(tmp_path / "out.json"), "--run", "t1"])
-    answer = await probe.rate(args)
+    argv += ["--ladder-rounds", str(rounds), "--ladder-seconds", "0.2", "--ladder-url", url]
+    return await probe.rate(probe.parse([*argv, "--out", str(out), "--run", "t1"]))
+
+
+async def test_a_rate_probe_runs_the_ladders_rounds(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe, "GAP_S", 0.05)
+    answer = await _probe(database, tmp_path / "out.json", 2, prepared=True)
     rounds = answer["ladder"]["rounds"]
     assert len(rounds) == 2
     assert all(sorted(r) == sorted(ladder.steps("postgres")) for r in rounds)
@@ -156,6 +161,17 @@ async def test_a_rate_probe_runs_the_ladders_rounds(
     for step in ladder.steps("postgres"):
         assert found["steps"][step]["rate"] > 0
         assert found["steps"][step]["duplicates"] == found["steps"][step]["unclaimed"] == 0
+
+
+async def test_a_ladder_that_fails_leaves_the_rate_loops_figures(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe, "GAP_S", 0.05)
+    # The ladder's tables never made (prepare() not run): its first insert fails.
+    answer = await _probe(database, tmp_path / "out.json", 1, prepared=False)
+    assert "ladder" not in answer
+    assert "UndefinedTable" in answer["ladder_error"]
+    assert answer["claim"]["ops"] > 0 and answer["primitive"]["ops"] > 0
 
 
 def _answer(rounds: list[dict[str, tuple[int, list[int]]]]) -> dict[str, Any]:
@@ -202,6 +218,13 @@ def test_a_steps_figures_are_taken_over_all_its_rounds() -> None:
     # Round 0: b won 399 of the 401 wins; round 1: b 97 of 99; round 2: a all of them.
     assert rec["lead"] == 399 / 401  # the median round
     assert prim["lead"] == 1.0
+
+
+def test_one_process_without_its_ladder_makes_the_rows_ladder_an_error() -> None:
+    whole = _answer([{"primitive": (10, list(range(10))), "record_pk": (10, list(range(10)))}])
+    assert claim_rate._ladder([whole, whole])["ladder"]["rounds"] == 1
+    failed = {"ladder_error": "UndefinedTable: relation does not exist"}
+    assert claim_rate._ladder([whole, failed]) == failed
 
 
 def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
