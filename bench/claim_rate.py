@@ -8,7 +8,10 @@ slots 0, 1, 2 ... of 8 other jobs. All three walk the same keys, so every key is
 three ways. Rate = calls answered per second, all three processes together; share = claim
 rate / primitive rate (the target), beside same-work / primitive (what the storage work leaves
 of the primitive) and claim / same-work (what anarchon's Python leaves of the storage work).
-Every key must have one winner, in every phase.
+Every key must have one winner, in every phase. On the backends of ``ladder_backends``
+(settings) the same processes then run the record ladder (:mod:`bench.ladder`): short
+alternated rounds of the primitive, the run record alone (PostgreSQL), the same-work floor and
+the claim, each step's figure taken over all its rounds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+from . import ladder
 from .context import Context
 from .fleet import poll, spawn, stop
 from .stats import percentile
@@ -43,15 +47,35 @@ def _summary(answers: list[dict[str, Any]], phase: str, seconds: float) -> dict[
 
 
 async def _one(
-    ctx: Context, name: str, instances: int = INSTANCES, lead_s: float = START_LEAD_S
+    ctx: Context,
+    name: str,
+    instances: int = INSTANCES,
+    lead_s: float = START_LEAD_S,
+    with_ladder: bool = False,
 ) -> dict[str, Any]:
-    """One backend with ``instances`` contending processes, all starting ``lead_s`` from now."""
+    """One backend with ``instances`` contending processes, all starting ``lead_s`` from now;
+    ``with_ladder``: then the record ladder's rounds (:mod:`bench.ladder`)."""
     target = ctx.targets[name]
     seconds = ctx.settings.rate_seconds
-    start_at = time.time() + lead_s
     run = uuid.uuid4().hex[:8]
     base = int(time.time()) * 1000
     url = ctx.services.url(name, "rate")
+    rounds = ctx.settings.ladder_rounds if with_ladder else 0
+    step_s = ctx.settings.ladder_seconds
+    extra: list[str] = []
+    ladder_error: dict[str, str] = {}
+    lurl = ladder.ladder_url(name, url) if rounds else None
+    if lurl is not None:
+        try:
+            await ladder.prepare(lurl)
+            extra = ["--ladder-url", lurl]
+        except Exception as exc:  # the claim rate is measured all the same
+            ladder_error["ladder_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rounds = 0
+    if rounds:
+        extra += ["--ladder-rounds", str(rounds), "--ladder-seconds", str(step_s)]
+    ladder_s = rounds * len(ladder.steps(name)) * (step_s + ladder.GAP_S)
+    start_at = time.time() + lead_s
     procs = [
         spawn(
             f"{name}-{i}",
@@ -74,13 +98,14 @@ async def _one(
                 run,
                 "--base",
                 str(base),
+                *extra,
             ],
             ctx.dir("rate"),
             ready=False,
         )
         for i in range(instances)
     ]
-    limit = start_at + 3 * seconds + 30 - time.time()
+    limit = start_at + 3 * seconds + ladder_s + 30 - time.time()
     await poll(lambda: not any(p.alive() for p in procs), limit)
     await stop(procs, limit_s=5)
     answers = []
@@ -103,7 +128,16 @@ async def _one(
         "primitive_lat": _latency(answers, "primitive"),
         "same_work_lat": _latency(answers, "same_work"),
         "claim_lat": _latency(answers, "claim"),
+        **(_ladder(answers) if rounds else ladder_error),
     }
+
+
+def _ladder(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ladder's figures, or why a process could not run it."""
+    for answer in answers:
+        if "ladder" not in answer:
+            return {"ladder_error": answer.get("ladder_error", "no ladder in the answer")}
+    return {"ladder": ladder.summary(answers)}
 
 
 def _ratio(top: dict[str, Any], bottom: dict[str, Any]) -> float | None:
@@ -120,5 +154,6 @@ async def measure(ctx: Context) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for target in ctx.available():
         ctx.say(f"claim rate: {target.name}")
-        rows[target.name] = await _one(ctx, target.name)
+        with_ladder = target.name in ctx.settings.ladder_backends
+        rows[target.name] = await _one(ctx, target.name, with_ladder=with_ladder)
     return rows

@@ -16,7 +16,10 @@ the backend's own claim storage work by a bare client) in a loop over slots 0, 1
 jobs; then ``claim`` in a loop over slots 0, 1, 2 ... of 8 other jobs (both sets of jobs named
 after the run). Every process of a rate run walks the same keys, so each key is contended by
 all of them; each call's round trip is recorded too (``lat_ms``, the claim-latency curve's
-figures).
+figures). With ``--ladder-rounds N``, then the record ladder (:mod:`bench.ladder`): N rounds
+of every step of the ladder, ``--ladder-seconds`` each, the steps' order reversed every other
+round, each round on keys and jobs of its own (the record steps on the tables of
+``--ladder-url``, made beforehand by :func:`bench.ladder.prepare`).
 ``instant``: the fire lag's floor under its own conditions. From wall time ``start-at``, once a
 second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
 claims the same keys at the same instants (as three instances claim the same due slots), and
@@ -39,9 +42,12 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .primitives import make_primitive
+from . import ladder
+from .ladder import PostgresRecord, make_records
+from .primitives import Primitive, make_primitive
 from .same_work import SameWork, make_same_work
 
 WARM_UP = 20
@@ -53,6 +59,7 @@ INSTANT_EVERY_S = 1.0
 # so with plain names a later run met the earlier runs' records and lost every claim.
 CLAIM_JOB = "r{run}-{n}"
 SAME_WORK_JOB = "s{run}-{n}"
+RECORD_JOB = "l{run}-{n}"
 
 
 @functools.cache
@@ -153,15 +160,8 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
         await _until(args.start_at)
-        ops, won, lat = 0, [], []
         end = args.start_at + args.seconds
-        while time.time() < end:
-            t = time.perf_counter()
-            if await prim.claim(f"rate-{args.run}-{ops}"):
-                won.append(ops)
-            lat.append(round((time.perf_counter() - t) * 1000, 3))
-            ops += 1
-        out["primitive"] = {"ops": ops, "won": won, "lat_ms": lat}
+        out["primitive"] = await _primitive(prim, args.run, end)
         start = end + GAP_S
         await _until(start)
         end = start + args.seconds
@@ -171,18 +171,21 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
         out["same_work"] = await _same_work(work, args.run, int(start * 1000), end)
         start = end + GAP_S
         await _until(start)
-        ops, won, lat = 0, [], []
         end = start + args.seconds
-        while time.time() < end:
-            job = CLAIM_JOB.format(run=args.run, n=ops % RATE_JOBS)
-            req = _request(job, int(start * 1000) + ops * 1000, instance, lease)
-            t = time.perf_counter()
-            outcome = (await backend.claim([req]))[0]
-            lat.append(round((time.perf_counter() - t) * 1000, 3))
-            if outcome.ticket is not None:
-                won.append(ops)
-            ops += 1
-        out["claim"] = {"ops": ops, "won": won, "lat_ms": lat}
+        out["claim"] = await _claim(backend, args.run, int(start * 1000), end, instance, lease)
+        if args.ladder_rounds:
+
+            async def step_loop(step: str, run: str, base: int, end: float) -> dict[str, Any]:
+                if step == "primitive":
+                    return await _primitive(prim, run, end)
+                if step == "same_work":
+                    return await _same_work(work, run, base, end)
+                return await _claim(backend, run, base, end, instance, lease)
+
+            try:
+                out["ladder"] = await _ladder(args, instance, end + GAP_S, step_loop)
+            except Exception as exc:  # the phases above stand: say why the ladder did not
+                out["ladder_error"] = f"{type(exc).__name__}: {exc}"[:200]
     finally:
         await prim.close()
         await work.close()
@@ -190,14 +193,79 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def _same_work(work: SameWork, run: str, base: int, end: float) -> dict[str, Any]:
-    """The same-work floor's loop: one claim's storage work at a time over the slots of jobs
-    :data:`SAME_WORK_JOB` of this run (apart from the claim loop's), a run id and token made
-    as :func:`_request` makes them."""
+async def _ladder(
+    args: argparse.Namespace,
+    instance: str,
+    start: float,
+    step_loop: Callable[[str, str, int, float], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The record ladder's rounds from wall time ``start``: ``step_loop`` runs the steps the
+    rate loop has (primitive, same-work floor, claim), the record steps run here."""
+    steps = ladder.steps(args.backend)
+    records = make_records(args.backend, args.ladder_url, instance)
+    try:
+        for record in records.values():
+            await record.open()
+        rounds = []
+        for n in range(args.ladder_rounds):
+            # Each round's keys are its own: its jobs and keys carry the round's tag.
+            run, done = f"{args.run}x{n}", {}
+            for step in ladder.order(steps, n):
+                await _until(start)
+                end = start + args.ladder_seconds
+                base = int(start * 1000)
+                if step in records:
+                    done[step] = await _same_work(records[step], run, base, end, RECORD_JOB)
+                else:
+                    done[step] = await step_loop(step, run, base, end)
+                del done[step]["lat_ms"]
+                start = end + ladder.GAP_S
+            rounds.append(done)
+    finally:
+        for record in records.values():
+            await record.close()
+    return {"steps": steps, "seconds": args.ladder_seconds, "rounds": rounds}
+
+
+async def _primitive(prim: Primitive, run: str, end: float) -> dict[str, Any]:
+    """The primitive's loop over keys 0, 1, 2 ... of ``run`` until wall time ``end``."""
+    ops, won, lat = 0, [], []
+    while time.time() < end:
+        t = time.perf_counter()
+        if await prim.claim(f"rate-{run}-{ops}"):
+            won.append(ops)
+        lat.append(round((time.perf_counter() - t) * 1000, 3))
+        ops += 1
+    return {"ops": ops, "won": won, "lat_ms": lat}
+
+
+async def _claim(
+    backend: Any, run: str, base: int, end: float, instance: str, lease: bool
+) -> dict[str, Any]:
+    """One-request claims over the slots of jobs :data:`CLAIM_JOB` of ``run`` from ``base``."""
+    ops, won, lat = 0, [], []
+    while time.time() < end:
+        job = CLAIM_JOB.format(run=run, n=ops % RATE_JOBS)
+        req = _request(job, base + ops * 1000, instance, lease)
+        t = time.perf_counter()
+        outcome = (await backend.claim([req]))[0]
+        lat.append(round((time.perf_counter() - t) * 1000, 3))
+        if outcome.ticket is not None:
+            won.append(ops)
+        ops += 1
+    return {"ops": ops, "won": won, "lat_ms": lat}
+
+
+async def _same_work(
+    work: SameWork | PostgresRecord, run: str, base: int, end: float, jobs: str = SAME_WORK_JOB
+) -> dict[str, Any]:
+    """The same-work floor's loop (or a record step's): one claim's storage work at a time
+    over the slots of jobs ``jobs`` of this run (apart from the claim loop's), a run id and
+    token made as :func:`_request` makes them."""
     ops, won, lat = 0, [], []
     while time.time() < end:
         ids = os.urandom(32).hex()
-        job = SAME_WORK_JOB.format(run=run, n=ops % RATE_JOBS)
+        job = jobs.format(run=run, n=ops % RATE_JOBS)
         t = time.perf_counter()
         if await work.claim(job, base + ops * 1000, ids[:32], ids[32:]):
             won.append(ops)
@@ -255,6 +323,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run", default="0", help="a tag that keeps this run's keys apart")
     p.add_argument("--carriers", default="", help="instance ids, comma-separated (instant)")
     p.add_argument("--prefix", default="f", help="the jobs' name prefix (instant, carriers)")
+    p.add_argument("--ladder-rounds", type=int, default=0, help="record ladder rounds (rate)")
+    p.add_argument("--ladder-seconds", type=float, default=1.0, help="per ladder step (rate)")
+    p.add_argument("--ladder-url", help="the ladder's backend namespace (rate, PostgreSQL)")
     p.add_argument("--base", type=int, default=0, help="first slot, epoch ms (default: now)")
     args = p.parse_args(argv)
     if not args.base:

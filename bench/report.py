@@ -405,7 +405,93 @@ def rate_section(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    return [*out, ""]
+    return [*out, "", *ladder_section(results)]
+
+
+LADDER_STEPS = {
+    "primitive": "primitive",
+    "record_pk": "run record, primary key only",
+    "record_runs": "run record, the runs table",
+    "same_work": "same-work floor",
+    "claim": "claim",
+}
+
+
+def _share_range(step: str, shares: list[float]) -> str:
+    # The primitive's own share is 100 % in every round: no range to show.
+    if step == "primitive" or not shares:
+        return "–"
+    return f"{pct(min(shares))}–{pct(max(shares))}"
+
+
+def ladder_section(results: dict[str, Any]) -> list[str]:
+    """The record ladder's table (bench/ladder.py), where it ran."""
+    rate = results.get("rate") or {}
+    laddered = [n for n in _names(results) if (rate.get(n) or {}).get("ladder")]
+    failed = [
+        f"Record ladder on {n} not run: {rate[n]['ladder_error']}"
+        for n in _names(results)
+        if (rate.get(n) or {}).get("ladder_error")
+    ]
+    if failed:
+        failed.append("")
+    if not laddered:
+        return failed
+    first = rate[laddered[0]]["ladder"]
+    out = [
+        "Record ladder: what each part of a claim's storage work costs. The same three "
+        f"processes, after the phases above, run {first['rounds']} rounds of every step below, "
+        f"{first['seconds']:g} s each, the steps' order reversed every other round, all three "
+        "on the same keys; a step's rate is its calls in all rounds over their time, its share "
+        "of the primitive that rate over the primitive's (steadier from run to run than the "
+        "median of the rounds), the ranges the lowest and highest round (a round's share: the "
+        "step's rate over the same round's primitive rate). Single rounds are "
+        "bimodal (the three processes in lockstep, every key waiting for the first writer's "
+        "commit, or one ahead and the others finding its keys), hence many short rounds; "
+        "*keys won by the leading process*: the share of a round's keys won by the process "
+        "that won most (33 %: the three raced for every key; 100 %: one ran ahead), the median "
+        "of the rounds. "
+        "Each step does what the one before does and more. *Run record, primary key only* "
+        "(PostgreSQL): the whole run record a won claim writes, by a bare client, `INSERT … "
+        "ON CONFLICT DO NOTHING RETURNING` the record, a loser then reading the winner's (the "
+        "backend's lookup by the primary key; a second round trip), into a copy of the runs "
+        "table (its columns, defaults and identity) with only its primary key. *Run record, "
+        "the runs table*: the same into the backend's own runs table, made by its migrations "
+        "(+ its secondary indexes and status check). Neither takes a lock, a fence or sends a "
+        "notice. *Same-work floor*: + the claim's own storage work (on PostgreSQL the claim "
+        "function: the job's lock, the fence, the pause and overlap checks, and a winner's "
+        "notice). *Claim*: + anarchon's Python. See `bench/ladder.py`.",
+        "",
+    ]
+    rows = []
+    for name in laddered:
+        for step, r in rate[name]["ladder"]["steps"].items():
+            rows.append(
+                [
+                    name,
+                    LADDER_STEPS.get(step, step),
+                    f"{r['rate']:,.0f}/s",
+                    f"{min(r['rates']):,.0f}–{max(r['rates']):,.0f}/s",
+                    pct(r["share"]),
+                    _share_range(step, r["shares"]),
+                    pct(r.get("lead")),
+                    f"{r['duplicates']} / {r['unclaimed']}",
+                ]
+            )
+    out += table(
+        [
+            "backend",
+            "step",
+            "rate (all rounds)",
+            "rounds",
+            "share of the primitive",
+            "rounds",
+            "keys won by the leading process",
+            "keys won twice / nobody won",
+        ],
+        rows,
+    )
+    return [*out, "", *failed]
 
 
 def idle_section(results: dict[str, Any]) -> list[str]:

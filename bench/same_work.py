@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 
 from .primitives import begin_polling
 
-__all__ = ["SameWork", "make_same_work"]
+__all__ = ["PostgresClient", "SameWork", "make_same_work", "request_params"]
 
 LEASE_MS = 15_000
 """The lease of the probe's claims (``bench.probe._request``)."""
@@ -289,7 +289,36 @@ class RedisSameWork(SameWork):
             raise _differs("the claim script's keys", self.keys(req.job), "")
 
 
-class PostgresSameWork(SameWork):
+def request_params(job: str, slot: int, run_id: str, token: str, instance: str) -> dict[str, Any]:
+    """The parameters of one request's run that PostgreSQL statements name alike."""
+    return {
+        "job": job,
+        "slot_key": str(slot),
+        "slot": slot,
+        "run_id": run_id,
+        "token": token,
+        "instance": instance,
+        "trigger": TRIGGER,
+    }
+
+
+class PostgresClient:
+    """One autocommit psycopg connection to ``dsn``, made by :meth:`open`."""
+
+    dsn: str
+    _conn: Any = None
+
+    async def open(self) -> None:
+        import psycopg
+
+        self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+class PostgresSameWork(PostgresClient, SameWork):
     """The PostgreSQL backend's ``claim_one`` statement, and ``notify_claim`` after a win."""
 
     def __init__(self, backend: Any, instance: str) -> None:
@@ -302,18 +331,8 @@ class PostgresSameWork(SameWork):
         self.claim_sql, self.claim_names = positional(queries["claim_one"])
         self.notices = positional(queries["notify_claim"]) if backend.notifications else None
         self.prepare = bool(backend.prepared_statements)
-        self._conn: Any = None
         self._token_at = -1
         self._expires_at = -1
-
-    async def open(self) -> None:
-        import psycopg
-
-        self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
 
     def params(self, job: str, slot: int, run_id: str, token: str) -> dict[str, Any]:
         """The ``claim_one`` parameters of one request (``_rows.claim_one_params``)."""
@@ -321,13 +340,7 @@ class PostgresSameWork(SameWork):
             "channel": self.channel,
             # None: the claim keeps no notice, this client sends it (notify_claim).
             "later": None if self.notices is not None else False,
-            "job": job,
-            "slot_key": str(slot),
-            "slot": slot,
-            "run_id": run_id,
-            "token": token,
-            "instance": self.instance,
-            "trigger": TRIGGER,
+            **request_params(job, slot, run_id, token, self.instance),
             "lease_ms": LEASE_MS,
             "overlap_skip": False,
             "skip_reason": None,

@@ -57,6 +57,14 @@ class Settings:
     """Slots due at once of the burst-time curve."""
     curve_instances: tuple[int, ...] = (3, 10, 30)
     """Contending processes of the claim-latency curve."""
+    # 3. claim rate: the record ladder (bench/ladder.py)
+    ladder_rounds: int = 10
+    """Alternated rounds of the ladder's steps (each step's figure: over all of them)."""
+    ladder_seconds: float = 0.5
+    """Length of one step of one round."""
+    ladder_backends: tuple[str, ...] = ("sqlite", "redis", "postgres", "nats")
+    """Backends the ladder runs on, after the claim rate's phases (record steps on PostgreSQL
+    only; elsewhere alternated rounds of the primitive, the same-work floor and the claim)."""
 
 
 FULL = Settings(
@@ -107,4 +115,6 @@ QUICK = Settings(
     curve_idle_jobs=(500, 2_000, 5_000),
     curve_burst_jobs=(500, 2_000, 5_000),
     curve_instances=(3, 10, 30),
+    ladder_rounds=3,
+    ladder_seconds=0.5,
 )
