@@ -67,7 +67,7 @@ compat: services compat-venv
 compat-quick: services compat-venv
 	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_QUICK)
 
-## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, < 10 min.
+## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, about 40 min on 2 cores.
 ## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the
 ## `bench` extra. BENCH_ARGS=--quick for a short run.
 ## arq depends on redis[hiredis], so the peers parse Redis's answers with hiredis as anarchon[redis] does.
