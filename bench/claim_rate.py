@@ -1,17 +1,18 @@
 """3. Claim rate with three contending processes, as a share of the raw primitive's rate.
 
-Three :mod:`bench.probe` processes per backend start together (at one wall-clock time) and,
-for ``rate_seconds`` each, first do the raw primitive over keys 0, 1, 2 ..., then the
-same-work floor (:mod:`bench.same_work`: the backend's own claim storage work by a bare client)
-over slots 0, 1, 2 ... of 8 jobs in turn, and then one-request ``Backend.claim`` calls over
-slots 0, 1, 2 ... of 8 other jobs. All three walk the same keys, so every key is contended
-three ways. Rate = calls answered per second, all three processes together; share = claim
-rate / primitive rate (the target), beside same-work / primitive (what the storage work leaves
-of the primitive) and claim / same-work (what anarchon's Python leaves of the storage work).
-Every key must have one winner, in every phase. On the backends of ``ladder_backends``
-(settings) the same processes then run the record ladder (:mod:`bench.ladder`): short
-alternated rounds of the primitive, the run record alone (PostgreSQL), the same-work floor and
-the claim, each step's figure taken over all its rounds.
+Three :mod:`bench.probe` processes per backend start together (at one wall-clock time) and run
+``rate_rounds`` alternated rounds (:mod:`bench.ladder`) of every step, ``rate_step_s`` each,
+the steps' order reversed every other round: the raw primitive over keys 0, 1, 2 ...; on
+PostgreSQL the run record alone (the record ladder's two steps); the same-work floor
+(:mod:`bench.same_work`: the backend's own claim storage work by a bare client) over slots 0,
+1, 2 ... of 8 jobs; one-request ``Backend.claim`` calls over slots 0, 1, 2 ... of 8 other jobs.
+All three walk the same keys, so every key is contended three ways. A step's rate = its calls
+answered in all rounds over their time, all three processes together; share = claim rate /
+primitive rate (the target), beside same-work / primitive (what the storage work leaves of the
+primitive) and claim / same-work (what anarchon's Python leaves of the storage work). Every
+key must have one winner, in every round of every step. The steps alternate because one long
+loop per step, one after the other, measured whether the processes happened to race for every
+key or one ran ahead, and the machine's other work at that moment, as much as the step.
 """
 
 from __future__ import annotations
@@ -19,31 +20,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import Counter
 from typing import Any
 
 from . import ladder
 from .context import Context
 from .fleet import poll, spawn, stop
+from .probe import LATENCY_STEPS
 from .stats import percentile
 
 INSTANCES = 3
 START_LEAD_S = 3.0
-
-
-def _summary(answers: list[dict[str, Any]], phase: str, seconds: float) -> dict[str, Any]:
-    ops = sum(a[phase]["ops"] for a in answers)
-    wins: Counter[int] = Counter(k for a in answers for k in a[phase]["won"])
-    reached = max(a[phase]["ops"] for a in answers)
-    # Keys every process got past are decided: each must have exactly one winner.
-    settled = min(a[phase]["ops"] for a in answers)
-    return {
-        "ops": ops,
-        "rate": ops / seconds,
-        "decided": reached,
-        "duplicates": sum(n - 1 for n in wins.values() if n > 1),
-        "unclaimed": sum(1 for k in range(settled) if wins[k] == 0),
-    }
 
 
 async def _one(
@@ -51,30 +37,28 @@ async def _one(
     name: str,
     instances: int = INSTANCES,
     lead_s: float = START_LEAD_S,
-    with_ladder: bool = False,
+    rounds: int | None = None,
 ) -> dict[str, Any]:
-    """One backend with ``instances`` contending processes, all starting ``lead_s`` from now;
-    ``with_ladder``: then the record ladder's rounds (:mod:`bench.ladder`)."""
+    """One backend with ``instances`` contending processes, all starting ``lead_s`` from now,
+    ``rounds`` rounds (default: the settings' ``rate_rounds``, with the record steps; the
+    claim curve's fewer rounds have none)."""
     target = ctx.targets[name]
-    seconds = ctx.settings.rate_seconds
+    step_s = ctx.settings.rate_step_s
     run = uuid.uuid4().hex[:8]
     base = int(time.time()) * 1000
     url = ctx.services.url(name, "rate")
-    rounds = ctx.settings.ladder_rounds if with_ladder else 0
-    step_s = ctx.settings.ladder_seconds
-    extra: list[str] = []
-    ladder_error: dict[str, str] = {}
-    lurl = ladder.ladder_url(name, url) if rounds else None
-    if lurl is not None:
+    record_url = ladder.ladder_url(name, url) if rounds is None else None
+    rounds = ctx.settings.rate_rounds if rounds is None else rounds
+    extra = ["--rounds", str(rounds), "--seconds", str(step_s)]
+    record_error: dict[str, str] = {}
+    if record_url is not None:
         try:
-            await ladder.prepare(lurl)
-            extra = ["--ladder-url", lurl]
+            await ladder.prepare(record_url)
+            extra += ["--record-url", record_url]
         except Exception as exc:  # the claim rate is measured all the same
-            ladder_error["ladder_error"] = f"{type(exc).__name__}: {exc}"[:200]
-            rounds = 0
-    if rounds:
-        extra += ["--ladder-rounds", str(rounds), "--ladder-seconds", str(step_s)]
-    ladder_s = rounds * len(ladder.steps(name)) * (step_s + ladder.GAP_S)
+            record_error["record_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            record_url = None
+    steps = ladder.steps(name, record_url is not None)
     start_at = time.time() + lead_s
     procs = [
         spawn(
@@ -90,8 +74,6 @@ async def _one(
                 url,
                 "--start-at",
                 str(start_at),
-                "--seconds",
-                str(seconds),
                 "--instance",
                 str(i),
                 "--run",
@@ -105,7 +87,7 @@ async def _one(
         )
         for i in range(instances)
     ]
-    limit = start_at + 3 * seconds + ladder_s + 30 - time.time()
+    limit = start_at + rounds * len(steps) * (step_s + ladder.GAP_S) + 30 - time.time()
     await poll(lambda: not any(p.alive() for p in procs), limit)
     await stop(procs, limit_s=5)
     answers = []
@@ -113,40 +95,38 @@ async def _one(
         if proc.popen.returncode != 0 or not proc.out.exists():
             return {"error": f"{proc.name} failed: {proc.log_tail(3)}"}
         answers.append(json.loads(proc.out.read_text()))
-    primitive = _summary(answers, "primitive", seconds)
-    same = _summary(answers, "same_work", seconds)
-    claim = _summary(answers, "claim", seconds)
+    return {**figures(answers), "instances": instances, **record_error}
+
+
+def figures(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rate run's figures from its processes' answers: every step's over all the rounds
+    (:func:`bench.ladder.summary`), the headline's ratios and the round trips' percentiles.
+    Record steps that failed in any process are left out, and why is said."""
+    failed = next((a["record_error"] for a in answers if "record_error" in a), None)
+    names = [s for s in answers[0]["steps"] if failed is None or s not in ladder.RECORD_STEPS]
+    found = ladder.summary(answers, names)
+    steps = found["steps"]
+    primitive, same, claim = steps["primitive"], steps["same_work"], steps["claim"]
     return {
-        "seconds": seconds,
-        "primitive": primitive,
-        "same_work": same,
-        "claim": claim,
+        "seconds": found["seconds"],
+        "rounds": found["rounds"],
+        "steps": steps,
         "share": _ratio(claim, primitive),
         "same_share": _ratio(same, primitive),
         "python_share": _ratio(claim, same),
-        "instances": instances,
-        "primitive_lat": _latency(answers, "primitive"),
-        "same_work_lat": _latency(answers, "same_work"),
-        "claim_lat": _latency(answers, "claim"),
-        **(_ladder(answers) if rounds else ladder_error),
+        **{f"{step}_lat": _latency(answers, step) for step in LATENCY_STEPS},
+        **({"record_error": failed} if failed is not None else {}),
     }
-
-
-def _ladder(answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ladder's figures, or why a process could not run it."""
-    for answer in answers:
-        if "ladder" not in answer:
-            return {"ladder_error": answer.get("ladder_error", "no ladder in the answer")}
-    return {"ladder": ladder.summary(answers)}
 
 
 def _ratio(top: dict[str, Any], bottom: dict[str, Any]) -> float | None:
     return top["rate"] / bottom["rate"] if bottom["rate"] else None
 
 
-def _latency(answers: list[dict[str, Any]], phase: str) -> dict[str, float | None]:
-    """Round-trip percentiles (ms) of one phase's calls, every process's calls pooled."""
-    lat = [v for a in answers for v in a[phase].get("lat_ms", [])]
+def _latency(answers: list[dict[str, Any]], step: str) -> dict[str, float | None]:
+    """Round-trip percentiles (ms) of one step's calls, every process's calls in every round
+    pooled."""
+    lat = [v for a in answers for v in a["lat_ms"].get(step, [])]
     return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "calls": len(lat)}
 
 
@@ -154,6 +134,5 @@ async def measure(ctx: Context) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for target in ctx.available():
         ctx.say(f"claim rate: {target.name}")
-        with_ladder = target.name in ctx.settings.ladder_backends
-        rows[target.name] = await _one(ctx, target.name, with_ladder=with_ladder)
+        rows[target.name] = await _one(ctx, target.name)
     return rows

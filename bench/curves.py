@@ -11,7 +11,8 @@ backend, reusing the bench's own modules rather than copies of them:
   starting 50 000 jobs takes longer than 10 000);
 * **claim** (:mod:`bench.claim_rate`): N processes contending for the same keys, one-request
   ``Backend.claim`` round trips (p50, p99) beside the same-work floor's (:mod:`bench.same_work`)
-  and the raw primitive's under the same contention.
+  and the raw primitive's under the same contention, in alternated rounds as section 3 takes
+  them (``curve_rate_rounds`` of them, no record steps).
 
 A size that fails (raises, times out, does not start) is a row saying so; the other sizes
 and measurements still run. Plots: ``curves-idle.png``, ``curves-burst.png``,
@@ -86,7 +87,8 @@ async def _claim(ctx: Context) -> dict[str, Any]:
             ctx.say(f"curves: claim, {instances} processes on {target.name}")
             lead = claim_rate.START_LEAD_S + CLAIM_LEAD_PER_INSTANCE_S * instances
             try:
-                row[target.name] = await claim_rate._one(ctx, target.name, instances, lead)
+                rounds = ctx.settings.curve_rate_rounds
+                row[target.name] = await claim_rate._one(ctx, target.name, instances, lead, rounds)
             except Exception as exc:
                 row[target.name] = _failure(exc)
         out[str(instances)] = row
@@ -172,7 +174,8 @@ def _claim_cell(row: Any, name: str) -> str:
         return f"failed: {r['error'][:80]}"
     c, p = r.get("claim_lat") or {}, r.get("primitive_lat") or {}
     w = r.get("same_work_lat")
-    dup = r["claim"]["duplicates"] + (r.get("same_work") or {}).get("duplicates", 0)
+    steps = r["steps"]
+    dup = steps["claim"]["duplicates"] + steps["same_work"]["duplicates"]
     same = f"same work {_ms(w.get('p50'))} / {_ms(w.get('p99'))}, " if w else ""
     return (
         f"{_ms(c.get('p50'))} / {_ms(c.get('p99'))} ({same}primitive {_ms(p.get('p50'))} / "

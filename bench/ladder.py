@@ -1,17 +1,19 @@
-"""The record ladder of the claim rate (section 3): what each part of a claim's storage work
-costs, step by step from the raw primitive up to ``Backend.claim``.
+"""The claim rate's alternated rounds (section 3) and its record ladder: what each part of a
+claim's storage work costs, step by step from the raw primitive up to ``Backend.claim``.
 
-The same three processes as the claim rate (:mod:`bench.claim_rate`), after its phases, do
-``rounds`` short rounds of every step, the steps' order reversed every other round (primitive,
-..., claim; claim, ..., primitive; ...), each step ``seconds`` long and all three on the same
-keys. A round's figures are the three processes' calls per second; each step's rate is the
-mean over the rounds (its calls in all rounds over their time), and its share of the primitive
-that rate over the primitive's (see :func:`summary`). The rounds are bimodal: whether the
-processes walk the keys in lockstep (each key waits for the first writer's commit) or one
-runs ahead (the others find its committed keys) changes a round's rate by up to half, so one
-long round measures that chance rather than the step. ``lead``: the share of a round's keys
-the process that won most of them won (1/3: the three raced for every key; 1: one ran
-ahead), the median over the rounds.
+The three processes of the claim rate (:mod:`bench.claim_rate`) run ``rounds`` short rounds of
+every step, the steps' order reversed every other round (primitive, ..., claim; claim, ...,
+primitive; ...), each step ``seconds`` long and all three on the same keys. A round's figures
+are the three processes' calls per second; each step's rate is the mean over the rounds (its
+calls in all rounds over their time), and its share of the primitive that rate over the
+primitive's (see :func:`summary`); section 3's headline (claim / primitive, the target) is
+read from the same rounds. The rounds are bimodal: whether the processes walk the keys in
+lockstep (each key waits for the first writer's commit) or one runs ahead (the others find its
+committed keys) changes a round's rate by up to half, so one long loop per step measures that
+chance (and the moment it ran at) rather than the step: over eleven PostgreSQL runs, one 3 s
+loop per step gave claim / primitive anywhere from 21 to 87 %, the rounds 31-44 %. ``lead``:
+the share of a round's keys the process that won most of them won (1/3: the three raced for
+every key; 1: one ran ahead), the median over the rounds.
 
 =============  ===========================================================================
 step           one call (for key or slot k; PostgreSQL, psycopg 3, autocommit)
@@ -31,7 +33,8 @@ same_work      :mod:`bench.same_work`: the backend's own claim statement by a ba
 claim          a one-request ``Backend.claim``
 =============  ===========================================================================
 
-On the other backends the ladder has no record steps (primitive, same_work, claim only).
+On the other backends (and in the claim curve) there are no record steps: the rounds are the
+primitive, the same-work floor and the claim.
 """
 
 from __future__ import annotations
@@ -84,9 +87,10 @@ ORDER BY x.attempt DESC LIMIT 1
 not stop the ladder, which only needs the table and its columns)."""
 
 
-def steps(name: str) -> tuple[str, ...]:
-    """The ladder's steps on backend ``name``, cheapest first."""
-    middle = RECORD_STEPS if name == "postgres" else ()
+def steps(name: str, records: bool = True) -> tuple[str, ...]:
+    """The steps of a rate run on backend ``name``, cheapest first; ``records``: with the
+    record steps where the backend has them (PostgreSQL)."""
+    middle = RECORD_STEPS if records and name == "postgres" else ()
     return ("primitive", *middle, "same_work", "claim")
 
 
@@ -97,8 +101,8 @@ def order(all_steps: Sequence[str], round_: int) -> list[str]:
 
 
 def ladder_url(name: str, url: str) -> str | None:
-    """The URL of the ladder's backend namespace beside the claim rate's ``url`` (PostgreSQL
-    only: the other backends have no record steps)."""
+    """The URL of the record steps' backend namespace beside the claim rate's ``url``
+    (PostgreSQL only: the other backends have no record steps)."""
     if name != "postgres":
         return None
     return f"{url}{'&' if '?' in url else '?'}table_prefix={LADDER_PREFIX}"
@@ -192,7 +196,7 @@ def make_records(name: str, url: str | None, instance: str) -> dict[str, Postgre
 
 
 def _round(answers: list[dict[str, Any]], n: int, step: str, seconds: float) -> dict[str, Any]:
-    calls = [a["ladder"]["rounds"][n][step] for a in answers]
+    calls = [a["rounds"][n][step] for a in answers]
     ops = sum(c["ops"] for c in calls)
     wins: dict[int, int] = {}
     for c in calls:
@@ -201,6 +205,7 @@ def _round(answers: list[dict[str, Any]], n: int, step: str, seconds: float) -> 
     settled = min(c["ops"] for c in calls)
     won = sum(len(c["won"]) for c in calls)
     return {
+        "ops": ops,
         "rate": ops / seconds,
         # 1/3 when the three processes raced for every key, 1 when one ran ahead and won all.
         "lead": max(len(c["won"]) for c in calls) / won if won else None,
@@ -209,9 +214,9 @@ def _round(answers: list[dict[str, Any]], n: int, step: str, seconds: float) -> 
     }
 
 
-def summary(answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each step's rate and share of the primitive over all the rounds, with every round's
-    figures (the answers of every process of one rate run).
+def summary(answers: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Steps ``names``' rates and shares of the primitive over all the rounds, with every
+    round's figures (the answers of every process of one rate run).
 
     The rate is the step's calls in all its rounds over their time (the mean of the rounds'
     rates) and the share that rate over the primitive's: every step runs as long as the
@@ -220,8 +225,7 @@ def summary(answers: list[dict[str, Any]]) -> dict[str, Any]:
     deviation of 0.04 (same-work floor, claim) to 0.09 (record steps), against 0.07-0.10 for
     the median of the rounds' shares and 0.04-0.10 for their geometric mean.
     """
-    first = answers[0]["ladder"]
-    names, seconds, rounds = first["steps"], first["seconds"], len(first["rounds"])
+    seconds, rounds = answers[0]["seconds"], len(answers[0]["rounds"])
     per_round = [{s: _round(answers, n, s, seconds) for s in names} for n in range(rounds)]
     out: dict[str, Any] = {"seconds": seconds, "rounds": rounds, "steps": {}}
     for step in names:
@@ -229,6 +233,7 @@ def summary(answers: list[dict[str, Any]]) -> dict[str, Any]:
         primitive = [r["primitive"]["rate"] for r in per_round]
         shares = [a / b for a, b in zip(rates, primitive, strict=True) if b]
         out["steps"][step] = {
+            "ops": sum(r[step]["ops"] for r in per_round),
             "rate": sum(rates) / rounds if rounds else 0.0,
             "rates": rates,
             "share": sum(rates) / sum(primitive) if sum(primitive) else None,

@@ -3,23 +3,24 @@
     python -m bench.probe latency --backend redis --params '{...}' --url URL --n 500 --out f.json
     python -m bench.probe batch   --backend redis --params '{...}' --n 10000 --out f.json
     python -m bench.probe rate    --backend redis --params '{...}' --url URL --start-at T \
-        --seconds 3 --instance 0 --out f.json
+        --rounds 14 --seconds 0.5 --instance 0 --out f.json
     python -m bench.probe instant --backend redis --params '{...}' --start-at T --n 20 \
         --jobs 17 --run TAG --out f.json [--carriers i0,i1,i2 --instance 0]
 
 ``latency``: sequential round trips of one client (each call awaited before the next), first
 the primitive, then a one-request ``claim`` (after a short warm-up each).
 ``batch``: the primitive for ``n`` keys in one go (the burst's reference).
-``rate``: from wall time ``start-at`` for ``seconds``, the primitive in a loop over keys
-0, 1, 2 ...; then, after a pause of the same kind, the same-work floor (:mod:`bench.same_work`:
-the backend's own claim storage work by a bare client) in a loop over slots 0, 1, 2 ... of 8
-jobs; then ``claim`` in a loop over slots 0, 1, 2 ... of 8 other jobs (both sets of jobs named
-after the run). Every process of a rate run walks the same keys, so each key is contended by
-all of them; each call's round trip is recorded too (``lat_ms``, the claim-latency curve's
-figures). With ``--ladder-rounds N``, then the record ladder (:mod:`bench.ladder`): N rounds
-of every step of the ladder, ``--ladder-seconds`` each, the steps' order reversed every other
-round, each round on keys and jobs of its own (the record steps on the tables of
-``--ladder-url``, made beforehand by :func:`bench.ladder.prepare`).
+``rate``: the claim rate's alternated rounds (:mod:`bench.ladder`). From wall time
+``start-at``, ``rounds`` rounds of every step: the raw primitive in a loop over keys 0, 1, 2 ...;
+on PostgreSQL with ``--record-url`` (tables made beforehand by :func:`bench.ladder.prepare`)
+the run record alone, into a primary-key-only copy of the runs table and into the backend's own
+runs table; the same-work floor (:mod:`bench.same_work`: the backend's own claim storage work by
+a bare client) in a loop over slots 0, 1, 2 ... of 8 jobs; ``claim`` in a loop over slots 0,
+1, 2 ... of 8 other jobs. Each step runs ``seconds``, a tenth of a second after the one before,
+the steps' order reversed every other round, each round on keys and jobs of its own (named
+after the run and the round), after a short warm-up of every step. Every process of a rate run
+walks the same keys, so each key is contended by all of them; each call's round trip is
+recorded too (``lat_ms``, per step over all rounds: the claim-latency curve's figures).
 ``instant``: the fire lag's floor under its own conditions. From wall time ``start-at``, once a
 second for ``n`` instants, the primitive for ``jobs`` keys in one batch; every process of a run
 claims the same keys at the same instants (as three instances claim the same due slots), and
@@ -51,8 +52,11 @@ from .primitives import Primitive, make_primitive
 from .same_work import SameWork, make_same_work
 
 WARM_UP = 20
+WARM_UP_S = 0.05
+"""How long each step of a rate run is warmed up before its rounds."""
 RATE_JOBS = 8
-GAP_S = 1.0
+LATENCY_STEPS = ("primitive", "same_work", "claim")
+"""The steps of a rate run whose round trips are kept (the claim-latency curve's lines)."""
 INSTANT_EVERY_S = 1.0
 # The rate loops' jobs carry the run's tag: every rate run on one namespace (section 3, then
 # the claim curve's sizes) starts at its own "now" and walks slots thousands of seconds ahead,
@@ -157,74 +161,75 @@ async def rate(args: argparse.Namespace) -> dict[str, Any]:
     work = make_same_work(args.backend, backend, instance, args.url)
     work.check(_request(SAME_WORK_JOB.format(run=args.run, n=0), args.base, instance, lease))
     await work.open()
+    records = make_records(args.backend, args.record_url, instance)
     out: dict[str, Any] = {"instance": args.instance, "pid": os.getpid()}
     try:
-        await _until(args.start_at)
-        end = args.start_at + args.seconds
-        out["primitive"] = await _primitive(prim, args.run, end)
-        start = end + GAP_S
-        await _until(start)
-        end = start + args.seconds
-        # The floor's and the claim's slots start at their phase's start, the same in every
-        # process: slots from before a store first saw a job can be refused as unknown (Redis
-        # refuses those from before its server started, plus 2 s: a fresh private server).
-        out["same_work"] = await _same_work(work, args.run, int(start * 1000), end)
-        start = end + GAP_S
-        await _until(start)
-        end = start + args.seconds
-        out["claim"] = await _claim(backend, args.run, int(start * 1000), end, instance, lease)
-        if args.ladder_rounds:
+        for record in records.values():
+            await record.open()
 
-            async def step_loop(step: str, run: str, base: int, end: float) -> dict[str, Any]:
-                if step == "primitive":
-                    return await _primitive(prim, run, end)
-                if step == "same_work":
-                    return await _same_work(work, run, base, end)
+        async def step_loop(step: str, run: str, base: int, end: float) -> dict[str, Any]:
+            if step == "primitive":
+                return await _primitive(prim, run, end)
+            if step == "same_work":
+                return await _same_work(work, run, base, end)
+            if step == "claim":
                 return await _claim(backend, run, base, end, instance, lease)
+            return await _same_work(records[step], run, base, end, RECORD_JOB)
 
-            try:
-                out["ladder"] = await _ladder(args, instance, end + GAP_S, step_loop)
-            except Exception as exc:  # the phases above stand: say why the ladder did not
-                out["ladder_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        out |= await _rounds(args, ladder.steps(args.backend, bool(records)), step_loop)
     finally:
         await prim.close()
         await work.close()
+        for record in records.values():
+            await record.close()
         await backend.stop()
     return out
 
 
-async def _ladder(
+async def _rounds(
     args: argparse.Namespace,
-    instance: str,
-    start: float,
+    steps: tuple[str, ...],
     step_loop: Callable[[str, str, int, float], Awaitable[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """The record ladder's rounds from wall time ``start``: ``step_loop`` runs the steps the
-    rate loop has (primitive, same-work floor, claim), the record steps run here."""
-    steps = ladder.steps(args.backend)
-    records = make_records(args.backend, args.ladder_url, instance)
-    try:
-        for record in records.values():
-            await record.open()
-        rounds = []
-        for n in range(args.ladder_rounds):
-            # Each round's keys are its own: its jobs and keys carry the round's tag.
-            run, done = f"{args.run}x{n}", {}
-            for step in ladder.order(steps, n):
-                await _until(start)
-                end = start + args.ladder_seconds
-                base = int(start * 1000)
-                if step in records:
-                    done[step] = await _same_work(records[step], run, base, end, RECORD_JOB)
-                else:
-                    done[step] = await step_loop(step, run, base, end)
-                del done[step]["lat_ms"]
-                start = end + ladder.GAP_S
-            rounds.append(done)
-    finally:
-        for record in records.values():
-            await record.close()
-    return {"steps": steps, "seconds": args.ladder_seconds, "rounds": rounds}
+    """``args.rounds`` rounds of every step from wall time ``args.start_at`` (after a short
+    warm-up of each step before it), ``args.seconds`` each, the steps' order reversed every
+    other round; each step's round trips pooled over the rounds. A record step that fails
+    (:data:`ladder.RECORD_STEPS`: tables the copy cannot write) is said and its time waited
+    out in every round, so the other steps keep their times and figures."""
+    out: dict[str, Any] = {"steps": list(steps), "seconds": args.seconds, "rounds": []}
+    lat: dict[str, list[float]] = {step: [] for step in steps}
+
+    async def one(step: str, run: str, base: int, end: float) -> dict[str, Any]:
+        if step in ladder.RECORD_STEPS:
+            if "record_error" in out:
+                await _until(end)
+                return {"ops": 0, "won": [], "lat_ms": []}
+            try:
+                return await step_loop(step, run, base, end)
+            except Exception as exc:
+                out["record_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                await _until(end)
+                return {"ops": 0, "won": [], "lat_ms": []}
+        return await step_loop(step, run, base, end)
+
+    # Warm-up: each step's first calls (connections, prepared statements) outside the rounds,
+    # on keys and jobs of their own, at slots from the first round's start on.
+    warm = f"{args.run}w"
+    for step in steps:
+        await one(step, warm, int(args.start_at * 1000), time.time() + WARM_UP_S)
+    start = args.start_at
+    for n in range(args.rounds):
+        # Each round's keys are its own: its jobs and keys carry the round's tag.
+        run, done = f"{args.run}x{n}", {}
+        for step in ladder.order(steps, n):
+            await _until(start)
+            end = start + args.seconds
+            done[step] = await one(step, run, int(start * 1000), end)
+            lat[step] += done[step].pop("lat_ms")
+            start = end + ladder.GAP_S
+        out["rounds"].append(done)
+    out["lat_ms"] = {step: lat[step] for step in LATENCY_STEPS if step in lat}
+    return out
 
 
 async def _primitive(prim: Primitive, run: str, end: float) -> dict[str, Any]:
@@ -317,15 +322,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--n", type=int, default=500)
     p.add_argument("--start-at", type=float, default=0.0)
-    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--seconds", type=float, default=0.5, help="per step of a round (rate)")
     p.add_argument("--instance", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="keys per instant (instant)")
     p.add_argument("--run", default="0", help="a tag that keeps this run's keys apart")
     p.add_argument("--carriers", default="", help="instance ids, comma-separated (instant)")
     p.add_argument("--prefix", default="f", help="the jobs' name prefix (instant, carriers)")
-    p.add_argument("--ladder-rounds", type=int, default=0, help="record ladder rounds (rate)")
-    p.add_argument("--ladder-seconds", type=float, default=1.0, help="per ladder step (rate)")
-    p.add_argument("--ladder-url", help="the ladder's backend namespace (rate, PostgreSQL)")
+    p.add_argument("--rounds", type=int, default=14, help="alternated rounds (rate)")
+    p.add_argument("--record-url", help="the record steps' namespace (rate, PostgreSQL)")
     p.add_argument("--base", type=int, default=0, help="first slot, epoch ms (default: now)")
     args = p.parse_args(argv)
     if not args.base:

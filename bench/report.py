@@ -354,17 +354,25 @@ def rate_section(results: dict[str, Any]) -> list[str]:
     rate = results.get("rate")
     if rate is None:
         return []
+    first = next((r for r in rate.values() if isinstance(r, dict) and "steps" in r), None)
+    rounds = f"{first['rounds']} rounds of every step, {first['seconds']:g} s each" if first else ""
     out = [
         "## 3. Claim rate, 3 contending processes",
         "",
-        "Each process: the raw primitive in a loop over keys 0, 1, 2 …, then the same-work "
-        "floor (the backend's own claim storage work, the script or statements a one-request "
-        "claim sends, by a bare client loop: see `bench/same_work.py`) over slots 0, 1, 2 …, "
-        "then one-request `Backend.claim` calls over slots 0, 1, 2 … of other jobs, all three "
-        "on the same keys (every key contended three ways). Rate: calls answered per second, "
-        f"three processes together. Target (issue 17): claims ≥ {RATE_TARGET:.0%} of the "
-        "primitive's rate. Same-work / primitive is what the claim's storage work leaves of the "
-        "primitive; claim / same-work is what anarchon's Python leaves of the storage work.",
+        f"The three processes run {rounds or 'alternated rounds of every step'}, a tenth of a "
+        "second apart, the steps' order reversed every other round, all three on the same keys "
+        "(every key contended three ways), each round on keys and jobs of its own: the raw "
+        "primitive over keys 0, 1, 2 …, the same-work floor (the backend's own claim storage "
+        "work, the script or statements a one-request claim sends, by a bare client loop: see "
+        "`bench/same_work.py`) over slots 0, 1, 2 …, one-request `Backend.claim` calls over "
+        "slots 0, 1, 2 … of other jobs, and on PostgreSQL the run record alone (the steps "
+        "table below). Rate: a step's calls answered in all rounds over their time, three "
+        "processes together; the ratios are those rates' (so every figure of the table comes "
+        "from the same rounds, interleaved, rather than from one loop per step at different "
+        f"moments). Target (issue 17): claims ≥ {RATE_TARGET:.0%} of the primitive's rate. "
+        "Same-work / primitive is what the claim's storage work leaves of the primitive; "
+        "claim / same-work is what anarchon's Python leaves of the storage work. Keys won twice "
+        "or by nobody: over all rounds.",
         "",
     ]
     rows = []
@@ -374,20 +382,19 @@ def rate_section(results: dict[str, Any]) -> list[str]:
         if why or r is None or "error" in r:
             rows.append([name, why or (r or {}).get("error", "failed")[:80], *["–"] * 9])
             continue
-        p, c = r["primitive"], r["claim"]
-        w = r.get("same_work") or {}
+        p, w, c = (r["steps"][s] for s in ("primitive", "same_work", "claim"))
         rows.append(
             [
                 name,
                 f"{p['rate']:,.0f}/s",
-                f"{w['rate']:,.0f}/s" if w else "–",
+                f"{w['rate']:,.0f}/s",
                 f"{c['rate']:,.0f}/s",
                 pct(r["share"]),
                 verdict(None if r["share"] is None else r["share"] >= RATE_TARGET),
-                pct(r.get("same_share")),
-                pct(r.get("python_share")),
-                f"{p['duplicates']} / {w.get('duplicates', '–')} / {c['duplicates']}",
-                f"{p['unclaimed']} / {w.get('unclaimed', '–')} / {c['unclaimed']}",
+                pct(r["same_share"]),
+                pct(r["python_share"]),
+                f"{p['duplicates']} / {w['duplicates']} / {c['duplicates']}",
+                f"{p['unclaimed']} / {w['unclaimed']} / {c['unclaimed']}",
             ]
         )
     out += table(
@@ -425,25 +432,22 @@ def _share_range(step: str, shares: list[float]) -> str:
 
 
 def ladder_section(results: dict[str, Any]) -> list[str]:
-    """The record ladder's table (bench/ladder.py), where it ran."""
+    """The steps of section 3's rounds one by one, the record ladder (bench/ladder.py)."""
     rate = results.get("rate") or {}
-    laddered = [n for n in _names(results) if (rate.get(n) or {}).get("ladder")]
+    done = [n for n in _names(results) if (rate.get(n) or {}).get("steps")]
     failed = [
-        f"Record ladder on {n} not run: {rate[n]['ladder_error']}"
+        f"Record steps on {n} not run: {rate[n]['record_error']}"
         for n in _names(results)
-        if (rate.get(n) or {}).get("ladder_error")
+        if (rate.get(n) or {}).get("record_error")
     ]
     if failed:
         failed.append("")
-    if not laddered:
+    if not done:
         return failed
-    first = rate[laddered[0]]["ladder"]
     out = [
-        "Record ladder: what each part of a claim's storage work costs. The same three "
-        f"processes, after the phases above, run {first['rounds']} rounds of every step below, "
-        f"{first['seconds']:g} s each, the steps' order reversed every other round, all three "
-        "on the same keys; a step's rate is its calls in all rounds over their time, its share "
-        "of the primitive that rate over the primitive's (steadier from run to run than the "
+        "Record ladder: the rounds above step by step, what each part of a claim's storage "
+        "work costs. A step's rate is its calls in all rounds over their time, its share of "
+        "the primitive that rate over the primitive's (steadier from run to run than the "
         "median of the rounds), the ranges the lowest and highest round (a round's share: the "
         "step's rate over the same round's primitive rate). Single rounds are "
         "bimodal (the three processes in lockstep, every key waiting for the first writer's "
@@ -464,8 +468,8 @@ def ladder_section(results: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = []
-    for name in laddered:
-        for step, r in rate[name]["ladder"]["steps"].items():
+    for name in done:
+        for step, r in rate[name]["steps"].items():
             rows.append(
                 [
                     name,

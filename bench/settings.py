@@ -23,8 +23,9 @@ class Settings:
     burst_jobs: int
     burst_lead_s: float
     """How far ahead the burst's slot is set: three instances must register and start first."""
-    # 3. claim rate
-    rate_seconds: float
+    # 3. claim rate (alternated rounds: bench/ladder.py)
+    rate_rounds: int
+    """Alternated rounds of every step (each step's figure: over all of them)."""
     # 4. idle cost
     idle_jobs: int
     idle_seconds: float
@@ -57,14 +58,10 @@ class Settings:
     """Slots due at once of the burst-time curve."""
     curve_instances: tuple[int, ...] = (3, 10, 30)
     """Contending processes of the claim-latency curve."""
-    # 3. claim rate: the record ladder (bench/ladder.py)
-    ladder_rounds: int = 10
-    """Alternated rounds of the ladder's steps (each step's figure: over all of them)."""
-    ladder_seconds: float = 0.5
-    """Length of one step of one round."""
-    ladder_backends: tuple[str, ...] = ("sqlite", "redis", "postgres", "nats")
-    """Backends the ladder runs on, after the claim rate's phases (record steps on PostgreSQL
-    only; elsewhere alternated rounds of the primitive, the same-work floor and the claim)."""
+    curve_rate_rounds: int = 6
+    """Alternated rounds of the claim-latency curve's sizes (no record steps)."""
+    rate_step_s: float = 0.5
+    """Length of one step of one round of the claim rate (and of the claim curve)."""
 
 
 FULL = Settings(
@@ -74,7 +71,7 @@ FULL = Settings(
     fire_min_slots=200,
     burst_jobs=10_000,
     burst_lead_s=7.0,
-    rate_seconds=3.0,
+    rate_rounds=14,
     idle_jobs=10_000,
     idle_seconds=60.0,
     failover_tries=5,
@@ -96,7 +93,7 @@ QUICK = Settings(
     fire_min_slots=30,
     burst_jobs=1_000,
     burst_lead_s=6.0,
-    rate_seconds=1.0,
+    rate_rounds=4,
     idle_jobs=2_000,
     idle_seconds=10.0,
     failover_tries=2,
@@ -115,6 +112,5 @@ QUICK = Settings(
     curve_idle_jobs=(500, 2_000, 5_000),
     curve_burst_jobs=(500, 2_000, 5_000),
     curve_instances=(3, 10, 30),
-    ladder_rounds=3,
-    ladder_seconds=0.5,
+    curve_rate_rounds=2,
 )

@@ -31,9 +31,13 @@ async def test_a_failing_size_is_a_row_and_the_rest_still_run(
     async def burst_measure(ctx: Context) -> dict[str, Any]:
         raise RuntimeError("boom")
 
-    async def claim_one(ctx: Context, name: str, instances: int, lead: float) -> dict[str, Any]:
+    async def claim_one(
+        ctx: Context, name: str, instances: int, lead: float, rounds: int
+    ) -> dict[str, Any]:
+        # The curve's sizes: fewer alternated rounds than section 3's, no record steps.
+        assert rounds == ctx.settings.curve_rate_rounds < ctx.settings.rate_rounds
         return {
-            "claim": {"duplicates": 0},
+            "steps": {"claim": {"duplicates": 0}, "same_work": {"duplicates": 0}},
             "claim_lat": {"p50": 1.0, "p99": 2.0},
             "same_work_lat": {"p50": 0.8, "p99": 1.5},
             "primitive_lat": {"p50": 0.5, "p99": 1.0},

@@ -1,6 +1,7 @@
 # ruff: noqa: RUF001 - the tables use typographic dashes
-"""The claim rate's record ladder: its tables follow the backend's runs table, its records are
-the backend's records, its rounds alternate and its figures are taken over all the rounds."""
+"""The claim rate's alternated rounds and record ladder: its tables follow the backend's runs
+table, its records are the backend's records, its rounds alternate, and every figure of the
+section (the headline's ratios too) is taken over all the rounds."""
 
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def test_the_steps_run_forward_then_backward() -> None:
     assert ladder.order(steps, 0) == list(steps)
     assert ladder.order(steps, 1) == list(reversed(steps))
     assert ladder.order(steps, 2) == list(steps)
-    # No record steps where there is no runs table to write.
+    # No record steps where there is no runs table to write, nor where none are wanted.
     assert ladder.steps("redis") == ("primitive", "same_work", "claim")
+    assert ladder.steps("postgres", records=False) == ("primitive", "same_work", "claim")
     assert ladder.ladder_url("redis", "redis://h/0?prefix=x:") is None
     assert ladder.ladder_url("postgres", "postgresql://h/db?schema=rate") == (
         "postgresql://h/db?schema=rate&table_prefix=ladder_"
@@ -127,7 +129,7 @@ async def test_record_steps_write_the_records_the_backend_reads(database: str) -
 
 
 async def _probe(database: str, out: Path, rounds: int, prepared: bool) -> dict[str, Any]:
-    """One rate probe on ``database`` (0.2 s loops), then ``rounds`` ladder rounds."""
+    """One rate probe on ``database``: ``rounds`` rounds of 0.2 s steps."""
     async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
         await conn.execute("CREATE SCHEMA floor")
         await conn.execute("CREATE TABLE floor.claims (k text PRIMARY KEY)")
@@ -137,52 +139,66 @@ async def _probe(database: str, out: Path, rounds: int, prepared: bool) -> dict[
     if prepared:
         await ladder.prepare(url)
     argv = ["rate", "--backend", "postgres", "--params", json.dumps({"dsn": database})]
-    argv += ["--url", rate_url, "--start-at", str(time.time() + 0.3), "--seconds", "0.2"]
-    argv += ["--ladder-rounds", str(rounds), "--ladder-seconds", "0.2", "--ladder-url", url]
+    argv += ["--url", rate_url, "--start-at", str(time.time() + 0.5), "--seconds", "0.2"]
+    argv += ["--rounds", str(rounds), "--record-url", url]
     return await probe.rate(probe.parse([*argv, "--out", str(out), "--run", "t1"]))
 
 
-async def test_a_rate_probe_runs_the_ladders_rounds(
-    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_rate_probe_runs_every_step_in_alternated_rounds(
+    database: str, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(probe, "GAP_S", 0.05)
+    began = time.time()
     answer = await _probe(database, tmp_path / "out.json", 2, prepared=True)
-    rounds = answer["ladder"]["rounds"]
+    rounds = answer["rounds"]
     assert len(rounds) == 2
+    assert answer["steps"] == list(ladder.steps("postgres"))
     assert all(sorted(r) == sorted(ladder.steps("postgres")) for r in rounds)
-    # One process: it wins every key it reaches, and each record step's records are there.
+    # Two rounds of five 0.2 s steps a tenth of a second apart, after the lead: no 3 s loops.
+    assert time.time() - began < 0.5 + 2 * 5 * 0.3 + 2
+    # One process: it wins every key it reaches, and each record step's records are there
+    # (the warm-up's apart: its jobs are its own).
     for step in ("record_pk", "record_runs"):
         table = "ladder_pk_runs" if step == "record_pk" else "ladder_runs"
-        written = (await _rows(database, f"SELECT count(*) FROM rate.{table}"))[0][0]
+        query = f"SELECT count(*) FROM rate.{table} WHERE job LIKE %s"
+        written = (await _rows(database, query, "lt1x%"))[0][0]
         assert written == sum(r[step]["ops"] for r in rounds) > 0
-    found = ladder.summary([answer])
-    assert found["rounds"] == 2
+    # Round trips: the headline steps', every call of every round.
+    assert sorted(answer["lat_ms"]) == ["claim", "primitive", "same_work"]
+    for step, lat in answer["lat_ms"].items():
+        assert len(lat) == sum(r[step]["ops"] for r in rounds)
+    found = claim_rate.figures([answer])
+    assert found["rounds"] == 2 and found["seconds"] == 0.2
     assert found["steps"]["primitive"]["share"] == 1.0
     for step in ladder.steps("postgres"):
         assert found["steps"][step]["rate"] > 0
         assert found["steps"][step]["duplicates"] == found["steps"][step]["unclaimed"] == 0
+    assert found["share"] == found["steps"]["claim"]["share"]
+    assert found["claim_lat"]["calls"] == found["steps"]["claim"]["ops"]
 
 
-async def test_a_ladder_that_fails_leaves_the_rate_loops_figures(
-    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_record_steps_that_fail_leave_the_other_steps_figures(
+    database: str, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(probe, "GAP_S", 0.05)
-    # The ladder's tables never made (prepare() not run): its first insert fails.
-    answer = await _probe(database, tmp_path / "out.json", 1, prepared=False)
-    assert "ladder" not in answer
-    assert "UndefinedTable" in answer["ladder_error"]
-    assert answer["claim"]["ops"] > 0 and answer["primitive"]["ops"] > 0
+    # The record tables never made (prepare() not run): the warm-up's first insert fails.
+    answer = await _probe(database, tmp_path / "out.json", 2, prepared=False)
+    assert "UndefinedTable" in answer["record_error"]
+    for r in answer["rounds"]:
+        assert r["record_pk"]["ops"] == r["record_runs"]["ops"] == 0
+        assert r["claim"]["ops"] > 0 and r["primitive"]["ops"] > 0
+    found = claim_rate.figures([answer])
+    assert list(found["steps"]) == ["primitive", "same_work", "claim"]
+    assert found["record_error"] == answer["record_error"]
+    assert found["share"] is not None and found["share"] > 0
 
 
 def _answer(rounds: list[dict[str, tuple[int, list[int]]]]) -> dict[str, Any]:
+    """One process's answer: ``rounds`` of (calls, keys won) per step, a round trip per call."""
+    lat = {s: [1.0] * sum(r[s][0] for r in rounds) for s in probe.LATENCY_STEPS if s in rounds[0]}
     return {
-        "ladder": {
-            "steps": ["primitive", "record_pk"],
-            "seconds": 0.5,
-            "rounds": [
-                {s: {"ops": ops, "won": won} for s, (ops, won) in r.items()} for r in rounds
-            ],
-        }
+        "steps": list(rounds[0]),
+        "seconds": 0.5,
+        "rounds": [{s: {"ops": ops, "won": won} for s, (ops, won) in r.items()} for r in rounds],
+        "lat_ms": lat,
     }
 
 
@@ -203,7 +219,7 @@ def test_a_steps_figures_are_taken_over_all_its_rounds() -> None:
             {"primitive": (400, []), "record_pk": (100, [])},
         ]
     )
-    found = ladder.summary([a, b])
+    found = ladder.summary([a, b], ["primitive", "record_pk"])
     assert found["rounds"] == 3 and found["seconds"] == 0.5
     prim, rec = found["steps"]["primitive"], found["steps"]["record_pk"]
     assert prim["rates"] == [2000.0, 400.0, 1600.0]
@@ -220,38 +236,67 @@ def test_a_steps_figures_are_taken_over_all_its_rounds() -> None:
     assert prim["lead"] == 1.0
 
 
-def test_one_process_without_its_ladder_makes_the_rows_ladder_an_error() -> None:
-    whole = _answer([{"primitive": (10, list(range(10))), "record_pk": (10, list(range(10)))}])
-    assert claim_rate._ladder([whole, whole])["ladder"]["rounds"] == 1
-    failed = {"ladder_error": "UndefinedTable: relation does not exist"}
-    assert claim_rate._ladder([whole, failed]) == failed
+def _steps(primitive: int, same_work: int, claim: int) -> dict[str, tuple[int, list[int]]]:
+    return {
+        "primitive": (primitive, list(range(primitive))),
+        "record_pk": (primitive, list(range(primitive))),
+        "same_work": (same_work, list(range(same_work))),
+        "claim": (claim, list(range(claim))),
+    }
+
+
+def test_the_headline_is_read_from_the_rounds() -> None:
+    # Round 0 fast (one process ran ahead), round 1 slow (all raced): the headline's ratios are
+    # the rates over both rounds, as the steps table's shares, not one round's.
+    whole = _answer([_steps(500, 300, 200), _steps(100, 90, 80)])
+    found = claim_rate.figures([whole])
+    assert found["steps"]["claim"]["rate"] == (200 + 80) / 0.5 / 2
+    assert found["share"] == found["steps"]["claim"]["share"] == 280 / 600
+    assert found["same_share"] == 390 / 600
+    assert found["python_share"] == 280 / 390
+    assert found["claim_lat"]["calls"] == 280
+    assert "record_pk" in found["steps"] and "record_error" not in found
+    # One process whose record steps failed: they are left out of every process's figures.
+    failed = whole | {"record_error": "UndefinedTable: relation does not exist"}
+    found = claim_rate.figures([whole, failed])
+    assert "record_pk" not in found["steps"]
+    assert found["record_error"] == "UndefinedTable: relation does not exist"
 
 
 def test_the_ladder_table_shows_each_steps_median_and_range() -> None:
     step = {"rate": 600.0, "rates": [1600.0, 360.0, 600.0], "share": 0.8}
     step |= {"shares": [0.8, 0.9, 0.5], "lead": 0.5, "duplicates": 0, "unclaimed": 0}
+    other = {"rates": [500.0], "shares": [0.5], "lead": 0.4, "duplicates": 0, "unclaimed": 0}
     row: dict[str, Any] = {
-        "primitive": {"rate": 1000.0, "duplicates": 0, "unclaimed": 0},
-        "claim": {"rate": 500.0, "duplicates": 0, "unclaimed": 0},
+        "rounds": 3,
+        "seconds": 0.5,
+        "steps": {
+            "primitive": other | {"rate": 1000.0, "share": 1.0},
+            "record_pk": step,
+            "same_work": other | {"rate": 800.0, "share": 0.8},
+            "claim": other | {"rate": 500.0, "share": 0.5},
+        },
         "share": 0.5,
-        "ladder": {"rounds": 3, "seconds": 0.5, "steps": {"record_pk": step}},
+        "same_share": 0.8,
+        "python_share": 0.625,
     }
     results = {
         "targets": {"postgres": {"available": True, "lease": True}},
         "rate": {"postgres": row},
     }
     text = "\n".join(report.rate_section(results))
-    assert "run 3 rounds of every step below, 0.5 s each" in text
+    assert "The three processes run 3 rounds of every step, 0.5 s each" in text
+    assert "| postgres | 1,000/s | 800/s | 500/s | 50 % | **not met** | 80 % | 62 % |" in text
     assert "| postgres | run record, primary key only |" in text
     assert "| 600/s | 360–1,600/s | 80 % | 50 %–90 % | 50 % | 0 / 0 |" in text
     step["shares"] = []  # no primitive in any round: no share
     assert "| 600/s | 360–1,600/s | 80 % | – | 50 % | 0 / 0 |" in "\n".join(
         report.rate_section(results)
     )
-    # No ladder, no ladder table.
-    del row["ladder"]
-    assert "Record ladder" not in "\n".join(report.rate_section(results))
-    # A ladder that could not be prepared says why.
-    row["ladder_error"] = "UndefinedTable: relation does not exist"
+    # Record steps that could not run say why; the rest of the rounds stand.
+    del row["steps"]["record_pk"]
+    row["record_error"] = "UndefinedTable: relation does not exist"
     text = "\n".join(report.rate_section(results))
-    assert "Record ladder on postgres not run: UndefinedTable: relation does not exist" in text
+    assert "Record steps on postgres not run: UndefinedTable: relation does not exist" in text
+    assert "| postgres | 1,000/s | 800/s | 500/s | 50 % |" in text
+    assert "| postgres | claim | 500/s |" in text
