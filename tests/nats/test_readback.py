@@ -143,21 +143,21 @@ async def test_a_delivered_claim_of_another_id_is_read_by_sequence(make: Make) -
     await _lose_one(winner, loser, SLOT)
     await _feeding(loser)
     feed = loser._claims._readback
-    real = feed.read
+    real = feed.wait
     stale = records.Stored(
         seq=0, subject="x", time_ms=0, data=records.encode_claim(request(slot=SLOT - 1000))
     )
 
-    async def stale_read(seq: int) -> Any:
+    async def stale_wait(seq: int) -> Any:
         await real(seq)
         return stale
 
     real_take = feed.take
 
-    def stale_take(seq: int) -> Any:  # delivered already, or read() waits for it
+    def stale_take(seq: int) -> Any:  # delivered already, or wait() waits for it
         return stale if real_take(seq) is not None else None
 
-    feed.read = stale_read  # type: ignore[method-assign]
+    feed.wait = stale_wait  # type: ignore[method-assign]
     feed.take = stale_take  # type: ignore[method-assign]
     reads = _count_reads(loser)
     lost = await _lose_one(winner, loser, SLOT + 1000)
@@ -169,7 +169,7 @@ async def test_a_delivered_claim_of_another_id_is_read_by_sequence(make: Make) -
 async def test_a_claim_the_feed_delivered_already_is_taken_without_waiting(make: Make) -> None:
     """A duplicate ack whose stored claim the feed delivered before it came (the usual order in
     a race: the winner's claim is stored, and delivered, before the losers' publishes arrive)
-    is settled from what was delivered, with no wait on the feed (``take``, no ``read``)."""
+    is settled from what was delivered, with no wait on the feed (``take``, no ``wait``)."""
     winner: NatsBackend = await make()
     loser: NatsBackend = await make()
     await _lose_one(winner, loser, SLOT)
@@ -182,13 +182,13 @@ async def test_a_claim_the_feed_delivered_already_is_taken_without_waiting(make:
             break
         await asyncio.sleep(0.01)
     waited: list[int] = []
-    real = feed.read
+    real = feed.wait
 
     async def counted(seq: int) -> Any:
         waited.append(seq)
         return await real(seq)
 
-    feed.read = counted  # type: ignore[method-assign]
+    feed.wait = counted  # type: ignore[method-assign]
     [lost] = await loser.claim([request(slot=SLOT + 1000, instance="i2")])
     assert lost.status is ClaimStatus.LOST and lost.run.run_id == won.run.run_id
     assert waited == []

@@ -265,7 +265,7 @@ class ClaimPath:
         readback = self._readback
         delivered = readback.take(seq)
         if delivered is None:
-            delivered = await readback.read(seq)
+            delivered = await readback.wait(seq)
         if delivered is not None:
             fed = records.decode_claim(delivered)
             # The same claim id, or it is read by sequence below (a stream deleted and created

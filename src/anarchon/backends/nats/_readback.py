@@ -91,18 +91,16 @@ class ReadBack:
     def take(self, seq: int) -> Stored | None:
         """The stored message at ``seq`` if the feed delivered it already (most duplicate acks
         of a race come after their claim's delivery), with no coroutine; else None, and
-        :meth:`read` waits for it."""
+        :meth:`wait` waits for it."""
         kept = self._kept.pop(seq, None)
         if kept is not None:
             self._used = asyncio.get_running_loop().time()
         return kept
 
-    async def read(self, seq: int) -> Stored | None:
-        """The stored message at ``seq`` if the feed delivered it or delivers it in time (see
-        the module's docstring); None when the caller must read it by sequence."""
-        kept = self.take(seq)
-        if kept is not None:
-            return kept
+    async def wait(self, seq: int) -> Stored | None:
+        """The stored message at ``seq``, not delivered yet (:meth:`take` found nothing), if
+        the feed delivers it in time (see the module's docstring); None when the caller must
+        read it by sequence."""
         loop = asyncio.get_running_loop()
         self._used = loop.time()
         if self._sub is None:
