@@ -107,31 +107,20 @@ class NatsRegistry:
 
     async def _open(self, create: bool) -> KeyValue | None:
         if self._kv is None:
-            self._kv = await self._open_bucket(self._bucket, create)
+            self._kv = await self._backend._conn.open_bucket(
+                self._bucket, create=create, doing="opening the registry", bounded=self._bounded
+            )
         return self._kv
 
     async def _open_sets(self, create: bool) -> KeyValue | None:
         if self._sets_kv is None:
-            self._sets_kv = await self._open_bucket(self._sets_bucket, create)
-        return self._sets_kv
-
-    async def _open_bucket(self, bucket: str, create: bool) -> KeyValue | None:
-        from nats.js.errors import BucketNotFoundError
-
-        _, js = self._backend._conn.require()
-        try:
-            return await self._bounded(js.key_value(bucket), "opening the registry")
-        except BackendError as exc:
-            if not isinstance(exc.__cause__, BucketNotFoundError):
-                raise
-            if not create:
-                return None
-            from nats.js.api import KeyValueConfig
-
-            config = KeyValueConfig(bucket=bucket, history=1)
-            return await self._bounded(
-                js.create_key_value(config), f"creating key-value bucket {bucket!r}"
+            self._sets_kv = await self._backend._conn.open_bucket(
+                self._sets_bucket,
+                create=create,
+                doing="opening the registry",
+                bounded=self._bounded,
             )
+        return self._sets_kv
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
