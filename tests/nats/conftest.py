@@ -38,12 +38,13 @@ def server_url(version: str) -> str:
 
 @pytest.fixture
 async def names(server_url: str) -> AsyncIterator[tuple[str, str]]:
-    """A fresh stream name and prefix; the stream and its key-value buckets (registry, control)
-    are deleted afterwards."""
+    """A fresh stream name and prefix; the stream and its key-value buckets (registry,
+    definitions, control) are deleted afterwards."""
     stream, prefix = unique_names()
     yield stream, prefix
     await delete_stream(server_url, stream)
-    for kind in ("registry", "control"):  # cleanup only: a failure here is not the test's
+    # Cleanup only: a failure here is not the test's.
+    for kind in ("registry", "definitions", "control"):
         with contextlib.suppress(Exception):
             await delete_stream(server_url, f"KV_{bucket_name(stream, kind)}")
 

@@ -3,12 +3,17 @@
 A beat removes the silent records and then reads the registry (anarchon._heartbeat). On NATS a
 read is a listing and a get per record; read twice a beat, 100 instances of a bench fleet took
 5 s a beat on one event loop, and rank delays ranked by views that old.
+
+And a prune of a definitions set racing a save of the same digest (driven here from a wrapped
+key-value call): the prune removes only what was stored before the manifest it deleted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from anarchon.backends.nats._registry import NatsRegistry
 from anarchon.registry import InstanceRecord
@@ -26,6 +31,13 @@ def _record(instance: str, heartbeat_ms: int) -> InstanceRecord:
         clock_offset_ms=0,
         jobs=(),
     )
+
+
+async def _set_keys(store: NatsRegistry, digest: str) -> set[str]:
+    """The definitions keys of ``digest`` that hold a message (a delete marker counts), without
+    the store's prefix token."""
+    listed = await store._backend._conn.bucket_keys(store._sets_bucket, f"{store._space}.{digest}.")
+    return {key.split(".", 1)[1] for key in listed}
 
 
 def _count_listings(store: NatsRegistry) -> list[int]:
@@ -75,3 +87,33 @@ async def test_a_record_refreshed_after_the_read_is_not_removed(make: Callable[.
     await store.record(_record("slow", 8_000))  # it beat again after the read
     assert await store.remove_silent(6_000) == []
     assert sorted(r.id for r in await store.instances()) == ["fresh", "slow"]
+
+
+async def test_a_set_saved_again_while_a_prune_removes_it_keeps_its_chunks(
+    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune deletes an old set's manifest, then its chunks; another instance that saves the
+    same digest in between (its touch finds no manifest, so it writes the chunks and a new
+    manifest) keeps a whole set: the prune removes only the chunks of the manifest it deleted.
+    The save runs deterministically in that gap, from the prune's manifest delete."""
+    pruner, saver = (await make()).registry(), (await make()).registry()
+    data = bytes(range(256)) * 64
+    await pruner.save_definitions("d1", data, 1_000)
+    kv: Any = pruner._sets_kv
+    delete = kv.delete
+
+    async def delete_then_save(key: str, last: int | None = None, **options: Any) -> bool:
+        deleted = bool(await delete(key, last=last, **options))
+        if last is not None:  # the manifest's compare-and-set delete: the gap
+            await saver.save_definitions("d1", data, 9_000)
+        return deleted
+
+    monkeypatch.setattr(kv, "delete", delete_then_save)
+    assert await pruner.prune_definitions(set(), 2_000) == ["d1"]
+    assert await saver.definitions("d1") == data
+    assert await pruner.definitions("d1") == data
+    monkeypatch.undo()
+    assert await pruner.prune_definitions(set(), 9_000) == []  # saved at 9 000
+    assert await pruner.prune_definitions(set(), 9_001) == ["d1"]
+    assert await saver.definitions("d1") is None
+    assert await _set_keys(pruner, "d1") == {"d1.m"}  # the manifest's delete marker alone

@@ -37,6 +37,7 @@ from ._records import Stored
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -356,6 +357,34 @@ class Connection:
         prefix = f"$KV.{bucket}."
         found = await self.subjects(f"KV_{bucket}", f"{prefix}{start}>")
         return [subject[len(prefix) :] for subject in found]
+
+    async def open_bucket(
+        self,
+        bucket: str,
+        *,
+        create: bool,
+        doing: str,
+        bounded: Callable[[Awaitable[Any], str], Awaitable[Any]],
+    ) -> KeyValue | None:
+        """Key-value bucket ``bucket``; None if it does not exist, unless ``create``: then it
+        is made (one revision per key; creating one that another instance just made is
+        idempotent). Each request goes through ``bounded(request, what it does)``, the
+        caller's bounded and translated call; ``doing`` says what the lookup is for."""
+        from nats.js.errors import BucketNotFoundError
+
+        _, js = self.require()
+        try:
+            kv: KeyValue = await bounded(js.key_value(bucket), doing)
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, BucketNotFoundError):
+                raise
+            if not create:
+                return None
+            from nats.js.api import KeyValueConfig
+
+            config = KeyValueConfig(bucket=bucket, history=1)
+            kv = await bounded(js.create_key_value(config), f"creating key-value bucket {bucket!r}")
+        return kv
 
     async def subjects(self, stream: str, subjects_filter: str) -> list[str]:
         """The subjects of ``stream`` that match ``subjects_filter`` and hold a message, from

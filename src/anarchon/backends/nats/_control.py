@@ -132,21 +132,14 @@ class NatsControl:
         async with self._opening[1]:
             if self._kv is not None and self._js is js:
                 return self._kv
-            from nats.js.errors import BucketNotFoundError
-
-            try:
-                kv = await self._bounded(js.key_value(self.bucket), "opening the control bucket")
-            except BackendError as exc:
-                if not isinstance(exc.__cause__, BucketNotFoundError):
-                    raise
-                if not create:
-                    return None
-                from nats.js.api import KeyValueConfig
-
-                config = KeyValueConfig(bucket=self.bucket, history=1)
-                kv = await self._bounded(
-                    js.create_key_value(config), f"creating key-value bucket {self.bucket!r}"
-                )
+            kv = await self._backend._conn.open_bucket(
+                self.bucket,
+                create=create,
+                doing="opening the control bucket",
+                bounded=self._bounded,
+            )
+            if kv is None:
+                return None
             self._kv, self._js = kv, js
             return kv
 

@@ -24,14 +24,18 @@ that finds the manifest finds every chunk. Touching a set (or saving one already
 its saved time with a compare-and-set update of the manifest alone, read again on a conflict (a
 conflict with a prune's delete then finds no manifest, and a save writes the set anew).
 Pruning lists the manifests, deletes each old unnamed one with a compare-and-set on the revision
-it read, then its chunks.
+it read, then purges the set's keys of every message stored before that revision (a purge
+leaves no delete marker). A save of ``D`` in between (its touch finds no manifest) writes the
+same keys again, stored after the deleted manifest, which that purge leaves: deleting the
+chunks key by key, as before, removed them and left the new manifest naming missing chunks. The
+chunks of a save that stopped before its manifest stay until the digest is saved again (the
+same keys) or a later prune of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import json
 import re
@@ -107,31 +111,20 @@ class NatsRegistry:
 
     async def _open(self, create: bool) -> KeyValue | None:
         if self._kv is None:
-            self._kv = await self._open_bucket(self._bucket, create)
+            self._kv = await self._backend._conn.open_bucket(
+                self._bucket, create=create, doing="opening the registry", bounded=self._bounded
+            )
         return self._kv
 
     async def _open_sets(self, create: bool) -> KeyValue | None:
         if self._sets_kv is None:
-            self._sets_kv = await self._open_bucket(self._sets_bucket, create)
-        return self._sets_kv
-
-    async def _open_bucket(self, bucket: str, create: bool) -> KeyValue | None:
-        from nats.js.errors import BucketNotFoundError
-
-        _, js = self._backend._conn.require()
-        try:
-            return await self._bounded(js.key_value(bucket), "opening the registry")
-        except BackendError as exc:
-            if not isinstance(exc.__cause__, BucketNotFoundError):
-                raise
-            if not create:
-                return None
-            from nats.js.api import KeyValueConfig
-
-            config = KeyValueConfig(bucket=bucket, history=1)
-            return await self._bounded(
-                js.create_key_value(config), f"creating key-value bucket {bucket!r}"
+            self._sets_kv = await self._backend._conn.open_bucket(
+                self._sets_bucket,
+                create=create,
+                doing="opening the registry",
+                bounded=self._bounded,
             )
+        return self._sets_kv
 
     async def record(self, instance: InstanceRecord) -> None:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
@@ -327,12 +320,13 @@ class NatsRegistry:
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions` and the module
-        docstring: a compare-and-set delete of each old manifest, then its chunks."""
-        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+        docstring: a compare-and-set delete of each old manifest, then a purge of its chunks."""
+        from nats.js.errors import KeyWrongLastSequenceError
 
         kv = await self._open_sets(create=False)
         if kv is None:
             return []
+        _, js = self._backend._conn.require()
         kept = set(keep)
 
         async def prune() -> list[str]:
@@ -349,9 +343,13 @@ class NatsRegistry:
                     await kv.delete(key, last=found[1])
                 except KeyWrongLastSequenceError:
                     continue  # saved again since it was read
-                for n in range(int(found[0].get("chunks", 0))):
-                    with contextlib.suppress(KeyNotFoundError):
-                        await kv.delete(self._set_key(digest, str(n)))
+                # Only what was stored before the deleted manifest: a save of the digest since
+                # (its touch found no manifest) writes these keys again and keeps them.
+                await js.purge_stream(
+                    f"KV_{self._sets_bucket}",
+                    seq=found[1],
+                    subject=f"$KV.{self._sets_bucket}.{self._set_key(digest, '*')}",
+                )
                 gone.append(digest)
             return gone
 
