@@ -692,7 +692,7 @@ async def test_a_failed_claim_transaction_leaves_the_connection_clean(
 async def test_rows_carry_the_column_names_of_their_own_statement(
     make: Make, schema: str, prepared: bool
 ) -> None:
-    # Column names are read once per statement (_connection._NamedRows): a statement's rows
+    # Column names are read once per statement (_statements._NamedRows): a statement's rows
     # never take another statement's names, and a result with another number of columns (a
     # table that gained one) is named afresh.
     backend = make(max_connections=1, prepared_statements=prepared)

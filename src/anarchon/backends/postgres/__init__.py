@@ -9,9 +9,11 @@ is lost.
 
 The claim path: ``PostgresBackend.claim`` in ``_backend.py`` (the contract's methods), the
 ``lock_jobs`` and ``claim`` statements in ``queries.sql``, and ``claim_outcome`` in
-``_rows.py``. The other files: ``_connection.py`` (pool, liveness, bounded call, pipelining),
-``_errors.py`` (driver errors), ``_options.py`` (options, URLs), ``_queries.py`` (composing
-``queries.sql``), ``_migrations.py`` (table versions), ``_listener.py`` (LISTEN).
+``_rows.py``. The other files: ``_connection.py`` (pool, liveness, bounded call),
+``_statements.py`` (sending a statement, reading its rows), ``_transactions.py`` (one
+transaction, or many in one round trip, a failing item failing alone), ``_errors.py`` (driver
+errors), ``_options.py`` (options, URLs), ``_queries.py`` (composing ``queries.sql``),
+``_migrations.py`` (table versions), ``_listener.py`` (LISTEN).
 
 psycopg 3 and psycopg_pool are imported when a :class:`PostgresBackend` is built, so the rest of
 anarchon works without them (``pip install 'anarchon[postgres]'``).

@@ -1,7 +1,8 @@
 """The PostgreSQL lease backend: the contract's methods, in the order of :mod:`anarchon.backend`.
 
 Each method names its statements (``queries.sql``, composed by ``_queries.py``), runs them
-through ``_connection.py`` and turns their rows into answers with ``_rows.py``. The claim path:
+through ``_connection.py`` (the pool and the bounded call), ``_statements.py`` and
+``_transactions.py``, and turns their rows into answers with ``_rows.py``. The claim path:
 :meth:`PostgresBackend.claim` calls the server-side function ``claim_function`` (which locks,
 then decides by ``claim_alone``, ``claim_plain`` or ``claim_decide``) in one statement, and
 ``_rows.claim_outcome`` reads each request's answer from its row.
@@ -22,13 +23,15 @@ from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 
 from . import _rows as rows
-from ._connection import Connections, Group, Rows, Statement, Work, describe_server
+from ._connection import describe_server
 from ._control import PostgresControl
 from ._listener import Listener
 from ._migrations import check_readable, migrate
 from ._options import DEFAULT_DSN, DEFAULT_PREFIX, DEFAULT_SCHEMA, check_options, split_url
 from ._queries import Names, Queries
 from ._registry import PostgresRegistry
+from ._statements import Rows, Statement
+from ._transactions import Group, Transactions, Work
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -112,7 +115,7 @@ class PostgresBackend(contract.LeaseBackend):
             self.release_poll_ms = POLL_MS
         self._queries = Queries(Names(options.schema, options.table_prefix))
         self._where = describe_server(options)
-        self._db = Connections(options, self._queries, self._where, repr(self))
+        self._db = Transactions(options, self._queries, self._where, repr(self))
         self._feed = ChangeFeed(self.name)
         q = self._queries
         self._notices: Statement | None = (

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend's connections: the pool, liveness, the bounded call, pipelining.
+"""The PostgreSQL backend's connections: the pool, liveness, the bounded call.
 
 Every statement the backend runs goes through :meth:`Connections.call`: on a connection of
 the backend's own pool (or the caller's pool, or the caller's one connection), within
@@ -10,10 +10,13 @@ A pooled connection that sat idle is looked at before use: if anything arrived o
 while it was idle (the server's goodbye on a restart or ``pg_terminate_backend``, or the end of
 the stream), it is tested with an empty round trip; a quiet one costs no round trip. After a
 connection error the pool's other idle connections are checked in the background, so one
-server restart costs one failed call, not one per pooled connection. Several transactions
-are sent in one round trip in pipeline mode (:meth:`Connections.each`). A statement nobody waits
+server restart costs one failed call, not one per pooled connection. A statement nobody waits
 for (a winner's claim notices) can be left to run after a call has answered
 (:meth:`Connections.defer`): its connection returns to the pool once it is done.
+
+How a statement is sent is :mod:`._statements`' (the base of :class:`Connections`);
+transactions, one or many in a round trip, are :mod:`._transactions`', whose class adds them
+to this one and is the one the backend uses.
 """
 
 from __future__ import annotations
@@ -25,23 +28,24 @@ import logging
 import select
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit.calls import bounded_call
 
 from ._errors import first_line, translate
+from ._statements import Rows, Statement, Statements, atomic
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor
-    from psycopg.rows import AsyncRowFactory, RowMaker
+    from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
     from ._options import Options
     from ._queries import Queries
 
-__all__ = ["Connections", "Group", "Rows", "Statement", "Work", "describe_server"]
+# Rows (a read's answer, defined in _statements) for the registry and the control store.
+__all__ = ["Connections", "Rows", "describe_server"]
 
 logger = logging.getLogger("anarchon.backends.postgres")
 
@@ -49,14 +53,6 @@ T = TypeVar("T")
 
 # A pooled connection idle longer than this is looked at before use (see Connections._alive).
 IDLE_CHECK_S: Final = 0.5
-# A statement and its parameters; one item of work: statements to run first, then the query
-# whose rows are the item's answer, all in one transaction.
-Statement = tuple[bytes, dict[str, Any] | None]
-Work = tuple[Sequence[Statement], bytes, dict[str, Any]]
-Rows = list[dict[str, Any]]
-# Items of work sharing one transaction: statements to run first, then one query run once per
-# set of parameters; the answer is the rows of each run.
-Group = tuple[Sequence[Statement], bytes, Sequence[dict[str, Any]]]
 
 
 def describe_server(options: Options) -> str:
@@ -79,20 +75,18 @@ def describe_server(options: Options) -> str:
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or '(default)'}"
 
 
-class Connections:
+class Connections(Statements):
     """Where the backend's statements run: its own pool, or the caller's pool or connection."""
 
     def __init__(self, options: Options, queries: Queries, where: str, owner: str) -> None:
-        from psycopg import AsyncConnection, AsyncRawCursor
+        from psycopg import AsyncConnection
 
+        super().__init__(options, queries)
         # Looked up once: an import statement in a function costs a call into importlib every
-        # time it runs, twice per statement on the claim path.
+        # time it runs, once per call on the claim path.
         self._connection_class = AsyncConnection
-        self._cursor_class = AsyncRawCursor
-        self.options = options
         self.where = where
         self._owner = owner
-        self._queries = queries
         self._given = options.pool
         self._pool: AsyncConnectionPool[Any] | None = None
         self._conn_lock = asyncio.Lock()
@@ -112,8 +106,6 @@ class Connections:
         self._clock_offsets: weakref.WeakKeyDictionary[AsyncConnection[Any], int] = (
             weakref.WeakKeyDictionary()
         )
-        # Each statement's column names, read from its first result (see _row_factory).
-        self._row_factories: dict[bytes, AsyncRowFactory[dict[str, Any]]] = {}
         # Makes a new connection of the backend's own pool ready for claims (see open).
         self._warm: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None
         self._warmed: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
@@ -404,11 +396,11 @@ class Connections:
     async def _set_clock_offset(self, conn: AsyncConnection[Any]) -> None:
         """Test-only: move this connection's database clock by ``test_clock_offset_ms``."""
         offset = self.test_clock_offset_ms
-        async with _atomic(conn):
+        async with atomic(conn):
             await conn.execute(self._queries["set_clock_offset"], {"offset": str(offset)})
         self._clock_offsets[conn] = offset
 
-    # -- statements and transactions -----------------------------------------------------------
+    # -- reads and deferred statements ---------------------------------------------------------
 
     async def read(self, query: bytes, params: dict[str, Any] | None = None) -> Rows:
         """The rows of one read-only statement, in a call of its own."""
@@ -426,24 +418,6 @@ class Connections:
                 return []
 
         return await self.call(work)
-
-    async def select(
-        self, conn: AsyncConnection[Any], query: bytes, params: dict[str, Any] | None = None
-    ) -> Rows:
-        """The rows of one statement on ``conn``; its isolation level changes nothing."""
-        async with _atomic(conn):
-            cur = await self._run(
-                conn, query, params, prepare=self.options.prepare_at_once, binary=False
-            )
-            return await cur.fetchall()
-
-    async def statement(
-        self, conn: AsyncConnection[Any], query: bytes, params: dict[str, Any]
-    ) -> Rows:
-        """The rows of one statement sent alone, on an autocommit connection a transaction of
-        its own: one round trip, without pipeline mode."""
-        cur = await self._run(conn, query, params, prepare=self.options.prepare_at_once)
-        return await cur.fetchall()
 
     def defer(self, conn: AsyncConnection[Any], after: Statement) -> None:
         """Run ``after`` on ``conn`` once the current call's work has answered: the caller has
@@ -477,284 +451,12 @@ class Connections:
         if not task.cancelled():
             task.exception()  # seen: a tail that failed failed nothing committed
 
-    async def after_commit(self, conn: AsyncConnection[Any], after: Statement) -> None:
-        """Run ``after`` once a statement committed; its failure fails nothing committed."""
-        with contextlib.suppress(Exception):
-            await self._run(conn, after[0], after[1], prepare=self.options.prepare)
-
-    async def _run(
-        self,
-        conn: AsyncConnection[Any],
-        query: bytes,
-        params: dict[str, Any] | None,
-        *,
-        prepare: bool | None,
-        binary: bool = True,
-    ) -> AsyncRawCursor[dict[str, Any]]:
-        """Execute ``query`` with ``params`` on a new cursor whose rows are dicts: sent with
-        positional parameters (:func:`._queries.positional`), which psycopg does not parse."""
-        text, names = self._queries.positional(query)
-        values = [params[name] for name in names] if params is not None and names else None
-        cur = self._cursor_class(conn, row_factory=self._row_factory(text))
-        await cur.execute(text, values, binary=binary, prepare=prepare)
-        return cur
-
-    def _row_factory(self, text: bytes) -> AsyncRowFactory[dict[str, Any]]:
-        """psycopg's ``dict_row`` for the statement ``text``, reading the column names of
-        its result once rather than at every execution (a claim's twenty names took a tenth
-        of the driver's time for the statement)."""
-        factory = self._row_factories.get(text)
-        if factory is None:
-            factory = self._row_factories[text] = _NamedRows()
-        return factory
-
-    async def transaction(
-        self,
-        conn: AsyncConnection[Any],
-        before: Sequence[Statement],
-        query: bytes,
-        params: dict[str, Any],
-        after: Statement | None = None,
-    ) -> Rows:
-        """Run ``before`` then ``query`` in one READ COMMITTED transaction; return the rows of
-        ``query``. ``after`` runs once it committed (its failure fails nothing committed).
-
-        On an autocommit connection (the backend's own pool) the whole transaction, BEGIN to
-        COMMIT, and ``after`` are sent in pipeline mode: one round trip to the server instead
-        of one per statement.
-        """
-        try:
-            [rows] = await self._transactions(conn, [(before, query, params)], after)
-        except _Aborted as aborted:
-            [committed] = aborted.done
-            if committed is not None:
-                return cast("Rows", committed)  # only ``after`` failed
-            raise aborted.error from aborted
-        if isinstance(rows, BaseException):
-            raise rows
-        return rows
-
-    async def each(
-        self, work: Sequence[Work], after: Statement | None = None
-    ) -> list[Rows | BackendError]:
-        """Each item of ``work`` as its own transaction, all in one call and one round trip;
-        the rows of each item's query, or the permanent error of that item. ``after`` runs
-        after each item's COMMIT.
-
-        After a failed item, the items it did not commit are sent again one at a time, each on
-        its own. A transient error (connection lost, deadlock) fails the call: the caller
-        retries the whole batch, which is safe since every item is idempotent per token.
-        """
-        try:
-            return await self.call(lambda conn: self._transactions(conn, work, after))
-        except _Aborted as aborted:
-            if len(work) == 1:
-                return [aborted.error]
-            out: list[Rows | BackendError] = []
-            for item, done in zip(work, cast("list[Rows | None]", aborted.done), strict=True):
-                if done is not None:
-                    out.append(done)
-                    continue
-                try:
-                    rows = await self.call(
-                        lambda conn, item=item: self._one_transaction(conn, item, after)  # type: ignore[misc]
-                    )
-                except _Aborted as again:
-                    rows = again.error
-                out.append(rows)
-            return out
-
-    async def groups(
-        self, groups: Sequence[Group], after: Statement | None = None
-    ) -> list[Rows | BackendError]:
-        """Each group of ``groups`` as one transaction, all in one call and one round trip
-        (pipeline mode); one answer per item (each run of a group's query), in order: its rows
-        or its permanent error. ``after`` runs after each group's COMMIT.
-
-        Fewer transactions cost fewer commits (each waits for the server's log flush) when
-        thousands of items come at once. A group that fails is sent again item by item, each
-        its own transaction (:meth:`each`), so one failing item fails alone. A transient
-        error fails the call, as in :meth:`each`.
-        """
-        done: list[list[Rows] | None]
-        try:
-            done = await self.call(lambda conn: self._grouped(conn, groups, after))
-        except _Aborted as aborted:
-            done = cast("list[list[Rows] | None]", aborted.done)
-        out: list[Rows | BackendError] = []
-        for (before, query, runs), rows in zip(groups, done, strict=True):
-            if rows is None:
-                out += await self.each([(before, query, params) for params in runs], after)
-            else:
-                out += rows
-        return out
-
-    async def _grouped(
-        self, conn: AsyncConnection[Any], groups: Sequence[Group], after: Statement | None
-    ) -> list[list[Rows] | None]:
-        """Run each group as one READ COMMITTED transaction (then ``after``), all in one round
-        trip: the rows of each run of each group. Like :meth:`_transactions`, a failure raises
-        :class:`_Aborted` holding the groups committed before it (None for the others); on a
-        connection without pipeline mode nothing is sent and every group is None."""
-        from psycopg import AsyncPipeline
-        from psycopg.pq import ExecStatus
-
-        if not conn.autocommit or not AsyncPipeline.is_supported():
-            return [None] * len(groups)
-        q = self._queries
-        prepare, at_once = self.options.prepare, self.options.prepare_at_once
-        cursors: list[list[Any]] = []
-        try:
-            async with conn.pipeline():
-                for before, query, runs in groups:
-                    await conn.execute(q["begin"], prepare=prepare)
-                    for statement, values in before:
-                        await conn.execute(statement, values, prepare=prepare)
-                    group: list[Any] = []
-                    for params in runs:
-                        group.append(await self._run(conn, query, params, prepare=at_once))
-                    await conn.execute(q["commit"], prepare=prepare)
-                    cursors.append(group)
-                    if after is not None:
-                        await conn.execute(after[0], after[1], prepare=prepare)
-        except Exception as exc:
-            error = self._item_error(exc)
-            done: list[list[Rows] | None] = []
-            for n in range(len(groups)):
-                group = cursors[n] if n < len(cursors) else []
-                committed = bool(group) and all(
-                    c.pgresult is not None and c.pgresult.status == ExecStatus.TUPLES_OK
-                    for c in group
-                )
-                done.append([await c.fetchall() for c in group] if committed else None)
-            await self._after_abort(conn)
-            raise _Aborted(done, error) from exc
-        return [[await cur.fetchall() for cur in group] for group in cursors]
-
-    async def _transactions(
-        self, conn: AsyncConnection[Any], work: Sequence[Work], after: Statement | None
-    ) -> list[Rows | BackendError]:
-        """Run each item of ``work`` as its own READ COMMITTED transaction, all in one round
-        trip: :meth:`_grouped` with groups of one. A statement that fails makes the server
-        skip the rest of the round trip: :class:`_Aborted` then carries what was committed
-        before it."""
-        from psycopg import AsyncPipeline
-
-        if not conn.autocommit or not AsyncPipeline.is_supported():
-            return [await self._one_transaction(conn, item, after) for item in work]
-        groups = [(before, query, [params]) for before, query, params in work]
-        try:
-            done = await self._grouped(conn, groups, after)
-        except _Aborted as aborted:
-            grouped = cast("list[list[Rows] | None]", aborted.done)
-            firsts: list[Rows | None] = [None if rows is None else rows[0] for rows in grouped]
-            raise _Aborted(firsts, aborted.error) from aborted.__cause__
-        return [rows[0] for rows in cast("list[list[Rows]]", done)]
-
-    async def _one_transaction(
-        self, conn: AsyncConnection[Any], item: Work, after: Statement | None
-    ) -> Rows | BackendError:
-        """One item of work without pipeline mode or prepared statements: on a connection
-        psycopg keeps in transactions (a caller's), and for items sent again after a failure.
-        ``after`` runs once it committed; its failure fails nothing committed."""
-
-        before, query, params = item
-        try:
-            async with conn.transaction():
-                await conn.execute(self._queries["read_committed"], prepare=False)
-                for statement, values in before:
-                    await conn.execute(statement, values, prepare=False)
-                cur = await self._run(conn, query, params, prepare=False)
-                rows = await cur.fetchall()
-        except Exception as exc:
-            return self._item_error(exc)
-        if after is not None:
-            with contextlib.suppress(Exception):
-                async with _atomic(conn):
-                    await conn.execute(after[0], after[1], prepare=False)
-        return rows
-
-    def _item_error(self, exc: Exception) -> BackendError:
-        """The error of one item: a permanent one is returned for that item alone; anything
-        transient, or a failure that is not the driver's, is raised for the call."""
-        error = exc if isinstance(exc, BackendError) else translate(exc, self.where)
-        if error is None or isinstance(error, BackendUnavailable):
-            raise exc
-        return error
-
-    async def _after_abort(self, conn: AsyncConnection[Any]) -> None:
-        """After a pipeline that failed part-way: the server skipped statements psycopg may
-        have counted as prepared, and the connection may be inside a failed transaction.
-        Close a connection of the backend's pool (the pool opens a fresh one); on a
-        connection the caller passed in, roll back and forget every prepared statement."""
-        from psycopg import AsyncConnection
-
-        if conn.broken:
-            return
-        if not isinstance(self._given, AsyncConnection):
-            await conn.close()
-            return
-        q = self._queries
-        with contextlib.suppress(Exception):
-            await conn.execute(q["rollback"], prepare=False)
-        with contextlib.suppress(Exception):
-            await conn.execute(q["deallocate_all"], prepare=False)
-
-
-class _Aborted(Exception):
-    """A pipeline of transactions failed at ``error``; ``done`` holds the rows of the items
-    committed before it (None for the others)."""
-
-    def __init__(
-        self, done: list[Rows | None] | list[list[Rows] | None], error: BackendError
-    ) -> None:
-        super().__init__(str(error))
-        self.done = done
-        self.error = error
-
-
-class _NamedRows:
-    """A row factory making dicts, like psycopg's ``dict_row``, for one statement: the column
-    names are read from the first result that has rows and kept while results have as many
-    columns (a statement's columns do not change; a result without columns is ``dict_row``'s)."""
-
-    __slots__ = ("_names",)
-
-    def __init__(self) -> None:
-        self._names: tuple[str, ...] = ()
-
-    def __call__(self, cursor: AsyncCursor[Any]) -> RowMaker[dict[str, Any]]:
-        from psycopg.rows import dict_row
-
-        result = cursor.pgresult
-        if result is None or not result.nfields or result.nfields != len(self._names):
-            maker = dict_row(cursor)
-            if result is not None and result.nfields:
-                encoding = cursor.connection.info.encoding
-                self._names = tuple(
-                    (result.fname(n) or b"").decode(encoding) for n in range(result.nfields)
-                )
-            return maker
-        names = self._names
-        return lambda values: dict(zip(names, values, strict=True))
-
 
 def _readable(conn: AsyncConnection[Any]) -> bool:
     """Whether the connection's socket has data or an end of stream waiting (no wait)."""
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
     return bool(poller.poll(0))
-
-
-@contextlib.asynccontextmanager
-async def _atomic(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
-    """A transaction for one statement on a connection that is not in autocommit mode (a
-    caller's); none on an autocommit connection."""
-    if conn.autocommit:
-        yield
-    else:
-        async with conn.transaction():
-            yield
 
 
 async def _resolve(value: Any) -> Any:
