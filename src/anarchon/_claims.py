@@ -278,11 +278,11 @@ class Claims:
         self._idle.clear()
         started = self._clock.monotonic_ms()
         claimed: list[Claimed] = []
-        # Results of the first parts' runs wait for the last part (see hold_results).
+        # Results of the first parts' runs wait for the last part (see ResultRecorder.hold).
         held = len(requests) > CLAIM_PART
         collecting: Pause | None = None
         if held:
-            self._executor.hold_results()
+            self._executor.results.hold()
             # A burst: its runs start with the garbage collector held back (see _collector).
             collecting = pause()
         # Set once the event loop has run since the last part's runs were handed out (they
@@ -321,7 +321,7 @@ class Claims:
             if collecting is not None:  # cancelled or failed: at once (the loop may be closing)
                 collecting.end()
             if held:
-                self._executor.release_results()
+                self._executor.results.release()
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()

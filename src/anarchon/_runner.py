@@ -1,4 +1,5 @@
-"""Running attempts: the handler, its timeout, its result, draining and hand-over.
+"""Running attempts: the handler, its timeout, a lost lease, draining and hand-over. The
+result is recorded by :mod:`._results` (batched, held while a burst starts, retried).
 
 A run costs one task. Its lease is renewed by the scheduler's single
 :class:`~anarchon._keeper.LeaseKeeper` (on a thread of its own when the backend allows), so ten
@@ -17,22 +18,22 @@ import contextlib
 import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from . import otel
-from ._batch import Coalescer
 from ._clock import Clock
 from ._context import RunContext
 from ._job import Job
 from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
+from ._results import ResultRecorder
 from ._retry import backoff
 from ._retrying import retry_number
 from ._threads import HandlerThreads, NoThreadFree
-from .backend import HANDED_OVER, LEASE_LOST, Backend, FinishRequest, LeaseBackend, Ticket
-from .errors import BackendError, BackendUnavailable, LeaseLost
+from .backend import HANDED_OVER, LEASE_LOST, Backend, LeaseBackend, Ticket
+from .errors import BackendError, LeaseLost
 from .logs import Action, log_fields
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ logger = logging.getLogger("anarchon.scheduler")
 STOPPED: Final = "stopped"
 # After the grace period, cancelled handlers and their hand-over calls get this long (s).
 CANCEL_GRACE_S: Final = 10.0
-# A time no held result is due by (monotonic ms, about 285 000 years).
-_NEVER: Final = 2**63 - 1
 
 Outcome = tuple[RunStatus, str | None, BaseException | None]
 """(status, error text, the exception to log with its traceback)."""
@@ -137,7 +136,8 @@ def _settle(future: asyncio.Future[Run | None], task: asyncio.Task[Run | None]) 
 
 @dataclass(eq=False)
 class RunExecutor:
-    """Runs won tickets: calls the handler, records the result, drains and hands over on stop."""
+    """Runs won tickets: calls the handler, has its result recorded (:attr:`results`), drains
+    and hands over on stop."""
 
     backend: Backend
     clock: Clock
@@ -152,22 +152,13 @@ class RunExecutor:
     on_failed: OnFailed | None = field(default=None, init=False)
     """Set by the scheduler: retries and the ``on_failure`` hook (see :mod:`._retrying`);
     awaited in the run's task, so a drain waits for it too."""
-    _results: Coalescer[FinishRequest, Run] = field(init=False)
-    # An outage of result recording: logged once when the first result fails, once when one
-    # is recorded again (see _finish_failed), with the retries in between counted.
-    _finish_outage: bool = field(default=False, init=False)
-    _finish_retries: int = field(default=0, init=False)
+    results: ResultRecorder = field(init=False)
+    """Records the runs' results (:class:`Claims` holds them back while a burst starts)."""
     _monotonic_ms: Callable[[], int] = field(init=False)
     _callbacks: contextvars.Context = field(init=False)
-    # While results are held: when the first held result may wait no longer (monotonic ms),
-    # and the task that sends them then.
-    _results_by: int = field(default=_NEVER, init=False)
-    _results_due: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self._results = Coalescer(
-            self.backend.finish_many, lambda item: item[0].job, "recording the result"
-        )
+        self.results = ResultRecorder(self.backend, self.clock, self.counters)
         # One bound method for every run's context, not one made per run.
         self._monotonic_ms = self.clock.monotonic_ms
         self._callbacks = contextvars.Context()
@@ -252,14 +243,15 @@ class RunExecutor:
         ticket = active.ticket  # renewed by the keeper meanwhile
         if outcome is not None:
             status, error, exc = outcome
-            # The first try here rather than in _finish: one coroutine fewer per waiting run.
+            # The first try here rather than in finish: one coroutine fewer per waiting run.
+            results = self.results
             run: Run | None
             try:
-                run = await self._submit(active, ticket, status, error)
+                run = await results.submit(active, ticket, status, error)
             except BackendError as failed:
-                run = await self._finish(active, status, error, exc, failed)
+                run = await results.finish(active, status, error, exc, failed)
             else:
-                self._recorded(ticket, status, error, exc)
+                results.recorded(ticket, status, error, exc)
             if run is not None and status is RunStatus.FAILED and self.on_failed is not None:
                 await self.on_failed(job, active.ticket, run)
             return run
@@ -452,166 +444,6 @@ class RunExecutor:
         if active.in_handler and active.task is not None:
             active.task.cancel()
 
-    async def _finish(
-        self,
-        active: ActiveRun,
-        status: RunStatus,
-        error: str | None,
-        exc: BaseException | None,
-        failed: BackendError | None = None,
-    ) -> Run | None:
-        """Record the run's result, retrying while the backend is unavailable; the run
-        recorded, or None if it was refused. ``failed``: how the caller's own first try
-        failed (:meth:`_execute` tries once without this coroutine)."""
-        ticket = active.ticket
-        delays: Iterator[float] | None = None  # made on the first failure: rare
-        while True:
-            if failed is None:
-                try:
-                    run = await self._submit(active, ticket, status, error)
-                except BackendError as refused:
-                    failed = refused
-                else:
-                    self._recorded(ticket, status, error, exc)
-                    return run
-            if isinstance(failed, LeaseLost):
-                self.counters.count(ticket.job, "result_refused")
-                _log(
-                    logging.WARNING,
-                    Action.RESULT_REFUSED,
-                    ticket,
-                    "result of %s attempt %d (%s%s) refused: %s",
-                    ticket.job,
-                    ticket.attempt,
-                    status.value,
-                    f": {error}" if error else "",
-                    failed,
-                    exc_info=exc,
-                )
-                return None
-            if not isinstance(failed, BackendUnavailable):  # refused for good
-                self.counters.result_errors += 1
-                _log(
-                    logging.WARNING,
-                    Action.RESULT_FAILED,
-                    ticket,
-                    "the result of %s attempt %d (%s) could not be recorded: %s",
-                    ticket.job,
-                    ticket.attempt,
-                    status.value,
-                    failed,
-                )
-                return None
-            self._finish_failed(ticket, failed)
-            failed = None
-            delays = delays or backoff()
-            await self.clock.sleep(next(delays))
-
-    def hold_results(self) -> None:
-        """Keep results back while a burst's claims are still being sent (:class:`Claims`
-        holds them from its first part to its last, then calls :meth:`release_results`): they
-        would otherwise go to the backend between its parts, ahead of the next part's claims
-        (on SQLite one thread and one write lock serve both), and start its runs later. A
-        result of a leased run waits no longer than its lease allows (see :meth:`_submit`)."""
-        self._results.hold()
-
-    def release_results(self) -> None:
-        """End :meth:`hold_results`: the results kept back go in batches."""
-        self._results.release()
-        if not self._results.held:
-            self._results_by = _NEVER
-            if self._results_due is not None:
-                self._results_due.cancel()
-                self._results_due = None
-
-    def _submit(
-        self, active: ActiveRun, ticket: Ticket, status: RunStatus, error: str | None
-    ) -> asyncio.Future[Run]:
-        """Queue the result of ``active``'s run for the next batch. While results are held,
-        one whose lease the keeper no longer renews waits at most until two thirds of its
-        lease are left, where a renewal would have been due: everything held goes then. So a
-        held result never goes out closer to its lease's end than a kept lease comes."""
-        results = self._results
-        if results.held and ticket.lease_expires_at_ms is not None:
-            by = active.deadline - ticket.lease_ms * 2 // 3
-            if by < self._results_by:
-                self._results_by = by
-                if self._results_due is not None:
-                    self._results_due.cancel()
-                self._results_due = asyncio.ensure_future(self._flush_results_by(by))
-        return results.submit(FinishRequest(ticket, status, error))
-
-    async def _flush_results_by(self, by: int) -> None:
-        """At ``by`` (monotonic ms), send the results held so far."""
-        await self.clock.sleep(max(0, by - self.clock.monotonic_ms()) / 1000)
-        self._results_due = None
-        self._results_by = _NEVER
-        self._results.flush()
-
-    def _recorded(
-        self, ticket: Ticket, status: RunStatus, error: str | None, exc: BaseException | None
-    ) -> None:
-        """The result of ``ticket``'s run is recorded: count and log it."""
-        if self._finish_outage:
-            self._finish_recovered(ticket)
-        self.counters.count_run(status, ticket.job, self.clock.now_ms())
-        if status is RunStatus.SUCCEEDED:
-            if logger.isEnabledFor(logging.INFO):
-                _log(
-                    logging.INFO,
-                    Action.RUN_SUCCEEDED,
-                    ticket,
-                    "job %s succeeded (attempt %d)",
-                    ticket.job,
-                    ticket.attempt,
-                )
-        else:
-            # One ERROR line per failed run, with the handler's traceback: what alerting
-            # (Sentry's logging integration, log-based alerts) looks for.
-            _log(
-                logging.ERROR,
-                Action.RUN_FAILED,
-                ticket,
-                "job %s %s (attempt %d): %s",
-                ticket.job,
-                status.value,
-                ticket.attempt,
-                error,
-                exc_info=exc,
-            )
-
-    def _finish_failed(self, ticket: Ticket, error: BackendUnavailable) -> None:
-        """Recording ``ticket``'s result failed on an unavailable backend: one WARNING per
-        outage (thousands of results retry together in a burst), DEBUG for each retry."""
-        self._finish_retries += 1
-        if self._finish_outage:
-            if logger.isEnabledFor(logging.DEBUG):
-                _log(logging.DEBUG, Action.FINISH_RETRY, ticket, "recording %s failed again: %s",
-                     ticket.job, error)  # fmt: skip
-            return
-        self._finish_outage = True
-        _log(
-            logging.WARNING,
-            Action.FINISH_RETRY,
-            ticket,
-            "recording %s failed, retrying (and every result that fails until the backend "
-            "answers, logged once): %s",
-            ticket.job,
-            error,
-        )
-
-    def _finish_recovered(self, ticket: Ticket) -> None:
-        """A result was recorded after an outage: say so once, with how many retries it took."""
-        retries, self._finish_retries, self._finish_outage = self._finish_retries, 0, False
-        _log(
-            logging.WARNING,
-            Action.FINISH_RECOVERED,
-            ticket,
-            "recording results works again (%d failed attempt(s) during the outage retried)",
-            retries,
-            retries=retries,
-        )
-
     async def _release(self, active: ActiveRun) -> None:
         ticket = active.ticket
         backend = self.backend
@@ -642,7 +474,7 @@ class RunExecutor:
             f"{STOPPED}: the scheduler stopped before the handler finished "
             f"(grace_ms={self.grace_ms})"
         )
-        await self._finish(active, RunStatus.FAILED, reason, None)
+        await self.results.finish(active, RunStatus.FAILED, reason, None)
 
     async def drain(self, deadline_ms: int) -> None:
         """Let running handlers finish until ``deadline_ms`` (monotonic) while their leases are
