@@ -395,7 +395,7 @@ class PostgresSameWork(PostgresClient, SameWork):
 class NatsSameWork(SameWork):
     """The NATS backend's claim publish, sent as the backend sends it: the ``HPUB`` command
     written straight into nats-py's buffer and sent at the end of the event-loop turn
-    (``Writer`` in ``nats/_connection.py``), its ack heard on one subscription of the
+    (``Writer`` in ``nats/_wire.py``), its ack heard on one subscription of the
     connection, handed over raw as nats-py's parser reads it (``subscribe_raw``), on a
     connection that reads 64 KiB at a time (``set_read_size``), as the backend's own
     connections do. Without the backend's time limit per publish (one timer per connection
@@ -419,7 +419,8 @@ class NatsSameWork(SameWork):
     async def open(self) -> None:
         import nats
 
-        from anarchon.backends.nats._connection import Writer, set_read_size, subscribe_raw
+        from anarchon.backends.nats._connection import set_read_size
+        from anarchon.backends.nats._wire import Writer, subscribe_raw
 
         self._nc = await nats.connect(servers=[self.servers], connect_timeout=5)
         set_read_size(self._nc)
@@ -452,7 +453,7 @@ class NatsSameWork(SameWork):
         reply = f"{self._inbox}{n}"
         payload = self.payload(job, slot, run_id, token)
         msg_id = self.msg_id.format(job=job, slot_key=slot)
-        if not self._writer.write(subject, reply, payload, msg_id):  # as _Acks.publish
+        if not self._writer.write(subject, reply, payload, msg_id):  # as Acks.publish
             await self._writer.through_client(subject, reply, payload, msg_id)
         ack = json.loads((await future).decode())
         if "error" in ack:

@@ -161,7 +161,7 @@ async def test_a_sink_whose_handler_fails_leaves_the_connection_working(
 ) -> None:
     import logging
 
-    from anarchon.backends.nats._connection import subscribe_sink
+    from anarchon.backends.nats._wire import subscribe_sink
 
     nc = await connect(server_url)
     try:
@@ -286,7 +286,7 @@ async def test_a_publish_the_writer_does_not_handle_goes_through_nats_py(make: M
 async def test_unanswered_publishes_share_one_timer(make: Make, server_url: str) -> None:
     """Publishes in flight add their deadline to one heap of the connection's; one timer
     fails those whose deadline passed, each within its wait plus EXPIRY_TICK_S."""
-    from anarchon.backends.nats._connection import EXPIRY_TICK_S
+    from anarchon.backends.nats._wire import EXPIRY_TICK_S
 
     backend: NatsBackend = await make()
     await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:0", 2.0)
@@ -323,10 +323,10 @@ async def test_raw_subscriptions_leave_the_clients_other_messages_to_nats_py(
 ) -> None:
     """On a client with a raw subscription, another subscription still gets nats-py's
     messages (headers parsed); a raw handler that fails is logged and the client goes on."""
-    from anarchon.backends.nats._connection import _OPENED, raw_ready, subscribe_raw
+    from anarchon.backends.nats._wire import OPENED, raw_ready, subscribe_raw
 
     nc = await connect(server_url)
-    _OPENED.add(nc)  # as a client the backend opened: raw paths allowed
+    OPENED.add(nc)  # as a client the backend opened: raw paths allowed
     assert raw_ready(nc)
     try:
         raw_heard: list[tuple[bytes, bytes | None]] = []
@@ -362,7 +362,7 @@ async def test_a_callers_client_is_used_through_nats_py_alone(make: Make, server
     client the caller passed in keeps its own ``_process_msg`` and publishes, and its claims
     and their acks and feed work the same through nats-py's parsed messages."""
     from anarchon.backend import ClaimStatus
-    from anarchon.backends.nats._connection import raw_ready
+    from anarchon.backends.nats._wire import raw_ready
     from tests.records import claim_request
 
     slot = 1_800_000_000_000
@@ -389,7 +389,7 @@ async def test_a_callers_client_is_used_through_nats_py_alone(make: Make, server
 
 
 def test_a_status_rebuilt_from_a_parsed_message_reads_as_the_raw_one() -> None:
-    from anarchon.backends.nats._connection import _pub_ack, _raw_headers
+    from anarchon.backends.nats._wire import _pub_ack, _raw_headers
 
     rebuilt = _raw_headers({"Status": "503"})
     assert rebuilt == b"NATS/1.0 503\r\n\r\n"

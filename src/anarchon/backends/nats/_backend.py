@@ -2,7 +2,8 @@
 
 Each method is a thin call into the package: :mod:`._claims` (the claim path, results and
 settling), :mod:`._window` (the duplicate window jobs are checked against), :mod:`._connection`
-(every NATS call, bounded and translated), :mod:`._stream` (creating or evolving the stream),
+(every NATS call, bounded and translated), :mod:`._wire` (publishes and subscriptions on
+nats-py's internals, for speed), :mod:`._stream` (creating or evolving the stream),
 :mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where) and
 :mod:`._options` (option checks and the URL form).
 
@@ -34,7 +35,7 @@ from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
 from ._claims import ClaimPath
-from ._connection import Connection, cancel_unfinished, import_nats, subscribe_raw
+from ._connection import Connection, cancel_unfinished, import_nats
 from ._control import NatsControl
 from ._options import (
     DEFAULT_SERVERS,
@@ -52,6 +53,7 @@ from ._options import (
 from ._registry import NatsRegistry
 from ._subjects import check_prefix, check_stream
 from ._window import Window
+from ._wire import subscribe_raw
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -263,7 +265,7 @@ class NatsBackend(Backend):
         """Call ``on_claims`` with the notices every instance publishes on
         ``_anarchon.<stream>.claimed`` after its claims are acked (core NATS; the client
         subscribes again by itself after a reconnect). Each message is handed over as nats-py's
-        parser reads it (:func:`._connection.subscribe_raw`): listeners must not block."""
+        parser reads it (:func:`._wire.subscribe_raw`): listeners must not block."""
         self._feed.add_claims(on_claims)
         if self._claimed is None:
             nc, _ = self._conn.require()

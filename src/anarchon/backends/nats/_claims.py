@@ -35,10 +35,11 @@ from . import _connection
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Ack, Connection
+from ._connection import MAX_IN_FLIGHT, Connection
 from ._readback import ReadBack
 from ._records import Claim
 from ._window import CLAIM_MARGIN_MS, Window
+from ._wire import Ack
 
 if TYPE_CHECKING:
     from ._control import NatsControl

@@ -42,8 +42,9 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._connection import bounded, cancel_unfinished, subscribe_sink
+from ._connection import bounded, cancel_unfinished
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
+from ._wire import subscribe_sink
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

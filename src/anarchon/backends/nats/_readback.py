@@ -28,14 +28,9 @@ from typing import Any, Final
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import (
-    MAX_IN_FLIGHT,
-    Connection,
-    RawSubscription,
-    cancel_unfinished,
-    subscribe_raw,
-)
+from ._connection import MAX_IN_FLIGHT, Connection, cancel_unfinished
 from ._records import Stored
+from ._wire import RawSubscription, subscribe_raw
 
 logger = logging.getLogger("anarchon.backends.nats")
 
