@@ -11,7 +11,9 @@ records those it does not run; :mod:`._requests` runs the cluster's run requests
 retries) and :mod:`._retrying` stores retries and calls ``on_failure`` hooks; pauses are the
 backend's (:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log fields in
 :mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics, health)
-is :mod:`._operations`, a mixin of :class:`Scheduler`.
+is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
+(:meth:`Scheduler.run`'s event loop, :meth:`Scheduler.serve`'s signal handlers) is
+:mod:`._process`.
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
@@ -31,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import threading
 import uuid
@@ -40,7 +41,7 @@ from contextlib import AsyncExitStack
 from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
-from . import otel
+from . import _process, otel
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
@@ -82,8 +83,6 @@ MAX_WORKERS: Final = Bound(1, 1024)
 MAX_INSTANCE_ID: Final = 256
 # On stop, claims and takeovers already sent get this long to come back (s).
 SETTLE_S: Final = 5.0
-# run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
-EXIT_WAIT_S: Final = 2.0
 
 
 def default_instance_id() -> str:
@@ -603,72 +602,11 @@ class Scheduler(Operations):
         Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop: use
         ``async with scheduler`` or ``await scheduler.serve()`` there.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise SchedulerStateError(
-                "Scheduler.run() blocks and cannot be called inside a running event loop; "
-                "in async code use 'async with scheduler: ...' or 'await scheduler.serve()'"
-            )
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        main = loop.create_task(self.serve())
-        try:
-            loop.run_until_complete(main)
-        finally:
-            try:
-                if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
-                    main.cancel()  # serve() then stops the scheduler: bounded, let it finish
-                    loop.run_until_complete(asyncio.wait([main]))
-                # Runs whose handlers ignored their cancellation keep their leases while the
-                # process lives: a handler that ends within EXIT_WAIT_S has its result recorded
-                # (cancelling it again would only cut that short). Then the process exits: a
-                # handler still going ends with it, unreleased; its lease expires.
-                if self._lingering is not None and not self._lingering.done():
-                    loop.run_until_complete(asyncio.wait([self._lingering], timeout=EXIT_WAIT_S))
-                # Cancelling them again would only hurry them to an end whose result could not
-                # be recorded any more: they are left as they are and end with the process.
-                stubborn = self._executor.stubborn()
-                spared = {*stubborn, self._lingering}
-                if stubborn:
-                    logger.warning(
-                        "exiting with %d handler(s) that ignore their cancellation still "
-                        "running; their runs are not handed over: a backup takes each over when "
-                        "its lease expires",
-                        len(stubborn),
-                        extra=log_fields(Action.LEFT_TO_EXPIRE),
-                    )
-                # asyncio.run() would wait for every task to accept its cancellation, for ever.
-                left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
-                loop.run_until_complete(cancel_and_wait(left, EXIT_WAIT_S))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(
-                    asyncio.wait([loop.create_task(loop.shutdown_default_executor())], timeout=1)
-                )
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
+        _process.run(self.serve, lambda: self._lingering, self._executor.stubborn)
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
         """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code."""
-        event = stop_event or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, event.set)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                pass
-        try:
-            await self.start()
-            await event.wait()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        await _process.serve(self.start, self.stop, stop_event)
 
     @property
     def running(self) -> bool:
