@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._claims import Claims, share_first
@@ -33,40 +34,33 @@ __all__ = ["Firing"]
 logger = logging.getLogger("anarchon.scheduler")
 
 
+@dataclass(eq=False)
 class Firing:
     """Fires one scheduler's slots: owns its timer and the generation of each job name.
 
-    ``jobs`` is the scheduler's registry, read here; a slot on the timer fires only if its job
+    ``_jobs`` is the scheduler's registry, read here; a slot on the timer fires only if its job
     is still registered under the generation it was put on the timer with (see :meth:`added`).
-    ``running`` says whether slots are claimed (fired slots still schedule the next ones).
+    ``_running`` says whether slots are claimed (fired slots still schedule the next ones).
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        clock: Clock,
-        backend_clock: BackendClock,
-        jobs: dict[str, Job],
-        rendezvous: Rendezvous,
-        claims: Claims,
-        threads: HandlerThreads,
-        counters: Counters,
-        running: Callable[[], bool],
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-    ) -> None:
-        self._backend = backend
-        self._clock = clock
-        self._backend_clock = backend_clock
-        self._jobs = jobs
-        self._rendezvous = rendezvous
-        self._claims = claims
-        self._threads = threads
-        self._counters = counters
-        self._running = running
-        self._spawn = spawn
-        self._generation: dict[str, int] = {}
-        #: The one timer: every job's next slot (the scheduler runs and stops it).
-        self.timer = SlotTimer(clock, self.on_due, backend_clock.stepped)
+    # What a slot is fired from: the registry, whether to claim, the rank plan, the clocks.
+    _jobs: dict[str, Job]
+    _running: Callable[[], bool]
+    _rendezvous: Rendezvous
+    _clock: Clock
+    _backend_clock: BackendClock
+    _backend: Backend
+    # What it is handed to: the claim path, the handler threads, the counters, a new task.
+    _claims: Claims
+    _threads: HandlerThreads
+    _counters: Counters
+    _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    _generation: dict[str, int] = field(default_factory=dict, init=False)
+    timer: SlotTimer = field(init=False)
+    """The one timer: every job's next slot (the scheduler runs and stops it)."""
+
+    def __post_init__(self) -> None:
+        self.timer = SlotTimer(self._clock, self.on_due, self._backend_clock.stepped)
 
     def added(self, name: str) -> None:
         """Job ``name`` was registered (again): slots of an earlier job of that name still on

@@ -224,15 +224,15 @@ class Scheduler(Operations):
             self._spawn,
         )
         self._firing = Firing(
-            backend,
+            self._jobs,
+            lambda: self.running,
+            self._rendezvous,
             self._clock,
             self._backend_clock,
-            self._jobs,
-            self._rendezvous,
+            backend,
             self._claims,
             self._threads,
             self._counters,
-            lambda: self.running,
             self._spawn,
         )
         self._catching_up = CatchingUp(
