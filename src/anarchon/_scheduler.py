@@ -1,15 +1,19 @@
 """The scheduler: registers jobs, fires their slots, claims through the backend, runs winners.
 
-A slot's life, module by module: the timer (:mod:`._timer`) fires it here (``_on_due``);
-:mod:`._clock` (``BackendClock``) judges it early or too late on the backend's clock;
-:mod:`._claims` builds the request, claims it (fail-closed retries) and acts on the outcome;
-:mod:`._runner` runs what was won and records the result while :mod:`._keeper` renews the lease;
-:mod:`._watcher` takes over runs of instances that died; :mod:`._catchup` claims slots missed
-while no instance ran and :mod:`._missed` records those it does not run; :mod:`._requests` runs
-the cluster's run requests (triggers, retries) and :mod:`._retrying` stores retries and calls
-``on_failure`` hooks; pauses are the backend's (:mod:`anarchon.steering`). The counters are in
-:mod:`._metrics`, the log fields in :mod:`.logs`. What operators call (history, run_now, pause,
-trigger, cluster, metrics, health) is :mod:`._operations`, a mixin of :class:`Scheduler`.
+A slot's life, module by module: the timer (:mod:`._timer`) hands it, due after its rank delay
+(:mod:`._rendezvous`), to :mod:`._firing`, which has :mod:`._clock` (``BackendClock``) judge it
+early or too late on the backend's clock, sets a thread aside for a plain handler's claim and
+puts the job's next slot on the timer; :mod:`._claims` builds the request, claims it
+(fail-closed retries) and acts on the outcome; :mod:`._runner` runs what was won and records
+the result while :mod:`._keeper` renews the lease; :mod:`._watcher` takes over runs of instances
+that died; :mod:`._catchup` claims slots missed while no instance ran and :mod:`._missed`
+records those it does not run; :mod:`._requests` runs the cluster's run requests (triggers,
+retries) and :mod:`._retrying` stores retries and calls ``on_failure`` hooks; pauses are the
+backend's (:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log fields in
+:mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics, health)
+is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
+(:meth:`Scheduler.run`'s event loop, :meth:`Scheduler.serve`'s signal handlers) is
+:mod:`._process`.
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
@@ -29,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import threading
 import uuid
@@ -38,17 +41,17 @@ from contextlib import AsyncExitStack
 from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
-from . import otel
+from . import _process, otel
 from ._catchup import CatchingUp
-from ._claims import Claims, share_first
+from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
+from ._firing import Firing
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
-from ._members import BACKUP, PREFERRED
 from ._metrics import Counters
 from ._missed import MissedSlots
-from ._models import Run, Trigger
+from ._models import Run
 from ._operations import Operations
 from ._operations import State as _State
 from ._options import Bound, check_int
@@ -58,10 +61,9 @@ from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
 from ._supervisor import cancel_and_wait, supervised
 from ._threads import HandlerThreads
-from ._timer import Due, SlotTimer
 from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
-from .backend import Backend, ClaimNotice, ClaimRequest, LeaseBackend, Ticket
+from .backend import Backend, ClaimNotice, LeaseBackend, Ticket
 from .errors import DuplicateJob, InvalidOption, JobNotFound, SchedulerStateError
 from .logs import Action, bind_instance, log_fields
 
@@ -81,8 +83,6 @@ MAX_WORKERS: Final = Bound(1, 1024)
 MAX_INSTANCE_ID: Final = 256
 # On stop, claims and takeovers already sent get this long to come back (s).
 SETTLE_S: Final = 5.0
-# run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
-EXIT_WAIT_S: Final = 2.0
 
 
 def default_instance_id() -> str:
@@ -193,13 +193,11 @@ class Scheduler(Operations):
         self._clock: Clock = given_clock or SystemClock()
         self._jobs: dict[str, Job] = {}
         self._resolved: Resolved = {}  # options resolved once for every job that shares them
-        self._generation: dict[str, int] = {}
         self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
         self._counters = Counters()
         self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
         self._threads = HandlerThreads(max_workers)
-        self._timer = SlotTimer(self._clock, self._on_due, self._backend_clock.stepped)
         self._rendezvous = Rendezvous("", self._clock.monotonic_ms)
         self._executor = RunExecutor(backend, self._clock, self._threads, self._counters, grace_ms)
         self._watcher: BackupWatcher | None = None
@@ -223,6 +221,18 @@ class Scheduler(Operations):
             self._threads,
             self._counters,
             lambda: self.running,
+            self._spawn,
+        )
+        self._firing = Firing(
+            self._jobs,
+            lambda: self.running,
+            self._rendezvous,
+            self._clock,
+            self._backend_clock,
+            backend,
+            self._claims,
+            self._threads,
+            self._counters,
             self._spawn,
         )
         self._catching_up = CatchingUp(
@@ -302,10 +312,10 @@ class Scheduler(Operations):
         job = build_job(name, schedule, handler, chosen, self.backend, self._resolved)
         self._jobs[name] = job
         self._jobs_version += 1
-        self._generation[name] = self._generation.get(name, 0) + 1
+        self._firing.added(name)
         if self._state is _State.RUNNING:
             now = self._clock.now_ms()
-            self._schedule_next(job, now)
+            self._firing.schedule_next(job, now)
             self._spawn(self._catching_up.start([job], now))
 
     def remove(self, name: str) -> None:
@@ -394,8 +404,8 @@ class Scheduler(Operations):
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
-        self._schedule_all(list(self._jobs.values()), now)
-        timer = self._loop_task("timer", self._timer.run)
+        self._firing.schedule_all(list(self._jobs.values()), now)
+        timer = self._loop_task("timer", self._firing.timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(cancel_and_wait, [timer, skew])
         self._spawn(self._catching_up.start(list(self._jobs.values()), now))
@@ -451,7 +461,7 @@ class Scheduler(Operations):
 
     def _on_claims(self, notices: Sequence[ClaimNotice]) -> None:
         """Other instances won slots this one waits on: watch those runs as a backup would
-        (the claims themselves are dropped when the slots come due, see ``_on_due``)."""
+        (the claims themselves are dropped when the slots come due, see :mod:`._firing`)."""
         if not self.running:
             return
         now: int | None = None
@@ -592,193 +602,18 @@ class Scheduler(Operations):
         Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop: use
         ``async with scheduler`` or ``await scheduler.serve()`` there.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise SchedulerStateError(
-                "Scheduler.run() blocks and cannot be called inside a running event loop; "
-                "in async code use 'async with scheduler: ...' or 'await scheduler.serve()'"
-            )
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        main = loop.create_task(self.serve())
-        try:
-            loop.run_until_complete(main)
-        finally:
-            try:
-                if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
-                    main.cancel()  # serve() then stops the scheduler: bounded, let it finish
-                    loop.run_until_complete(asyncio.wait([main]))
-                # Runs whose handlers ignored their cancellation keep their leases while the
-                # process lives: a handler that ends within EXIT_WAIT_S has its result recorded
-                # (cancelling it again would only cut that short). Then the process exits: a
-                # handler still going ends with it, unreleased; its lease expires.
-                if self._lingering is not None and not self._lingering.done():
-                    loop.run_until_complete(asyncio.wait([self._lingering], timeout=EXIT_WAIT_S))
-                # Cancelling them again would only hurry them to an end whose result could not
-                # be recorded any more: they are left as they are and end with the process.
-                stubborn = self._executor.stubborn()
-                spared = {*stubborn, self._lingering}
-                if stubborn:
-                    logger.warning(
-                        "exiting with %d handler(s) that ignore their cancellation still "
-                        "running; their runs are not handed over: a backup takes each over when "
-                        "its lease expires",
-                        len(stubborn),
-                        extra=log_fields(Action.LEFT_TO_EXPIRE),
-                    )
-                # asyncio.run() would wait for every task to accept its cancellation, for ever.
-                left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
-                loop.run_until_complete(cancel_and_wait(left, EXIT_WAIT_S))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(
-                    asyncio.wait([loop.create_task(loop.shutdown_default_executor())], timeout=1)
-                )
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
+        _process.run(self.serve, lambda: self._lingering, self._executor.stubborn)
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
         """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code."""
-        event = stop_event or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, event.set)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                pass
-        try:
-            await self.start()
-            await event.wait()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        await _process.serve(self.start, self.stop, stop_event)
 
     @property
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`stop`."""
         return self._state is _State.RUNNING
 
-    # -- firing -----------------------------------------------------------------------------
-
-    def _schedule_next(self, job: Job, after_ms: int) -> None:
-        self._timer.push(*self._planned(job, after_ms))
-
-    def _schedule_all(self, jobs: list[Job], after_ms: int) -> None:
-        """:meth:`_schedule_next` for every job of ``jobs``, put on the timer at once."""
-        self._timer.push_many([self._planned(job, after_ms) for job in jobs])
-
-    def _planned(self, job: Job, after_ms: int) -> tuple[str, int, int, int]:
-        """The timer's entry for ``job``'s next slot after ``after_ms``: ``(job, slot, due_ms,
-        generation)``, due after its rank delay (or, unranked, a random jitter: see
-        _rendezvous)."""
-        slot = job.schedule.next_slot(after_ms)
-        plan = self._rendezvous.plan(job.name, slot, job.policy.jitter_ms)
-        if plan.kind is BACKUP:
-            self.backend.expect_claims(slot, slot + plan.delay_ms)  # a notice may save the claim
-        return job.name, slot, slot + plan.delay_ms, self._generation[job.name]
-
-    def _on_due(self, batch: list[Due]) -> None:
-        # "Too late" is a decision shared with other instances: judged on the backend's clock
-        # as measured, not on this host's wall clock (which may have been stepped).
-        now = self._backend_clock.time.now_ms()
-        # Handed over before their slot (the timer's lead_ms): claimed at it, not before, and
-        # judged early or not by the backend's clock then.
-        at: int | None = batch[-1].due_ms if batch else None
-        sent_at = now
-        if at is not None:
-            ahead = at - self._clock.now_ms()
-            if ahead > 0:
-                sent_at += ahead
-            else:
-                at = None
-        # The jobs fired and their slots, as two lists rather than a pair each: a burst's
-        # thousands wait for _reschedule, and each pair would be one more object to walk.
-        fired: list[Job] = []
-        slots: list[int] = []
-        try:
-            requests: list[ClaimRequest] = []
-            reserved: set[str] = set()
-            starved: list[ClaimRequest] = []
-            early: list[Due] = []
-            # On one host every instance's wall clock stepped alike: nobody is early.
-            early_check = self._backend_clock.early_slots_possible()
-            # Read once, not per slot (a step of its own per read on Python 3.11; nothing in
-            # the loop awaits, so the state stays as it is).
-            running, schedule = self._state is _State.RUNNING, Trigger.SCHEDULE
-            for due in batch:
-                job = self._jobs.get(due.job)
-                if job is None or self._generation.get(due.job) != due.generation:
-                    continue
-                if early_check and self._backend_clock.is_early(due.slot, sent_at):
-                    early.append(due)
-                    continue
-                fired.append(job)
-                slots.append(due.slot)
-                if not running or self._heard(job, due.slot):
-                    continue
-                request = self._claims.request(job, due.slot, schedule, now)
-                if request.skip_reason is None and not job.is_async:
-                    # A plain handler needs a thread: no lease is taken before one is set
-                    # aside. Without one this instance does not claim; others run the slot.
-                    if not self._threads.reserve():
-                        starved.append(request)
-                        continue
-                    reserved.add(request.run_id)
-                requests.append(request)
-            if starved:
-                self._claims.starved(starved)
-            if requests:
-                requests = share_first(requests, self._rendezvous.share)
-                self._spawn(self._claims.fire(requests, reserved, not_before_ms=at, keep=False))
-            if early:
-                self._backend_clock.defer(early, now, self._push_back)
-        finally:
-            if fired:
-                # After the claim is on its way: a batch of thousands would otherwise hold it.
-                self._spawn(self._reschedule(fired, slots, now))
-
-    def _heard(self, job: Job, slot: int) -> bool:
-        """Count how this slot came to be claimed; True if another instance's win was heard
-        meanwhile (then it is not claimed: the claim could only lose)."""
-        kind, notice = self._rendezvous.due(job.name, slot)
-        counters = self._counters
-        if notice is None:
-            if kind is PREFERRED:
-                counters.claims_preferred += 1
-            elif kind is BACKUP:
-                counters.claims_backup += 1
-            else:
-                counters.claims_unranked += 1
-            return False
-        counters.claims_heard += 1
-        if logger.isEnabledFor(logging.DEBUG):  # in a burst, one per slot another instance won
-            logger.debug(
-                "not claiming %s slot %s: %s won it first",
-                job.name,
-                slot,
-                notice.instance,
-                extra=log_fields(Action.CLAIM_HEARD, job.name, slot, holder=notice.instance),
-            )
-        return True
-
-    def _push_back(self, due: Due, wall_ms: int) -> None:
-        self._timer.push(due.job, due.slot, wall_ms, due.generation)
-
-    async def _reschedule(self, fired: list[Job], slots: list[int], now: int) -> None:
-        """Put each fired job's next slot (after its fired one in ``slots``) on the timer.
-        Slots that are already too late (on the backend's clock) are passed over without a
-        claim (the process was frozen)."""
-        for n, (job, slot) in enumerate(zip(fired, slots, strict=True)):
-            if self._jobs.get(job.name) is job:
-                self._schedule_next(job, max(slot, now - job.policy.max_late_ms))
-            if n % 512 == 511:
-                await asyncio.sleep(0)
+    # -- takeovers --------------------------------------------------------------------------
 
     def _on_taken(self, job: Job, ticket: Ticket, reserved: bool, sent: int) -> None:
         # Also while stopping: the run is then drained with the others, or handed over at once

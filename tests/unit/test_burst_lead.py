@@ -69,7 +69,7 @@ async def test_a_burst_is_built_its_lead_before_the_slot_and_claimed_at_it(
         assert sum(len(requests) for _, _, requests in claims) == JOBS
         assert scheduler.metrics()["runs_succeeded"] == JOBS
         # The counts behind the lead follow the heap: only the next instant's are left.
-        assert scheduler._timer._instants == {SLOT + 60 * MINUTE: JOBS}
+        assert scheduler._firing.timer._instants == {SLOT + 60 * MINUTE: JOBS}
 
 
 class _Behind(BackendClock):

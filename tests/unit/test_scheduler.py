@@ -197,7 +197,7 @@ async def test_ten_thousand_jobs_keep_one_timer(clock: FakeClock) -> None:
             scheduler.add(f"job{n}", f"{n % 60} {n % 24} * * *", handler)
         async with scheduler:
             await clock.advance(1_000)
-            assert len(scheduler._timer) == jobs
+            assert len(scheduler._firing.timer) == jobs
             return len(asyncio.all_tasks())
 
     assert await tasks_while_idle(10_000) == await tasks_while_idle(1), "tasks grow with jobs"

@@ -1,0 +1,107 @@
+"""The process around a scheduler: :meth:`~anarchon.Scheduler.run` (an event loop of its own,
+left without waiting for ever on handlers that ignore their cancellation) and
+:meth:`~anarchon.Scheduler.serve` (start, wait for SIGINT/SIGTERM, stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
+
+from ._supervisor import cancel_and_wait
+from .errors import SchedulerStateError
+from .logs import Action, log_fields
+
+__all__ = ["EXIT_WAIT_S", "run", "serve"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+# run(): after stop(), tasks still running (ignoring their cancellation) get this long (s).
+EXIT_WAIT_S: Final = 2.0
+
+
+def run(
+    serve: Callable[[], Coroutine[Any, Any, None]],
+    lingering: Callable[[], asyncio.Future[None] | None],
+    stubborn: Callable[[], list[asyncio.Task[Any]]],
+) -> None:
+    """Run ``serve()`` on an event loop of its own, then leave it: ``lingering()`` (the wait
+    for handlers that ignore their cancellation, after stop) gets :data:`EXIT_WAIT_S`, the
+    ``stubborn()`` handlers still running are logged and left to end with the process, every
+    other task is cancelled (waited for up to :data:`EXIT_WAIT_S`)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise SchedulerStateError(
+            "Scheduler.run() blocks and cannot be called inside a running event loop; "
+            "in async code use 'async with scheduler: ...' or 'await scheduler.serve()'"
+        )
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve())
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
+                main.cancel()  # serve() then stops the scheduler: bounded, let it finish
+                loop.run_until_complete(asyncio.wait([main]))
+            # Runs whose handlers ignored their cancellation keep their leases while the
+            # process lives: a handler that ends within EXIT_WAIT_S has its result recorded
+            # (cancelling it again would only cut that short). Then the process exits: a
+            # handler still going ends with it, unreleased; its lease expires.
+            waiting = lingering()
+            if waiting is not None and not waiting.done():
+                loop.run_until_complete(asyncio.wait([waiting], timeout=EXIT_WAIT_S))
+            # Cancelling them again would only hurry them to an end whose result could not
+            # be recorded any more: they are left as they are and end with the process.
+            left_running = stubborn()
+            spared = {*left_running, waiting}
+            if left_running:
+                logger.warning(
+                    "exiting with %d handler(s) that ignore their cancellation still "
+                    "running; their runs are not handed over: a backup takes each over when "
+                    "its lease expires",
+                    len(left_running),
+                    extra=log_fields(Action.LEFT_TO_EXPIRE),
+                )
+            # asyncio.run() would wait for every task to accept its cancellation, for ever.
+            left = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in spared]
+            loop.run_until_complete(cancel_and_wait(left, EXIT_WAIT_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(
+                asyncio.wait([loop.create_task(loop.shutdown_default_executor())], timeout=1)
+            )
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+async def serve(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    stop_event: asyncio.Event | None,
+) -> None:
+    """``start()``, wait for SIGINT/SIGTERM (or ``stop_event``), ``stop()``; the signal
+    handlers are installed only meanwhile, and only on the main thread."""
+    event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, event.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    try:
+        await start()
+        await event.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await stop()
