@@ -4,12 +4,13 @@ A slot's life, module by module: the timer (:mod:`._timer`) hands it, due after 
 (:mod:`._rendezvous`), to :mod:`._firing`, which has :mod:`._clock` (``BackendClock``) judge it
 early or too late on the backend's clock, sets a thread aside for a plain handler's claim and
 puts the job's next slot on the timer; :mod:`._claims` builds the request, claims it
-(fail-closed retries) and acts on the outcome; :mod:`._runner` runs what was won and records
-the result while :mod:`._keeper` renews the lease; :mod:`._watcher` takes over runs of instances
-that died; :mod:`._catchup` claims slots missed while no instance ran and :mod:`._missed`
-records those it does not run; :mod:`._requests` runs the cluster's run requests (triggers,
-retries) and :mod:`._retrying` stores retries and calls ``on_failure`` hooks; pauses are the
-backend's (:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log fields in
+(fail-closed retries) and acts on the outcome; :mod:`._runner` runs what was won while
+:mod:`._keeper` renews the lease, and :mod:`._results` records the result (batched, held while a
+burst starts, retried); :mod:`._watcher` takes over runs of instances that died;
+:mod:`._catchup` claims slots missed while no instance ran and :mod:`._missed` records those it
+does not run; :mod:`._requests` runs the cluster's run requests (triggers, retries) and
+:mod:`._retrying` stores retries and calls ``on_failure`` hooks; pauses are the backend's
+(:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log fields in
 :mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics, health)
 is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
 (:meth:`Scheduler.run`'s event loop, :meth:`Scheduler.serve`'s signal handlers) is
