@@ -420,9 +420,13 @@ class NatsSameWork(SameWork):
         import nats
 
         from anarchon.backends.nats._connection import set_read_size
-        from anarchon.backends.nats._wire import Writer, subscribe_raw
+        from anarchon.backends.nats._wire import OPENED, Writer, subscribe_raw
 
         self._nc = await nats.connect(servers=[self.servers], connect_timeout=5)
+        # The raw paths serve only the clients the backend opened itself (OPENED; see
+        # raw_ready): this one stands for the backend's own, so it takes them as they do.
+        # Without it the floor went through nats-py's publish and parsed messages.
+        OPENED.add(self._nc)
         set_read_size(self._nc)
         self._writer = Writer(self._nc, asyncio.get_running_loop())
         self._inbox = self._nc.new_inbox() + "."
