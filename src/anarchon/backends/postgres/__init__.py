@@ -13,7 +13,8 @@ The claim path: ``PostgresBackend.claim`` in ``_backend.py`` (the contract's met
 ``_statements.py`` (sending a statement, reading its rows), ``_transactions.py`` (one
 transaction, or many in one round trip, a failing item failing alone), ``_errors.py`` (driver
 errors), ``_options.py`` (options, URLs), ``_queries.py`` (composing ``queries.sql``),
-``_migrations.py`` (table versions), ``_listener.py`` (LISTEN).
+``_migrations.py`` (table versions), ``_listener.py`` (LISTEN), ``_registry.py`` (the instance
+registry and definitions sets) and ``_control.py`` (pauses and run requests).
 
 psycopg 3 and psycopg_pool are imported when a :class:`PostgresBackend` is built, so the rest of
 anarchon works without them (``pip install 'anarchon[postgres]'``).
