@@ -348,6 +348,13 @@ class Connection:
         found = await self.subjects(f"KV_{bucket}", f"{prefix}{start}>")
         return [subject[len(prefix) :] for subject in found]
 
+    async def purge_keys(self, bucket: str, keys: str, before_seq: int | None = None) -> None:
+        """Remove the messages of the keys of key-value bucket ``bucket`` that match ``keys``
+        (one key, or a filter ending in ``*`` or ``>``); with ``before_seq``, only those stored
+        before that sequence. Unlike a delete, a purge leaves no marker behind."""
+        _, js = self.require()
+        await js.purge_stream(f"KV_{bucket}", seq=before_seq, subject=f"$KV.{bucket}.{keys}")
+
     async def open_bucket(
         self,
         bucket: str,

@@ -487,10 +487,8 @@ class NatsControl:
         kv = await self._open(create=False)
         if kv is None:
             return
-        _, js = self._backend._conn.require()
-        subject = f"$KV.{self.bucket}.{self._request_key(request_id)}"
         await self._bounded(
-            js.purge_stream(f"KV_{self.bucket}", subject=subject),
+            self._backend._conn.purge_keys(self.bucket, self._request_key(request_id)),
             f"removing run request {request_id}",
         )
 

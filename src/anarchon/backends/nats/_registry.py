@@ -326,7 +326,6 @@ class NatsRegistry:
         kv = await self._open_sets(create=False)
         if kv is None:
             return []
-        _, js = self._backend._conn.require()
         kept = set(keep)
 
         async def prune() -> list[str]:
@@ -345,10 +344,8 @@ class NatsRegistry:
                     continue  # saved again since it was read
                 # Only what was stored before the deleted manifest: a save of the digest since
                 # (its touch found no manifest) writes these keys again and keeps them.
-                await js.purge_stream(
-                    f"KV_{self._sets_bucket}",
-                    seq=found[1],
-                    subject=f"$KV.{self._sets_bucket}.{self._set_key(digest, '*')}",
+                await self._backend._conn.purge_keys(
+                    self._sets_bucket, self._set_key(digest, "*"), before_seq=found[1]
                 )
                 gone.append(digest)
             return gone
