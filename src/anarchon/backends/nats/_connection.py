@@ -92,7 +92,8 @@ def _where(nc: NATS) -> str:
 
 def set_read_size(nc: NATS) -> None:
     """Make each read of the client's socket ask for :data:`READ_SIZE` bytes (a plain TCP
-    connection's asyncio transport; a TLS one reads through its own buffer and is left alone)."""
+    connection's asyncio transport; a TLS one reads through its own buffer, uvloop's into one
+    buffer per loop, and both are left alone)."""
     writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
     transport = getattr(writer, "transport", None)
     if transport is not None and isinstance(getattr(transport, "max_size", None), int):
