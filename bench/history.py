@@ -29,6 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,7 @@ class SQLiteStore(Store):
 
     async def grow(self, size: int) -> None:
         params = {"start": self.rows, "stop": size, "job": JOB, "first": FIRST}
-        with sqlite3.connect(self.path) as conn:
+        with closing(sqlite3.connect(self.path)) as conn, conn:
             conn.execute(SQLITE_FILL, params)
         self.rows = size
 

@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class Project:
     def rows(self) -> list[tuple[str, datetime, str]]:
         query = "SELECT job, slot, instance FROM reports_tick"
         if self.rows_from == "sqlite":
-            with sqlite3.connect(self.root / "db.sqlite3") as conn:
+            with closing(sqlite3.connect(self.root / "db.sqlite3")) as conn:
                 found = conn.execute(query).fetchall()
             return [(j, datetime.fromisoformat(s).replace(tzinfo=UTC), i) for j, s, i in found]
         with psycopg.connect(self.url_dsn) as conn:

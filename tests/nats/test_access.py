@@ -47,17 +47,22 @@ def _openssl(*args: str | Path) -> None:
 
 
 def make_pki(directory: Path) -> Pki:
-    """EC P-256 keys (quick to make); the server certificate is for 127.0.0.1 and localhost."""
+    """EC P-256 keys (quick to make); the server certificate is for 127.0.0.1 and localhost.
+    With the extensions Python 3.13's strict verification (``VERIFY_X509_STRICT``, on by
+    default) requires: the CA's key usage, each certificate's key identifiers."""
     directory.mkdir(parents=True, exist_ok=True)
     d = directory
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", d / "ca-key.pem", "-out", d / "ca.pem",
-             "-days", "2", "-subj", "/CN=anarchon test CA")  # fmt: skip
+             "-days", "2", "-subj", "/CN=anarchon test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    ids = "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
     for name, ext in (
         ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
         ("client", "extendedKeyUsage=clientAuth\n"),
     ):
-        (d / f"{name}.ext").write_text(ext)
+        (d / f"{name}.ext").write_text(ext + ids)
         _openssl("req", *ec, "-keyout", d / f"{name}-key.pem", "-out", d / f"{name}.csr",
                  "-subj", f"/CN=anarchon test {name}")  # fmt: skip
         _openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.pem",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -170,20 +171,20 @@ async def test_a_value_the_file_cannot_hold_is_refused_by_name(tmp_path: Path) -
 
 
 def test_the_pause_and_request_lookups_use_indexes(tmp_path: Path) -> None:
-    conn = sqlite3.connect(tmp_path / "plan.db")
-    conn.executescript(
-        sqlite_queries.Q["create_schema_table"]
-        + ";"
-        + ";".join(step.sql for step in sqlite_queries.STEPS)
-    )
+    with closing(sqlite3.connect(tmp_path / "plan.db")) as conn:
+        conn.executescript(
+            sqlite_queries.Q["create_schema_table"]
+            + ";"
+            + ";".join(step.sql for step in sqlite_queries.STEPS)
+        )
 
-    def plan(query: str, *params: Any) -> str:
-        return " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
+        def plan(query: str, *params: Any) -> str:
+            return " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
 
-    pauses = plan(sqlite_queries.Q["job_pauses"], "job")
-    assert "USING INDEX sqlite_autoindex_anarchon_pauses_1" in pauses, pauses
-    requests = plan(sqlite_queries.Q["job_requests"].replace("?jobs", "?"), "job")
-    assert "USING INDEX anarchon_requests_due" in requests, requests
+        pauses = plan(sqlite_queries.Q["job_pauses"], "job")
+        assert "USING INDEX sqlite_autoindex_anarchon_pauses_1" in pauses, pauses
+        requests = plan(sqlite_queries.Q["job_requests"].replace("?jobs", "?"), "job")
+        assert "USING INDEX anarchon_requests_due" in requests, requests
 
 
 async def test_a_takeover_keeps_who_asked(tmp_path: Path) -> None:

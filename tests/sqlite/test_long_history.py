@@ -9,6 +9,7 @@ the timings are in bench/history.py (docs/benchmarks.md, "History at size").
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ async def _filled(path: Path, history_size: int) -> SQLiteBackend:
     """A started backend on ``path`` whose job holds ROWS runs."""
     backend = SQLiteBackend(path, history_size=history_size)
     await backend.start()
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn, conn:
         conn.execute(FILL, {"rows": ROWS, "job": JOB, "first": FIRST})
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT count(*) FROM anarchon_runs").fetchone() == (ROWS,)
     return backend
 
@@ -48,7 +49,7 @@ async def test_history_last_run_and_explain_of_a_million_runs(tmp_path: Path) ->
     try:
         # The plans, without statistics (the backend never runs ANALYZE): each read of the
         # runs goes through the index that bounds it (a LIMIT bounds history and slot_count).
-        with sqlite3.connect(tmp_path / "long.db") as conn:
+        with closing(sqlite3.connect(tmp_path / "long.db")) as conn:
             for name, params, wanted in (
                 ("history", (JOB, 100), ["anarchon_runs_by_start (job=?)"]),
                 ("slot_records", (JOB, FIRST), ["anarchon_runs_slot (job=? AND slot=?)"]),
@@ -79,7 +80,7 @@ async def test_pruning_removes_the_excess_a_batch_per_result(tmp_path: Path) -> 
             [won] = await backend.claim([claim_request(slot)])
             assert won.ticket is not None
             await backend.finish(won.ticket, "succeeded", None)
-            with sqlite3.connect(path) as conn:
+            with closing(sqlite3.connect(path)) as conn:
                 count, oldest = conn.execute(
                     "SELECT count(*), min(slot) FROM anarchon_runs WHERE job = ?", (JOB,)
                 ).fetchone()
@@ -103,7 +104,7 @@ async def test_pruning_stops_at_history_size(tmp_path: Path) -> None:
     backend = SQLiteBackend(path, history_size=150)
     await backend.start()
     try:
-        with sqlite3.connect(path) as conn:
+        with closing(sqlite3.connect(path)) as conn, conn:
             conn.execute(FILL, {"rows": 300, "job": JOB, "first": FIRST})
         slot = FIRST + 300 * 1000
         counts = []
@@ -111,7 +112,7 @@ async def test_pruning_stops_at_history_size(tmp_path: Path) -> None:
             [won] = await backend.claim([claim_request(slot)])
             assert won.ticket is not None
             await backend.finish(won.ticket, "succeeded", None)
-            with sqlite3.connect(path) as conn:
+            with closing(sqlite3.connect(path)) as conn:
                 counts.append(
                     conn.execute(
                         "SELECT count(*) FROM anarchon_runs WHERE job = ?", (JOB,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,8 @@ async def test_many_backends_migrate_one_file_at_once(tmp_path: Path) -> None:
     assert sum(o[0].status == "won" for o in outcomes) == 1
     for backend in backends:
         await backend.stop()
-    conn = sqlite3.connect(tmp_path / "b.db")
-    assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 6
+    with closing(sqlite3.connect(tmp_path / "b.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM anarchon_schema").fetchone()[0] == 6
 
 
 async def test_history_is_capped_by_count(tmp_path: Path) -> None:
@@ -103,18 +104,20 @@ async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     assert won.ticket is not None
     await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
     await backend.stop()
-    conn = sqlite3.connect(tmp_path / "old.db")
-    assert [v for (v,) in conn.execute("SELECT version FROM anarchon_schema ORDER BY 1")] == [
-        1,
-        2,
-        3,
-        4,
-        5,
-        6,
-    ]
-    assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
-    indexes = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "anarchon_runs_by_start" in indexes and "anarchon_runs_newest" not in indexes
+    with closing(sqlite3.connect(tmp_path / "old.db")) as conn:
+        assert [v for (v,) in conn.execute("SELECT version FROM anarchon_schema ORDER BY 1")] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+        ]
+        assert conn.execute("SELECT count(*) FROM anarchon_events").fetchone()[0] == 1
+        indexes = {
+            n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+        assert "anarchon_runs_by_start" in indexes and "anarchon_runs_newest" not in indexes
 
 
 async def test_history_orders_one_millisecond_by_record(
@@ -134,16 +137,16 @@ async def test_history_orders_one_millisecond_by_record(
 
 
 def test_history_reads_the_start_index_in_reverse(tmp_path: Path) -> None:
-    conn = sqlite3.connect(tmp_path / "plan.db")
-    conn.executescript(
-        sqlite_queries.Q["create_schema_table"]
-        + ";"
-        + ";".join(step.sql for step in sqlite_queries.STEPS)
-    )
-    plan = " ".join(
-        row[3]
-        for row in conn.execute("EXPLAIN QUERY PLAN " + sqlite_queries.Q["history"], ("j", 5))
-    )
+    with closing(sqlite3.connect(tmp_path / "plan.db")) as conn:
+        conn.executescript(
+            sqlite_queries.Q["create_schema_table"]
+            + ";"
+            + ";".join(step.sql for step in sqlite_queries.STEPS)
+        )
+        plan = " ".join(
+            row[3]
+            for row in conn.execute("EXPLAIN QUERY PLAN " + sqlite_queries.Q["history"], ("j", 5))
+        )
     assert "anarchon_runs_by_start" in plan and "TEMP B-TREE" not in plan, plan
 
 

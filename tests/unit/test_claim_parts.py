@@ -51,6 +51,8 @@ class Parts(MemoryBackend):
             # type(), not isinstance(): no attribute of any object in the heap is looked up
             # (isinstance asks an unknown object for __class__; an xdist worker that had run
             # hundreds of tests died in this loop once).
+            # Collected first: requests an earlier test left in reference cycles are not alive.
+            gc.collect()
             alive = sum(1 for o in gc.get_objects() if type(o) is ClaimRequest)
             self.requests_at_call.append(alive)
         if self.slow_s:

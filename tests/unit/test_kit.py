@@ -10,6 +10,7 @@ import logging
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -528,18 +529,20 @@ VERSION = {
 
 
 def test_migrate_runs_pending_steps_once_and_refuses_newer_stores() -> None:
-    conn = sqlite3.connect(":memory:")
-    assert [s.name for s in migrate(conn, STEPS[:1], **VERSION)] == ["runs"]
-    assert [s.name for s in migrate(conn, STEPS, **VERSION)] == ["jobs"]
-    assert migrate(conn, STEPS, **VERSION) == []
-    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "jobs", "schema_version"} <= tables
-    with pytest.raises(
-        BackendError, match=r"toy\.db: database schema version 2 is newer .* upgrade"
-    ):
-        migrate(conn, STEPS[:1], **VERSION)
-    with pytest.raises(ValueError, match=r"numbered 1, 2, 3 ... in order, not \[2\]"):
-        migrate(conn, STEPS[1:], **VERSION)
+    with closing(sqlite3.connect(":memory:")) as conn:
+        assert [s.name for s in migrate(conn, STEPS[:1], **VERSION)] == ["runs"]
+        assert [s.name for s in migrate(conn, STEPS, **VERSION)] == ["jobs"]
+        assert migrate(conn, STEPS, **VERSION) == []
+        tables = {
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        assert {"runs", "jobs", "schema_version"} <= tables
+        with pytest.raises(
+            BackendError, match=r"toy\.db: database schema version 2 is newer .* upgrade"
+        ):
+            migrate(conn, STEPS[:1], **VERSION)
+        with pytest.raises(ValueError, match=r"numbered 1, 2, 3 ... in order, not \[2\]"):
+            migrate(conn, STEPS[1:], **VERSION)
 
 
 class _Half(LeaseBackend):
