@@ -222,13 +222,15 @@ async def test_each_read_of_the_socket_asks_for_read_size_bytes(make: Make) -> N
     nc = backend._conn.nc
     assert nc is not None
 
-    def read_size() -> int:
+    def socket_transport() -> Any:
         transport: Any = nc._transport
-        return int(transport._io_writer.transport.max_size)
+        return transport._io_writer.transport
 
-    socket_transport = nc._transport._io_writer.transport  # type: ignore[union-attr]
-    if not hasattr(socket_transport, "max_size"):
-        pytest.skip(f"{type(socket_transport).__name__} reads into a buffer of the loop's own")
+    def read_size() -> int:
+        return int(socket_transport().max_size)
+
+    if not hasattr(socket_transport(), "max_size"):
+        pytest.skip(f"{type(socket_transport()).__name__} reads into a buffer of the loop's own")
     assert read_size() == READ_SIZE < 128 * 1024
     if not hasattr(nc, "force_reconnect"):  # nats-py before 2.10 (make compat runs 2.9)
         pytest.skip("this nats-py has no force_reconnect() to make a new socket with")
