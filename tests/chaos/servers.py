@@ -134,9 +134,11 @@ class PrivatePostgres:
     """A PostgreSQL cluster of its own: ``initdb`` in a temporary directory, run as ``postgres``.
 
     ``stop()`` is a fast shutdown (SIGINT), ``start()`` starts it again on the same port and data.
+    ``settings``: more ``name=value`` server settings (``-c``), such as ``ssl=on``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: tuple[str, ...] = ()) -> None:
+        self.settings = settings
         self.port = free_port()
         self.bin = _postgres_bin()
         # Not under pytest's tmp_path: the postgres user must be able to reach it.
@@ -178,6 +180,7 @@ class PrivatePostgres:
                     "-c", "fsync=off",
                     "-c", "max_connections=60",
                     "-c", "shared_buffers=16MB",
+                    *(arg for setting in self.settings for arg in ("-c", setting)),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -53,6 +53,9 @@ T = TypeVar("T")
 
 # A pooled connection idle longer than this is looked at before use (see Connections._alive).
 IDLE_CHECK_S: Final = 0.5
+# A start whose pool found no connection asks why with one more attempt, for at most this long
+# (see Connections._why_not_connected).
+WHY_WAIT_S: Final = 2.0
 
 
 def describe_server(options: Options) -> str:
@@ -174,12 +177,31 @@ class Connections(Statements):
                 await pool.open(wait=True, timeout=timeout_s)
             except Exception as exc:
                 await pool.close()
+                why = await self._why_not_connected() or translate(exc, self.where) or exc
                 raise BackendUnavailable(
                     f"cannot connect to PostgreSQL {self.where} within "
-                    f"timeout_ms={self.options.timeout_ms}: {translate(exc, self.where) or exc}; "
+                    f"timeout_ms={self.options.timeout_ms}: {why}; "
                     "check the DSN and that the server is up"
                 ) from exc
             self._pool = pool
+
+    async def _why_not_connected(self) -> str | None:
+        """Why the pool found no connection, from one more attempt of the pool's own: the pool
+        logs its attempts' errors but raises only its timeout, which hides a server's refusal
+        (``pg_hba.conf``, a password, TLS) or the client's (a certificate file that is not
+        there). None if the attempt succeeds or takes longer than :data:`WHY_WAIT_S`."""
+        from psycopg import AsyncConnection
+
+        assert self.options.dsn is not None
+        attempt = AsyncConnection.connect(self.options.dsn, **self._connection_options())
+        try:
+            conn = await asyncio.wait_for(attempt, WHY_WAIT_S)
+        except TimeoutError:
+            return None
+        except Exception as exc:
+            return first_line(exc)
+        await conn.close()
+        return None
 
     async def close(self) -> None:
         """Close the pool the backend opened (never the caller's), once the statements left to

@@ -1,0 +1,115 @@
+"""TLS on a real PostgreSQL server of the test's own (``initdb``, ``ssl=on``): a CA and
+certificates made for the test, ``pg_hba.conf`` refusing connections without TLS and asking for
+a client certificate signed by the CA. The backend migrates and claims with
+``sslmode=verify-full``; without the client certificate, the CA or TLS itself, ``start()``
+fails within ``timeout_ms``, saying why. libpq does the TLS (not Python's ``ssl``), so Python
+3.13's strict certificate checks do not apply here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from anarchon import BackendUnavailable, backend_from_url
+from anarchon.backend import ClaimStatus
+from anarchon.backends.postgres import PostgresBackend
+from tests.chaos.servers import PrivatePostgres
+from tests.pki import Pki, make_pki
+from tests.postgres.test_postgres import SLOT, request
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="the test makes its certificates with openssl"
+)
+
+#: Only TLS connections, and only with a client certificate the CA signed (trust otherwise).
+HBA = (
+    "local all all trust\n"
+    "hostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n"
+    "hostnossl all all 127.0.0.1/32 reject\n"
+)
+
+
+@dataclass
+class TlsPostgres:
+    """A started server that takes TLS connections with client certificates from ``pki``'s CA."""
+
+    pki: Pki
+    port: int
+
+    def url(self, files: dict[str, Path], sslmode: str = "verify-full") -> str:
+        query = urlencode({"sslmode": sslmode, **{k: str(v) for k, v in files.items()}})
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres?{query}"
+
+    def every_file(self) -> dict[str, Path]:
+        pki = self.pki
+        return {"sslrootcert": pki.ca, "sslcert": pki.client_cert, "sslkey": pki.client_key}
+
+
+@pytest.fixture(scope="module")
+def tls_postgres() -> Iterator[TlsPostgres]:
+    server = PrivatePostgres()
+    try:
+        # Under the server's directory (the postgres user reaches it); the server's key must be
+        # that user's, the client's stays the test's (libpq checks both).
+        pki = make_pki(server.root / "pki", client="postgres")
+        owner = (server.root.stat().st_uid, server.root.stat().st_gid)
+        for path in (pki.server_cert, pki.server_key, pki.ca, pki.server_key.parent):
+            os.chown(path, *owner)
+        server.settings = (
+            "ssl=on",
+            f"ssl_cert_file={pki.server_cert}",
+            f"ssl_key_file={pki.server_key}",
+            f"ssl_ca_file={pki.ca}",
+        )
+        (server.data / "pg_hba.conf").write_text(HBA)
+        server.start()
+        yield TlsPostgres(pki, server.port)
+    finally:
+        server.close()
+
+
+async def test_claims_over_tls_with_verify_full(tls_postgres: TlsPostgres) -> None:
+    url = tls_postgres.url(tls_postgres.every_file())
+    first, second = backend_from_url(url), backend_from_url(url)
+    assert isinstance(first, PostgresBackend) and isinstance(second, PostgresBackend)
+    await first.start()  # the first start also migrates the schema, over TLS
+    await second.start()
+    try:
+        [won] = await first.claim([request(slot=SLOT)])
+        [lost] = await second.claim([request(slot=SLOT, instance="i2")])
+        assert won.status is ClaimStatus.WON
+        assert lost.status is ClaimStatus.LOST
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+@pytest.mark.parametrize(
+    ("sslmode", "left_out", "why"),
+    [
+        # pg_hba.conf asks for a client certificate; nothing to check the server's by; pg_hba.conf
+        # refuses connections without TLS.
+        ("verify-full", "sslcert", "requires a valid client certificate"),
+        ("verify-full", "sslrootcert", 'root certificate file "'),
+        ("disable", "", "pg_hba.conf rejects connection"),
+    ],
+)
+async def test_a_refused_tls_connection_fails_start_saying_why(
+    tls_postgres: TlsPostgres, sslmode: str, left_out: str, why: str
+) -> None:
+    files = {k: v for k, v in tls_postgres.every_file().items() if k != left_out}
+    if left_out == "sslcert":
+        del files["sslkey"]
+    backend = backend_from_url(tls_postgres.url(files, sslmode))
+    with pytest.raises(BackendUnavailable, match="cannot connect to PostgreSQL") as failed:
+        await asyncio.wait_for(backend.start(), 15)
+    assert why in str(failed.value)
+    assert f"127.0.0.1:{tls_postgres.port}" in str(failed.value)
+    await backend.stop()
