@@ -10,6 +10,7 @@ import threading
 import time
 import types
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -135,10 +136,9 @@ async def test_notices_are_heard_again_after_the_rowids_went_back(tmp_path: Path
         for n in range(3):
             await backend.claim([request(SLOT + n * 1000)])
         assert await heard_within(heard, 3)
-        raw = sqlite3.connect(path, isolation_level=None)
-        raw.execute("DELETE FROM anarchon_runs")
-        raw.execute("VACUUM")
-        raw.close()
+        with closing(sqlite3.connect(path, isolation_level=None)) as raw:
+            raw.execute("DELETE FROM anarchon_runs")
+            raw.execute("VACUUM")
         await asyncio.sleep(0.6)  # a few empty polls: the cursor goes back to 0
         [won] = await backend.claim([request(SLOT + 10_000)])
         assert won.status is ClaimStatus.WON
@@ -154,12 +154,11 @@ def _hold_write_lock(path: Path, seconds: float) -> Callable[[], None]:
     taken = threading.Event()
 
     def hold() -> None:
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        taken.set()
-        time.sleep(seconds)
-        conn.execute("COMMIT")
-        conn.close()
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            taken.set()
+            time.sleep(seconds)
+            conn.execute("COMMIT")
 
     thread = threading.Thread(target=hold)
     thread.start()

@@ -48,29 +48,26 @@ def run_request(job: str, due_ms: int, n: int = 0) -> RunRequest:
 
 
 def tables(path: Path) -> set[str]:
-    conn = sqlite3.connect(path)
-    try:
+    with closing(sqlite3.connect(path)) as conn:
         return {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    finally:
-        conn.close()
 
 
 async def test_a_version_4_file_is_migrated_and_keeps_its_history(tmp_path: Path) -> None:
     path = tmp_path / "v4.db"
-    conn = sqlite3.connect(path)
     steps = sqlite_queries.STEPS[:4]
-    conn.executescript(
-        sqlite_queries.Q["create_schema_table"] + ";" + ";".join(s.sql for s in steps)
-    )
-    conn.executemany("INSERT INTO anarchon_schema (version) VALUES (?)", [(1,), (2,), (3,), (4,)])
-    conn.execute(
-        "INSERT INTO anarchon_runs (job, slot_key, attempt, slot, run_id, token, instance, "
-        "trigger, status, fence, started_at, finished_at) VALUES "
-        "('job', ?, 1, ?, 'old', 't', 'i', 'schedule', 'succeeded', 5, ?, ?)",
-        (str(SLOT), SLOT, 1_700_000_000_000, 1_700_000_000_001),
-    )
-    conn.commit()
-    conn.close()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(
+            sqlite_queries.Q["create_schema_table"] + ";" + ";".join(s.sql for s in steps)
+        )
+        versions = [(1,), (2,), (3,), (4,)]
+        conn.executemany("INSERT INTO anarchon_schema (version) VALUES (?)", versions)
+        conn.execute(
+            "INSERT INTO anarchon_runs (job, slot_key, attempt, slot, run_id, token, instance, "
+            "trigger, status, fence, started_at, finished_at) VALUES "
+            "('job', ?, 1, ?, 'old', 't', 'i', 'schedule', 'succeeded', 5, ?, ?)",
+            (str(SLOT), SLOT, 1_700_000_000_000, 1_700_000_000_001),
+        )
+        conn.commit()
     backend = SQLiteBackend(path)
     await backend.start()
     [old] = await backend.history("job")
@@ -80,9 +77,8 @@ async def test_a_version_4_file_is_migrated_and_keeps_its_history(tmp_path: Path
     assert [r.requested_by for r in await backend.history("job")] == ["bob", None]
     await backend.stop()
     assert {"anarchon_pauses", "anarchon_requests"} <= tables(path)
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
-    conn.close()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
 
 
 async def test_a_pause_holds_another_processes_next_claim(tmp_path: Path) -> None:
@@ -129,9 +125,8 @@ async def test_reads_without_the_tables_answer_empty_and_create_nothing(tmp_path
     backend = SQLiteBackend(path)
     await backend.start()
     await backend.stop()
-    conn = sqlite3.connect(path)
-    conn.executescript("DROP TABLE anarchon_pauses; DROP TABLE anarchon_requests;")
-    conn.close()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript("DROP TABLE anarchon_pauses; DROP TABLE anarchon_requests;")
     reader = SQLiteBackend(path)
     await reader.start_reader()
     store = reader.control()

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -65,14 +66,13 @@ async def test_a_failed_commit_is_rolled_back(
     monkeypatch.setattr(Connection, "_enable_wal", lambda self, conn: None)
     backend = SQLiteBackend(path, busy_timeout_ms=200)
     await backend.start()
-    reader = sqlite3.connect(path, isolation_level=None)
-    assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
-    reader.execute("BEGIN")
-    reader.execute("SELECT count(*) FROM anarchon_runs").fetchone()  # holds a SHARED lock
-    with pytest.raises(BackendUnavailable, match="locked"):
-        await backend.claim([request()])
-    reader.execute("COMMIT")
-    reader.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as reader:
+        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM anarchon_runs").fetchone()  # holds a SHARED lock
+        with pytest.raises(BackendUnavailable, match="locked"):
+            await backend.claim([request()])
+        reader.execute("COMMIT")
     [won] = await backend.claim([request(SLOT + 1000)])
     assert won.status is ClaimStatus.WON
     other = SQLiteBackend(path, busy_timeout_ms=200)
@@ -207,9 +207,8 @@ async def test_processes_share_one_clock_anchor(tmp_path: Path) -> None:
     await b.start()
     times = [await a.server_time_ms(), await b.server_time_ms()]
     assert None not in times and abs(times[0] - times[1]) < 50  # type: ignore[operator]
-    conn = sqlite3.connect(path)
-    anchors = conn.execute("SELECT count(*) FROM anarchon_clock").fetchone()[0]
-    conn.close()
+    with closing(sqlite3.connect(path)) as conn:
+        anchors = conn.execute("SELECT count(*) FROM anarchon_clock").fetchone()[0]
     assert anchors == 1
     await a.stop()
     await b.stop()

@@ -35,12 +35,11 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
     await backend.start()
     await backend.start()  # idempotent
     await backend.stop()
-    conn = sqlite3.connect(tmp_path / "a.db")
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
-    conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
-    conn.commit()
-    conn.close()
+    with closing(sqlite3.connect(tmp_path / "a.db")) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
+        conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
+        conn.commit()
     with pytest.raises(BackendError, match="schema version 99 is newer"):
         await SQLiteBackend(tmp_path / "a.db").start()
 
@@ -91,13 +90,12 @@ async def test_bad_arguments(tmp_path: Path) -> None:
 
 
 async def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
-    conn = sqlite3.connect(tmp_path / "old.db")
-    conn.executescript(
-        sqlite_queries.Q["create_schema_table"] + ";" + sqlite_queries.Q["migration_1"]
-    )
-    conn.execute("INSERT INTO anarchon_schema (version) VALUES (1)")
-    conn.commit()
-    conn.close()
+    with closing(sqlite3.connect(tmp_path / "old.db")) as conn:
+        conn.executescript(
+            sqlite_queries.Q["create_schema_table"] + ";" + sqlite_queries.Q["migration_1"]
+        )
+        conn.execute("INSERT INTO anarchon_schema (version) VALUES (1)")
+        conn.commit()
     backend = SQLiteBackend(tmp_path / "old.db")
     await backend.start()
     [won] = await backend.claim([request(SLOT)])
