@@ -60,11 +60,12 @@ class ResultRecorder:
         )
 
     def hold(self) -> None:
-        """Keep results back while a burst's claims are still being sent (:class:`Claims`
-        holds them from its first part to its last, then calls :meth:`release`): they would
-        otherwise go to the backend between its parts, ahead of the next part's claims (on
-        SQLite one thread and one write lock serve both), and start its runs later. A result
-        of a leased run waits no longer than its lease allows (see :meth:`submit`)."""
+        """Keep results back while a burst's claims are still being sent
+        (:class:`~anarchon._claims.Claims` holds them from its first part to its last, then
+        calls :meth:`release`): they would otherwise go to the backend between its parts, ahead
+        of the next part's claims (on SQLite one thread and one write lock serve both), and
+        start its runs later. A result of a leased run waits no longer than its lease allows
+        (see :meth:`submit`)."""
         self._batches.hold()
 
     def release(self) -> None:
