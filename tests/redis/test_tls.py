@@ -1,10 +1,12 @@
 """TLS on a real redis-server (``rediss://``): a CA and certificates made for the test, a server
-that requires client certificates, an ACL user with a password. The backend claims through it,
-from a URL and from a client the caller made; a missing CA or client certificate fails ``start()``
-within seconds, saying why, and the password appears nowhere."""
+that requires client certificates, an ACL user with a password. The backend claims and
+subscribes through it, from a URL and from a client the caller made (and its copy); a missing
+CA or client certificate fails ``start()`` within seconds, saying why, and the password appears
+nowhere."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -14,12 +16,13 @@ from urllib.parse import urlencode
 
 import pytest
 
-from anarchon import BackendUnavailable, backend_from_url
-from anarchon.backend import ClaimStatus
+from anarchon import BackendUnavailable, RunStatus, backend_from_url
+from anarchon.backend import ClaimNotice, ClaimStatus, FinishRequest
 from anarchon.backends.redis import RedisBackend
 from tests.pki import Pki, make_pki
 from tests.redis.servers import free_port, redis_server
 from tests.redis.test_scripts import SLOT, claim_request
+from tests.sqlite.test_changes import heard_within
 
 USER = "anarchon"
 PASSWORD = "S3cret-pw"
@@ -61,7 +64,7 @@ def every_file(pki: Pki) -> dict[str, Path]:
     return {"ssl_ca_certs": pki.ca, "ssl_certfile": pki.client_cert, "ssl_keyfile": pki.client_key}
 
 
-async def test_claims_over_tls_from_a_url(
+async def test_claims_and_notices_over_tls_from_a_url(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
@@ -71,10 +74,23 @@ async def test_claims_over_tls_from_a_url(
     await first.start()
     await second.start()
     try:
+        # The subscriptions (finishes, claim notices) go over TLS too.
+        notices: list[ClaimNotice] = []
+        finished: list[str] = []
+        await second.subscribe(lambda job, key, released: finished.append(key))
+        assert await second.subscribe_claims(notices.extend)
         [won] = await first.claim([claim_request(slot=SLOT)])
         [lost] = await second.claim([claim_request(slot=SLOT, instance="i2")])
-        assert won.status is ClaimStatus.WON
+        assert won.status is ClaimStatus.WON and won.ticket is not None
         assert lost.status is ClaimStatus.LOST
+        await first.finish_many([FinishRequest(won.ticket, RunStatus.SUCCEEDED, None)])
+        assert await heard_within(notices, 1)
+        assert notices[0].slot_key == str(SLOT)
+        for _ in range(200):
+            if finished:
+                break
+            await asyncio.sleep(0.05)
+        assert finished == [str(SLOT)]
     finally:
         await first.stop()
         await second.stop()
@@ -82,9 +98,9 @@ async def test_claims_over_tls_from_a_url(
     assert PASSWORD not in caplog.text
 
 
-async def test_claims_over_tls_on_the_callers_client(tls_server: TlsServer) -> None:
-    """A client the caller made: the backend's second connection (its claim notices) is a copy
-    with the same TLS options."""
+async def test_claims_over_tls_on_the_callers_client_and_its_copy(tls_server: TlsServer) -> None:
+    """A client the caller made; the backend's clone (the lease keeper thread's, on a copy of
+    the client) keeps its TLS options."""
     from redis.asyncio import Redis
 
     pki = tls_server.pki
@@ -101,8 +117,15 @@ async def test_claims_over_tls_on_the_callers_client(tls_server: TlsServer) -> N
     backend = RedisBackend(client=client, prefix=f"tls{tls_server.port}:")
     try:
         await backend.start()
-        [won] = await backend.claim([claim_request(slot=SLOT + 1000)])
-        assert won.status is ClaimStatus.WON
+        clone = backend.clone()
+        assert clone is not None
+        await clone.start()
+        try:
+            [won] = await backend.claim([claim_request(slot=SLOT + 1000)])
+            [lost] = await clone.claim([claim_request(slot=SLOT + 1000, instance="i2")])
+        finally:
+            await clone.stop()
+        assert won.status is ClaimStatus.WON and lost.status is ClaimStatus.LOST
         await backend.stop()
         assert await client.ping()  # the caller's client is left open
     finally:
