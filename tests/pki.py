@@ -22,9 +22,9 @@ def _openssl(*args: str | Path) -> None:
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=30)
 
 
-def make_pki(directory: Path, client: str = "anarchon test client") -> Pki:
-    """EC P-256 keys (quick to make); the server certificate is for 127.0.0.1 and localhost,
-    the client's common name is ``client``. With the extensions Python 3.13's strict
+def make_pki(directory: Path) -> Pki:
+    """EC P-256 keys (quick to make); the server certificate is for 127.0.0.1 and localhost.
+    With the extensions Python 3.13's strict
     verification (``VERIFY_X509_STRICT``, on by default) requires: the CA's key usage, each
     certificate's key identifiers. Keys are readable by their owner only (PostgreSQL insists)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -35,14 +35,13 @@ def make_pki(directory: Path, client: str = "anarchon test client") -> Pki:
              "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
     ids = "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
-    for name, subject, ext in (
-        ("server", "anarchon test server",
-         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
-        ("client", client, "extendedKeyUsage=clientAuth\n"),
-    ):  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
         (d / f"{name}.ext").write_text(ext + ids)
         _openssl("req", *ec, "-keyout", d / f"{name}-key.pem", "-out", d / f"{name}.csr",
-                 "-subj", f"/CN={subject}")  # fmt: skip
+                 "-subj", f"/CN=anarchon test {name}")  # fmt: skip
         _openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.pem",
                  "-CAkey", d / "ca-key.pem", "-CAcreateserial", "-out", d / f"{name}.pem",
                  "-days", "2", "-extfile", d / f"{name}.ext")  # fmt: skip

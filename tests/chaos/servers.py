@@ -134,11 +134,11 @@ class PrivatePostgres:
     """A PostgreSQL cluster of its own: ``initdb`` in a temporary directory, run as ``postgres``.
 
     ``stop()`` is a fast shutdown (SIGINT), ``start()`` starts it again on the same port and data.
-    ``settings``: more ``name=value`` server settings (``-c``), such as ``ssl=on``.
     """
 
-    def __init__(self, settings: tuple[str, ...] = ()) -> None:
-        self.settings = settings
+    def __init__(self) -> None:
+        #: More ``name=value`` server settings (``-c``) for :meth:`start`, such as ``ssl=on``.
+        self.settings: tuple[str, ...] = ()
         self.port = free_port()
         self.bin = _postgres_bin()
         # Not under pytest's tmp_path: the postgres user must be able to reach it.

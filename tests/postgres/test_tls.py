@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,6 @@ from anarchon.backends.postgres import PostgresBackend
 from tests.chaos.servers import PrivatePostgres
 from tests.pki import Pki, make_pki
 from tests.postgres.test_postgres import SLOT, request
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="the test makes its certificates with openssl"
-)
 
 #: Only TLS connections, and only with a client certificate the CA signed (trust otherwise).
 HBA = (
@@ -58,10 +53,8 @@ def tls_postgres() -> Iterator[TlsPostgres]:
     try:
         # Under the server's directory (the postgres user reaches it); the server's key must be
         # that user's, the client's stays the test's (libpq checks both).
-        pki = make_pki(server.root / "pki", client="postgres")
-        owner = (server.root.stat().st_uid, server.root.stat().st_gid)
-        for path in (pki.server_cert, pki.server_key, pki.ca, pki.server_key.parent):
-            os.chown(path, *owner)
+        pki = make_pki(server.root / "pki")
+        os.chown(pki.server_key, server.root.stat().st_uid, server.root.stat().st_gid)
         server.settings = (
             "ssl=on",
             f"ssl_cert_file={pki.server_cert}",
