@@ -134,12 +134,13 @@ class PrivatePostgres:
     """A PostgreSQL cluster of its own: ``initdb`` in a temporary directory, run as ``postgres``.
 
     ``stop()`` is a fast shutdown (SIGINT), ``start()`` starts it again on the same port and data.
+    ``port``: one the caller reserved, instead of one of the suite's range.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         #: More ``name=value`` server settings (``-c``) for :meth:`start`, such as ``ssl=on``.
         self.settings: tuple[str, ...] = ()
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.bin = _postgres_bin()
         # Not under pytest's tmp_path: the postgres user must be able to reach it.
         self.root = Path(tempfile.mkdtemp(prefix="anarchon-chaos-pg-"))

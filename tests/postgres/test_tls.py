@@ -23,6 +23,10 @@ from tests.chaos.servers import PrivatePostgres
 from tests.pki import Pki, make_pki
 from tests.postgres.test_postgres import SLOT, request
 
+#: One port per pytest-xdist worker that no other test takes: a port probed free could be taken
+#: by another worker or the fault runner while initdb runs, before the server listens on it.
+PORTS = range(15600, 15616)
+
 #: Only TLS connections, and only with a client certificate the CA signed (trust otherwise).
 HBA = (
     "local all all trust\n"
@@ -49,7 +53,8 @@ class TlsPostgres:
 
 @pytest.fixture(scope="module")
 def tls_postgres() -> Iterator[TlsPostgres]:
-    server = PrivatePostgres()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    server = PrivatePostgres(port=PORTS[int(worker) if worker.isdigit() else 0])
     try:
         # Under the server's directory (the postgres user reaches it); the server's key must be
         # that user's, the client's stays the test's (libpq checks both).
