@@ -1,9 +1,10 @@
 """TLS on a real PostgreSQL server of the test's own (``initdb``, ``ssl=on``): a CA and
 certificates made for the test, ``pg_hba.conf`` refusing connections without TLS and asking for
-a client certificate signed by the CA. The backend migrates and claims with
-``sslmode=verify-full``; without the client certificate, the CA or TLS itself, ``start()``
-fails within ``timeout_ms``, saying why. libpq does the TLS (not Python's ``ssl``), so Python
-3.13's strict certificate checks do not apply here."""
+a client certificate signed by the CA (and one role's password). The backend migrates and claims
+with ``sslmode=verify-full``; without the client certificate, the CA, TLS itself or the right
+password, ``start()`` fails within ``timeout_ms``, saying why (never showing the password).
+libpq does the TLS (not Python's ``ssl``), so Python 3.13's strict certificate checks do not
+apply here."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
+import psycopg
 import pytest
 
 from anarchon import BackendUnavailable, backend_from_url
@@ -27,12 +29,16 @@ from tests.postgres.test_postgres import SLOT, request
 #: by another worker or the fault runner while initdb runs, before the server listens on it.
 PORTS = range(15600, 15616)
 
-#: Only TLS connections, and only with a client certificate the CA signed (trust otherwise).
+#: Only TLS connections, and only with a client certificate the CA signed; the role USER also
+#: gives its password, the others are trusted.
 HBA = (
     "local all all trust\n"
+    "hostssl all app 127.0.0.1/32 scram-sha-256 clientcert=verify-ca\n"
     "hostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n"
     "hostnossl all all 127.0.0.1/32 reject\n"
 )
+USER = "app"
+PASSWORD = "S3cret-pw"
 
 
 @dataclass
@@ -42,9 +48,11 @@ class TlsPostgres:
     pki: Pki
     port: int
 
-    def url(self, files: dict[str, Path], sslmode: str = "verify-full") -> str:
+    def url(
+        self, files: dict[str, Path], sslmode: str = "verify-full", user: str = "postgres"
+    ) -> str:
         query = urlencode({"sslmode": sslmode, **{k: str(v) for k, v in files.items()}})
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres?{query}"
+        return f"postgresql://{user}@127.0.0.1:{self.port}/postgres?{query}"
 
     def every_file(self) -> dict[str, Path]:
         pki = self.pki
@@ -68,7 +76,10 @@ def tls_postgres() -> Iterator[TlsPostgres]:
         )
         (server.data / "pg_hba.conf").write_text(HBA)
         server.start()
-        yield TlsPostgres(pki, server.port)
+        tls = TlsPostgres(pki, server.port)
+        with psycopg.connect(tls.url(tls.every_file()), autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {USER} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+        yield tls
     finally:
         server.close()
 
@@ -111,3 +122,23 @@ async def test_a_refused_tls_connection_fails_start_saying_why(
     assert why in str(failed.value)
     assert f"127.0.0.1:{tls_postgres.port}" in str(failed.value)
     await backend.stop()
+
+
+async def test_a_password_refused_fails_start_saying_so_and_is_never_shown(
+    tls_postgres: TlsPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = tls_postgres.every_file()
+    right = backend_from_url(tls_postgres.url(files, user=f"{USER}:{PASSWORD}"))
+    await right.start()
+    try:
+        [won] = await right.claim([request(slot=SLOT + 1000)])
+        assert won.status is ClaimStatus.WON
+    finally:
+        await right.stop()
+    wrong = backend_from_url(tls_postgres.url(files, user=f"{USER}:Wr0ng-pw"))
+    with pytest.raises(BackendUnavailable, match="cannot connect to PostgreSQL") as failed:
+        await asyncio.wait_for(wrong.start(), 15)
+    assert f'password authentication failed for user "{USER}"' in str(failed.value)
+    for shown in (str(failed.value), repr(right), repr(wrong), caplog.text):
+        assert PASSWORD not in shown and "Wr0ng-pw" not in shown
+    await wrong.stop()
