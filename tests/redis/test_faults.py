@@ -423,6 +423,26 @@ def test_driver_errors_are_translated() -> None:
         assert type(error) is BackendError and "redis://h" in str(error), exc
 
 
+def test_a_wrapped_tls_error_keeps_its_words() -> None:
+    """redis-py 5 wraps a certificate that does not verify as ``Error 1 connecting to h:6380.
+    1.``; the translation adds the TLS error's own words (redis-py 8 has them already)."""
+    import ssl
+
+    import redis.exceptions as rx
+
+    reason = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate"
+    for message in ("Error 1 connecting to h:6380. 1.", f"Error 1 connecting to h:6380. {reason}."):
+        try:
+            try:
+                raise ssl.SSLCertVerificationError(1, reason)
+            except OSError as inner:
+                raise rx.ConnectionError(message) from inner
+        except rx.ConnectionError as exc:
+            error = translate(exc, "rediss://h:6380")
+        assert type(error) is BackendUnavailable
+        assert str(error).count("CERTIFICATE_VERIFY_FAILED") == 1, error
+
+
 async def test_a_cancelled_caller_is_cancelled() -> None:
     """Cancelling a task mid-call always cancels it (redis-py can swallow it otherwise)."""
     backend = RedisBackend(SERVER, prefix=f"cancel-{uuid.uuid4().hex[:8]}:")

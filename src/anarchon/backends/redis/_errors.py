@@ -75,12 +75,23 @@ def translate(exc: BaseException, where: str) -> BackendError:
     """Return the anarchon error for a driver exception raised while talking to ``where``."""
     import redis.exceptions as rx
 
-    text = f"Redis {where}: {type(exc).__name__}: {exc}"
+    text = f"Redis {where}: {type(exc).__name__}: {_with_reason(exc)}"
     if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError):
         return BackendError(text + " (check the URL's credentials and the user's ACL)")
     if is_transient(exc):
         return BackendUnavailable(text)
     return BackendError(text)
+
+
+def _with_reason(exc: BaseException) -> str:
+    """``exc``'s message, and the socket or TLS error it wraps when the message leaves its words
+    out: redis-py 5 writes a wrapped error's number twice instead of its text (``Error 1
+    connecting to h:6380. 1.`` for a certificate that does not verify)."""
+    wrapped = exc.__cause__ or exc.__context__
+    text = str(exc)
+    if isinstance(wrapped, OSError) and str(wrapped) and str(wrapped) not in text:
+        return f"{text} ({type(wrapped).__name__}: {wrapped})"
+    return text
 
 
 def translator(where: str) -> Translate:
