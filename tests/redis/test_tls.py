@@ -36,11 +36,19 @@ class TlsServer:
     pki: Pki
     port: int
 
-    def url(self, **files: Path) -> str:
+    def url(self, files: dict[str, Path]) -> str:
         """The backend's URL with ``USER``/``PASSWORD`` and the TLS files given as
         ``ssl_ca_certs=...`` and the like (redis-py's own URL options)."""
         query = urlencode({"prefix": f"tls{self.port}:", **{k: str(v) for k, v in files.items()}})
         return f"rediss://{USER}:{PASSWORD}@127.0.0.1:{self.port}/0?{query}"
+
+    def every_file(self) -> dict[str, Path]:
+        pki = self.pki
+        return {
+            "ssl_ca_certs": pki.ca,
+            "ssl_certfile": pki.client_cert,
+            "ssl_keyfile": pki.client_key,
+        }
 
 
 @pytest.fixture
@@ -60,15 +68,11 @@ def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
         yield TlsServer(pki, port)
 
 
-def every_file(pki: Pki) -> dict[str, Path]:
-    return {"ssl_ca_certs": pki.ca, "ssl_certfile": pki.client_cert, "ssl_keyfile": pki.client_key}
-
-
 async def test_claims_and_notices_over_tls_from_a_url(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    url = tls_server.url(**every_file(tls_server.pki))
+    url = tls_server.url(tls_server.every_file())
     first, second = backend_from_url(url), backend_from_url(url)
     assert isinstance(first, RedisBackend) and isinstance(second, RedisBackend)
     await first.start()
@@ -145,11 +149,11 @@ async def test_a_missing_ca_or_client_certificate_fails_start_at_once(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture, left_out: str, why: str
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    files = every_file(tls_server.pki)
+    files = tls_server.every_file()
     del files[left_out]
     if left_out == "ssl_certfile":
         del files["ssl_keyfile"]
-    backend = backend_from_url(tls_server.url(**files))
+    backend = backend_from_url(tls_server.url(files))
     began = time.monotonic()
     with pytest.raises(BackendUnavailable, match="cannot start the Redis backend") as failed:
         await backend.start()
