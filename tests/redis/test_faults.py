@@ -441,6 +441,20 @@ def test_a_wrapped_tls_error_keeps_its_words() -> None:
             error = translate(exc, "rediss://h:6380")
         assert type(error) is BackendUnavailable
         assert str(error).count("CERTIFICATE_VERIFY_FAILED") == 1, error
+    # Where redis-py's message has the words already, nothing is added.
+    refused = "Connect call failed ('h', 6379)"
+    try:
+        try:
+            raise ConnectionRefusedError(111, refused)
+        except OSError:
+            # As redis-py raises it: the OSError is the context, not the cause.
+            raise rx.ConnectionError(f"Error 111 connecting to h:6379. {refused}.")  # noqa: B904
+    except rx.ConnectionError as exc:
+        error = translate(exc, "redis://h:6379")
+    assert (
+        str(error)
+        == f"Redis redis://h:6379: ConnectionError: Error 111 connecting to h:6379. {refused}."
+    )
 
 
 async def test_a_cancelled_caller_is_cancelled() -> None:

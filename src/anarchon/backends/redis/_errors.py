@@ -89,9 +89,10 @@ def _with_reason(exc: BaseException) -> str:
     connecting to h:6380. 1.`` for a certificate that does not verify)."""
     wrapped = exc.__cause__ or exc.__context__
     text = str(exc)
-    if isinstance(wrapped, OSError) and str(wrapped) and str(wrapped) not in text:
-        return f"{text} ({type(wrapped).__name__}: {wrapped})"
-    return text
+    if not isinstance(wrapped, OSError):
+        return text
+    words = wrapped.strerror or str(wrapped)
+    return text if not words or words in text else f"{text} ({type(wrapped).__name__}: {words})"
 
 
 def translator(where: str) -> Translate:
