@@ -6,7 +6,6 @@ nowhere."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from anarchon.backends.redis import RedisBackend
 from tests.pki import Pki, make_pki
 from tests.redis.servers import free_port, redis_server
 from tests.redis.test_scripts import SLOT, claim_request
-from tests.sqlite.test_changes import heard_within
+from tests.unit.core_helpers import until
 
 USER = "anarchon"
 PASSWORD = "S3cret-pw"
@@ -88,12 +87,9 @@ async def test_claims_and_notices_over_tls_from_a_url(
         assert won.status is ClaimStatus.WON and won.ticket is not None
         assert lost.status is ClaimStatus.LOST
         await first.finish_many([FinishRequest(won.ticket, RunStatus.SUCCEEDED, None)])
-        assert await heard_within(notices, 1)
-        assert notices[0].slot_key == str(SLOT)
-        for _ in range(200):
-            if finished:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: notices, 10, "the claim notice")
+        assert [n.slot_key for n in notices] == [str(SLOT)]
+        await until(lambda: finished, 10, "the finish")
         assert finished == [str(SLOT)]
     finally:
         await first.stop()
