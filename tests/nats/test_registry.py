@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from nats.js.errors import KeyWrongLastSequenceError
 
 from anarchon.backends.nats._registry import NatsRegistry
 from anarchon.registry import InstanceRecord
@@ -99,16 +100,15 @@ async def test_a_set_saved_again_while_a_prune_removes_it_keeps_its_chunks(
     pruner, saver = (await make()).registry(), (await make()).registry()
     data = bytes(range(256)) * 64
     await pruner.save_definitions("d1", data, 1_000)
-    kv: Any = pruner._sets_kv
-    delete = kv.delete
+    conn: Any = pruner._backend._conn
+    delete_key = conn.delete_key
 
-    async def delete_then_save(key: str, last: int | None = None, **options: Any) -> bool:
-        deleted = bool(await delete(key, last=last, **options))
-        if last is not None:  # the manifest's compare-and-set delete: the gap
-            await saver.save_definitions("d1", data, 9_000)
-        return deleted
+    async def delete_then_save(bucket: str, key: str, last: int) -> int | None:
+        marker = await delete_key(bucket, key, last)  # the manifest's delete: the gap
+        await saver.save_definitions("d1", data, 9_000)
+        return marker  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(kv, "delete", delete_then_save)
+    monkeypatch.setattr(conn, "delete_key", delete_then_save)
     assert await pruner.prune_definitions(set(), 2_000) == ["d1"]
     assert await saver.definitions("d1") == data
     assert await pruner.definitions("d1") == data
@@ -116,4 +116,79 @@ async def test_a_set_saved_again_while_a_prune_removes_it_keeps_its_chunks(
     assert await pruner.prune_definitions(set(), 9_000) == []  # saved at 9 000
     assert await pruner.prune_definitions(set(), 9_001) == ["d1"]
     assert await saver.definitions("d1") is None
-    assert await _set_keys(pruner, "d1") == {"d1.m"}  # the manifest's delete marker alone
+    assert await _set_keys(pruner, "d1") == set()  # no delete marker left behind
+
+
+async def test_a_set_touched_while_a_prune_reads_it_is_kept(
+    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune read an old manifest; another instance touches the set before the prune's
+    compare-and-set delete: the delete loses, the prune goes on to the next set and keeps this
+    one (it is in use again)."""
+    pruner, toucher = (await make()).registry(), (await make()).registry()
+    data = b"definitions" * 100
+    await pruner.save_definitions("d1", data, 1_000)
+    await pruner.save_definitions("d2", data, 1_000)
+    conn: Any = pruner._backend._conn
+    delete_key = conn.delete_key
+
+    async def touch_then_delete(bucket: str, key: str, last: int) -> int | None:
+        if ".d1." in key:
+            assert await toucher.touch_definitions("d1", 9_000)
+        return await delete_key(bucket, key, last)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(conn, "delete_key", touch_then_delete)
+    assert await pruner.prune_definitions(set(), 2_000) == ["d2"]
+    assert await pruner.definitions("d1") == data
+    assert await pruner.definitions("d2") is None
+
+
+async def test_a_pruned_set_leaves_no_message_and_a_left_marker_goes_at_the_next_prune(
+    make: Callable[..., Any],
+) -> None:
+    """A prune purges the set's chunks and its manifest's delete marker: nothing of a pruned set
+    stays in the bucket, so the prunes of a long-lived cluster do not read more and more
+    markers. A marker a prune left (stopped between its delete and its purge) is purged by the
+    next prune, which reports only the sets it deleted itself."""
+    store = (await make()).registry()
+    data = bytes(range(256)) * 64
+    for digest in ("d1", "d2"):
+        await store.save_definitions(digest, data, 1_000)
+    assert await _set_keys(store, "d1") == {"d1.0", "d1.m"}
+    kv: Any = store._sets_kv
+    await kv.delete(store._set_key("d2", "m"))  # the delete of a prune that stopped there
+    assert await store.prune_definitions(set(), 2_000) == ["d1"]
+    assert await _set_keys(store, "d1") == set()
+    assert await _set_keys(store, "d2") == set()
+    # The digest is saved again afterwards: a whole new set.
+    await store.save_definitions("d2", data, 3_000)
+    assert await store.definitions("d2") == data
+
+
+async def test_a_save_whose_marker_is_purged_under_its_create_creates_again(
+    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save found the manifest's delete marker (its create updates on the marker's revision);
+    a prune purges the marker before that update: the create fails, and the save, finding no
+    manifest, creates again instead of taking the failure for another instance's save."""
+    store, pruner = (await make()).registry(), (await make()).registry()
+    data = b"definitions" * 100
+    await store.save_definitions("d1", data, 1_000)
+    kv: Any = store._sets_kv
+    await kv.delete(store._set_key("d1", "m"))  # a marker left by a stopped prune
+    create = kv.create
+    creates = []
+
+    async def purge_then_create(key: str, value: bytes, **options: Any) -> int:
+        creates.append(key)
+        if len(creates) == 1:
+            # nats-py's create read the marker; a prune purges it before the create's update on
+            # the marker's revision, which then fails as here.
+            assert await pruner.prune_definitions(set(), 2_000) == []
+            raise KeyWrongLastSequenceError()
+        return await create(key, value, **options)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(kv, "create", purge_then_create)
+    await store.save_definitions("d1", data, 3_000)
+    assert len(creates) == 2
+    assert await store.definitions("d1") == data

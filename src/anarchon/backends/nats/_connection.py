@@ -356,6 +356,23 @@ class Connection:
         _, js = self.require()
         await js.purge_stream(f"KV_{bucket}", seq=before_seq, subject=f"$KV.{bucket}.{keys}")
 
+    async def delete_key(self, bucket: str, key: str, last: int) -> int | None:
+        """Put a delete marker on key ``key`` of key-value bucket ``bucket`` if its last revision
+        is still ``last`` (a compare-and-set delete); the marker's sequence, or None when the key
+        was written or removed since. nats-py's ``KeyValue.delete`` answers neither: its
+        publish's ack is dropped, and a lost compare-and-set raises a generic 400."""
+        from nats.js.errors import APIError
+
+        _, js = self.require()
+        headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(last)}
+        try:
+            ack = await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
+        except APIError as exc:
+            if exc.err_code == errors.WRONG_LAST_SEQUENCE:
+                return None
+            raise
+        return int(ack.seq)
+
     async def open_bucket(
         self,
         bucket: str,

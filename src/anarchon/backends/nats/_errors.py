@@ -25,6 +25,7 @@ WINDOW_VS_MAX_AGE: Final = 10052
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT: Final = 10039
 JETSTREAM_NOT_ENABLED: Final = 10076
 DUPLICATE_IN_PROCESS: Final = 10158
+WRONG_LAST_SEQUENCE: Final = 10071
 # Answers a cluster gives while a leader is being elected or a peer catches up: temporarily
 # unavailable, incomplete results, not assigned, not leader, stream offline.
 TRANSIENT_ERR_CODES: Final = frozenset({DUPLICATE_IN_PROCESS, 10008, 10004, 10007, 10009, 10118})

@@ -24,12 +24,15 @@ that finds the manifest finds every chunk. Touching a set (or saving one already
 its saved time with a compare-and-set update of the manifest alone, read again on a conflict (a
 conflict with a prune's delete then finds no manifest, and a save writes the set anew).
 Pruning lists the manifests, deletes each old unnamed one with a compare-and-set on the revision
-it read, then purges the set's keys of every message stored before that revision (a purge
-leaves no delete marker). A save of ``D`` in between (its touch finds no manifest) writes the
-same keys again, stored after the deleted manifest, which that purge leaves: deleting the
-chunks key by key, as before, removed them and left the new manifest naming missing chunks. The
-chunks of a save that stopped before its manifest stay until the digest is saved again (the
-same keys) or a later prune of it.
+it read (a set touched or saved since is kept), then purges the set's keys of every message
+stored up to that delete's marker, the marker included, so a pruned set leaves nothing behind
+(kept, the markers would pile up, one per pruned set, and each prune would read them all). A
+save of ``D`` in between (its touch finds no manifest) writes the same keys again, stored after
+the marker, which that purge leaves: deleting the chunks key by key, as before, removed them and
+left the new manifest naming missing chunks. That save's create, which read the marker, finds
+it purged and creates again. A marker left by a prune that stopped before its purge is purged by
+the next prune. The chunks of a save that stopped before its manifest stay until the digest is
+saved again (the same keys) or a later prune of it.
 """
 
 from __future__ import annotations
@@ -224,16 +227,13 @@ class NatsRegistry:
             entry = await kv.get(self._set_key(digest, "m"))
         except KeyNotFoundError:
             return None
-        try:
-            manifest = json.loads(entry.value or b"")
-        except ValueError:
-            return None
-        return (manifest, entry.revision or 0) if isinstance(manifest, dict) else None
+        manifest = _manifest_of(entry.value)
+        return None if manifest is None else (manifest, entry.revision or 0)
 
     async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
         """See :meth:`anarchon.registry.RegistryStore.save_definitions` and the module
         docstring: the chunks, then the manifest (compare-and-set)."""
-        from nats.js.errors import KeyWrongLastSequenceError
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         kv = await self._open_sets(create=True)
         assert kv is not None
@@ -243,14 +243,19 @@ class NatsRegistry:
         async def save() -> None:
             if await self._touch(kv, digest, saved_ms):
                 return
-            try:
-                chunks = [data[at : at + size] for at in range(0, len(data), size)] or [b""]
-                for n, chunk in enumerate(chunks):
-                    await kv.put(self._set_key(digest, str(n)), chunk)
-                manifest = {"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms}
-                await kv.create(self._set_key(digest, "m"), json.dumps(manifest).encode())
-            except KeyWrongLastSequenceError:
-                return  # saved by another instance meanwhile: the same bytes
+            chunks = [data[at : at + size] for at in range(0, len(data), size)] or [b""]
+            for n, chunk in enumerate(chunks):
+                await kv.put(self._set_key(digest, str(n)), chunk)
+            manifest = json.dumps({"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms})
+            while True:
+                try:
+                    await kv.create(self._set_key(digest, "m"), manifest.encode())
+                    return
+                except (KeyWrongLastSequenceError, KeyNotFoundError):
+                    # Another instance saved it meanwhile (the same bytes), or a prune purged
+                    # the delete marker create() had found there: then create again.
+                    if await self._manifest(kv, digest) is not None:
+                        return
 
         await self._bounded(save(), "saving a definitions set", SET_TIMEOUT_S)
 
@@ -320,34 +325,56 @@ class NatsRegistry:
 
     async def prune_definitions(self, keep: Collection[str], cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.prune_definitions` and the module
-        docstring: a compare-and-set delete of each old manifest, then a purge of its chunks."""
-        from nats.js.errors import KeyWrongLastSequenceError
+        docstring: a compare-and-set delete of each old manifest, then a purge of the set's
+        keys up to that delete's marker."""
+        from nats.js.errors import KeyNotFoundError
 
         kv = await self._open_sets(create=False)
         if kv is None:
             return []
         kept = set(keep)
+        conn = self._backend._conn
 
         async def prune() -> list[str]:
-            keys = await self._backend._conn.bucket_keys(self._sets_bucket, self._space + ".")
+            keys = await conn.bucket_keys(self._sets_bucket, self._space + ".")
             gone = []
             for key in keys:
                 digest, _, part = key[len(self._space) + 1 :].rpartition(".")
                 if part != "m" or digest in kept:
                     continue
-                found = await self._manifest(kv, digest)
-                if found is None or int(found[0].get("saved_ms", 0)) >= cutoff_ms:
-                    continue
                 try:
-                    await kv.delete(key, last=found[1])
-                except KeyWrongLastSequenceError:
-                    continue  # saved again since it was read
-                # Only what was stored before the deleted manifest: a save of the digest since
-                # (its touch found no manifest) writes these keys again and keeps them.
-                await self._backend._conn.purge_keys(
-                    self._sets_bucket, self._set_key(digest, "*"), before_seq=found[1]
-                )
+                    entry = await kv.get(key)
+                except KeyNotFoundError as exc:
+                    # A delete marker (nats-py gives its entry) is one a prune left when it
+                    # stopped before its purge: purge it now.
+                    if exc.entry is not None and exc.entry.revision:
+                        await self._purge_set(digest, exc.entry.revision)
+                    continue
+                manifest = _manifest_of(entry.value)
+                if manifest is None or int(manifest.get("saved_ms", 0)) >= cutoff_ms:
+                    continue
+                marker = await conn.delete_key(self._sets_bucket, key, entry.revision or 0)
+                if marker is None:
+                    continue  # touched or saved again since it was read: in use
+                await self._purge_set(digest, marker)
                 gone.append(digest)
             return gone
 
         return await self._bounded(prune(), "pruning definitions sets", SET_TIMEOUT_S)
+
+    async def _purge_set(self, digest: str, marker: int) -> None:
+        """Remove the messages of set ``digest`` stored up to its manifest's delete marker (at
+        sequence ``marker``), the marker included: a save of the digest since then wrote after
+        it, and is kept."""
+        await self._backend._conn.purge_keys(
+            self._sets_bucket, self._set_key(digest, "*"), before_seq=marker + 1
+        )
+
+
+def _manifest_of(value: bytes | None) -> dict[str, Any] | None:
+    """A definitions set's manifest from its stored bytes; None if they are not one."""
+    try:
+        manifest = json.loads(value or b"")
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) else None
