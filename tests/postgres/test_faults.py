@@ -220,3 +220,64 @@ async def test_an_outage_is_logged_once_and_so_is_its_end(
         "notifications_lost",
         "notifications_resumed",
     ], caplog.text
+
+
+async def test_an_outage_the_server_refuses_says_why(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backend's role may no longer log in (a password rotated, a role disabled) and its
+    connections end: the calls that find no connection in time say why the pool's connection
+    attempts fail, not only that the pool timed out, and so does the outage's one log line.
+    Every option at its default."""
+    caplog.set_level(logging.DEBUG, logger="anarchon.backends.postgres")
+    role = f"anarchon_refused_{uuid.uuid4().hex[:8]}"
+    admin = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+        backend = PostgresBackend(f"postgresql://{role}@127.0.0.1:5432/test", schema=schema)
+        await backend.start()
+        try:
+            assert await backend.history("job") == []
+            await admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            # The first call may meet its connection's end (the server's goodbye); then the
+            # call waits for the pool to connect, which it cannot, until timeout_ms.
+            errors: list[str] = []
+            while "connection attempt" not in (errors or [""])[-1]:
+                assert len(errors) < 3, errors
+                with pytest.raises(BackendUnavailable) as refused:
+                    await backend.history("job")
+                errors.append(str(refused.value))
+            assert errors[-1].endswith(
+                "; the pool's last connection attempt failed: connection failed: connection to "
+                'server at "127.0.0.1", port 5432 failed: FATAL:  role '
+                f'"{role}" is not permitted to log in'
+            ), errors
+            await admin.execute(f"ALTER ROLE {role} LOGIN")
+            deadline = time.monotonic() + 30  # the pool retries with a backoff of its own
+            while not await _answers(backend):
+                assert time.monotonic() < deadline, caplog.text
+                await asyncio.sleep(0.5)
+        finally:
+            await backend.stop()
+        assert [a for a in _actions(caplog) if a != "migrated"] == [
+            "backend_unavailable",
+            "backend_recovered",
+        ], caplog.text
+    finally:
+        await admin.execute(f"REASSIGN OWNED BY {role} TO CURRENT_USER")
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+async def _answers(backend: PostgresBackend) -> bool:
+    """Whether a call on ``backend`` succeeds now."""
+    try:
+        await backend.history("job")
+    except BackendUnavailable:
+        return False
+    return True

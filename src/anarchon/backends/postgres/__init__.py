@@ -10,6 +10,7 @@ is lost.
 The claim path: ``PostgresBackend.claim`` in ``_backend.py`` (the contract's methods), the
 ``lock_jobs`` and ``claim`` statements in ``queries.sql``, and ``claim_outcome`` in
 ``_rows.py``. The other files: ``_connection.py`` (pool, liveness, bounded call),
+``_attempts.py`` (the pool's connection class: why its last connection attempt failed),
 ``_statements.py`` (sending a statement, reading its rows), ``_transactions.py`` (one
 transaction, or many in one round trip, a failing item failing alone), ``_errors.py`` (driver
 errors), ``_options.py`` (options, URLs), ``_queries.py`` (composing ``queries.sql``),

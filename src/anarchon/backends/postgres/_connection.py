@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
+    from ._attempts import ConnectAttempts
     from ._options import Options
     from ._queries import Queries
 
@@ -53,9 +54,6 @@ T = TypeVar("T")
 
 # A pooled connection idle longer than this is looked at before use (see Connections._alive).
 IDLE_CHECK_S: Final = 0.5
-# A start whose pool found no connection asks why with one more attempt, for at most this long
-# (see Connections._why_not_connected).
-WHY_WAIT_S: Final = 2.0
 
 
 def describe_server(options: Options) -> str:
@@ -92,6 +90,8 @@ class Connections(Statements):
         self._owner = owner
         self._given = options.pool
         self._pool: AsyncConnectionPool[Any] | None = None
+        # How the own pool's last connection attempt went (see _attempts); None for a given one.
+        self._attempts: ConnectAttempts | None = None
         self._conn_lock = asyncio.Lock()
         self._open = False
         self._down = False
@@ -160,14 +160,18 @@ class Connections(Statements):
     async def _open_pool(self) -> None:
         from psycopg_pool import AsyncConnectionPool
 
+        from ._attempts import ATTEMPTS_ARG, ConnectAttempts, PoolConnection
+
         timeout_s = self.options.timeout_ms / 1000
         if self._given is None:
             assert self.options.dsn is not None
+            attempts = ConnectAttempts()
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.options.dsn,
                 min_size=1,
                 max_size=self.options.max_connections,
-                kwargs=self._connection_options(),
+                kwargs={**self._connection_options(), ATTEMPTS_ARG: attempts},
+                connection_class=PoolConnection,
                 open=False,
                 timeout=timeout_s,
                 configure=self._warm_once,
@@ -177,31 +181,13 @@ class Connections(Statements):
                 await pool.open(wait=True, timeout=timeout_s)
             except Exception as exc:
                 await pool.close()
-                why = await self._why_not_connected() or translate(exc, self.where) or exc
+                why = attempts.failure or translate(exc, self.where) or exc
                 raise BackendUnavailable(
                     f"cannot connect to PostgreSQL {self.where} within "
                     f"timeout_ms={self.options.timeout_ms}: {why}; "
                     "check the DSN and that the server is up"
                 ) from exc
-            self._pool = pool
-
-    async def _why_not_connected(self) -> str | None:
-        """Why the pool found no connection, from one more attempt of the pool's own: the pool
-        logs its attempts' errors but raises only its timeout, which hides a server's refusal
-        (``pg_hba.conf``, a password, TLS) or the client's (a certificate file that is not
-        there). None if the attempt succeeds or takes longer than :data:`WHY_WAIT_S`."""
-        from psycopg import AsyncConnection
-
-        assert self.options.dsn is not None
-        attempt = AsyncConnection.connect(self.options.dsn, **self._connection_options())
-        try:
-            conn = await asyncio.wait_for(attempt, WHY_WAIT_S)
-        except TimeoutError:
-            return None
-        except Exception as exc:
-            return first_line(exc)
-        await conn.close()
-        return None
+            self._pool, self._attempts = pool, attempts
 
     async def close(self) -> None:
         """Close the pool the backend opened (never the caller's), once the statements left to
@@ -214,7 +200,7 @@ class Connections(Statements):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checking
             self._checking = None
-        pool, self._pool = self._pool, None
+        pool, self._pool, self._attempts = self._pool, None, None
         if pool is not None:
             await pool.close()
 
@@ -281,20 +267,33 @@ class Connections(Statements):
         try:
             result = await self._bounded(work)
         except BackendUnavailable as exc:
+            error = self._with_pool_failure(exc)
             if not self._down:
                 self._down = True
                 logger.warning(
                     "%s; calls fail until it answers again",
-                    first_line(exc),
+                    first_line(error),
                     extra={"action": "backend_unavailable"},
                 )
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         if self._down:
             self._down = False
             logger.warning(
                 "PostgreSQL %s answers again", self.where, extra={"action": "backend_recovered"}
             )
         return result
+
+    def _with_pool_failure(self, exc: BackendUnavailable) -> BackendUnavailable:
+        """``exc`` with why the own pool's last connection attempt failed, if it did: a call
+        that waited for a connection times out (or the pool does) and says only that; psycopg_pool
+        logs its attempts' errors (a password rotated, a role disabled, a server down) and raises
+        none of them. See :mod:`._attempts`."""
+        failure = self._attempts.failure if self._attempts is not None else None
+        if failure is None:
+            return exc
+        return BackendUnavailable(f"{exc}; the pool's last connection attempt failed: {failure}")
 
     async def _bounded(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
         # On a timeout the call goes on in the background until the driver gives it up; its

@@ -1,0 +1,51 @@
+"""Why the backend's own pool could not connect: its connection class keeps the last failure.
+
+psycopg_pool logs each failed connection attempt and raises only its own timeout, so a call or a
+start that found no connection in time could say only that. The pool's connections are made by
+:class:`PoolConnection`, which notes each attempt's outcome in the :class:`ConnectAttempts` the
+backend passes among the pool's connection arguments (``kwargs``): a pool timeout then says why
+(a refused password, a role not permitted to log in, ``pg_hba.conf``, TLS, a server down).
+Imported only when the backend opens its own pool (it needs psycopg).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from psycopg import AsyncConnection
+
+from ._errors import first_line
+
+__all__ = ["ATTEMPTS_ARG", "ConnectAttempts", "PoolConnection"]
+
+#: The pool's connection argument that carries the :class:`ConnectAttempts` (never sent to libpq).
+ATTEMPTS_ARG: Final = "anarchon_attempts"
+
+
+class ConnectAttempts:
+    """The outcome of a pool's last connection attempt."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self) -> None:
+        #: The first line of the last attempt's error; None once an attempt succeeded.
+        self.failure: str | None = None
+
+
+class PoolConnection(AsyncConnection[Any]):
+    """A connection of the backend's own pool; its :meth:`connect` notes each attempt's
+    outcome in the pool's :class:`ConnectAttempts`."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> PoolConnection:
+        """:meth:`psycopg.AsyncConnection.connect`, noting its outcome."""
+        attempts: ConnectAttempts | None = kwargs.pop(ATTEMPTS_ARG, None)
+        try:
+            conn = await super().connect(conninfo, **kwargs)
+        except Exception as exc:
+            if attempts is not None:
+                attempts.failure = first_line(exc)
+            raise
+        if attempts is not None:
+            attempts.failure = None
+        return conn
