@@ -465,3 +465,27 @@ async def test_steering_after_a_poll_that_found_no_bucket_reads_the_server(make:
     assert await control.requests() == [manual]
     assert await control.resume("sync") == pause
     assert await operator.control().pauses() == []
+
+
+async def test_a_pause_replaced_while_it_is_resumed_is_read_again(make: Make) -> None:
+    """resume reads the pause, then deletes it with a compare-and-set on the revision read;
+    another operator replaces the pause in between: the delete loses, and resume reads the pause
+    again and removes the new one, which it returns (it failed with a generic 400 before)."""
+    resumer, other = (await make()).control(), (await make()).control()
+    first = Pause(job="sync", by="ops", at_ms=1_000)
+    second = Pause(job="sync", by="oncall", at_ms=2_000)
+    await resumer.pause(first)
+    read_pause = resumer._read_pause
+    reads = []
+
+    async def read_then_replace(kv: Any, job: str) -> Any:
+        found = await read_pause(kv, job)
+        reads.append(found[0])
+        if len(reads) == 1:
+            await other.pause(second)
+        return found
+
+    resumer._read_pause = read_then_replace
+    assert await resumer.resume("sync") == second
+    assert reads == [first, second]
+    assert await other.pauses() == []

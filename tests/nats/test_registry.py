@@ -41,6 +41,11 @@ async def _set_keys(store: NatsRegistry, digest: str) -> set[str]:
     return {key.split(".", 1)[1] for key in listed}
 
 
+async def _instance_keys(store: NatsRegistry) -> set[str]:
+    """The registry's keys that hold a message (a delete marker counts)."""
+    return set(await store._backend._conn.bucket_keys(store._bucket, f"{store._space}."))
+
+
 def _count_listings(store: NatsRegistry) -> list[int]:
     """Count the store's listings of the registry's keys (one per read of the records)."""
     listed = [0]
@@ -192,3 +197,23 @@ async def test_a_save_whose_marker_is_purged_under_its_create_creates_again(
     await store.save_definitions("d1", data, 3_000)
     assert len(creates) == 2
     assert await store.definitions("d1") == data
+
+
+async def test_removed_instances_leave_no_message_behind(make: Callable[..., Any]) -> None:
+    """An instance that stops (remove) or falls silent (remove_silent) leaves nothing in the
+    bucket: every read lists the keys and reads each one, so a delete marker per instance ever
+    stopped would make each heartbeat of a long-lived cluster read more. A marker a removal
+    left (stopped between its delete and its purge) is purged by the next remove_silent; a
+    record written after a removal's read is kept."""
+    store = (await make()).registry()
+    for n, beat in enumerate((1_000, 2_000, 9_000, 9_000)):
+        await store.record(_record(f"i{n}", beat))
+    await store.remove("i2")
+    kv: Any = store._kv
+    await kv.delete(store._key("i3"))  # the delete of a removal that stopped there
+    assert await _instance_keys(store) == {store._key(i) for i in ("i0", "i1", "i3")}
+    assert sorted(r.id for r in await store.instances()) == ["i0", "i1"]
+    await store.record(_record("i1", 8_000))  # i1 beat again after the read: kept
+    assert await store.remove_silent(6_000) == ["i0"]
+    assert await _instance_keys(store) == {store._key("i1")}
+    assert [r.id for r in await store.instances()] == ["i1"]

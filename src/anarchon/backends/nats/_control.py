@@ -188,10 +188,11 @@ class NatsControl:
             if pause is None:
                 self._remember(job, None)
                 return None
-            if not await self._bounded(
-                _unless_changed(kv.delete(self._pause_key(job), last=revision)),
+            deleted = await self._bounded(
+                self._backend._conn.delete_key(self.bucket, self._pause_key(job), revision),
                 f"resuming {job!r}",
-            ):
+            )
+            if deleted is None:
                 continue  # replaced since it was read: read it again
             self._remember(job, None)
             return pause
@@ -537,9 +538,9 @@ def _heard_value(msg: Any, key: str) -> Pause | None:
 
 
 async def _unless_changed(write: Awaitable[object]) -> bool:
-    """True once ``write`` is done; False if the server refused it because the key's revision
-    is not the one expected (a ``create`` of a key that exists, a compare-and-set lost).
-    Caught here: nats-py's error for it has no ``err_code`` for the generic translation."""
+    """True once ``write`` (a ``create``) is done; False if the server refused it because the
+    key exists. Caught here: nats-py's error for it has no ``err_code`` for the generic
+    translation."""
     from nats.js.errors import KeyWrongLastSequenceError
 
     try:

@@ -8,12 +8,18 @@ rules. The bucket is created on the first write (idempotently) and never by a re
 What is atomic here and what is not:
 
 * recording an instance is one ``put`` of its whole record: atomic;
-* removing one instance is one delete: atomic;
+* removing one instance is one purge of its key: atomic, and it leaves no delete marker;
 * removing silent instances is *not* one step: the keys are listed and each record read (or
   the last such read is taken, see ``NatsRegistry.remove_silent``), and each silent one
-  deleted with a compare-and-set on the revision that was read. A record refreshed in between
-  is therefore never deleted (its revision changed), but the read is a snapshot: a record
-  written after it was taken is looked at after the next read.
+  deleted with a compare-and-set on the revision that was read, then its key purged up to that
+  delete's marker. A record refreshed in between is therefore never deleted (its revision
+  changed), but the read is a snapshot: a record written after it was taken is looked at after
+  the next read.
+
+No removal leaves a delete marker behind: every read lists the keys and reads each one, so
+markers, one per instance ever stopped, would make each heartbeat of a long-lived cluster read
+more. A marker a removal left (one that stopped between its delete and its purge, or an earlier
+version's) is purged by the next ``remove_silent``.
 
 Definitions sets (:func:`anarchon.registry.record_instance`) are kept in a second bucket,
 ``<stream>_definitions`` (same naming rule), one revision per key: a set of digest ``D`` is
@@ -94,7 +100,7 @@ class NatsRegistry:
         self._sets_kv: KeyValue | None = None
         self._space = token(backend.prefix)
         # The last read of the records (loop time, entries): see remove_silent.
-        self._snapshot: tuple[float, list[tuple[str, int, InstanceRecord]]] | None = None
+        self._snapshot: tuple[float, list[tuple[str, int, InstanceRecord | None]]] | None = None
 
     def _key(self, instance_id: str) -> str:
         return f"{self._space}.{token(instance_id)}"
@@ -137,17 +143,21 @@ class NatsRegistry:
             kv.put(self._key(instance.id), instance.to_json().encode()), "recording an instance"
         )
 
-    async def _entries(self, kv: KeyValue) -> list[tuple[str, int, InstanceRecord]]:
+    async def _entries(self, kv: KeyValue) -> list[tuple[str, int, InstanceRecord | None]]:
+        """Each key's record and revision: None for a key whose last message is a delete
+        marker (its sequence then), which :meth:`remove_silent` purges."""
         from nats.js.errors import KeyNotFoundError
 
-        async def read() -> list[tuple[str, int, InstanceRecord]]:
+        async def read() -> list[tuple[str, int, InstanceRecord | None]]:
             keys = await self._backend._conn.bucket_keys(self._bucket, self._space + ".")
-            found = []
+            found: list[tuple[str, int, InstanceRecord | None]] = []
             for key in keys:
                 try:
                     entry = await kv.get(key)
-                except KeyNotFoundError:
-                    continue  # deleted since it was listed
+                except KeyNotFoundError as exc:
+                    if exc.entry is not None and exc.entry.revision:  # a delete marker
+                        found.append((key, exc.entry.revision, None))
+                    continue  # else purged since it was listed
                 record = InstanceRecord.from_json(entry.value or b"")
                 if record is not None:
                     found.append((key, entry.revision or 0, record))
@@ -162,7 +172,7 @@ class NatsRegistry:
             return []
         entries = await self._entries(kv)
         self._snapshot = (asyncio.get_running_loop().time(), entries)
-        return [record for _, _, record in entries]
+        return [record for _, _, record in entries if record is not None]
 
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
@@ -172,7 +182,10 @@ class NatsRegistry:
         """See :meth:`anarchon.registry.RegistryStore.remove`."""
         kv = await self._open(create=False)
         if kv is not None:
-            await self._bounded(kv.delete(self._key(instance_id)), "removing an instance")
+            await self._bounded(
+                self._backend._conn.purge_keys(self._bucket, self._key(instance_id)),
+                "removing an instance",
+            )
 
     async def remove_silent(self, cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.remove_silent` and the module docstring:
@@ -184,7 +197,6 @@ class NatsRegistry:
         beat doubled the registry's share of a fleet's load on NATS. The compare-and-set on
         the revision read keeps it exact for the records read (one refreshed since is never
         deleted); a record first written after that read is looked at after the next one."""
-        from nats.js.errors import APIError
 
         kv = await self._open(create=False)
         if kv is None:
@@ -198,21 +210,25 @@ class NatsRegistry:
         else:
             entries = await self._entries(kv)
         removed = []
+        conn = self._backend._conn
         for key, revision, record in entries:
-            if record.heartbeat_ms >= cutoff_ms:
+            if record is None:
+                marker = revision  # left by a removal that did not purge it
+            elif record.heartbeat_ms >= cutoff_ms:
                 continue
-            try:
-                await self._bounded(self._delete(kv, key, revision), "removing an instance")
-            except BackendError as exc:
-                if isinstance(exc.__cause__, APIError) and not isinstance(exc, BackendUnavailable):
+            else:
+                deleted = await self._bounded(
+                    conn.delete_key(self._bucket, key, revision), "removing an instance"
+                )
+                if deleted is None:
                     continue  # refreshed since it was read: the revision no longer matches
-                raise
-            removed.append(record.id)
+                marker = deleted
+                removed.append(record.id)
+            # Up to the marker: a record the instance wrote since (it was alive) is kept.
+            await self._bounded(
+                conn.purge_keys(self._bucket, key, before_seq=marker + 1), "removing an instance"
+            )
         return removed
-
-    @staticmethod
-    async def _delete(kv: Any, key: str, revision: int) -> None:
-        await kv.delete(key, last=revision)
 
     # -- definitions sets ---------------------------------------------------------------------
 
