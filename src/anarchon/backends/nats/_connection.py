@@ -368,7 +368,7 @@ class Connection:
         try:
             ack = await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
         except APIError as exc:
-            if exc.err_code == errors.WRONG_LAST_SEQUENCE:
+            if exc.err_code in errors.WRONG_LAST_SEQUENCE:
                 return None
             raise
         return int(ack.seq)

@@ -25,7 +25,9 @@ WINDOW_VS_MAX_AGE: Final = 10052
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT: Final = 10039
 JETSTREAM_NOT_ENABLED: Final = 10076
 DUPLICATE_IN_PROCESS: Final = 10158
-WRONG_LAST_SEQUENCE: Final = 10071
+# A compare-and-set write lost: the subject's last sequence is not the one expected (with the
+# sequence in the text, or without: newer servers send either).
+WRONG_LAST_SEQUENCE: Final = frozenset({10071, 10164})
 # Answers a cluster gives while a leader is being elected or a peer catches up: temporarily
 # unavailable, incomplete results, not assigned, not leader, stream offline.
 TRANSIENT_ERR_CODES: Final = frozenset({DUPLICATE_IN_PROCESS, 10008, 10004, 10007, 10009, 10118})
