@@ -19,43 +19,18 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Final, Protocol
 
 from tests.nats.servers import DEBIAN_BINARY, NatsServer
+from tests.ports import PortRange
 from tests.redis.servers import RedisServer, ping
 
-PORTS: Final = range(17300, 17400)
-_lock = threading.Lock()
-_handed: set[int] = set()
-
-
-def free_port() -> int:
-    """A port of the suite's range that nothing listens on and this process has not handed out."""
-    with _lock:
-        for port in PORTS:
-            if port in _handed:
-                continue
-            with socket.socket() as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _handed.add(port)
-            return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
-
-
-def give_back(port: int) -> None:
-    """Let ``port`` be handed out again."""
-    with _lock:
-        _handed.discard(port)
+#: The fault runner's range (see tests/ports.py): each port handed out once, until given back.
+PORTS: Final = PortRange(range(17300, 17400))
 
 
 class Restartable(Protocol):
@@ -74,7 +49,7 @@ class PrivateRedis:
     """A redis-server whose data survives a restart (AOF, fsync always)."""
 
     def __init__(self, directory: Path) -> None:
-        self.port = free_port()
+        self.port = PORTS.take_one()
         self._server = RedisServer(
             directory / "redis",
             port=self.port,
@@ -90,7 +65,7 @@ class PrivateRedis:
 
     def close(self) -> None:
         self._server.stop()
-        give_back(self.port)
+        PORTS.give_back(self.port)
 
     @property
     def up(self) -> bool:
@@ -101,7 +76,7 @@ class PrivateNats:
     """A nats-server with JetStream on a temporary store; a restart keeps the stream."""
 
     def __init__(self, directory: Path) -> None:
-        self.port = free_port()
+        self.port = PORTS.take_one()
         self._server = NatsServer(
             binary=DEBIAN_BINARY, port=self.port, directory=directory / "nats", name="chaos"
         )
@@ -115,7 +90,7 @@ class PrivateNats:
 
     def close(self) -> None:
         self._server.stop()
-        give_back(self.port)
+        PORTS.give_back(self.port)
 
 
 def _postgres_bin() -> Path:
@@ -140,7 +115,7 @@ class PrivatePostgres:
     def __init__(self, port: int | None = None) -> None:
         #: More ``name=value`` server settings (``-c``) for :meth:`start`, such as ``ssl=on``.
         self.settings: tuple[str, ...] = ()
-        self.port = free_port() if port is None else port
+        self.port = PORTS.take_one() if port is None else port
         self.bin = _postgres_bin()
         # Not under pytest's tmp_path: the postgres user must be able to reach it.
         self.root = Path(tempfile.mkdtemp(prefix="anarchon-chaos-pg-"))
@@ -215,6 +190,6 @@ class PrivatePostgres:
 
     def close(self) -> None:
         self.stop()
-        give_back(self.port)
+        PORTS.give_back(self.port)
         with contextlib.suppress(OSError):
             shutil.rmtree(self.root)

@@ -14,8 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from anarchon import backend_from_url
 from tests.chaos.proxy import LinkProxy, ProxyLoop
-from tests.chaos.servers import PrivateNats, PrivatePostgres, PrivateRedis, Restartable, free_port
-from tests.chaos.servers import give_back as give_port_back
+from tests.chaos.servers import PORTS, PrivateNats, PrivatePostgres, PrivateRedis, Restartable
 
 LEASE_BACKENDS: Final = ("sqlite", "postgres", "redis")
 BACKENDS: Final = (*LEASE_BACKENDS, "nats")
@@ -115,7 +114,7 @@ def open_target(
             loop = ProxyLoop()
             where = urlsplit(base)
             for _ in range(instances):
-                port = free_port()
+                port = PORTS.take_one()
                 proxies.append(
                     LinkProxy(loop, port, (where.hostname or "", where.port or 0)).start()
                 )
@@ -128,7 +127,7 @@ def open_target(
         for proxy in proxies:
             with contextlib.suppress(Exception):
                 proxy.close()
-            give_port_back(proxy.port)
+            PORTS.give_back(proxy.port)
         if loop is not None:
             loop.close()
         if server is not None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.chaos.faketime import FakeClockFile, ensure_installed
 from tests.chaos.proxy import LinkProxy, ProxyLoop
-from tests.chaos.servers import free_port, give_back
+from tests.chaos.servers import PORTS
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def _roundtrip(sock: socket.socket, payload: bytes, timeout: float) -> tuple[byt
 
 def test_the_proxy_passes_holds_and_delays(echo: int) -> None:
     loop = ProxyLoop()
-    port = free_port()
+    port = PORTS.take_one()
     proxy = LinkProxy(loop, port, ("127.0.0.1", echo)).start()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -72,7 +72,7 @@ def test_the_proxy_passes_holds_and_delays(echo: int) -> None:
     finally:
         proxy.close()
         loop.close()
-        give_back(port)
+        PORTS.give_back(port)
 
 
 def test_a_faked_process_steps_its_wall_clock_only(tmp_path: Path) -> None:

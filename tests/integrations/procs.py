@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,6 @@ BIN = Path(sys.executable).parent
 STARTED = re.compile(r"scheduler (\S+) started with")
 STOPPED = re.compile(r"scheduler (\S+) stopped")
 TICK = re.compile(r"tick slot=(\S+) instance=(\S+) fence=(\d+)")
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

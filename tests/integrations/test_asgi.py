@@ -27,10 +27,10 @@ from tests.integrations.procs import (
     TICK,
     Proc,
     contiguous_seconds,
-    free_port,
     per_slot,
     processes,
 )
+from tests.ports import any_free
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +118,7 @@ def check_ticks(server_logs: str, runs: list[Run], instances: set[str]) -> Count
 @pytest.mark.parametrize("kind", ["uvicorn", "uvicorn-uvloop", "gunicorn", "gunicorn-preload"])
 async def test_each_slot_once_across_workers(kind: str, ns: Namespace, tmp_path: Path) -> None:
     assert ns.url is not None
-    port = free_port()
+    port = any_free()
     with processes(tmp_path) as procs:
         server = procs.start(server_command(kind, port), environment(ns.url, port, tmp_path))
         started = server.wait_for(STARTED, WORKERS)
@@ -155,7 +155,7 @@ async def test_sigterm_to_gunicorn_drains_or_hands_over(
     is. Either way the slot ends with one success, and nothing starts twice."""
     async with SQLITE.namespace(tmp_path) as ns:
         assert ns.url is not None
-        port = free_port()
+        port = any_free()
         env = environment(ns.url, port, tmp_path, grace_ms, SLOW_S="3")
         env["PYTHONPATH"] = f"{EXAMPLES}:{Path(__file__).parent}:{ROOT}"
         with processes(tmp_path) as procs:

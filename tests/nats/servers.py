@@ -24,38 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.ports import PortRange
+
 SHARED_URL = "nats://127.0.0.1:4222"
 DEBIAN_BINARY = "/usr/sbin/nats-server"
 CURRENT_BINARY = str(Path(sys.executable).parent / "nats-server")
 BINARIES = {"2.9": DEBIAN_BINARY, "current": CURRENT_BINARY}
 
-SESSION_PORTS = range(14200, 14220)
-SINGLE_PORTS = range(14220, 14260)
-CLUSTER_PORTS = range(14260, 14300)
+# The NATS tests' range (see tests/ports.py), in three parts. A port is probed free, not handed
+# out once: each process starts its search at its own place, so test workers rarely pick the same
+# port at the same moment (a server that loses that race anyway is started again elsewhere).
+SESSION_PORTS = PortRange(range(14200, 14220), once=False, spread=True)
+SINGLE_PORTS = PortRange(range(14220, 14260), once=False, spread=True)
+CLUSTER_PORTS = PortRange(range(14260, 14300), once=False, spread=True)
 
 
 def unique_names() -> tuple[str, str]:
     """A fresh stream name and subject prefix for one test."""
     token = uuid.uuid4().hex[:12]
     return f"T_{token}", f"t{token}."
-
-
-def free_ports(count: int, pool: range) -> list[int]:
-    """``count`` loopback ports of ``pool`` that nobody listens on right now; each process
-    starts its search at its own place in the pool, so test workers rarely pick the same port
-    at the same moment (a server that loses that race anyway is started again elsewhere)."""
-    found: list[int] = []
-    start = os.getpid() % len(pool)
-    for port in [*pool[start:], *pool[:start]]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise RuntimeError(f"no {count} free ports in {pool}")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -147,14 +134,14 @@ class NatsServer:
 
 def single_server(directory: Path, binary: str, *, jetstream: bool = True) -> NatsServer:
     """A private server on a free port of the tests' range (not started)."""
-    [port] = free_ports(1, SINGLE_PORTS)
+    port = SINGLE_PORTS.take_one()
     return NatsServer(binary=binary, port=port, directory=directory, jetstream=jetstream)
 
 
 def configured_server(directory: Path, binary: str, body: str) -> NatsServer:
     """A private JetStream server on a free port, with ``body`` added to its configuration
     (an ``authorization {...}`` or ``tls {...}`` block); not started."""
-    [port] = free_ports(1, SINGLE_PORTS)
+    port = SINGLE_PORTS.take_one()
     config = (
         f"listen: 127.0.0.1:{port}\n"
         f'jetstream {{\n  store_dir: "{directory / "store"}"\n}}\n'
@@ -173,7 +160,7 @@ class Cluster:
 
     @classmethod
     def create(cls, binary: str, directory: Path) -> Cluster:
-        ports = free_ports(6, CLUSTER_PORTS)
+        ports = CLUSTER_PORTS.take(6)
         client, routes = ports[:3], ports[3:]
         cluster = cls(binary=binary, directory=directory)
         route_list = ", ".join(f"nats://127.0.0.1:{p}" for p in routes)
@@ -226,7 +213,7 @@ def session_server() -> NatsServer:
     if _session is None or not _session.running:
         directory = Path(tempfile.mkdtemp(prefix="anarchon-nats-"))
         for attempt in range(5):
-            [port] = free_ports(1, SESSION_PORTS)
+            port = SESSION_PORTS.take_one()
             server = NatsServer(
                 binary=CURRENT_BINARY, port=port, directory=directory, name="session"
             )

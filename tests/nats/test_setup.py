@@ -16,7 +16,7 @@ from anarchon import (
     backend_from_url,
 )
 from anarchon.backends.nats import NatsBackend
-from tests.nats.servers import SINGLE_PORTS, NatsServer, connect, free_ports
+from tests.nats.servers import SINGLE_PORTS, NatsServer, connect
 
 Make = Callable[..., Any]
 
@@ -34,7 +34,7 @@ async def test_a_server_without_jetstream_is_named_with_the_fix(
 
 
 async def test_an_unreachable_server_fails_within_seconds() -> None:
-    [port] = free_ports(1, SINGLE_PORTS)
+    port = SINGLE_PORTS.take_one()
     backend = NatsBackend(f"nats://app:secret@127.0.0.1:{port}")
     began = time.monotonic()
     with pytest.raises(BackendError, match=r"cannot connect to NATS at nats://app:\*\*\*@127") as e:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tests.debian import ensure_packages
+from tests.ports import any_free
 
 BINARY: Final = Path("/usr/bin/prometheus")
 
@@ -26,19 +26,11 @@ def ensure_installed() -> str | None:
     return ensure_packages(["prometheus"], [BINARY], timeout_s=600)
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback address now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Prometheus:
     """One Prometheus server scraping ``targets`` (``host:port``) every second."""
 
     def __init__(self, tmp: Path, targets: list[str], rules: str | None = None) -> None:
-        self.port = free_port()
+        self.port = any_free()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = tmp / "prometheus"
         self.dir.mkdir()

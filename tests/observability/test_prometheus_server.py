@@ -31,7 +31,8 @@ from anarchon import Overlap, RunStatus, SQLiteBackend, Trigger, steering
 from anarchon._metrics import SLOT_OUTCOMES, skip_class
 from anarchon.backend import ClaimRequest, ClaimStatus
 from tests.observability.instance import JOB
-from tests.observability.prom import Prometheus, ensure_installed, free_port
+from tests.observability.prom import Prometheus, ensure_installed
+from tests.ports import any_free
 
 pytestmark = pytest.mark.slow
 
@@ -194,7 +195,7 @@ async def test_prometheus_counts_equal_history(tmp_path: Path) -> None:
     db = tmp_path / "anarchon.db"
     backend = SQLiteBackend(db)
     await backend.start()
-    ports = [free_port() for _ in range(INSTANCES)]
+    ports = [any_free() for _ in range(INSTANCES)]
     who = {f"127.0.0.1:{port}": f"w{n}" for n, port in enumerate(ports)}
     server = Prometheus(tmp_path, list(who), rules=alert_rules())
     procs: list[subprocess.Popen[bytes]] = []

@@ -11,27 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
+from tests.ports import PortRange
+
 T = TypeVar("T")
 
-PORTS: Final = range(15500, 15600)  # this backend's port range on the machine
-
-
-def free_port() -> int:
-    """A port of the PostgreSQL helper range that nothing listens on now."""
-    for port in PORTS:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+#: The PostgreSQL proxies' range (see tests/ports.py); a port is probed free, not remembered.
+PORTS: Final = PortRange(range(15500, 15600), once=False)
 
 
 class TcpProxy:
@@ -39,7 +28,7 @@ class TcpProxy:
 
     def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
         self.target = target
-        self.port = free_port()
+        self.port = PORTS.take_one()
         self.accepted = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

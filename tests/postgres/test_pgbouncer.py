@@ -27,7 +27,7 @@ import pytest
 from anarchon import BackendError, Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest
 from anarchon.backends.postgres import PostgresBackend
-from tests.postgres.proxy import free_port
+from tests.postgres.proxy import PORTS
 
 SLOT = 1_800_000_000_000
 
@@ -58,7 +58,7 @@ def bouncer() -> Iterator[str]:
 
 
 def _run(command: list[str], tmp_path: Path) -> Iterator[str]:
-    port = free_port()
+    port = PORTS.take_one()
     (tmp_path / "users.txt").write_text('"postgres" ""\n')
     (tmp_path / "pgbouncer.ini").write_text(
         "[databases]\n"

@@ -23,11 +23,12 @@ from anarchon.backend import ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from tests.chaos.servers import PrivatePostgres
 from tests.pki import Pki, make_pki
+from tests.ports import worker_port
 from tests.postgres.test_postgres import SLOT, request
 
 #: One port per pytest-xdist worker that no other test takes: a port probed free could be taken
 #: by another worker or the fault runner while initdb runs, before the server listens on it.
-PORTS = range(15600, 15616)
+PORTS = range(15600, 15616)  # one per pytest worker (see tests/ports.py)
 
 #: Only TLS connections, and only with a client certificate the CA signed; the role USER also
 #: gives its password, the others are trusted.
@@ -61,8 +62,7 @@ class TlsPostgres:
 
 @pytest.fixture(scope="module")
 def tls_postgres() -> Iterator[TlsPostgres]:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    server = PrivatePostgres(port=PORTS[int(worker) if worker.isdigit() else 0])
+    server = PrivatePostgres(port=worker_port(PORTS))
     try:
         # Under the server's directory (the postgres user reaches it); the server's key must be
         # that user's, the client's stays the test's (libpq checks both).

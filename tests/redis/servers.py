@@ -20,41 +20,17 @@ from pathlib import Path
 
 import redis
 
+from tests.ports import PortRange, worker_share
+
 REDIS_SERVER = "/usr/bin/redis-server"
 RANGE = range(16400, 16800)
 #: redis-py's major version: the compat venv (``make compat``) runs the lowest allowed, 5.
 REDIS_MAJOR = int(redis.__version__.split(".")[0])
 
 
-def _ports() -> range:
-    """This process's share of the range: pytest-xdist workers split it, so one worker never
-    takes a port another worker's test just freed by killing its server (its client would then
-    reach the wrong server)."""
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) if worker.isdigit() else 0
-    share = len(RANGE) // max(count, 1)
-    start = RANGE.start + (index % max(count, 1)) * share
-    return range(start, start + share)
-
-
-PORTS = _ports()
-_taken: set[int] = set()
-
-
-def free_port() -> int:
-    """A port of our range nobody listens on (and that this process has not handed out)."""
-    for port in PORTS:
-        if port in _taken:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in {PORTS}")
+#: This process's share of the Redis tests' range (see tests/ports.py), each port handed out once.
+PORTS = PortRange(worker_share(RANGE))
+free_port = PORTS.take_one
 
 
 def ping(port: int, timeout: float = 0.5) -> bool:

@@ -8,7 +8,6 @@ stopped by its pid.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +23,11 @@ from typing import Final
 from anarchon import Backend, RunStatus, Trigger, backend_from_url
 from anarchon.backend import ClaimRequest
 from tests.conformance.procs import stop_processes
+from tests.ports import any_free
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 TOKEN: Final = "s3cret-operator-token"
 WAIT_S: Final = 60.0
-
-
-def free_port() -> int:
-    """A port nothing listens on now (loopback)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(check: object, what: str, timeout: float = WAIT_S) -> None:
@@ -69,7 +61,7 @@ class Cluster:
             wait_until((self.tmp / f"{name}.ready").exists, f"{name} to start\n{self.logs()}")
 
     def serve(self, token: str | None = TOKEN) -> None:
-        port = free_port()
+        port = any_free()
         args = [sys.executable, "-m", "anarchon", "dashboard", "--backend", self.url]
         args += ["--host", "127.0.0.1", "--port", str(port)]
         if token is not None:

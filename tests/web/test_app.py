@@ -29,8 +29,8 @@ from anarchon.web._data import (
     schedule_in_words,
     timeline,
 )
+from tests.ports import any_free
 from tests.records import instance_record
-from tests.web.cluster import free_port
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "operator-token-123"
@@ -115,7 +115,7 @@ async def _serve(token: Any, jobs: bool = True) -> AsyncIterator[Served]:
         scheduler.add("every-second", "* * * * * *", ok)
         scheduler.add("failing", "* * * * * *", bad)
         scheduler.add("daily", "0 3 * * *", ok)
-    port = free_port()
+    port = any_free()
     app = dashboard(scheduler, token=token, refresh_ms=0)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     async with scheduler:
@@ -490,7 +490,7 @@ async def test_mounted_under_a_prefix() -> None:
 
     scheduler.add("report", "*/2 * * * * *", report)
     app = Starlette(routes=[Mount("/cron", app=dashboard(scheduler, token=lambda r: "carol"))])
-    port = free_port()
+    port = any_free()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     async with scheduler:
         task = asyncio.create_task(server.serve())
