@@ -12,6 +12,8 @@ starts beside them never hand out the same port:
 15600-15615    the PostgreSQL TLS server, one per pytest worker (tests/postgres/test_tls.py)
 16400-16799    private redis-server processes, a share per pytest worker (tests/redis/servers.py)
 17300-17399    the fault runner's servers and proxies (tests/chaos/servers.py)
+17600-17699    ``make bench``'s private redis-server (bench/services.py, its own probe:
+               the benchmarks do not import the tests)
 =============  =====================================================================
 """
 
