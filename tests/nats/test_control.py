@@ -223,6 +223,38 @@ async def test_run_requests_leave_no_tombstones(make: Make, server_url: str) -> 
     assert info.state.messages == 0
 
 
+async def test_a_poll_reads_only_the_requests_it_has_not_read(make: Make) -> None:
+    """The request poller lists the requests every second: a request read once is not read
+    again while it stays listed (it never changes), only new ones are; one removed (another
+    instance claimed it) is gone from the answer, and one stored by another instance since the
+    last poll is read."""
+    poller, other = (await make()).control(), (await make()).control()
+    now = int(time.time() * 1000)
+    first, second = _manual_request(now), _manual_request(now + 1)
+    for made in (first, second):
+        assert await other.request(made)
+    get = poller._get
+    reads: list[str] = []
+
+    async def counting(kv: Any, key: str, doing: str) -> bytes | None:
+        reads.append(key)
+        return await get(kv, key, doing)  # type: ignore[no-any-return]
+
+    poller._get = counting
+    assert await poller.requests(["sync"]) == [first, second]
+    assert len(reads) == 2
+    assert await poller.requests(["sync"]) == [first, second]
+    assert await poller.requests(["other"]) == []
+    assert len(reads) == 2  # nothing read again
+    third = _manual_request(now + 2)
+    assert await other.request(third)
+    await other.done(first.id)
+    assert await poller.requests(["sync"]) == [second, third]
+    assert len(reads) == 3  # the new one alone
+    assert await poller.requests() == [second, third]
+    assert len(reads) == 3
+
+
 async def test_a_bucket_the_claims_cannot_read_pauses_nothing(
     make: Make, monkeypatch: Any, caplog: Any
 ) -> None:

@@ -16,7 +16,8 @@ What is atomic here and what is not:
 * resuming reads the pause and deletes it with a compare-and-set on the revision read, so the
   pause returned is the one removed (a pause replaced in between is read again);
 * removing a request purges its key's subject: one step, and it leaves no tombstone behind;
-* listing requests lists the keys, then reads each: a snapshot, not one step;
+* listing requests lists the keys, then reads each (each not read before: a stored request
+  never changes): a snapshot, not one step;
 * **the claim's pause check is not atomic with the claim.** JetStream's de-duplication decides
   the claim, and it cannot read the bucket. Before it publishes a claim, an instance lists the
   bucket's pause keys (from the bucket's stream info: one request for any number of jobs) and
@@ -98,6 +99,8 @@ class NatsControl:
         self._listing: asyncio.Future[set[str]] | None = None
         self._loading: dict[str, asyncio.Future[Pause | None]] = {}
         self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # The requests read, by key, while their keys stay listed (see requests()).
+        self._requests_read: dict[str, RunRequest] = {}
         self._quiet_until = 0.0
 
     # -- keys and the bucket ----------------------------------------------------------------
@@ -465,21 +468,28 @@ class NatsControl:
         )
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
-        """See :meth:`anarchon.control.ControlStore.requests`: lists the keys, reads each."""
+        """See :meth:`anarchon.control.ControlStore.requests`: lists the keys, reads each one
+        not read before. A request never changes once stored (a ``create`` stores it, a purge
+        removes it; its id, random or its retry's own, is stored once), so the requests read
+        are kept while their keys stay listed: the request poller's listing every second reads
+        only the new ones, not every pending retry again (one request each)."""
         kv = await self._open(create=False)
         if kv is None:
             return []
         wanted = None if jobs is None else set(jobs)
         if wanted is not None and not wanted:
             return []
-        found = []
+        read_before, listed = self._requests_read, {}
         for key in await self._keys(kv, "r"):
-            entry = await self._get(kv, key, "reading run requests")
-            if entry is None:
-                continue
-            request = _decode(RunRequest, entry, key)
-            if wanted is None or request.job in wanted:
-                found.append(request)
+            request = read_before.get(key)
+            if request is None:
+                entry = await self._get(kv, key, "reading run requests")
+                if entry is None:
+                    continue
+                request = _decode(RunRequest, entry, key)
+            listed[key] = request
+        self._requests_read = listed
+        found = [r for r in listed.values() if wanted is None or r.job in wanted]
         return sorted(found, key=lambda r: (r.due_ms, r.requested_at_ms, r.id))
 
     async def done(self, request_id: str) -> None:
