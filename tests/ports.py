@@ -78,12 +78,15 @@ class PortRange:
     def take(self, count: int = 1) -> list[int]:
         """``count`` free ports of the range (RuntimeError when there are not that many)."""
         with self._lock:
-            found = [p for p in self._order() if p not in self._handed and is_free(p)][:count]
-            if len(found) < count:
-                raise RuntimeError(f"no {count} free ports in {self.ports.start}-{self.ports[-1]}")
-            if self._once:
-                self._handed.update(found)
-            return found
+            found: list[int] = []
+            for port in self._order():
+                if port not in self._handed and is_free(port):
+                    found.append(port)
+                    if len(found) == count:
+                        if self._once:
+                            self._handed.update(found)
+                        return found
+        raise RuntimeError(f"no {count} free ports in {self.ports.start}-{self.ports[-1]}")
 
     def take_one(self) -> int:
         """One free port of the range."""
