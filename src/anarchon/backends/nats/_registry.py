@@ -57,6 +57,7 @@ from anarchon.registry import InstanceRecord
 from . import _errors as errors
 
 if TYPE_CHECKING:
+    from nats.js.errors import KeyNotFoundError
     from nats.js.kv import KeyValue
 
     from ._backend import NatsBackend
@@ -155,8 +156,9 @@ class NatsRegistry:
                 try:
                     entry = await kv.get(key)
                 except KeyNotFoundError as exc:
-                    if exc.entry is not None and exc.entry.revision:  # a delete marker
-                        found.append((key, exc.entry.revision, None))
+                    marker = _marker_of(exc)
+                    if marker is not None:
+                        found.append((key, marker, None))
                     continue  # else purged since it was listed
                 record = InstanceRecord.from_json(entry.value or b"")
                 if record is not None:
@@ -224,9 +226,9 @@ class NatsRegistry:
                     continue  # refreshed since it was read: the revision no longer matches
                 marker = deleted
                 removed.append(record.id)
-            # Up to the marker: a record the instance wrote since (it was alive) is kept.
+            # A record the instance wrote since (it was alive) is kept.
             await self._bounded(
-                conn.purge_keys(self._bucket, key, before_seq=marker + 1), "removing an instance"
+                self._purge_to_marker(self._bucket, key, marker), "removing an instance"
             )
         return removed
 
@@ -358,13 +360,14 @@ class NatsRegistry:
                 digest, _, part = key[len(self._space) + 1 :].rpartition(".")
                 if part != "m" or digest in kept:
                     continue
+                set_keys = self._set_key(digest, "*")
                 try:
                     entry = await kv.get(key)
                 except KeyNotFoundError as exc:
-                    # A delete marker (nats-py gives its entry) is one a prune left when it
-                    # stopped before its purge: purge it now.
-                    if exc.entry is not None and exc.entry.revision:
-                        await self._purge_set(digest, exc.entry.revision)
+                    # A delete marker is one a prune left when it stopped before its purge.
+                    left = _marker_of(exc)
+                    if left is not None:
+                        await self._purge_to_marker(self._sets_bucket, set_keys, left)
                     continue
                 manifest = _manifest_of(entry.value)
                 if manifest is None or int(manifest.get("saved_ms", 0)) >= cutoff_ms:
@@ -372,19 +375,18 @@ class NatsRegistry:
                 marker = await conn.delete_key(self._sets_bucket, key, entry.revision or 0)
                 if marker is None:
                     continue  # touched or saved again since it was read: in use
-                await self._purge_set(digest, marker)
+                # A save of the digest since then wrote after the marker, and is kept.
+                await self._purge_to_marker(self._sets_bucket, set_keys, marker)
                 gone.append(digest)
             return gone
 
         return await self._bounded(prune(), "pruning definitions sets", SET_TIMEOUT_S)
 
-    async def _purge_set(self, digest: str, marker: int) -> None:
-        """Remove the messages of set ``digest`` stored up to its manifest's delete marker (at
-        sequence ``marker``), the marker included: a save of the digest since then wrote after
-        it, and is kept."""
-        await self._backend._conn.purge_keys(
-            self._sets_bucket, self._set_key(digest, "*"), before_seq=marker + 1
-        )
+    async def _purge_to_marker(self, bucket: str, keys: str, marker: int) -> None:
+        """Remove the messages of ``keys`` (a key or a filter) in ``bucket`` stored up to the
+        delete marker at sequence ``marker``, the marker included; what was written after it
+        stays."""
+        await self._backend._conn.purge_keys(bucket, keys, before_seq=marker + 1)
 
 
 def _manifest_of(value: bytes | None) -> dict[str, Any] | None:
@@ -394,3 +396,10 @@ def _manifest_of(value: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return manifest if isinstance(manifest, dict) else None
+
+
+def _marker_of(exc: KeyNotFoundError) -> int | None:
+    """The sequence of the delete marker a key's read found (nats-py's ``get`` raises
+    KeyNotFoundError with the marker's entry); None when the key holds no message."""
+    entry = exc.entry
+    return entry.revision or None if entry is not None else None
