@@ -50,16 +50,20 @@ def worker_share(ports: range) -> range:
     never takes a port another worker's test just freed by killing its server, whose client
     would reach the wrong server."""
     count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) % count if worker.isdigit() else 0
+    index = _worker_index() % count
     share = len(ports) // count
     return range(ports.start + index * share, ports.start + (index + 1) * share)
 
 
 def worker_port(ports: range) -> int:
     """One port of ``ports`` for this pytest worker, the same for all its tests."""
+    return ports[_worker_index() % len(ports)]
+
+
+def _worker_index() -> int:
+    """This pytest-xdist worker's number (``gw3``: 3); 0 outside pytest-xdist."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    return ports[int(worker) % len(ports) if worker.isdigit() else 0]
+    return int(worker) if worker.isdigit() else 0
 
 
 class PortRange:
