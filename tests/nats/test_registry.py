@@ -1,7 +1,8 @@
-"""The NATS registry's cost per heartbeat: one read of the records, not two.
+"""The NATS registry's cost per heartbeat: one read of the records, not two, and a read's
+requests do not grow with the records.
 
 A beat removes the silent records and then reads the registry (anarchon._heartbeat). On NATS a
-read is a listing and a get per record; read twice a beat, 100 instances of a bench fleet took
+read was a listing and a get per record; read twice a beat, 100 instances of a bench fleet took
 5 s a beat on one event loop, and rank delays ranked by views that old.
 
 And a prune of a definitions set racing a save of the same digest (driven here from a wrapped
@@ -47,16 +48,16 @@ async def _instance_keys(store: NatsRegistry) -> set[str]:
 
 
 def _count_listings(store: NatsRegistry) -> list[int]:
-    """Count the store's listings of the registry's keys (one per read of the records)."""
+    """Count the store's reads of the registry's records."""
     listed = [0]
     conn: Any = store._backend._conn
-    list_keys = conn.bucket_keys
+    read_bucket = conn.read_bucket
 
-    async def counting(bucket: str, start: str) -> list[str]:
+    async def counting(bucket: str, start: str) -> list[tuple[str, Any]]:
         listed[0] += 1
-        return list(await list_keys(bucket, start))
+        return list(await read_bucket(bucket, start))
 
-    conn.bucket_keys = counting
+    conn.read_bucket = counting
     return listed
 
 
@@ -81,6 +82,30 @@ async def test_removing_silent_records_after_a_read_reads_nothing_again(
     assert listed == [2]
     assert await store.remove_silent(6_000) == ["i3"]
     assert listed == [3]
+
+
+async def test_a_read_costs_the_same_requests_for_3_records_as_for_60(
+    make: Callable[..., Any],
+) -> None:
+    """A read is one consumer on the bucket's stream, whatever the number of records (it was a
+    listing and a get per record: each beat of each instance of a fleet of N cost N + 1
+    requests). Counted as the messages the client sent."""
+    store = (await make()).registry()
+    nc = store._backend._conn.nc
+
+    async def read_cost(expected: int) -> int:
+        before = nc.stats["out_msgs"]
+        records = await store.instances()
+        assert len(records) == expected
+        return int(nc.stats["out_msgs"] - before)
+
+    for n in range(3):
+        await store.record(_record(f"i{n}", 1_000))
+    small = await read_cost(3)
+    for n in range(3, 60):
+        await store.record(_record(f"i{n}", 1_000))
+    assert await read_cost(60) == small
+    assert small <= 4
 
 
 async def test_a_record_refreshed_after_the_read_is_not_removed(make: Callable[..., Any]) -> None:
@@ -201,7 +226,7 @@ async def test_a_save_whose_marker_is_purged_under_its_create_creates_again(
 
 async def test_removed_instances_leave_no_message_behind(make: Callable[..., Any]) -> None:
     """An instance that stops (remove) or falls silent (remove_silent) leaves nothing in the
-    bucket: every read lists the keys and reads each one, so a delete marker per instance ever
+    bucket: every read delivers each key's last message, so a delete marker per instance ever
     stopped would make each heartbeat of a long-lived cluster read more. A marker a removal
     left (stopped between its delete and its purge) is purged by the next remove_silent; a
     record written after a removal's read is kept."""

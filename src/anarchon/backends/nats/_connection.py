@@ -562,12 +562,25 @@ class Connection:
     async def read_all(self, filter_subject: str, doing: str) -> list[Stored]:
         """Every message on ``filter_subject``, retried for up to :data:`CLAIM_RETRY_S`."""
         return await self.retry(
-            lambda t: self._read_once(filter_subject), doing, self.retry_deadline()
+            lambda t: self._read_once(self.stream, filter_subject, last_per_subject=False),
+            doing,
+            self.retry_deadline(),
         )
 
-    async def _read_once(self, filter_subject: str) -> list[Stored]:
+    async def read_bucket(self, bucket: str, start: str) -> list[tuple[str, Stored]]:
+        """The last message of each key of key-value bucket ``bucket`` that begins with
+        ``start`` (which ends with a dot), as ``(key, message)``; the message's ``seq`` is the
+        key's revision, and a delete marker comes with empty data. One consumer reads them
+        all, where nats-py's ``get`` is one request per key."""
+        prefix = f"$KV.{bucket}."
+        found = await self._read_once(f"KV_{bucket}", f"{prefix}{start}>", last_per_subject=True)
+        return [(message.subject[len(prefix) :], message) for message in found]
+
+    async def _read_once(
+        self, stream: str, filter_subject: str, *, last_per_subject: bool
+    ) -> list[Stored]:
         """Through a short-lived ephemeral pull consumer (one filter: nats-server 2.9 ignores
-        multi-subject filters)."""
+        multi-subject filters); every message, or only each subject's last."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         _, js = self.require()
@@ -575,23 +588,25 @@ class Connection:
         config = ConsumerConfig(
             name=name,
             ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=(
+                DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL
+            ),
             filter_subject=filter_subject,
             inactive_threshold=CONSUMER_INACTIVE_S,
             mem_storage=True,
         )
-        info = await js.add_consumer(self.stream, config=config)
+        info = await js.add_consumer(stream, config=config)
         try:
             pending = info.num_pending or 0
             if pending == 0:
                 return []
-            sub = await js.pull_subscribe_bind(consumer=name, stream=self.stream)
+            sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
             try:
                 return await self._drain(sub, pending)
             finally:
                 await sub.unsubscribe()
         finally:
-            await self._forget_consumer(name)
+            await self._forget_consumer(stream, name)
 
     @staticmethod
     async def _drain(sub: JetStreamContext.PullSubscription, pending: int) -> list[Stored]:
@@ -609,12 +624,12 @@ class Connection:
                 out.append(Stored(seq=seq, subject=msg.subject, time_ms=time_ms, data=msg.data))
         return out
 
-    async def _forget_consumer(self, name: str) -> None:
+    async def _forget_consumer(self, stream: str, name: str) -> None:
         js = self.js
         if js is None:
             return
         try:
-            await js.delete_consumer(self.stream, name)
+            await js.delete_consumer(stream, name)
         except Exception as exc:  # it expires by itself after CONSUMER_INACTIVE_S
             logger.debug("could not delete consumer %s: %s", name, errors.describe(exc))
 

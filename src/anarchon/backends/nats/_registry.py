@@ -9,17 +9,18 @@ What is atomic here and what is not:
 
 * recording an instance is one ``put`` of its whole record: atomic;
 * removing one instance is one purge of its key: atomic, and it leaves no delete marker;
-* removing silent instances is *not* one step: the keys are listed and each record read (or
-  the last such read is taken, see ``NatsRegistry.remove_silent``), and each silent one
+* removing silent instances is *not* one step: the records are read (one ephemeral consumer
+  delivers each key's last message; or the last such read is taken, see
+  ``NatsRegistry.remove_silent``), and each silent one
   deleted with a compare-and-set on the revision that was read, then its key purged up to that
   delete's marker. A record refreshed in between is therefore never deleted (its revision
   changed), but the read is a snapshot: a record written after it was taken is looked at after
   the next read.
 
-No removal leaves a delete marker behind: every read lists the keys and reads each one, so
-markers, one per instance ever stopped, would make each heartbeat of a long-lived cluster read
-more. A marker a removal left (one that stopped between its delete and its purge, or an earlier
-version's) is purged by the next ``remove_silent``.
+No removal leaves a delete marker behind: every read delivers each key's last message, markers
+included, so markers, one per instance ever stopped, would make each heartbeat of a long-lived
+cluster read more. A marker a removal left (one that stopped between its delete and its purge,
+or an earlier version's) is purged by the next ``remove_silent``.
 
 Definitions sets (:func:`anarchon.registry.record_instance`) are kept in a second bucket,
 ``<stream>_definitions`` (same naming rule), one revision per key: a set of digest ``D`` is
@@ -144,35 +145,32 @@ class NatsRegistry:
             kv.put(self._key(instance.id), instance.to_json().encode()), "recording an instance"
         )
 
-    async def _entries(self, kv: KeyValue) -> list[tuple[str, int, InstanceRecord | None]]:
-        """Each key's record and revision: None for a key whose last message is a delete
-        marker (its sequence then), which :meth:`remove_silent` purges."""
-        from nats.js.errors import KeyNotFoundError
+    async def _entries(self) -> list[tuple[str, int, InstanceRecord | None]]:
+        """Each key's revision and record: None for a key whose last message is a delete
+        marker (its sequence then), which :meth:`remove_silent` purges. One consumer reads
+        the bucket, where a read per key made each beat of each instance cost as many
+        requests as the fleet has instances."""
 
         async def read() -> list[tuple[str, int, InstanceRecord | None]]:
-            keys = await self._backend._conn.bucket_keys(self._bucket, self._space + ".")
             found: list[tuple[str, int, InstanceRecord | None]] = []
-            for key in keys:
-                try:
-                    entry = await kv.get(key)
-                except KeyNotFoundError as exc:
-                    marker = _marker_of(exc)
-                    if marker is not None:
-                        found.append((key, marker, None))
-                    continue  # else purged since it was listed
-                record = InstanceRecord.from_json(entry.value or b"")
+            for key, message in await self._backend._conn.read_bucket(
+                self._bucket, self._space + "."
+            ):
+                if not message.data:  # a record is never empty: a delete or purge marker
+                    found.append((key, message.seq, None))
+                    continue
+                record = InstanceRecord.from_json(message.data)
                 if record is not None:
-                    found.append((key, entry.revision or 0, record))
+                    found.append((key, message.seq, record))
             return found
 
         return await self._bounded(read(), "reading the registry")
 
     async def instances(self) -> list[InstanceRecord]:
         """See :meth:`anarchon.registry.RegistryStore.instances`."""
-        kv = await self._open(create=False)
-        if kv is None:
+        if await self._open(create=False) is None:
             return []
-        entries = await self._entries(kv)
+        entries = await self._entries()
         self._snapshot = (asyncio.get_running_loop().time(), entries)
         return [record for _, _, record in entries if record is not None]
 
@@ -195,13 +193,13 @@ class NatsRegistry:
 
         The records are those of the last :meth:`instances` read when it is at most
         :data:`SNAPSHOT_MAX_S` old (the heartbeat reads the registry at every beat, just after
-        this), else read now: a read costs a request per record, and reading them all twice a
-        beat doubled the registry's share of a fleet's load on NATS. The compare-and-set on
-        the revision read keeps it exact for the records read (one refreshed since is never
-        deleted); a record first written after that read is looked at after the next one."""
+        this), else read now: a read is a consumer made, read and deleted on the server, and
+        reading twice a beat doubled the registry's share of a fleet's load on NATS. The
+        compare-and-set on the revision read keeps it exact for the records read (one refreshed
+        since is never deleted); a record first written after that read is looked at after the
+        next one."""
 
-        kv = await self._open(create=False)
-        if kv is None:
+        if await self._open(create=False) is None:
             return []
         snapshot, self._snapshot = self._snapshot, None
         if (
@@ -210,7 +208,7 @@ class NatsRegistry:
         ):
             entries = snapshot[1]
         else:
-            entries = await self._entries(kv)
+            entries = await self._entries()
         removed = []
         conn = self._backend._conn
         for key, revision, record in entries:
