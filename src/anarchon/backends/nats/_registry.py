@@ -11,11 +11,10 @@ What is atomic here and what is not:
 * removing one instance is one purge of its key: atomic, and it leaves no delete marker;
 * removing silent instances is *not* one step: the records are read (one ephemeral consumer
   delivers each key's last message; or the last such read is taken, see
-  ``NatsRegistry.remove_silent``), and each silent one
-  deleted with a compare-and-set on the revision that was read, then its key purged up to that
-  delete's marker. A record refreshed in between is therefore never deleted (its revision
-  changed), but the read is a snapshot: a record written after it was taken is looked at after
-  the next read.
+  ``NatsRegistry.remove_silent``), and each silent one deleted with a compare-and-set on the
+  revision that was read, then its key purged up to that delete's marker. A record refreshed
+  in between is therefore never deleted (its revision changed), but the read is a snapshot: a
+  record written after it was taken is looked at after the next read.
 
 No removal leaves a delete marker behind: every read delivers each key's last message, markers
 included, so markers, one per instance ever stopped, would make each heartbeat of a long-lived
