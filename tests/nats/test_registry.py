@@ -47,18 +47,18 @@ async def _instance_keys(store: NatsRegistry) -> set[str]:
     return set(await store._backend._conn.bucket_keys(store._bucket, f"{store._space}."))
 
 
-def _count_listings(store: NatsRegistry) -> list[int]:
+def _count_reads(store: NatsRegistry) -> list[int]:
     """Count the store's reads of the registry's records."""
-    listed = [0]
+    reads = [0]
     conn: Any = store._backend._conn
     read_bucket = conn.read_bucket
 
     async def counting(bucket: str, start: str) -> list[tuple[str, Any]]:
-        listed[0] += 1
+        reads[0] += 1
         return list(await read_bucket(bucket, start))
 
     conn.read_bucket = counting
-    return listed
+    return reads
 
 
 async def test_removing_silent_records_after_a_read_reads_nothing_again(
@@ -69,19 +69,19 @@ async def test_removing_silent_records_after_a_read_reads_nothing_again(
     store = (await make()).registry()
     for n, beat in enumerate((1_000, 5_000, 9_000)):
         await store.record(_record(f"i{n}", beat))
-    listed = _count_listings(store)
+    reads = _count_reads(store)
     assert sorted(r.id for r in await store.instances()) == ["i0", "i1", "i2"]
-    assert listed == [1]
+    assert reads == [1]
     assert await store.remove_silent(6_000) == ["i0", "i1"]
-    assert listed == [1]  # no second read in the beat
+    assert reads == [1]  # no second read in the beat
     assert [r.id for r in await store.instances()] == ["i2"]
     # A record first written after the read is not in it; once the read is used, the next
     # call reads the records itself.
     await store.record(_record("i3", 2_000))
     assert await store.remove_silent(6_000) == []
-    assert listed == [2]
+    assert reads == [2]
     assert await store.remove_silent(6_000) == ["i3"]
-    assert listed == [3]
+    assert reads == [3]
 
 
 async def test_a_read_costs_the_same_requests_for_3_records_as_for_60(
