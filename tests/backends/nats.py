@@ -7,13 +7,11 @@ is never reconfigured.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats._registry import bucket_name
 from tests.harness import Namespace
 from tests.nats.servers import SHARED_URL, delete_stream, unique_names
 
@@ -43,10 +41,6 @@ class NatsHarness:
             )
         finally:
             await delete_stream(server, stream)
-            # cleanup only: a failure here is not the test's
-            for kind in ("registry", "definitions", "control"):
-                with contextlib.suppress(Exception):
-                    await delete_stream(server, f"KV_{bucket_name(stream, kind)}")
 
 
 HARNESS = NatsHarness()

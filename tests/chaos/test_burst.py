@@ -30,7 +30,6 @@ from typing import Any, Final
 
 import pytest
 
-from anarchon.backends.nats._registry import bucket_name
 from tests.chaos.fleet import ROOT
 from tests.nats.servers import SHARED_URL, delete_stream, unique_names
 
@@ -88,9 +87,6 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 async def _forget(stream: str) -> None:
     await delete_stream(SHARED_URL, stream)
-    for kind in ("registry", "control"):
-        with contextlib.suppress(Exception):
-            await delete_stream(SHARED_URL, f"KV_{bucket_name(stream, kind)}")
 
 
 def _wait_ready(tmp: Path, procs: list[subprocess.Popen[bytes]], until: float) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import pytest
 
 from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats._registry import bucket_name
 from tests.nats.servers import (
     BINARIES,
     SHARED_URL,
@@ -43,10 +41,6 @@ async def names(server_url: str) -> AsyncIterator[tuple[str, str]]:
     stream, prefix = unique_names()
     yield stream, prefix
     await delete_stream(server_url, stream)
-    # Cleanup only: a failure here is not the test's.
-    for kind in ("registry", "definitions", "control"):
-        with contextlib.suppress(Exception):
-            await delete_stream(server_url, f"KV_{bucket_name(stream, kind)}")
 
 
 @pytest.fixture

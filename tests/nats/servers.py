@@ -251,14 +251,20 @@ async def connect(url: str | list[str], **options: Any) -> Any:
     return await nats.connect(servers=url if isinstance(url, list) else [url], **settings)
 
 
-async def delete_stream(url: str, stream: str) -> None:
-    """Delete a test's stream, if it exists."""
+async def delete_stream(url: str | list[str], stream: str) -> None:
+    """Delete a test's stream and its key-value buckets (registry, definitions, control), those
+    that exist: a fleet's instances record themselves, so a stream deleted alone leaves two or
+    three buckets on the shared server for good."""
     import nats.js.errors
 
+    from anarchon.backends.nats._registry import bucket_name
+
+    kinds = ("registry", "definitions", "control")
     nc = await connect(url)
     try:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await nc.jetstream().delete_stream(stream)
+        for name in (stream, *(f"KV_{bucket_name(stream, kind)}" for kind in kinds)):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await nc.jetstream().delete_stream(name)
     finally:
         await nc.close()
 
