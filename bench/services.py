@@ -254,17 +254,22 @@ class Services:
             await client.aclose()
 
     async def _delete_streams(self) -> None:
+        """Each stream of the run and its key-value buckets (registry, definitions, control)."""
         if not self.streams:
             return
         import nats
         import nats.js.errors
 
+        from anarchon.backends.nats._registry import bucket_name
+
         nc = await nats.connect(servers=[NATS], connect_timeout=5)
         try:
             js = nc.jetstream()
             for stream in self.streams:
-                with contextlib.suppress(nats.js.errors.NotFoundError):
-                    await js.delete_stream(stream)
+                kinds = ("registry", "definitions", "control")
+                for name in (stream, *(f"KV_{bucket_name(stream, kind)}" for kind in kinds)):
+                    with contextlib.suppress(nats.js.errors.NotFoundError):
+                        await js.delete_stream(name)
         finally:
             await nc.close()
 
