@@ -448,7 +448,7 @@ def test_a_packed_script_call_is_what_redis_py_would_send(encoding: str, job: st
 
 
 @NEEDS_REDIS_8
-async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() -> None:
+async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client(prefix: str) -> None:
     """A plain client's single script calls are sent packed on its pool's connections; a
     subclass of the client (which may send commands its own way) keeps execute_command."""
     from redis.asyncio import Redis
@@ -463,7 +463,7 @@ async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() ->
         assert ScriptRunner(plain)._pool is plain.connection_pool
         assert ScriptRunner(traced)._pool is None
         assert ScriptRunner(Redis.from_url(SERVER, single_connection_client=True))._pool is None
-        backend = RedisBackend(client=traced, prefix=f"traced{uuid.uuid4().hex[:6]}:")
+        backend = RedisBackend(client=traced, prefix=prefix)
         await backend.start()
         try:
             [won] = await backend.claim([claim_request()])
@@ -477,7 +477,7 @@ async def test_single_calls_take_a_pooled_connection_only_on_a_plain_client() ->
 
 @NEEDS_REDIS_8
 async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, prefix: str
 ) -> None:
     """A plain client's single calls go out on one connection of its pool kept for them (the
     lane), taken once, not taken and returned per call; calls while it is in use take pooled
@@ -496,7 +496,7 @@ async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
         return connection
 
     monkeypatch.setattr(pool, "get_connection", counted)
-    backend = RedisBackend(client=client, prefix=f"lane{uuid.uuid4().hex[:6]}:")
+    backend = RedisBackend(client=client, prefix=prefix)
     try:
         await backend.start()
         taken.clear()
@@ -532,7 +532,7 @@ async def test_single_calls_keep_one_connection_of_the_pool_and_give_it_back(
 
 
 @NEEDS_REDIS_8
-async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
+async def test_a_small_pool_keeps_no_connection_for_single_calls(prefix: str) -> None:
     """A pool of fewer than LANE_MIN_POOL connections (or a blocking one) lends each single
     call a connection and takes it back, so the one kept never leaves it short."""
     from redis.asyncio import BlockingConnectionPool, Redis
@@ -546,7 +546,7 @@ async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
         assert not ScriptRunner(small)._may_keep_lane
         assert not ScriptRunner(blocking)._may_keep_lane
         assert ScriptRunner(plain)._may_keep_lane
-        backend = RedisBackend(client=small, prefix=f"small{uuid.uuid4().hex[:6]}:")
+        backend = RedisBackend(client=small, prefix=prefix)
         await backend.start()
         try:
             [won] = await backend.claim([claim_request()])
@@ -560,13 +560,13 @@ async def test_a_small_pool_keeps_no_connection_for_single_calls() -> None:
 
 
 @NEEDS_REDIS_8
-async def test_the_kept_connection_is_closed_if_its_pool_forgot_it() -> None:
+async def test_the_kept_connection_is_closed_if_its_pool_forgot_it(prefix: str) -> None:
     """A pool reset (by its owner) while the backend keeps a connection of it: stop() closes
     that connection itself instead of failing."""
     from redis.asyncio import Redis
 
     client = Redis.from_url(SERVER)
-    backend = RedisBackend(client=client, prefix=f"reset{uuid.uuid4().hex[:6]}:")
+    backend = RedisBackend(client=client, prefix=prefix)
     try:
         await backend.start()
         [won] = await backend.claim([claim_request()])
