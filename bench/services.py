@@ -260,14 +260,13 @@ class Services:
         import nats
         import nats.js.errors
 
-        from anarchon.backends.nats._registry import bucket_name
+        from anarchon.backends.nats._registry import bucket_streams
 
         nc = await nats.connect(servers=[NATS], connect_timeout=5)
         try:
             js = nc.jetstream()
             for stream in self.streams:
-                kinds = ("registry", "definitions", "control")
-                for name in (stream, *(f"KV_{bucket_name(stream, kind)}" for kind in kinds)):
+                for name in (stream, *bucket_streams(stream)):
                     with contextlib.suppress(nats.js.errors.NotFoundError):
                         await js.delete_stream(name)
         finally:

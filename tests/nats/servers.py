@@ -257,12 +257,11 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
     three buckets on the shared server for good."""
     import nats.js.errors
 
-    from anarchon.backends.nats._registry import bucket_name
+    from anarchon.backends.nats._registry import bucket_streams
 
-    kinds = ("registry", "definitions", "control")
     nc = await connect(url)
     try:
-        for name in (stream, *(f"KV_{bucket_name(stream, kind)}" for kind in kinds)):
+        for name in (stream, *bucket_streams(stream)):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await nc.jetstream().delete_stream(name)
     finally:

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from ._backend import NatsBackend
 
-__all__ = ["NatsRegistry", "bucket_name", "token"]
+__all__ = ["BUCKET_KINDS", "NatsRegistry", "bucket_name", "bucket_streams", "token"]
 
 T = TypeVar("T")
 CALL_TIMEOUT_S: Final = 5.0
@@ -83,6 +83,16 @@ def bucket_name(stream: str, kind: str = "registry") -> str:
         return f"{stream}_{kind}"
     digest = hashlib.sha256(stream.encode()).hexdigest()[:16]
     return f"anarchon_{kind}_{digest}"
+
+
+#: What the key-value buckets beside a stream hold (:func:`bucket_name`'s ``kind``).
+BUCKET_KINDS: Final = ("registry", "definitions", "control")
+
+
+def bucket_streams(stream: str) -> tuple[str, ...]:
+    """The JetStream streams (``KV_<bucket>``) of the key-value buckets beside ``stream``: what
+    to delete with it when removing it for good."""
+    return tuple(f"KV_{bucket_name(stream, kind)}" for kind in BUCKET_KINDS)
 
 
 def token(text: str) -> str:
