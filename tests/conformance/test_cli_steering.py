@@ -8,7 +8,6 @@ record in the registry; the commands then read and write them through the backen
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -62,27 +61,6 @@ def as_json(url: str, *argv: str) -> dict[str, Any]:
     return data
 
 
-async def _drop_buckets(backend: Backend) -> None:
-    """NATS keeps the registry and the control store in buckets the harness does not delete."""
-    from anarchon.backends.nats import NatsBackend
-
-    if isinstance(backend, NatsBackend):
-        with contextlib.suppress(Exception):
-            _, js = backend._conn.require()
-            for name in await _bucket_names(js, backend.stream):
-                await js.delete_key_value(name)
-
-
-async def _bucket_names(js: Any, stream: str) -> list[str]:
-    names = []
-    with contextlib.suppress(Exception):
-        for info in await js.streams_info():
-            name = info.config.name
-            if name.startswith("KV_") and stream in name:
-                names.append(name[3:])
-    return names
-
-
 @pytest.fixture
 async def started(ns: Namespace) -> AsyncIterator[Backend]:
     backend = ns.make()
@@ -90,7 +68,6 @@ async def started(ns: Namespace) -> AsyncIterator[Backend]:
     try:
         yield backend
     finally:
-        await _drop_buckets(backend)
         await backend.stop()
 
 
