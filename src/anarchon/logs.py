@@ -148,6 +148,8 @@ class Action(StrEnum):
     STREAM_WINDOW_KEPT = "stream_window_kept"
     STREAM_FLOOR_SKEW = "stream_floor_skew"
     STREAM_FENCE_RESTART = "stream_fence_restart"
+    BUCKET_UPDATED = "bucket_updated"
+    BUCKET_UPDATE_FAILED = "bucket_update_failed"
 
 
 def slot_iso(slot: int | None) -> str | None:

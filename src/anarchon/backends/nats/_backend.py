@@ -50,7 +50,7 @@ from ._options import (
     parse_url,
     url_secrets,
 )
-from ._registry import NatsRegistry
+from ._registry import NatsRegistry, bucket_streams
 from ._subjects import check_prefix, check_stream
 from ._window import Window
 from ._wire import subscribe_raw
@@ -207,6 +207,9 @@ class NatsBackend(Backend):
         try:
             self._window.learn(await self._conn.prepare_stream(wanted, read_only=read_only))
             if not read_only:
+                await stream_setup.align_buckets(
+                    self._conn.api, self.stream, bucket_streams(self.stream), self._conn.replicas
+                )
                 self._upkeep = asyncio.ensure_future(self._claims.upkeep())
         except BaseException:
             await self.stop()

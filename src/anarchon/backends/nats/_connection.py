@@ -163,6 +163,8 @@ class Connection:
         self._writer: Writer | None = None
         """What writes publishes and notices into the client's buffer (:meth:`_writer_of`)."""
         self._stream_has_ts: bool | None = None
+        self.replicas = 1
+        """The stream's replicas, read when it was prepared: a bucket is created with them."""
         self._down = False
         self._connecting = False
         self._connect_error: Exception | None = None
@@ -317,6 +319,7 @@ class Connection:
                     raise errors.translate(exc, f"preparing stream {self.stream!r}") from exc
                 await asyncio.sleep(0.25)
         self._stream_has_ts = "ts" in info
+        self.replicas = stream_setup.replicas(info)
         return info
 
     def _explain_no_jetstream(self, nc: NATS, exc: Exception) -> None:
@@ -382,8 +385,8 @@ class Connection:
         bounded: Callable[[Awaitable[Any], str], Awaitable[Any]],
     ) -> KeyValue | None:
         """Key-value bucket ``bucket``; None if it does not exist, unless ``create``: then it
-        is made (one revision per key; creating one that another instance just made is
-        idempotent). Each request goes through ``bounded(request, what it does)``, the
+        is made (one revision per key, the stream's replicas; creating one that another instance
+        just made is idempotent). Each request goes through ``bounded(request, what it does)``, the
         caller's bounded and translated call; ``doing`` says what the lookup is for."""
         from nats.js.errors import BucketNotFoundError
 
@@ -397,7 +400,7 @@ class Connection:
                 return None
             from nats.js.api import KeyValueConfig
 
-            config = KeyValueConfig(bucket=bucket, history=1)
+            config = KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas)
             kv = await bounded(js.create_key_value(config), f"creating key-value bucket {bucket!r}")
         return kv
 

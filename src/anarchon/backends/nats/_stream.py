@@ -22,13 +22,19 @@ Rules (the seed's, plus "never delete user data"):
   On a stream that also captures other subjects, lowering the limit would delete their
   messages, so it is only raised, never lowered (history then keeps more runs, which the seed's
   "at least" allows).
+
+The key-value buckets beside the stream (its instances, job definitions, pauses and run requests)
+follow the stream's replicas: a bucket is created with them, and an existing one whose replicas
+differ is updated to them in ``start()`` (:func:`align_buckets`). Otherwise an R3 stream in a
+cluster would have R1 buckets, and the loss of the one server holding the control bucket would
+stop every claim (the pause check fails closed).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -253,6 +259,46 @@ def fence_floor() -> int:
 
 def _local_now_ms() -> int:
     return time.time_ns() // NS_PER_MS
+
+
+def replicas(info: dict[str, Any]) -> int:
+    """The replicas of a stream info answer's stream."""
+    return int((info.get("config") or {}).get("num_replicas") or 1)
+
+
+async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], want: int) -> None:
+    """Give each of ``bucket_streams`` (the ``KV_`` streams of the buckets beside ``stream``)
+    that exists ``want`` replicas, the stream's. A bucket that cannot be updated (a user not
+    allowed to, a cluster electing) is logged and kept as it is: the stream works without it,
+    and the next start tries again."""
+    for name in bucket_streams:
+        try:
+            info = await _info(api, name)
+            if info is None or replicas(info) == want:
+                continue
+            config = dict(info.get("config") or {})
+            config["num_replicas"] = want
+            await api(subjects.API.format(verb="STREAM.UPDATE", stream=name), config)
+        except Exception as exc:
+            logger.warning(
+                "key-value bucket stream %s keeps its replicas, not those of stream %s (%d): %s. "
+                "While the server holding it is down, what it holds cannot be read%s",
+                name,
+                stream,
+                want,
+                exc,
+                " (and with the control bucket, claims fail closed)" if want > 1 else "",
+                extra={"action": "bucket_update_failed", "stream": name},
+            )
+            continue
+        logger.info(
+            "updated key-value bucket stream %s: replicas %d -> %d (those of stream %s)",
+            name,
+            replicas(info),
+            want,
+            stream,
+            extra={"action": "bucket_updated", "stream": name},
+        )
 
 
 async def raise_window(api: Api, stream: str, to_ms: int) -> dict[str, Any]:
