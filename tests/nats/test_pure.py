@@ -1,4 +1,5 @@
-"""Pure helpers of the NATS backend: subject coverage and JetStream timestamps."""
+"""Pure helpers of the NATS backend: subject coverage, JetStream timestamps, and the buckets'
+replicas against a scripted API."""
 
 from __future__ import annotations
 
@@ -102,3 +103,43 @@ def test_a_won_claim_is_answered_as_from_the_claim_it_stored(fields: dict[str, A
     )
     seq, now = 4711, 1_800_000_000_123
     assert _won(req, seq, now) == _answer(req, claim_of_request(req, seq, now), exact=False)
+
+
+async def test_buckets_follow_the_stream_replicas_and_a_refused_update_is_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """align_buckets against a scripted API (the cluster test in test_processes.py runs it on
+    real servers): a missing bucket is left alone, one with the stream's replicas is not
+    touched, one with others is updated, and one whose update is refused (a user without
+    STREAM.UPDATE on it) is kept and logged at WARNING; start() goes on."""
+    from anarchon.backends.nats import _errors as errors
+    from anarchon.backends.nats._errors import JetStreamError
+    from anarchon.backends.nats._stream import align_buckets
+
+    replicas = {"KV_a": None, "KV_b": 3, "KV_c": 1, "KV_d": 1}
+    updates: list[tuple[str, int]] = []
+
+    async def api(subject: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        verb, name = subject.removeprefix("$JS.API.").rsplit(".", 1)
+        if verb == "STREAM.INFO":
+            if replicas[name] is None:
+                raise JetStreamError("not found", code=404, err_code=errors.STREAM_NOT_FOUND)
+            return {"config": {"name": name, "num_replicas": replicas[name], "history": 1}}
+        assert verb == "STREAM.UPDATE" and body is not None
+        assert body["name"] == name and body["history"] == 1  # the rest of the config is kept
+        if name == "KV_d":
+            raise JetStreamError("permissions violation", code=403, err_code=None)
+        updates.append((name, body["num_replicas"]))
+        return {"config": body}
+
+    caplog.set_level(logging.INFO, "anarchon.backends.nats")
+    await align_buckets(api, "CRON", list(replicas), 3)
+    assert updates == [("KV_c", 3)]
+    logged = {
+        (r.levelname, getattr(r, "action", ""), getattr(r, "stream", "")) for r in caplog.records
+    }
+    assert logged == {
+        ("INFO", "bucket_updated", "KV_c"),
+        ("WARNING", "bucket_update_failed", "KV_d"),
+    }
+    assert "permissions violation" in caplog.text and "claims fail closed" in caplog.text
