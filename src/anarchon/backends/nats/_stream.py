@@ -281,13 +281,16 @@ async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], wa
             await api(subjects.API.format(verb="STREAM.UPDATE", stream=name), config)
         except Exception as exc:
             logger.warning(
-                "key-value bucket stream %s keeps its replicas, not those of stream %s (%d): %s. "
-                "While the server holding it is down, what it holds cannot be read%s",
+                "key-value bucket stream %s is kept as it is, not given the %d replicas of stream "
+                "%s: %s%s",
                 name,
-                stream,
                 want,
+                stream,
                 exc,
-                " (and with the control bucket, claims fail closed)" if want > 1 else "",
+                ". With fewer, losing a server that holds it leaves it unreadable (the control "
+                "bucket's pauses: claims fail closed)"
+                if want > 1
+                else "",
                 extra={"action": "bucket_update_failed", "stream": name},
             )
             continue
