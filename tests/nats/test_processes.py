@@ -381,14 +381,16 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
     """The key-value buckets beside an R3 stream are R3 too, so losing the server that leads
     the control bucket (read by every claim's pause check) stops no claim. Buckets made beside
     an R1 stream are R1, and become R3 when a start sets the stream's replicas to 3."""
-    from anarchon.backends.nats._registry import bucket_streams
+    from anarchon.backends.nats._registry import BUCKET_KINDS, bucket_streams
+
+    assert BUCKET_KINDS == ("registry", "definitions", "control")  # bucket_streams' order
     from anarchon.control import Pause
 
     cluster = Cluster.create(BINARIES[version], tmp_path / "cluster").start()
     now_ms = int(time.time() * 1000)
     try:
         stream, prefix = unique_names()
-        buckets = bucket_streams(stream)
+        registry, definitions, control = bucket_streams(stream)
         await wait_for_jetstream(cluster.urls, stream, prefix, within_s=30)
         # Every option at its default: an R1 stream, and buckets made beside it are R1.
         backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix)
@@ -398,10 +400,8 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
             await backend.control().pause(Pause(job=JOB, by="test", at_ms=now_ms))
         finally:
             await backend.stop()
-        replicas = {
-            n: (await stream_info(cluster.urls, n))["config"]["num_replicas"] for n in buckets[::2]
-        }
-        assert replicas == dict.fromkeys(buckets[::2], 1)
+        for name in (stream, registry, control):
+            assert (await stream_info(cluster.urls, name))["config"]["num_replicas"] == 1
         # replicas=3: the stream and the buckets that exist become R3; a bucket made later is R3.
         caplog.set_level(logging.INFO, "anarchon.backends.nats")
         backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
@@ -412,9 +412,9 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
                 for r in caplog.records
                 if getattr(r, "action", "") == "bucket_updated"
             }
-            assert updated == set(buckets[::2])
+            assert updated == {registry, control}
             await backend.registry().save_definitions("d" * 64, b"[]", now_ms)
-            for name in (stream, *buckets):
+            for name in (stream, registry, definitions, control):
                 assert (await stream_info(cluster.urls, name))["config"]["num_replicas"] == 3
         finally:
             await backend.stop()
@@ -423,7 +423,7 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
         # (A bucket just grown from R1, as above, survives that once NATS has copied its
         # messages to the new replicas: killed before, nats-server 2.9 left it leaderless.)
         stream, prefix = unique_names()
-        control = bucket_streams(stream)[2]
+        _, _, control = bucket_streams(stream)
         backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
         await backend.start()
         try:
