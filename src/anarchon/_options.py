@@ -56,7 +56,8 @@ class Bound:
 
 
 HISTORY_SIZE: Final = Bound(1, 1_000_000)
-"""The range of every backend's ``history_size`` (runs kept per job)."""
+"""The range of ``history_size`` (slots kept per job) on every lease backend: memory, SQLite,
+PostgreSQL and Redis."""
 
 
 def check_int(option: str, value: object, bound: Bound, owner: str) -> int:

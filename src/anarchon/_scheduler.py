@@ -62,6 +62,7 @@ from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
 from ._supervisor import cancel_and_wait, supervised
 from ._threads import HandlerThreads
+from ._urls import backend_from_url
 from ._watchdog import LoopWatchdog, describe_blocker
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimNotice, LeaseBackend, Ticket
@@ -112,8 +113,6 @@ def _default_backend() -> tuple[Backend, str | None]:
     """The backend of a scheduler given none: ``$ANARCHON_BACKEND``'s URL, else SQLite."""
     url = os.environ.get(ENV_BACKEND)
     if url:
-        from ._urls import backend_from_url
-
         return backend_from_url(url), url
     from .backends.sqlite import SQLiteBackend
 
@@ -142,7 +141,8 @@ class Scheduler(Operations):
     :class:`~anarchon.SQLiteBackend` on ``anarchon.db`` in the working directory (``ANARCHON_DB``
     overrides the path), which serves several processes on one host.
 
-    :param backend: where claims, leases and history live.
+    :param backend: where claims, leases and history live: a backend, or its URL (made by
+        :func:`~anarchon.backend_from_url`: ``"postgresql://db/app?schema=cron"``).
     :param instance_id: this instance's name in history and logs: printable, 1 to 256
         characters. Default ``<host>-<pid>-<random>``, computed at :meth:`start` (after a fork).
     :param grace_ms: on :meth:`stop`, how long running handlers may finish (their leases still
@@ -160,7 +160,7 @@ class Scheduler(Operations):
 
     def __init__(
         self,
-        backend: Backend | None = None,
+        backend: Backend | str | None = None,
         *,
         instance_id: str | None = None,
         grace_ms: int = DEFAULT_GRACE_MS,
@@ -169,8 +169,11 @@ class Scheduler(Operations):
         heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
         control_poll_ms: int = DEFAULT_CONTROL_POLL_MS,
     ) -> None:
-        if backend is not None and not isinstance(backend, Backend):
-            raise InvalidOption(f"backend {backend!r} is not an anarchon Backend")
+        if backend is not None and not isinstance(backend, Backend | str):
+            raise InvalidOption(
+                f"backend={backend!r} is neither an anarchon Backend nor a backend URL such as "
+                "'sqlite:///anarchon.db' or 'postgresql://db/app'"
+            )
         grace_ms = check_int("grace_ms", grace_ms, GRACE, "Scheduler")
         max_workers = check_int("max_workers", max_workers, MAX_WORKERS, "Scheduler")
         self.heartbeat_ms = check_int("heartbeat_ms", heartbeat_ms, HEARTBEAT, "Scheduler")
@@ -181,11 +184,14 @@ class Scheduler(Operations):
         self._started_ms: int | None = None
         explicit_id = _check_instance_id(instance_id)
         given_clock = _check_clock(clock)
-        #: The URL the backend was made from when the scheduler was given none and
-        #: ``$ANARCHON_BACKEND`` was set; None otherwise.
+        #: The URL the backend was made from: the one given, or ``$ANARCHON_BACKEND``'s when
+        #: the scheduler was given no backend; None otherwise.
         self.backend_url: str | None = None
         if backend is None:
             backend, self.backend_url = _default_backend()
+        elif isinstance(backend, str):
+            self.backend_url = backend
+            backend = backend_from_url(backend)
         self.backend = backend
         self.grace_ms = grace_ms
         self.max_workers = max_workers

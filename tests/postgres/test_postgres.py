@@ -172,6 +172,25 @@ def test_from_url_takes_its_options_out_of_the_dsn() -> None:
     assert PostgresBackend.from_url("postgresql://h/db?table_prefix=").table_prefix == ""
 
 
+def test_a_dsn_libpq_cannot_read_is_refused_when_the_backend_is_made() -> None:
+    # libpq refused these at the first connection: a raw psycopg.ProgrammingError out of start(),
+    # and "cannot reach" with exit code 4 from the CLI.
+    with pytest.raises(InvalidOption) as caught:
+        backend_from_url("postgresql://u:pw@127.0.0.1:5432/test?schema=s1&sslmod=require")
+    assert 'invalid URI query parameter: "sslmod"' in str(caught.value)
+    assert "postgresql://u:***@127.0.0.1:5432/test?sslmod=require" in str(caught.value)
+    with pytest.raises(InvalidOption) as caught:
+        PostgresBackend("host=h password=pw colour=blue")
+    assert 'invalid connection option "colour"' in str(caught.value)
+    assert "password=***" in str(caught.value) and "pw " not in str(caught.value)
+    with pytest.raises(InvalidOption) as caught:
+        PostgresBackend("postgresql://h/db?schema=s1")
+    assert "schema is the backend's own option" in str(caught.value)
+    assert "PostgresBackend.from_url()" in str(caught.value)
+    with pytest.raises(InvalidOption, match="not a connection string libpq accepts"):
+        PostgresBackend("just words")
+
+
 SOCKET_DIR = "/var/run/postgresql"
 
 

@@ -133,6 +133,12 @@ def test_run_with_a_bad_target_says_why() -> None:
     assert out.returncode != 0 and "cannot import 'no_such_module_xyz'" in out.stderr
     out = cli("history", "x", "--backend", "ftp://host/")
     assert out.returncode == 2 and "unknown scheme 'ftp'" in out.stderr
+    # An option the driver does not take is a usage error too, said before anything connects.
+    out = cli("jobs", "--backend", "postgresql://u:pw@127.0.0.1:5432/test?bogus=1")
+    assert out.returncode == 2 and 'invalid URI query parameter: "bogus"' in out.stderr, out
+    assert "u:***@" in out.stderr and "cannot reach" not in out.stderr
+    out = cli("jobs", "--backend", "redis://127.0.0.1:6379/0?bogus=1")
+    assert out.returncode == 2 and "does not take: bogus" in out.stderr, out
 
 
 @pytest.mark.slow

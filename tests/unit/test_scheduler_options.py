@@ -1,13 +1,15 @@
-"""Scheduler(...) refuses bad values with errors that name the value and the rule; the default
-instance id is made when the scheduler starts; run() inside an event loop says what to do."""
+"""Scheduler(...) refuses bad values with errors that name the value and the rule, and makes a
+backend from its URL; the default instance id is made when the scheduler starts; run() inside an
+event loop says what to do."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from anarchon import InvalidOption, RunContext, Scheduler, SchedulerStateError
+from anarchon import InvalidOption, RunContext, Scheduler, SchedulerStateError, SQLiteBackend
 from anarchon.testing import FakeClock, MemoryBackend
 
 
@@ -60,6 +62,40 @@ def test_good_options_are_kept() -> None:
     )
     assert scheduler.instance_id == "pod-7 (eu)"
     assert scheduler.grace_ms == 0 and scheduler.max_workers == 1
+
+
+async def test_a_backend_url_makes_its_backend(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/by-url.db?history_size=7"
+    scheduler = Scheduler(url)
+    assert isinstance(scheduler.backend, SQLiteBackend)
+    assert scheduler.backend.path == tmp_path / "by-url.db"
+    assert scheduler.backend.history_size == 7 and scheduler.backend_url == url
+    async with scheduler:
+        ran_on = await _run_once(scheduler)
+    reader = SQLiteBackend(tmp_path / "by-url.db")
+    await reader.start_reader()
+    try:
+        assert [run.instance for run in await reader.history("once")] == [ran_on]
+    finally:
+        await reader.stop()
+
+
+@pytest.mark.parametrize(
+    ("backend", "words"),
+    [
+        ("mysql://db/app", ["'mysql://db/app'", "unknown scheme 'mysql'", "sqlite://"]),
+        ("sqlite:///x.db?nope=1", ["unknown option 'nope'", "history_size"]),
+        (object(), ["backend=<object", "neither an anarchon Backend nor a backend URL"]),
+        (MemoryBackend, ["backend=<class", "neither an anarchon Backend"]),
+    ],
+)
+def test_a_backend_that_is_neither_a_backend_nor_a_good_url_is_refused(
+    backend: object, words: list[str]
+) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        Scheduler(backend)  # type: ignore[arg-type]
+    for word in words:
+        assert word in str(caught.value), str(caught.value)
 
 
 async def test_the_default_instance_id_is_made_at_start_with_the_pid(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
 from anarchon.errors import InvalidOption, MissingDependency
-from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int, check_pattern
+from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int, check_pattern, redact_url
 from anarchon.kit.urls import Converter, bool_option, int_option, ms_option
 from anarchon.kit.urls import split_url as split_options
 
@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "URL_OPTIONS",
     "Options",
+    "check_dsn",
     "check_options",
     "check_schema",
     "check_table_prefix",
@@ -112,6 +113,8 @@ def check_options(
         )
     if pool is None and (not isinstance(dsn, str) or not dsn.strip()):
         raise InvalidOption(f"dsn={dsn!r} must be a PostgreSQL connection string or URL")
+    if pool is None:
+        check_dsn(str(dsn))
     return Options(
         dsn=dsn if pool is None and isinstance(dsn, str) else None,
         pool=pool,
@@ -123,6 +126,28 @@ def check_options(
         timeout_ms=check_int("timeout_ms", timeout_ms, TIMEOUT, OWNER),
         max_connections=check_int("max_connections", max_connections, MAX_CONNECTIONS, OWNER),
     )
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot read (an option it does not know, a malformed string) when
+    the backend is made, not at its first connection."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        why = str(exc).strip()
+        ours = [name for name in URL_OPTIONS if f'"{name}"' in why]
+        hint = (
+            f"; {ours[0]} is the backend's own option: give the URL to "
+            f"PostgresBackend.from_url() or pass {ours[0]}= as an argument"
+            if ours
+            else ""
+        )
+        raise InvalidOption(
+            f"dsn={redact_url(dsn)!r} is not a connection string libpq accepts: {why}{hint}"
+        ) from None
 
 
 def check_schema(schema: object) -> str:

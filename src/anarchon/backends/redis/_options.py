@@ -7,11 +7,14 @@ never silently ignored): :func:`split_url` is what ``RedisBackend.from_url`` use
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
-from ...kit import redact_url
+from ...kit import HISTORY_SIZE, check_int, redact_url
+from ...kit.urls import Converter, int_option
+from ...kit.urls import split_url as split_options
 
 __all__ = [
     "DEFAULT_URL",
@@ -24,8 +27,6 @@ __all__ = [
 ]
 
 DEFAULT_URL: Final = "redis://localhost:6379/0"
-# Options the backend takes from a URL's query; the rest of the URL goes to redis-py.
-URL_OPTIONS: Final = ("prefix", "history_size")
 
 
 def require_driver() -> None:
@@ -40,10 +41,21 @@ def require_driver() -> None:
 
 
 def check_history_size(value: object) -> int:
-    """Return ``value`` if it is an integer >= 1 (not a bool), else raise InvalidOption."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOption(f"history_size={value!r} must be an integer >= 1")
-    return value
+    """Return ``value`` if it is an integer in :data:`~anarchon.kit.HISTORY_SIZE` (every lease
+    backend's range), else raise InvalidOption."""
+    return check_int("history_size", value, HISTORY_SIZE, "RedisBackend")
+
+
+def _as_given(option: str, text: str, shown: str) -> str:
+    """Keep the text: the constructor checks the prefix with its own rule."""
+    return text
+
+
+# Options the backend takes from a URL's query; the rest of the URL goes to redis-py.
+URL_OPTIONS: Final[dict[str, Converter]] = {
+    "prefix": _as_given,
+    "history_size": int_option(HISTORY_SIZE),
+}
 
 
 def check_client(url: str, client: object) -> None:
@@ -59,37 +71,50 @@ def check_client(url: str, client: object) -> None:
 
 
 def check_url(url: object) -> None:
-    """Refuse a URL that is not a string, carries the backend's options, or redis-py rejects."""
-    from redis.connection import parse_url
+    """Refuse a URL that is not a string, carries the backend's options, or redis-py rejects:
+    a value it cannot read, or a query option its connections do not take (redis-py passes
+    any option on to the connection, which refuses it only when the first one is made)."""
+    from redis.asyncio import ConnectionPool
 
     if not isinstance(url, str):
         raise InvalidOption(f"url={url!r} must be a string such as {DEFAULT_URL!r}")
+    shown = redact_url(url)
     if any(key in URL_OPTIONS for key, _ in parse_qsl(urlsplit(url).query)):
         raise InvalidOption(
-            f"Redis URL {redact_url(url)!r} carries backend options ({', '.join(URL_OPTIONS)}): "
+            f"Redis URL {shown!r} carries backend options ({', '.join(URL_OPTIONS)}): "
             "use RedisBackend.from_url() or pass them as arguments"
         )
     try:
-        parse_url(url)  # type: ignore[no-untyped-call]
+        pool = ConnectionPool.from_url(url)
     except ValueError as exc:
-        raise InvalidOption(f"Redis URL {redact_url(url)!r} is not valid: {exc}") from None
+        raise InvalidOption(f"Redis URL {shown!r} is not valid: {exc}") from None
+    unknown = sorted(set(pool.connection_kwargs) - _taken_by(pool.connection_class))
+    if unknown:
+        raise InvalidOption(
+            f"Redis URL {shown!r} has option(s) that redis-py's "
+            f"{pool.connection_class.__name__} does not take: {', '.join(unknown)}; the "
+            f"backend's own options are {' and '.join(URL_OPTIONS)} (RedisBackend.from_url)"
+        )
+
+
+def _taken_by(connection_class: type) -> set[str]:
+    """The keyword arguments a redis-py connection class takes: its ``__init__``'s and those
+    of the classes it passes ``**kwargs`` on to."""
+    names: set[str] = set()
+    for cls in connection_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names.update(p.name for p in parameters if p.kind is not p.VAR_KEYWORD)
+        if all(p.kind is not p.VAR_KEYWORD for p in parameters):
+            break
+    return names
 
 
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Split ``redis://h/0?prefix=app:&history_size=500&socket_timeout=2`` into the URL for
-    redis-py (``redis://h/0?socket_timeout=2``) and the backend's own options."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {key: value for key, value in query if key in URL_OPTIONS}
-    rest = urlencode([(key, value) for key, value in query if key not in URL_OPTIONS])
-    options: dict[str, Any] = {}
-    if "prefix" in ours:
-        options["prefix"] = ours["prefix"]
-    if "history_size" in ours:
-        try:
-            options["history_size"] = int(ours["history_size"])
-        except ValueError:
-            raise InvalidOption(
-                f"history_size={ours['history_size']!r} in the Redis URL must be an integer"
-            ) from None
-    return urlunsplit(parts._replace(query=rest)), options
+    redis-py (``redis://h/0?socket_timeout=2``, its options as written) and the backend's own
+    options, by :func:`anarchon.kit.urls.split_url`."""
+    split = split_options(url, URL_OPTIONS, pass_on=True, backend="Redis")
+    return split.url, split.options
