@@ -86,15 +86,48 @@ async def serve(
     start: Callable[[], Awaitable[None]],
     stop: Callable[[], Awaitable[None]],
     stop_event: asyncio.Event | None,
+    hurry: Callable[[], None] | None = None,
 ) -> None:
     """``start()``, wait for SIGINT/SIGTERM (or ``stop_event``), ``stop()``; the signal
-    handlers are installed only meanwhile, and only on the main thread."""
+    handlers are installed only meanwhile, and only on the main thread.
+
+    The signal is logged (``signal``). While ``stop()`` drains, a second SIGINT or SIGTERM
+    calls ``hurry()`` (the grace period ends: running handlers are cancelled and handed over
+    now; ``grace_cut_short``) and gives both signals back to their default actions, so a third
+    one is not caught.
+    """
     event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
+
+    def release() -> None:
+        while installed:
+            loop.remove_signal_handler(installed.pop())
+
+    def first(sig: signal.Signals) -> None:
+        if not event.is_set():
+            logger.info(
+                "%s: stopping; running handlers may finish within the grace period (a second "
+                "SIGINT or SIGTERM ends it at once)",
+                sig.name,
+                extra=log_fields(Action.SIGNAL, signal=sig.name),
+            )
+        event.set()
+
+    def again(sig: signal.Signals) -> None:
+        release()
+        logger.warning(
+            "%s while stopping: the grace period ends now; running handlers are cancelled and "
+            "handed over. A third signal is not caught",
+            sig.name,
+            extra=log_fields(Action.GRACE_CUT_SHORT, signal=sig.name),
+        )
+        if hurry is not None:
+            hurry()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, event.set)
+            loop.add_signal_handler(sig, first, sig)
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
@@ -103,5 +136,8 @@ async def serve(
         await event.wait()
     finally:
         for sig in installed:
-            loop.remove_signal_handler(sig)
-        await stop()
+            loop.add_signal_handler(sig, again, sig)
+        try:
+            await stop()
+        finally:
+            release()

@@ -154,6 +154,7 @@ class RunExecutor:
     awaited in the run's task, so a drain waits for it too."""
     results: ResultRecorder = field(init=False)
     """Records the runs' results (:class:`Claims` holds them back while a burst starts)."""
+    _hurried: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _monotonic_ms: Callable[[], int] = field(init=False)
     _callbacks: contextvars.Context = field(init=False)
 
@@ -476,17 +477,23 @@ class RunExecutor:
         )
         await self.results.finish(active, RunStatus.FAILED, reason, None)
 
+    def hurry(self) -> None:
+        """End the grace period now (a second SIGINT or SIGTERM): :meth:`drain`, running or to
+        come, stops waiting and cancels and hands over what still runs."""
+        self._hurried.set()
+
     async def drain(self, deadline_ms: int) -> None:
-        """Let running handlers finish until ``deadline_ms`` (monotonic) while their leases are
-        still renewed; then cancel what is left and hand it over (or record it failed)."""
+        """Let running handlers finish until ``deadline_ms`` (monotonic) or :meth:`hurry`, while
+        their leases are still renewed; then cancel what is left and hand it over (or record it
+        failed)."""
         # Waits on the tasks themselves: a result future may be cancelled by whoever awaited
         # it (a catch-up), while the run goes on.
         pending = [a.task for a in self.active.values() if a.task is not None]
         left_s = (deadline_ms - self.clock.monotonic_ms()) / 1000
-        if pending and left_s > 0:
+        if pending and left_s > 0 and not self._hurried.is_set():
             # The clock's sleep; and never longer than the grace in real time, so that a test
             # clock nobody moves cannot make stop() hang.
-            await _all_or_sleep(pending, self.clock.sleep(left_s), left_s)
+            await _all_or_sleep(pending, self.clock.sleep(left_s), left_s, self._hurried)
         self.closed = True
         leftover = [a for a in self.active.values() if a.task is not None and not a.task.done()]
         for active in leftover:
@@ -528,16 +535,24 @@ def _still_in_handler(active: ActiveRun) -> bool:
 
 
 async def _all_or_sleep(
-    tasks: list[asyncio.Task[Run | None]], sleep: Coroutine[Any, Any, None], limit_s: float
+    tasks: list[asyncio.Task[Run | None]],
+    sleep: Coroutine[Any, Any, None],
+    limit_s: float,
+    until: asyncio.Event | None = None,
 ) -> None:
-    """Wait until every task is done, ``sleep`` (a clock's sleep) ends, or ``limit_s`` pass."""
-    sleeper = asyncio.ensure_future(sleep)
-    waiter = asyncio.ensure_future(asyncio.wait(tasks))
+    """Wait until every task is done, ``sleep`` (a clock's sleep) ends, ``limit_s`` pass, or
+    ``until`` is set."""
+    waits: set[asyncio.Future[Any]] = {
+        asyncio.ensure_future(sleep),
+        asyncio.ensure_future(asyncio.wait(tasks)),
+    }
+    if until is not None:
+        waits.add(asyncio.ensure_future(until.wait()))
     try:
-        await asyncio.wait({sleeper, waiter}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        sleeper.cancel()
-        waiter.cancel()
+        for wait in waits:
+            wait.cancel()
 
 
 def _fresh(ticket: Ticket) -> bool:

@@ -599,7 +599,8 @@ class Scheduler(Operations):
         await self.stop()
 
     def run(self) -> None:
-        """Run until SIGINT or SIGTERM, then stop gracefully. Blocks.
+        """Run until SIGINT or SIGTERM, then stop gracefully (a second signal ends the grace
+        period at once: see :meth:`serve`). Blocks.
 
         Like ``asyncio.run(scheduler.serve())``, except that the process is not held at exit by
         a task that ignores cancellation (a handler that catches ``CancelledError`` and goes
@@ -612,8 +613,13 @@ class Scheduler(Operations):
         _process.run(self.serve, lambda: self._lingering, self._executor.stubborn)
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
-        """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code."""
-        await _process.serve(self.start, self.stop, stop_event)
+        """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code.
+
+        A second SIGINT or SIGTERM while it stops ends the grace period at once: running
+        handlers are cancelled and handed over (logged ``grace_cut_short``); a third one is
+        not caught (SIGTERM then ends the process, SIGINT raises ``KeyboardInterrupt``).
+        """
+        await _process.serve(self.start, self.stop, stop_event, self._executor.hurry)
 
     @property
     def running(self) -> bool:

@@ -49,6 +49,8 @@ class Action(StrEnum):
     STARTED = "started"
     STOPPED = "stopped"
     STOP = "stop"
+    SIGNAL = "signal"
+    GRACE_CUT_SHORT = "grace_cut_short"
     INTERNAL_ERROR = "internal_error"
     LOOP_FAILED = "loop_failed"
     KEEPER = "keeper"

@@ -4,7 +4,9 @@ instance whose handler threads all hang."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -164,3 +166,91 @@ def test_run_returns_after_sigterm_even_if_a_handler_ignores_cancellation() -> N
     # Not handed over (a backup would run the slot beside it): left with its lease to expire.
     assert "ignore their cancellation still running" in done.stderr, done.stderr
     assert took < 25, took
+
+
+TWICE_APP = """
+import asyncio, json, os, time
+from anarchon import Scheduler
+
+scheduler = Scheduler()  # SQLite on $ANARCHON_DB; every option at its default
+
+@scheduler.job("long", os.environ["SCHEDULE"])
+async def long(ctx):
+    with open(os.environ["OUT"], "a") as out:
+        record = {"pid": os.getpid(), "attempt": ctx.attempt, "t": time.time()}
+        out.write(json.dumps(record) + "\\n")
+    if ctx.attempt == 1:
+        await asyncio.sleep(600)
+"""
+
+
+def test_a_second_sigterm_hands_the_run_over_at_once_with_the_defaults(tmp_path: Path) -> None:
+    # `anarchon run`, grace_ms 30 s: a deploy tool (or an impatient operator) that signals twice
+    # must not wait out the grace, nor kill the process with its run unreleased (the default
+    # action of a SIGTERM that nobody catches any more): the run goes to the other instance now.
+    (tmp_path / "twiceapp.py").write_text(TWICE_APP)
+    out = tmp_path / "starts.jsonl"
+    schedule, slot = one_slot(lead_s=8)
+    env = {**os.environ, "ANARCHON_DB": str(tmp_path / "anarchon.db")}
+    env.update(SCHEDULE=schedule, OUT=str(out))
+    env.pop("ANARCHON_BACKEND", None)
+    command = [sys.executable, "-m", "anarchon", "run", "twiceapp:scheduler"]
+    procs: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
+    for n in range(2):
+        log_path = tmp_path / f"instance{n}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [*command, "--log-format", "json"], cwd=tmp_path, env=env, stdout=log, stderr=log
+            )
+        procs[proc.pid] = (proc, log_path)
+
+    def starts() -> list[dict[str, Any]]:
+        text = out.read_text() if out.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def everything() -> str:
+        return "\n".join(f"--- {pid}\n{log.read_text()}" for pid, (_, log) in procs.items())
+
+    def actions(pid: int) -> list[str]:
+        lines = procs[pid][1].read_text().splitlines()
+        return [json.loads(line).get("action") for line in lines if line.startswith("{")]
+
+    try:
+        _until(lambda: starts(), 60, "the slot's first start", everything)
+        [first] = starts()
+        runner = procs[first["pid"]][0]
+        [backup] = [proc for pid, (proc, _) in procs.items() if pid != runner.pid]
+        runner.send_signal(signal.SIGTERM)
+        _until(lambda: "signal" in actions(runner.pid), 20, "the first signal's log", everything)
+        time.sleep(1.0)
+        assert runner.poll() is None, f"the runner did not drain its run\n{everything()}"
+        second, second_wall = time.monotonic(), time.time()
+        runner.send_signal(signal.SIGTERM)
+        try:
+            code = runner.wait(25)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit after the second SIGTERM\n{everything()}") from None
+        # The grace would have held the runner 29 s more.
+        assert code == 0 and time.monotonic() - second < 20, (code, everything())
+        _until(lambda: len(starts()) == 2, 30, "the backup's start", everything)
+        taken = starts()[1]
+        assert (taken["pid"], taken["attempt"]) == (backup.pid, 2), starts()
+        # Handed over, not left to expire: the lease, renewed until the second signal (every
+        # 5 s), would have kept the backup out for 10 s or more.
+        assert taken["t"] - second_wall < 8.0, (taken["t"] - second_wall, everything())
+        said = actions(runner.pid)
+        assert "grace_cut_short" in said and "handed_over" in said, everything()
+        assert "Traceback" not in procs[runner.pid][1].read_text(), everything()
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in procs.values():
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    history = asyncio.run(_history(tmp_path / "anarchon.db", "long"))
+    runs = [(r.attempt, r.status, r.reason) for r in history if r.slot_ms == slot]
+    assert runs == [(2, RunStatus.SUCCEEDED, None), (1, RunStatus.FAILED, "handed over")], runs

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import signal
 import threading
+
+import pytest
 
 from anarchon import RunContext, RunStatus, Scheduler
 from anarchon.testing import FakeClock
@@ -90,6 +95,55 @@ async def test_what_is_left_after_the_grace_is_handed_over_at_once() -> None:
         for scheduler in (leaving, staying):
             await scheduler.stop()
     assert [(r.attempt, r.reason) for r in history] == [(2, None), (1, "handed over")]
+
+
+async def test_a_second_signal_ends_the_grace_at_once_and_a_third_is_not_caught(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Defaults (grace 30 s, lease 15 s). SIGTERM, then SIGINT while the handler has an hour to
+    # go: without the second signal stop() would wait out the grace (nobody moves this clock 30 s).
+    caplog.set_level(logging.INFO, logger="anarchon.scheduler")
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    seen: list[tuple[str, int]] = []
+    third_caught: list[bool] = []
+
+    async def work(ctx: RunContext) -> None:
+        seen.append((ctx.instance, ctx.attempt))
+        if ctx.instance == "leaving":
+            try:
+                await clock.sleep(3600)
+            except asyncio.CancelledError:
+                caught = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+                third_caught.append(caught)
+                raise
+
+    leaving = Scheduler(backend, clock=clock, instance_id="leaving")
+    staying = Scheduler(View(backend), clock=clock, instance_id="staying")
+    leaving.add("work", "0 * * * *", work, jitter_ms=0)
+    staying.add("work", "0 * * * *", work, jitter_ms=1_000)
+    serving = asyncio.ensure_future(leaving.serve())
+    try:
+        await until(lambda: leaving.running, 5, "the leaving instance to start")
+        await staying.start()
+        await clock.advance(60 * MINUTE + 2_000)
+        assert seen == [("leaving", 1)]
+        os.kill(os.getpid(), signal.SIGTERM)
+        await until(lambda: not leaving.running, 5, "the stop to begin")
+        await clock.advance(1_000)
+        assert seen == [("leaving", 1)], "handed over during the grace period"
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.wait_for(serving, 10)
+        await clock.advance(500)
+        assert seen == [("leaving", 1), ("staying", 2)]
+        history = await staying.history("work")
+    finally:
+        serving.cancel()
+        await staying.stop()
+    assert third_caught == [False], "SIGINT still caught after the second signal"
+    assert [(r.attempt, r.reason) for r in history] == [(2, None), (1, "handed over")]
+    said = [(getattr(r, "action", None), getattr(r, "signal", None)) for r in caplog.records]
+    assert ("signal", "SIGTERM") in said and ("grace_cut_short", "SIGINT") in said, said
 
 
 async def test_a_handler_that_ignores_its_cancellation_keeps_its_lease_until_it_ends() -> None:
