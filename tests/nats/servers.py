@@ -8,6 +8,7 @@ the ``nats_current`` harness, 14220-14259 single servers of tests, 14260-14299 c
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -266,6 +267,39 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
                 await nc.jetstream().delete_stream(name)
     finally:
         await nc.close()
+
+
+def hold_shared_account() -> str | None:
+    """Keep one empty stream of this test process on the shared 2.9 server until
+    :func:`release_shared_account`; None when that server does not answer.
+
+    nats-server 2.9.10 removes an account's store directory when its last stream is deleted; a
+    stream another test process creates at that moment fails with "error creating store for
+    stream" (err_code 10049; seen in CI, and 3 to 5 creates in 600 with four processes creating
+    and deleting streams, none with such a stream held). While every process holds one, the
+    account never runs out of streams in the middle of the suite.
+    """
+    import nats.errors
+
+    name = f"HOLD_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        nc = await connect(SHARED_URL)
+        try:
+            await nc.jetstream().add_stream(name=name, subjects=[f"{name.lower()}.>"])
+        finally:
+            await nc.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(create(), 10))
+    except (OSError, TimeoutError, nats.errors.Error):
+        return None
+    return name
+
+
+def release_shared_account(name: str) -> None:
+    """Delete the stream :func:`hold_shared_account` made."""
+    asyncio.run(delete_stream(SHARED_URL, name))
 
 
 async def read_subject(url: str | list[str], stream: str, subject: str) -> list[Any]:
