@@ -44,6 +44,7 @@ from ._cli.common import (
     ENV_BACKEND,
     EXIT_BACKEND,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     Exit,
@@ -423,4 +424,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except AnarchonError as exc:
         print(f"anarchon: {_one_line(str(exc))}", file=sys.stderr)
         code = _code(exc)
+    except KeyboardInterrupt:
+        # Ctrl-C: the way to end `dashboard` (uvicorn raises the SIGINT it caught again once it
+        # has stopped), a read on a slow backend, or `run` on a third signal. No traceback.
+        code = EXIT_INTERRUPTED
     sys.exit(code)

@@ -448,6 +448,48 @@ def test_cli_parts(tmp_path: Path) -> None:
     assert port.returncode == 2 and "port number from 1 to 65535" in port.stderr
 
 
+async def _one_run_in(db: Path) -> None:
+    from anarchon import SQLiteBackend
+
+    async with Scheduler(SQLiteBackend(db)) as scheduler:
+        scheduler.add("noop", "@daily", lambda ctx: None)
+        await scheduler.run_now("noop")
+
+
+def test_ctrl_c_ends_the_dashboard_command_without_a_traceback(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "anarchon.db"
+    asyncio.run(_one_run_in(db))  # the file holds anarchon's tables
+    port = any_free()
+    args = [sys.executable, "-m", "anarchon", "dashboard", "--backend", f"sqlite:///{db}"]
+    proc = subprocess.Popen(
+        [*args, "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = output.decode()
+    # uvicorn stops, then raises the SIGINT it caught again: a KeyboardInterrupt out of main().
+    assert proc.returncode == 130 and "Traceback" not in text, text
+    assert f"anarchon dashboard on http://127.0.0.1:{port}/" in text, text
+
+
 def test_fast_view_matches_build_view() -> None:
     from anarchon.registry import InstanceRecord, build_view
     from anarchon.web._data import fast_view

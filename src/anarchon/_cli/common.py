@@ -25,6 +25,8 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NO_DATA: Final = 3
 EXIT_BACKEND: Final = 4
+EXIT_INTERRUPTED: Final = 130
+"""Ctrl-C (SIGINT) ended the command: 128 + the signal's number, as a shell reports it."""
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
 
