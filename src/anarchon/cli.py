@@ -46,6 +46,7 @@ from ._cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PIPE_CLOSED,
     EXIT_USAGE,
     Exit,
     no_data,
@@ -428,4 +429,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Ctrl-C: the way to end `dashboard` (uvicorn raises the SIGINT it caught again once it
         # has stopped), a read on a slow backend, or `run` on a third signal. No traceback.
         code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The output's reader left (`| head`). Python's own exit would flush stdout into the
+        # closed pipe again and print an error: stdout goes to /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_PIPE_CLOSED
     sys.exit(code)

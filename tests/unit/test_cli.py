@@ -95,6 +95,23 @@ def test_run_and_history(tmp_path: Path) -> None:
     )
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    # `anarchon next ... | head -1`: the pipe closes with 250 kB still to write.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "next", "* * * * * *", "-n", "10000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    errors = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(60) == 141, errors
+    assert re.match(rb"\d{4}-\d\d-\d\dT", first) and errors == "", (first, errors)
+
+
 def test_run_with_backend_uses_that_url_for_a_scheduler_made_without_one(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     run_two_beats(tmp_path, "--backend", f"sqlite:///{other}")

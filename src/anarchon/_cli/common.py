@@ -27,6 +27,8 @@ EXIT_NO_DATA: Final = 3
 EXIT_BACKEND: Final = 4
 EXIT_INTERRUPTED: Final = 130
 """Ctrl-C (SIGINT) ended the command: 128 + the signal's number, as a shell reports it."""
+EXIT_PIPE_CLOSED: Final = 141
+"""The reader of the output went away (``anarchon history JOB | head``): 128 + SIGPIPE."""
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
 
