@@ -48,7 +48,9 @@ def run(
         loop.run_until_complete(main)
     finally:
         try:
-            if not main.done():  # interrupted (KeyboardInterrupt before serve() took SIGINT)
+            # Interrupted: KeyboardInterrupt before serve() took SIGINT, or a third signal.
+            interrupted = not main.done()
+            if interrupted:
                 main.cancel()  # serve() then stops the scheduler: bounded, let it finish
                 loop.run_until_complete(asyncio.wait([main]))
             # Runs whose handlers ignored their cancellation keep their leases while the
@@ -64,9 +66,9 @@ def run(
             spared = {*left_running, waiting}
             if left_running:
                 logger.warning(
-                    "exiting with %d handler(s) that ignore their cancellation still "
-                    "running; their runs are not handed over: a backup takes each over when "
-                    "its lease expires",
+                    "%s: exiting with %d handler(s) still running; their runs are not handed "
+                    "over: a backup takes each over when its lease expires",
+                    "interrupted while stopping" if interrupted else "they ignore cancellation",
                     len(left_running),
                     extra=log_fields(Action.LEFT_TO_EXPIRE),
                 )

@@ -164,7 +164,7 @@ def test_run_returns_after_sigterm_even_if_a_handler_ignores_cancellation() -> N
     took = time.monotonic() - began
     assert done.returncode == 0 and "run() returned" in done.stdout, done.stderr
     # Not handed over (a backup would run the slot beside it): left with its lease to expire.
-    assert "ignore their cancellation still running" in done.stderr, done.stderr
+    assert "they ignore cancellation: exiting with 1 handler(s)" in done.stderr, done.stderr
     assert took < 25, took
 
 
@@ -254,3 +254,52 @@ def test_a_second_sigterm_hands_the_run_over_at_once_with_the_defaults(tmp_path:
     history = asyncio.run(_history(tmp_path / "anarchon.db", "long"))
     runs = [(r.attempt, r.status, r.reason) for r in history if r.slot_ms == slot]
     assert runs == [(2, RunStatus.SUCCEEDED, None), (1, RunStatus.FAILED, "handed over")], runs
+
+
+SLOW_CLEANUP_APP = """
+import asyncio
+from anarchon import MemoryBackend, Scheduler
+
+scheduler = Scheduler(MemoryBackend())
+
+@scheduler.job("slow", "* * * * * *", jitter_ms=0)
+async def slow(ctx):
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(30)  # cleans up for a long while, then ends
+        raise
+"""
+
+
+def test_a_third_sigint_exits_at_once_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "slowapp.py").write_text(SLOW_CLEANUP_APP)
+    log_path = tmp_path / "run.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anarchon", "run", "slowapp:scheduler"],
+            cwd=tmp_path,
+            stdout=log,
+            stderr=log,
+        )
+
+    def logged(text: str) -> Any:
+        return lambda: text in log_path.read_text()
+
+    try:
+        _until(logged("running slow attempt 1"), 60, "the run", log_path.read_text)
+        proc.send_signal(signal.SIGINT)
+        _until(logged("SIGINT: stopping"), 20, "the first signal", log_path.read_text)
+        proc.send_signal(signal.SIGINT)
+        _until(logged("SIGINT while stopping"), 20, "the second signal", log_path.read_text)
+        third = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # the handler still cleans up: 30 s to go
+        code = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log_path.read_text()
+    assert code == 130 and time.monotonic() - third < 15, (code, text)
+    assert "interrupted while stopping: exiting with 1 handler(s) still running" in text, text
+    assert "Traceback" not in text and "ignore cancellation" not in text, text
