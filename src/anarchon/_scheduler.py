@@ -266,6 +266,7 @@ class Scheduler(Operations):
         self._stack: AsyncExitStack | None = None
         self._base: AsyncExitStack | None = None
         self._lingering: asyncio.Future[None] | None = None
+        self._stopped: asyncio.Future[None] | None = None  # set when the first stop() ends
         self._stop_began = 0
         self._keeper_thread: KeeperThread | None = None
         self._watchdog: LoopWatchdog | None = None
@@ -552,8 +553,11 @@ class Scheduler(Operations):
         its lease released at once, so a backup takes it over without waiting for expiry. An
         async handler that ignores its cancellation is waited for, its lease still renewed.
         Plain handlers' threads still running are abandoned (logged) and their leases left to
-        expire: the process can exit.
+        expire: the process can exit. A call while another one stops waits for that one to end.
         """
+        if self._state is _State.STOPPING and self._stopped is not None:
+            await asyncio.shield(self._stopped)
+            return
         if self._state in (_State.STOPPING, _State.STOPPED):
             return
         if self._state is _State.NEW:
@@ -561,7 +565,16 @@ class Scheduler(Operations):
             self._threads.close()
             return
         self._state = _State.STOPPING
+        self._stopped = stopped = asyncio.get_running_loop().create_future()
         self._stop_began = self._clock.monotonic_ms()
+        try:
+            await self._stop_services()
+        finally:
+            stopped.set_result(None)  # also when this call was cancelled: others stop waiting
+        logger.info("scheduler %s stopped", self.instance_id, extra=log_fields(Action.STOPPED))
+
+    async def _stop_services(self) -> None:
+        """Undo :meth:`_start_services`: ``stack`` (draining among it), then ``base``."""
         stack, self._stack = self._stack, None
         base, self._base = self._base, None
         try:
@@ -578,7 +591,6 @@ class Scheduler(Operations):
             elif base is not None:
                 await base.aclose()
             self._state = _State.STOPPED
-        logger.info("scheduler %s stopped", self.instance_id, extra=log_fields(Action.STOPPED))
 
     async def _linger(self, tasks: list[asyncio.Task[None]], base: AsyncExitStack) -> None:
         try:

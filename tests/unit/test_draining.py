@@ -232,3 +232,46 @@ async def test_a_thread_still_running_after_the_grace_is_not_handed_over() -> No
         release.set()
         for scheduler in (leaving, staying):
             await scheduler.stop()
+
+
+async def test_a_second_stop_waits_for_the_first_to_end() -> None:
+    # It returned at once while the first still drained: a caller that then left (asyncio.run()
+    # ending, a lifespan closing) cut the drain short and the hand-over with it.
+    clock = FakeClock(START)
+    ended: list[int] = []
+
+    async def work(ctx: RunContext) -> None:
+        await clock.sleep(20)
+        ended.append(ctx.attempt)
+
+    scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
+    await scheduler.start()
+    await clock.advance(60 * MINUTE + 2_000)
+    first = asyncio.ensure_future(scheduler.stop())
+    await until(lambda: not scheduler.running, 5, "the first stop to begin")
+    second = asyncio.ensure_future(scheduler.stop())
+    await asyncio.sleep(0.2)
+    assert not second.done(), "the second stop() returned while the first still drained"
+    await clock.advance(21_000)
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert ended == [1]
+    await asyncio.wait_for(scheduler.stop(), 1)  # and a call after the end returns at once
+
+
+async def test_a_stop_after_a_cancelled_one_returns() -> None:
+    clock = FakeClock(START)
+
+    async def work(ctx: RunContext) -> None:
+        await clock.sleep(3600)
+
+    scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
+    await scheduler.start()
+    await clock.advance(60 * MINUTE + 2_000)
+    first = asyncio.ensure_future(scheduler.stop())
+    await until(lambda: not scheduler.running, 5, "the first stop to begin")
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(scheduler.stop(), 5)
