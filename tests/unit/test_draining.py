@@ -234,14 +234,13 @@ async def test_a_thread_still_running_after_the_grace_is_not_handed_over() -> No
             await scheduler.stop()
 
 
-async def test_a_second_stop_waits_for_the_first_to_end() -> None:
-    # It returned at once while the first still drained: a caller that then left (asyncio.run()
-    # ending, a lifespan closing) cut the drain short and the hand-over with it.
-    clock = FakeClock(START)
-    ended: list[int] = []
+async def _stopping_during_a_run(
+    clock: FakeClock, needs_s: float, ended: list[int]
+) -> tuple[Scheduler, asyncio.Future[None]]:
+    """A scheduler (defaults) whose run needs ``needs_s`` more, and its first stop(), begun."""
 
     async def work(ctx: RunContext) -> None:
-        await clock.sleep(20)
+        await clock.sleep(needs_s)
         ended.append(ctx.attempt)
 
     scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
@@ -250,6 +249,15 @@ async def test_a_second_stop_waits_for_the_first_to_end() -> None:
     await clock.advance(60 * MINUTE + 2_000)
     first = asyncio.ensure_future(scheduler.stop())
     await until(lambda: not scheduler.running, 5, "the first stop to begin")
+    return scheduler, first
+
+
+async def test_a_second_stop_waits_for_the_first_to_end() -> None:
+    # It returned at once while the first still drained: a caller that then left (asyncio.run()
+    # ending, a lifespan closing) cut the drain short and the hand-over with it.
+    clock = FakeClock(START)
+    ended: list[int] = []
+    scheduler, first = await _stopping_during_a_run(clock, 20, ended)
     second = asyncio.ensure_future(scheduler.stop())
     await asyncio.sleep(0.2)
     assert not second.done(), "the second stop() returned while the first still drained"
@@ -261,16 +269,7 @@ async def test_a_second_stop_waits_for_the_first_to_end() -> None:
 
 async def test_a_stop_after_a_cancelled_one_returns() -> None:
     clock = FakeClock(START)
-
-    async def work(ctx: RunContext) -> None:
-        await clock.sleep(3600)
-
-    scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
-    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
-    await scheduler.start()
-    await clock.advance(60 * MINUTE + 2_000)
-    first = asyncio.ensure_future(scheduler.stop())
-    await until(lambda: not scheduler.running, 5, "the first stop to begin")
+    scheduler, first = await _stopping_during_a_run(clock, 3600, [])
     first.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first
