@@ -106,16 +106,6 @@ async def serve(
         while installed:
             loop.remove_signal_handler(installed.pop())
 
-    def first(sig: signal.Signals) -> None:
-        if not event.is_set():
-            logger.info(
-                "%s: stopping; running handlers may finish within the grace period (a second "
-                "SIGINT or SIGTERM ends it at once)",
-                sig.name,
-                extra=log_fields(Action.SIGNAL, signal=sig.name),
-            )
-        event.set()
-
     def again(sig: signal.Signals) -> None:
         release()
         logger.warning(
@@ -126,6 +116,18 @@ async def serve(
         )
         if hurry is not None:
             hurry()
+
+    def first(sig: signal.Signals) -> None:
+        if event.is_set():  # a second signal before the stop took over these handlers
+            again(sig)
+            return
+        logger.info(
+            "%s: stopping; running handlers may finish within the grace period (a second "
+            "SIGINT or SIGTERM ends it at once)",
+            sig.name,
+            extra=log_fields(Action.SIGNAL, signal=sig.name),
+        )
+        event.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:

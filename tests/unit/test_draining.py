@@ -274,3 +274,31 @@ async def test_a_stop_after_a_cancelled_one_returns() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await first
     await asyncio.wait_for(scheduler.stop(), 5)
+
+
+async def test_two_signals_at_once_still_cut_the_grace_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Both may be handled before the stop takes the signals over: the second still counts.
+    caplog.set_level(logging.INFO, logger="anarchon.scheduler")
+    clock = FakeClock(START)
+    ended: list[int] = []
+
+    async def work(ctx: RunContext) -> None:
+        await clock.sleep(3600)
+        ended.append(ctx.attempt)
+
+    scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
+    serving = asyncio.ensure_future(scheduler.serve())
+    try:
+        await until(lambda: scheduler.running, 5, "the scheduler to start")
+        await clock.advance(60 * MINUTE + 2_000)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(serving, 10)  # the grace (30 s on a clock nobody moves) cut short
+    finally:
+        serving.cancel()
+    said = [getattr(r, "action", None) for r in caplog.records]
+    assert said.count("signal") == 1 and said.count("grace_cut_short") == 1, said
+    assert ended == [], "the handler was not cancelled"
