@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from anarchon import RunStatus, Scheduler, SQLiteBackend
-from tests.conformance.procs import ROOT, Fleet
+from tests.conformance.procs import ROOT, Fleet, stop_processes
 from tests.conformance.test_failover import one_slot, runner_of, wait_for
 
 pytestmark = pytest.mark.slow
@@ -79,6 +79,16 @@ def _until(predicate: Any, seconds: float, what: str, logs: Any) -> None:
         time.sleep(0.05)
 
 
+def _anarchon_run(
+    tmp: Path, target: str, log_path: Path, *options: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``anarchon run TARGET`` in ``tmp`` (where the application's module is), its output into
+    ``log_path``."""
+    args = [sys.executable, "-m", "anarchon", "run", target, *options]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(args, cwd=tmp, env=env, stdout=log, stderr=log)
+
+
 def test_an_instance_with_every_thread_hung_leaves_its_slots_and_still_stops(
     tmp_path: Path,
 ) -> None:
@@ -119,15 +129,7 @@ def test_an_instance_with_every_thread_hung_leaves_its_slots_and_still_stops(
         assert "abandoning 32 handler thread(s)" in log and "job hang0" in log, log
         assert "not claiming" in log, log
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes(procs, timeout_s=20)
 
 
 STUBBORN_APP = """
@@ -194,14 +196,12 @@ def test_a_second_sigterm_hands_the_run_over_at_once_with_the_defaults(tmp_path:
     env = {**os.environ, "ANARCHON_DB": str(tmp_path / "anarchon.db")}
     env.update(SCHEDULE=schedule, OUT=str(out))
     env.pop("ANARCHON_BACKEND", None)
-    command = [sys.executable, "-m", "anarchon", "run", "twiceapp:scheduler"]
     procs: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
     for n in range(2):
         log_path = tmp_path / f"instance{n}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [*command, "--log-format", "json"], cwd=tmp_path, env=env, stdout=log, stderr=log
-            )
+        proc = _anarchon_run(
+            tmp_path, "twiceapp:scheduler", log_path, "--log-format", "json", env=env
+        )
         procs[proc.pid] = (proc, log_path)
 
     def starts() -> list[dict[str, Any]]:
@@ -242,15 +242,7 @@ def test_a_second_sigterm_hands_the_run_over_at_once_with_the_defaults(tmp_path:
         assert "grace_cut_short" in said and "handed_over" in said, everything()
         assert "Traceback" not in procs[runner.pid][1].read_text(), everything()
     finally:
-        for proc, _ in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, _ in procs.values():
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes((proc for proc, _ in procs.values()), timeout_s=40)
     history = asyncio.run(_history(tmp_path / "anarchon.db", "long"))
     runs = [(r.attempt, r.status, r.reason) for r in history if r.slot_ms == slot]
     assert runs == [(2, RunStatus.SUCCEEDED, None), (1, RunStatus.FAILED, "handed over")], runs
@@ -275,13 +267,7 @@ async def slow(ctx):
 def test_a_third_sigint_exits_at_once_and_says_so(tmp_path: Path) -> None:
     (tmp_path / "slowapp.py").write_text(SLOW_CLEANUP_APP)
     log_path = tmp_path / "run.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "anarchon", "run", "slowapp:scheduler"],
-            cwd=tmp_path,
-            stdout=log,
-            stderr=log,
-        )
+    proc = _anarchon_run(tmp_path, "slowapp:scheduler", log_path)
 
     def logged(text: str) -> Any:
         return lambda: text in log_path.read_text()
