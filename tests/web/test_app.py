@@ -458,36 +458,22 @@ async def _one_run_in(db: Path) -> None:
 
 def test_ctrl_c_ends_the_dashboard_command_without_a_traceback(tmp_path: Path) -> None:
     import signal
-    import subprocess
-    import sys
-    import time
+
+    from tests.web.cluster import Cluster
 
     db = tmp_path / "anarchon.db"
     asyncio.run(_one_run_in(db))  # the file holds anarchon's tables
-    port = any_free()
-    args = [sys.executable, "-m", "anarchon", "dashboard", "--backend", f"sqlite:///{db}"]
-    proc = subprocess.Popen(
-        [*args, "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    served = Cluster(f"sqlite:///{db}", tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=30)
+        served.serve(token=None)  # the `anarchon dashboard` command, answering
+        served.procs["dashboard"].send_signal(signal.SIGINT)
+        code = served.procs["dashboard"].wait(30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    text = output.decode()
+        served.stop()
+    text = (tmp_path / "dashboard.log").read_text()
     # uvicorn stops, then raises the SIGINT it caught again: a KeyboardInterrupt out of main().
-    assert proc.returncode == 130 and "Traceback" not in text, text
-    assert f"anarchon dashboard on http://127.0.0.1:{port}/" in text, text
+    assert code == 130 and "Traceback" not in text, text
+    assert f"anarchon dashboard on {served.base}/" in text, text
 
 
 def test_fast_view_matches_build_view() -> None:
