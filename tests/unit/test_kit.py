@@ -40,7 +40,14 @@ from anarchon.kit.lease import (
     won_outcome,
 )
 from anarchon.kit.migrations import Step, migrate
-from anarchon.kit.urls import bool_option, int_option, ms_option, split_url, str_option
+from anarchon.kit.urls import (
+    as_given,
+    bool_option,
+    int_option,
+    ms_option,
+    split_url,
+    str_option,
+)
 from tests.records import claim_request
 
 
@@ -357,6 +364,8 @@ def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
     raw = split_url("toy://host/?opt=a%20b&size=2&name=c+d#f", known, pass_on=True)
     assert raw.url == "toy://host/?opt=a%20b&name=c+d#f" and raw.options == {"size": 2}
     assert split_url("toy://host/?prefix=a+b%2Bc", known).options == {"prefix": "a b+c"}
+    kept = split_url("toy://host/?schema=&size=1", {**known, "schema": as_given})
+    assert kept.options == {"schema": "", "size": 1}  # as_given keeps an empty value
     for bad, rule in [
         ("size=11", "from 1 to 10"),
         ("size=x", "from 1 to 10"),

@@ -2,9 +2,9 @@
 
 Every ``from_url`` splits its URL the same way: the options a backend knows are taken out of
 the query and converted (:func:`int_option`, :func:`bool_option`, :func:`str_option`,
-:func:`ms_option`), the rest is either passed on to the driver exactly as written
-(``pass_on=True``) or refused with one message naming the option, the URL (redacted) and the
-options that are known.
+:func:`as_given`, :func:`ms_option`), the rest is either passed on to the driver exactly as
+written (``pass_on=True``) or refused with one message naming the option, the URL (redacted) and
+the options that are known.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..errors import InvalidOption
 __all__ = [
     "Converter",
     "SplitURL",
+    "as_given",
     "bool_option",
     "int_option",
     "ms_option",
@@ -72,6 +73,12 @@ def str_option(option: str, text: str, shown: str) -> str:
     """A converter that keeps the text; refuses an empty value."""
     if not text:
         raise InvalidOption(f"{option}= in the backend URL {shown!r} must not be empty")
+    return text
+
+
+def as_given(option: str, text: str, shown: str) -> str:
+    """A converter that keeps the text, empty included, for an option the backend's constructor
+    checks by its own rule (a key prefix, a schema name)."""
     return text
 
 

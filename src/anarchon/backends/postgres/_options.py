@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from anarchon.errors import InvalidOption, MissingDependency
 from anarchon.kit import HISTORY_SIZE, Bound, check_bool, check_int, check_pattern, redact_url
-from anarchon.kit.urls import Converter, bool_option, int_option, ms_option
+from anarchon.kit.urls import Converter, as_given, bool_option, int_option, ms_option
 from anarchon.kit.urls import split_url as split_options
 
 if TYPE_CHECKING:
@@ -175,16 +175,10 @@ def check_table_prefix(prefix: object) -> str:
     )
 
 
-def _as_given(option: str, text: str, shown: str) -> str:
-    """Keep the text: :func:`check_options` checks it with the arguments' own rules (an empty
-    ``table_prefix`` is allowed)."""
-    return text
-
-
 # The query parameters of a URL that are the backend's (the others are libpq's).
 URL_OPTIONS: Final[dict[str, Converter]] = {
-    "schema": _as_given,
-    "table_prefix": _as_given,
+    "schema": as_given,
+    "table_prefix": as_given,
     "notifications": bool_option,
     "prepared_statements": bool_option,
     "history_size": int_option(HISTORY_SIZE),

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
 from ...kit import HISTORY_SIZE, check_int, redact_url
-from ...kit.urls import Converter, int_option
+from ...kit.urls import Converter, as_given, int_option
 from ...kit.urls import split_url as split_options
 
 __all__ = [
@@ -46,14 +46,9 @@ def check_history_size(value: object) -> int:
     return check_int("history_size", value, HISTORY_SIZE, "RedisBackend")
 
 
-def _as_given(option: str, text: str, shown: str) -> str:
-    """Keep the text: the constructor checks the prefix with its own rule."""
-    return text
-
-
 # Options the backend takes from a URL's query; the rest of the URL goes to redis-py.
 URL_OPTIONS: Final[dict[str, Converter]] = {
-    "prefix": _as_given,
+    "prefix": as_given,
     "history_size": int_option(HISTORY_SIZE),
 }
 
