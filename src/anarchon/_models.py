@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -101,6 +101,10 @@ class Run:
     """Why a run was skipped or superseded (``overlap``, ``too late``, ``lease lost`` ...)."""
     requested_by: str | None = None
     """Who asked for a manual run (``anarchon trigger``, ``Scheduler.trigger``), if recorded."""
+    slot_key: str | None = field(default=None, compare=False)
+    """The key the backend keeps the run's attempts under, when it says (lease backends built
+    on :mod:`anarchon.kit` do): the slot in epoch ms as text, ``manual-<id>`` for a manual run,
+    ``<key>-retry-<n>`` for a retry. What a backup names to take the run over. Not compared."""
 
     @property
     def slot_ms(self) -> int | None:

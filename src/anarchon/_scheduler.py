@@ -325,6 +325,8 @@ class Scheduler(Operations):
             now = self._clock.now_ms()
             self._firing.schedule_next(job, now)
             self._spawn(self._catching_up.start([job], now))
+            if self._watcher is not None:
+                self._spawn(self._watcher.adopt([job], self._backend_clock.time.now_ms()))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -402,13 +404,15 @@ class Scheduler(Operations):
 
             def poke(job: str, slot_key: str, released: bool = True) -> None:
                 # From the backend's listener, possibly on another thread: one wake-up of the
-                # loop per batch of notifications (see Mailbox). Not posted while nothing is
-                # watched (every result of a burst this instance alone runs is notified).
-                if watcher.watching():
+                # loop per batch of notifications (see Mailbox). A result is not posted while
+                # nothing is watched (every result of a burst this instance alone runs is
+                # notified); a hand-over always is (the watcher checks it if it carries the job).
+                if released or watcher.watching():
                     mailbox.post(watcher.poke, job, slot_key, released)
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
+            self._spawn(watcher.adopt(list(self._jobs.values()), self._backend_clock.time.now_ms()))
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()

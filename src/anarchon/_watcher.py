@@ -1,5 +1,11 @@
 """Backup runners: watch runs other instances hold, and take over those whose lease ends.
 
+An instance watches the runs it lost a claim to, the runs others are heard to win, and, when it
+starts carrying a job, the job's runs still open from before (:meth:`BackupWatcher.adopt`): a
+run whose runner dies is then taken over even when every instance that lost its claim is gone
+too (a restart, a rolling deploy). A run handed over (released) is checked at once by every
+instance that carries its job, watched or not.
+
 Checks are scheduled on the monotonic clock (a wall-clock step neither brings a check forward
 nor holds it back); whether a lease has expired is the backend's decision, on its own clock.
 """
@@ -10,17 +16,17 @@ import asyncio
 import heapq
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
 from ._metrics import Counters
-from ._models import Run
+from ._models import Run, RunStatus
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
-from .errors import BackendError
+from .errors import AnarchonError, BackendError
 from .logs import Action, log_fields
 
 __all__ = ["BackupWatcher"]
@@ -34,6 +40,11 @@ RETRY_MS: Final = 1_000
 # end together: checking them all at once would open thousands of backend calls (past a Redis
 # client's pool, or waiting on a PostgreSQL pool until timeout_ms); the rest wait their turn.
 MAX_CHECKS: Final = 32
+# adopt(): how many of a job's newest attempts are read for runs still open, and how many jobs
+# are read at once (it runs beside the first slots' claims). Open attempts are the newest but
+# for a job with overlap="allow" and more than ADOPT_LOOKBACK runs at once.
+ADOPT_LOOKBACK: Final = 20
+ADOPT_READS: Final = 4
 
 OnTaken = Callable[[Job, Ticket, bool, int], None]
 """``on_taken(job, ticket, reserved, sent_ms)``: run a taken-over attempt (``reserved``: a
@@ -57,6 +68,7 @@ class BackupWatcher:
     # so the backend can recognise it as ours instead of spending an attempt.
     _requests: dict[tuple[str, str], TakeoverRequest] = field(default_factory=dict, init=False)
     _seq: int = field(default=0, init=False)
+    _closed: bool = field(default=False, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _checks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
     # Made by run(), in the loop it runs on (a scheduler may start again in another loop).
@@ -83,11 +95,61 @@ class BackupWatcher:
         """The backend says ``(job, slot_key)`` was released (check it now) or finished (stop
         watching it, without asking the backend)."""
         if (job, slot_key) not in self._watched:
+            # A hand-over nobody here watched (this instance began carrying the job after the
+            # run started, or no claim of it was made here: a manual run): check it now.
+            if released and not self._closed and self.jobs(job) is not None:
+                self._schedule(job, slot_key, self.clock.monotonic_ms())
             return
         if released:
             self._schedule(job, slot_key, self.clock.monotonic_ms())
         else:
             self._forget(job, slot_key)
+
+    async def adopt(self, jobs: Sequence[Job], now_ms: int) -> None:
+        """Watch the runs of ``jobs`` still recorded running that started within each job's
+        ``catch_up_window_ms`` before ``now_ms`` (the backend's clock): runs that began before
+        this instance carried the job, which no claim of its own lost to. Each is checked at
+        once; a live lease answers held and is watched until it ends. A run the backend names
+        no key for (:attr:`~anarchon.Run.slot_key` None) is left alone; a job whose history
+        cannot be read is logged and left to the instances that watch it."""
+        gate = asyncio.Semaphore(ADOPT_READS)
+
+        async def adopt_one(job: Job) -> None:
+            async with gate:
+                if self._closed or self.jobs(job.name) is not job:
+                    return
+                try:
+                    runs = await self.backend.history(job.name, ADOPT_LOOKBACK)
+                except AnarchonError as exc:
+                    logger.warning(
+                        "could not read %s's open runs to watch them: %s",
+                        job.name,
+                        exc,
+                        extra=log_fields(Action.ADOPT_FAILED, job.name),
+                    )
+                    return
+            since = now_ms - job.policy.catch_up_window_ms
+            keys = [
+                run.slot_key
+                for run in runs
+                if run.status is RunStatus.RUNNING
+                and run.slot_key is not None
+                and run.started_at.timestamp() * 1000 >= since
+            ]
+            if not keys or self._closed:
+                return
+            for slot_key in keys:
+                if (job.name, slot_key) not in self._watched:
+                    self._schedule(job.name, slot_key, self.clock.monotonic_ms())
+            logger.info(
+                "watching %d run(s) of %s still open from before this instance carried it: %s",
+                len(keys),
+                job.name,
+                ", ".join(keys),
+                extra=log_fields(Action.RUNS_ADOPTED, job.name, runs=len(keys)),
+            )
+
+        await asyncio.gather(*(adopt_one(job) for job in jobs))
 
     def watching(self) -> bool:
         """Whether any run is watched: a cheap test before posting a :meth:`poke` to the
@@ -226,6 +288,7 @@ class BackupWatcher:
         """Stop checking (on stop): wait up to ``settle_s`` for checks in flight, so a takeover
         the backend granted is run or handed over rather than left to expire, then forget
         every watched run."""
+        self._closed = True
         self._watched.clear()
         self._heap.clear()
         if self._checks:

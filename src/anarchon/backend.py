@@ -507,6 +507,9 @@ class Backend(abc.ABC):
         recorded in: the later record comes first. Every attempt is its own run.
 
         Works for any job the backend has records of, registered or not; unknown jobs give ``[]``.
+        A lease backend sets each run's :attr:`~anarchon.Run.slot_key` (``kit.lease``'s
+        ``RunRow.to_run`` does): an instance that starts carrying a job reads it to watch the
+        runs still open, and a run without it is not taken over by such an instance.
         """
 
     async def last_run(self, job: str) -> Run | None:

@@ -98,6 +98,8 @@ class Action(StrEnum):
     LEFT_TO_EXPIRE = "left_to_expire"
     TAKEN_OVER = "taken_over"
     TAKEOVER_RETRY = "takeover_retry"
+    RUNS_ADOPTED = "runs_adopted"
+    ADOPT_FAILED = "adopt_failed"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     # clocks and the event loop
     CLOCK_SKEW = "clock_skew"

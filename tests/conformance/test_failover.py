@@ -88,6 +88,40 @@ async def test_kill_9_runner_is_taken_over(
     assert len(starts) == 2, starts
 
 
+async def test_an_instance_started_after_the_run_began_takes_it_over(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    # A restart or a rolling deploy: no instance lost the slot's claim (the runner was alone),
+    # so only one that starts later can take the run over, by watching it from its start.
+    schedule, slot = one_slot()
+    options: dict[str, Any] = {"seconds": 60, "sleep_ms": 10_000, "jitter_ms": 0}
+    [runner] = fleet.spawn(1, schedule=schedule, lease_ms=LEASE_MS, **options)
+    fleet.wait_ready([runner])
+    first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "a start")
+    [later] = fleet.spawn(1, schedule=schedule, lease_ms=LEASE_MS, **options)
+    fleet.wait_ready([later])
+    assert not [r for r in runner.records() if r["event"] == "end"], "the run ended too soon"
+    killed_at = time.time()
+    runner.kill(signal.SIGKILL)
+    second = wait_for(
+        fleet,
+        lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == 2,
+        LEASE_MS / 1000 + 15,
+        "the takeover by the instance started later",
+    )
+    delay = second["t"] - killed_at
+    print(f"\n{lease_harness.name}: taken over {delay:.2f}s after kill -9 (lease {LEASE_MS} ms)")
+    assert second["pid"] == later.pid and second["fence"] > first["fence"]
+    assert delay <= LEASE_MS / 1000 + 2, f"takeover took {delay:.2f}s"
+    wait_for(fleet, lambda r: r["event"] == "end" and r["attempt"] == 2, 20, "attempt 2's end")
+    fleet.stop_all()
+    runs = [r for r in await history_of(ns) if r.slot_ms == slot]
+    assert [(r.attempt, r.status, r.reason) for r in runs] == [
+        (2, RunStatus.SUCCEEDED, None),
+        (1, RunStatus.FAILED, "lease lost"),
+    ]
+
+
 async def test_stale_runner_is_fenced_off(
     lease_harness: Harness, fleet: Fleet, ns: Namespace
 ) -> None:

@@ -148,6 +148,42 @@ async def test_no_history_no_catch_up(lease_harness: Harness, schedulers: Make) 
     assert seen == []
 
 
+async def test_a_manual_run_handed_over_is_taken_over_by_an_instance_that_never_claimed_it(
+    lease_harness: Harness, schedulers: Make
+) -> None:
+    # A manual run is claimed by the instance that runs it alone: no other lost its claim or
+    # watches it. Its hand-over on stop still reaches every instance carrying the job.
+    started: list[tuple[str, int]] = []
+
+    async def held(ctx: RunContext) -> None:
+        started.append((ctx.instance, ctx.attempt))
+        if ctx.attempt == 1:
+            await asyncio.Event().wait()
+
+    runner, other = schedulers(1, grace_ms=300) + schedulers(1)  # other: every default
+    for scheduler in (runner, other):
+        scheduler.add("report", "0 0 1 1 *", held)
+    await other.start()
+    await runner.start()
+    manual = asyncio.ensure_future(runner.run_now("report"))
+    await until(lambda: started, 10, "the manual run's start")
+    stopped_at = time.monotonic()
+    await runner.stop()
+    await manual
+    # The default lease is 15 s: a takeover that waited for its expiry would come too late.
+    await until(lambda: len(started) == 2, 8, "the takeover of the manual run")
+    assert started == [(runner.instance_id, 1), (other.instance_id, 2)]
+    assert time.monotonic() - stopped_at < 8
+    await until(lambda: other.metrics()["running"] == 0, 10, "attempt 2's end")
+    runs = await other.history("report")
+    assert [(r.attempt, r.status, r.trigger) for r in runs] == [
+        (2, RunStatus.SUCCEEDED, Trigger.MANUAL),
+        (1, RunStatus.FAILED, Trigger.MANUAL),
+    ]
+    assert runs[1].reason and "handed over" in runs[1].reason
+
+
+@pytest.mark.slow
 async def test_run_now_runs_here_and_is_recorded(harness: Harness, schedulers: Make) -> None:
     contexts: list[RunContext] = []
 

@@ -1,6 +1,6 @@
 """The core with real processes on SQLite (the default backend), every option at its default
-unless the test is about it: a deploy's SIGTERM during a run longer than the lease, and an
-instance whose handler threads all hang."""
+unless the test is about it: a deploy's SIGTERM during a run longer than the lease, a run whose
+only instance is killed and started again, and an instance whose handler threads all hang."""
 
 from __future__ import annotations
 
@@ -53,6 +53,42 @@ async def test_sigterm_during_a_run_longer_than_the_lease_with_the_defaults(
     assert end["lost"] is False, "the draining run was told it lost its lease"
     runs = [r for r in await _history(db, "tick") if r.slot_ms == slot]
     assert [(r.attempt, r.status) for r in runs] == [(1, RunStatus.SUCCEEDED)], runs
+
+
+async def test_a_run_killed_with_its_instance_is_taken_over_after_a_restart_with_the_defaults(
+    tmp_path: Path,
+) -> None:
+    # One replica, killed mid-run (SIGKILL: OOM, or the grace period's end) and started again:
+    # nobody lost the slot's claim, so only the new process can take the run over. Every option
+    # at its default: the lease (15 s) must end first, then attempt 2 runs here.
+    db = tmp_path / "anarchon.db"
+    fleet = Fleet(f"sqlite:///{db}", tmp_path)
+    try:
+        schedule, slot = one_slot(lead_s=4)
+        [killed] = fleet.spawn(1, schedule=schedule, seconds=120, sleep_ms=40_000)
+        fleet.wait_ready([killed])
+        first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "start")
+        killed.kill(signal.SIGKILL)
+        killed_at = time.time()
+        [restarted] = fleet.spawn(1, schedule=schedule, seconds=120, sleep_ms=40_000)
+        second = wait_for(
+            fleet,
+            lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == 2,
+            45,
+            "the restarted instance's takeover",
+        )
+        assert second["pid"] == restarted.pid and second["fence"] > first["fence"]
+        # Not before the lease the dead runner took (15 s from its claim) has ended.
+        assert second["t"] - first["t"] >= 14.0, (second["t"] - first["t"], fleet.logs())
+        print(f"\ntaken over {second['t'] - killed_at:.1f}s after the kill -9 (lease 15 s)")
+        restarted.kill(signal.SIGKILL)
+    finally:
+        fleet.stop_all()
+    runs = [r for r in await _history(db, "tick") if r.slot_ms == slot]
+    assert [(r.attempt, r.status, r.reason) for r in runs] == [
+        (2, RunStatus.RUNNING, None),
+        (1, RunStatus.FAILED, "lease lost"),
+    ], runs
 
 
 def _spawn_plain(tmp: Path, url: str, name: str, **options: Any) -> subprocess.Popen[bytes]:

@@ -160,11 +160,14 @@ async def test_a_retried_claim_whose_renewal_says_lost_does_not_start(
 
 
 class LostTakeoverAnswer(Recording):
-    """The first takeover is granted but its answer is lost."""
+    """The first takeover granted has its answer lost."""
+
+    lost: TakeoverRequest | None = None
 
     async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
         outcome = await super().take_over(request)
-        if outcome.status is TakeoverStatus.TAKEN and len(self.named("take_over")) == 1:
+        if outcome.status is TakeoverStatus.TAKEN and self.lost is None:
+            self.lost = request
             raise BackendUnavailable("the answer was lost on the way back")
         return outcome
 
@@ -173,20 +176,6 @@ async def test_a_takeover_whose_answer_was_lost_is_retried_with_the_same_request
     clock = FakeClock(START)
     backend = LostTakeoverAnswer(clock)
     slot = START + 60 * MINUTE
-    # A runner claimed the slot and crashed: its lease ran out long ago.
-    await backend.claim(
-        [
-            ClaimRequest(
-                job="work",
-                slot=slot,
-                run_id="crashed",
-                token="crashed-token",
-                instance="crashed",
-                trigger=Trigger.SCHEDULE,
-                lease_ms=3_000,
-            )
-        ]
-    )
 
     async def work(ctx: RunContext) -> None:
         pass
@@ -194,10 +183,27 @@ async def test_a_takeover_whose_answer_was_lost_is_retried_with_the_same_request
     backup = Scheduler(backend, clock=clock, instance_id="backup")
     backup.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
     async with backup:
-        await clock.advance(60 * MINUTE + 3_000)
-    assert len(backend.named("take_over")) >= 2, "the takeover was not retried"
-    first, second = (request for _, _, request in backend.named("take_over")[:2])
-    assert (second.run_id, second.token) == (first.run_id, first.token)
+        await clock.advance(60 * MINUTE - 1_000)
+        # A runner claimed the slot first and crashed: its lease runs out.
+        await backend.claim(
+            [
+                ClaimRequest(
+                    job="work",
+                    slot=slot,
+                    run_id="crashed",
+                    token="crashed-token",
+                    instance="crashed",
+                    trigger=Trigger.SCHEDULE,
+                    lease_ms=3_000,
+                )
+            ]
+        )
+        await clock.advance(6_000)
+    requests = [request for _, _, request in backend.named("take_over")]
+    assert backend.lost is not None and backend.lost in requests, "no takeover was granted"
+    assert len(requests) > requests.index(backend.lost) + 1, "the takeover was not retried"
+    retried = requests[requests.index(backend.lost) + 1]
+    assert (retried.run_id, retried.token) == (backend.lost.run_id, backend.lost.token)
 
 
 async def test_a_renewal_that_hangs_cancels_the_handler_at_the_lease_deadline() -> None:

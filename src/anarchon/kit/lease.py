@@ -166,6 +166,7 @@ class RunRow:
             fence=self.fence or None,
             reason=self.reason,
             requested_by=self.requested_by,
+            slot_key=self.slot_key,
         )
 
     def ticket(self, lease_ms: int, now: int, history_ttl_ms: int | None) -> Ticket:
@@ -214,6 +215,7 @@ def stored_run(data: Mapping[str, Any]) -> Run:
         fence=int(data.get("fence") or 0) or None,
         reason=data.get("reason"),
         requested_by=data.get("requested_by"),
+        slot_key=data.get("slot_key"),
     )
 
 
@@ -432,6 +434,7 @@ def won_outcome(
         fence=fence or None,
         reason=None,
         requested_by=req.requested_by,
+        slot_key=req.slot_key if slot_key is None else slot_key,
     )
     ticket = _new_ticket(
         job=req.job,
