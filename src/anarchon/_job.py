@@ -336,7 +336,8 @@ def check_name(name: str) -> None:
 
 
 def check_handler(name: str, handler: object) -> None:
-    """Raise :class:`InvalidOption` unless ``handler`` can be called as ``handler(ctx)``.
+    """Raise :class:`InvalidOption` unless ``handler`` can be called as ``handler(ctx)`` and is
+    not a generator or async generator function (its body would never run).
 
     Checked when the job is added, so a handler that takes no argument (or two) fails there, not
     at its first slot. A callable whose signature Python cannot tell (some built-ins) passes.
@@ -345,6 +346,7 @@ def check_handler(name: str, handler: object) -> None:
         raise InvalidOption(f"handler for job {name!r} must be callable, got {handler!r}")
     if _CALLABLE_WITH_CTX.get(handler):
         return  # thousands of jobs often share one handler: its signature is read once
+    _refuse_generator(name, handler)
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):
@@ -359,6 +361,29 @@ def check_handler(name: str, handler: object) -> None:
             "argument: anarchon calls handler(ctx) with the run's RunContext; write "
             "'def handler(ctx): ...' or 'async def handler(ctx): ...'"
         ) from None
+
+
+def _refuse_generator(name: str, handler: Callable[..., Any]) -> None:
+    """Raise :class:`InvalidOption` if ``handler`` (also through :func:`functools.partial` or a
+    ``__call__``) is a generator or async generator function: calling it runs none of its body,
+    and a run would be recorded ``succeeded`` for work never done."""
+    target: Any = handler
+    while isinstance(target, partial):
+        target = target.func
+    for candidate in (target, getattr(target, "__call__", None)):  # noqa: B004 - a __call__
+        if inspect.isasyncgenfunction(candidate):
+            kind = "an async generator function"
+            made = "an async generator, which cannot be awaited"
+        elif inspect.isgeneratorfunction(candidate):
+            kind, made = "a generator function", "a generator"
+        else:
+            continue
+        label = getattr(handler, "__qualname__", None) or repr(handler)
+        raise InvalidOption(
+            f"handler {label} of job {name!r} is {kind} (it has 'yield'): calling it only makes "
+            f"{made}, so its body would never run; write 'def handler(ctx): ...' or "
+            "'async def handler(ctx): ...' without 'yield'"
+        )
 
 
 def _zone_argument(timezone: object) -> Any:

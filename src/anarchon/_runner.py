@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -379,7 +380,7 @@ class RunExecutor:
         label = f"job {job.name} (run {ticket.run_id[:8]}, attempt {ticket.attempt})"
         reserved, active.reserved = active.reserved, False
         try:
-            handler = functools.partial(job.handler, ctx)
+            handler = functools.partial(_call_plain, job.handler, ctx)
             call = self.threads.submit(handler, label, reserved=reserved)
         except NoThreadFree as exc:
             return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
@@ -565,6 +566,47 @@ def _lease_left(ticket: Ticket) -> int:
     if ticket.lease_expires_at_ms is None or ticket.backend_now_ms is None:
         return ticket.lease_ms
     return ticket.lease_expires_at_ms - ticket.backend_now_ms
+
+
+def _call_plain(handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
+    """Call a plain handler on its thread; fail its run if it returned work it did not do.
+
+    A plain handler's result is dropped: a coroutine it returns (an ``async def`` behind a
+    plain decorator, ``lambda ctx: work(ctx)``) would be recorded ``succeeded`` with its body
+    never run. Awaiting it on the loop instead would break what a plain handler promises
+    (its run keeps its lease past a timeout, and it runs on after a lost lease where async code
+    is cancelled: docs/guarantees.md), so the run fails, saying what to write. A coroutine or
+    generator is closed here, so no "never awaited" warning follows.
+    """
+    result = handler(ctx)
+    if result is not None and (inspect.isawaitable(result) or _is_generator(result)):
+        if inspect.iscoroutine(result) or inspect.isgenerator(result):
+            result.close()
+        raise TypeError(
+            f"the plain handler returned {_kind(result)}, which anarchon does not "
+            "await or iterate: what a plain 'def' handler returns is dropped, so that work was "
+            "not done. Make the handler 'async def' (a decorator of an async handler must "
+            "itself be 'async def' and 'return await func(ctx)'), or do the work in the plain "
+            "handler itself"
+        )
+    return result
+
+
+def _is_generator(value: object) -> bool:
+    return inspect.isgenerator(value) or inspect.isasyncgen(value)
+
+
+def _kind(value: object) -> str:
+    """``a coroutine 'work'``, ``an awaitable Future``: what a plain handler returned."""
+    if inspect.iscoroutine(value):
+        kind = "a coroutine"
+    elif inspect.isasyncgen(value):
+        kind = "an async generator"
+    elif inspect.isgenerator(value):
+        kind = "a generator"
+    else:
+        return f"an awaitable {type(value).__qualname__}"
+    return f"{kind} {getattr(value, '__qualname__', '?')!r}"
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
