@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from . import steering
 from ._heartbeat import Heartbeat, read_cluster
-from ._job import Job
+from ._job import Job, check_name
 from ._metrics import Counters, Metrics, jobs_now
 from ._models import Run, Trigger
+from ._options import HISTORY_LIMIT, check_int
 from .backend import Backend, ClaimStatus
 from .control import ALL_JOBS, Pause, RunRequest
 from .errors import (
@@ -98,15 +99,20 @@ class Operations:
         return job
 
     async def history(self, name: str, limit: int = 100) -> list[Run]:
-        """Runs of job ``name``, newest first; works for any job the backend has records of."""
+        """Runs of job ``name``, newest first, at most ``limit`` (0 to 100 000); works for any
+        job the backend has records of. A name no job can have raises
+        :class:`~anarchon.errors.InvalidJobName` on every backend, a bad ``limit``
+        :class:`~anarchon.errors.InvalidOption`."""
         self._require_started()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidOption(f"limit={limit!r} must be an integer >= 0")
+        check_name(name)
+        limit = check_int("limit", limit, HISTORY_LIMIT, "Scheduler.history")
         return await self.backend.history(name, limit)
 
     async def last_run(self, name: str) -> Run | None:
-        """The newest run of job ``name``, or None."""
+        """The newest run of job ``name``, or None; a name no job can have raises
+        :class:`~anarchon.errors.InvalidJobName` on every backend."""
         self._require_started()
+        check_name(name)
         return await self.backend.last_run(name)
 
     async def run_now(self, name: str) -> Run:

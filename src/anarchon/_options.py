@@ -18,7 +18,15 @@ from typing import Final
 
 from .errors import InvalidOption
 
-__all__ = ["HISTORY_SIZE", "Bound", "check_bool", "check_int", "check_keywords", "ms_text"]
+__all__ = [
+    "HISTORY_LIMIT",
+    "HISTORY_SIZE",
+    "Bound",
+    "check_bool",
+    "check_int",
+    "check_keywords",
+    "ms_text",
+]
 
 _UNITS: Final = (
     (365 * 24 * 3600 * 1000, "year"),
@@ -58,6 +66,13 @@ class Bound:
 HISTORY_SIZE: Final = Bound(1, 1_000_000)
 """The range of ``history_size`` (slots kept per job) on every lease backend: memory, SQLite,
 PostgreSQL and Redis."""
+
+
+HISTORY_LIMIT: Final = Bound(0, 100_000)
+"""The range of how many runs one read of a job's history returns: ``limit`` of
+:meth:`Scheduler.history <anarchon.Scheduler.history>`; the upper end also bounds
+``anarchon history -n`` and the dashboard's ``runs``. Far more than a page of history, and
+inside every backend's integer (SQLite's and PostgreSQL's 64 bits, a Redis count)."""
 
 
 def check_int(option: str, value: object, bound: Bound, owner: str) -> int:

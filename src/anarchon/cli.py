@@ -56,7 +56,9 @@ from ._cli.common import (
     table,
 )
 from ._http import HttpServer
+from ._job import check_name
 from ._models import Run
+from ._options import HISTORY_LIMIT
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
@@ -224,6 +226,7 @@ def _row(run: Run) -> list[str]:
 
 
 async def _history(args: argparse.Namespace) -> int:
+    check_name(args.job)  # as Scheduler.history does: one answer whatever the backend
     async with opened(args.backend, registry=False) as backend:
         runs = await backend.history(args.job, limit=args.n)
         if not runs and not storage_checked(backend):
@@ -316,7 +319,10 @@ def _parser() -> argparse.ArgumentParser:
     history = command("history", "print a job's runs, newest first")
     history.add_argument("job")
     history.add_argument(
-        "-n", type=_count(1, 100_000), default=20, help="how many runs, at least 1 (default 20)"
+        "-n",
+        type=_count(1, HISTORY_LIMIT.high),
+        default=20,
+        help="how many runs, at least 1 (default 20)",
     )
     command("jobs", "list the jobs live instances carry: next slot, last run, running, paused")
     command("instances", "list the live instances: heartbeat, clock offset, version, jobs")

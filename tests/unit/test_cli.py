@@ -202,6 +202,8 @@ def test_history_without_data_creates_nothing(tmp_path: Path) -> None:
     [
         (("history", "beat", "-n", "-1"), ("-n", "'-1'", "from 1 to")),
         (("history", "beat", "-n", "0"), ("-n", "'0'", "from 1 to")),
+        (("history", "beat", "-n", "100001"), ("-n", "'100001'", "from 1 to 100000")),
+        (("history", "no such/job"), ("job name 'no such/job'", "letters, digits")),
         (("next", "* * * * *", "-n", "-3"), ("-n", "'-3'", "from 1 to")),
         (("demo", "--instances", "0"), ("--instances", "'0'", "from 1 to 20")),
         (("demo", "--seconds", "-5"), ("--seconds", "'-5'")),

@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import steering
 from .._job import check_name
+from .._options import HISTORY_LIMIT
 from .._readable import iso, ms_of
 from .._redact import redact_url
 from .._scheduler import Scheduler
@@ -247,7 +248,7 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         definitions = snapshot.view.definitions.get(name)
-        limit = _int(params.get("runs"), "runs", 100, 100_000, 10_000)
+        limit = _int(params.get("runs"), "runs", 100, HISTORY_LIMIT.high, 10_000)
         runs = await backend.history(name, limit)
         if not definitions and not runs:
             return await self._render(
