@@ -64,6 +64,10 @@ def _until_ms(until: datetime | None) -> int | None:
     return round(until.timestamp() * 1000)
 
 
+# What a scheduler no longer running did: "this one {...}".
+ENDED: Final = {State.STOPPING: "is stopping (stop() was called)", State.STOPPED: "has stopped"}
+
+
 class Operations:
     """The scheduler's queries, steering, metrics and health (a mixin of ``Scheduler``)."""
 
@@ -85,12 +89,21 @@ class Operations:
 
     # -- queries ----------------------------------------------------------------------------
 
-    def _require_started(self) -> None:
-        if self._state is not State.RUNNING:
+    def _require_started(self, call: str) -> None:
+        """Raise :class:`SchedulerStateError` unless the scheduler runs, saying what ``call``
+        (``"history"``) needs and what can be done in the scheduler's state."""
+        state = self._state
+        if state is State.RUNNING:
+            return
+        if state is State.NEW:
             raise SchedulerStateError(
-                f"scheduler is {self._state.value}; call 'await scheduler.start()' (or use "
-                "'async with scheduler') first"
+                f"{call}() needs a running scheduler and this one is not started yet; call "
+                "'await scheduler.start()' (or use 'async with scheduler') first"
             )
+        raise SchedulerStateError(
+            f"{call}() needs a running scheduler and this one {ENDED[state]}; a scheduler "
+            f"starts only once, so make a new Scheduler (and start it) to call {call}() again"
+        )
 
     def _require_job(self, name: str) -> Job:
         job = self._jobs.get(name)
@@ -103,7 +116,7 @@ class Operations:
         job the backend has records of. A name no job can have raises
         :class:`~anarchon.errors.InvalidJobName` on every backend, a bad ``limit``
         :class:`~anarchon.errors.InvalidOption`."""
-        self._require_started()
+        self._require_started("history")
         check_name(name)
         limit = check_int("limit", limit, HISTORY_LIMIT, "Scheduler.history")
         return await self.backend.history(name, limit)
@@ -111,7 +124,7 @@ class Operations:
     async def last_run(self, name: str) -> Run | None:
         """The newest run of job ``name``, or None; a name no job can have raises
         :class:`~anarchon.errors.InvalidJobName` on every backend."""
-        self._require_started()
+        self._require_started("last_run")
         check_name(name)
         return await self.backend.last_run(name)
 
@@ -123,7 +136,7 @@ class Operations:
         recorded ``skipped`` and returned as such. A plain handler needs a free thread: if none
         frees up within 10 s, :class:`~anarchon.errors.SchedulerStateError` is raised.
         """
-        self._require_started()
+        self._require_started("run_now")
         job = self._require_job(name)
         reserved = False
         if not job.is_async:
@@ -169,26 +182,26 @@ class Operations:
         records the job's slots ``skipped`` (``paused by <by>``) instead of running them; runs
         already running go on, and manual runs (:meth:`trigger`, :meth:`run_now`) still run.
         ``by`` defaults to ``user@host``."""
-        self._require_started()
+        self._require_started("pause")
         until_ms = _until_ms(until)
         return await steering.pause(self.backend, job, until_ms=until_ms, by=by)
 
     async def pause_all(self, *, until: datetime | None = None, by: str | None = None) -> Pause:
         """Pause every job of the cluster (:data:`~anarchon.control.ALL_JOBS`); see
         :meth:`pause`. A job's own pause outlives :meth:`resume_all`."""
-        self._require_started()
+        self._require_started("pause_all")
         return await steering.pause(self.backend, ALL_JOBS, until_ms=_until_ms(until), by=by)
 
     async def resume(self, job: str) -> bool:
         """End the pause of ``job`` on every instance; False if it was not paused (or its pause
         had already ended by itself)."""
-        self._require_started()
+        self._require_started("resume")
         return await self._resume(job)
 
     async def resume_all(self) -> bool:
         """End the whole-cluster pause (:meth:`pause_all`); jobs paused on their own stay
         paused. False if the cluster was not paused."""
-        self._require_started()
+        self._require_started("resume_all")
         return await self._resume(ALL_JOBS)
 
     async def _resume(self, job: str) -> bool:
@@ -197,7 +210,7 @@ class Operations:
 
     async def paused(self) -> list[Pause]:
         """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""
-        self._require_started()
+        self._require_started("paused")
         return await steering.pauses(self.backend)
 
     async def trigger(self, job: str, *, by: str | None = None) -> RunRequest:
@@ -206,13 +219,13 @@ class Operations:
         (``control_poll_ms``) and exactly one runs it, with trigger ``manual``, the request's
         id as run id and ``by`` (default ``user@host``) as ``requested_by``. Unlike
         :meth:`run_now`, it does not wait for the run."""
-        self._require_started()
+        self._require_started("trigger")
         return await steering.trigger(self.backend, job, by=by)
 
     async def cluster(self) -> ClusterView:
         """Read the backend's registry: every live instance, the jobs each carries, and the jobs
         whose definitions differ between instances (:mod:`anarchon.registry`)."""
-        self._require_started()
+        self._require_started("cluster")
         beat = self._heartbeat
         if beat is None:
             raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")

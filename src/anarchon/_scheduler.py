@@ -53,7 +53,7 @@ from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
 from ._metrics import Counters
 from ._missed import MissedSlots
 from ._models import Run
-from ._operations import Operations
+from ._operations import ENDED, Operations
 from ._operations import State as _State
 from ._options import Bound, check_int
 from ._rendezvous import Rendezvous
@@ -299,7 +299,7 @@ class Scheduler(Operations):
         return register
 
     def add(self, name: str, schedule: str, handler: Handler, **options: Unpack[JobKwargs]) -> None:
-        """Register a job; allowed while the scheduler runs.
+        """Register a job; allowed before :meth:`start` and while the scheduler runs.
 
         The options (``timezone``,
         ``jitter_ms``, ``max_late_ms``, ``history_ttl_ms``, ``timeout_ms``, ``lease_ms``,
@@ -312,8 +312,15 @@ class Scheduler(Operations):
         half); it needs a backend with a control store. ``on_failure``: called (sync or async)
         with the failed :class:`~anarchon.Run` once per finally failed slot, on the instance
         that recorded the failure; what it raises is logged.
-        Raises a :class:`~anarchon.errors.ConfigurationError` naming the value and the rule.
+        Raises a :class:`~anarchon.errors.ConfigurationError` naming the value and the rule, and
+        :class:`~anarchon.errors.SchedulerStateError` once :meth:`stop` was called (the job
+        would never fire).
         """
+        if self._state is _State.STOPPING or self._state is _State.STOPPED:
+            raise SchedulerStateError(
+                f"cannot add job {name!r}: the scheduler {ENDED[self._state]} and would never "
+                "fire it; a scheduler starts only once, so add the job to a new Scheduler"
+            )
         if name in self._jobs:
             raise DuplicateJob(f"job name {name!r} is already registered; job names are unique")
         chosen = job_options("Scheduler.add", options)

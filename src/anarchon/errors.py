@@ -13,7 +13,7 @@ handlers keep working::
     │   ├── DuplicateJob                      two jobs with one name
     │   └── UnsupportedFeature                the backend lacks a feature the job asks for
     ├── JobNotFound (LookupError)             no job with that name on this scheduler
-    ├── SchedulerStateError (RuntimeError)    e.g. run_now() before start()
+    ├── SchedulerStateError (RuntimeError)    run_now() before start(), add() after stop()
     ├── MissingDependency (ImportError)       a backend's extra is not installed
     └── BackendError                          the backend failed or refused
         ├── BackendUnavailable                cannot reach it now; retried with backoff
