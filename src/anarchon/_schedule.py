@@ -48,6 +48,16 @@ MACROS: Final = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
+# Names that zoneinfo loads from a host's zone files but that are no IANA zone (by their
+# casefold: a case-insensitive file system answers 'LocalTime' too), and why each is refused.
+_HOST_ZONES: Final = {
+    "localtime": "the host's own zone setting (/etc/localtime), which differs between hosts",
+    "posixrules": "the host's rules for POSIX TZ strings, which differ between systems",
+}
+_HOST_TREES: Final = {
+    "posix/": "are copies that only some systems install",
+    "right/": "count leap seconds, so their slots are off by them, and only some systems have them",
+}
 # Beyond this distance a cached iterator is rebuilt rather than walked forward.
 _REBUILD_AFTER_MS: Final = 36 * 3600 * 1000
 _EPOCH: Final = datetime(1970, 1, 1)
@@ -89,18 +99,39 @@ _SIX: Final = (_SECOND, *_FIVE)
 
 
 def load_timezone(name: str) -> ZoneInfo:
-    """Return the IANA zone ``name``, or raise :class:`InvalidTimezone` naming it."""
+    """Return the IANA zone ``name``, or raise :class:`InvalidTimezone` naming it (also for a
+    name that depends on the host: :func:`_refuse_host_zone`)."""
     if not isinstance(name, str) or not name:
         raise InvalidTimezone(
             f"time zone {name!r} is not an IANA zone name such as 'Europe/Athens' "
             "(or a zoneinfo.ZoneInfo)"
         )
+    _refuse_host_zone(name)
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidTimezone(
             f"time zone {name!r} is not a known IANA zone name (such as 'UTC' or 'Europe/Athens')"
         ) from None
+
+
+def _refuse_host_zone(name: str) -> None:
+    """Raise :class:`InvalidTimezone` for a name the system's zone files answer but which is no
+    IANA zone: each depends on the host, so hosts configured differently would compute
+    different slots for one job (or refuse it)."""
+    key = name.casefold()
+    if key in _HOST_ZONES:
+        raise InvalidTimezone(
+            f"time zone {name!r} is not an IANA zone name but {_HOST_ZONES[key]}: hosts set up "
+            "differently would compute different slots for the job; pass the IANA name of the "
+            "zone meant, such as 'Europe/Athens' or 'UTC'"
+        )
+    for prefix, what in _HOST_TREES.items():
+        if key.startswith(prefix):
+            raise InvalidTimezone(
+                f"time zone {name!r} is not an IANA zone name: {prefix!r} zones {what}; pass "
+                f"{name[len(prefix) :]!r}"
+            )
 
 
 def _zone(timezone: str | ZoneInfo) -> tuple[ZoneInfo, str]:
@@ -110,6 +141,7 @@ def _zone(timezone: str | ZoneInfo) -> tuple[ZoneInfo, str]:
                 f"time zone {timezone!r} was read from a file and has no IANA name; pass "
                 "ZoneInfo('Area/City') or the name itself, so every instance reads the same zone"
             )
+        _refuse_host_zone(timezone.key)
         return timezone, timezone.key
     return load_timezone(timezone), timezone
 

@@ -264,6 +264,7 @@ async def test_bad_inputs_name_the_value_and_the_rule(harness: Harness, schedule
         (InvalidSchedule, "6 fields|5", {"schedule": "* * *"}),
         (InvalidSchedule, "@reboot", {"schedule": "@reboot"}),
         (InvalidTimezone, "Mars/Olympus", {"timezone": "Mars/Olympus"}),
+        (InvalidTimezone, "'localtime' is not an IANA", {"timezone": "localtime"}),
         (InvalidJobName, "'a.b'", {"name": "a.b"}),
         (InvalidJobName, "128", {"name": "x" * 129}),
         (InvalidOption, "jitter_ms=-1", {"jitter_ms": -1}),

@@ -212,6 +212,7 @@ def test_history_without_data_creates_nothing(tmp_path: Path) -> None:
         (("history", "x", "--backend", "sqlite://"), ("names no file",)),
         (("history", "x", "--backend", "ftp://host/"), ("unknown scheme 'ftp'",)),
         (("next", "61 * * * *"), ("minute field '61'",)),
+        (("next", "* * * * *", "--tz", "localtime"), ("time zone 'localtime'", "not an IANA")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: tuple[str, ...], texts: tuple[str]) -> None:

@@ -13,8 +13,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from anarchon import CronSchedule, InvalidSchedule, InvalidTimezone
-from anarchon._schedule import _normalise
+from anarchon import CronSchedule, InvalidSchedule, InvalidTimezone, RunContext, Scheduler
+from anarchon._schedule import _normalise, load_timezone
+from anarchon.testing import MemoryBackend
 
 NY = "America/New_York"
 ATHENS = "Europe/Athens"
@@ -278,3 +279,36 @@ def test_other_zone_objects_are_refused(zone: object) -> None:
 def test_unknown_zones_are_refused(zone: str) -> None:
     with pytest.raises(InvalidTimezone, match="IANA"):
         CronSchedule("* * * * *", zone)
+
+
+@pytest.mark.parametrize(
+    ("zone", "why"),
+    [
+        ("localtime", "the host's own zone setting (/etc/localtime)"),
+        ("LocalTime", "the host's own zone setting"),
+        ("posixrules", "POSIX TZ strings"),
+        ("posix/Europe/Athens", "only some systems install; pass 'Europe/Athens'"),
+        ("right/Europe/Athens", "count leap seconds"),
+    ],
+)
+def test_zone_names_that_depend_on_the_host_are_refused(zone: str, why: str) -> None:
+    async def handler(ctx: RunContext) -> None:
+        pass
+
+    scheduler = Scheduler(MemoryBackend())
+    for attempt in (
+        lambda: CronSchedule("* * * * *", zone),
+        lambda: scheduler.add("job", "* * * * *", handler, timezone=zone),
+        lambda: load_timezone(zone),
+    ):
+        with pytest.raises(InvalidTimezone) as caught:
+            attempt()
+        text = str(caught.value)
+        assert f"time zone {zone!r} is not an IANA zone name" in text and why in text, text
+    try:
+        loaded = ZoneInfo(zone)
+    except (OSError, ValueError, KeyError):  # ZoneInfoNotFoundError is a KeyError
+        return  # this host has no such file: refused as unknown anyway
+    with pytest.raises(InvalidTimezone, match=why.replace("(", r"\(").replace(")", r"\)")):
+        CronSchedule("* * * * *", loaded)
+    assert scheduler.jobs == {}
