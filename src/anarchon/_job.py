@@ -200,7 +200,7 @@ class Job:
     timeout_ms: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.is_async = _is_async(self.handler)
+        self.is_async = is_async(self.handler)
         self.timeout_ms = self.options.timeout_ms
 
     def __repr__(self) -> str:
@@ -545,7 +545,7 @@ def _require(name: str, backend: Backend, opts: JobOptions) -> None:
             )
 
 
-def _is_async(handler: Callable[..., Any]) -> bool:
+def is_async(handler: Callable[..., Any]) -> bool:
     """Whether ``handler`` is called as a coroutine function (also through
     :func:`functools.partial` and an async ``__call__``); remembered per handler, which
     thousands of jobs often share."""

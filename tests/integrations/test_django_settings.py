@@ -157,6 +157,36 @@ def test_jobs_take_time_zone_by_default_and_run_with_stale_connections_closed(
     assert seen["connection"].connection is None
 
 
+def test_async_handlers_of_every_shape_are_wrapped_as_async(registry: list[Any]) -> None:
+    import functools
+
+    from anarchon.integrations.django import build_scheduler, job
+
+    ran: list[str] = []
+
+    async def with_extra(ctx: RunContext, extra: str) -> None:
+        ran.append(extra)
+
+    class Handler:
+        async def __call__(self, ctx: RunContext) -> None:
+            ran.append("__call__")
+
+    job("partial", "0 6 * * *")(functools.partial(with_extra, extra="partial"))
+    job("object", "0 6 * * *")(Handler())
+    with override_settings(ANARCHON={"backend": "memory://"}):
+        scheduler = build_scheduler()
+
+    async def run_both() -> list[Any]:
+        async with scheduler:
+            return [await scheduler.run_now(name) for name in ("partial", "object")]
+
+    import asyncio
+
+    runs = asyncio.run(run_both())
+    assert [r.status for r in runs] == [RunStatus.SUCCEEDED] * 2, [r.error for r in runs]
+    assert ran == ["partial", "__call__"]
+
+
 def test_without_django_the_import_says_what_to_install() -> None:
     import subprocess
     import sys

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import getpass
-import inspect
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
 from anarchon import ConfigurationError, MissingDependency, RunContext, Scheduler, backend_from_url
+from anarchon._job import is_async
 
 try:
     from django.core.exceptions import ImproperlyConfigured as DjangoImproperlyConfigured
@@ -231,7 +231,7 @@ def _with_connections(handler: Callable[[RunContext], Any]) -> Callable[[RunCont
     Django does around each request."""
     from django.db import close_old_connections
 
-    if inspect.iscoroutinefunction(handler):
+    if is_async(handler):  # as the scheduler tells: also a partial or an async __call__
         from asgiref.sync import sync_to_async
 
         # Async ORM calls run on asgiref's thread-sensitive thread: close connections there.
