@@ -268,6 +268,7 @@ class Operations:
 
     async def health(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
         """Is this scheduler well (:class:`~anarchon.health.Health`)? Asks the backend its
-        clock (waiting up to ``timeout_s``) and looks at the loops, the event loop's lag, the
-        clock offset against the jobs' skew budget, the leases held and the last heartbeat."""
+        clock (waiting up to ``timeout_s``, above 0 and at most 3600) and looks at the loops,
+        the event loop's lag, the clock offset against the jobs' skew budget, the leases held
+        and the last heartbeat."""
         return await check(cast("Scheduler", self), timeout_s)

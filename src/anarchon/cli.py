@@ -69,6 +69,7 @@ from .errors import (
     MissingDependency,
     SchedulerStateError,
 )
+from .health import MAX_TIMEOUT_S
 from .logs import JsonFormatter
 
 __all__ = ["main"]
@@ -111,9 +112,9 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 < value <= 3600:
+    if not 0 < value <= MAX_TIMEOUT_S:
         raise argparse.ArgumentTypeError(
-            f"{text!r} must be a number of seconds, above 0, at most 3600"
+            f"{text!r} must be a number of seconds, above 0, at most {MAX_TIMEOUT_S}"
         )
     return value
 

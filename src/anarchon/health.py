@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._redact import redact_url
 from ._watchdog import BLOCK_WARN_MS
+from .errors import InvalidOption
 
 if TYPE_CHECKING:
     from ._scheduler import Scheduler
@@ -34,6 +35,9 @@ __all__ = ["DEFAULT_TIMEOUT_S", "Health", "healthz"]
 
 #: How long :meth:`Scheduler.health` waits for the backend, and :func:`healthz` for the loop (s).
 DEFAULT_TIMEOUT_S: Final = 2.0
+#: The longest ``timeout_s`` of :meth:`Scheduler.health` and :func:`healthz`, and of
+#: ``anarchon health --timeout`` (s): an hour is past any probe's patience.
+MAX_TIMEOUT_S: Final = 3600
 #: A backend answer slower than this (ms) is a warning.
 SLOW_BACKEND_MS: Final = 1_000
 #: A heartbeat older than this many intervals is a warning (the registry cannot be written).
@@ -119,8 +123,14 @@ def healthz(
 
 async def check(scheduler: Scheduler, timeout_s: float) -> Health:
     """:meth:`Scheduler.health`: the backend's clock asked (bounded), the rest looked at."""
-    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds above 0")
+    if (
+        not isinstance(timeout_s, int | float)
+        or isinstance(timeout_s, bool)
+        or not 0 < timeout_s <= MAX_TIMEOUT_S  # NaN fails here too
+    ):
+        raise InvalidOption(
+            f"timeout_s={timeout_s!r} must be a number of seconds above 0, at most {MAX_TIMEOUT_S}"
+        )
     reachable: bool | None = None
     latency: float | None = None
     error: str | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from anarchon import Health, RunContext, RunStatus, Scheduler
-from anarchon.errors import BackendUnavailable
+from anarchon.errors import BackendUnavailable, InvalidOption
 from anarchon.health import healthz
 from anarchon.testing import MemoryBackend
 
@@ -131,6 +132,18 @@ def test_timeout_must_be_positive() -> None:
     scheduler = noop_scheduler()
     with pytest.raises(ValueError, match=r"timeout_s=0 must be a number of seconds above 0"):
         asyncio.run(scheduler.health(0))
+
+
+async def test_timeout_must_be_a_number_of_seconds_up_to_an_hour() -> None:
+    scheduler = noop_scheduler()
+    async with scheduler:
+        for bad in (10**400, math.inf, math.nan, 3601, -1, True, "5"):
+            with pytest.raises(InvalidOption) as caught:
+                await scheduler.health(bad)  # type: ignore[arg-type]
+            text = str(caught.value)
+            assert f"timeout_s={bad!r}" in text and "above 0, at most 3600" in text, text
+        assert (await scheduler.health(3600)).backend_reachable is True
+        assert (await scheduler.health()).backend_reachable is True  # the default
 
 
 @pytest.mark.slow
