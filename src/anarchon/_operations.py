@@ -100,8 +100,9 @@ class Operations:
                 f"{call}() needs a running scheduler and this one is not started yet; call "
                 "'await scheduler.start()' (or use 'async with scheduler') first"
             )
+        ended = ENDED.get(state, f"is {state.value}")
         raise SchedulerStateError(
-            f"{call}() needs a running scheduler and this one {ENDED[state]}; a scheduler "
+            f"{call}() needs a running scheduler and this one {ended}; a scheduler "
             f"starts only once, so make a new Scheduler (and start it) to call {call}() again"
         )
 
