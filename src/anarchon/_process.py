@@ -137,6 +137,10 @@ async def serve(
             pass
     try:
         await start()
+    except BaseException:
+        release()  # not started (or refused): nothing to stop
+        raise
+    try:
         await event.wait()
     finally:
         for sig in installed:

@@ -267,6 +267,7 @@ class Scheduler(Operations):
         self._base: AsyncExitStack | None = None
         self._lingering: asyncio.Future[None] | None = None
         self._stopped: asyncio.Future[None] | None = None  # set when the first stop() ends
+        self._starting: asyncio.Future[None] | None = None  # while start() is under way
         self._stop_began = 0
         self._keeper_thread: KeeperThread | None = None
         self._watchdog: LoopWatchdog | None = None
@@ -353,11 +354,16 @@ class Scheduler(Operations):
 
         Raises :class:`~anarchon.errors.SchedulerStateError` if it was started before.
         """
-        if self._state is not _State.NEW:
-            raise SchedulerStateError(
-                f"scheduler is {self._state.value}; it can start only once (make a new "
-                "Scheduler to start again)"
-            )
+        self._check_startable()
+        # Until it ends, a second start() is refused and stop() waits for it.
+        self._starting = starting = asyncio.get_running_loop().create_future()
+        try:
+            await self._start()
+        finally:
+            self._starting = None  # if the backend did not start, start() may be tried again
+            starting.set_result(None)
+
+    async def _start(self) -> None:
         # The default id is computed now, in the process that runs the scheduler: workers
         # forked from one parent (gunicorn --preload) each get their own, with their pid.
         if self._explicit_id is None:
@@ -386,6 +392,17 @@ class Scheduler(Operations):
             self.backend,
             extra=log_fields(Action.STARTED),
         )
+
+    def _check_startable(self) -> None:
+        """Raise :class:`~anarchon.errors.SchedulerStateError` unless :meth:`start` may begin:
+        checked before anything is touched, so a refused call leaves a running scheduler
+        alone."""
+        if self._state is not _State.NEW or self._starting is not None:
+            state = "starting" if self._starting is not None else self._state.value
+            raise SchedulerStateError(
+                f"scheduler is {state}; it can start only once (make a new Scheduler to start "
+                "again)"
+            )
 
     async def _start_services(self, base: AsyncExitStack, stack: AsyncExitStack) -> None:
         """Start every service in order; each registers its clean-up on ``base`` (the backend,
@@ -564,8 +581,11 @@ class Scheduler(Operations):
         its lease released at once, so a backup takes it over without waiting for expiry. An
         async handler that ignores its cancellation is waited for, its lease still renewed.
         Plain handlers' threads still running are abandoned (logged) and their leases left to
-        expire: the process can exit. A call while another one stops waits for that one to end.
+        expire: the process can exit. A call while another one stops waits for that one to end;
+        a call during :meth:`start` waits for it, then stops what it started.
         """
+        while self._starting is not None:  # a stop during start() stops what it started
+            await asyncio.shield(self._starting)
         if self._state is _State.STOPPING and self._stopped is not None:
             await asyncio.shield(self._stopped)
             return
@@ -630,9 +650,11 @@ class Scheduler(Operations):
         on): such a handler is given :data:`EXIT_WAIT_S` more to end (its lease still renewed,
         so its result is recorded), then logged and left behind, its lease left to expire.
 
-        Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop: use
-        ``async with scheduler`` or ``await scheduler.serve()`` there.
+        Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop (use
+        ``async with scheduler`` or ``await scheduler.serve()`` there), and if the scheduler
+        was started before (it is left as it is).
         """
+        self._check_startable()
         _process.run(self.serve, lambda: self._lingering, self._executor.stubborn)
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
@@ -641,7 +663,11 @@ class Scheduler(Operations):
         A second SIGINT or SIGTERM while it stops ends the grace period at once: running
         handlers are cancelled and handed over (logged ``grace_cut_short``); a third one is
         not caught (SIGTERM then ends the process, SIGINT raises ``KeyboardInterrupt``).
+
+        Raises :class:`~anarchon.errors.SchedulerStateError` if the scheduler was started before,
+        leaving it as it is (neither stopped nor its signal handlers taken).
         """
+        self._check_startable()
         await _process.serve(self.start, self.stop, stop_event, self._executor.hurry)
 
     @property
