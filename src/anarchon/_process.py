@@ -25,13 +25,15 @@ EXIT_WAIT_S: Final = 2.0
 
 def run(
     serve: Callable[[], Coroutine[Any, Any, None]],
+    stopping: Callable[[], asyncio.Task[None] | None],
     lingering: Callable[[], asyncio.Future[None] | None],
     stubborn: Callable[[], list[asyncio.Task[Any]]],
 ) -> None:
-    """Run ``serve()`` on an event loop of its own, then leave it: ``lingering()`` (the wait
-    for handlers that ignore their cancellation, after stop) gets :data:`EXIT_WAIT_S`, the
-    ``stubborn()`` handlers still running are logged and left to end with the process, every
-    other task is cancelled (waited for up to :data:`EXIT_WAIT_S`)."""
+    """Run ``serve()`` on an event loop of its own, then leave it: interrupted, ``serve()``
+    and the stop's task (``stopping()``) are cancelled; ``lingering()`` (the wait for handlers
+    that ignore their cancellation, after stop) gets :data:`EXIT_WAIT_S`, the ``stubborn()``
+    handlers still running are logged and left to end with the process, every other task is
+    cancelled (waited for up to :data:`EXIT_WAIT_S`)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -51,8 +53,15 @@ def run(
             # Interrupted: KeyboardInterrupt before serve() took SIGINT, or a third signal.
             interrupted = not main.done()
             if interrupted:
-                main.cancel()  # serve() then stops the scheduler: bounded, let it finish
-                loop.run_until_complete(asyncio.wait([main]))
+                # serve() awaits the stop shielded: the interruption cuts the stop itself short
+                # (what is left is bounded: let it finish).
+                ending = [main]
+                stop = stopping()
+                if stop is not None:
+                    stop.cancel()
+                    ending.append(stop)
+                main.cancel()
+                loop.run_until_complete(asyncio.wait(ending))
             # Runs whose handlers ignored their cancellation keep their leases while the
             # process lives: a handler that ends within EXIT_WAIT_S has its result recorded
             # (cancelling it again would only cut that short). Then the process exits: a

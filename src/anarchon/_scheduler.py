@@ -266,8 +266,10 @@ class Scheduler(Operations):
         self._stack: AsyncExitStack | None = None
         self._base: AsyncExitStack | None = None
         self._lingering: asyncio.Future[None] | None = None
-        self._stopped: asyncio.Future[None] | None = None  # set when the first stop() ends
         self._starting: asyncio.Future[None] | None = None  # while start() is under way
+        self._stopping: asyncio.Task[None] | None = None  # the stop, once begun (see stop())
+        self._stop_waiters = 0  # stop() calls awaiting it
+        self._stop_reported = False  # its failure was raised to a caller, or logged
         self._stop_began = 0
         self._keeper_thread: KeeperThread | None = None
         self._watchdog: LoopWatchdog | None = None
@@ -581,28 +583,72 @@ class Scheduler(Operations):
         its lease released at once, so a backup takes it over without waiting for expiry. An
         async handler that ignores its cancellation is waited for, its lease still renewed.
         Plain handlers' threads still running are abandoned (logged) and their leases left to
-        expire: the process can exit. A call while another one stops waits for that one to end;
-        a call during :meth:`start` waits for it, then stops what it started.
+        expire: the process can exit.
+
+        The stop happens once, in a task of its own, and every call waits for it: a call made
+        while it goes on returns when it ends, one made after returns at once. Cancelling a
+        call (a timeout, a lifespan cancelled) does not cut the stop short: it goes on, drains
+        and hands over. A call during :meth:`start` waits for it, then stops what it started.
+        Awaited by a handler of this scheduler, it begins the stop and returns at once (the
+        stop would wait for that handler's own run): the run is drained with the others.
         """
         while self._starting is not None:  # a stop during start() stops what it started
             await asyncio.shield(self._starting)
-        if self._state is _State.STOPPING and self._stopped is not None:
-            await asyncio.shield(self._stopped)
-            return
-        if self._state in (_State.STOPPING, _State.STOPPED):
-            return
         if self._state is _State.NEW:
             self._state = _State.STOPPED
             self._threads.close()
             return
-        self._state = _State.STOPPING
-        self._stopped = stopped = asyncio.get_running_loop().create_future()
-        self._stop_began = self._clock.monotonic_ms()
+        stopping = self._stopping
+        if stopping is None:
+            if self._state is not _State.RUNNING:
+                return  # a start that failed and undid itself
+            self._state = _State.STOPPING
+            self._stop_began = self._clock.monotonic_ms()
+            stopping = asyncio.get_running_loop().create_task(
+                self._stop(), name=f"anarchon stop of {self.instance_id}"
+            )
+            stopping.add_done_callback(self._stop_ended)
+            self._stopping = stopping
+        if stopping.done() or self._executor.running(asyncio.current_task()) is not None:
+            return
+        self._stop_waiters += 1
         try:
-            await self._stop_services()
+            # Shielded: a caller cancelled stops waiting; the stop goes on.
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._stop_reported = True  # its failure, raised to this caller
+            raise
         finally:
-            stopped.set_result(None)  # also when this call was cancelled: others stop waiting
+            self._stop_waiters -= 1
+            if not self._stop_waiters:
+                self._report_stop_failure()
+
+    async def _stop(self) -> None:
+        """The stop's task (see :meth:`stop`)."""
+        await self._stop_services()
         logger.info("scheduler %s stopped", self.instance_id, extra=log_fields(Action.STOPPED))
+
+    def _stop_ended(self, task: asyncio.Task[None]) -> None:
+        if not self._stop_waiters:
+            self._report_stop_failure()
+
+    def _report_stop_failure(self) -> None:
+        """Log the stop's failure when no call is left to raise it in (all were cancelled, even
+        as it ended, or a handler began it): logged once, never lost."""
+        task = self._stopping
+        if task is None or not task.done() or task.cancelled() or self._stop_reported:
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._stop_reported = True
+            logger.error(
+                "stopping scheduler %s failed",
+                self.instance_id,
+                exc_info=exc,
+                extra=log_fields(Action.INTERNAL_ERROR),
+            )
 
     async def _stop_services(self) -> None:
         """Undo :meth:`_start_services`: ``stack`` (draining among it), then ``base``."""
@@ -613,10 +659,14 @@ class Scheduler(Operations):
                 await stack.aclose()
         finally:
             stubborn = self._executor.stubborn()
-            if base is not None and stubborn:
+            task = asyncio.current_task()
+            cut_short = task is not None and task.cancelling() > 0
+            if base is not None and stubborn and not cut_short:
                 # Handlers that ignore their cancellation keep their leases (and the backend
                 # that records their results) until they end; stop() does not wait for them.
-                # A process that exits meanwhile ends them, and their leases expire.
+                # A process that exits meanwhile ends them, and their leases expire. Not when
+                # the stop itself is cancelled (the loop ends: asyncio.run()'s end, a third
+                # signal): a task begun then would be left pending; the process leaves them.
                 self._lingering = asyncio.ensure_future(self._linger(stubborn, base))
                 self._lingering.add_done_callback(self._task_done)
             elif base is not None:
@@ -655,7 +705,9 @@ class Scheduler(Operations):
         was started before (it is left as it is).
         """
         self._check_startable()
-        _process.run(self.serve, lambda: self._lingering, self._executor.stubborn)
+        _process.run(
+            self.serve, lambda: self._stopping, lambda: self._lingering, self._executor.stubborn
+        )
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
         """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code.

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from anarchon import Run
+from anarchon import Run, RunContext, Scheduler
 from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
@@ -102,3 +102,22 @@ async def until(predicate: Callable[[], Any], seconds: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def stopping_during_a_run(
+    clock: FakeClock, needs_s: float, ended: list[int], backend: MemoryBackend | None = None
+) -> tuple[Scheduler, asyncio.Future[None]]:
+    """A scheduler (defaults; on a :class:`Recording` backend unless given ``backend``) whose
+    run needs ``needs_s`` more, and its first stop(), begun."""
+
+    async def work(ctx: RunContext) -> None:
+        await clock.sleep(needs_s)
+        ended.append(ctx.attempt)
+
+    scheduler = Scheduler(backend or Recording(clock), clock=clock, instance_id="one")
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
+    await scheduler.start()
+    await clock.advance(60 * MINUTE + 2_000)
+    first = asyncio.ensure_future(scheduler.stop())
+    await until(lambda: not scheduler.running, 5, "the first stop to begin")
+    return scheduler, first

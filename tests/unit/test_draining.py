@@ -15,7 +15,7 @@ import pytest
 
 from anarchon import RunContext, RunStatus, Scheduler
 from anarchon.testing import FakeClock
-from tests.unit.core_helpers import MINUTE, START, Recording, View, until
+from tests.unit.core_helpers import MINUTE, START, Recording, View, stopping_during_a_run, until
 
 
 async def _drain_once(grace_ms: int | None, lease_ms: int | None, needs_ms: int) -> None:
@@ -62,7 +62,8 @@ async def test_a_draining_handler_keeps_its_lease_longer_than_several_leases() -
     await _drain_once(grace_ms=10_000, lease_ms=1_000, needs_ms=8_000)
 
 
-async def test_what_is_left_after_the_grace_is_handed_over_at_once() -> None:
+@pytest.mark.parametrize("gives_up", [False, True], ids=["awaited", "caller-gave-up"])
+async def test_what_is_left_after_the_grace_is_handed_over_at_once(gives_up: bool) -> None:
     clock = FakeClock(START)
     backend = Recording(clock)
     seen: list[tuple[str, int]] = []
@@ -83,10 +84,16 @@ async def test_what_is_left_after_the_grace_is_handed_over_at_once() -> None:
     try:
         await clock.advance(60 * MINUTE + 2_000)
         stopping = asyncio.ensure_future(leaving.stop())
+        if gives_up:
+            # The caller gives up (a lifespan's timeout, say). That cut the drain short: the
+            # handler was neither given its grace nor cancelled nor handed over; a later stop()
+            # returned at once. The stop goes on; a later call waits for the same one.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(stopping, 0.2)
         await clock.advance(4_500)
         assert seen == [("leaving", 1)], "taken over during the grace period"
         await clock.advance(1_000)
-        await asyncio.wait_for(stopping, 5)
+        await asyncio.wait_for(leaving.stop() if gives_up else stopping, 5)
         await clock.advance(500)
         assert seen == [("leaving", 1), ("staying", 2)]
         assert done.is_set()
@@ -234,30 +241,12 @@ async def test_a_thread_still_running_after_the_grace_is_not_handed_over() -> No
             await scheduler.stop()
 
 
-async def _stopping_during_a_run(
-    clock: FakeClock, needs_s: float, ended: list[int]
-) -> tuple[Scheduler, asyncio.Future[None]]:
-    """A scheduler (defaults) whose run needs ``needs_s`` more, and its first stop(), begun."""
-
-    async def work(ctx: RunContext) -> None:
-        await clock.sleep(needs_s)
-        ended.append(ctx.attempt)
-
-    scheduler = Scheduler(Recording(clock), clock=clock, instance_id="one")
-    scheduler.add("work", "0 * * * *", work, jitter_ms=0)
-    await scheduler.start()
-    await clock.advance(60 * MINUTE + 2_000)
-    first = asyncio.ensure_future(scheduler.stop())
-    await until(lambda: not scheduler.running, 5, "the first stop to begin")
-    return scheduler, first
-
-
 async def test_a_second_stop_waits_for_the_first_to_end() -> None:
     # It returned at once while the first still drained: a caller that then left (asyncio.run()
     # ending, a lifespan closing) cut the drain short and the hand-over with it.
     clock = FakeClock(START)
     ended: list[int] = []
-    scheduler, first = await _stopping_during_a_run(clock, 20, ended)
+    scheduler, first = await stopping_during_a_run(clock, 20, ended)
     second = asyncio.ensure_future(scheduler.stop())
     await asyncio.sleep(0.2)
     assert not second.done(), "the second stop() returned while the first still drained"
@@ -267,13 +256,26 @@ async def test_a_second_stop_waits_for_the_first_to_end() -> None:
     await asyncio.wait_for(scheduler.stop(), 1)  # and a call after the end returns at once
 
 
-async def test_a_stop_after_a_cancelled_one_returns() -> None:
+async def test_a_stop_after_a_cancelled_one_waits_for_the_same_drain(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Cancelling the first call cut the drain short and a later call returned at once: the
+    # handler ran on unwatched, "stopped" was never logged. The stop is the same one, in a task
+    # of its own: cancelling a caller leaves it to drain; a later call waits for it.
+    caplog.set_level(logging.INFO, logger="anarchon.scheduler")
     clock = FakeClock(START)
-    scheduler, first = await _stopping_during_a_run(clock, 3600, [])
+    ended: list[int] = []
+    scheduler, first = await stopping_during_a_run(clock, 20, ended)
     first.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first
-    await asyncio.wait_for(scheduler.stop(), 5)
+    second = asyncio.ensure_future(scheduler.stop())
+    await asyncio.sleep(0.2)
+    assert not second.done(), "a stop after a cancelled one returned while the run drained"
+    await clock.advance(21_000)
+    await asyncio.wait_for(second, 5)
+    assert ended == [1], "the draining handler did not finish"
+    assert [getattr(r, "action", None) for r in caplog.records].count("stopped") == 1
 
 
 async def test_two_signals_at_once_still_cut_the_grace_short(

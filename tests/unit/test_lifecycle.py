@@ -1,21 +1,24 @@
 """The scheduler's life cycle at its edges: a start refused leaves a running scheduler alone, two
-starts at once start it once, a stop during start() stops what it started. (What stop() drains:
-test_draining.py.)"""
+starts at once start it once, a stop during start() stops what it started, a stop awaited by one
+of its own handlers, a stop that fails with nobody left awaiting it, and the end of asyncio.run()
+during a stop. (What stop() drains, and a stop after a cancelled one: test_draining.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
 
-from anarchon import RunContext, Scheduler
+from anarchon import MemoryBackend, RunContext, RunStatus, Scheduler
 from anarchon.errors import SchedulerStateError
 from anarchon.testing import FakeClock
-from tests.unit.core_helpers import MINUTE, START, Recording, until
+from tests.unit.core_helpers import MINUTE, START, Recording, stopping_during_a_run, until
 
 REFUSED = "it can start only once"
 
@@ -110,3 +113,90 @@ async def test_a_stop_during_start_waits_for_it_and_stops_the_scheduler() -> Non
     await clock.advance(60 * MINUTE + 1_000)
     await asyncio.sleep(0.1)
     assert seen == [], "the scheduler ran after its stop"
+
+
+async def test_a_stop_awaited_by_its_own_handler_returns_and_the_run_is_recorded() -> None:
+    # The stop waited for every run, the caller's own among them: the handler sat out the whole
+    # grace on itself, was then cancelled, and its run handed over.
+    clock = FakeClock(START)
+    backend = Recording(clock)
+    after: list[bool] = []
+    scheduler = Scheduler(backend, clock=clock, instance_id="one")  # grace_ms: 30 s
+
+    async def shutdown(ctx: RunContext) -> None:
+        await scheduler.stop()
+        after.append(scheduler.running)
+
+    scheduler.add("shutdown", "0 * * * *", shutdown, jitter_ms=0)
+    await scheduler.start()
+    await clock.advance(60 * MINUTE + 1_000)
+    await until(lambda: after, 5, "stop() to return in the handler")
+    assert after == [False]
+    await asyncio.wait_for(scheduler.stop(), 5)  # the same stop, begun by the handler
+    [run] = await backend.history("shutdown", 10)
+    assert (run.attempt, run.status, run.reason) == (1, RunStatus.SUCCEEDED, None)
+
+
+class _FailsToStop(Recording):
+    async def stop(self) -> None:
+        raise RuntimeError("the connection broke on close")
+
+
+@pytest.mark.parametrize("caller", ["awaits", "gives-up", "gives-up-as-it-fails"])
+async def test_a_failed_stop_raises_in_its_callers_or_is_logged_when_none_is_left(
+    caller: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon.scheduler")
+    clock = FakeClock(START)
+    ended: list[int] = []
+    scheduler, stopping = await stopping_during_a_run(clock, 5, ended, _FailsToStop(clock))
+    if caller == "gives-up":
+        stopping.cancel()  # its only caller gives up; the stop goes on
+    elif caller == "gives-up-as-it-fails":
+        # Cancelled once the stop has ended, before it resumes: the failure, no longer
+        # raised in it, is logged as the caller leaves.
+        assert scheduler._stopping is not None
+        scheduler._stopping.add_done_callback(lambda _: stopping.cancel())
+    await clock.advance(6_000)
+    failed = "stopping scheduler one failed"
+    if caller == "awaits":
+        with pytest.raises(RuntimeError, match="broke on close"):
+            await asyncio.wait_for(stopping, 5)
+    else:
+        await until(lambda: failed in caplog.messages, 5, "the failure to be logged")
+        assert stopping.cancelled()
+    assert ended == [1]
+    await asyncio.wait_for(scheduler.stop(), 1)  # after its end: returns, raises nothing
+    assert caplog.messages.count(failed) == (0 if caller == "awaits" else 1)
+
+
+async def test_asyncio_run_ending_during_a_stop_leaves_no_task_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The caller gives up on stop() and returns: asyncio.run() cancels the stop's task with the
+    # rest. It must not begin a task then (one to wait for handlers that ignore their
+    # cancellation): asyncio.run() would leave it pending ("Task was destroyed but it is
+    # pending!"). Real clock, so the lease keeper's thread is there too.
+    caplog.set_level(logging.WARNING)
+
+    async def main() -> None:
+        started = asyncio.Event()
+        scheduler = Scheduler(MemoryBackend(), grace_ms=5_000, instance_id="one")
+
+        async def work(ctx: RunContext) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        scheduler.add("work", "* * * * * *", work, jitter_ms=0)
+        await scheduler.start()
+        await asyncio.wait_for(started.wait(), 10)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(scheduler.stop(), 0.2)
+
+    began = time.monotonic()
+    await asyncio.to_thread(asyncio.run, main())
+    assert time.monotonic() - began < 20
+    gc.collect()
+    await asyncio.sleep(0.1)
+    bad = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert bad == [], bad
