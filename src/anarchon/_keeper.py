@@ -418,7 +418,10 @@ class KeeperThread:
         if self._thread is None:
             return
         try:
-            await asyncio.wait_for(asyncio.wrap_future(self._ended), THREAD_STOP_S)
+            # Shielded: a stop cancelled (or timed out) must not cancel the thread's future,
+            # which the thread then could not set (InvalidStateError, a traceback at exit).
+            ended = asyncio.shield(asyncio.wrap_future(self._ended))
+            await asyncio.wait_for(ended, THREAD_STOP_S)
         except TimeoutError:
             logger.warning(
                 "the lease keeper thread did not end within %.0f s; abandoned",

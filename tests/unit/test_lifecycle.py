@@ -1,7 +1,8 @@
 """The scheduler's life cycle at its edges: a start refused leaves a running scheduler alone, two
 starts at once start it once, a stop during start() stops what it started, a stop awaited by one
-of its own handlers, a stop that fails with nobody left awaiting it, and the end of asyncio.run()
-during a stop. (What stop() drains, and a stop after a cancelled one: test_draining.py.)"""
+of its own handlers, a stop that fails with nobody left awaiting it, the end of asyncio.run()
+during a stop, and a cancelled wait for the lease keeper's thread. (What stop() drains, and a
+stop after a cancelled one: test_draining.py.)"""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import gc
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from anarchon import MemoryBackend, RunContext, RunStatus, Scheduler
+from anarchon._clock import SystemClock
+from anarchon._keeper import KeeperThread, LeaseKeeper
+from anarchon.backend import LeaseBackend
 from anarchon.errors import SchedulerStateError
 from anarchon.testing import FakeClock
 from tests.unit.core_helpers import MINUTE, START, Recording, stopping_during_a_run, until
@@ -200,3 +205,32 @@ async def test_asyncio_run_ending_during_a_stop_leaves_no_task_pending(
     await asyncio.sleep(0.1)
     bad = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert bad == [], bad
+
+
+async def test_a_cancelled_keeper_stop_lets_its_thread_end_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Cancelling the wait for the keeper's thread (a stop cut short) cancelled the future the
+    # thread sets as it ends: "Exception in thread anarchon-keeper: InvalidStateError".
+    failures: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+
+    class SlowToClose(MemoryBackend):
+        async def stop(self) -> None:
+            await asyncio.sleep(0.5)
+
+    def make_keeper(backend: LeaseBackend) -> LeaseKeeper:
+        return LeaseKeeper(backend, SystemClock(), lambda active, reason: None)
+
+    host = KeeperThread(SystemClock(), None, SlowToClose(), make_keeper)
+    assert await host.start()
+    stopping = asyncio.ensure_future(host.stop())
+    await asyncio.sleep(0.1)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    thread = host._thread
+    assert thread is not None
+    await asyncio.to_thread(thread.join, 5)
+    assert not thread.is_alive()
+    assert failures == []
