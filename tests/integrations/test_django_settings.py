@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import django
+import psycopg
 import pytest
 from django.conf import settings
+from django.db.utils import ConnectionHandler
 from django.test import override_settings
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from anarchon import ConfigurationError, PostgresBackend, RunContext, RunStatus, Scheduler
+from anarchon import (
+    ConfigurationError,
+    PostgresBackend,
+    RunContext,
+    RunStatus,
+    Scheduler,
+    backend_from_url,
+)
+from anarchon.backends.postgres._options import split_url
 
 SECRET = "s3cr3t-Pa55"
 
@@ -63,9 +75,15 @@ def test_the_postgres_backend_reuses_a_django_database_and_never_shows_its_passw
         url = backend_url()
         scheduler = build_scheduler()
     assert url is not None
-    assert url.startswith("postgresql://app@db.internal/app%20db?")
-    for part in ("port=6432", "sslmode=require", "application_name=web", f"password={SECRET}"):
-        assert part in url
+    libpq = conninfo_to_dict(split_url(url)[0])
+    assert {k: libpq[k] for k in ("dbname", "user", "host", "port", "password")} == {
+        "dbname": "app db",
+        "user": "app",
+        "host": "db.internal",
+        "port": "6432",
+        "password": SECRET,
+    }
+    assert (libpq["sslmode"], libpq["application_name"]) == ("require", "web")
     assert "isolation_level" not in url and "schema=cron" in url
     backend = scheduler.backend
     assert isinstance(backend, PostgresBackend)
@@ -73,7 +91,121 @@ def test_the_postgres_backend_reuses_a_django_database_and_never_shows_its_passw
     assert SECRET not in repr(backend) and "db.internal:6432/app db" in repr(backend)
     # NAME None is Django's "connect to the postgres database"; no HOST: libpq's default socket.
     with override_settings(ANARCHON={"database": "socket"}):
-        assert (backend_url() or "").split("?")[0].endswith("@/postgres")
+        libpq = conninfo_to_dict(split_url(backend_url() or "")[0])
+    assert libpq == {"dbname": "postgres", "client_encoding": "UTF8"}
+
+
+# What psycopg takes beside the conninfo: Django's get_connection_params hands these on too.
+PSYCOPG_ONLY = ("context", "cursor_factory", "prepare_threshold")
+
+# Settings of a PostgreSQL database whose parts a URL must escape: spaces ('+' is a plus to
+# libpq), '@', ':', '/', '?', '&', '=', '%', '#', non-ASCII text, a socket folder, an IPv6
+# address, a list of hosts, a service file, Django's own options and a None.
+ROUND_TRIPS: dict[str, dict[str, Any]] = {
+    "spaces": {
+        "NAME": "test",
+        "USER": "postgres",
+        "PASSWORD": "correct horse",
+        "HOST": "127.0.0.1",
+        "PORT": 5432,
+        "OPTIONS": {"options": "-c search_path=public", "application_name": "my site"},
+    },
+    "specials": {
+        "NAME": "my db/x?y&z=1#f",
+        "USER": "a@b:c d",
+        "PASSWORD": "p@ss:w/rd?&=+%20#'\\ pässwörd",
+        "HOST": "db.internal",
+        "PORT": "6432",
+        "OPTIONS": {"sslmode": "require", "connect_timeout": 5, "sslrootcert": None},
+    },
+    "socket": {
+        "NAME": "app",
+        "HOST": "/var/run/postgresql",
+        "OPTIONS": {"isolation_level": 1, "server_side_binding": True, "pool": {"min_size": 2}},
+    },
+    "ipv6": {"NAME": "app", "HOST": "::1", "PORT": 5433, "OPTIONS": {"prepare_threshold": 5}},
+    "hosts": {"NAME": "app", "HOST": "db1,db2", "PORT": "5432,5433", "USER": "u"},
+    "default-db": {"NAME": None, "OPTIONS": {"service": "dropped", "assume_role": "r"}},
+    "service": {"NAME": "", "OPTIONS": {"service": "my service"}},
+    "dbname-option": {"NAME": "app", "OPTIONS": {"dbname": "other", "user": "lost"}, "USER": "u"},
+}
+
+
+@contextmanager
+def databases(found: dict[str, dict[str, Any]]) -> Iterator[ConnectionHandler]:
+    """``django.db.connections`` made of ``found`` (every one a PostgreSQL database) while the
+    block runs."""
+    import django.db
+
+    engine = {"ENGINE": "django.db.backends.postgresql"}
+    made = {alias: {**engine, **given} for alias, given in found.items()}
+    handler = ConnectionHandler({"default": DATABASES["default"], **made})
+    saved = django.db.connections
+    django.db.connections = handler
+    try:
+        yield handler
+    finally:
+        django.db.connections = saved
+
+
+@pytest.mark.parametrize("alias", ROUND_TRIPS)
+def test_the_url_gives_libpq_exactly_what_django_connects_with(alias: str) -> None:
+    """Before: ``urlencode`` wrote a space as '+', which libpq reads as a plus: a PASSWORD
+    'correct horse' became 'correct+horse' and OPTIONS {'options': '-c search_path=public'}
+    '-c+search_path=public' (the server refused '+search_path')."""
+    from anarchon.integrations.django import backend_url
+
+    with databases(ROUND_TRIPS) as handler:
+        django_gives = dict(handler[alias].get_connection_params())
+        with override_settings(ANARCHON={"database": alias, "backend_options": {"schema": "s"}}):
+            url = backend_url()
+    assert url is not None
+    dsn, ours = split_url(url)
+    assert ours == {"schema": "s"}
+    for key in PSYCOPG_ONLY:
+        django_gives.pop(key, None)
+    libpq = conninfo_to_dict(make_conninfo("", **django_gives))  # what psycopg makes of them
+    assert conninfo_to_dict(dsn) == libpq
+    if alias == "spaces":
+        assert libpq["password"] == "correct horse"
+        assert libpq["options"] == "-c search_path=public"
+        assert libpq["application_name"] == "my site"
+
+
+async def test_options_with_spaces_reach_the_real_server() -> None:
+    """Before: the backend's connections failed with 'unrecognized configuration parameter
+    "+search_path"', so ``manage.py anarchon run`` and every command exited."""
+    from anarchon.integrations.django import backend_url
+    from tests.backends.postgres import DSN, drop_schema, fresh_schema
+
+    schema = fresh_schema()
+    server = conninfo_to_dict(DSN)
+    given = {
+        "NAME": server.get("dbname", "test"),
+        "HOST": server.get("host", "127.0.0.1"),
+        "PORT": server.get("port", 5432),
+        "PASSWORD": "correct horse",  # not checked under trust authentication
+        "OPTIONS": {"options": f"-c search_path={schema}", "application_name": "my site"},
+    }
+    with (
+        databases({"pg": given}),
+        override_settings(ANARCHON={"database": "pg", "backend_options": {"schema": schema}}),
+    ):
+        url = backend_url()
+    assert url is not None
+    backend = backend_from_url(url)
+    scheduler = Scheduler(backend, instance_id="web-1")
+    scheduler.add("report", "0 6 * * *", lambda ctx: None)
+    try:
+        async with scheduler:
+            assert (await scheduler.run_now("report")).status == RunStatus.SUCCEEDED
+        dsn = split_url(url)[0]
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cursor = await conn.execute("SELECT current_setting('search_path'), "
+                                        "current_setting('application_name')")  # fmt: skip
+            assert await cursor.fetchone() == (schema, "my site")
+    finally:
+        await drop_schema(schema)
 
 
 def test_settings_mistakes_name_the_key_and_the_rule() -> None:

@@ -25,7 +25,8 @@ Settings (``ANARCHON``, a dict; every key optional):
     ``nats://...``). Default: ``$ANARCHON_BACKEND``, else SQLite in ``./anarchon.db``.
 ``database``
     instead of ``backend``: the alias of a PostgreSQL database in ``DATABASES`` whose settings
-    the PostgreSQL backend reuses (password included, never printed).
+    the PostgreSQL backend reuses: it connects with the parameters Django connects with
+    (password included, never printed).
 ``backend_options``
     with ``database``: the PostgreSQL backend's options (``schema``, ``table_prefix``,
     ``notifications``, ``prepared_statements``, ``max_connections`` ...).
@@ -38,7 +39,6 @@ Settings (``ANARCHON``, a dict; every key optional):
 from __future__ import annotations
 
 import functools
-import getpass
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -198,31 +198,42 @@ def _database_url(alias: object, options: object) -> str:
             f"PostgreSQL databases. Set settings.{SETTING}['backend'] to a URL instead, for "
             "example 'sqlite:////srv/app/anarchon.db' (an absolute path shared by every process)"
         )
-    params = connection.settings_dict
-    query: dict[str, str] = {}
-    for key, value in (params.get("OPTIONS") or {}).items():
-        if key in DJANGO_ONLY_OPTIONS:
+    query = _connection_params(alias, connection.settings_dict)
+    for key, value in options.items():
+        query[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    # Every parameter in the query (the URL has no host part), each value percent-encoded
+    # (quote, not urlencode's default quote_plus: libpq reads a '+' as a plus, never as a
+    # space), so a socket folder or an IPv6 address for a host, a list of hosts, a database
+    # name with '/' all reach libpq as Django gives them.
+    return f"postgresql://?{urlencode(query, quote_via=quote)}"
+
+
+def _connection_params(alias: str, settings: Mapping[str, Any]) -> dict[str, str]:
+    """The libpq parameters Django connects to ``DATABASES[alias]`` with, as text: what its
+    PostgreSQL backend's ``get_connection_params`` hands psycopg, less Django's own keys."""
+    params: dict[str, str] = {}
+    name = settings.get("NAME")
+    options = dict(settings.get("OPTIONS") or {})
+    if name is None:  # Django's "the postgres database", whatever a service file says
+        options.pop("service", None)
+        params["dbname"] = "postgres"
+    elif name:
+        params["dbname"] = str(name)
+    for key, value in options.items():  # after NAME: a dbname in OPTIONS wins, as in Django
+        if key in DJANGO_ONLY_OPTIONS or value is None:  # psycopg drops a None
             continue
-        if isinstance(value, bool | int | float | str):
-            query[str(key)] = str(value)
-        else:
+        if not isinstance(value, bool | int | float | str):
             raise ImproperlyConfigured(
                 f"DATABASES[{alias!r}]['OPTIONS'][{key!r}] is a {type(value).__name__}; anarchon "
                 "passes only text and numbers on to libpq. Give the PostgreSQL backend its own "
                 f"URL in settings.{SETTING}['backend']"
             )
-    for key in ("PORT", "PASSWORD"):
-        if params.get(key):
-            query[key.lower()] = str(params[key])
-    for key, value in options.items():
-        query[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
-    name = params.get("NAME")
-    dbname = "postgres" if name is None else str(name)
-    # The user always sits in the URL, so its host part is never empty (an empty one would be
-    # lost when the URL is taken apart); with no HOST libpq uses its default, the local socket.
-    user = quote(str(params.get("USER") or getpass.getuser()), safe="")
-    host = quote(str(params.get("HOST") or ""), safe="")
-    return f"postgresql://{user}@{host}/{quote(dbname, safe='')}?{urlencode(query)}"
+        params[str(key)] = str(value)
+    params["client_encoding"] = "UTF8"
+    for key in ("USER", "PASSWORD", "HOST", "PORT"):
+        if settings.get(key):
+            params[key.lower()] = str(settings[key])
+    return params
 
 
 def _with_connections(handler: Callable[[RunContext], Any]) -> Callable[[RunContext], Any]:
