@@ -134,8 +134,9 @@ def written_ticks(rows: list[tuple[str, datetime, str]]) -> int:
 
 
 def test_settings_mistakes_stop_django_with_the_rule(tmp_path: Path) -> None:
-    """A bad ANARCHON setting fails ``manage.py check`` (the app's ready()) naming the key and
-    the rule; ``anarchon run`` on a job with a bad option names the job (exit code 2)."""
+    """A bad ANARCHON setting, any key, fails ``manage.py check`` (the app's ready(), as every
+    process that loads Django) naming the key and the rule; ``anarchon run`` on a job with a
+    bad option names the job (exit code 2)."""
     root = tmp_path / "project"
     shutil.copytree(PROJECT, root, ignore=shutil.ignore_patterns("*.sqlite3", "*.db"))
     settings = root / "mysite" / "settings.py"
@@ -145,6 +146,13 @@ def test_settings_mistakes_stop_django_with_the_rule(tmp_path: Path) -> None:
         'ANARCHON = {"database": "default"}': "is a sqlite database; anarchon reuses only",
         'ANARCHON = {"database": "other"}': "'other' is not a database of DATABASES",
         'ANARCHON = {"backend": "memory://", "database": "default"}': "both 'backend' and",
+        # These passed 'check' (and web workers) and failed only 'anarchon run':
+        'ANARCHON = {"backend": "bogus://x"}': "unknown scheme 'bogus'",
+        'ANARCHON = {"backend": ""}': "['backend'] = '' must be a backend URL",
+        'ANARCHON = {"grace_ms": "abc"}': "grace_ms='abc' for Scheduler must be an integer",
+        'ANARCHON = {"timezone": "Mars/Base"}': "time zone 'Mars/Base' is not a known IANA",
+        'ANARCHON = {"max_workers": 0}': "max_workers=0 for Scheduler is out of range",
+        'ANARCHON = {"instance_id": 5}': "instance_id=5 must be a non-empty string",
     }
     for line, message in cases.items():
         settings.write_text(base + "\n" + line + "\n")

@@ -3,7 +3,10 @@ the job registry and defaults, and the connection handling around each run."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,6 +15,7 @@ import django
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -229,6 +233,75 @@ def test_settings_mistakes_name_the_key_and_the_rule() -> None:
             backend_url()
         assert message in str(caught.value)
         assert isinstance(caught.value, ImproperlyConfigured)
+
+
+# Values Django started with before, which failed only at ``manage.py anarchon run``.
+REFUSED_AT_START: dict[str, dict[str, Any]] = {
+    "settings.ANARCHON['backend']: backend URL 'bogus://x' has an unknown scheme 'bogus'": {
+        "backend": "bogus://x"
+    },
+    "settings.ANARCHON['backend'] = '' must be a backend URL": {"backend": ""},
+    "settings.ANARCHON['backend']: Redis URL 'redis://127.0.0.1:1/0?prefx=1' has option(s)": {
+        "backend": "redis://127.0.0.1:1/0?prefx=1"
+    },
+    "settings.ANARCHON['database'] = 'pg': schema='BAD' must be 1-63 characters": {
+        "database": "pg",
+        "backend_options": {"schema": "BAD"},
+    },
+    "settings.ANARCHON['database'] = 'pg': max_connections=0 for the backend URL": {
+        "database": "pg",
+        "backend_options": {"max_connections": 0},
+    },
+    "settings.ANARCHON: grace_ms='abc' for Scheduler must be an integer from 0 to 86400000": {
+        "backend": "memory://",
+        "grace_ms": "abc",
+    },
+    "settings.ANARCHON: time zone 'Mars/Base' is not a known IANA zone name": {
+        "timezone": "Mars/Base"
+    },
+    "settings.ANARCHON: time zone '' is not an IANA zone name": {"timezone": ""},
+    "settings.ANARCHON: max_workers=0 for Scheduler is out of range": {"max_workers": 0},
+    "settings.ANARCHON: instance_id=5 must be a non-empty string": {"instance_id": 5},
+}
+
+
+@pytest.mark.parametrize("message", REFUSED_AT_START)
+def test_every_setting_is_checked_when_django_starts(message: str) -> None:
+    """Before: these passed ``ready()`` (so ``manage.py check`` and every web worker) and
+    failed only ``manage.py anarchon run``. Now ``ready()``'s check and ``build_scheduler()``
+    (``anarchon run``) refuse them with one message, naming where the value came from."""
+    from anarchon.integrations.django import build_scheduler, check_settings
+
+    with override_settings(ANARCHON=REFUSED_AT_START[message]):
+        with pytest.raises(ImproperlyConfigured) as at_start:
+            check_settings()
+        with pytest.raises(ImproperlyConfigured) as at_run:
+            build_scheduler()
+    assert str(at_start.value) == str(at_run.value)
+    assert str(at_start.value).startswith(message), str(at_start.value)
+    assert isinstance(at_start.value, ConfigurationError)  # 'anarchon run' exits with 2
+    assert SECRET not in str(at_start.value)
+
+
+def test_the_check_connects_to_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backends nobody listens for pass the check at once: it makes them, never starts them."""
+    from anarchon.integrations.django import check_settings
+
+    unreachable = ["postgresql://127.0.0.1:1/test", "redis://127.0.0.1:1/0", "nats://127.0.0.1:1"]
+    began = time.monotonic()
+    for url in unreachable:
+        with override_settings(ANARCHON={"backend": url, "grace_ms": 0, "instance_id": "w"}):
+            check_settings()
+    with override_settings(ANARCHON={"database": "pg"}):  # db.internal: not resolvable here
+        check_settings()
+    with override_settings(ANARCHON={}):  # every key at its default: SQLite in ./anarchon.db
+        monkeypatch.chdir(tempfile.mkdtemp())
+        check_settings()
+        assert not os.listdir(".")  # no file made
+        monkeypatch.setenv("ANARCHON_BACKEND", "bogus://x")
+        with pytest.raises(ImproperlyConfigured, match=r"^\$ANARCHON_BACKEND: backend URL 'bog"):
+            check_settings()
+    assert time.monotonic() - began < 5
 
 
 def test_jobs_take_time_zone_by_default_and_run_with_stale_connections_closed(

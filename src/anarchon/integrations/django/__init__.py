@@ -34,6 +34,8 @@ Settings (``ANARCHON``, a dict; every key optional):
     the zone of jobs that name none. Default: ``TIME_ZONE``.
 ``grace_ms``, ``max_workers``, ``instance_id``
     the :class:`~anarchon.Scheduler`'s options.
+
+Every key is checked when Django starts (:func:`check_settings`), without connecting anywhere.
 """
 
 from __future__ import annotations
@@ -44,8 +46,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
+from zoneinfo import ZoneInfo
 
-from anarchon import ConfigurationError, MissingDependency, RunContext, Scheduler, backend_from_url
+from anarchon import (
+    ConfigurationError,
+    CronSchedule,
+    MissingDependency,
+    RunContext,
+    Scheduler,
+    backend_from_url,
+)
 from anarchon._job import is_async
 
 try:
@@ -61,6 +71,7 @@ __all__ = ["ImproperlyConfigured", "backend_url", "build_scheduler", "job", "reg
 H = TypeVar("H", bound=Callable[[RunContext], Any])
 
 SETTING: Final = "ANARCHON"
+ENV_BACKEND: Final = "ANARCHON_BACKEND"
 CRON_MODULE: Final = "cron"
 KEYS: Final = frozenset(
     {"backend", "database", "backend_options", "timezone", "grace_ms", "max_workers", "instance_id"}
@@ -148,15 +159,11 @@ def _settings() -> dict[str, Any]:
 
 
 def check_settings() -> None:
-    """Check the ``ANARCHON`` setting (done when Django starts, by the app's ``ready()``)."""
-    config = _settings()
-    if "database" in config:
-        _database_url(config["database"], config.get("backend_options") or {})
-    elif "backend" in config and not isinstance(config["backend"], str):
-        raise ImproperlyConfigured(
-            f"settings.{SETTING}['backend'] = {config['backend']!r} must be a backend URL such as "
-            "'postgresql://db/app' or 'sqlite:////srv/app/anarchon.db'"
-        )
+    """Check every key of the ``ANARCHON`` setting as ``manage.py anarchon run`` takes it, with
+    the same messages, and connect to nothing: the backend is made from its URL but not
+    started, the scheduler made without jobs. Done when Django starts, by the app's
+    ``ready()``, so a mistake stops every process (web workers too) at once."""
+    _scheduler()
 
 
 def backend_url() -> str | None:
@@ -174,7 +181,7 @@ def backend_url() -> str | None:
                 "'postgresql://db/app' or 'sqlite:////srv/app/anarchon.db'"
             )
         return backend
-    return os.environ.get("ANARCHON_BACKEND") or None
+    return os.environ.get(ENV_BACKEND) or None
 
 
 def _database_url(alias: object, options: object) -> str:
@@ -273,15 +280,10 @@ def _with_connections(handler: Callable[[RunContext], Any]) -> Callable[[RunCont
 def build_scheduler() -> Scheduler:
     """A :class:`~anarchon.Scheduler` made from the settings, with every job of every installed
     app's ``cron`` module. Jobs are checked here: a bad one raises the error that names it."""
-    from django.conf import settings
     from django.utils.module_loading import autodiscover_modules
 
-    config = _settings()
+    scheduler, zone = _scheduler()
     autodiscover_modules(CRON_MODULE)
-    url = backend_url()
-    options = {key: config[key] for key in SCHEDULER_KEYS if key in config}
-    scheduler = Scheduler(backend_from_url(url) if url else None, **options)
-    zone = config.get("timezone") or getattr(settings, "TIME_ZONE", None) or "UTC"
     for spec in _REGISTRY:
         scheduler.add(
             spec.name,
@@ -290,3 +292,30 @@ def build_scheduler() -> Scheduler:
             **{"timezone": zone, **spec.options},
         )
     return scheduler
+
+
+def _scheduler() -> tuple[Scheduler, str | ZoneInfo]:
+    """The scheduler the settings make, with no job yet, and the zone of jobs that name none.
+    A value anarchon refuses is :class:`ImproperlyConfigured`, its message naming where the
+    value came from; nothing is connected to."""
+    from django.conf import settings
+
+    config = _settings()
+    url = backend_url()
+    if "database" in config:
+        source = f"settings.{SETTING}['database'] = {config['database']!r}"
+    else:
+        source = f"settings.{SETTING}['backend']" if "backend" in config else f"${ENV_BACKEND}"
+    try:
+        backend = backend_from_url(url) if url else None
+    except (ConfigurationError, MissingDependency) as exc:
+        raise ImproperlyConfigured(f"{source}: {exc}") from exc
+    zone = config.get("timezone")
+    if zone is None:
+        zone = getattr(settings, "TIME_ZONE", None) or "UTC"
+    try:
+        CronSchedule("* * * * *", zone)  # the zone checked as Scheduler.add checks a job's
+        options = {key: config[key] for key in SCHEDULER_KEYS if key in config}
+        return Scheduler(backend, **options), zone
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(f"settings.{SETTING}: {exc}") from exc

@@ -6,15 +6,15 @@ from django.apps import AppConfig
 
 
 class AnarchonConfig(AppConfig):
-    """Checks the ``ANARCHON`` setting when Django starts, so a mistake fails every process
-    (web workers too) at once rather than the scheduler later."""
+    """Checks every key of the ``ANARCHON`` setting when Django starts, connecting to nothing, so
+    a mistake fails every process (web workers too) at once rather than the scheduler later."""
 
     name = "anarchon.integrations.django"
     label = "anarchon"
     verbose_name = "anarchon"
 
     def ready(self) -> None:
-        """Check the settings."""
+        """Check the settings (:func:`anarchon.integrations.django.check_settings`)."""
         from . import check_settings
 
         check_settings()
