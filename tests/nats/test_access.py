@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import BackendError, InvalidOption, backend_from_url
+from anarchon import BackendError, BackendUnavailable, InvalidOption, backend_from_url
 from anarchon.backend import ClaimStatus
 from anarchon.backends.nats import NatsBackend
 from tests.nats.conftest import VERSIONS
@@ -88,8 +88,13 @@ async def test_tls_with_the_ca_and_a_client_certificate(
         with pytest.raises(BackendError, match=rf"cannot connect to NATS at {url}: ") as failed:
             await backend.start()
         assert time.monotonic() - began < 10
+        # Refused for good (BackendError), unless the server dropped the client without a
+        # certificate before the handshake's alert reached it: that reads as a reset.
+        reset = "ConnectionResetError" in str(failed.value)
+        assert isinstance(failed.value, BackendUnavailable) == reset, failed.value
         if "ca_file" not in options:
             assert "CERTIFICATE_VERIFY_FAILED" in str(failed.value)
+            assert not reset
 
 
 @pytest.mark.parametrize(
@@ -150,6 +155,7 @@ async def test_user_and_password(
         with pytest.raises(BackendError, match="cannot connect to NATS") as failed:
             await backend.start()
         assert "Authorization" in str(failed.value) or "authorization" in str(failed.value)
+        assert not isinstance(failed.value, BackendUnavailable), "refused for good"
         _no_secret(str(failed.value), repr(backend))
     _no_secret(repr(in_url), repr(options), caplog.text)
 
@@ -172,6 +178,7 @@ async def test_token(
     ):
         with pytest.raises(BackendError, match="cannot connect to NATS") as failed:
             await backend.start()
+        assert not isinstance(failed.value, BackendUnavailable), "refused for good"
         _no_secret(str(failed.value), repr(backend))
     _no_secret(repr(in_url), caplog.text)
 
@@ -220,8 +227,9 @@ async def test_a_creds_file_on_an_operator_mode_server(
     await claims_once(in_url)
     stranger = NatsBackend(server.url, creds=str(operator.stranger_creds))
     began = time.monotonic()
-    with pytest.raises(BackendError, match=r"cannot connect to NATS.*Authorization Violation"):
+    with pytest.raises(BackendError, match=r"cannot connect to NATS.*Authorization Viol") as e:
         await stranger.start()
+    assert not isinstance(e.value, BackendUnavailable), "refused for good"
     assert time.monotonic() - began < 5
     seeds = [line for p in (operator.creds, operator.stranger_creds)
              for line in p.read_text().splitlines() if line.startswith("SU")]  # fmt: skip

@@ -1,13 +1,17 @@
-"""Pure helpers of the NATS backend: subject coverage, JetStream timestamps, and the buckets'
-replicas against a scripted API."""
+"""Pure helpers of the NATS backend: subject coverage, JetStream timestamps, the buckets'
+replicas against a scripted API, and which failed connections are transient."""
 
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 from typing import Any
 
+import nats.errors
 import pytest
 
+from anarchon.backends.nats._errors import connect_error
 from anarchon.backends.nats._records import ack_fields, parse_time_ms
 from anarchon.backends.nats._subjects import covers
 
@@ -143,3 +147,34 @@ async def test_buckets_follow_the_stream_replicas_and_a_refused_update_is_kept(
         ("WARNING", "bucket_update_failed", "KV_d"),
     }
     assert "permissions violation" in caplog.text and "claims fail closed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("cause", "transient"),
+    [
+        (ConnectionRefusedError(111, "Connect call failed"), True),
+        (ConnectionResetError("Connection lost"), True),
+        (socket.gaierror(-2, "Name or service not known"), True),
+        (TimeoutError("no connection within 8 s"), True),
+        (nats.errors.TimeoutError(), True),
+        (nats.errors.NoServersError(), True),
+        (nats.errors.UnexpectedEOF(), True),
+        (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), True),
+        (nats.errors.AuthorizationError(), False),
+        (nats.errors.Error("nats: 'Authorization Violation'"), False),
+        (nats.errors.InvalidUserCredentialsError(), False),
+        (nats.errors.SecureConnRequiredError(), False),
+        (nats.errors.SecureConnWantedError(), False),
+        (ssl.SSLCertVerificationError(1, "certificate verify failed"), False),
+        (ssl.SSLError(1, "tlsv13 alert certificate required"), False),
+        (nats.errors.ProtocolError(), False),
+    ],
+)
+def test_an_unreachable_server_is_unavailable_and_a_refusal_is_not(
+    cause: BaseException, transient: bool
+) -> None:
+    from anarchon.errors import BackendError, BackendUnavailable
+
+    error = connect_error(cause, "cannot connect")
+    assert isinstance(error, BackendError)
+    assert isinstance(error, BackendUnavailable) == transient

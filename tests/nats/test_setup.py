@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +12,7 @@ import pytest
 
 from anarchon import (
     BackendError,
+    BackendUnavailable,
     InvalidOption,
     Scheduler,
     UnsupportedFeature,
@@ -27,21 +30,42 @@ async def test_a_server_without_jetstream_is_named_with_the_fix(
     server = private_server(jetstream=False)
     backend = NatsBackend(server.url, stream="CRON", prefix="cron.")
     began = time.monotonic()
-    with pytest.raises(BackendError, match=r"JetStream is not enabled .*nats-server -js"):
+    with pytest.raises(BackendError, match=r"JetStream is not enabled .*nats-server -js") as e:
         await backend.start()
+    assert not isinstance(e.value, BackendUnavailable), "a server to configure: not transient"
     assert time.monotonic() - began < 5
     await backend.stop()
 
 
 async def test_an_unreachable_server_fails_within_seconds() -> None:
+    """BackendUnavailable, as PostgreSQL and Redis say it, so a caller that retries transient
+    failures retries it. Before: a plain BackendError."""
     port = SINGLE_PORTS.take_one()
     backend = NatsBackend(f"nats://app:secret@127.0.0.1:{port}")
     began = time.monotonic()
-    with pytest.raises(BackendError, match=r"cannot connect to NATS at nats://app:\*\*\*@127") as e:
+    with pytest.raises(
+        BackendUnavailable, match=r"cannot connect to NATS at nats://app:\*\*\*@127"
+    ) as e:
         await backend.start()
     assert time.monotonic() - began < 10
     assert "Connection refused" in str(e.value) or "Connect call failed" in str(e.value)
     assert "secret" not in str(e.value) and "secret" not in repr(backend)
+    unknown_host = NatsBackend("nats://no-such-host.invalid:4222")
+    with pytest.raises(BackendUnavailable, match=r"cannot connect to NATS at nats://no-such"):
+        await unknown_host.start()
+
+
+def test_the_cli_exits_4_for_an_unreachable_server() -> None:
+    port = SINGLE_PORTS.take_one()
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "history", "x", "--backend", f"nats://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stderr
+    assert f"cannot connect to NATS at nats://127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 async def test_the_callers_connection_is_used_and_never_closed(

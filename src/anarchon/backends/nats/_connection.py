@@ -15,7 +15,6 @@ import asyncio
 import base64
 import json
 import logging
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -236,13 +235,14 @@ class Connection:
             nc: NATS = attempt.result()
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             cause = self._connect_error if self._connect_error is not None else exc
-            raise BackendError(
+            raise errors.connect_error(
+                cause,
                 self.scrub(
                     f"cannot connect to NATS at {servers_shown(self.servers)}: "
                     f"{errors.describe(cause)}. Check that nats-server runs there, with "
                     "JetStream enabled (nats-server -js), and that the URL, credentials and "
                     "TLS files are right"
-                )
+                ),
             ) from None
         finally:
             fatal.cancel()
@@ -261,13 +261,15 @@ class Connection:
         import nats.errors
 
         if self._connecting:
-            # Keep the telling cause (refused credentials) over the reset that follows it.
-            if self._connect_error is None or not isinstance(exc, OSError):
-                self._connect_error = exc
-            refused = "authorization violation" in str(exc).lower()
-            if refused or isinstance(
-                exc, ssl.SSLCertVerificationError | nats.errors.AuthorizationError
+            # Keep the telling cause (refused credentials, a certificate that does not verify)
+            # over the reset that follows it, and over another server's refused connection.
+            before = self._connect_error
+            if before is None or (
+                not errors.is_refused(before)
+                and (errors.is_refused(exc) or not isinstance(exc, OSError))
             ):
+                self._connect_error = exc
+            if errors.is_refused(exc):
                 self._connect_fatal.set()  # retrying cannot help
         lost = isinstance(exc, OSError | nats.errors.StaleConnectionError)
         text = self.scrub(errors.describe(exc))

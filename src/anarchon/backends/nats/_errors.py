@@ -5,11 +5,17 @@ Transient (retried here with the same message id and token, then
 an election, JetStream not answering), connection lost or reconnecting, a full reconnect buffer,
 and JetStream's "duplicate message id is in process" (409/10158, clustered streams on 2.11+).
 Anything else JetStream answers is permanent: :class:`~anarchon.errors.BackendError`.
+
+Connecting (:func:`connect_error`): no server reached (refused, reset, no route, a name that
+does not resolve, no answer in time) is :class:`~anarchon.errors.BackendUnavailable`, as for
+PostgreSQL and Redis; a server that refuses this client (credentials, a certificate that does
+not verify, TLS required or not offered) is :class:`~anarchon.errors.BackendError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any, Final
 
 from ...errors import BackendError, BackendUnavailable
@@ -99,6 +105,44 @@ def is_closed(exc: BaseException) -> bool:
     import nats.errors
 
     return isinstance(exc, nats.errors.ConnectionClosedError | nats.errors.ConnectionDrainingError)
+
+
+def is_refused(exc: BaseException) -> bool:
+    """True if a connection attempt failed because the server, or the TLS handshake, refused
+    this client: wrong or expired credentials, a certificate that does not verify or is missing,
+    TLS required by one side and not offered by the other. Retrying cannot help. (A server that
+    drops a client without a certificate before the handshake's alert arrives looks like a
+    reset: that reads as unreachable.)"""
+    import nats.errors
+
+    refusals = (
+        nats.errors.AuthorizationError
+        | nats.errors.InvalidUserCredentialsError
+        | nats.errors.SecureConnRequiredError
+        | nats.errors.SecureConnWantedError
+        | ssl.SSLError  # the handshake failed: verification, an alert (certificate required)
+    )
+    cut = ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError  # the link went
+    if isinstance(exc, refusals) and not isinstance(exc, cut):
+        return True
+    return "authorization violation" in str(exc).lower()
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True if a connection attempt failed because no server could be reached or answered in
+    time (refused, reset, no route, a host name that does not resolve, a timeout): a server
+    that is down or restarting, which a later attempt may find."""
+    import nats.errors
+
+    lost = OSError | TimeoutError | nats.errors.NoServersError | nats.errors.StaleConnectionError
+    return isinstance(exc, lost) and not is_refused(exc)
+
+
+def connect_error(exc: BaseException, message: str) -> BackendError:
+    """The anarchon error for a failed connection attempt whose cause is ``exc``:
+    :class:`~anarchon.errors.BackendUnavailable` if no server was reached
+    (:func:`is_unreachable`), else :class:`~anarchon.errors.BackendError`."""
+    return (BackendUnavailable if is_unreachable(exc) else BackendError)(message)
 
 
 def describe(exc: BaseException) -> str:
