@@ -1,10 +1,12 @@
 """anarchon.integrations.starlette.lifespan in one process, entered as Starlette enters a
 lifespan (``async with lifespan(app)``): the order of the application's own lifespan and the
 scheduler's, the state passed on, a scheduler made per start by a function, and the errors for
-what is not a scheduler. The real servers are in test_asgi.py."""
+what is not a scheduler; and, through Starlette's own ASGI lifespan, the guide's advice for
+mounted applications. The real servers are in test_asgi.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from anarchon import InvalidOption, RunContext, Scheduler, SchedulerStateError
 from anarchon.integrations.starlette import lifespan
 from anarchon.testing import MemoryBackend
+from tests.docs.blocks import block
 
 APP = object()  # the application object Starlette passes; the lifespan only hands it on
 
@@ -97,3 +100,43 @@ async def test_what_is_not_a_scheduler_is_refused() -> None:
     with pytest.raises(InvalidOption, match="returned 'nope', not an anarchon Scheduler"):
         async with running(APP):
             pass
+
+
+@asynccontextmanager
+async def served(app: Any) -> AsyncIterator[None]:
+    """``app``'s ASGI lifespan run as uvicorn runs it: startup, the block, shutdown."""
+    to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    from_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+    running = asyncio.create_task(app(scope, to_app.get, from_app.put))
+    await to_app.put({"type": "lifespan.startup"})
+    assert (await from_app.get())["type"] == "lifespan.startup.complete"
+    try:
+        yield
+    finally:
+        await to_app.put({"type": "lifespan.shutdown"})
+        assert (await from_app.get())["type"] == "lifespan.shutdown.complete"
+        await running
+
+
+async def test_the_lifespan_goes_on_the_served_app_not_a_mounted_one() -> None:
+    """docs/guides/fastapi.md: Starlette never enters a mounted application's lifespan, so a
+    scheduler given to one never starts; on the application served, with others mounted in
+    it, it runs."""
+    from fastapi import FastAPI
+
+    unstarted = make_scheduler([])
+    api = FastAPI(lifespan=lifespan(unstarted))
+    app = FastAPI()
+    app.mount("/api", api)
+    async with served(app):
+        await asyncio.sleep(0.1)
+        assert not unstarted.running  # what the guide warns about
+
+    scheduler = make_scheduler([])
+    guide: dict[str, Any] = {"scheduler": scheduler}
+    exec(block("docs/guides/fastapi.md", "mounted-app"), guide)
+    async with served(guide["app"]):
+        assert scheduler.running
+        assert (await scheduler.run_now("report")).status == "succeeded"
+    assert not scheduler.running
