@@ -407,3 +407,38 @@ def test_without_django_the_import_says_what_to_install() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "pip install 'anarchon[django]'" in done.stdout
+
+
+def test_a_backend_client_not_installed_passes_the_start_check_but_not_anarchon_run() -> None:
+    """A web image may leave the backend's client out (the scheduler runs in ``manage.py
+    anarchon run``): Django starts, the other keys are still checked, and only building the
+    scheduler says what to install."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['nats'] = None\n"
+        "import django; from django.conf import settings\n"
+        "settings.configure(ANARCHON={'backend': 'nats://127.0.0.1:1'})\n"
+        "django.setup()\n"
+        "from django.test import override_settings\n"
+        "from anarchon.integrations.django import build_scheduler, check_settings\n"
+        "check_settings()\n"
+        "print('checked')\n"
+        "with override_settings(ANARCHON={'backend': 'nats://127.0.0.1:1', 'grace_ms': -1}):\n"
+        "    try:\n"
+        "        check_settings()\n"
+        "    except Exception as exc:\n"
+        "        print('refused:', exc)\n"
+        "try:\n"
+        "    build_scheduler()\n"
+        "except Exception as exc:\n"
+        "    print('run:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "checked", done.stdout
+    assert lines[1].startswith("refused: settings.ANARCHON: grace_ms=-1"), done.stdout
+    assert lines[2].startswith("run: settings.ANARCHON['backend']: "), done.stdout
+    assert "pip install 'anarchon[nats]'" in lines[2], done.stdout

@@ -162,8 +162,11 @@ def check_settings() -> None:
     """Check every key of the ``ANARCHON`` setting as ``manage.py anarchon run`` takes it, with
     the same messages, and connect to nothing: the backend is made from its URL but not
     started, the scheduler made without jobs. Done when Django starts, by the app's
-    ``ready()``, so a mistake stops every process (web workers too) at once."""
-    _scheduler()
+    ``ready()``, so a mistake stops every process (web workers too) at once. A backend client
+    that is not installed (``nats-py`` for a ``nats://`` URL) is not a mistake here: a web
+    image may leave it out, since the scheduler runs in ``manage.py anarchon run``, which
+    refuses to start without it."""
+    _scheduler(missing_client_ok=True)
 
 
 def backend_url() -> str | None:
@@ -294,10 +297,11 @@ def build_scheduler() -> Scheduler:
     return scheduler
 
 
-def _scheduler() -> tuple[Scheduler, str | ZoneInfo]:
+def _scheduler(missing_client_ok: bool = False) -> tuple[Scheduler, str | ZoneInfo]:
     """The scheduler the settings make, with no job yet, and the zone of jobs that name none.
     A value anarchon refuses is :class:`ImproperlyConfigured`, its message naming where the
-    value came from; nothing is connected to."""
+    value came from; nothing is connected to. ``missing_client_ok``: a backend whose client
+    is not installed is left out (the SQLite default stands in to check the other keys)."""
     from django.conf import settings
 
     config = _settings()
@@ -308,7 +312,11 @@ def _scheduler() -> tuple[Scheduler, str | ZoneInfo]:
         source = f"settings.{SETTING}['backend']" if "backend" in config else f"${ENV_BACKEND}"
     try:
         backend = backend_from_url(url) if url else None
-    except (ConfigurationError, MissingDependency) as exc:
+    except MissingDependency as exc:
+        if not missing_client_ok:
+            raise ImproperlyConfigured(f"{source}: {exc}") from exc
+        backend = None
+    except ConfigurationError as exc:
         raise ImproperlyConfigured(f"{source}: {exc}") from exc
     zone = config.get("timezone")
     if zone is None:
