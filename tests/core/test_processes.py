@@ -28,6 +28,18 @@ async def _history(path: Path, job: str) -> list[Any]:
         return await scheduler.history(job, limit=100)
 
 
+def _one_slot_started(
+    fleet: Fleet, instances: int, sleep_ms: int
+) -> tuple[str, int, dict[str, Any]]:
+    """Start ``instances`` workers with every option at its default on one slot a few seconds
+    ahead, whose handler sleeps ``sleep_ms``; return the schedule, the slot and its first start."""
+    schedule, slot = one_slot(lead_s=4)
+    workers = fleet.spawn(instances, schedule=schedule, seconds=120, sleep_ms=sleep_ms)
+    fleet.wait_ready(workers)
+    first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "start")
+    return schedule, slot, first
+
+
 async def test_sigterm_during_a_run_longer_than_the_lease_with_the_defaults(
     tmp_path: Path,
 ) -> None:
@@ -36,10 +48,7 @@ async def test_sigterm_during_a_run_longer_than_the_lease_with_the_defaults(
     db = tmp_path / "anarchon.db"
     fleet = Fleet(f"sqlite:///{db}", tmp_path)
     try:
-        schedule, slot = one_slot(lead_s=4)
-        workers = fleet.spawn(2, schedule=schedule, seconds=120, sleep_ms=19_000)
-        fleet.wait_ready(workers)
-        first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "start")
+        _, slot, first = _one_slot_started(fleet, 2, sleep_ms=19_000)
         time.sleep(1.0)  # noqa: ASYNC251 - the processes run on; nothing to await here
         runner = runner_of(fleet, first)
         runner.kill(signal.SIGTERM)
@@ -64,11 +73,8 @@ async def test_a_run_killed_with_its_instance_is_taken_over_after_a_restart_with
     db = tmp_path / "anarchon.db"
     fleet = Fleet(f"sqlite:///{db}", tmp_path)
     try:
-        schedule, slot = one_slot(lead_s=4)
-        [killed] = fleet.spawn(1, schedule=schedule, seconds=120, sleep_ms=40_000)
-        fleet.wait_ready([killed])
-        first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "start")
-        killed.kill(signal.SIGKILL)
+        schedule, slot, first = _one_slot_started(fleet, 1, sleep_ms=40_000)
+        runner_of(fleet, first).kill(signal.SIGKILL)
         killed_at = time.time()
         [restarted] = fleet.spawn(1, schedule=schedule, seconds=120, sleep_ms=40_000)
         second = wait_for(
