@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -289,3 +290,38 @@ def test_run_of_a_module_that_runs_its_scheduler_at_import_says_how_to_fix_it(
     last = output.strip().splitlines()[-1]
     assert "already run and stopped while 'eager_app' was imported" in last, output
     assert 'if __name__ == "__main__":' in last, output
+
+
+@pytest.mark.parametrize(
+    ("scheme", "url"),
+    [
+        ("postgresql", "postgresql://postgres@127.0.0.1:{port}/test"),
+        ("redis", "redis://127.0.0.1:{port}/0"),
+        ("nats", "nats://127.0.0.1:{port}"),
+    ],
+)
+def test_health_json_answers_alike_when_the_backend_cannot_be_reached(
+    scheme: str, url: str
+) -> None:
+    """docs/observability.md: ``--json`` prints its object on every backend, even closed."""
+    from tests.ports import any_free
+
+    closed = url.format(port=any_free())  # nothing listens there
+    out = cli("health", "--json", ANARCHON_BACKEND=closed)
+    assert out.returncode == 4, (out.stdout, out.stderr)
+    report = json.loads(out.stdout)
+    assert report["healthy"] is False and report["status"] == "failing", report
+    [problem] = report["problems"]
+    assert problem.startswith("the backend cannot be reached: ") and "\n" not in problem
+    one_line_error(cli("health", ANARCHON_BACKEND=closed), 4, "the backend cannot be reached")
+
+
+def test_health_json_says_there_is_no_data(tmp_path: Path) -> None:
+    out = cli("health", "--json", "--backend", f"sqlite:///{tmp_path / 'none.db'}")
+    assert out.returncode == 3, (out.stdout, out.stderr)
+    assert json.loads(out.stdout) == {
+        "healthy": False,
+        "status": "failing",
+        "problems": [f"no anarchon data at {tmp_path / 'none.db'}"],
+    }
+    assert not (tmp_path / "none.db").exists()

@@ -18,7 +18,7 @@ from .._redact import redact_url
 from .._scheduler import ENV_BACKEND as ENV_BACKEND
 from .._urls import backend_from_url
 from ..backend import Backend
-from ..errors import BackendError
+from ..errors import BackendError, BackendUnavailable
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -87,7 +87,8 @@ def require_sqlite_data(path: Path) -> None:
 
 async def require_postgres_data(backend: Backend) -> None:
     """Exit with EXIT_NO_DATA unless anarchon's tables exist in the schema, checked on a
-    connection of our own before the backend starts (starting it could create them)."""
+    connection of our own before the backend starts (starting it could create them);
+    BackendUnavailable when that connection fails."""
     dsn = getattr(backend, "dsn", None)
     if dsn is None:
         return  # a pool or connection passed in: nothing to check without starting
@@ -99,7 +100,9 @@ async def require_postgres_data(backend: Backend) -> None:
             cursor = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
             row = await cursor.fetchone()
     except psycopg.Error as exc:
-        raise Exit(EXIT_BACKEND, f"anarchon: cannot reach {where(backend)}: {exc}") from None
+        # A BackendError, as Redis and NATS raise when they cannot connect: exit 4, and
+        # `health --json` still prints its JSON.
+        raise BackendUnavailable(f"cannot reach {where(backend)}: {exc}") from None
     if not (row and row[0]):
         raise no_data(backend)
 

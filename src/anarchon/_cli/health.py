@@ -3,7 +3,9 @@ Kubernetes exec probe: the backend answers, and each instance on this host (or t
 recorded itself in the registry recently with its clock within the jobs' skew budget.
 
 Exit codes: 0 healthy; 1 unhealthy (no live instance here, a stale heartbeat, a clock past
-its budget); 3 no anarchon data where the backend points; 4 the backend cannot be reached.
+its budget); 3 no anarchon data where the backend points; 4 the backend cannot be reached. With
+``--json`` each of them prints one JSON object on stdout, ``{"healthy": false, "status":
+"failing", "problems": [why]}`` for 3 and 4; a bad command line (2) prints only its error.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..errors import BackendError
 from ..health import STALE_HEARTBEATS
 from ..registry import InstanceRecord, JobDefinition, read_instances
 from ..steering import backend_now_ms
-from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, Exit, opened, where
+from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Exit, opened, where
 
 #: How long the backend may take to answer, in all (s).
 TIMEOUT_S: Final = 5.0
@@ -47,10 +49,12 @@ async def health(args: argparse.Namespace) -> int:
             report = await _check(args.backend, args.instance, host)
     except (BackendError, TimeoutError) as exc:
         text = f"no answer within {args.timeout:g} s" if isinstance(exc, TimeoutError) else exc
-        message = redact_url(f"the backend cannot be reached: {text}")
-        if args.json:
-            print(json.dumps({"healthy": False, "status": "failing", "problems": [message]}))
-        raise Exit(EXIT_BACKEND, f"anarchon health: {message}") from None
+        message = redact_url(" ".join(f"the backend cannot be reached: {text}".split()))
+        raise _failing(args, Exit(EXIT_BACKEND, f"anarchon health: {message}"), message) from None
+    except Exit as exc:
+        if exc.code == EXIT_USAGE:
+            raise  # a bad command line: a backend that keeps no registry
+        raise _failing(args, exc, str(exc)) from None  # no anarchon data there
     healthy = not report["problems"]
     if args.json:
         print(json.dumps(report, indent=2))
@@ -66,6 +70,14 @@ async def health(args: argparse.Namespace) -> int:
         for problem in report["problems"]:
             print(f"  problem: {problem}")
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _failing(args: argparse.Namespace, leave: Exit, problem: str) -> Exit:
+    """``leave``, once ``--json`` printed the failing report: whatever a backend answers (or
+    its silence), ``--json`` prints one JSON object on stdout, alike on every backend."""
+    if args.json:
+        print(json.dumps({"healthy": False, "status": "failing", "problems": [problem]}))
+    return leave
 
 
 async def _check(url: str | None, instance_id: str | None, host: str) -> dict[str, Any]:
