@@ -5,7 +5,7 @@ Every failure is one line on stderr and a documented exit code (README, "Command
 docs/operations.md):
 
 ====  ==========================================================================================
-0     done
+0     done; ``run`` stopped by SIGINT or SIGTERM, ``dashboard`` by SIGTERM
 1     ``demo`` saw a duplicate or a missed slot; ``health`` found a scheduler unhealthy; any
       other anarchon error
 2     bad command line or configuration: an unknown option, a bad number, a malformed or

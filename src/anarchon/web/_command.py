@@ -2,23 +2,30 @@
 
     anarchon dashboard --backend URL [--host 127.0.0.1] [--port 8080] [--token-file F]
 
-Exit codes follow the other commands (README, "Command line"): 2 for a bad option, a token file
-that cannot be read or a missing ``web`` extra, 3 when the backend holds no anarchon data.
+Exit codes follow the other commands (README, "Command line"): 0 once stopped by SIGTERM (as
+``anarchon run``), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read
+or a missing ``web`` extra, 3 when the backend holds no anarchon data.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Final
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final
 
 from .._redact import redact_url
 from ..errors import MissingDependency
 
+if TYPE_CHECKING:
+    import uvicorn
+
 __all__ = ["add_parser", "run_dashboard"]
 
+EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
 
 
@@ -82,7 +89,7 @@ def _loopback(host: str) -> bool:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    """Serve the dashboard until SIGINT/SIGTERM; return the exit code."""
+    """Serve the dashboard until SIGINT/SIGTERM; return the exit code (0 after SIGTERM)."""
     try:
         import uvicorn
     except ImportError:
@@ -122,5 +129,26 @@ def run_dashboard(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
     )
-    uvicorn.Server(config).run()
-    return 0
+    _serve_until_stopped(uvicorn.Server(config))
+    return EXIT_OK
+
+
+def _serve_until_stopped(server: uvicorn.Server) -> None:
+    """Run the uvicorn ``server`` until SIGINT or SIGTERM, and return after a SIGTERM.
+
+    uvicorn stops gracefully on either, then raises the signal it caught again once its own
+    handlers are gone. SIGINT then ends the command as a Ctrl-C (exit 130, main()'s
+    KeyboardInterrupt); SIGTERM, the stop that systemd and Kubernetes send, would kill the
+    process (exit 143: a failed unit, an errored container). So the SIGTERM handler in place
+    around ``server.run()`` is this one: it asks the server to stop (a SIGTERM before uvicorn
+    installs its own) and, raised again, lets the command return 0 as ``anarchon run`` does.
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
