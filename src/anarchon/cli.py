@@ -19,7 +19,9 @@ docs/operations.md):
 4     the backend cannot be reached or refused the request
 ====  ==========================================================================================
 
-No message and no log line shows a password or token: URLs pass through one redactor.
+No message and no log line shows a password or token: URLs pass through one redactor. Text
+from the backend is printed with its control characters escaped (:mod:`anarchon._cli.output`),
+and a character the terminal's encoding lacks as a backslash escape.
 
 ``--json`` prints one JSON object whose shape is stable (fields are only ever added),
 documented in docs/operations.md. The commands live in :mod:`anarchon._cli`.
@@ -53,8 +55,8 @@ from ._cli.common import (
     opened,
     run_json,
     storage_checked,
-    table,
 )
+from ._cli.output import say, shown, table
 from ._http import HttpServer
 from ._job import check_name
 from ._models import Run
@@ -78,7 +80,6 @@ LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
 LOG_FORMATS: Final = ("text", "json")
 _Exit = Exit
-_table = table  # kept for tests/unit/test_registry.py
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,7 +87,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print ``<prog>: <message>`` and a pointer to ``--help``; exit with code 2."""
-        print(f"{self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr)
+        say(f"{self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 
@@ -243,7 +244,7 @@ async def _history(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     if not runs:
-        print(f"no runs of {args.job!r} recorded in {name}")
+        say(f"no runs of {args.job!r} recorded in {name}")
         return EXIT_OK
     header = [
         "started (UTC)",
@@ -256,17 +257,15 @@ async def _history(args: argparse.Namespace) -> int:
         "took",
         "error / reason",
     ]
-    rows = [header, *map(_row, runs)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    # Nothing cut: the error or reason, last, runs on past 100 columns; one line per run.
+    say("\n".join(table(header, [_row(run) for run in runs], floors=None)))
     return EXIT_OK
 
 
 def _next(args: argparse.Namespace) -> int:
     schedule = CronSchedule(args.expression, args.tz)
     for moment in schedule.next_times(datetime.now(UTC), args.n):
-        print(moment.isoformat())
+        say(moment.isoformat())
     return EXIT_OK
 
 
@@ -391,7 +390,18 @@ def _code(exc: AnarchonError) -> int:
 
 
 def _one_line(text: str) -> str:
-    return redact_url(" ".join(part.strip() for part in text.splitlines() if part.strip()))
+    joined = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return shown(redact_url(joined))
+
+
+def _tolerant_output() -> None:
+    """Never fail on a character the terminal's encoding lacks (``LC_ALL=C``: ASCII): stdout
+    and stderr write it as a backslash escape (``\\xfc``) instead of raising
+    UnicodeEncodeError halfway through a table."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]] = {
@@ -408,6 +418,7 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
+    _tolerant_output()
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
@@ -427,10 +438,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             logging.getLogger("anarchon").setLevel(logging.WARNING)
             code = EXIT_FAILED if asyncio.run(run_demo(args.instances, args.seconds)) else EXIT_OK
     except _Exit as exc:
-        print(_one_line(str(exc)), file=sys.stderr)
+        say(_one_line(str(exc)), file=sys.stderr)
         code = exc.code
     except AnarchonError as exc:
-        print(f"anarchon: {_one_line(str(exc))}", file=sys.stderr)
+        say(f"anarchon: {_one_line(str(exc))}", file=sys.stderr)
         code = _code(exc)
     except KeyboardInterrupt:
         # Ctrl-C: the way to end `dashboard` (uvicorn raises the SIGINT it caught again once it

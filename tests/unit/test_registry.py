@@ -12,7 +12,6 @@ import pytest
 from anarchon import InvalidOption, RunContext, Scheduler
 from anarchon._heartbeat import Heartbeat
 from anarchon.backends.memory import MemoryRegistry
-from anarchon.cli import _table
 from anarchon.errors import BackendUnavailable
 from anarchon.registry import (
     InstanceRecord,
@@ -114,12 +113,6 @@ async def test_an_outage_is_logged_once_and_the_drift_once(
     await clock.advance(6_001)  # "other" silent for over 6 heartbeats of 1 s
     view = await beat.beat()
     assert view is not None and [i.id for i in view.instances] == ["me"]
-
-
-def test_tables_fit_in_100_columns() -> None:
-    lines = _table(["a", "b"], [["x" * 200, "y" * 200]], [40, 50])
-    assert lines[1] == "x" * 39 + "~  " + "y" * 49 + "~"
-    assert all(len(line) <= 100 for line in lines)
 
 
 def test_retry_options_are_part_of_the_definition() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
-from typing import Any
+from typing import Any, Final
 
 from .._models import RunStatus
 from .._readable import iso, ms_of, span
@@ -21,7 +21,16 @@ from ..registry import (
     read_instances,
 )
 from ..steering import backend_now_ms
-from .common import EXIT_OK, WIDTH, moment, opened, run_json, table
+from .common import EXIT_OK, moment, opened, run_json
+from .output import WIDTH, Cell, Tagged, say, shown, table
+
+INSTANCE_FLOORS: Final = (16, 8, 7, 7, 10, 7, 12)
+"""How narrow each column of ``anarchon instances`` may be cut to fit a line in 100 columns
+(id, host, pid, version, heartbeat, offset, jobs)."""
+JOB_FLOORS: Final = (10, 11, 11, 9, 11, 8, 5, 21)
+"""The same for ``anarchon jobs`` (job, schedule, next, last run, when, where, took, running):
+times whole, and room for an attempt running on a default instance id (``vm-10342-50d1#1
+59.9s``); a running cell keeps each ``#attempt`` and duration, only its instance ids are cut."""
 
 
 async def read_cluster(
@@ -54,7 +63,7 @@ async def instances(args: argparse.Namespace) -> int:
         print(json.dumps(shape, indent=2))
         return EXIT_OK
     if not view.instances:
-        print(f"no live instances in {name}")
+        say(f"no live instances in {name}")
         return EXIT_OK
     header = ["instance", "host", "pid", "version", "heartbeat", "offset", "jobs"]
     rows = [
@@ -69,7 +78,7 @@ async def instances(args: argparse.Namespace) -> int:
         ]
         for i in view.instances
     ]
-    print("\n".join(table(header, rows, [24, 16, 7, 10, 10, 9, 30])))
+    say("\n".join(table(header, rows, INSTANCE_FLOORS)))
     return EXIT_OK
 
 
@@ -97,13 +106,13 @@ def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
 _RAN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
-def _job_row(job: JobView, now: int) -> list[str]:
+def _job_row(job: JobView, now: int) -> list[Cell]:
     zone = job.definition.zone
     schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
     last = job.last_run
     took = last.duration if last is not None and last.status in _RAN else None
-    running = ",".join(
-        f"{r.instance}#{r.attempt} {span(now - ms_of(r.started_at))}" for r in job.running
+    running = Tagged(
+        tuple((r.instance, f"#{r.attempt} {span(now - ms_of(r.started_at))}") for r in job.running)
     )
     return [
         job.name + ("*" if job.drift else ""),
@@ -113,7 +122,7 @@ def _job_row(job: JobView, now: int) -> list[str]:
         moment(ms_of(last.started_at), now) if last else "-",
         last.instance if last else "-",
         "-" if took is None else span(round(took * 1000)),
-        running or "-",
+        running if job.running else "-",
     ]
 
 
@@ -136,29 +145,26 @@ async def jobs(args: argparse.Namespace) -> int:
         print(json.dumps(shape, indent=2))
         return EXIT_OK
     if not found:
-        print(f"no live instance carries a job in {name}")
+        say(f"no live instance carries a job in {name}")
         return EXIT_OK
     header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
     rows = [_job_row(j, view.now_ms) for j in found]
-    print("\n".join(table(header, rows, [12, 15, 11, 9, 11, 10, 6, 12])))
+    say("\n".join(table(header, rows, JOB_FLOORS)))
     pauses: dict[Pause, list[str]] = {}
     for job in found:
         if job.pause is not None:
             pauses.setdefault(job.pause, []).append(job.name)
     if pauses:
-        print("\npaused (instances skip their slots; manual triggers still run):")
+        say("\npaused (instances skip their slots; manual triggers still run):")
         for pause, names in pauses.items():
-            print(
-                textwrap.fill(
-                    _pause_line(pause, names), WIDTH, initial_indent="  ", subsequent_indent="    "
-                )
-            )
+            say(_indented(_pause_line(pause, names)))
     if view.drift:
-        print("\n* definitions differ between instances (each fires its own schedule):")
+        say("\n* definitions differ between instances (each fires its own schedule):")
         for drift in view.drift:
-            print(
-                textwrap.fill(
-                    drift.describe(), WIDTH, initial_indent="  ", subsequent_indent="    "
-                )
-            )
+            say(_indented(drift.describe()))
     return EXIT_OK
+
+
+def _indented(text: str) -> str:
+    """``text`` (shown safely) in lines of :data:`WIDTH` columns, indented under the table."""
+    return textwrap.fill(shown(text), WIDTH, initial_indent="  ", subsequent_indent="    ")

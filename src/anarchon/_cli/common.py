@@ -1,5 +1,5 @@
-"""What every ``anarchon`` command shares: exit codes, opening a backend without creating
-anything, and tables that fit in 100 columns."""
+"""What every ``anarchon`` command shares: exit codes, and opening a backend without creating
+anything (what they print: :mod:`.output`)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ EXIT_INTERRUPTED: Final = 130
 """Ctrl-C (SIGINT) ended the command: 128 + the signal's number, as a shell reports it."""
 EXIT_PIPE_CLOSED: Final = 141
 """The reader of the output went away (``anarchon history JOB | head``): 128 + SIGPIPE."""
-WIDTH: Final = 100
-"""Every table line fits in this many columns."""
 
 
 class Exit(Exception):
@@ -164,18 +162,6 @@ async def opened(url: str | None, *, registry: bool) -> AsyncIterator[Backend]:
         yield backend
     finally:
         await backend.stop()
-
-
-def cut(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, ``~`` marking the cut."""
-    return text if len(text) <= width else text[: width - 1] + "~"
-
-
-def table(header: list[str], rows: list[list[str]], caps: list[int]) -> list[str]:
-    """Columns padded to their widest cell, each cut to its cap (``~`` marks a cut)."""
-    rows = [[cut(c, cap) for c, cap in zip(row, caps, strict=True)] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def moment(ms: int | None, now_ms: int) -> str:

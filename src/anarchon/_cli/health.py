@@ -26,6 +26,7 @@ from ..health import STALE_HEARTBEATS
 from ..registry import InstanceRecord, JobDefinition, read_instances
 from ..steering import backend_now_ms
 from .common import EXIT_BACKEND, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Exit, opened, where
+from .output import say, shown
 
 #: How long the backend may take to answer, in all (s).
 TIMEOUT_S: Final = 5.0
@@ -60,15 +61,15 @@ async def health(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         latency = report["backend_latency_ms"]
-        print(f"{report['status']}: {report['backend']} answered in {latency:g} ms")
+        say(f"{report['status']}: {report['backend']} answered in {latency:g} ms")
         for instance in report["instances"]:
             offset = instance["clock_offset_ms"]
-            print(
-                f"  {instance['id']}: heartbeat {span(instance['heartbeat_age_ms'])} ago, "
+            say(
+                f"  {shown(instance['id'])}: heartbeat {span(instance['heartbeat_age_ms'])} ago, "
                 f"clock offset {'-' if offset is None else f'{offset:+d}ms'}"
             )
         for problem in report["problems"]:
-            print(f"  problem: {problem}")
+            say(f"  problem: {shown(problem)}")
     return EXIT_OK if healthy else EXIT_FAILED
 
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 from datetime import datetime
 from typing import Final
 
@@ -17,10 +18,12 @@ from .._schedule import load_timezone
 from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
+from ..explain import SlotFate
 from ..explain import explain as explain_slot
 from ..registry import ClusterView, build_view, read_instances
 from .cluster import pause_json
 from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
+from .output import say, shown
 
 UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
@@ -59,7 +62,7 @@ async def _view(backend: Backend, now_ms: int) -> ClusterView:
 
 
 def _warn(text: str) -> None:
-    print(f"anarchon: warning: {text}", file=sys.stderr)
+    say(f"anarchon: warning: {text}", file=sys.stderr)
 
 
 async def _carried_or_warn(backend: Backend, job: str, doing: str) -> None:
@@ -85,8 +88,41 @@ async def explain(args: argparse.Namespace) -> int:
             )
         slot_ms = parse_time_ms(args.slot, definitions[0].zone, what="SLOT")
         fate = await explain_slot(backend, args.job, slot_ms, view=view, now_ms=now_ms)
-    print(json.dumps(fate.to_dict(), indent=2) if args.json else fate.describe())
+    if args.json:
+        print(json.dumps(fate.to_dict(), indent=2))
+    else:
+        say(_shown_fate(fate).describe())
     return EXIT_OK
+
+
+def _shown_fate(fate: SlotFate) -> SlotFate:
+    """``fate`` with every text read from the backend shown safely (:func:`.output.shown`), so
+    :meth:`~anarchon.explain.SlotFate.describe` keeps an attempt to its row and a newline in
+    an error visible."""
+
+    def maybe(text: str | None) -> str | None:
+        return None if text is None else shown(text)
+
+    attempts = tuple(
+        replace(
+            a,
+            instance=shown(a.instance),
+            error=maybe(a.error),
+            reason=maybe(a.reason),
+            requested_by=maybe(a.requested_by),
+        )
+        for a in fate.attempts
+    )
+    pause = None if fate.pause is None else replace(fate.pause, by=shown(fate.pause.by))
+    return replace(
+        fate,
+        definition=replace(fate.definition, zone=shown(fate.definition.zone)),
+        reason=maybe(fate.reason),
+        attempts=attempts,
+        instances=tuple(map(shown, fate.instances)),
+        pause=pause,
+        notes=tuple(map(shown, fate.notes)),
+    )
 
 
 async def pause(args: argparse.Namespace) -> int:
@@ -105,7 +141,7 @@ async def pause(args: argparse.Namespace) -> int:
         return EXIT_OK
     what = "every job" if job == ALL_JOBS else f"job {job!r}"
     until = "until resumed" if stored.until_ms is None else f"until {iso(stored.until_ms)}"
-    print(f"paused {what} on every instance, {until} (by {stored.by})")
+    say(f"paused {what} on every instance, {until} (by {shown(stored.by)})")
     return EXIT_OK
 
 
@@ -125,13 +161,13 @@ async def resume(args: argparse.Namespace) -> int:
         return EXIT_OK
     what = "every job" if job == ALL_JOBS else f"job {job!r}"
     if ended is None:
-        print(f"{what} was not paused")
+        say(f"{what} was not paused")
     else:
-        print(f"resumed {what} (paused by {ended.by} since {iso(ended.at_ms)})")
+        say(f"resumed {what} (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
     for other in held:
         scope = "the whole cluster" if other.job == ALL_JOBS else f"job {other.job!r}"
-        command = "anarchon resume " + ("--all" if other.job == ALL_JOBS else other.job)
-        print(f"note: {scope} is still paused by {other.by} ('{command}' ends it)")
+        command = "anarchon resume " + ("--all" if other.job == ALL_JOBS else shown(other.job))
+        say(f"note: {scope} is still paused by {shown(other.by)} ('{command}' ends it)")
     return EXIT_OK
 
 
@@ -140,7 +176,10 @@ async def trigger(args: argparse.Namespace) -> int:
     async with opened(args.backend, registry=True) as backend:
         request: RunRequest = await steering.trigger(backend, args.job, by=args.by)
         await _carried_or_warn(backend, args.job, "the request waits until one does")
-    print(request.to_json() if args.json else request.id)
+    if args.json:
+        print(request.to_json())
+    else:
+        say(request.id)
     return EXIT_OK
 
 

@@ -1,0 +1,125 @@
+"""What the ``anarchon`` commands print for people: text from the backend shown safely, and
+tables that fit in 100 columns.
+
+Text a backend hands back (a handler's error, a skip reason, job and instance names from the
+registry, ``requested_by``, who paused) may hold any character. Printed raw, a newline splits a
+table row in two and an escape sequence is obeyed by the terminal (``ESC [ 31 m`` colours what
+follows, ``ESC ] 0 ; … BEL`` sets the window's title). So every human format shows those
+characters as visible escapes, the way Python writes them (``\\n``, ``\\t``, ``\\x1b``,
+``\\u202e``): :func:`shown` for one value, :func:`table` for every cell, :func:`say` for each
+text printed. ``--json`` prints the exact text: JSON escapes it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, TextIO
+
+__all__ = ["WIDTH", "Cell", "Tagged", "cut", "say", "shown", "table"]
+
+WIDTH: Final = 100
+"""Every table line fits in this many columns."""
+_GAP: Final = "  "
+_OTHER_UNSAFE: Final = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+"""Beside the C0 control characters: DEL and the C1 controls, the line and paragraph separators,
+and the marks and overrides that reorder text (bidirectional controls)."""
+_ANY_UNSAFE: Final = re.compile(rf"[\x00-\x1f{_OTHER_UNSAFE}]")
+_UNSAFE_BUT_NEWLINE: Final = re.compile(rf"[\x00-\x09\x0b-\x1f{_OTHER_UNSAFE}]")
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def shown(text: str) -> str:
+    """``text`` on one line with nothing a terminal obeys: every control character (newline
+    and tab too) written as a visible escape such as ``\\n`` or ``\\x1b``."""
+    return _ANY_UNSAFE.sub(_escape, text)
+
+
+def say(text: str = "", *, file: TextIO | None = None) -> None:
+    """Print ``text`` for a person (on stdout, or ``file``): its lines kept, every other control
+    character written as a visible escape, so no text printed by a command drives the
+    terminal."""
+    print(_UNSAFE_BUT_NEWLINE.sub(_escape, text), file=sys.stdout if file is None else file)
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, ``~`` marking the cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "~"
+
+
+@dataclass(frozen=True, slots=True)
+class Tagged:
+    """A cell of names, each followed by a tag that is never cut (``w2#1 3.0s``: an instance,
+    its attempt and how long it has run): a cut shortens the names, not the tags."""
+
+    entries: tuple[tuple[str, str], ...]
+    """(name, tag) pairs, shown joined by commas."""
+
+    def text(self, width: int | None = None) -> str:
+        """The cell within ``width`` characters (None: whole); each name is cut by as much as
+        the longest one needs, down to one character and ``~``."""
+        entries = [(shown(name), shown(tag)) for name, tag in self.entries]
+        whole = ",".join(name + tag for name, tag in entries)
+        if width is None or len(whole) <= width:
+            return whole
+        room = max(len(name) for name, _ in entries)
+        while room > 2:
+            room -= 1
+            text = ",".join(cut(name, room) + tag for name, tag in entries)
+            if len(text) <= width:
+                return text
+        return cut(",".join(cut(name, 2) + tag for name, tag in entries), width)
+
+
+Cell = str | Tagged
+"""A table cell: text, or names with tags (:class:`Tagged`)."""
+
+
+def _text(cell: Cell, width: int | None = None) -> str:
+    if isinstance(cell, Tagged):
+        return cell.text(width)
+    text = shown(cell)
+    return text if width is None else cut(text, width)
+
+
+def _fit(widths: list[int], floors: Sequence[int]) -> list[int]:
+    """Narrow the columns until the line fits in :data:`WIDTH`: each step takes one character
+    from the column furthest above its floor; none goes below its floor."""
+    widths = list(widths)
+    excess = sum(widths) + len(_GAP) * (len(widths) - 1) - WIDTH
+    while excess > 0:
+        over = [w - max(f, 1) for w, f in zip(widths, floors, strict=True)]
+        widest = max(range(len(over)), key=over.__getitem__)
+        if over[widest] <= 0:
+            break  # the floors themselves pass WIDTH: they win
+        widths[widest] -= 1
+        excess -= 1
+    return widths
+
+
+def table(
+    header: Sequence[str], rows: Sequence[Sequence[Cell]], floors: Sequence[int] | None
+) -> list[str]:
+    """The lines of a table: a row per item, columns padded to their widest cell, every cell
+    shown safely (:func:`shown`). With ``floors``, a line that would pass :data:`WIDTH` columns
+    has its cells cut (``~`` marks a cut; a :class:`Tagged` cell keeps its tags), first in the
+    columns furthest above their floor, none below it; without, nothing is cut."""
+    whole = [[_text(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in whole) for i in range(len(header))]
+    if floors is not None:
+        fitted = _fit(widths, floors)
+        if fitted != widths:
+            cells = [list(header), *rows]
+            whole = [[_text(c, w) for c, w in zip(r, fitted, strict=True)] for r in cells]
+            widths = fitted
+    return [_GAP.join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in whole]
