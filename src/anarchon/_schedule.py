@@ -210,13 +210,17 @@ class CronSchedule:
         return self._last
 
     def slots(self, after_ms: int, until_ms: int) -> list[int]:
-        """Return every slot in ``(after_ms, until_ms]``, oldest first."""
+        """Return every slot in ``(after_ms, until_ms]``, oldest first (those before the end of
+        the calendar, year 9999, when ``until_ms`` is later)."""
         found: list[int] = []
-        for second in self._walk(after_ms):
-            slot = second * 1000
-            if slot > until_ms:
-                break
-            found.append(slot)
+        try:
+            for second in self._walk(after_ms):
+                slot = second * 1000
+                if slot > until_ms:
+                    break
+                found.append(slot)
+        except OverflowError:  # the walk ran past year 9999: no later slot exists
+            pass
         return found
 
     def next_times(self, after: datetime, count: int) -> list[datetime]:

@@ -61,9 +61,11 @@ from ._http import HttpServer
 from ._job import check_name
 from ._models import Run
 from ._options import HISTORY_LIMIT
+from ._readable import iso, ms_of
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
+from ._times import LATEST_MS
 from .errors import (
     AnarchonError,
     BackendError,
@@ -263,9 +265,23 @@ async def _history(args: argparse.Namespace) -> int:
 
 
 def _next(args: argparse.Namespace) -> int:
+    """Print the next ``-n`` fire times, each as soon as it is found; those past the times
+    anarchon handles (9998) are left out, and a line on stderr says so."""
     schedule = CronSchedule(args.expression, args.tz)
-    for moment in schedule.next_times(datetime.now(UTC), args.n):
-        say(moment.isoformat())
+    slot = ms_of(datetime.now(UTC))
+    for count in range(args.n):
+        try:
+            slot = schedule.next_slot(slot)
+        except (OverflowError, StopIteration):  # the walk ran past the end of the calendar
+            slot = LATEST_MS + 1
+        if slot > LATEST_MS:
+            say(
+                f"anarchon next: printed {count} of the {args.n} fire times asked: the times "
+                f"anarchon handles end at {iso(LATEST_MS + 1)}",
+                file=sys.stderr,
+            )
+            break
+        say(datetime.fromtimestamp(slot / 1000, schedule.zone).isoformat())
     return EXIT_OK
 
 

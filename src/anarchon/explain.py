@@ -38,6 +38,7 @@ from typing import Any, Final
 from ._models import Run, RunStatus, Trigger
 from ._readable import ms_of, span
 from ._schedule import CronSchedule, load_timezone
+from ._times import RANGE_RULE, check_time_ms, in_range
 from .backend import Backend
 from .control import Pause, active_pause, paused_reason
 from .errors import ConfigurationError, InvalidOption, JobNotFound
@@ -156,7 +157,8 @@ class SlotFate:
     previous_slot_ms: int | None = None
     """For ``not-a-slot``: the nearest slot before (None if none in 50 years)."""
     next_slot_ms: int | None = None
-    """For ``not-a-slot``: the nearest slot after."""
+    """For ``not-a-slot``: the nearest slot after (None if none before the end of 9998, the
+    last year anarchon handles)."""
     instances: tuple[str, ...] = ()
     """For ``future``: the live instances that carry the job."""
     pause: Pause | None = None
@@ -300,10 +302,11 @@ def _attempt_table(attempts: Sequence[Attempt]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def nearest_slots(schedule: CronSchedule, moment_ms: int) -> tuple[int | None, int]:
+def nearest_slots(schedule: CronSchedule, moment_ms: int) -> tuple[int | None, int | None]:
     """The slots of ``schedule`` nearest to ``moment_ms``: the last one strictly before (None
-    if none in 50 years) and the first one strictly after."""
-    after = schedule.next_slot(moment_ms)
+    if none in 50 years) and the first one strictly after (None if none before the end of the
+    times anarchon handles, 9998)."""
+    after = _next_slot(schedule, moment_ms)
     window = 2_000
     while window <= SEARCH_LIMIT_MS:
         found = schedule.slots(moment_ms - window - 1, moment_ms - 1)
@@ -313,25 +316,39 @@ def nearest_slots(schedule: CronSchedule, moment_ms: int) -> tuple[int | None, i
     return None, after
 
 
+def _next_slot(schedule: CronSchedule, after_ms: int) -> int | None:
+    """The schedule's first slot after ``after_ms``; None when the walk runs past the end of
+    the calendar first (a sparse schedule asked about a time near 9998)."""
+    try:
+        found = schedule.next_slot(after_ms)
+    except (OverflowError, StopIteration):
+        return None
+    return found if in_range(found) else None
+
+
 def _is_slot(schedule: CronSchedule, moment_ms: int) -> bool:
-    return schedule.next_slot(moment_ms - 1) == moment_ms
+    return _next_slot(schedule, moment_ms - 1) == moment_ms
 
 
 def slot_ms_of(slot: datetime | int) -> int:
     """Epoch ms of ``slot``: an aware datetime or epoch ms (InvalidOption for a naive
-    datetime: its zone is ambiguous here)."""
+    datetime, whose zone is ambiguous here, and for a time out of range:
+    :data:`~anarchon._times.RANGE_RULE`)."""
     if isinstance(slot, bool) or not isinstance(slot, datetime | int):
         raise InvalidOption(
             f"slot={slot!r} must be an aware datetime or epoch milliseconds (an int)"
         )
     if isinstance(slot, int):
-        return slot
+        return check_time_ms(slot, "slot")
     if slot.tzinfo is None or slot.utcoffset() is None:
         raise InvalidOption(
             f"slot={slot.isoformat()!r} has no time zone: pass an aware datetime "
             "(e.g. with tzinfo=ZoneInfo(the job's zone))"
         )
-    return ms_of(slot)
+    ms = ms_of(slot)
+    if not in_range(ms):
+        raise InvalidOption(f"slot={slot.isoformat()!r} is out of range: {RANGE_RULE}")
+    return ms
 
 
 async def _definitions(

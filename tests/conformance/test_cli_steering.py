@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import Backend, RunStatus, Trigger
+from anarchon import Backend, RunStatus, Trigger, steering
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.registry import InstanceRecord, JobDefinition, record_instance
 from tests.harness import Harness, Namespace
@@ -267,3 +267,40 @@ async def test_pause_resume_and_trigger(
     assert out.returncode == 2 and "not in the future" in out.stderr
     out = anarchon(ns.url, "trigger", "unknown-job")
     assert out.returncode == 0 and "no live instance carries job 'unknown-job'" in out.stderr
+
+
+def _refused(url: str, said: str, *argv: str) -> None:
+    """``anarchon ARGV`` exits 2 with one line naming the value and the rule, no traceback."""
+    out = anarchon(url, *argv)
+    assert out.returncode == 2, (argv, out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert said in out.stderr, (argv, out.stderr)
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_times_out_of_range_exit_2_and_store_nothing(
+    harness: Harness, ns: Namespace, started: Backend
+) -> None:
+    # Each was a traceback (exit 1, or 4 on PostgreSQL); the pauses were stored on SQLite and
+    # NATS all the same.
+    assert ns.url is not None
+    await populate(started)
+    now = await steering.backend_now_ms(started)
+    rule = "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z"
+    micro, nano = str(now * 1000), str(now * 1_000_000)
+    for said, argv in (
+        (f"--until '{micro}' is out of range: {rule}", ("pause", JOB, "--until", micro)),
+        ("(epoch nanoseconds? divide by 1,000,000", ("pause", "--all", "--until", nano)),
+        (rule, ("pause", JOB, "--until", "99999999999999999999")),
+        (rule, ("pause", JOB, "--until", "1000000w")),
+        (f"SLOT '{'9' * 23}' is out of range: {rule}", ("explain", JOB, "9" * 23)),
+        (f"'0001-01-01T00:00:00' is out of range: {rule}", ("explain", JOB, "0001-01-01T00:00:00")),
+        (f"SLOT '253402300800000' is out of range: {rule}", ("explain", JOB, "253402300800000")),
+    ):
+        _refused(ns.url, said, *argv)
+    control = started.control()
+    assert control is not None and await control.pauses() == []
+    [job] = as_json(ns.url, "jobs")["jobs"]
+    assert job["paused"] is False, job
+    last = ok(ns.url, "explain", JOB, "9998-12-31T23:59:59Z")
+    assert "in the future" in last, last

@@ -35,6 +35,20 @@ def test_next_prints_iso_times_with_the_zone_offset() -> None:
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT02:30:00-0[45]:00", line) for line in lines), lines
 
 
+def test_next_stops_at_the_end_of_the_times_anarchon_handles() -> None:
+    # Printed nothing, then OverflowError (exit 1).
+    out = cli("next", "0 0 1 1 *", "-n", "10000")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "9998-01-01T00:00:00+00:00" and 7900 < len(lines) < 8000, lines[-3:]
+    assert out.stderr.strip() == (
+        f"anarchon next: printed {len(lines)} of the 10000 fire times asked: the times anarchon "
+        "handles end at 9999-01-01T00:00:00Z"
+    )
+    leap = cli("next", "0 0 29 2 *", "--tz", "Pacific/Kiritimati", "-n", "10000")
+    assert leap.returncode == 0 and leap.stdout.splitlines()[-1] == "9996-02-29T00:00:00+14:00"
+
+
 def test_next_with_a_bad_expression_says_why() -> None:
     out = cli("next", "61 * * * *")
     assert out.returncode == 2

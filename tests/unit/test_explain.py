@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
 
 from anarchon import MemoryBackend, RunStatus, Trigger, steering
+from anarchon._times import LATEST_MS
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.control import retry_key
 from anarchon.errors import InvalidOption, JobNotFound
@@ -222,6 +224,25 @@ def test_nearest_slots_of_a_yearly_schedule() -> None:
     schedule = CronSchedule("0 0 1 1 *", "Europe/Athens")
     moment = int(datetime(2030, 6, 1, tzinfo=UTC).timestamp() * 1000)
     before, after = nearest_slots(schedule, moment)
-    assert before is not None
+    assert before is not None and after is not None
     assert datetime.fromtimestamp(before / 1000, UTC) == datetime(2029, 12, 31, 22, tzinfo=UTC)
     assert datetime.fromtimestamp(after / 1000, UTC) == datetime(2030, 12, 31, 22, tzinfo=UTC)
+
+
+async def test_times_out_of_range_are_refused_and_the_last_ones_explained() -> None:
+    _, backend = await _setup()
+    for slot, said in (
+        (LATEST_MS + 1, f"slot={LATEST_MS + 1} is out of range: a time is from 1970"),
+        (-1, "slot=-1 is out of range"),
+        (datetime(9999, 6, 1, tzinfo=UTC), "slot='9999-06-01T00:00:00+00:00' is out of range"),
+    ):
+        with pytest.raises(InvalidOption, match=re.escape(said)):
+            await explain(backend, "sync", slot)
+    # A schedule whose slot after the last time is past the calendar: raised OverflowError.
+    leap = JobDefinition(name="leap", expression="0 0 29 2 *", zone="Europe/Athens")
+    last = await explain(backend, "leap", LATEST_MS, definition=leap)
+    assert last.fate is Fate.NOT_A_SLOT and last.next_slot_ms is None, last
+    assert "next slot:     none" in last.describe()
+    assert last.previous_slot_ms == int(datetime(9996, 2, 28, 22, tzinfo=UTC).timestamp() * 1000)
+    first = await explain(backend, "leap", 0, definition=leap)
+    assert first.fate is Fate.NOT_A_SLOT and first.previous_slot_ms == -58_068_000_000  # 1968

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, Trigger
+from anarchon._times import LATEST_MS
 from anarchon.registry import JobDefinition
 from anarchon.web import dashboard
 from anarchon.web._data import (
@@ -298,10 +299,36 @@ async def test_bad_requests_are_clear(readonly: Served) -> None:
     for path, text in (
         ("/?per=3", "per=&#39;3&#39; must be a whole number from 10 to 500"),
         ("/jobs/daily?range=2y", "range=&#39;2y&#39; must be one of"),
-        ("/jobs/daily/slots/abc", "slot=&#39;abc&#39; must be a whole number"),
+        ("/jobs/daily/slots/abc", "slot &#39;abc&#39; is not an ISO 8601 time"),
     ):
         reply = await client.call(path)
         assert reply.status == 400 and text in reply.body, (path, reply.body[-400:])
+    # Each answered 500 text/plain (ValueError: year out of range, OverflowError).
+    rule = "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z"
+    for path, text in (
+        ("/jobs/daily/slots/9007199254740992?format=json", "slot &#39;9007199254740992&#39;"),
+        ("/jobs/daily/slots/253402300800000?format=json", "slot &#39;253402300800000&#39;"),
+        ("/jobs/daily/slots/0001-01-01T00:00:00", "slot &#39;0001-01-01T00:00:00&#39;"),
+        ("/jobs/daily?from=0&to=9007199254740992", "to &#39;9007199254740992&#39;"),
+        ("/jobs/daily?from=-1&to=86400000", "from &#39;-1&#39; is not an ISO 8601 time"),
+        ("/jobs/daily?end=9007199254740992&range=1h", "end &#39;9007199254740992&#39;"),
+        ("/jobs/daily?end=1000&range=1h", "end=&#39;1000&#39; must be at least 3600000"),
+        ("/jobs/daily?from=200&to=100", "from (200) must be before to (100)"),
+    ):
+        reply = await client.call(path)
+        assert reply.status == 400 and text in reply.body, (path, reply.body[-400:])
+        assert "out of range" not in text or rule in reply.body
+    for path in (
+        f"/jobs/daily?from=0&to={LATEST_MS}",
+        f"/jobs/daily?end={LATEST_MS}&range=365d",
+        f"/jobs/daily/slots/{LATEST_MS}?format=json",
+        "/jobs/daily?from=4102444800000&to=4102531200000",  # 2100: ZeroDivisionError before
+        "/jobs/daily/slots/2026-01-01T03:00:00Z?format=json",
+    ):
+        reply = await client.call(path)
+        assert reply.status == 200, (path, reply.body[-400:])
+    story = (await client.call("/jobs/daily/slots/2026-01-01T03:00:00Z?format=json")).json()
+    assert story["slot_ms"] == 1_767_236_400_000, story
     missing = await client.call("/jobs/nope")
     assert missing.status == 404 and "no live instance carries a job named" in missing.body
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import replace
-from datetime import datetime
-from typing import Final
 
 from .. import steering
 from .._job import check_name
-from .._readable import iso, ms_of
-from .._schedule import load_timezone
+from .._readable import iso
+from .._times import parse_time_ms
 from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
@@ -24,35 +21,6 @@ from ..registry import ClusterView, build_view, read_instances
 from .cluster import pause_json
 from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
 from .output import say, shown
-
-UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
-
-
-def parse_duration_ms(text: str) -> int | None:
-    """``30m``, ``2h``, ``1d``, ``1h30m`` as milliseconds; None if ``text`` is not one."""
-    if not DURATION.fullmatch(text.strip()):
-        return None
-    return sum(int(n) * UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text))
-
-
-def parse_time_ms(text: str, zone: str = "UTC", *, what: str) -> int:
-    """Epoch ms of an ISO 8601 time (naive: in ``zone``) or of epoch ms digits; Exit(2) with
-    the rule otherwise."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-    except ValueError:
-        raise Exit(
-            EXIT_USAGE,
-            f"anarchon: {what} {text!r} is not an ISO 8601 time (2026-01-15T10:33:00, with or "
-            "without a zone such as +02:00 or Z) nor epoch milliseconds",
-        ) from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=load_timezone(zone))
-    return ms_of(at)
 
 
 async def _view(backend: Backend, now_ms: int) -> ClusterView:
@@ -131,9 +99,8 @@ async def pause(args: argparse.Namespace) -> int:
     async with opened(args.backend, registry=True) as backend:
         until_ms = None
         if args.until is not None:
-            span = parse_duration_ms(args.until)
             now = await steering.backend_now_ms(backend)
-            until_ms = now + span if span is not None else parse_time_ms(args.until, what="--until")
+            until_ms = parse_time_ms(args.until, what="--until", now_ms=now)
         stored = await steering.pause(backend, job, until_ms=until_ms, by=args.by)
         await _carried_or_warn(backend, job, "the pause holds once one carries it")
     if args.json:

@@ -24,6 +24,7 @@ from .._options import HISTORY_LIMIT
 from .._readable import iso, ms_of
 from .._redact import redact_url
 from .._scheduler import Scheduler
+from .._times import EARLIEST_MS, parse_time_ms
 from ..backend import Backend
 from ..control import ALL_JOBS
 from ..errors import AnarchonError, BackendError, InvalidOption
@@ -123,6 +124,14 @@ def _int(value: str | None, name: str, low: int, high: int, default: int) -> int
     if not low <= number <= high:
         raise _BadRequest(f"{name}={value!r} must be a whole number from {low} to {high}")
     return number
+
+
+def _time(value: str | None, name: str, default: int) -> int:
+    """A time parameter: epoch ms or ISO 8601 (UTC without a zone) within the times anarchon
+    handles (InvalidOption, so 400, naming it and the rule otherwise)."""
+    if value is None or value == "":
+        return default
+    return parse_time_ms(value, what=name)
 
 
 class _BadRequest(Exception):
@@ -262,12 +271,19 @@ class Dashboard:
             raise _BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
         now = snapshot.now_ms
         if params.get("from") or params.get("to"):
-            end = _int(params.get("to"), "to", 0, 2**53, now)
-            start = _int(params.get("from"), "from", 0, end - 1, end - RANGES["24h"])
+            end = _time(params.get("to"), "to", now)
+            start = _time(params.get("from"), "from", max(EARLIEST_MS, end - RANGES["24h"]))
+            if start >= end:
+                raise _BadRequest(f"from ({start}) must be before to ({end})")
         else:
             span = RANGES[range_name or "24h"]
-            end = _int(params.get("end"), "end", span, 2**53, now)
+            end = _time(params.get("end"), "end", now)
             start = end - span
+            if start < EARLIEST_MS:
+                raise _BadRequest(
+                    f"end={params.get('end')!r} must be at least {span}: the range starts "
+                    "1970-01-01 or later"
+                )
         definition = definitions[0] if definitions else None
         line = None
         if definition is not None:
@@ -297,7 +313,7 @@ class Dashboard:
     async def slot(self, request: Request) -> Response:
         """The explanation of one slot (a fragment for the panel, a page, or JSON)."""
         name = request.path_params["name"]
-        slot_ms = _int(request.path_params["slot"], "slot", 0, 2**53, 0)
+        slot_ms = parse_time_ms(request.path_params["slot"], what="slot")
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         story = await explain(backend, snapshot, name, slot_ms)

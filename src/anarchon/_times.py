@@ -1,0 +1,136 @@
+"""Times people give anarchon: one parser and one range.
+
+Every time a person types or passes goes through here before anything is computed or stored:
+``anarchon pause --until`` and ``anarchon explain``'s SLOT (:func:`parse_time_ms`), the
+dashboard's ``from``, ``to``, ``end`` and slot addresses (:func:`parse_time_ms`) and
+:func:`anarchon.explain.explain`'s slot (:func:`check_time_ms`). Each refuses a value that
+breaks the rule with :class:`~anarchon.errors.InvalidOption` naming the value and the rule: exit
+code 2 on the command line, 400 on the dashboard.
+
+The times anarchon handles run from 1970-01-01T00:00:00Z (epoch ms 0) to
+9998-12-31T23:59:59.999Z (:data:`LATEST_MS`): a year short of the last moment Python's
+``datetime`` holds, so a time in range is a date in every time zone as well.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Final
+
+from ._readable import ms_of
+from ._schedule import load_timezone
+from .errors import InvalidOption
+
+__all__ = [
+    "EARLIEST_MS",
+    "LATEST_MS",
+    "RANGE_RULE",
+    "check_time_ms",
+    "in_range",
+    "parse_duration_ms",
+    "parse_time_ms",
+]
+
+EARLIEST_MS: Final = 0
+"""1970-01-01T00:00:00Z: the earliest time anarchon handles (epoch ms)."""
+LATEST_MS: Final = 253_370_764_799_999
+"""9998-12-31T23:59:59.999Z: the latest time anarchon handles (epoch ms)."""
+RANGE_RULE: Final = (
+    "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z "
+    f"(epoch milliseconds {EARLIEST_MS} to {LATEST_MS})"
+)
+"""The range as messages state it."""
+UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
+_DIGITS: Final = re.compile(r"[0-9]+")
+# No time or duration is longer; a longer text is not read any further (int() of thousands of
+# digits is refused by Python itself).
+_LONGEST: Final = 64
+# 2001-09-09T01:46:40Z: epoch ms from here up to ten times as much (2286) are the times people
+# mean; a number that reads as one of them in another unit was likely given in that unit.
+_PLAUSIBLE_MS: Final = 10**12
+_NOT_A_TIME: Final = (
+    "is not an ISO 8601 time (2026-01-15T10:33:00, with or without a zone such as +02:00 or Z) "
+    "nor epoch milliseconds"
+)
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut after :data:`_LONGEST` characters."""
+    return repr(text if len(text) <= _LONGEST else text[:_LONGEST] + "...")
+
+
+def _unit_hint(ms: int) -> str:
+    """A guess at the unit a number past :data:`LATEST_MS` was meant in (one that reads as a
+    time between 2001 and 2286 in it), or ``""``."""
+    if ms <= LATEST_MS:
+        return ""
+    for factor, unit in ((1_000, "microseconds"), (1_000_000, "nanoseconds")):
+        if _PLAUSIBLE_MS <= ms // factor < _PLAUSIBLE_MS * 10:
+            return f" (epoch {unit}? divide by {factor:,} for milliseconds)"
+    return ""
+
+
+def in_range(ms: int) -> bool:
+    """True when ``ms`` is a time anarchon handles (:data:`EARLIEST_MS` to :data:`LATEST_MS`)."""
+    return EARLIEST_MS <= ms <= LATEST_MS
+
+
+def check_time_ms(value: object, what: str) -> int:
+    """``value``, epoch milliseconds within the range; :class:`~anarchon.errors.InvalidOption`
+    naming ``what``, the value and the rule otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOption(f"{what}={value!r} must be epoch milliseconds (an int)")
+    if not in_range(value):
+        raise InvalidOption(f"{what}={value!r} is out of range: {RANGE_RULE}{_unit_hint(value)}")
+    return value
+
+
+def parse_duration_ms(text: str) -> int | None:
+    """``30m``, ``2h``, ``1d``, ``1h30m`` (units ``s``, ``m``, ``h``, ``d``, ``w``) as
+    milliseconds; None if ``text`` is not one."""
+    text = text.strip()
+    if len(text) > _LONGEST or not DURATION.fullmatch(text):
+        return None
+    return sum(int(n) * UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text))
+
+
+def parse_time_ms(text: str, zone: str = "UTC", *, what: str, now_ms: int | None = None) -> int:
+    """Epoch ms of ``text``: an ISO 8601 time (without a zone: in ``zone``) or epoch ms digits,
+    and with ``now_ms`` also a duration from then (:func:`parse_duration_ms`). The time must
+    be in the range (:data:`RANGE_RULE`); :class:`~anarchon.errors.InvalidOption` naming
+    ``what``, the text and the rule otherwise."""
+    text = text.strip()
+    if now_ms is not None:
+        span = parse_duration_ms(text)
+        if span is not None:
+            at_ms = now_ms + span
+            if not in_range(at_ms):
+                raise InvalidOption(
+                    f"{what} {_shown(text)} from now ends out of range: {RANGE_RULE}"
+                )
+            return at_ms
+    if len(text) <= _LONGEST and _DIGITS.fullmatch(text):
+        value = int(text)
+        if not in_range(value):
+            raise InvalidOption(
+                f"{what} {_shown(text)} is out of range: {RANGE_RULE}{_unit_hint(value)}"
+            )
+        return value
+    also = " nor a duration such as 30m, 2h, 1d or 1h30m" if now_ms is not None else ""
+    try:
+        if len(text) > _LONGEST:
+            raise ValueError(text)
+        at = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise InvalidOption(f"{what} {_shown(text)} {_NOT_A_TIME}{also}") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=load_timezone(zone))
+    try:
+        value = ms_of(at)
+    except (OverflowError, ValueError):  # a date that is no date in UTC (year 0, year 10000)
+        value = LATEST_MS + 1
+    if not in_range(value):
+        raise InvalidOption(f"{what} {_shown(text)} is out of range: {RANGE_RULE}")
+    return value
