@@ -179,10 +179,10 @@ class Operations:
         self, job: str, *, until: datetime | None = None, by: str | None = None
     ) -> Pause:
         """Pause ``job`` on every instance (it need not be registered here) until :meth:`resume`
-        or ``until`` (an aware datetime in the future); return the stored pause. Each instance
-        records the job's slots ``skipped`` (``paused by <by>``) instead of running them; runs
-        already running go on, and manual runs (:meth:`trigger`, :meth:`run_now`) still run.
-        ``by`` defaults to ``user@host``."""
+        or ``until`` (an aware datetime in the future, at most ten years ahead); return the
+        stored pause. Each instance records the job's slots ``skipped`` (``paused by <by>``)
+        instead of running them; runs already running go on, and manual runs (:meth:`trigger`,
+        :meth:`run_now`) still run. ``by`` defaults to ``user@host``."""
         self._require_started("pause")
         until_ms = _until_ms(until)
         return await steering.pause(self.backend, job, until_ms=until_ms, by=by)

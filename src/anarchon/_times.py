@@ -1,15 +1,20 @@
-"""Times people give anarchon: one parser and one range.
+"""Times people give anarchon: one parser, one range, one rule for a pause's end.
 
 Every time a person types or passes goes through here before anything is computed or stored:
 ``anarchon pause --until`` and ``anarchon explain``'s SLOT (:func:`parse_time_ms`), the
-dashboard's ``from``, ``to``, ``end`` and slot addresses (:func:`parse_time_ms`) and
-:func:`anarchon.explain.explain`'s slot (:func:`check_time_ms`). Each refuses a value that
-breaks the rule with :class:`~anarchon.errors.InvalidOption` naming the value and the rule: exit
-code 2 on the command line, 400 on the dashboard.
+dashboard's ``from``, ``to``, ``end`` and slot addresses (:func:`parse_time_ms`),
+:func:`anarchon.explain.explain`'s slot (:func:`check_time_ms`), and the end of a pause from the
+command line, the dashboard, ``Scheduler.pause``/``pause_all`` and
+:func:`anarchon.steering.pause` (:func:`check_until_ms`). Each refuses a value that breaks the
+rule with :class:`~anarchon.errors.InvalidOption` naming the value and the rule: exit code 2 on
+the command line, 400 on the dashboard.
 
 The times anarchon handles run from 1970-01-01T00:00:00Z (epoch ms 0) to
 9998-12-31T23:59:59.999Z (:data:`LATEST_MS`): a year short of the last moment Python's
-``datetime`` holds, so a time in range is a date in every time zone as well.
+``datetime`` holds, so a time in range is a date in every time zone as well. A pause ends
+within :data:`PAUSE_HORIZON_MS` of being stored: ten years, the longest history a job keeps
+(``history_ttl_ms``); a later end is almost always a unit gone wrong (epoch microseconds or
+nanoseconds), and "until resumed" says the same without one.
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ import re
 from datetime import datetime
 from typing import Final
 
-from ._readable import ms_of
+from ._readable import DAY_MS, iso, ms_of
 from ._schedule import load_timezone
 from .errors import InvalidOption
 
 __all__ = [
     "EARLIEST_MS",
     "LATEST_MS",
+    "PAUSE_HORIZON_MS",
     "RANGE_RULE",
     "check_time_ms",
+    "check_until_ms",
     "in_range",
     "parse_duration_ms",
     "parse_time_ms",
@@ -36,6 +43,8 @@ EARLIEST_MS: Final = 0
 """1970-01-01T00:00:00Z: the earliest time anarchon handles (epoch ms)."""
 LATEST_MS: Final = 253_370_764_799_999
 """9998-12-31T23:59:59.999Z: the latest time anarchon handles (epoch ms)."""
+PAUSE_HORIZON_MS: Final = 10 * 365 * DAY_MS
+"""A pause ends at most this long after it is stored (the longest ``history_ttl_ms``)."""
 RANGE_RULE: Final = (
     "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z "
     f"(epoch milliseconds {EARLIEST_MS} to {LATEST_MS})"
@@ -134,3 +143,33 @@ def parse_time_ms(text: str, zone: str = "UTC", *, what: str, now_ms: int | None
     if not in_range(value):
         raise InvalidOption(f"{what} {_shown(text)} is out of range: {RANGE_RULE}")
     return value
+
+
+def check_until_ms(until_ms: object, now_ms: int, *, what: str | None = None) -> int:
+    """``until_ms``, the end of a pause stored at ``now_ms`` (backend clock): epoch ms after
+    ``now_ms`` and at most :data:`PAUSE_HORIZON_MS` later. :class:`~anarchon.errors.
+    InvalidOption` naming the value (``what``, default ``until=<ms> ms``) and the rule
+    otherwise: checked before anything is stored, so no instance, command or page ever reads
+    such an end."""
+    if isinstance(until_ms, bool) or not isinstance(until_ms, int):
+        raise InvalidOption(
+            f"until={until_ms!r} must be epoch milliseconds (an int), or None to pause until "
+            "resumed"
+        )
+    label = what or f"until={until_ms!r} ms"
+    if until_ms <= now_ms:
+        hint = ""
+        if _PLAUSIBLE_MS // 1000 <= until_ms < _PLAUSIBLE_MS // 100:
+            hint = " (epoch seconds? multiply by 1000 for milliseconds)"
+        raise InvalidOption(
+            f"{label} is not in the future (the backend's clock reads {now_ms}){hint}: a pause "
+            "ends at a later time, or leave it out to pause until resumed"
+        )
+    if until_ms - now_ms > PAUSE_HORIZON_MS:
+        when = iso(until_ms) if in_range(until_ms) else "after 9998"
+        raise InvalidOption(
+            f"{label} ({when}) is more than 10 years after the backend's clock "
+            f"({iso(now_ms)}){_unit_hint(until_ms)}: a pause ends within 10 years "
+            f"({PAUSE_HORIZON_MS} ms); leave the end out to pause until resumed"
+        )
+    return until_ms

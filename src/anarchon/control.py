@@ -26,9 +26,11 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, Final, Protocol, Self, runtime_checkable
 
 from ._models import Trigger, ms_to_datetime
+from ._times import LATEST_MS
 
 __all__ = [
     "ALL_JOBS",
+    "MAX_UNTIL_MS",
     "PAUSED",
     "ControlStore",
     "Pause",
@@ -40,6 +42,10 @@ __all__ = [
 
 ALL_JOBS: Final = "*"
 """The job name of a whole-cluster pause (``anarchon pause --all``)."""
+MAX_UNTIL_MS: Final = LATEST_MS
+"""The latest end a pause has: 9998-12-31T23:59:59.999Z, the last time anarchon handles. A stored
+end past it (earlier versions took any) reads as none: the pause holds until resumed. A backend
+that reads pauses in a language of its own (SQL, Lua) treats such an end the same."""
 PAUSED: Final = "paused by "
 """Prefix of the reason of a slot skipped because its job was paused."""
 PAUSED_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP, Trigger.RETRY})
@@ -102,7 +108,15 @@ class Pause(_Stored):
     at_ms: int
     """When it was paused (backend clock)."""
     until_ms: int | None = None
-    """When it ends by itself (backend clock); None: until resumed."""
+    """When it ends by itself (backend clock); None: until resumed. An end past
+    :data:`MAX_UNTIL_MS` (9998-12-31), which earlier versions stored when given one (epoch
+    microseconds by mistake), reads as None: such a pause holds until resumed."""
+
+    def __post_init__(self) -> None:
+        # A stored end no datetime can hold would break every reader (the claim's reason, the
+        # jobs table, the dashboard): it means "never", so it is read as no end at all.
+        if self.until_ms is not None and self.until_ms > MAX_UNTIL_MS:
+            object.__setattr__(self, "until_ms", None)
 
     def active(self, now_ms: int) -> bool:
         """True while the pause holds at ``now_ms`` (backend clock)."""

@@ -17,9 +17,10 @@ import uuid
 
 from ._job import check_name
 from ._models import Trigger
+from ._times import check_until_ms
 from .backend import Backend
 from .control import ALL_JOBS, ControlStore, Pause, RunRequest
-from .errors import InvalidOption, UnsupportedFeature
+from .errors import UnsupportedFeature
 
 __all__ = ["backend_now_ms", "control_of", "pause", "pauses", "requester", "resume", "trigger"]
 
@@ -63,15 +64,14 @@ async def pause(
     backend: Backend, job: str, *, until_ms: int | None = None, by: str | None = None
 ) -> Pause:
     """Pause ``job`` (or every job: :data:`~anarchon.control.ALL_JOBS`) on every instance until
-    :func:`resume`, or until ``until_ms`` (epoch ms, in the future) passes; return the stored
-    pause. Runs already running are not touched; manual runs still run."""
+    :func:`resume`, or until ``until_ms`` (epoch ms, in the future and at most ten years ahead)
+    passes; return the stored pause. Runs already running are not touched; manual runs still
+    run. A bad ``until_ms`` raises :class:`~anarchon.errors.InvalidOption` and stores
+    nothing."""
     _check_job(job)
     now = await backend_now_ms(backend)
-    if until_ms is not None and until_ms <= now:
-        raise InvalidOption(
-            f"until={until_ms!r} ms is not in the future (the backend's clock reads {now}): a "
-            "pause ends at a later time, or leave it out to pause until resumed"
-        )
+    if until_ms is not None:
+        until_ms = check_until_ms(until_ms, now)
     stored = Pause(job=job, by=by or requester(), at_ms=now, until_ms=until_ms)
     await control_of(backend).pause(stored)
     return stored

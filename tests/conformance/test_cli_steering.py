@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,8 +22,10 @@ import pytest
 
 from anarchon import Backend, RunStatus, Trigger, steering
 from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.control import Pause
 from anarchon.registry import InstanceRecord, JobDefinition, record_instance
 from tests.harness import Harness, Namespace
+from tests.web.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -282,16 +285,18 @@ async def test_times_out_of_range_exit_2_and_store_nothing(
     harness: Harness, ns: Namespace, started: Backend
 ) -> None:
     # Each was a traceback (exit 1, or 4 on PostgreSQL); the pauses were stored on SQLite and
-    # NATS all the same.
+    # NATS, and broke the instances, the commands and the dashboard that read them.
     assert ns.url is not None
     await populate(started)
     now = await steering.backend_now_ms(started)
     rule = "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z"
     micro, nano = str(now * 1000), str(now * 1_000_000)
+    far = "is more than 10 years after the backend's clock"
     for said, argv in (
         (f"--until '{micro}' is out of range: {rule}", ("pause", JOB, "--until", micro)),
         ("(epoch nanoseconds? divide by 1,000,000", ("pause", "--all", "--until", nano)),
         (rule, ("pause", JOB, "--until", "99999999999999999999")),
+        (far, ("pause", JOB, "--until", "2100-01-01")),
         (rule, ("pause", JOB, "--until", "1000000w")),
         (f"SLOT '{'9' * 23}' is out of range: {rule}", ("explain", JOB, "9" * 23)),
         (f"'0001-01-01T00:00:00' is out of range: {rule}", ("explain", JOB, "0001-01-01T00:00:00")),
@@ -304,3 +309,67 @@ async def test_times_out_of_range_exit_2_and_store_nothing(
     assert job["paused"] is False, job
     last = ok(ns.url, "explain", JOB, "9998-12-31T23:59:59Z")
     assert "in the future" in last, last
+
+
+def _pages_answer(url: str, tmp_path: Path, *pages: str) -> None:
+    """``anarchon dashboard`` on ``url`` answers each page (200) naming the pause."""
+    board = Cluster(url, tmp_path)
+    try:
+        board.serve(token=None)
+        for page in pages:
+            with urllib.request.urlopen(board.base + page, timeout=30) as response:
+                body = response.read().decode()
+                assert response.status == 200 and "old@ops" in body, (page, body[-500:])
+    finally:
+        board.stop()
+
+
+def _as_an_earlier_version_stored_it(until_ms: int, now_ms: int) -> Pause:
+    """A pause with an end no time holds, as versions that took any end stored it (a Pause
+    made now reads such an end as none: it is set past that)."""
+    pause = Pause(job=JOB, by="old@ops", at_ms=now_ms)
+    object.__setattr__(pause, "until_ms", until_ms)
+    return pause
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_a_pause_stored_with_an_end_no_time_holds_holds_until_resumed(
+    harness: Harness, ns: Namespace, started: Backend, tmp_path: Path
+) -> None:
+    """docs/operations.md: such an end reads as "until resumed" everywhere: instances claim
+    (and skip) the job's slots, ``jobs``, ``explain`` and the dashboard answer."""
+    assert ns.url is not None
+    slots = await populate(started)
+    now = await steering.backend_now_ms(started)
+    # What an earlier version could store: epoch ns (SQLite and PostgreSQL keep 64 bits, the
+    # NATS bucket any JSON number); on Redis, whose write named the end in the reason (so
+    # failed past 9999), at most the last moment of 9999.
+    ends = {
+        "redis": [253_402_300_799_999],
+        "nats": [now * 1_000_000, 10**20],
+    }.get(harness.name, [now * 1_000_000])
+    control = started.control()
+    assert control is not None
+    for n, end in enumerate(ends):
+        await control.pause(_as_an_earlier_version_stored_it(end, now))
+        # A restarted instance (PostgreSQL's start ends such a pause in the table: its claim
+        # names the end with to_timestamp(), which failed on it, so every claim of the job did).
+        fresh = ns.make()
+        await fresh.start()
+        try:
+            lease = 15000 if fresh.is_lease_backend else 0
+            [held] = await fresh.claim([_claim(slots.unclaimed + n * 1000, lease_ms=lease)])
+            assert held.status is ClaimStatus.SKIPPED, held
+            assert held.run.reason is not None and held.run.reason.startswith("paused by old@ops")
+            [read] = await fresh.control().pauses()  # type: ignore[union-attr]
+            assert read.until_ms is None and read.by == "old@ops", read
+        finally:
+            await fresh.stop()
+        [job] = as_json(ns.url, "jobs")["jobs"]
+        assert job["paused"] is True and job["pause"]["until_ms"] is None, job
+        assert "sync: by old@ops since" in ok(ns.url, "jobs")
+        future = ok(ns.url, "explain", JOB, str(slots.future))
+        assert "the job is paused by old@ops: this slot is skipped" in future, future
+        if n == 0:
+            _pages_answer(ns.url, tmp_path, "/", f"/jobs/{JOB}", "/?format=json")
+        assert ok(ns.url, "resume", JOB).startswith("resumed job 'sync' (paused by old@ops")

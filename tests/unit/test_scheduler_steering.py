@@ -126,6 +126,11 @@ async def test_steering_needs_a_started_scheduler_and_good_input(clock: FakeCloc
             await scheduler.pause("tick", until=datetime(2030, 1, 1))
         with pytest.raises(InvalidOption, match="is not in the future"):
             await scheduler.pause("tick", until=datetime(2020, 1, 1, tzinfo=UTC))
+        with pytest.raises(InvalidOption, match=r"\(2100-01-01T00:00:00Z\) is more than 10 years"):
+            await scheduler.pause("tick", until=datetime(2100, 1, 1, tzinfo=UTC))
+        with pytest.raises(InvalidOption, match="leave the end out to pause until resumed"):
+            await scheduler.pause_all(until=datetime.max.replace(tzinfo=UTC))
+        assert await scheduler.paused() == []
         with pytest.raises(InvalidJobName):
             await scheduler.trigger("no such")
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from anarchon import MemoryBackend, Trigger, steering
+from anarchon._times import PAUSE_HORIZON_MS
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.control import ALL_JOBS, Pause, RunRequest
 from anarchon.errors import InvalidJobName, InvalidOption, UnsupportedFeature
@@ -102,3 +105,19 @@ def test_pauses_and_requests_read_back_what_a_store_keeps() -> None:
     del values["due_ms"]
     with pytest.raises(KeyError, match="due_ms"):
         RunRequest.from_dict(values)
+
+
+async def test_an_end_out_of_bounds_is_refused_before_anything_is_stored() -> None:
+    backend = MemoryBackend(clock=FakeClock(NOW))
+    for until, said in (
+        (NOW * 1000, "(epoch microseconds? divide by 1,000 for milliseconds)"),
+        (10**20, "is more than 10 years after the backend's clock"),
+        (NOW + PAUSE_HORIZON_MS + 1, "a pause ends within 10 years"),
+        (NOW // 1000 + 60, "(epoch seconds? multiply by 1000 for milliseconds)"),
+    ):
+        for job in ("job", ALL_JOBS):
+            with pytest.raises(InvalidOption, match=re.escape(said)):
+                await steering.pause(backend, job, until_ms=until)
+    assert await backend.control().pauses() == []
+    stored = await steering.pause(backend, "job", until_ms=NOW + PAUSE_HORIZON_MS)
+    assert stored.until_ms == NOW + PAUSE_HORIZON_MS

@@ -1,17 +1,22 @@
 """The one parser of the times people give (anarchon._times): what it reads, what it refuses and
-how it says so."""
+how it says so, the end a pause may have, and stored ends no time holds."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 import pytest
 
 from anarchon._times import (
     LATEST_MS,
+    PAUSE_HORIZON_MS,
     RANGE_RULE,
     check_time_ms,
+    check_until_ms,
     parse_duration_ms,
     parse_time_ms,
 )
+from anarchon.control import Pause, paused_reason
 from anarchon.errors import InvalidOption
 
 NEW_YEAR = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -110,3 +115,38 @@ def test_check_time_ms() -> None:
     ):
         with pytest.raises(InvalidOption, match=said.replace("(", r"\(").replace(")", r"\)")):
             check_time_ms(bad, "slot")
+
+
+@pytest.mark.parametrize(
+    ("until", "said"),
+    [
+        (NOW, "until=1796571690000 ms is not in the future"),
+        (NOW // 1000 + 3600, "(epoch seconds? multiply by 1000 for milliseconds)"),
+        (NOW + PAUSE_HORIZON_MS + 1, "is more than 10 years after the backend's clock"),
+        (datetime(2100, 1, 1, tzinfo=UTC).timestamp() * 1000, "must be epoch milliseconds"),
+        (NOW * 1000, "(after 9998) is more than 10 years"),
+        (NOW * 1000, "(epoch microseconds? divide by 1,000 for milliseconds)"),
+        (10**20, "leave the end out to pause until resumed"),
+    ],
+)
+def test_a_pause_ends_in_the_future_within_ten_years(until: object, said: str) -> None:
+    with pytest.raises(InvalidOption) as info:
+        check_until_ms(until, NOW)
+    assert said in str(info.value), info.value
+
+
+def test_a_pause_end_at_the_horizon_is_taken_and_named_as_given() -> None:
+    assert check_until_ms(NOW + 1, NOW) == NOW + 1
+    assert check_until_ms(NOW + PAUSE_HORIZON_MS, NOW) == NOW + PAUSE_HORIZON_MS
+    with pytest.raises(InvalidOption, match=r"^--until '2100-01-01' \(2100-01-01T00:00:00Z\)"):
+        check_until_ms(4_102_444_800_000, NOW, what="--until '2100-01-01'")
+
+
+@pytest.mark.parametrize("stored", [LATEST_MS + 1, NOW * 1000, NOW * 1_000_000, 10**20])
+def test_a_stored_end_no_time_holds_reads_as_until_resumed(stored: int) -> None:
+    # Written by an earlier version, which took any end: every reader got OverflowError.
+    row = {"job": "tick", "by": "old@ops", "at_ms": NOW, "until_ms": stored}
+    for pause in (Pause.from_dict(row), Pause.from_json(Pause.from_dict(row).to_json())):
+        assert pause.until_ms is None and pause.active(NOW + 10**15)
+        assert paused_reason(pause) == "paused by old@ops"
+    assert Pause(job="tick", by="b", at_ms=NOW, until_ms=LATEST_MS).until_ms == LATEST_MS

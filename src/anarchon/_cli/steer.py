@@ -11,7 +11,7 @@ from dataclasses import replace
 from .. import steering
 from .._job import check_name
 from .._readable import iso
-from .._times import parse_time_ms
+from .._times import check_until_ms, parse_time_ms
 from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
@@ -101,6 +101,7 @@ async def pause(args: argparse.Namespace) -> int:
         if args.until is not None:
             now = await steering.backend_now_ms(backend)
             until_ms = parse_time_ms(args.until, what="--until", now_ms=now)
+            until_ms = check_until_ms(until_ms, now, what=f"--until {args.until!r}")
         stored = await steering.pause(backend, job, until_ms=until_ms, by=args.by)
         await _carried_or_warn(backend, job, "the pause holds once one carries it")
     if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from anarchon.control import MAX_UNTIL_MS
 from anarchon.errors import BackendError
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ MIGRATIONS: Final = {1: "migration_1", 2: "migration_2", 3: "migration_3", 4: "m
 
 
 async def migrate(conn: AsyncConnection[Any], q: Queries) -> None:
-    """Create the schema and tables if missing and apply the migrations they lack."""
+    """Create the schema and tables if missing, apply the migrations they lack, and end the
+    stored pauses whose end no time holds (``end_unbounded_pauses``)."""
     async with conn.transaction():
         # Two instances starting at once on a fresh schema: the second waits here, then
         # finds the tables made and its version recorded.
@@ -46,6 +48,7 @@ async def migrate(conn: AsyncConnection[Any], q: Queries) -> None:
                 number,
                 extra={"action": "migrated"},
             )
+        await conn.execute(q["end_unbounded_pauses"], {"latest": MAX_UNTIL_MS})
 
 
 async def check_readable(conn: AsyncConnection[Any], q: Queries, where: str) -> None:

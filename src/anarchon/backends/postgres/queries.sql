@@ -1062,6 +1062,14 @@ RETURNING job, paused_by AS "by", at_ms, until_ms;
 -- name: pauses
 SELECT job, paused_by AS "by", at_ms, until_ms FROM {pauses};
 
+-- name: end_unbounded_pauses
+-- On every start, after the migrations: an end past the last time anarchon handles (the
+-- parameter latest, anarchon.control.MAX_UNTIL_MS), which earlier versions stored when given one
+-- (epoch nanoseconds by mistake), becomes no end at all, as Pause reads it. The claim function
+-- names a pause's end in its reason with to_timestamp(), which fails past the year 294276: such
+-- an end made every claim of the job fail.
+UPDATE {pauses} SET until_ms = NULL WHERE until_ms > %(latest)s;
+
 -- name: request
 -- Idempotent by id: answers a row only when the request was stored.
 INSERT INTO {requests} (id, job, trigger, slot_key, slot, due_ms, requested_by,
