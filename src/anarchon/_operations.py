@@ -206,8 +206,7 @@ class Operations:
         return await self._resume(ALL_JOBS)
 
     async def _resume(self, job: str) -> bool:
-        ended = await steering.resume(self.backend, job)
-        return ended is not None and ended.active(await steering.backend_now_ms(self.backend))
+        return await steering.resume(self.backend, job) is not None
 
     async def paused(self) -> list[Pause]:
         """The pauses that hold now (by job name; ``"*"`` is the whole-cluster one)."""

@@ -22,7 +22,16 @@ from .backend import Backend
 from .control import ALL_JOBS, ControlStore, Pause, RunRequest
 from .errors import UnsupportedFeature
 
-__all__ = ["backend_now_ms", "control_of", "pause", "pauses", "requester", "resume", "trigger"]
+__all__ = [
+    "backend_now_ms",
+    "control_of",
+    "pause",
+    "pauses",
+    "requester",
+    "resume",
+    "take_pause",
+    "trigger",
+]
 
 
 def requester() -> str:
@@ -77,11 +86,22 @@ async def pause(
     return stored
 
 
+async def take_pause(backend: Backend, job: str) -> tuple[Pause | None, int]:
+    """Remove the stored pause of ``job`` (or of :data:`~anarchon.control.ALL_JOBS`), whether
+    it still held or had ended by itself; return it (None: none was stored) and the backend's
+    clock just before (:meth:`~anarchon.control.Pause.active` at that time tells which)."""
+    _check_job(job)
+    now = await backend_now_ms(backend)
+    return await control_of(backend).resume(job), now
+
+
 async def resume(backend: Backend, job: str) -> Pause | None:
     """End the pause of ``job`` (or of :data:`~anarchon.control.ALL_JOBS`); return it, or None
-    if it was not paused. A job paused on its own stays paused when the cluster is resumed."""
-    _check_job(job)
-    return await control_of(backend).resume(job)
+    if it was not paused: no pause was stored, or the stored one had ended by itself (it is
+    removed all the same). A job paused on its own stays paused when the cluster is
+    resumed."""
+    taken, now = await take_pause(backend, job)
+    return taken if taken is not None and taken.active(now) else None
 
 
 async def pauses(backend: Backend) -> list[Pause]:

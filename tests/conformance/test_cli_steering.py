@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 from anarchon import Backend, RunStatus, Trigger, steering
 from anarchon.backend import ClaimRequest, ClaimStatus
-from anarchon.control import Pause
+from anarchon.control import ALL_JOBS, Pause
 from anarchon.registry import InstanceRecord, JobDefinition, record_instance
 from tests.harness import Harness, Namespace
 from tests.web.cluster import Cluster
@@ -309,6 +310,27 @@ async def test_times_out_of_range_exit_2_and_store_nothing(
     assert job["paused"] is False, job
     last = ok(ns.url, "explain", JOB, "9998-12-31T23:59:59Z")
     assert "in the future" in last, last
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_resuming_a_pause_that_ended_by_itself_says_it_was_not_paused(
+    harness: Harness, ns: Namespace, started: Backend
+) -> None:
+    assert ns.url is not None
+    await populate(started)
+    now = await steering.backend_now_ms(started)
+    control = started.control()
+    assert control is not None
+    ended = Pause(job=JOB, by="alice@ops", at_ms=now - 2000, until_ms=now - 1000)
+    await control.pause(ended)
+    said = ok(ns.url, "resume", JOB).strip()
+    until = datetime.fromtimestamp((now - 1000) // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert said == f"job 'sync' was not paused: its pause by alice@ops ended at {until}", said
+    assert await control.pauses() == []  # removed all the same
+    await control.pause(ended)
+    assert as_json(ns.url, "resume", JOB) == {"resumed": None, "still_paused": []}
+    await control.pause(replace(ended, job=ALL_JOBS))
+    assert ok(ns.url, "resume", "--all").strip().startswith("every job was not paused: its pause")
 
 
 def _pages_answer(url: str, tmp_path: Path, *pages: str) -> None:

@@ -121,3 +121,18 @@ async def test_an_end_out_of_bounds_is_refused_before_anything_is_stored() -> No
     assert await backend.control().pauses() == []
     stored = await steering.pause(backend, "job", until_ms=NOW + PAUSE_HORIZON_MS)
     assert stored.until_ms == NOW + PAUSE_HORIZON_MS
+
+
+async def test_resuming_a_pause_that_ended_by_itself_says_it_was_not_paused() -> None:
+    clock = FakeClock(NOW)
+    backend = MemoryBackend(clock=clock)
+    await steering.pause(backend, "job", until_ms=NOW + 1000, by="alice@ops")
+    everything = await steering.pause(backend, ALL_JOBS, until_ms=NOW + 1000, by="bob@ops")
+    clock.step(2500)
+    assert await steering.resume(backend, "job") is None  # returned the ended pause before
+    assert await steering.pause(backend, "job", until_ms=NOW + 5000) is not None
+    clock.step(1000)
+    assert await steering.take_pause(backend, ALL_JOBS) == (everything, NOW + 3500)
+    assert await steering.take_pause(backend, ALL_JOBS) == (None, NOW + 3500)
+    assert await steering.resume(backend, "job") is not None  # still held: until NOW + 5000
+    assert await backend.control().pauses() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,6 +21,7 @@ import uvicorn
 
 from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, Trigger
 from anarchon._times import LATEST_MS
+from anarchon.control import Pause
 from anarchon.registry import JobDefinition
 from anarchon.web import dashboard
 from anarchon.web._data import (
@@ -272,6 +274,13 @@ async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
     assert bearer.status == 200 and bearer.json()["by"] == "token@dashboard"
     bad = await client.call("/jobs/failing/pause", {"csrf": client.csrf(), "for_minutes": "x"})
     assert bad.status == 400 and "for_minutes=&#39;x&#39; must be a whole number" in bad.body
+    # A pause whose end has passed no longer holds: resuming it says so (it said "resumed").
+    now = int(time.time() * 1000)
+    await control.pause(Pause(job="daily", by="bob@ops", at_ms=now - 2000, until_ms=now - 1000))
+    ended = await client.call(
+        "/jobs/daily/resume", {"csrf": client.csrf()}, headers={"Accept": "application/json"}
+    )
+    assert ended.status == 200 and ended.json()["done"] == "daily was not paused", ended.body
     unknown = await client.call("/jobs/failing/explode", {"csrf": client.csrf()})
     assert unknown.status == 400
 

@@ -117,8 +117,9 @@ async def resume(args: argparse.Namespace) -> int:
     """``anarchon resume JOB|--all``."""
     job = _job_or_all(args, "resume")
     async with opened(args.backend, registry=True) as backend:
-        ended = await steering.resume(backend, job)
+        taken, now = await steering.take_pause(backend, job)
         held = [p for p in await steering.pauses(backend) if p.job in (ALL_JOBS, job)]
+    ended = taken if taken is not None and taken.active(now) else None
     if args.json:
         print(
             json.dumps(
@@ -128,7 +129,9 @@ async def resume(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     what = "every job" if job == ALL_JOBS else f"job {job!r}"
-    if ended is None:
+    if taken is not None and ended is None:
+        say(f"{what} was not paused: its pause by {shown(taken.by)} ended at {iso(taken.until_ms)}")
+    elif ended is None:
         say(f"{what} was not paused")
     else:
         say(f"resumed {what} (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
