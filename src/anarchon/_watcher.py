@@ -23,7 +23,7 @@ from typing import Final
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
 from ._metrics import Counters
-from ._models import Run, RunStatus
+from ._models import Run
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import AnarchonError, BackendError
@@ -40,11 +40,8 @@ RETRY_MS: Final = 1_000
 # end together: checking them all at once would open thousands of backend calls (past a Redis
 # client's pool, or waiting on a PostgreSQL pool until timeout_ms); the rest wait their turn.
 MAX_CHECKS: Final = 32
-# adopt(): how many of a job's newest attempts are read for runs still open, and how many jobs
-# are read at once (it runs beside the first slots' claims). Open attempts are the newest but
-# for a job with overlap="allow" and more than ADOPT_LOOKBACK runs at once.
-ADOPT_LOOKBACK: Final = 20
-ADOPT_READS: Final = 4
+# adopt(): the jobs of one open_runs() call (the bound last_slots has).
+ADOPT_PART: Final = 2_000
 
 OnTaken = Callable[[Job, Ticket, bool, int], None]
 """``on_taken(job, ticket, reserved, sent_ms)``: run a taken-over attempt (``reserved``: a
@@ -108,48 +105,46 @@ class BackupWatcher:
     async def adopt(self, jobs: Sequence[Job], now_ms: int) -> None:
         """Watch the runs of ``jobs`` still recorded running that started within each job's
         ``catch_up_window_ms`` before ``now_ms`` (the backend's clock): runs that began before
-        this instance carried the job, which no claim of its own lost to. Each is checked at
-        once; a live lease answers held and is watched until it ends. A run the backend names
-        no key for (:attr:`~anarchon.Run.slot_key` None) is left alone; a job whose history
-        cannot be read is logged and left to the instances that watch it."""
-        gate = asyncio.Semaphore(ADOPT_READS)
-
-        async def adopt_one(job: Job) -> None:
-            async with gate:
-                if self._closed or self.jobs(job.name) is not job:
-                    return
-                try:
-                    runs = await self.backend.history(job.name, ADOPT_LOOKBACK)
-                except AnarchonError as exc:
-                    logger.warning(
-                        "could not read %s's open runs to watch them: %s",
-                        job.name,
-                        exc,
-                        extra=log_fields(Action.ADOPT_FAILED, job.name),
-                    )
-                    return
-            since = now_ms - job.policy.catch_up_window_ms
-            keys = [
-                run.slot_key
-                for run in runs
-                if run.status is RunStatus.RUNNING
-                and run.slot_key is not None
-                and run.started_at.timestamp() * 1000 >= since
-            ]
-            if not keys or self._closed:
+        this instance carried the job, which no claim of its own lost to
+        (:meth:`~anarchon.backend.LeaseBackend.open_runs`, :data:`ADOPT_PART` jobs a call).
+        Each is checked at once; a live lease answers held and is watched until it ends. A
+        run the backend names no key for is left alone; jobs whose runs cannot be read are
+        logged and left to the instances that watch them."""
+        for first in range(0, len(jobs), ADOPT_PART):
+            part = {job.name: job for job in jobs[first : first + ADOPT_PART]}
+            since = now_ms - max(job.policy.catch_up_window_ms for job in part.values())
+            try:
+                runs = await self.backend.open_runs(list(part), since)
+            except AnarchonError as exc:
+                logger.warning(
+                    "could not read the open runs of %d job(s) (%s%s) to watch them: %s",
+                    len(part),
+                    next(iter(part)),
+                    f" and {len(part) - 1} more" if len(part) > 1 else "",
+                    exc,
+                    extra=log_fields(Action.ADOPT_FAILED),
+                )
+                continue
+            if self._closed:
                 return
-            for slot_key in keys:
-                if (job.name, slot_key) not in self._watched:
-                    self._schedule(job.name, slot_key, self.clock.monotonic_ms())
-            logger.info(
-                "watching %d run(s) of %s still open from before this instance carried it: %s",
-                len(keys),
-                job.name,
-                ", ".join(keys),
-                extra=log_fields(Action.RUNS_ADOPTED, job.name, runs=len(keys)),
-            )
-
-        await asyncio.gather(*(adopt_one(job) for job in jobs))
+            keys: dict[str, list[str]] = {}
+            for run in runs:
+                job = part.get(run.job)
+                if job is None or run.slot_key is None or self.jobs(run.job) is not job:
+                    continue
+                if run.started_at.timestamp() * 1000 >= now_ms - job.policy.catch_up_window_ms:
+                    keys.setdefault(run.job, []).append(run.slot_key)
+            for name, found in keys.items():
+                for slot_key in found:
+                    if (name, slot_key) not in self._watched:
+                        self._schedule(name, slot_key, self.clock.monotonic_ms())
+                logger.info(
+                    "watching %d run(s) of %s still open from before this instance carried it: %s",
+                    len(found),
+                    name,
+                    ", ".join(found),
+                    extra=log_fields(Action.RUNS_ADOPTED, name, runs=len(found)),
+                )
 
     def watching(self) -> bool:
         """Whether any run is watched: a cheap test before posting a :meth:`poke` to the

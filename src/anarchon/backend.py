@@ -43,6 +43,7 @@ current one. Any other :class:`~anarchon.errors.BackendError` is treated as perm
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -56,6 +57,7 @@ from .registry import RegistryStore
 __all__ = [
     "HANDED_OVER",
     "LEASE_LOST",
+    "OPEN_RUNS_LOOKBACK",
     "OVERLAP",
     "PRUNED_REASON",
     "TOO_LATE",
@@ -101,6 +103,9 @@ TOO_LATE: Final = "too late: "
 (the core's ``skip_reason``)."""
 PRUNED_REASON: Final = "too old: the job's history is pruned past this slot"
 """Reason of the LOST answer to a claim of a slot the job's history was pruned past."""
+OPEN_RUNS_LOOKBACK: Final = 20
+"""How many of a job's newest attempts :meth:`LeaseBackend.open_runs`'s default reads: open
+attempts are the newest, but for a job with ``overlap="allow"`` and more running at once."""
 
 
 class Capability(StrEnum):
@@ -654,6 +659,32 @@ class LeaseBackend(Backend):
         scheduler with thousands of jobs asks for them when it starts, at most 2 000 a call.
         Default: :meth:`last_slot` per job."""
         return {job: await self.last_slot(job) for job in jobs}
+
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """Return the attempts of ``jobs`` still recorded ``running`` (their lease live, expired
+        or released) that started at or after ``since_ms`` (the backend's clock), each with its
+        :attr:`~anarchon.Run.slot_key`, in any order.
+
+        The scheduler asks when it starts carrying jobs (at most 2 000 a call), to watch the
+        runs that no claim of its own lost to: a run whose runner dies is then taken over even
+        when every instance that lost its claim is gone too. Override to answer from an index of
+        running attempts in one round trip. Default: each job's :data:`OPEN_RUNS_LOOKBACK`
+        newest attempts (:meth:`history`), four jobs at a time."""
+        gate = asyncio.Semaphore(4)
+
+        async def newest(job: str) -> list[Run]:
+            async with gate:
+                return await self.history(job, OPEN_RUNS_LOOKBACK)
+
+        found = await asyncio.gather(*(newest(job) for job in dict.fromkeys(jobs)))
+        return [
+            run
+            for runs in found
+            for run in runs
+            if run.status is RunStatus.RUNNING
+            and run.slot_key is not None
+            and run.started_at.timestamp() * 1000 >= since_ms
+        ]
 
     async def subscribe(self, on_change: ChangeListener) -> None:
         """Call ``on_change(job, slot_key, released)`` (a :class:`ChangeEvent`'s fields) when an

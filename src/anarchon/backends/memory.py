@@ -278,6 +278,17 @@ class MemoryBackend(LeaseBackend):
         return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
 
     @_serialised
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs` (a pass over each job's
+        records)."""
+        return [
+            row.to_run()
+            for job in dict.fromkeys(jobs)
+            for row in self._rows.rows(job)
+            if row.status == RunStatus.RUNNING and row.started_at >= since_ms
+        ]
+
+    @_serialised
     async def slot_records(self, job: str, slot: int) -> SlotRecords:
         """See :meth:`anarchon.backend.Backend.slot_records` (a pass over the job's records,
         as :meth:`history` makes)."""

@@ -301,6 +301,33 @@ class LeaseBackendContract(BackendContract):
         assert statuses.count(TakeoverStatus.TAKEN) == 1, statuses
         assert statuses.count(TakeoverStatus.HELD) == 5, statuses
 
+    async def test_open_runs_are_the_running_attempts_since_a_time(
+        self, lease_backend: LeaseBackend
+    ) -> None:
+        """Open runs are the attempts still running (released too) since a time, with keys."""
+        made = [
+            request(job="a", lease_ms=60_000),
+            request(job="a", slot=SLOT + 1_000, lease_ms=60_000),
+            request(job="b", slot=None, trigger=Trigger.MANUAL, lease_ms=60_000),
+            request(job="b", lease_ms=60_000),
+            request(job="c", lease_ms=60_000),
+        ]
+        tickets = []
+        for req in made:
+            [won] = await lease_backend.claim([req])
+            assert won.ticket is not None
+            tickets.append(won.ticket)
+        done, live, manual, released, _other = tickets
+        await lease_backend.finish(done, RunStatus.SUCCEEDED, None)
+        await lease_backend.release(released, "handed over")
+        runs = await lease_backend.open_runs(["a", "b", "missing"], 0)
+        assert sorted((r.job, r.slot_key, r.run_id) for r in runs) == sorted(
+            (t.job, t.slot_key, t.run_id) for t in (live, manual, released)
+        )
+        assert {r.status for r in runs} == {RunStatus.RUNNING}
+        an_hour_on = int(time.time() * 1000) + 3_600_000
+        assert await lease_backend.open_runs(["a", "b"], an_hour_on) == []
+
     async def test_release_hands_over_at_once(self, lease_backend: LeaseBackend) -> None:
         """Release hands over at once."""
         [won] = await lease_backend.claim([request(lease_ms=60_000)])

@@ -366,6 +366,17 @@ class PostgresBackend(contract.LeaseBackend):
         found = await self._db.read(self._queries["history"], {"job": job, "limit": limit})
         return rows.runs(found)
 
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one statement per
+        :data:`LAST_SLOTS_BATCH` jobs, through the index of running attempts."""
+        names = list(dict.fromkeys(jobs))
+        found: list[Run] = []
+        for at in range(0, len(names), LAST_SLOTS_BATCH):
+            batch = names[at : at + LAST_SLOTS_BATCH]
+            params = {"jobs": batch, "since": since_ms}
+            found += rows.runs(await self._db.read(self._queries["open_runs"], params))
+        return found
+
     async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
         """See :meth:`anarchon.backend.Backend.slot_records`: one statement of index lookups,
         whatever the size of the job's history."""

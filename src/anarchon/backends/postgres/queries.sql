@@ -1035,6 +1035,13 @@ SELECT greatest(
     (SELECT through FROM {pruned} WHERE job = %(job)s)
 ) AS slot;
 
+-- name: open_runs
+-- The attempts of an array of jobs still running that started since a time
+-- (LeaseBackend.open_runs), through the partial index on running attempts (runs_running).
+SELECT {run_columns}
+FROM {runs} x
+WHERE x.job = ANY(%(jobs)s::text[]) AND x.status = 'running' AND x.started_at >= %(since)s;
+
 -- name: last_slots
 -- last_slot of each job of an array, in one statement (a scheduler starting with 100 000 jobs
 -- asks for all of them).

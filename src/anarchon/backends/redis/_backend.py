@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ... import backend as contract
 from ...errors import BackendError
@@ -47,6 +47,10 @@ def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
     if held is None:
         return None
     return {name: held[name] for name in (job, "*") if name in held}
+
+
+OPEN_RUNS_PART: Final = 500
+"""Jobs of one pipeline of :meth:`RedisBackend.open_runs`."""
 
 
 class RedisBackend(contract.LeaseBackend):
@@ -279,6 +283,25 @@ class RedisBackend(contract.LeaseBackend):
         if limit <= 0:
             return []
         return rows.runs(await self._connection.script("history", keys, self._args(limit=limit)))
+
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's
+        :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest attempts (the history script), one
+        pipeline per :data:`OPEN_RUNS_PART` jobs."""
+        names = list(dict.fromkeys(jobs))
+        args = self._args(limit=contract.OPEN_RUNS_LOOKBACK)
+        found: list[Run] = []
+        for at in range(0, len(names), OPEN_RUNS_PART):
+            part = names[at : at + OPEN_RUNS_PART]
+            calls = [(self._keys.job(job).all(), args) for job in part]
+            for answer in await self._connection.script_raw_many("history", calls):
+                found += [
+                    run
+                    for run in rows.runs(answer)
+                    if run.status is RunStatus.RUNNING
+                    and run.started_at.timestamp() * 1000 >= since_ms
+                ]
+        return found
 
     def registry(self) -> RedisRegistry:
         """The registry, in three keys of its own under the prefix (see ``_registry``)."""

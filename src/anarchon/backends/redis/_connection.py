@@ -351,6 +351,15 @@ class Connection:
         """Run one script and return its raw answer."""
         return await self.call(self._runner().call(name, keys, args))
 
+    async def script_raw_many(self, name: str, calls: Sequence[Call]) -> list[Any]:
+        """Run one script per call in one pipeline and return their raw answers in order; the
+        first call that failed raises its error, translated."""
+        answers = await self.call(self._runner().call_many(name, calls))
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise translate(answer, self.where) from answer
+        return answers
+
     async def script_json(self, name: str, keys: Sequence[str], args: str) -> dict[str, Any]:
         """Run one script and return its decoded JSON answer."""
         decoded: dict[str, Any] = json.loads(text(await self.script(name, keys, args)))

@@ -149,6 +149,22 @@ class SQLiteBackend(contract.LeaseBackend):
 
         return await self._db.call(read)
 
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one query per 400 jobs, through
+        the index of running attempts."""
+        names = list(dict.fromkeys(jobs))
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            found: list[Run] = []
+            for start in range(0, len(names), 400):
+                chunk = names[start : start + 400]
+                query = Q["open_runs"].replace("?jobs", ", ".join("?" * len(chunk)))
+                rows = conn.execute(query, [*chunk, since_ms]).fetchall()
+                found += [r.to_run() for r in map(row_of, rows) if r is not None]
+            return found
+
+        return await self._db.call(read)
+
     async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
         """See :meth:`anarchon.backend.Backend.slot_records`: three index lookups, whatever the
         size of the job's history."""

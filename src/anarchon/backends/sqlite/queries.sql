@@ -154,6 +154,14 @@ SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, f
        finished_at, lease_expires_at, released, error, reason, requested_by
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
+-- name: open_runs
+-- The attempts of some jobs still running that started since a time (LeaseBackend.open_runs),
+-- through the partial index on running attempts (anarchon_runs_running).
+SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
+       finished_at, lease_expires_at, released, error, reason, requested_by
+FROM anarchon_runs INDEXED BY anarchon_runs_running
+WHERE job IN (?jobs) AND status = 'running' AND started_at >= ?;
+
 -- name: slot_records
 -- Every attempt of a slot, its retries' too, oldest first, through the partial index on
 -- (job, slot). Named: without statistics (the backend never runs ANALYZE) SQLite would rather
