@@ -2,9 +2,10 @@
 
 Every ``heartbeat_ms`` the instance writes its :class:`~anarchon.registry.InstanceRecord` (one
 small document, whole, naming its jobs' definitions set by digest: the set itself is saved once,
-see :func:`~anarchon.registry.record_instance`), removes records silent for longer than
-:data:`~anarchon.registry.SILENT_HEARTBEATS` of its own heartbeats, and reads the registry back
-to look for definition drift (every :data:`PRUNE_EVERY` beats it also removes the definitions
+see :func:`~anarchon.registry.record_instance`), reads the registry back, removes the records
+that are not live (:func:`~anarchon.registry.is_live`: silent for longer than
+:data:`~anarchon.registry.SILENT_HEARTBEATS` of *their own* heartbeats), and looks for
+definition drift (every :data:`PRUNE_EVERY` beats it also removes the definitions
 sets no live record names): one WARNING (action ``definition_drift``) per distinct drift,
 naming the instances and the definitions.
 
@@ -37,11 +38,19 @@ from .registry import (
     RegistryStore,
     build_view,
     encode_definitions,
+    is_live,
     read_instances,
     record_instance,
 )
 
-__all__ = ["DEFAULT_HEARTBEAT_MS", "HEARTBEAT", "Heartbeat", "definition_of", "read_cluster"]
+__all__ = [
+    "DEFAULT_HEARTBEAT_MS",
+    "HEARTBEAT",
+    "Heartbeat",
+    "definition_of",
+    "read_cluster",
+    "silent_cutoff",
+]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -111,8 +120,22 @@ _OPTIONS: dict[tuple[object, ...], dict[str, str | int | bool | None]] = {}
 
 
 async def read_cluster(store: RegistryStore, now_ms: int) -> ClusterView:
-    """Read the registry once: the instances, their definitions and the drift among them."""
-    return build_view(await read_instances(store), now_ms)
+    """Read the registry once: the live instances, their definitions and the drift among them
+    (records that are not live at ``now_ms`` in the view's ``silent``)."""
+    return build_view(await read_instances(store, now_ms), now_ms)
+
+
+def silent_cutoff(records: Iterable[InstanceRecord], now_ms: int, interval_ms: int) -> int:
+    """The heartbeat time before which every record is silent by its own rule
+    (:func:`~anarchon.registry.is_live`), for :meth:`RegistryStore.remove_silent`.
+
+    The store removes by one cutoff, while each record is judged by its own interval: the
+    cutoff goes back :data:`SILENT_HEARTBEATS` of the longest interval among the live records
+    (and ``interval_ms``, this instance's), so a record that beats less often than this instance
+    is never removed while it is live (a dead record of a shorter interval waits a little longer
+    in the store; no view counts it meanwhile)."""
+    longest = max((r.interval_ms for r in records if is_live(r, now_ms)), default=interval_ms)
+    return now_ms - SILENT_HEARTBEATS * max(longest, interval_ms)
 
 
 _by_name: Final = operator.attrgetter("name")
@@ -252,13 +275,18 @@ class Heartbeat:
             await self._refresh()
             await record_instance(self.store, self.record(), self._saved)
             now = self.backend_now_ms()
-            cutoff = now - SILENT_HEARTBEATS * self.interval_ms
+            # Read first, then remove: the cutoff depends on the live records' intervals.
+            records = await read_instances(self.store, now)
+            cutoff = silent_cutoff(records, now, self.interval_ms)
             removed = await self.store.remove_silent(cutoff)
-            view = await read_cluster(self.store, now)
+            dropped = frozenset(removed)
+            kept = [r for r in records if r.id not in dropped]
+            view = build_view(kept, now)
             self._beats += 1
             if removed or self._beats % PRUNE_EVERY == 1:
+                # The sets of every record still stored, live or not yet removed, are kept.
                 await self.store.prune_definitions(
-                    {i.definitions for i in view.instances if i.definitions},
+                    {r.definitions for r in kept if r.definitions},
                     min(cutoff, now - PRUNE_GRACE_MS),
                 )
         except AnarchonError as exc:
@@ -282,7 +310,7 @@ class Heartbeat:
             )
         for gone in removed:
             logger.info(
-                "removed instance %s from the registry: silent for over %d heartbeats",
+                "removed instance %s from the registry: silent for over %d of its heartbeats",
                 gone,
                 SILENT_HEARTBEATS,
                 extra={"action": Action.INSTANCE_REMOVED, "instance": gone},

@@ -366,7 +366,7 @@ async def _definitions(
     if view is None:
         store = backend.registry()
         if store is not None:
-            view = build_view(await read_instances(store), now_ms)
+            view = build_view(await read_instances(store, now_ms), now_ms)
     found = () if view is None else tuple(view.definitions.get(job, ()))
     return found, view
 

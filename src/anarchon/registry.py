@@ -1,9 +1,16 @@
 """The registry: which instances run, which jobs they carry, and where their definitions differ.
 
 Every running :class:`~anarchon.Scheduler` records itself in its backend (an
-:class:`InstanceRecord`) every ``heartbeat_ms``, and removes records silent for longer than six
-heartbeats. Anyone with the backend's URL can read the picture back as a :class:`ClusterView`
-(``await scheduler.cluster()``, ``anarchon instances``, ``anarchon jobs``).
+:class:`InstanceRecord`) every ``heartbeat_ms``. Anyone with the backend's URL can read the
+picture back as a :class:`ClusterView` (``await scheduler.cluster()``, ``anarchon instances``,
+``anarchon jobs``, the dashboard).
+
+One rule decides which records are live (:func:`is_live`): a record not refreshed for
+:data:`SILENT_HEARTBEATS` of its own heartbeat intervals is not, whatever the backend. Every view
+leaves such records out of its instances (they are listed apart, in :attr:`ClusterView.silent`),
+so an instance killed with ``kill -9`` stops counting as live at the same moment for every
+reader, even when no live instance is left to remove its record; the next live instance's
+heartbeat removes it from the store.
 
 A record is small (version 2, about 275 bytes): the instance's own fields, the number of jobs it
 carries and the sha256 ``definitions`` digest of the set of their :class:`JobDefinition`. Each
@@ -32,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from .control import ALL_JOBS
 from .logs import Action
 
 if TYPE_CHECKING:
@@ -47,16 +55,20 @@ __all__ = [
     "JobView",
     "RegistryStore",
     "build_view",
+    "carrier_warning",
     "decode_definitions",
     "describe_jobs",
     "encode_definitions",
+    "is_live",
     "read_instances",
     "record_instance",
+    "split_live",
 ]
 
 logger = logging.getLogger("anarchon.scheduler")
 
-#: Instances silent for this many of their heartbeats are removed from the registry.
+#: A record not refreshed for this many of its own heartbeat intervals is not live
+#: (:func:`is_live`), and is removed from the registry by the next live instance's heartbeat.
 SILENT_HEARTBEATS: Final = 6
 #: Version of the stored document; a reader skips documents of a newer version it cannot read.
 RECORD_VERSION: Final = 2
@@ -210,6 +222,15 @@ class InstanceRecord:
             return None
 
 
+def is_live(record: InstanceRecord, now_ms: int) -> bool:
+    """True if ``record`` was refreshed within :data:`SILENT_HEARTBEATS` of its own heartbeat
+    intervals before ``now_ms`` (backend clock, epoch ms): the one rule by which every view,
+    command and page tells a live instance from one that died without removing its record.
+
+    A record at exactly the limit is live: a heartbeat removes only records older than it."""
+    return now_ms - record.heartbeat_ms <= SILENT_HEARTBEATS * record.interval_ms
+
+
 # -- definition sets: encoded, saved and decoded once per digest ----------------------------------
 # A heartbeat writes its instance's record and reads every other's every few seconds; with
 # 100 000 jobs the definitions are tens of megabytes that rarely change. A record names them by
@@ -334,8 +355,12 @@ async def record_instance(
     await store.record(instance)
 
 
-async def read_instances(store: RegistryStore) -> list[InstanceRecord]:
+async def read_instances(store: RegistryStore, now_ms: int | None = None) -> list[InstanceRecord]:
     """Every recorded instance, each with its ``jobs`` resolved from its definitions set.
+
+    With ``now_ms`` (backend clock), only the live records (:func:`is_live`) have their sets
+    resolved: the others come back as stored (no ``jobs`` in a version 2 record), since views
+    leave them out, and a dead instance's set is neither read nor missed.
 
     A set is read from the store once per digest and process. A record naming a set nobody
     saved (or a damaged one) comes back with no ``jobs`` (its ``job_count`` still tells how many
@@ -344,7 +369,7 @@ async def read_instances(store: RegistryStore) -> list[InstanceRecord]:
     out: list[InstanceRecord] = []
     for record in await store.instances():
         digest = record.definitions
-        if digest is None or record.jobs:
+        if digest is None or record.jobs or (now_ms is not None and not is_live(record, now_ms)):
             out.append(record)  # version 1: the definitions inline
             continue
         jobs = _decodings.get(digest)
@@ -442,13 +467,34 @@ class ClusterView:
     now_ms: int
     """When it was read (backend clock as the reader measured it)."""
     instances: tuple[InstanceRecord, ...]
+    """The live instances (:func:`is_live` at :attr:`now_ms`), by id."""
     definitions: Mapping[str, tuple[JobDefinition, ...]]
     """Each job name to its distinct definitions (one unless it drifts), most carried first."""
     drift: tuple[Drift, ...]
+    silent: tuple[InstanceRecord, ...] = ()
+    """Records still in the registry that are not live (silent for more than
+    :data:`SILENT_HEARTBEATS` of their heartbeats: a process killed, a host lost), by id. Their
+    jobs count nowhere in the view; the next live instance's heartbeat removes them."""
 
     def carriers(self, job: str) -> tuple[str, ...]:
         """The ids of the instances that carry ``job``."""
         return tuple(i.id for i in self.instances if _carries(i.jobs, job))
+
+
+#: What a pause or a run request of a job that no live instance carries does meanwhile.
+_UNCARRIED: Final = {
+    "pause": "the pause holds once one carries it",
+    "trigger": "the request waits until one does",
+}
+
+
+def carrier_warning(view: ClusterView, job: str, action: str) -> str | None:
+    """The warning for ``action`` (``pause`` or ``trigger``) on ``job`` when no live instance
+    in ``view`` carries it (it works, and waits for one); None when one does, or for every job
+    (:data:`~anarchon.control.ALL_JOBS`). The commands and the dashboard say these words."""
+    if job == ALL_JOBS or view.carriers(job):
+        return None
+    return f"no live instance carries job {job!r}: {_UNCARRIED[action]}"
 
 
 _names: dict[int, tuple[tuple[JobDefinition, ...], frozenset[str]]] = {}
@@ -464,14 +510,31 @@ def _carries(jobs: tuple[JobDefinition, ...], name: str) -> bool:
     return name in found[1]
 
 
+def split_live(
+    instances: Iterable[InstanceRecord], now_ms: int
+) -> tuple[tuple[InstanceRecord, ...], tuple[InstanceRecord, ...]]:
+    """The live records (:func:`is_live` at ``now_ms``) and the silent ones, each by id."""
+    ordered = sorted(instances, key=lambda i: i.id)
+    live = tuple(i for i in ordered if is_live(i, now_ms))
+    if len(live) == len(ordered):
+        return live, ()
+    return live, tuple(i for i in ordered if not is_live(i, now_ms))
+
+
 def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
-    """Group the instances' definitions by job and find the jobs whose definitions differ."""
-    ordered = tuple(sorted(instances, key=lambda i: i.id))
+    """Group the live instances' definitions by job and find the jobs whose definitions differ;
+    records that are not live at ``now_ms`` (:func:`is_live`) go to :attr:`ClusterView.silent`
+    and count nowhere else."""
+    ordered, silent = split_live(instances, now_ms)
     if len({id(i.jobs) for i in ordered}) == 1:
         # Every instance carries the very same definitions (records whose jobs' text is equal
         # decode to one tuple): nothing can drift, and grouping 10 000 jobs per beat is skipped.
         return ClusterView(
-            now_ms=now_ms, instances=ordered, definitions=_alike(ordered[0].jobs), drift=()
+            now_ms=now_ms,
+            instances=ordered,
+            definitions=_alike(ordered[0].jobs),
+            drift=(),
+            silent=silent,
         )
     carried: dict[str, dict[str, tuple[JobDefinition, list[str]]]] = {}
     for instance in ordered:
@@ -486,7 +549,11 @@ def build_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
         if len(ranked) > 1:
             drift.append(Drift(job=name, variants=tuple((d, tuple(i)) for d, i in ranked)))
     return ClusterView(
-        now_ms=now_ms, instances=ordered, definitions=definitions, drift=tuple(drift)
+        now_ms=now_ms,
+        instances=ordered,
+        definitions=definitions,
+        drift=tuple(drift),
+        silent=silent,
     )
 
 

@@ -120,6 +120,42 @@ def test_three_instances_drift_and_a_killed_one_disappears(instances: Instances)
     assert "w0" in text.stdout and "w1" not in text.stdout, text.stdout
 
 
+@pytest.mark.parametrize("harness", ["sqlite", "postgres", "redis", "nats"], indirect=True)
+def test_when_every_instance_is_killed_none_is_live(instances: Instances) -> None:
+    """kill -9 every instance: nobody is left to remove their records, yet after six of their
+    heartbeats every command agrees that none is live (docs/operations.md)."""
+    url = instances.url
+    for name in ("w0", "w1"):
+        instances.spawn(name, "* * * * * *", heartbeat_ms=300)
+    wait_for(lambda: live(url).keys() == {"w0", "w1"}, "two live instances")
+    for proc in instances.procs.values():
+        proc.kill()
+        proc.wait(30)
+
+    def none_live() -> dict[str, Any] | None:
+        found = read_json("instances", "--backend", url)
+        return found if not found["instances"] else None
+
+    found = wait_for(none_live, "no live instance")
+    assert sorted(i["id"] for i in found.get("silent", [])) == ["w0", "w1"]
+    for record in found["silent"]:
+        assert record["heartbeat_age_ms"] > 6 * 300, record
+    text = anarchon("instances", "--backend", url)
+    assert text.returncode == 0 and "no live instances in" in text.stdout, text
+    assert "not live (silent for over 6 of their heartbeats" in text.stdout, text.stdout
+    assert read_json("jobs", "--backend", url)["jobs"] == []
+    table = anarchon("jobs", "--backend", url)
+    assert table.returncode == 0 and "no live instance carries a job" in table.stdout, table
+    for argv, consequence in (
+        (("trigger", "sync"), "the request waits until one does"),
+        (("pause", "sync"), "the pause holds once one carries it"),
+    ):
+        out = anarchon(*argv, "--backend", url)
+        assert out.returncode == 0, out
+        warning = f"anarchon: warning: no live instance carries job 'sync': {consequence}"
+        assert warning in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 def test_every_option_at_its_default(instances: Instances) -> None:
     url = instances.url

@@ -51,7 +51,9 @@ async def _setup() -> tuple[FakeClock, MemoryBackend]:
         version="0",
         started_ms=T0,
         heartbeat_ms=T0,
-        interval_ms=5000,
+        # Nothing refreshes the record while the clock moves hours on: beating hourly (the
+        # longest heartbeat_ms), it stays live for six hours (anarchon.registry.is_live).
+        interval_ms=3_600_000,
         clock_offset_ms=0,
         jobs=(DEF,),
     )

@@ -110,7 +110,10 @@ async def test_an_outage_is_logged_once_and_the_drift_once(
         assert await beat.beat() is not None
     actions = [getattr(r, "action", None) for r in caplog.records]
     assert actions == ["registry_unavailable", "registry_recovered", "definition_drift"]
-    await clock.advance(6_001)  # "other" silent for over 6 heartbeats of 1 s
+    await clock.advance(6_001)  # six of this instance's heartbeats, not of other's (5 s)
+    view = await beat.beat()
+    assert view is not None and [i.id for i in view.instances] == ["me", "other"]
+    await clock.advance(24_000)  # "other" silent for over 6 of its own heartbeats of 5 s
     view = await beat.beat()
     assert view is not None and [i.id for i in view.instances] == ["me"]
 
@@ -253,3 +256,63 @@ async def test_a_store_without_touch_has_the_first_record_s_set_saved() -> None:
     assert store.sent == 2
     assert await store.inner.prune_definitions(set(), 2_000) == []
     assert not await RegistryStore.touch_definitions(cast(RegistryStore, store), "d", 1)
+
+
+def test_a_record_is_live_for_six_of_its_own_heartbeats() -> None:
+    """One rule for every reader: is_live, and build_view's instances, carriers, definitions
+    and silent records follow it."""
+    from anarchon.registry import SILENT_HEARTBEATS, carrier_warning, is_live
+
+    assert SILENT_HEARTBEATS == 6
+    slow = instance_record("slow", definition(), beat=0, interval_ms=10_000)
+    a = JobDefinition(name="a", expression="* * * * *", zone="UTC")
+    fast = instance_record("fast", a, beat=0, interval_ms=1_000)
+    assert is_live(fast, 6_000) and not is_live(fast, 6_001)
+    assert is_live(slow, 60_000) and not is_live(slow, 60_001)
+    view = build_view([slow, fast], now_ms=6_001)
+    assert [i.id for i in view.instances] == ["slow"] and [i.id for i in view.silent] == ["fast"]
+    assert list(view.definitions) == ["sync"] and view.carriers("a") == ()
+    assert carrier_warning(view, "a", "trigger") == (
+        "no live instance carries job 'a': the request waits until one does"
+    )
+    assert carrier_warning(view, "a", "pause") == (
+        "no live instance carries job 'a': the pause holds once one carries it"
+    )
+    assert carrier_warning(view, "sync", "trigger") is None
+    assert carrier_warning(view, "*", "pause") is None
+    gone = build_view([slow, fast], now_ms=60_001)
+    assert gone.instances == () and gone.definitions == {} and len(gone.silent) == 2
+
+
+async def test_every_instance_dead_none_is_live_though_the_records_stay() -> None:
+    """Nobody is left to remove the records of instances killed with kill -9: readers leave
+    them out all the same, and do not read their definitions sets."""
+    store = MemoryRegistry()
+    await record_instance(store, record("w0", definition("0 0 1 1 *"), beat=1_000))
+    await record_instance(store, record("w1", definition("0 0 2 1 *"), beat=1_000))
+    now = 1_000 + 6 * 5_000 + 1
+    assert {r.id for r in await read_instances(store)} == {"w0", "w1"}  # still stored
+    unresolved = await read_instances(store, now)
+    assert [r.jobs for r in unresolved] == [(), ()] and [r.carried for r in unresolved] == [1, 1]
+    view = build_view(unresolved, now)
+    assert view.instances == () and view.definitions == {} and view.drift == ()
+    assert [i.id for i in view.silent] == ["w0", "w1"]
+
+
+async def test_a_heartbeat_removes_a_record_only_once_it_is_silent_by_its_own_interval() -> None:
+    """An instance that beats every 100 ms leaves alone a live one beating every 10 s (the old
+    rule, six of the remover's own heartbeats, removed it after 0.6 s of silence), and removes
+    it after 60 s."""
+    clock = FakeClock()
+    store = MemoryRegistry()
+    beat = Heartbeat(store, clock, 100, "fast", lambda: (), lambda: None)
+    slow = instance_record("slow", definition(), beat=clock.now_ms(), interval_ms=10_000)
+    await store.record(slow)
+    await clock.advance(9_000)
+    view = await beat.beat()
+    assert view is not None and [i.id for i in view.instances] == ["fast", "slow"]
+    assert {r.id for r in await store.instances()} == {"fast", "slow"}
+    await clock.advance(51_001)
+    view = await beat.beat()
+    assert view is not None and [i.id for i in view.instances] == ["fast"]
+    assert {r.id for r in await store.instances()} == {"fast"}

@@ -582,3 +582,50 @@ async def test_mounted_under_a_prefix() -> None:
         finally:
             server.should_exit = True
             await task
+
+
+async def _serve_backend(backend: MemoryBackend) -> AsyncIterator[Client]:
+    port = any_free()
+    app = dashboard(backend, refresh_ms=0)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    task = asyncio.create_task(server.serve())
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            await asyncio.sleep(0.05)
+        assert server.started
+        yield Client(f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        await task
+        await app.state.dashboard.source.close()
+
+
+class _BrokenBackend(MemoryBackend):
+    async def server_time_ms(self) -> int | None:
+        raise RuntimeError("a bug")
+
+
+async def test_the_instances_page_lists_records_that_are_not_live_apart() -> None:
+    """A record silent for over six of its heartbeats (kill -9) is not a live instance: not in
+    the list, its jobs not listed, shown below as not live."""
+    from anarchon.registry import record_instance
+
+    backend = MemoryBackend()
+    store = backend.registry()
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    alive = JobDefinition(name="alive", expression="* * * * *", zone="UTC")
+    orphan = JobDefinition(name="orphan", expression="* * * * *", zone="UTC")
+    await record_instance(store, instance_record("w0", alive, beat=now))
+    await record_instance(
+        store, instance_record("dead", orphan, beat=now - 60_000, interval_ms=1_000)
+    )
+    async for client in _serve_backend(backend):
+        page = await client.call("/instances")
+        assert page.status == 200 and "1 live" in page.body
+        assert 'data-instance="w0"' in page.body and 'data-instance="dead"' not in page.body
+        assert 'data-silent="dead"' in page.body and "Not live" in page.body
+        jobs = (await client.call("/?format=json")).json()
+        assert [j["name"] for j in jobs["jobs"]] == ["alive"]
+        assert (await client.call("/jobs/orphan")).status == 404

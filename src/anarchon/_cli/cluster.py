@@ -13,6 +13,7 @@ from .._readable import iso, ms_of, span
 from .._redact import redact_url
 from ..control import ALL_JOBS, Pause
 from ..registry import (
+    SILENT_HEARTBEATS,
     ClusterView,
     InstanceRecord,
     JobView,
@@ -41,7 +42,7 @@ async def read_cluster(
         store = backend.registry()
         assert store is not None  # opened() checked it
         now_ms = await backend_now_ms(backend)
-        view = build_view(await read_instances(store), now_ms)
+        view = build_view(await read_instances(store, now_ms), now_ms)
         jobs = await describe_jobs(backend, view) if with_jobs else []
         return redact_url(repr(backend)), view, jobs
 
@@ -59,11 +60,13 @@ async def instances(args: argparse.Namespace) -> int:
             "backend": name,
             "now_ms": now,
             "instances": [_instance_json(i, now) for i in view.instances],
+            "silent": [_instance_json(i, now) for i in view.silent],
         }
         print(json.dumps(shape, indent=2))
         return EXIT_OK
     if not view.instances:
         say(f"no live instances in {name}")
+        _print_silent(view)
         return EXIT_OK
     header = ["instance", "host", "pid", "version", "heartbeat", "offset", "jobs"]
     rows = [
@@ -79,7 +82,22 @@ async def instances(args: argparse.Namespace) -> int:
         for i in view.instances
     ]
     say("\n".join(table(header, rows, INSTANCE_FLOORS)))
+    _print_silent(view)
     return EXIT_OK
+
+
+def _print_silent(view: ClusterView) -> None:
+    """The records that are not live, below the table: one line each."""
+    if not view.silent:
+        return
+    say(
+        f"\nnot live (silent for over {SILENT_HEARTBEATS} of their heartbeats; the next live "
+        "instance's heartbeat removes them):"
+    )
+    for i in view.silent:
+        age = span(view.now_ms - i.heartbeat_ms)
+        line = f"{shown(i.id)} on {shown(i.host)} (pid {i.pid}): last heartbeat {age} ago"
+        say(textwrap.fill(line, WIDTH, initial_indent="  ", subsequent_indent="    "))
 
 
 def pause_json(pause: Pause | None) -> dict[str, Any] | None:

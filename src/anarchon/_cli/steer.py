@@ -17,7 +17,7 @@ from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
 from ..explain import SlotFate
 from ..explain import explain as explain_slot
-from ..registry import ClusterView, build_view, read_instances
+from ..registry import ClusterView, build_view, carrier_warning, read_instances
 from .cluster import pause_json
 from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
 from .output import say, shown
@@ -26,19 +26,20 @@ from .output import say, shown
 async def _view(backend: Backend, now_ms: int) -> ClusterView:
     store = backend.registry()
     assert store is not None  # opened(registry=True) checked it
-    return build_view(await read_instances(store), now_ms)
+    return build_view(await read_instances(store, now_ms), now_ms)
 
 
 def _warn(text: str) -> None:
     say(f"anarchon: warning: {text}", file=sys.stderr)
 
 
-async def _carried_or_warn(backend: Backend, job: str, doing: str) -> None:
+async def _carried_or_warn(backend: Backend, job: str, action: str) -> None:
     if job == ALL_JOBS:
         return
     view = await _view(backend, await steering.backend_now_ms(backend))
-    if not view.carriers(job):
-        _warn(f"no live instance carries job {job!r}: {doing}")
+    warning = carrier_warning(view, job, action)
+    if warning is not None:
+        _warn(warning)
 
 
 async def explain(args: argparse.Namespace) -> int:
@@ -103,7 +104,7 @@ async def pause(args: argparse.Namespace) -> int:
             until_ms = parse_time_ms(args.until, what="--until", now_ms=now)
             until_ms = check_until_ms(until_ms, now, what=f"--until {args.until!r}")
         stored = await steering.pause(backend, job, until_ms=until_ms, by=args.by)
-        await _carried_or_warn(backend, job, "the pause holds once one carries it")
+        await _carried_or_warn(backend, job, "pause")
     if args.json:
         print(json.dumps(pause_json(stored), indent=2))
         return EXIT_OK
@@ -146,7 +147,7 @@ async def trigger(args: argparse.Namespace) -> int:
     """``anarchon trigger JOB [--by WHO]``: print the request id (the run's id)."""
     async with opened(args.backend, registry=True) as backend:
         request: RunRequest = await steering.trigger(backend, args.job, by=args.by)
-        await _carried_or_warn(backend, args.job, "the request waits until one does")
+        await _carried_or_warn(backend, args.job, "trigger")
     if args.json:
         print(request.to_json())
     else:

@@ -28,6 +28,7 @@ from .._times import EARLIEST_MS, parse_time_ms
 from ..backend import Backend
 from ..control import ALL_JOBS
 from ..errors import AnarchonError, BackendError, InvalidOption
+from ..registry import SILENT_HEARTBEATS
 from . import _data
 from ._auth import CSRF_COOKIE, SESSION_COOKIE, Guard, TokenCheck, clean_name, csrf_ok, new_csrf
 from ._explain import explain
@@ -110,7 +111,13 @@ def _templates() -> Environment:
         ms=lambda d: None if d is None else ms_of(d),
         lastline=lambda s: (s or "").strip().splitlines()[-1] if (s or "").strip() else "",
     )
-    env.globals.update(FATES=_data.FATES, RANGES=RANGES, PAUSE_FOR=PAUSE_FOR, ALL_JOBS=ALL_JOBS)
+    env.globals.update(
+        FATES=_data.FATES,
+        RANGES=RANGES,
+        PAUSE_FOR=PAUSE_FOR,
+        ALL_JOBS=ALL_JOBS,
+        SILENT_HEARTBEATS=SILENT_HEARTBEATS,
+    )
     return env
 
 

@@ -27,6 +27,7 @@ from ..registry import (
     JobDefinition,
     build_view,
     read_instances,
+    split_live,
 )
 
 __all__ = [
@@ -121,7 +122,7 @@ class ViewCache:
             kept = self._kept
             if kept is not None and time.monotonic() - kept[0] < self.ttl_ms / 1000:
                 return kept[1]
-            view = fast_view(await read_instances(store), now_ms)
+            view = fast_view(await read_instances(store, now_ms), now_ms)
             if self.ttl_ms:
                 self._kept = (time.monotonic(), view)
             return view
@@ -137,7 +138,7 @@ async def read_snapshot(backend: Backend, cache: ViewCache | None = None) -> Sna
     elif cache is not None:
         view = await cache.view(store, now)
     else:
-        view = fast_view(await read_instances(store), now)
+        view = fast_view(await read_instances(store, now), now)
     control = backend.control()
     pauses: list[Pause] = [] if control is None else await control.pauses()
     return Snapshot(
@@ -157,8 +158,9 @@ def _key(job: JobDefinition) -> tuple[str, str, str]:
 
 def fast_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
     """:func:`anarchon.registry.build_view`, quick with thousands of jobs: definitions are
-    compared as tuples, and only the jobs that drift go through ``build_view`` itself."""
-    ordered = tuple(sorted(instances, key=lambda i: i.id))
+    compared as tuples, and only the jobs that drift go through ``build_view`` itself. Records
+    that are not live (:func:`anarchon.registry.is_live`) go to the view's ``silent``."""
+    ordered, silent = split_live(instances, now_ms)
     seen: dict[str, dict[tuple[Any, ...], JobDefinition]] = {}
     for instance in ordered:
         for job in instance.jobs:
@@ -180,7 +182,9 @@ def fast_view(instances: Sequence[InstanceRecord], now_ms: int) -> ClusterView:
         definitions.update(exact.definitions)
         definitions = dict(sorted(definitions.items()))
         drift = exact.drift
-    return ClusterView(now_ms=now_ms, instances=ordered, definitions=definitions, drift=drift)
+    return ClusterView(
+        now_ms=now_ms, instances=ordered, definitions=definitions, drift=drift, silent=silent
+    )
 
 
 _WEEKDAYS: Final = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
