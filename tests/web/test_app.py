@@ -4,6 +4,7 @@ input, and the pure parts (schedule in words, strips, timelines, explanations)."
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 import time
@@ -325,8 +326,10 @@ async def test_bad_requests_are_clear(readonly: Served) -> None:
         ("/jobs/daily?from=200&to=100", "from (200) must be before to (100)"),
     ):
         reply = await client.call(path)
-        assert reply.status == 400 and text in reply.body, (path, reply.body[-400:])
-        assert "out of range" not in text or rule in reply.body
+        # ?format=json: the same message, in JSON (HTML-escaped on the page).
+        body = reply.json()["error"] if "format=json" in path else html.unescape(reply.body)
+        assert reply.status == 400 and html.unescape(text) in body, (path, reply.body[-400:])
+        assert "out of range" not in text or rule in body
     for path in (
         f"/jobs/daily?from=0&to={LATEST_MS}",
         f"/jobs/daily?end={LATEST_MS}&range=365d",
@@ -584,6 +587,112 @@ async def test_mounted_under_a_prefix() -> None:
             await task
 
 
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+JSON = {"Accept": "application/json"}
+
+
+async def _expect_json_error(
+    client: Client,
+    path: str,
+    status: int,
+    text: str,
+    data: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    reply = await client.call(path, data, headers=headers, cookies=False)
+    assert reply.status == status, (path, reply.status, reply.body[:300])
+    assert reply.headers["content-type"] == "application/json", (path, reply.headers)
+    body = reply.json()
+    assert body["ok"] is False and text in body["error"], (path, body)
+
+
+async def test_json_clients_get_every_error_as_json(guarded: Served) -> None:
+    """?format=json or Accept: application/json: errors in JSON, with the page's message; a
+    bad job name is 400 naming the rule on every route, an unknown job 404 on every route."""
+    client = guarded.client
+    rule = "job name 'a b' may contain only letters, digits, '_' and '-'"
+    unknown = "no live instance carries a job named 'nosuch' and it has no history"
+    form = "application/x-www-form-urlencoded"
+    for path, status, text, data, headers in (
+        ("/jobs/a%20b/pause", 400, rule, {}, {**BEARER, **JSON}),
+        ("/jobs/a%20b/trigger?format=json", 400, rule, {}, BEARER),
+        ("/jobs/a%20b", 400, rule, None, JSON),
+        ("/jobs/a%20b/slots/0?format=json", 400, rule, None, {}),
+        ("/jobs/nosuch", 404, unknown, None, JSON),
+        ("/jobs/nosuch/slots/0?format=json", 404, unknown, None, {}),
+        ("/jobs/daily/pause", 400, "for_minutes", {"for_minutes": "-1"}, {**BEARER, **JSON}),
+        ("/jobs/daily/pause", 400, "for_minutes", {"for_minutes": "abc"}, {**BEARER, **JSON}),
+        ("/jobs/daily/explode", 400, "unknown action 'explode'", {}, {**BEARER, **JSON}),
+        ("/all/trigger", 400, "unknown action 'trigger'", {}, {**BEARER, **JSON}),
+        (
+            "/jobs/daily/pause",
+            400,
+            f"send {form}",
+            {"for_minutes": "1"},
+            {**BEARER, **JSON, "Content-Type": "application/json"},
+        ),
+        ("/?per=3&format=json", 400, "per=", None, {}),
+        ("/nowhere?format=json", 404, "Not Found", None, {}),
+        ("/jobs/daily/pause", 405, "Method Not Allowed", None, JSON),
+    ):
+        await _expect_json_error(client, path, status, text, data, headers)
+    assert await guarded.backend.control().pauses() == []
+    # A browser still gets the pages, with the same status and message.
+    for path, status, data in (
+        ("/jobs/a%20b/pause", 400, {}),
+        ("/jobs/a%20b", 400, None),
+        ("/jobs/a%20b/slots/0", 400, None),
+        ("/jobs/nosuch/slots/0", 404, None),
+    ):
+        reply = await client.call(path, data, headers=BEARER, cookies=False)
+        assert reply.status == status, (path, reply.status, reply.body[:300])
+        assert reply.headers["content-type"].startswith("text/html"), path
+    assert "only letters, digits" in (await client.call("/jobs/a%20b")).body
+
+
+async def test_a_read_only_dashboard_answers_json_clients_in_json(readonly: Served) -> None:
+    client = readonly.client
+    await _expect_json_error(client, "/login", 404, "no operator token", None, JSON)
+    await _expect_json_error(client, "/all/pause?format=json", 403, "read-only", {}, BEARER)
+
+
+async def test_steering_a_job_no_live_instance_carries_warns(guarded: Served) -> None:
+    """As 'anarchon trigger' and 'anarchon pause' warn on stderr, the dashboard says it: in the
+    JSON reply's warning, and on the page it sends the browser back to."""
+    client = guarded.client
+    asks = {**BEARER, **JSON}
+    triggered = await client.call("/jobs/nosuchjob2/trigger", {}, headers=asks, cookies=False)
+    assert triggered.status == 200 and triggered.json()["warning"] == (
+        "no live instance carries job 'nosuchjob2': the request waits until one does"
+    )
+    paused = await client.call("/jobs/nosuchjob2/pause", {}, headers=asks, cookies=False)
+    assert paused.status == 200 and paused.json()["warning"] == (
+        "no live instance carries job 'nosuchjob2': the pause holds once one carries it"
+    )
+    resumed = await client.call("/jobs/nosuchjob2/resume", {}, headers=asks, cookies=False)
+    assert resumed.json()["warning"] is None
+    carried = await client.call("/jobs/daily/trigger", {}, headers=asks, cookies=False)
+    assert carried.status == 200 and carried.json()["warning"] is None
+    everything = await client.call("/all/pause", {}, headers=asks, cookies=False)
+    assert everything.json()["warning"] is None
+    await client.call("/all/resume", {}, headers=asks, cookies=False)
+    page = await client.call(
+        "/jobs/nosuchjob2/trigger", {"next": "/jobs/daily"}, headers=BEARER, cookies=False
+    )
+    assert page.status == 303
+    location = page.headers["location"]
+    assert "warn=no+live+instance+carries+job" in location, location
+    shown = await client.call(location)
+    assert "data-warning>no live instance carries job &#39;nosuchjob2&#39;" in shown.body
+
+
+class _DownBackend(MemoryBackend):
+    async def server_time_ms(self) -> int | None:
+        from anarchon.errors import BackendUnavailable
+
+        raise BackendUnavailable("no answer from postgresql://app:hunter2pw@db/x")
+
+
 async def _serve_backend(backend: MemoryBackend) -> AsyncIterator[Client]:
     port = any_free()
     app = dashboard(backend, refresh_ms=0)
@@ -605,6 +714,22 @@ async def _serve_backend(backend: MemoryBackend) -> AsyncIterator[Client]:
 class _BrokenBackend(MemoryBackend):
     async def server_time_ms(self) -> int | None:
         raise RuntimeError("a bug")
+
+
+async def test_a_failing_backend_is_503_in_json_for_json_clients() -> None:
+    async for client in _serve_backend(_BrokenBackend()):
+        await _expect_json_error(client, "/?format=json", 500, "Internal Server Error")
+        page = await client.call("/")
+        assert page.status == 500 and "a bug" not in page.body
+    async for client in _serve_backend(_DownBackend()):
+        for path, headers in (("/?format=json", {}), ("/instances", JSON)):
+            await _expect_json_error(
+                client, path, 503, "BackendUnavailable: no answer", None, headers
+            )
+        reply = await client.call("/?format=json")
+        assert "hunter2pw" not in reply.body and "app:***@db" in reply.body
+        page = await client.call("/")
+        assert page.status == 503 and page.headers["content-type"].startswith("text/html")
 
 
 async def test_the_instances_page_lists_records_that_are_not_live_apart() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -13,8 +14,15 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -27,11 +35,11 @@ from .._scheduler import Scheduler
 from .._times import EARLIEST_MS, parse_time_ms
 from ..backend import Backend
 from ..control import ALL_JOBS
-from ..errors import AnarchonError, BackendError, InvalidOption
-from ..registry import SILENT_HEARTBEATS
+from ..errors import AnarchonError, BackendError, ConfigurationError, JobNotFound
+from ..registry import SILENT_HEARTBEATS, carrier_warning
 from . import _data
 from ._auth import CSRF_COOKIE, SESSION_COOKIE, Guard, TokenCheck, clean_name, csrf_ok, new_csrf
-from ._explain import explain
+from ._explain import explain, unknown_job
 
 __all__ = ["build_app"]
 
@@ -193,6 +201,7 @@ class Dashboard:
             partial=partial,
             refresh_ms=self.refresh_ms,
             flash=request.query_params.get("flash", "")[:200],
+            warn=request.query_params.get("warn", "")[:400],
             here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             **context,
         )
@@ -211,8 +220,14 @@ class Dashboard:
             )
         return response
 
-    async def _failure(self, request: Request, exc: Exception, status: int) -> HTMLResponse:
-        message = redact_url(f"{type(exc).__name__}: {exc}")
+    async def _failure(self, request: Request, exc: Exception, status: int) -> Response:
+        return await self._error(request, status, redact_url(f"{type(exc).__name__}: {exc}"))
+
+    async def _error(self, request: Request, status: int, message: str) -> Response:
+        """An error reply: ``{"ok": false, "error": message}`` for a JSON client
+        (:func:`_wants_json`), else the error page."""
+        if _wants_json(request):
+            return _json_error(status, message)
         return await self._render(request, "error.html", status=status, message=message)
 
     # -- pages ------------------------------------------------------------------------------
@@ -260,6 +275,7 @@ class Dashboard:
         """One job: its timeline over a range, the explanation panel, its history."""
         started = time.perf_counter()
         name = request.path_params["name"]
+        check_name(name)
         params = request.query_params
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
@@ -267,12 +283,7 @@ class Dashboard:
         limit = _int(params.get("runs"), "runs", 100, HISTORY_LIMIT.high, 10_000)
         runs = await backend.history(name, limit)
         if not definitions and not runs:
-            return await self._render(
-                request,
-                "error.html",
-                status=404,
-                message=f"no live instance carries a job named {name!r} and it has no history",
-            )
+            raise unknown_job(name)
         range_name = params.get("range", "")
         if range_name and range_name not in RANGES:
             raise _BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
@@ -320,6 +331,7 @@ class Dashboard:
     async def slot(self, request: Request) -> Response:
         """The explanation of one slot (a fragment for the panel, a page, or JSON)."""
         name = request.path_params["name"]
+        check_name(name)
         slot_ms = parse_time_ms(request.path_params["slot"], what="slot")
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
@@ -338,11 +350,8 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         """Sign in with the operator token (GET: the form; POST: check it, set the cookie)."""
         if not self.guard.login_form:
-            return await self._render(
-                request,
-                "error.html",
-                status=404,
-                message="this dashboard has no operator token to sign in with",
+            return await self._error(
+                request, 404, "this dashboard has no operator token to sign in with"
             )
         if request.method == "GET":
             return await self._render(request, "login.html", failed=False)
@@ -394,6 +403,11 @@ class Dashboard:
             check_name(job)
         by = f"{operator}@dashboard"
         backend = await self.source.get()
+        warning = None
+        if what in ("pause", "trigger") and job != ALL_JOBS:
+            # As 'anarchon pause' and 'trigger' warn: it works, and waits for a live carrier.
+            snapshot = await _data.read_snapshot(backend, self.views)
+            warning = carrier_warning(snapshot.view, job, what)
         if what == "pause":
             minutes = _int(_str(form.get("for_minutes")), "for_minutes", 0, 525_600, 0)
             until = None
@@ -410,14 +424,17 @@ class Dashboard:
         else:
             raise _BadRequest(f"unknown action {what!r}")
         logger.info("dashboard: %s by %s from %s", done, by, _client(request))
+        if warning is not None:
+            logger.warning("dashboard: %s (%s by %s)", warning, what, by)
         if _wants_json(request):
-            return JSONResponse({"ok": True, "done": done, "by": by})
+            return JSONResponse({"ok": True, "done": done, "by": by, "warning": warning})
         back = _str(form.get("next")) or ""
         base = self._base(request)
         if not back.startswith(base + "/") or back.startswith("//"):
             back = base + "/"
         joiner = "&" if "?" in back else "?"
-        return RedirectResponse(back + joiner + urlencode({"flash": done}), status_code=303)
+        shown = {"flash": done} if warning is None else {"flash": done, "warn": warning}
+        return RedirectResponse(back + joiner + urlencode(shown), status_code=303)
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -448,7 +465,16 @@ def _client(request: Request) -> str:
 
 
 def _wants_json(request: Request) -> bool:
-    return "application/json" in request.headers.get("accept", "")
+    """A JSON client: it asks ``?format=json`` or accepts ``application/json``. Every reply
+    to it is JSON, errors included."""
+    return request.query_params.get("format") == "json" or "application/json" in (
+        request.headers.get("accept", "")
+    )
+
+
+def _json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """The JSON shape of every error reply: ``{"ok": false, "error": message}``."""
+    return JSONResponse({"ok": False, "error": message}, status_code=status, headers=headers)
 
 
 def _forbidden(request: Request, message: str) -> Response:
@@ -460,8 +486,24 @@ def _forbidden(request: Request, message: str) -> Response:
         message,
     )
     if _wants_json(request):
-        return JSONResponse({"ok": False, "error": message}, status_code=403)
+        return _json_error(403, message)
     return HTMLResponse(f"<!doctype html><title>403</title><p>403: {message}</p>", status_code=403)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (no such page, a method not allowed), JSON for a JSON client."""
+    assert isinstance(exc, HTTPException)
+    if _wants_json(request):
+        return _json_error(exc.status_code, exc.detail, exc.headers)
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """An unexpected error (logged with its traceback by the server): no detail in the reply,
+    JSON for a JSON client."""
+    if _wants_json(request):
+        return _json_error(500, "Internal Server Error")
+    return PlainTextResponse("Internal Server Error", status_code=500)
 
 
 def _timing(response: Response, started: float) -> None:
@@ -514,10 +556,10 @@ def build_app(
         try:
             response: Response = await handler(request)
             return response
-        except _BadRequest as exc:
-            return await board._failure(request, exc, 400)
-        except InvalidOption as exc:
-            return await board._failure(request, exc, 400)
+        except (_BadRequest, ConfigurationError) as exc:
+            return await board._failure(request, exc, 400)  # a bad value: names the rule
+        except JobNotFound as exc:
+            return await board._failure(request, exc, 404)
         except BackendError as exc:
             return await board._failure(request, exc, 503)
         except AnarchonError as exc:
@@ -547,6 +589,7 @@ def build_app(
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, 500: _server_error},
     )
     app.state.dashboard = board
     return app

@@ -22,7 +22,7 @@ from ..explain import explain as official_explain
 from ..registry import JobDefinition
 from ._data import Snapshot, fate_of, run_dict
 
-__all__ = ["EXPLAIN_RUNS", "SlotStory", "explain"]
+__all__ = ["EXPLAIN_RUNS", "SlotStory", "explain", "unknown_job"]
 
 #: Runs of the job read to find one slot's attempts.
 EXPLAIN_RUNS: Final = 10_000
@@ -72,6 +72,12 @@ class SlotStory:
         return redact_url("\n".join(lines))
 
 
+def unknown_job(job: str) -> JobNotFound:
+    """The error of every page about a job the dashboard knows nothing of (404): no live
+    instance carries it and it has no history."""
+    return JobNotFound(f"no live instance carries a job named {job!r} and it has no history")
+
+
 def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
     last = attempts[-1]
     kind = fate_of(last)
@@ -102,7 +108,8 @@ def _kind(fate: SlotFate) -> str:
 
 
 async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
-    """What became of ``job``'s slot ``slot_ms``: :func:`anarchon.explain.explain`'s answer."""
+    """What became of ``job``'s slot ``slot_ms``: :func:`anarchon.explain.explain`'s answer.
+    :func:`unknown_job` when no live instance carries the job and it has no history."""
     try:
         fate = await official_explain(
             backend, job, slot_ms, view=snapshot.view, now_ms=snapshot.now_ms, limit=EXPLAIN_RUNS
@@ -137,6 +144,8 @@ async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms:
     registry holds none when no instance carries the job), no schedule tells slots apart."""
     when = iso(slot_ms)
     runs = await backend.history(job, EXPLAIN_RUNS)
+    if not runs:
+        raise unknown_job(job)
     attempts = sorted(
         (r for r in runs if r.slot_ms == slot_ms), key=lambda r: (r.attempt, r.started_at)
     )
