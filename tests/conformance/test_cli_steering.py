@@ -160,6 +160,29 @@ def test_no_data_exits_3_and_creates_nothing(harness: Harness, ns: Namespace) ->
     _assert_nothing_created(harness, ns)
 
 
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+def test_the_dashboard_command_exits_3_without_data(harness: Harness, ns: Namespace) -> None:
+    """Like every other command: a missing SQLite file, PostgreSQL schema or NATS stream, or a
+    Redis prefix where no scheduler recorded itself, ends it with exit code 3 (it served 503
+    on every page before), and it creates nothing."""
+    from tests.ports import any_free
+
+    assert ns.url is not None
+    port = str(any_free())
+    out = subprocess.run(
+        [sys.executable, "-m", "anarchon", "dashboard", "--port", port, "--backend", ns.url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 3, (out.returncode, out.stdout, out.stderr)
+    assert "anarchon dashboard: no anarchon data at " in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    _assert_nothing_created(harness, ns)
+
+
 def _assert_nothing_created(harness: Harness, ns: Namespace) -> None:
     import asyncio
 

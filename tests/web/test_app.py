@@ -754,3 +754,37 @@ async def test_the_instances_page_lists_records_that_are_not_live_apart() -> Non
         jobs = (await client.call("/?format=json")).json()
         assert [j["name"] for j in jobs["jobs"]] == ["alive"]
         assert (await client.call("/jobs/orphan")).status == 404
+
+
+def test_the_dashboard_command_serves_while_the_backend_does_not_answer(tmp_path: Path) -> None:
+    """A backend that does not answer at the start is warned about, and the pages answer 503
+    (JSON for a JSON client) until it does: an outage passes, unlike a URL with no data."""
+    import subprocess
+    import sys
+
+    from tests.conformance.procs import stop_processes
+
+    port = any_free()
+    log = tmp_path / "dashboard.log"
+    args = [sys.executable, "-m", "anarchon", "dashboard", "--port", str(port)]
+    args += ["--backend", "redis://127.0.0.1:1/0"]  # nothing listens on port 1
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        reply = None
+        for _ in range(300):
+            assert proc.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/?format=json", timeout=20):
+                    pass
+            except urllib.error.HTTPError as exc:
+                reply = exc
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        assert reply is not None and reply.code == 503, log.read_text()
+        assert reply.headers["content-type"] == "application/json"
+        assert json.loads(reply.read())["ok"] is False
+        assert "warning: the backend cannot be reached" in log.read_text()
+    finally:
+        stop_processes([proc])

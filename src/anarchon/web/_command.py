@@ -4,12 +4,18 @@
 
 Exit codes follow the other commands (README, "Command line"): 0 once stopped by SIGTERM (as
 ``anarchon run``), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read
-or a missing ``web`` extra, 3 when the backend holds no anarchon data.
+or a missing ``web`` extra, 3 when the backend holds no anarchon data, as the other commands find
+it (no SQLite file or PostgreSQL tables of anarchon's, no NATS stream; on Redis, where only a
+record can tell, no scheduler ever recorded itself under the prefix): a mistyped URL, schema,
+prefix or stream is told at once rather than served as failing pages. A backend that does not
+answer at the start is only warned about: the dashboard serves, and its pages answer 503 until
+it does.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import signal
 import sys
@@ -27,6 +33,8 @@ __all__ = ["add_parser", "run_dashboard"]
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
+#: How long (s) the check for anarchon's data may wait for the backend before serving anyway.
+CHECK_TIMEOUT_S: Final = 15.0
 
 
 def _port(text: str) -> int:
@@ -88,6 +96,44 @@ def _loopback(host: str) -> bool:
         return False
 
 
+async def _require_data(url: str | None) -> None:
+    """Exit (:class:`anarchon._cli.common.Exit`) as the other commands do where ``url`` holds
+    no anarchon data; creates nothing (``start_reader``)."""
+    from .._cli.common import no_data, opened, storage_checked
+
+    async with asyncio.timeout(CHECK_TIMEOUT_S), opened(url, registry=False) as backend:
+        store = backend.registry()
+        if not storage_checked(backend) and store is not None and not await store.exists():
+            raise no_data(backend, ": no scheduler recorded itself")
+
+
+def _check_data(url: str | None) -> int | None:
+    """The exit code when ``url`` holds no anarchon data; None to serve (a backend that does
+    not answer now is warned about: an outage passes, the pages say 503 meanwhile)."""
+    from .._cli.common import EXIT_BACKEND, Exit
+    from ..errors import BackendError
+
+    try:
+        asyncio.run(_require_data(url))
+    except Exit as exc:
+        if exc.code != EXIT_BACKEND:
+            return _fail(exc.code, str(exc))
+        problem = str(exc).removeprefix("anarchon: ")
+    except BackendError as exc:
+        problem = f"the backend cannot be reached: {exc}"
+    except TimeoutError:
+        problem = f"the backend did not answer within {CHECK_TIMEOUT_S:g} s"
+    else:
+        return None
+    problem = redact_url(problem).rstrip(".")
+    print(
+        f"anarchon dashboard: warning: {problem}; serving anyway (pages answer 503 until it "
+        "answers)",
+        file=sys.stderr,
+    )
+    return None
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
     """Serve the dashboard until SIGINT/SIGTERM; return the exit code (0 after SIGTERM)."""
     try:
@@ -96,8 +142,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise MissingDependency(
             "anarchon dashboard needs uvicorn, Starlette and Jinja2: pip install 'anarchon[web]'"
         ) from None
-    from .._cli.common import Exit, make_backend, require_sqlite_data
-    from ..backends.sqlite import SQLiteBackend
+    from .._cli.common import make_backend
     from . import dashboard
 
     token = None
@@ -106,13 +151,11 @@ def run_dashboard(args: argparse.Namespace) -> int:
             token = _read_token(args.token_file)
         except ValueError as exc:
             return _fail(EXIT_USAGE, str(exc))
+    code = _check_data(args.backend)
+    if code is not None:
+        return code
     backend = make_backend(args.backend)
     where = redact_url(repr(backend))
-    if isinstance(backend, SQLiteBackend):
-        try:
-            require_sqlite_data(backend.path)
-        except Exit as exc:
-            return _fail(exc.code, str(exc))
     if not _loopback(args.host):
         print(
             f"anarchon dashboard: listening on {args.host}, beyond this host"
