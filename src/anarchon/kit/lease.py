@@ -419,6 +419,7 @@ def won_outcome(
     language (Lua) needs to answer a won claim with ``now`` and ``fence`` alone.
     ``slot_key``: ``req.slot_key``, when the caller has it already."""
     slot = req.slot
+    key = req.slot_key if slot_key is None else slot_key  # made from the slot: made once
     trigger = _TRIGGERS.get(req.trigger) or Trigger(req.trigger)
     run = _new_run(
         job=req.job,
@@ -434,12 +435,12 @@ def won_outcome(
         fence=fence or None,
         reason=None,
         requested_by=req.requested_by,
-        slot_key=req.slot_key if slot_key is None else slot_key,
+        slot_key=key,
     )
     ticket = _new_ticket(
         job=req.job,
         slot=slot,
-        slot_key=req.slot_key if slot_key is None else slot_key,
+        slot_key=key,
         run_id=req.run_id,
         token=req.token,
         instance=req.instance,
