@@ -392,10 +392,18 @@ def test_async_handlers_of_every_shape_are_wrapped_as_async(registry: list[Any])
     assert ran == ["partial", "__call__"]
 
 
-def test_without_django_the_import_says_what_to_install() -> None:
+def _python(code: str) -> str:
+    """Run ``code`` in a new Python process (nothing imported yet); its output, once it exited
+    with 0."""
     import subprocess
     import sys
 
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_without_django_the_import_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['django'] = None\n"
         "from anarchon import MissingDependency\n"
@@ -404,18 +412,13 @@ def test_without_django_the_import_says_what_to_install() -> None:
         "except MissingDependency as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "pip install 'anarchon[django]'" in done.stdout
+    assert "pip install 'anarchon[django]'" in _python(code)
 
 
 def test_a_backend_client_not_installed_passes_the_start_check_but_not_anarchon_run() -> None:
     """A web image may leave the backend's client out (the scheduler runs in ``manage.py
     anarchon run``): Django starts, the other keys are still checked, and only building the
     scheduler says what to install."""
-    import subprocess
-    import sys
-
     code = (
         "import sys; sys.modules['nats'] = None\n"
         "import django; from django.conf import settings\n"
@@ -435,10 +438,9 @@ def test_a_backend_client_not_installed_passes_the_start_check_but_not_anarchon_
         "except Exception as exc:\n"
         "    print('run:', exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "checked", done.stdout
-    assert lines[1].startswith("refused: settings.ANARCHON: grace_ms=-1"), done.stdout
-    assert lines[2].startswith("run: settings.ANARCHON['backend']: "), done.stdout
-    assert "pip install 'anarchon[nats]'" in lines[2], done.stdout
+    out = _python(code)
+    checked, refused, run = out.splitlines()
+    assert checked == "checked", out
+    assert refused.startswith("refused: settings.ANARCHON: grace_ms=-1"), out
+    assert run.startswith("run: settings.ANARCHON['backend']: "), out
+    assert "pip install 'anarchon[nats]'" in run, out
