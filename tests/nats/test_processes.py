@@ -396,8 +396,12 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
         backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix)
         await backend.start()
         try:
-            await backend.registry().record(instance_record("i", beat=now_ms))
-            await backend.control().pause(Pause(job=JOB, by="test", at_ms=now_ms))
+            # The first write to a bucket just made on a cluster can meet "no responders" while
+            # the cluster learns of its stream (BackendUnavailable, as the CLI reports it): the
+            # set-up writes are tried again, as a caller would.
+            record, pause = instance_record("i", beat=now_ms), Pause(job=JOB, by="t", at_ms=now_ms)
+            await answered(lambda: backend.registry().record(record), 10)
+            await answered(lambda: backend.control().pause(pause), 10)
         finally:
             await backend.stop()
         for name in (stream, registry, control):
@@ -427,8 +431,8 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
         backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
         await backend.start()
         try:
-            await backend.registry().record(instance_record("i", beat=now_ms))
-            await backend.control().pause(Pause(job=JOB, by="test", at_ms=now_ms))
+            await answered(lambda: backend.registry().record(record), 10)  # new buckets: above
+            await answered(lambda: backend.control().pause(pause), 10)
             assert await backend.control().resume(JOB) is not None
             info = await stream_info(cluster.urls, control)
             assert info["config"]["num_replicas"] == 3
