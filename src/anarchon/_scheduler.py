@@ -334,9 +334,16 @@ class Scheduler(Operations):
         if self._state is _State.RUNNING:
             now = self._clock.now_ms()
             self._firing.schedule_next(job, now)
-            self._spawn(self._catching_up.start([job], now))
-            if self._watcher is not None:
-                self._spawn(self._watcher.adopt([job], self._backend_clock.time.now_ms()))
+            self._carry([job], now)
+
+    def _carry(self, jobs: list[Job], now: int) -> None:
+        """What beginning to carry ``jobs`` (on start, on ``add()`` while running) sets going
+        beside their timers: catching up their missed slots (``now``: this host's clock), and
+        on a lease backend watching their runs still open from before (``BackupWatcher.adopt``,
+        on the backend's clock)."""
+        self._spawn(self._catching_up.start(jobs, now))
+        if self._watcher is not None:
+            self._spawn(self._watcher.adopt(jobs, self._backend_clock.time.now_ms()))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -438,7 +445,6 @@ class Scheduler(Operations):
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
-            self._spawn(watcher.adopt(list(self._jobs.values()), self._backend_clock.time.now_ms()))
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
@@ -446,7 +452,7 @@ class Scheduler(Operations):
         timer = self._loop_task("timer", self._firing.timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)
         stack.push_async_callback(cancel_and_wait, [timer, skew])
-        self._spawn(self._catching_up.start(list(self._jobs.values()), now))
+        self._carry(list(self._jobs.values()), now)
         control = backend.control()
         if control is not None:  # triggers and retries: see _requests
             poller = RequestPoller(

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
@@ -80,6 +80,7 @@ __all__ = [
     "TakeoverStatus",
     "Ticket",
     "slot_key_of",
+    "still_open",
 ]
 
 LEASE_BACKENDS: Final = "Redis, PostgreSQL or SQLite"
@@ -116,6 +117,19 @@ class Capability(StrEnum):
     CATCH_UP = "catch-up (catch_up='latest' or 'all')"
     HANDOVER = "hand-over on graceful stop (handover=True)"
     HISTORY_TTL = "history trimmed by age (history_ttl_ms)"
+
+
+def still_open(runs: Iterable[Run], since_ms: int) -> list[Run]:
+    """The runs of ``runs`` that :meth:`LeaseBackend.open_runs` answers: still ``running``,
+    with a :attr:`~anarchon.Run.slot_key`, started at or after ``since_ms``; for a backend that
+    finds them among a job's newest attempts (the default, Redis)."""
+    return [
+        run
+        for run in runs
+        if run.status is RunStatus.RUNNING
+        and run.slot_key is not None
+        and run.started_at.timestamp() * 1000 >= since_ms
+    ]
 
 
 def slot_key_of(slot: int | None, run_id: str) -> str:
@@ -677,14 +691,7 @@ class LeaseBackend(Backend):
                 return await self.history(job, OPEN_RUNS_LOOKBACK)
 
         found = await asyncio.gather(*(newest(job) for job in dict.fromkeys(jobs)))
-        return [
-            run
-            for runs in found
-            for run in runs
-            if run.status is RunStatus.RUNNING
-            and run.slot_key is not None
-            and run.started_at.timestamp() * 1000 >= since_ms
-        ]
+        return [run for runs in found for run in still_open(runs, since_ms)]
 
     async def subscribe(self, on_change: ChangeListener) -> None:
         """Call ``on_change(job, slot_key, released)`` (a :class:`ChangeEvent`'s fields) when an

@@ -295,12 +295,7 @@ class RedisBackend(contract.LeaseBackend):
             part = names[at : at + OPEN_RUNS_PART]
             calls = [(self._keys.job(job).all(), args) for job in part]
             for answer in await self._connection.script_raw_many("history", calls):
-                found += [
-                    run
-                    for run in rows.runs(answer)
-                    if run.status is RunStatus.RUNNING
-                    and run.started_at.timestamp() * 1000 >= since_ms
-                ]
+                found += contract.still_open(rows.runs(answer), since_ms)
         return found
 
     def registry(self) -> RedisRegistry:
