@@ -24,8 +24,8 @@ services:
 	bash scripts/services.sh
 
 lint: install-test
-	$(BIN)/ruff check src tests bench docs/examples
-	$(BIN)/ruff format --check src tests bench docs/examples
+	$(BIN)/ruff check src tests bench docs/examples docs/hooks
+	$(BIN)/ruff format --check src tests bench docs/examples docs/hooks
 
 typecheck: install-test
 	$(BIN)/mypy
