@@ -96,7 +96,7 @@ compat: services compat-venv
 compat-quick: services compat-venv
 	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_QUICK)
 
-## Benchmarks (issue 7): bench/results.md, bench/lag.png and the tables on stdout, about 40 min on 2 cores.
+## Benchmarks: bench/results.md, bench/lag.png and the tables on stdout, about 40 min on 2 cores.
 ## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the
 ## `bench` extra. BENCH_ARGS=--quick for a short run.
 ## arq depends on redis[hiredis], so the peers parse Redis's answers with hiredis as anarchon[redis] does.
@@ -114,7 +114,7 @@ bench: $(BIN)/python services
 		2>/dev/null || $(PEERS_VENV)/bin/pip install -q $(PEERS_REQS)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-## The soak (issue 17): 3 instances × 1 000 jobs on every backend at once (real processes) for
+## The soak: 3 instances × 1 000 jobs on every backend at once (real processes) for
 ## SOAK_MINUTES (60); RSS, CPU, descriptors, sockets, server connections and asyncio tasks over
 ## time, a drift verdict per series, missed and duplicate runs (must be 0). Writes bench/soak.md
 ## and bench/soak.png; fails on a failed verdict. SOAK_BACKENDS=redis (comma-separated) for fewer.
@@ -126,7 +126,7 @@ soak: $(BIN)/python services
 		2>/dev/null || $(BIN)/pip install -q -e '.[all,bench]'
 	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) --backends $(SOAK_BACKENDS)
 
-## The fault suite's long form (issue 10): every fault on every backend it applies to, CHAOS_TRIALS
+## The fault suite's long form: every fault on every backend it applies to, CHAOS_TRIALS
 ## (5) trials each, CHAOS_PARALLEL (4) at a time, about 50 min; prints the table and fails on a
 ## count that is not 0. CHAOS_ARGS='--write-docs docs/guarantees.md' rewrites the docs' table.
 .PHONY: chaos

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import subprocess
 import sys
 import time
@@ -267,6 +268,33 @@ async def test_instances_creating_the_registry_tables_at_once(make: Make, schema
             )
         )
         assert sorted(r.id for r in await read_instances(stores[0])) == [f"i{n}" for n in range(6)]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_the_docs_and_the_prefix_rule_name_every_table(make: Make, schema: str) -> None:
+    # Every table a started backend makes (the migrations' and the registry's, at defaults): the
+    # README and docs/backends/postgres.md count them, the docs' table lists them, and a bad
+    # table_prefix's error names each (they said "four" and "six" and named three).
+    backend = make()
+    await backend.start()
+    job = JobDefinition(name="j", expression="* * * * *", zone="UTC")
+    await record_instance(backend.registry(), instance_record("i0", job))
+    rows = await fetch(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", schema
+    )
+    tables = sorted(name.removeprefix("anarchon_") for (name,) in rows)
+    assert len(tables) == 8, tables
+    with pytest.raises(InvalidOption) as refused:
+        PostgresBackend(DSN, table_prefix="Bad_")
+    assert sorted(re.findall(r"<prefix>(\w+)", str(refused.value))) == tables
+    assert "eight tables" in str(refused.value)
+    page = (ROOT / "docs" / "backends" / "postgres.md").read_text()
+    assert sorted(set(re.findall(r"^\| `<prefix>(\w+)` \|", page, re.M))) == tables
+    assert "Eight tables in `schema`" in page
+    assert "on the eight tables" in page
+    assert "history in\neight tables" in (ROOT / "README.md").read_text()
 
 
 async def drop_registry_tables(schema: str) -> None:

@@ -37,7 +37,7 @@ if os.environ.get("POSTGRES_DB"):
             "OPTIONS": {"application_name": "mysite"},
         }
     }
-    # Reuse the database above; anarchon's four tables go into a schema of their own.
+    # Reuse the database above; anarchon's eight tables go into a schema of their own.
     ANARCHON = {"database": "default", "backend_options": {"schema": "anarchon"}}
 else:
     DATABASES = {

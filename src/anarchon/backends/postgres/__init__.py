@@ -1,4 +1,4 @@
-"""PostgreSQL: claims, leases and history in four tables, for instances on any number of hosts.
+"""PostgreSQL: claims, leases and history in eight tables, for instances on any number of hosts.
 
 Every decision is taken by the database, on its clock (``clock_timestamp()``): a batch of
 claims is one short transaction sent in one round trip (lock the jobs' rows, then one statement
