@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import uuid
 from contextlib import closing
@@ -28,6 +29,30 @@ def request(slot: int) -> ClaimRequest:
         trigger=Trigger.SCHEDULE,
         lease_ms=5_000,
     )
+
+
+async def test_the_path_is_logged_once_by_the_scheduler_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A scheduler with every option at its default logged the path twice (its lease keeper's
+    # clone of the backend too), and every command (start_reader) once more.
+    caplog.set_level(logging.INFO, logger="anarchon.backends.sqlite")
+    backend = SQLiteBackend(tmp_path / "a.db")
+    scheduler = Scheduler(backend)
+    scheduler.add("j", "0 0 1 1 *", lambda ctx: None)
+    async with scheduler:
+        await asyncio.sleep(0.5)  # the keeper's clone is open by now
+    lines = [r for r in caplog.records if r.getMessage().startswith("SQLite database ")]
+    assert [r.getMessage() for r in lines] == [f"SQLite database {tmp_path / 'a.db'}"]
+    assert lines[0].action == "sqlite_path"  # type: ignore[attr-defined]
+    caplog.clear()
+    reader = SQLiteBackend(tmp_path / "a.db")
+    await reader.start_reader()
+    await reader.stop()
+    clone = backend.clone()
+    await clone.start()
+    await clone.stop()
+    assert not caplog.records
 
 
 async def test_wal_and_schema_version(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ class SQLiteBackend(contract.LeaseBackend):
         )
         self._feed = ChangeFeed(self.name)
         self._changes = Changes(self._db)
+        # The path is logged by start(), once: not by a clone (the scheduler's lease keeper
+        # opens the same file), nor by start_reader (the commands, which say where they read).
+        self._log_path = True
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteBackend:
@@ -89,6 +92,9 @@ class SQLiteBackend(contract.LeaseBackend):
         if self._db.is_open:
             return
         await self._db.open()
+        if not self._log_path:
+            return
+        self._log_path = False
         logger.info(
             "SQLite database %s%s",
             self.path,
@@ -98,6 +104,12 @@ class SQLiteBackend(contract.LeaseBackend):
             else "",
             extra={"action": "sqlite_path", "path": str(self.path)},
         )
+
+    async def start_reader(self) -> None:
+        """:meth:`start` without logging the file's path: the commands open the backend this
+        way and name the file in their own output."""
+        self._log_path = False
+        await self.start()
 
     async def stop(self) -> None:
         """Stop polling events and claim notices, and close the file."""
@@ -301,8 +313,10 @@ class SQLiteBackend(contract.LeaseBackend):
     def clone(self) -> SQLiteBackend:
         """A new, unstarted backend on the same file with the same options and a connection of
         its own, for the scheduler's lease keeper thread."""
-        return SQLiteBackend(
+        clone = SQLiteBackend(
             self.path,
             history_size=self.history_size,
             busy_timeout_ms=self._options.busy_timeout_ms,
         )
+        clone._log_path = False  # this backend's start logged the path
+        return clone
