@@ -57,3 +57,19 @@ def test_the_guides_commands_and_calls_exist(page: Path) -> None:
     missing = sorted(name for name in calls if not callable(getattr(Scheduler, name, None)))
     assert not missing, f"{page.name}: Scheduler has no {missing}"
     assert commands or calls or page.name == "celery-beat.md"
+
+
+def test_the_readme_explains_a_slot_of_the_quick_starts_sync() -> None:
+    # `anarchon explain sync 2026-01-15T10:33:00Z` answered "not a slot of this schedule": sync
+    # runs every five minutes.
+    from datetime import datetime
+
+    from anarchon import CronSchedule
+
+    readme = (ROOT / "README.md").read_text()
+    job = re.search(r'@scheduler\.job\("sync", "([^"]+)", timezone="([^"]+)"\)', readme)
+    slot = re.search(r"^anarchon explain sync (\S+)", readme, re.M)
+    assert job and slot
+    at_ms = int(datetime.fromisoformat(slot.group(1)).timestamp() * 1000)
+    schedule = CronSchedule(job.group(1), job.group(2))
+    assert schedule.slots(at_ms - 1, at_ms) == [at_ms], slot.group(1)
