@@ -3,6 +3,7 @@ commands and calls the migration guides name exist."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 from pathlib import Path
@@ -73,3 +74,40 @@ def test_the_readme_explains_a_slot_of_the_quick_starts_sync() -> None:
     at_ms = int(datetime.fromisoformat(slot.group(1)).timestamp() * 1000)
     schedule = CronSchedule(job.group(1), job.group(2))
     assert schedule.slots(at_ms - 1, at_ms) == [at_ms], slot.group(1)
+
+
+def test_the_newest_tested_versions_are_those_installed() -> None:
+    # docs/backends/redis.md said "tested with redis-py 8.1" while the suite ran on 8.2.0: the
+    # one table of versions (docs/index.md) is checked against what the suite runs on.
+    from importlib.metadata import version
+
+    page = (ROOT / "docs" / "index.md").read_text()
+    rows = re.findall(
+        r"^\| [^|]+ \| ([\w-]+)(?: \(with \w+\))?(?:, ([\w-]+))? \| [^|]+ \| ([^|]+) \|$",
+        page,
+        re.M,
+    )
+    rows = [row for row in rows if row[0] != "package"]  # the header
+    assert len(rows) == 4, rows
+    for first, second, newest in rows:
+        shown = [v.strip() for v in newest.split(",")]
+        for package, tested in zip([first, second], shown * 2, strict=False):
+            if package:
+                installed = version(package)
+                assert installed == tested or installed.startswith(tested + "."), (
+                    f"docs/index.md: {package} {tested} is the newest tested; the suite runs on "
+                    f"{installed}"
+                )
+
+
+def test_the_readme_names_every_field_of_metrics() -> None:
+    # The README listed Metrics' fields as if complete and left out twelve (claims_backup,
+    # slots_missed, instances_seen...).
+    from anarchon import Metrics
+
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("`scheduler.metrics()` returns") :]
+    part = part[: part.index("\n## ")]
+    fields = [*inspect.signature(Metrics).parameters, *Metrics.__slots__]  # counters, the rest
+    missing = sorted({name for name in fields if f"`{name}`" not in part})
+    assert not missing, f"the README's Metrics paragraph lacks {missing}"
