@@ -92,6 +92,19 @@ class _Parser(argparse.ArgumentParser):
         say(f"{self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """argparse's, but an argument the command does not know is reported by the command's
+        parser, whose help lists the command's options (``anarchon jobs: unrecognized
+        arguments: --jsn (see 'anarchon jobs --help')``)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = next((a.choices for a in self._actions if a.dest == "command"), None)
+            owner = commands.get(parsed.command, self) if isinstance(commands, dict) else self
+            owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
 
 def _count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in ``[low, high]``."""
@@ -296,7 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a Scheduler object until SIGINT/SIGTERM")
+    text = "run a Scheduler object until SIGINT/SIGTERM"
+    run = sub.add_parser("run", help=text, description=text)
     run.add_argument("target", help="module:attribute of a Scheduler (or a function making one)")
     run.add_argument(
         "--backend",
@@ -327,8 +341,9 @@ def _parser() -> argparse.ArgumentParser:
             "./anarchon.db",
         )
         if json_flag:
+            where = "docs/observability.md" if name == "health" else "docs/operations.md"
             made.add_argument(
-                "--json", action="store_true", help="print one JSON object (docs/operations.md)"
+                "--json", action="store_true", help=f"print one JSON object ({where})"
             )
         return made
 
@@ -338,7 +353,7 @@ def _parser() -> argparse.ArgumentParser:
         "-n",
         type=_count(1, HISTORY_LIMIT.high),
         default=20,
-        help="how many runs, at least 1 (default 20)",
+        help=f"how many runs, 1 to {HISTORY_LIMIT.high} (default 20)",
     )
     command("jobs", "list the jobs live instances carry: next slot, last run, running, paused")
     command("instances", "list the live instances: heartbeat, clock offset, version, jobs")
@@ -367,7 +382,8 @@ def _parser() -> argparse.ArgumentParser:
                 "--until",
                 metavar="TIME",
                 help="end the pause by itself: ISO 8601 (without a zone: UTC), epoch ms, or "
-                "a duration from now such as 30m, 2h, 1d, 1h30m",
+                "a duration from now such as 30m, 2h, 1d, 1h30m (units s, m, h, d, w); at most "
+                "10 years ahead",
             )
             steering.add_argument(
                 "--by", help="who pauses (default $ANARCHON_REQUESTER or user@host)"
@@ -376,15 +392,19 @@ def _parser() -> argparse.ArgumentParser:
     trigger.add_argument("job")
     trigger.add_argument("--by", help="who asks (default $ANARCHON_REQUESTER or user@host)")
 
-    nxt = sub.add_parser("next", help="print the next fire times of a cron expression")
-    nxt.add_argument("expression")
+    text = "print the next fire times of a cron expression"
+    nxt = sub.add_parser("next", help=text, description=text)
+    nxt.add_argument("expression", help="5 fields, or 6 with seconds first")
     nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
-    nxt.add_argument("-n", type=_count(1, 10_000), default=5, help="how many (default 5)")
+    nxt.add_argument(
+        "-n", type=_count(1, 10_000), default=5, help="how many, 1 to 10000 (default 5)"
+    )
 
     from .web._command import add_parser as add_dashboard
 
     add_dashboard(sub, ENV_BACKEND)
-    demo = sub.add_parser("demo", help="several processes share one SQLite file and one job")
+    text = "several processes share one SQLite file and one job"
+    demo = sub.add_parser("demo", help=text, description=text)
     demo.add_argument("--instances", type=_count(1, 20), default=3, help="1 to 20 (default 3)")
     demo.add_argument("--seconds", type=_seconds, default=20.0, help="run time (default 20)")
     return parser

@@ -385,3 +385,101 @@ def test_health_json_says_there_is_no_data(tmp_path: Path) -> None:
         "problems": [f"no anarchon data at {tmp_path / 'none.db'}"],
     }
     assert not (tmp_path / "none.db").exists()
+
+
+def _help(*command: str) -> str:
+    out = cli(*command, "--help")
+    assert out.returncode == 0, out.stderr
+    return " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "run",
+        "history",
+        "jobs",
+        "instances",
+        "health",
+        "explain",
+        "pause",
+        "resume",
+        "trigger",
+        "next",
+        "dashboard",
+        "demo",
+    ],
+)
+def test_every_command_says_what_it_does_in_its_help(command: str) -> None:
+    # `run`, `next`, `dashboard` and `demo` had no description under their usage.
+    usage, description = cli(command, "--help").stdout.split("\n\n")[:2]
+    assert usage.startswith(f"usage: anarchon {command}"), usage
+    assert not description.lstrip().startswith(("positional arguments", "options")), description
+    top = " ".join(cli("--help").stdout.split())
+    assert " ".join(description.split()) in top  # the same line as in `anarchon --help`
+
+
+def test_the_help_gives_the_limits_and_units() -> None:
+    assert "how many runs, 1 to 100000 (default 20)" in _help("history")
+    assert "how many, 1 to 10000 (default 5)" in _help("next")
+    assert "(units s, m, h, d, w); at most 10 years ahead" in _help("pause")
+    assert "print one JSON object (docs/observability.md)" in _help("health")
+    assert "print one JSON object (docs/operations.md)" in _help("jobs")
+
+
+def test_an_unknown_option_points_to_the_commands_help() -> None:
+    # It said "(see 'anarchon --help')", whose text has no word of `jobs`' options.
+    one_line_error(
+        cli("jobs", "--jsn"),
+        2,
+        "anarchon jobs: unrecognized arguments: --jsn",
+        "(see 'anarchon jobs --help')",
+    )
+    one_line_error(cli("next", "* * * * *", "extra"), 2, "(see 'anarchon next --help')")
+    one_line_error(cli("jobs", "-n", "3"), 2, "(see 'anarchon jobs --help')")
+
+
+def test_every_json_output_is_indented_alike(tmp_path: Path) -> None:
+    # `trigger --json` printed the stored request's compact, key-sorted form; every other
+    # command indents by two.
+    import asyncio
+
+    from anarchon import SQLiteBackend
+    from anarchon.registry import JobDefinition, record_instance
+    from tests.records import instance_record
+
+    async def populate() -> int:
+        backend = SQLiteBackend(tmp_path / "a.db")
+        await backend.start()
+        now = await backend.server_time_ms()
+        assert now is not None
+        job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
+        await record_instance(backend.registry(), instance_record("w0", job, beat=now))
+        await backend.stop()
+        return now
+
+    now = asyncio.run(populate())
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    slot = datetime_text(now - now % 60_000)
+    for argv in (
+        ("jobs",),
+        ("instances",),
+        ("history", "sync"),
+        ("explain", "sync", slot),
+        ("pause", "sync"),
+        ("resume", "sync"),
+        ("trigger", "sync"),
+        ("health", "--instance", "w0"),
+    ):
+        out = cli(*argv, "--json", "--backend", url)
+        assert out.returncode in (0, 1), (argv, out.stdout, out.stderr)
+        assert out.stdout == json.dumps(json.loads(out.stdout), indent=2) + "\n", (argv, out.stdout)
+    out = cli("trigger", "sync", "--json", "--backend", url)
+    request = json.loads(out.stdout)
+    assert request["job"] == "sync" and request["trigger"] == "manual", request
+
+
+def datetime_text(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()

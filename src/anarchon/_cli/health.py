@@ -77,7 +77,7 @@ def _failing(args: argparse.Namespace, leave: Exit, problem: str) -> Exit:
     """``leave``, once ``--json`` printed the failing report: whatever a backend answers (or
     its silence), ``--json`` prints one JSON object on stdout, alike on every backend."""
     if args.json:
-        print(json.dumps({"healthy": False, "status": "failing", "problems": [problem]}))
+        print(json.dumps({"healthy": False, "status": "failing", "problems": [problem]}, indent=2))
     return leave
 
 

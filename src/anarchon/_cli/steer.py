@@ -149,7 +149,7 @@ async def trigger(args: argparse.Namespace) -> int:
         request: RunRequest = await steering.trigger(backend, args.job, by=args.by)
         await _carried_or_warn(backend, args.job, "trigger")
     if args.json:
-        print(request.to_json())
+        print(json.dumps(request.to_dict(), indent=2))
     else:
         say(request.id)
     return EXIT_OK

@@ -49,9 +49,8 @@ def _port(text: str) -> int:
 
 def add_parser(sub: Any, env_backend: str) -> None:
     """Add the ``dashboard`` command to the ``anarchon`` parser's subcommands."""
-    command = sub.add_parser(
-        "dashboard", help="serve the web dashboard: jobs, slots, instances, pause and trigger"
-    )
+    text = "serve the web dashboard: jobs, slots, instances, pause and trigger"
+    command = sub.add_parser("dashboard", help=text, description=text)
     command.add_argument(
         "--backend",
         help=f"backend URL; default ${env_backend}, else SQLite at $ANARCHON_DB or ./anarchon.db",
