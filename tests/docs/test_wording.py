@@ -111,3 +111,40 @@ def test_the_readme_names_every_field_of_metrics() -> None:
     fields = [*inspect.signature(Metrics).parameters, *Metrics.__slots__]  # counters, the rest
     missing = sorted({name for name in fields if f"`{name}`" not in part})
     assert not missing, f"the README's Metrics paragraph lacks {missing}"
+
+
+def test_the_long_description_links_absolutely() -> None:
+    # The README is PyPI's long description: its relative links (docs/guides/fastapi.md) and
+    # the dashboard's screenshot broke there. setup.py makes them absolute for the build.
+    import runpy
+    import tomllib
+
+    built = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")
+    text = built["long_description"]()
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    docs, repository = urls["Documentation"].rstrip("/"), urls["Repository"].rstrip("/")
+    raw = repository.replace("https://github.com/", "https://raw.githubusercontent.com/")
+    readme = (ROOT / "README.md").read_text()
+    slugs = {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in re.findall(r"^#+ (.+)$", readme, re.M)
+    }
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert len(targets) == len(re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", readme)) > 30
+    for target in targets:
+        url, _, anchor = target.partition("#")
+        if url.startswith(docs + "/"):
+            page = url.removeprefix(docs + "/").rstrip("/") or "index"
+            assert (ROOT / "docs" / f"{page}.md").exists() or (
+                ROOT / "docs" / page / "index.md"
+            ).exists(), target
+        elif url.startswith(f"{repository}/blob/main/"):
+            assert (ROOT / url.removeprefix(f"{repository}/blob/main/")).exists(), target
+        elif url.startswith(f"{raw}/main/"):
+            assert (ROOT / url.removeprefix(f"{raw}/main/")).exists(), target
+        elif url == repository:
+            assert anchor in slugs, target
+        else:
+            assert url.startswith("https://"), target
+    assert "](docs/" not in text and "](#" not in text
+    assert f"![The dashboard's jobs page]({raw}/main/docs/img/dashboard-jobs.png)" in text

@@ -121,6 +121,11 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: Path) -> None
     assert "License-Expression: MIT" in metadata
     assert "Classifier: Programming Language :: Python :: 3.13" in metadata
     assert re.search(r"^Project-URL: Documentation, https://", metadata, re.M)
+    # The README, PyPI's page, with absolute links (setup.py): relative ones lead nowhere there.
+    assert "Description-Content-Type: text/markdown" in metadata
+    assert "## Quick start" in metadata and "](docs/" not in metadata, metadata[:2000]
+    image = "https://raw.githubusercontent.com/anarchon/anarchon/main/docs/img/dashboard-jobs.png"
+    assert f"]({image})" in metadata
 
 
 @pytest.mark.parametrize("version", sorted(PYTHONS))
