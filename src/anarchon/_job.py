@@ -10,22 +10,21 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypedDict, TypeVar
 from zoneinfo import ZoneInfo
 
-from ._models import CatchUp, Overlap
+from ._context import RunContext
+from ._models import CatchUp, Overlap, Run
 from ._options import Bound, check_bool, check_int, check_keywords, ms_text
 from ._schedule import CronSchedule, shared_schedule
 from .backend import LEASE_BACKENDS, Backend, Capability, JobPolicy
 from .errors import InvalidJobName, InvalidOption, UnsupportedFeature
 
-if TYPE_CHECKING:
-    from ._context import RunContext
-    from ._models import Run
-
 __all__ = ["Handler", "Job", "JobOptions", "OnFailure", "RetryPolicy", "Timezone"]
 
-Handler: TypeAlias = Callable[["RunContext"], Awaitable[Any]] | Callable[["RunContext"], Any]
+# RunContext and Run are imported at run time: Scheduler.add's and Scheduler.job's signatures
+# name them through these aliases, and typing.get_type_hints resolves them.
+Handler: TypeAlias = Callable[[RunContext], Awaitable[Any]] | Callable[[RunContext], Any]
 
 NAME_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 DEFAULT_JITTER_MS: Final = 2_000

@@ -13,11 +13,17 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from . import steering
+from ._claims import Claims
+from ._clock import BackendClock, Clock
 from ._heartbeat import Heartbeat, read_cluster
 from ._job import Job, check_name
 from ._metrics import Counters, Metrics, jobs_now
 from ._models import Run, Trigger
 from ._options import HISTORY_LIMIT, check_int
+from ._runner import RunExecutor
+from ._threads import HandlerThreads
+from ._watchdog import LoopWatchdog
+from ._watcher import BackupWatcher
 from .backend import Backend, ClaimStatus
 from .control import ALL_JOBS, Pause, RunRequest
 from .errors import (
@@ -30,14 +36,10 @@ from .errors import (
 from .health import DEFAULT_TIMEOUT_S, Health, check
 from .registry import ClusterView
 
+# The names of Operations' annotations are imported at run time (above), where
+# typing.get_type_hints(Scheduler) looks them up; Scheduler itself would be an import cycle.
 if TYPE_CHECKING:
-    from ._claims import Claims
-    from ._clock import BackendClock, Clock
-    from ._runner import RunExecutor
     from ._scheduler import Scheduler
-    from ._threads import HandlerThreads
-    from ._watchdog import LoopWatchdog
-    from ._watcher import BackupWatcher
 
 __all__ = ["Operations", "State"]
 

@@ -302,19 +302,53 @@ class Scheduler(Operations):
         return register
 
     def add(self, name: str, schedule: str, handler: Handler, **options: Unpack[JobKwargs]) -> None:
-        """Register a job; allowed before :meth:`start` and while the scheduler runs.
+        """Register a job: ``handler`` runs once per slot of ``schedule``, on one instance.
 
-        The options (``timezone``,
-        ``jitter_ms``, ``max_late_ms``, ``history_ttl_ms``, ``timeout_ms``, ``lease_ms``,
-        ``max_attempts``, ``overlap``, ``catch_up``, ``catch_up_window_ms``, ``handover``,
-        ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``, ``on_failure``), with its
-        defaults; options left as None take the backend's default (see the options table in
-        the README). ``retries`` (0 to 1000): a run whose handler fails is run again up to this
-        many times, each a new run (trigger ``retry``) on whichever instance claims it, after
-        ``retry_backoff_ms`` doubling per retry up to ``retry_backoff_max_ms`` (jittered down to
-        half); it needs a backend with a control store. ``on_failure``: called (sync or async)
-        with the failed :class:`~anarchon.Run` once per finally failed slot, on the instance
-        that recorded the failure; what it raises is logged.
+        Allowed before :meth:`start` and while the scheduler runs. The options are keyword
+        arguments; one left out (or None) takes its default, which for some depends on the
+        backend (lease backends; NATS):
+
+        - ``timezone`` (``"UTC"``): the zone the expression is read in, an IANA name or a
+          :class:`zoneinfo.ZoneInfo`.
+        - ``jitter_ms`` (``min(2000, period / 10, max_late_ms / 2)``; 0 to 3 600 000, below the
+          period and ``max_late_ms``): how long after the slot an instance may wait before
+          claiming; the instance ranked first for the slot claims at once.
+        - ``max_late_ms`` (60 000; 0 to 7 days): an instance later than this after the slot does
+          not claim it, and records it ``skipped`` if nobody ran it.
+        - ``timeout_ms`` (none; 1 ms to 30 days): cancel the handler after this long; the run is
+          ``failed``.
+        - ``history_ttl_ms`` (7 days; 1 s to 10 years, above ``jitter_ms + max_late_ms``;
+          refused on NATS): records older than this are pruned.
+        - ``lease_ms`` (15 000; 300 ms to 1 day): the run's lease, renewed every third of it.
+        - ``max_attempts`` (3, on NATS 1; 1 to 100): attempts per slot, takeovers of a crashed
+          run included.
+        - ``overlap`` (``"skip"``, on NATS ``"allow"``): with ``"skip"`` a slot that comes while
+          the previous run holds its lease is recorded ``skipped``.
+        - ``catch_up`` (``"latest"``, on NATS ``"none"``): on start, run the slots missed while
+          no instance ran: ``"none"``, one run for them (``"latest"``) or each, oldest first
+          (``"all"``).
+        - ``catch_up_window_ms`` (1 hour; 1 ms to 10 years): only slots this recent are caught
+          up.
+        - ``handover`` (True, on NATS False): on stop, release an unfinished run's lease so
+          that a backup runs it again at once.
+        - ``retries`` (0; 0 to 1000): a run whose handler fails is run again up to this many
+          times, each a new run (trigger ``retry``) on whichever instance claims it; it needs a
+          backend with a control store.
+        - ``retry_backoff_ms`` (1000; 0 to 1 day): the wait before the first retry, doubling
+          per retry (each jittered down to half).
+        - ``retry_backoff_max_ms`` (300 000; ``retry_backoff_ms`` to 7 days): the longest wait.
+        - ``on_failure`` (None): called (plain or async) with the failed :class:`~anarchon.Run`
+          once per finally failed slot, on the instance that recorded the failure; what it
+          raises is logged.
+
+        :param name: the job's name, unique on this scheduler: 1 to 128 letters, digits, ``_``
+            and ``-``.
+        :param schedule: a cron expression: 5 fields, 6 with seconds first, or a macro such as
+            ``@daily`` (:class:`~anarchon.CronSchedule`).
+        :param handler: called with the run's :class:`~anarchon.RunContext`: an ``async def``
+            runs on the event loop, a plain function on a worker thread.
+        :param options: the options above.
+
         Raises a :class:`~anarchon.errors.ConfigurationError` naming the value and the rule, and
         :class:`~anarchon.errors.SchedulerStateError` once :meth:`stop` was called (the job
         would never fire).

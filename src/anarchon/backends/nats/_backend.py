@@ -57,6 +57,10 @@ from ._wire import subscribe_raw
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
+else:
+    # nats-py is imported when a backend is built, not before: at run time (for
+    # typing.get_type_hints of the constructor) the connection's type is Any.
+    NATS = Any
 
 __all__ = ["NatsBackend"]
 

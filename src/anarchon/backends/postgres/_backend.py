@@ -14,7 +14,7 @@ import functools
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from anarchon import backend as contract
 from anarchon.errors import BackendError, BackendUnavailable
@@ -36,6 +36,12 @@ from ._transactions import Group, Transactions, Work
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
+
+    PoolOrConnection: TypeAlias = AsyncConnectionPool[Any] | AsyncConnection[Any]
+else:
+    # psycopg is imported when a backend is built, not before: at run time (for
+    # typing.get_type_hints of the constructor) what pool= takes is Any.
+    PoolOrConnection = Any
 
 __all__ = ["PostgresBackend"]
 
@@ -83,7 +89,7 @@ class PostgresBackend(contract.LeaseBackend):
     def __init__(
         self,
         dsn: str = DEFAULT_DSN,
-        pool: AsyncConnectionPool[Any] | AsyncConnection[Any] | None = None,
+        pool: PoolOrConnection | None = None,
         schema: str = DEFAULT_SCHEMA,
         table_prefix: str = DEFAULT_PREFIX,
         *,

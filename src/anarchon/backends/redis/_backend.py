@@ -30,6 +30,10 @@ from ._rows import text
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
+else:
+    # redis-py is imported when a backend is built, not before: at run time (for
+    # typing.get_type_hints of the constructor) the client's type is Any.
+    Redis = RedisCluster = Any
 
 __all__ = ["RedisBackend"]
 
