@@ -319,16 +319,15 @@ def test_the_readme_quick_start_shows_its_start_under_python(tmp_path: Path) -> 
 def test_the_commands_do_not_log_the_sqlite_path(tmp_path: Path) -> None:
     # The path line is a scheduler's start; `anarchon jobs`, `history`, `health` (which name
     # the file in their own output) printed it on stderr at every call.
-    app = readme_quick_start(tmp_path)
-    _serve(app, tmp_path)
-    # health: 1, no live instance on this host once the scheduler stopped
+    url, _ = populated_sqlite(tmp_path)
+    # health: 1, the recorded instance is not on this host
     for command, code in (
         (("jobs",), 0),
         (("history", "sync"), 0),
         (("instances",), 0),
         (("health",), 1),
     ):
-        out = cli(*command, "--backend", f"sqlite:///{tmp_path / 'anarchon.db'}")
+        out = cli(*command, "--backend", url)
         assert out.returncode == code, (command, out.stdout, out.stderr)
         assert "SQLite database" not in out.stderr, (command, out.stderr)
 
@@ -442,24 +441,7 @@ def test_an_unknown_option_points_to_the_commands_help() -> None:
 def test_every_json_output_is_indented_alike(tmp_path: Path) -> None:
     # `trigger --json` printed the stored request's compact, key-sorted form; every other
     # command indents by two.
-    import asyncio
-
-    from anarchon import SQLiteBackend
-    from anarchon.registry import JobDefinition, record_instance
-    from tests.records import instance_record
-
-    async def populate() -> int:
-        backend = SQLiteBackend(tmp_path / "a.db")
-        await backend.start()
-        now = await backend.server_time_ms()
-        assert now is not None
-        job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
-        await record_instance(backend.registry(), instance_record("w0", job, beat=now))
-        await backend.stop()
-        return now
-
-    now = asyncio.run(populate())
-    url = f"sqlite:///{tmp_path / 'a.db'}"
+    url, now = populated_sqlite(tmp_path)
     slot = datetime_text(now - now % 60_000)
     for argv in (
         ("jobs",),
@@ -477,9 +459,36 @@ def test_every_json_output_is_indented_alike(tmp_path: Path) -> None:
     out = cli("trigger", "sync", "--json", "--backend", url)
     request = json.loads(out.stdout)
     assert request["job"] == "sync" and request["trigger"] == "manual", request
+    # health's report when there is nothing to check (printed compact too)
+    out = cli("health", "--json", "--backend", f"sqlite:///{tmp_path / 'none.db'}")
+    assert out.returncode == 3, out.stderr
+    assert json.loads(out.stdout)["status"] == "failing"
+    assert out.stdout == json.dumps(json.loads(out.stdout), indent=2) + "\n", out.stdout
 
 
 def datetime_text(ms: int) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def populated_sqlite(tmp_path: Path) -> tuple[str, int]:
+    """A SQLite file whose registry holds one instance carrying ``sync``: its URL, and the
+    backend's time then."""
+    import asyncio
+
+    from anarchon import SQLiteBackend
+    from anarchon.registry import JobDefinition, record_instance
+    from tests.records import instance_record
+
+    async def populate() -> int:
+        backend = SQLiteBackend(tmp_path / "a.db")
+        await backend.start()
+        now = await backend.server_time_ms()
+        assert now is not None
+        job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
+        await record_instance(backend.registry(), instance_record("w0", job, beat=now))
+        await backend.stop()
+        return now
+
+    return f"sqlite:///{tmp_path / 'a.db'}", asyncio.run(populate())
