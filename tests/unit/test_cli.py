@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -252,8 +253,8 @@ def test_the_backend_comes_from_the_flag_then_the_environment(tmp_path: Path) ->
 
 
 def _serve(app: Path, tmp_path: Path, *command: str) -> tuple[int, str]:
-    """``anarchon run app:scheduler`` (or ``command``) in ``tmp_path`` until it has started;
-    then SIGTERM."""
+    """``anarchon run app:scheduler`` (or ``command``) in ``tmp_path`` until it has started
+    (or 60 s passed, even if it prints nothing); then SIGTERM."""
     env = {k: v for k, v in os.environ.items() if k not in ("ANARCHON_DB", "ANARCHON_BACKEND")}
     proc = subprocess.Popen(
         list(command) or [sys.executable, "-m", "anarchon", "run", f"{app.stem}:scheduler"],
@@ -261,18 +262,22 @@ def _serve(app: Path, tmp_path: Path, *command: str) -> tuple[int, str]:
         env={**env, "PYTHONPATH": str(ROOT / "src")},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     assert proc.stdout is not None
-    lines = []
+    seen = b""
     deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        lines.append(line)
-        if " started with " in line or time.monotonic() > deadline:
-            break
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    return proc.returncode, "".join(lines) + output
+    try:
+        while b" started with " not in seen and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break  # it exited
+                seen += chunk
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # nothing once it exited
+    return proc.returncode, (seen + rest).decode()
 
 
 def readme_quick_start(tmp_path: Path) -> Path:
