@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -92,6 +93,22 @@ async def test_duplicate_with_our_token_wins_with_another_loses(
     assert other.run.fence == seq and other.run.status is RunStatus.RUNNING
     claims = await read_subject(server_url, backend.stream, f"{backend.prefix}sync.claims")
     assert len(claims) == 1
+
+
+async def test_a_duplicate_is_logged_with_its_slot_in_ms_and_iso(
+    make: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/logging.md: a record about a slot carries job, slot and slot_iso (the duplicate's
+    # record had no slot_iso).
+    backend: NatsBackend = await make()
+    [won] = await backend.claim([request()])
+    assert won.status is ClaimStatus.WON
+    with caplog.at_level(logging.DEBUG, logger="anarchon.backends.nats"):
+        [lost] = await backend.claim([request(instance="i2")])
+    assert lost.status is ClaimStatus.LOST
+    [record] = [r for r in caplog.records if getattr(r, "action", None) == "claim_duplicate"]
+    assert (record.job, record.slot) == ("sync", SLOT)  # type: ignore[attr-defined]
+    assert record.slot_iso == "2027-01-15T08:00:00.000+00:00"  # type: ignore[attr-defined]
 
 
 async def test_duplicate_of_a_trimmed_claim_loses(make: Make) -> None:

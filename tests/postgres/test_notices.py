@@ -4,6 +4,7 @@ under NOTIFY's 8000-byte limit, and a second backend on the schema hears every o
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -123,3 +124,21 @@ async def test_a_one_request_claim_keeps_no_notice_and_its_notice_is_the_won_run
     assert lost.ticket is None
     await asyncio.sleep(0.2)
     assert len(heard) == 1
+
+
+async def test_the_listeners_listen_record_has_its_action(
+    make: Callable[..., PostgresBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/logging.md: every record about a decision carries an action; the DEBUG "listening
+    # on ..." record had none.
+    listener = make()
+    await listener.start()
+    with caplog.at_level(logging.DEBUG, logger="anarchon.backends.postgres"):
+        assert await listener.subscribe_claims(lambda notices: None)
+        for _ in range(500):  # up to 10 s
+            if any(r.getMessage().startswith("listening on") for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("listening on")]
+    assert record.action == "listen"  # type: ignore[attr-defined]
+    assert record.channel  # type: ignore[attr-defined]

@@ -117,6 +117,48 @@ def test_log_fields_of_a_ticket_name_the_run() -> None:
     assert fields["slot_iso"].startswith("2026-01-01T00:00:00")
 
 
+def hand_made_slot_fields() -> list[str]:
+    """Where a record's fields with a ``slot`` are written by hand under src/anarchon: a dict
+    literal with a ``slot`` key inside a call's ``extra=``, or beside an ``action`` key.
+    :func:`log_fields` builds them, with ``slot_iso`` beside the slot."""
+    found = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        if path.name == "logs.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        dicts = [node for node in ast.walk(tree) if isinstance(node, ast.Dict)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                for keyword in node.keywords:
+                    if keyword.arg == "extra":
+                        dicts += [d for d in ast.walk(keyword.value) if isinstance(d, ast.Dict)]
+        for node in dicts:
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if "slot" in keys and ("action" in keys or _in_extra(tree, node)):
+                found.append(f"{path.relative_to(SOURCE)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def _in_extra(tree: ast.AST, wanted: ast.Dict) -> bool:
+    """``wanted`` is (inside) some call's ``extra=``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg == "extra" and any(d is wanted for d in ast.walk(keyword.value)):
+                    return True
+    return False
+
+
+def test_every_record_with_a_slot_gets_its_fields_from_log_fields() -> None:
+    # docs/logging.md: a record about a slot carries job, slot and slot_iso. A slot written by
+    # hand (NATS claim_duplicate, Redis claim_refused_unknown did) lacks slot_iso.
+    assert hand_made_slot_fields() == []
+    for action in Action:  # every action that may carry a slot gets slot_iso beside it
+        fields = log_fields(action, "report", 1_767_225_600_000)
+        assert fields["slot_iso"] == "2026-01-01T00:00:00.000+00:00", action
+        assert log_fields(action, "report", None)["slot_iso"] is None
+
+
 @pytest.mark.parametrize(
     ("logger", "name"),
     [

@@ -3,8 +3,10 @@
 
 A backend (in this repository or outside it) imports the contract from :mod:`anarchon.backend`,
 the errors from :mod:`anarchon.errors`, and its plumbing from here: name checks, option checks,
-backoff, time conversion, URL redaction, fast makers of frozen records (:func:`maker`) and the
-outage log actions here, and in submodules:
+backoff, time conversion, URL redaction, fast makers of frozen records (:func:`maker`), the
+outage log actions and the one builder of a log record's fields (:func:`log_fields`, with
+:class:`Action`: a record about a slot gets ``slot_iso`` beside ``slot``) here, and in
+submodules:
 
 * :mod:`anarchon.kit.checks`: names checked by pattern (:func:`check_pattern`);
 * :mod:`anarchon.kit.lease`: the lease rules, written once (fences, pruning, overlap, answers);
@@ -29,7 +31,7 @@ from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
 from .._options import HISTORY_SIZE, Bound, check_bool, check_int, check_keywords, ms_text
 from .._redact import redact_url
 from .._retry import backoff
-from ..logs import Action
+from ..logs import Action, log_fields
 from .checks import check_pattern
 
 BACKEND_UNAVAILABLE: Final = Action.BACKEND_UNAVAILABLE
@@ -55,6 +57,7 @@ __all__ = [
     "NOTIFICATIONS_LOST",
     "NOTIFICATIONS_RESUMED",
     "OUTAGE_ACTIONS",
+    "Action",
     "Bound",
     "Clock",
     "Overlap",
@@ -68,6 +71,7 @@ __all__ = [
     "check_keywords",
     "check_name",
     "check_pattern",
+    "log_fields",
     "maker",
     "ms_text",
     "ms_to_datetime",

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, Ticket
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
-from ...kit import Run, RunStatus, SystemClock, Trigger, maker
+from ...kit import Action, Run, RunStatus, SystemClock, Trigger, log_fields, maker
 from ...kit.lease import ticket_of
 from . import _connection
 from . import _errors as errors
@@ -211,7 +211,7 @@ class ClaimPath:
                 msg_id,
                 ack.seq,
                 "ours: a retried publish" if stored_claim.token == req.token else "another's",
-                extra={"job": req.job, "slot": req.slot, "action": "claim_duplicate"},
+                extra=log_fields(Action.CLAIM_DUPLICATE, req.job, req.slot),
             )
         return _answer(req, stored_claim, exact=True)
 
@@ -243,7 +243,7 @@ class ClaimPath:
                 publish,
                 f"claiming {msg_id}",
                 deadline,
-                {"job": req.job, "slot": req.slot},
+                log_fields(Action.NATS_RETRY, req.job, req.slot),
                 failed=failed,
             )
         except BackendUnavailable:
@@ -287,7 +287,7 @@ class ClaimPath:
                 msg_id,
                 seq,
                 exc,
-                extra={"job": req.job, "slot": req.slot, "action": "claim_unread"},
+                extra=log_fields(Action.CLAIM_UNREAD, req.job, req.slot),
             )
             return _lost(
                 req,
@@ -425,7 +425,7 @@ class ClaimPath:
                 MAX_UNSURE,
                 dropped.job,
                 dropped.slot_key,
-                extra={"job": dropped.job, "slot": dropped.slot, "action": "settle_dropped"},
+                extra=log_fields(Action.SETTLE_DROPPED, dropped.job, dropped.slot),
             )
         self._unsure[req.token] = _Unsure(req, CLOCK.now_ms())
 
@@ -511,7 +511,7 @@ class ClaimPath:
                     "claim %s not settled: the slot is too close to the end of the duplicate "
                     "window to look it up by its id; if it was stored, history shows it running",
                     msg_id,
-                    extra={"job": req.job, "slot": req.slot, "action": "settle_too_late"},
+                    extra=log_fields(Action.SETTLE_TOO_LATE, req.job, req.slot),
                 )
                 return
             deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
@@ -528,7 +528,7 @@ class ClaimPath:
                 "claim %s settled: it was never stored; the slot is recorded skipped (%s)",
                 msg_id,
                 reason,
-                extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+                extra=log_fields(Action.CLAIM_SETTLED, req.job, req.slot),
             )
             return
         stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading claim {msg_id}")
@@ -541,7 +541,7 @@ class ClaimPath:
             "skipped (%s)",
             msg_id,
             reason,
-            extra={"job": req.job, "slot": req.slot, "action": "claim_settled"},
+            extra=log_fields(Action.CLAIM_SETTLED, req.job, req.slot),
         )
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from anarchon.backend import ChangeEvent, ClaimNotice
 from anarchon.errors import BackendUnavailable
+from anarchon.kit import Action, log_fields
 from anarchon.kit.feed import decode_notices
 
 from ._errors import first_line
@@ -73,7 +74,12 @@ class Listener:
 
         self._conn = await self._connect()
         await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-        logger.debug("listening on %s at %s", self._channel, self._where)
+        logger.debug(
+            "listening on %s at %s",
+            self._channel,
+            self._where,
+            extra=log_fields(Action.LISTEN, channel=self._channel),
+        )
 
     async def _next(self, conn: AsyncConnection[Any]) -> list[ChangeEvent | ClaimNotice]:
         notes = [note async for note in conn.notifies(timeout=PING_EVERY_S, stop_after=1)]

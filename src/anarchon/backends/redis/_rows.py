@@ -26,7 +26,7 @@ from ...backend import (
 )
 from ...control import PAUSED_TRIGGERS
 from ...errors import LeaseLost
-from ...kit import Run, RunStatus
+from ...kit import Action, Run, RunStatus, log_fields
 from ...kit.lease import (
     HANDED_OVER,
     MAX_MS,
@@ -246,7 +246,7 @@ def _refused(req: ClaimRequest, row: RunRow, now: int) -> ClaimOutcome:
             req.job,
             req.slot,
             row.reason,
-            extra={"job": req.job, "slot": req.slot, "action": "claim_refused_unknown"},
+            extra=log_fields(Action.CLAIM_REFUSED_UNKNOWN, req.job, req.slot),
         )
     return not_run(row, now)
 
