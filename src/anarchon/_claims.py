@@ -19,7 +19,7 @@ from ._collector import Pause, pause
 from ._frozen import maker
 from ._job import Job
 from ._members import SCHEDULE, WON
-from ._metrics import Counters, skip_class
+from ._metrics import Counters, refused
 from ._models import RunStatus, Trigger
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
@@ -71,7 +71,7 @@ def _extra(outcome: ClaimOutcome) -> dict[str, Any]:
     """The log fields of a claim's outcome."""
     run = outcome.run
     action = _CLAIM_ACTIONS[outcome.status]
-    if outcome.status is ClaimStatus.LOST and outcome.error is not None:
+    if outcome.status is ClaimStatus.LOST and refused(outcome):
         action = Action.CLAIM_REFUSED
     return log_fields(action, run.job, run.slot_ms, holder=run.instance)
 
@@ -365,14 +365,22 @@ class Claims:
                 waited_ms,
                 extra=log_fields(Action.CLAIM_FAILED, late[0].job, late[0].slot),
             )
+            error = TimeoutError(
+                f"not claimed: too late by the time its part of the batch could be sent, "
+                f"{waited_ms} ms after the first part"
+            )
+            self._unclaimed(late, error, started)
         return keep
 
     async def _claim_retrying(
         self, pending: list[ClaimRequest], started: int, deadline_s: float | None
     ) -> Answered | None:
         error: BackendUnavailable | None = None
+        first_sent: int | None = None
         for delay in backoff():
             sent = self._clock.monotonic_ms()
+            if first_sent is None:
+                first_sent = sent
             try:
                 answers = await isolate(self._backend.claim, pending, _job_of, "claiming a slot")
             except BackendUnavailable as exc:
@@ -395,6 +403,7 @@ class Claims:
             now = self._backend_time.now_ms()
             waited_ms = self._clock.monotonic_ms() - started
             keep: list[ClaimRequest] = []
+            expired: list[ClaimRequest] = []
             for request in pending:
                 if self._expired(request, now, waited_ms, deadline_s):
                     logger.warning(
@@ -406,12 +415,31 @@ class Claims:
                         error,
                         extra=log_fields(Action.CLAIM_FAILED, request.job, request.slot),
                     )
+                    expired.append(request)
                 else:
                     keep.append(request)
+            if expired:
+                assert error is not None and first_sent is not None
+                self._unclaimed(expired, error, first_sent)
             pending = keep
             if not pending:
                 return None
         return None  # pragma: no cover
+
+    def _unclaimed(self, requests: list[ClaimRequest], error: Exception, sent: int) -> None:
+        """Count the slots of ``requests`` as not claimed (``unclaimed``, reason ``error``) and
+        give each its claim span, outcome ``error``: ``error`` is why, ``sent`` (monotonic)
+        when their first claim was sent."""
+        counters = self._counters
+        for request in requests:
+            counters.unclaimed(request.job, request.trigger, "unclaimed_error")
+        otel.claimed(
+            requests,
+            [error] * len(requests),
+            sent,
+            self._backend.name,
+            self._clock.monotonic_ms(),
+        )
 
     def _expired(
         self, request: ClaimRequest, now: int, waited_ms: int, deadline_s: float | None
@@ -451,9 +479,6 @@ class Claims:
             error = "the job was removed before its claimed slot could run"
             self._spawn(self._backend.finish(outcome.ticket, RunStatus.FAILED, error))
         elif outcome.status is ClaimStatus.SKIPPED:
-            self._counters.skipped += 1
-            if skip_class(run.reason) == "skipped_paused":
-                self._counters.slots_paused += 1
             logger.info(
                 "job %s slot %s skipped: %s",
                 run.job,
@@ -464,6 +489,7 @@ class Claims:
         elif outcome.error is not None:
             # The backend refused this request alone (a value it cannot store): nobody runs it.
             self._counters.claims_refused += 1
+            self._counters.unclaimed(run.job, run.trigger, "unclaimed_refused")
             logger.error(
                 "job %s slot %s: the %s backend refused the claim: %s",
                 run.job,
@@ -471,6 +497,18 @@ class Claims:
                 self._backend.name,
                 outcome.error,
                 extra=_extra(outcome),
+            )
+        elif refused(outcome):
+            # Nothing recorded: the backend cannot vouch for the slot (pruned past it, or a
+            # Redis that lost its data); nobody runs it, and no other instance won it.
+            self._counters.unclaimed(run.job, run.trigger, "unclaimed_refused")
+            logger.warning(
+                "job %s slot %s not run: the %s backend refused the claim: %s",
+                run.job,
+                run.slot_ms,
+                self._backend.name,
+                run.reason,
+                extra={**_extra(outcome), "reason": run.reason},
             )
         else:
             self._counters.claims_lost += 1

@@ -55,8 +55,14 @@ SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
     "skipped_too_late": ("skipped", "too_late"),
     "skipped_paused": ("skipped", "paused"),
     "skipped_other": ("skipped", "other"),
+    "unclaimed_error": ("unclaimed", "error"),
+    "unclaimed_refused": ("unclaimed", "refused"),
 }
 """The keys of :attr:`JobMetrics.slots`, each to its ``(outcome, reason)`` labels."""
+# The reasons of a LOST answer whose record was not stored because the backend cannot vouch for
+# the slot (pruned past it; Redis: a data set that lost it): nobody runs it. A broker's "lost: "
+# answer (another's claim it could not read) is a real loss.
+_NOT_RUN: Final = ("too old", "unknown")
 # The reason prefixes the backends record (anarchon.backend, anarchon.control), to their class.
 _SKIP_CLASSES: Final = (
     (OVERLAP, "skipped_overlap"),
@@ -64,7 +70,8 @@ _SKIP_CLASSES: Final = (
     (PAUSED, "skipped_paused"),
 )
 _SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
-RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value)
+RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.SKIPPED.value)
+"""The keys of :attr:`JobMetrics.runs`: a run's result, or ``skipped`` (a run request's)."""
 JobCounter = Literal["taken_over", "handed_over", "lease_lost", "result_refused"]
 """The flat counters that are also counted per job (:meth:`Counters.count`)."""
 
@@ -120,9 +127,16 @@ class JobMetrics:
         this instance won and started), ``missed`` (recorded missed when this instance started),
         and skipped slots whose skip record this instance wrote, by reason class:
         ``skipped_overlap``, ``skipped_too_late``, ``skipped_paused``, ``skipped_other``. Added
-        over every instance, each equals what history records.
-    :ivar runs: runs whose result this instance recorded, by status (``succeeded``,
-        ``failed``); retries and manual runs included.
+        over every instance, each equals what history records. And slots this instance could
+        not claim, of which history records nothing (nobody runs them, unless another instance
+        claimed them): ``unclaimed_error`` (the backend stayed unavailable until they were too
+        late), ``unclaimed_refused`` (the backend refused the claim and recorded nothing);
+        every instance that met it counts such a slot.
+    :ivar runs: attempts whose end this instance's write recorded, by status: ``succeeded``,
+        ``failed`` (its own results, and the attempts its takeovers recorded failed: handed
+        over, lease lost, out of attempts); ``skipped``: run requests (manual, retry) whose
+        skip record its claim wrote. Added over every instance, each equals what history
+        records.
     :ivar taken_over: runs of dead instances this instance took over.
     :ivar handed_over: runs this instance released on stop for a backup.
     :ivar lease_lost: runs of this instance whose lease was lost.
@@ -249,6 +263,18 @@ def jobs_now(
     return out
 
 
+def refused(outcome: ClaimOutcome) -> bool:
+    """The claim was refused and nothing recorded, so nobody runs the slot: refused for good
+    (:attr:`ClaimOutcome.error`), or a slot the backend cannot vouch for (``too old: ...``,
+    ``unknown: ...``). Such an answer is LOST, but no other instance won."""
+    if outcome.status is not ClaimStatus.LOST:
+        return False
+    if outcome.error is not None:
+        return True
+    run = outcome.run
+    return run.status is RunStatus.SKIPPED and (run.reason or "").startswith(_NOT_RUN)
+
+
 def skip_class(reason: str | None) -> str:
     """The :data:`SLOT_OUTCOMES` key of a skip record's reason."""
     for prefix, key in _SKIP_CLASSES:
@@ -287,6 +313,7 @@ class _Tallies:
     clock_skew_warnings: int = 0
     slots_missed: int = 0
     slots_paused: int = 0
+    slots_unclaimed: int = 0
     retries_scheduled: int = 0
     requests_run: int = 0
     failure_hook_errors: int = 0
@@ -329,15 +356,33 @@ class Counters(_Tallies):
                 figures[_LAST_SUCCESS] = now_ms
 
     def claim_answered(self, outcome: ClaimOutcome, instance: str) -> None:
-        """Count a slot's outcome from a claim's answer: won (``ran``), or skipped when the skip
-        record is this instance's (each slot is then counted once over every instance)."""
+        """Count what a claim's answer recorded: a slot won (``ran``), or a skip record when it
+        is this instance's, the one whose claim wrote it (each is then counted once over every
+        instance, as history holds it once): a slot's by reason class (with ``skipped`` and,
+        paused, ``slots_paused``), a run request's (manual, retry) as a run ``skipped``."""
         run = outcome.run
-        if run.trigger not in _SLOT_TRIGGERS:
+        status = outcome.status
+        if status is WON:
+            if run.trigger in _SLOT_TRIGGERS:
+                self.job(run.job)[_RAN] += 1
             return
-        if outcome.status is WON:
-            self.job(run.job)[_RAN] += 1
-        elif outcome.status is ClaimStatus.SKIPPED and run.instance == instance:
-            self.job(run.job)[_SLOTS_AT[skip_class(run.reason)]] += 1
+        if status is not ClaimStatus.SKIPPED or run.instance != instance:
+            return
+        self.skipped += 1
+        if run.trigger in _SLOT_TRIGGERS:
+            key = skip_class(run.reason)
+            if key == "skipped_paused":
+                self.slots_paused += 1
+            self.job(run.job)[_SLOTS_AT[key]] += 1
+        else:
+            self.job(run.job)[_RUNS_AT[RunStatus.SKIPPED.value]] += 1
+
+    def unclaimed(self, job: str, trigger: Trigger, key: str) -> None:
+        """Count a slot of ``job`` this instance could not claim (``key``: ``unclaimed_error``,
+        ``unclaimed_refused``); a run request (manual, retry) is no slot and is not counted."""
+        if trigger in _SLOT_TRIGGERS:
+            self.slots_unclaimed += 1
+            self.job(job)[_SLOTS_AT[key]] += 1
 
     def missed(self, job: str, count: int) -> None:
         """Count ``count`` slots of ``job`` this instance recorded missed."""
@@ -372,9 +417,10 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
     Counters (since start):
 
     :ivar claims_won: slots (and manual runs) this instance won and ran.
-    :ivar claims_lost: slots another instance won (or was running).
+    :ivar claims_lost: slots another instance won (or was running); a claim refused with
+        nothing recorded is no loss (``slots_unclaimed``).
     :ivar claims_refused: claims the backend refused for good (a value it cannot store); nobody
-        runs those slots.
+        runs those slots (also in ``slots_unclaimed``).
     :ivar claim_errors: claim calls that failed on an unavailable backend (each retried until the
         slot is too late).
     :ivar claims_preferred: slots this instance claimed at once, ranked first for them
@@ -384,15 +430,17 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         registry view yet, ``jitter_ms=0``, or a backend that announces no claims).
     :ivar claims_heard: slots not claimed: another instance's win was heard during the rank
         delay (the run is watched as a backup would).
-    :ivar skipped: slots recorded skipped (``overlap='skip'`` while the previous run held its
-        lease, or too late).
+    :ivar skipped: skip records this instance's claims wrote (``overlap='skip'`` while the
+        previous run held its lease, too late, paused): slots and run requests, each counted
+        once over every instance.
     :ivar too_late: slots this instance reached after ``max_late_ms`` (claimed as skipped).
     :ivar no_thread: slots of plain handlers not claimed because every handler thread was busy.
     :ivar early_slots_deferred: slots due by this host's clock but early by the backend's, put
         back to wait for the backend's time (this clock is ahead).
-    :ivar runs_succeeded: runs recorded ``succeeded``.
-    :ivar runs_failed: runs recorded ``failed`` (an error, a timeout, the lease lost, attempts
-        exhausted).
+    :ivar runs_succeeded: runs this instance recorded ``succeeded``.
+    :ivar runs_failed: attempts this instance recorded ``failed``: a handler's error or
+        timeout, a stop without hand-over, and the attempts its takeovers ended (handed over,
+        lease lost, attempts exhausted).
     :ivar timed_out_threads: plain handlers whose thread was still running at their timeout.
     :ivar lease_lost: runs whose lease was lost (not renewed in time, or taken over).
     :ivar result_refused: results the backend refused because the lease had moved on.
@@ -404,8 +452,11 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
     :ivar clock_skew_warnings: warnings that this clock is off the backend's.
     :ivar slots_missed: slots this instance recorded ``missed`` when it started (nobody carried
         the job at their time and catch-up does not run them).
-    :ivar slots_paused: slots answered ``skipped`` because their job (or the cluster) was
-        paused (also counted in ``skipped``).
+    :ivar slots_paused: slots whose ``paused`` skip record this instance's claim wrote (also
+        counted in ``skipped``), each counted once over every instance.
+    :ivar slots_unclaimed: slots this instance could not claim, nothing recorded: the backend
+        stayed unavailable until they were too late, or refused the claim (see
+        :attr:`JobMetrics.slots`, ``unclaimed_*``).
     :ivar retries_scheduled: retries stored after a handler failed (the job's ``retries``).
     :ivar requests_run: run requests (``anarchon trigger``, ``Scheduler.trigger``, retries)
         this instance won and ran.

@@ -23,7 +23,7 @@ from typing import Final
 from ._clock import Clock, sleep_or_wake
 from ._job import Job
 from ._metrics import Counters
-from ._models import Run
+from ._models import Run, RunStatus
 from ._threads import HandlerThreads
 from .backend import LeaseBackend, TakeoverOutcome, TakeoverRequest, TakeoverStatus, Ticket
 from .errors import AnarchonError, BackendError
@@ -40,6 +40,8 @@ RETRY_MS: Final = 1_000
 # end together: checking them all at once would open thousands of backend calls (past a Redis
 # client's pool, or waiting on a PostgreSQL pool until timeout_ms); the rest wait their turn.
 MAX_CHECKS: Final = 32
+# The takeover answers that come of a write recording the attempt they ended failed.
+_RECORDS_FAILED: Final = frozenset({TakeoverStatus.TAKEN, TakeoverStatus.EXHAUSTED})
 # adopt(): the jobs of one open_runs() call (the bound last_slots has).
 ADOPT_PART: Final = 2_000
 
@@ -255,6 +257,10 @@ class BackupWatcher:
             self.watch(job_name, slot_key, outcome.lease_expires_at_ms, outcome.backend_now_ms)
             return False
         self._forget(job_name, slot_key)
+        if outcome.status in _RECORDS_FAILED:
+            # This takeover recorded the attempt it ended failed (handed over, lease lost, or
+            # its last attempt): a run's result in history, counted by the instance that wrote it.
+            self.counters.count_run(RunStatus.FAILED, job_name)
         if outcome.status is TakeoverStatus.TAKEN:
             assert outcome.ticket is not None
             self.counters.count(job_name, "taken_over")

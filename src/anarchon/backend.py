@@ -200,7 +200,10 @@ class ClaimStatus(StrEnum):
     LOST = "lost"
     """Another request got there first, the slot was pruned, attempt 1 of this very token has
     already ended, or (with :attr:`ClaimOutcome.error`) the request could not be decided: the
-    caller does not run."""
+    caller does not run. The core counts as refused, not lost to another instance, an answer
+    with an error, or whose run is a ``skipped`` record not stored with a reason ``too old:
+    ...`` (:data:`PRUNED_REASON`) or ``unknown: ...`` (a store that cannot vouch for the
+    slot): nobody runs those slots (metrics ``unclaimed``, span outcome ``refused``)."""
     SKIPPED = "skipped"
     """The slot is recorded as ``skipped`` (overlap, too late), by this caller or another."""
 

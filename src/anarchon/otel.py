@@ -34,7 +34,9 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
+from ._metrics import refused
 from ._models import Run, RunStatus
+from ._redact import redact_url
 from .backend import HANDED_OVER, ClaimOutcome, ClaimRequest, ClaimStatus
 from .logs import slot_iso
 
@@ -202,14 +204,16 @@ def claimed(
         status = None
         if isinstance(outcome, ClaimOutcome):
             name = outcome.status.value
-            if outcome.status is ClaimStatus.LOST and outcome.error is not None:
-                name, status = "refused", str(outcome.error)
+            if outcome.status is ClaimStatus.LOST and refused(outcome):
+                # Refused, nothing recorded: nobody runs the slot (no other instance won it).
+                name = "refused"
+                status = str(outcome.error) if outcome.error is not None else outcome.run.reason
             attributes["anarchon.outcome"] = name
             attributes["anarchon.holder"] = outcome.run.instance
             attributes["anarchon.run_id"] = outcome.run.run_id
             if outcome.run.reason:
                 attributes["anarchon.reason"] = outcome.run.reason
-        else:
+        else:  # not claimed: the backend stayed unavailable until the slot was too late
             attributes["anarchon.outcome"] = "error"
             status = f"{type(outcome).__name__}: {outcome}"
         parent = attempt_parent(request.job, request.slot_key, 1)
@@ -221,7 +225,7 @@ def claimed(
             start_time=end - max(0, now_ms - sent) * 1_000_000,
         )
         if status is not None:
-            span.set_status(api.Status(api.StatusCode.ERROR, status))
+            span.set_status(api.Status(api.StatusCode.ERROR, redact_url(status)))
         span.end(end_time=end)
 
 

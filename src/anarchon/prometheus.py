@@ -315,13 +315,15 @@ class AnarchonCollector:
         slots = core.CounterMetricFamily(
             "anarchon_slots",
             "Slots by outcome: ran (won and started here), missed (recorded when this instance "
-            "started), skipped (skip record written here) by reason class. Summed over the "
-            "instances, each equals history.",
+            "started), skipped (skip record written here) by reason class; summed over the "
+            "instances, each equals history. unclaimed: not claimed here, nothing recorded "
+            "(error: the backend unavailable until too late; refused).",
             labels=["anarchon_job", "outcome", "reason"],
         )
         runs = core.CounterMetricFamily(
             "anarchon_runs",
-            "Runs whose result this instance recorded, by status (retries and manual runs too).",
+            "Attempts whose end this instance recorded, by status (its results, the attempts "
+            "its takeovers ended failed; skipped: run requests); summed, each equals history.",
             labels=["anarchon_job", "status"],
         )
         figures = _Families(core, _JOB_SERIES, ["anarchon_job"])

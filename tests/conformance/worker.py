@@ -85,13 +85,18 @@ async def main(args: argparse.Namespace) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), args.seconds)
     await scheduler.stop()
+    metrics = scheduler.metrics()
     _write(
         args.out,
         {
             "event": "exit",
             "t": time.time(),
             "pid": os.getpid(),
-            "metrics": scheduler.metrics().as_dict(),
+            "metrics": metrics.as_dict(),
+            "by_job": {
+                name: {"slots": figures.slots, "runs": figures.runs}
+                for name, figures in metrics.by_job.items()
+            },
         },
     )
 

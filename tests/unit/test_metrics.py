@@ -80,7 +80,9 @@ def test_per_job_figures_reach_the_snapshot_each_in_its_own_place() -> None:
     snapshot = Metrics.of(counters)
     a, b = snapshot.by_job["a"], snapshot.by_job["b"]
     assert a.slots == {**dict.fromkeys(SLOT_OUTCOMES, 0), "missed": 3}
-    assert a.runs == {"succeeded": 1, "failed": 1} and a.last_success_ms == START + 2_030
+    assert (
+        a.runs == {"succeeded": 1, "failed": 1, "skipped": 0} and a.last_success_ms == START + 2_030
+    )
     assert (a.taken_over, a.handed_over, a.lease_lost, a.result_refused) == (1, 0, 2, 0)
     assert (snapshot.taken_over, snapshot.lease_lost, snapshot.slots_missed) == (1, 2, 3)
     assert a.fire_lag.counts[LAG_BUCKETS.index(0.05)] == 1 and a.fire_lag.count == 1

@@ -1,0 +1,133 @@
+"""What the metrics and spans say, on each backend, against what history records: a run span
+says its run's real fate on stop, and over real instances the counters add up to history."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from anarchon import RunStatus, Trigger, otel, steering
+from anarchon._metrics import RUN_STATUSES, SLOT_OUTCOMES, skip_class
+from tests.conformance.procs import Fleet, Worker
+from tests.harness import Harness, Namespace
+
+NEVER = "0 0 1 1 *"  # slots nobody waits for: the runs below are manual
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.configure(provider)
+    try:
+        yield exporter
+    finally:
+        otel.configure()
+        provider.shutdown()
+
+
+def run_span(exporter: InMemorySpanExporter, job: str) -> ReadableSpan:
+    [span] = [s for s in exporter.get_finished_spans() if s.name == f"run {job}"]
+    return span
+
+
+async def until(predicate: Callable[[], Any], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _wait_for_start(fleet: Fleet, workers: list[Worker], timeout: float = 30) -> None:
+    """Wait until one of ``workers`` starts a handler from now on."""
+    after = time.time()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if any(r["event"] == "start" and r["t"] > after for r in worker.records()):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no run started\n{fleet.logs()}")
+
+
+@pytest.mark.slow
+async def test_over_real_instances_the_counters_add_up_to_history(
+    harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    # Two instances, options at their defaults but a short grace: an every-second job whose
+    # handler takes 2.5 s (on a lease backend the slots meanwhile are skipped for overlap), a
+    # pause, a trigger while a run holds its lease (claimed within a poll, about a second),
+    # and a stop while a run is in its handler (handed over to the other instance, or recorded
+    # failed on a broker). Added over the instances, the per-job slots and runs, skipped and
+    # slots_paused equal history.
+    workers = fleet.spawn(2, seconds=90, sleep_ms=2_500, grace_ms=300)
+    fleet.wait_ready(workers)
+    backend = ns.make()
+    await backend.start()
+    try:
+        await asyncio.sleep(4)
+        now = await steering.backend_now_ms(backend)
+        await steering.pause(backend, "tick", until_ms=now + 3_500, by="test")
+        await asyncio.sleep(6)
+        _wait_for_start(fleet, workers)
+        await steering.trigger(backend, "tick", by="test")  # while that run holds its lease
+        await asyncio.sleep(3)
+        _wait_for_start(fleet, workers[:1])
+        await asyncio.sleep(0.2)
+        workers[0].kill(signal.SIGTERM)  # in its handler: past the grace, handed over
+        workers[0].wait(30)
+        await asyncio.sleep(6)
+        fleet.stop_all()
+        history = await backend.history("tick", limit=1_000)
+    finally:
+        await backend.stop()
+    exits = fleet.records("exit")
+    assert len(exits) == 2, fleet.logs()
+
+    counted: Counter[str] = Counter()
+    for exit_record in exits:
+        figures = exit_record["by_job"]["tick"]
+        counted.update({f"slots.{k}": v for k, v in figures["slots"].items()})
+        counted.update({f"runs.{k}": v for k, v in figures["runs"].items()})
+        counted.update({k: exit_record["metrics"][k] for k in ("skipped", "slots_paused")})
+
+    recorded: Counter[str] = Counter()
+    for run in history:
+        if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            recorded[f"runs.{run.status.value}"] += 1
+        if run.status is RunStatus.SKIPPED:
+            recorded["skipped"] += 1
+        if run.trigger in (Trigger.SCHEDULE, Trigger.CATCH_UP) and run.attempt == 1:
+            if run.status is RunStatus.SKIPPED:
+                recorded[f"slots.{skip_class(run.reason)}"] += 1
+                recorded["slots_paused"] += skip_class(run.reason) == "skipped_paused"
+            elif run.status is RunStatus.MISSED:
+                recorded["slots.missed"] += 1
+            else:
+                recorded["slots.ran"] += 1
+        elif run.status is RunStatus.SKIPPED:
+            recorded["runs.skipped"] += 1
+    wanted = {f"slots.{k}" for k in SLOT_OUTCOMES if not k.startswith("unclaimed")}
+    wanted |= {f"runs.{k}" for k in RUN_STATUSES} | {"skipped", "slots_paused"}
+    print(f"\n{harness.name}: counted {dict(+counted)}")
+    assert {k: counted[k] for k in wanted} == {k: recorded[k] for k in wanted}, fleet.logs()
+    # What the test set out to meet happened: a pause, a stop in a handler (handed over, or
+    # recorded failed on a broker), and on a lease backend a trigger skipped for overlap.
+    assert recorded["slots_paused"] >= 1
+    reasons = Counter((r.attempt, r.status, r.reason) for r in history)
+    if harness.lease:
+        assert reasons[(1, RunStatus.FAILED, "handed over")] >= 1, reasons
+        assert recorded["runs.skipped"] >= 1, reasons
+    else:
+        assert any((r.error or "").startswith("stopped") for r in history), reasons
