@@ -29,6 +29,7 @@ from ._context import RunContext
 from ._job import Job
 from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
+from ._redact import redact_url
 from ._results import ResultRecorder
 from ._retry import backoff
 from ._retrying import retry_number
@@ -45,6 +46,9 @@ __all__ = ["ActiveRun", "RunExecutor"]
 logger = logging.getLogger("anarchon.scheduler")
 
 STOPPED: Final = "stopped"
+# The fates of a run that recorded no result on stop (ActiveRun.fate), named as their log actions.
+HANDED_OVER_FATE: Final = Action.HANDED_OVER.value
+LEFT_TO_EXPIRE: Final = Action.LEFT_TO_EXPIRE.value
 # After the grace period, cancelled handlers and their hand-over calls get this long (s).
 CANCEL_GRACE_S: Final = 10.0
 
@@ -71,6 +75,9 @@ class ActiveRun:
     """A handler thread is reserved for this run (plain handlers) and not yet used."""
     thread_running: bool = False
     """The run stopped waiting for its handler's thread, which still runs (plain handlers)."""
+    fate: str | None = None
+    """What became of a run that recorded no result on stop: ``handed_over``,
+    ``handover_failed`` or ``left_to_expire`` (what its span says)."""
     # Lease bookkeeping, on the monotonic clock (ms): when to renew next (the keeper's), when
     # the lease surely ends unless renewed, and whether the keeper renews it.
     renew_at: int = 0
@@ -216,8 +223,7 @@ class RunExecutor:
         if self.closed:
             # Won after the grace period (a claim or takeover that was in flight): hand it
             # over at once rather than start a handler nobody will wait for.
-            await self._release(active)
-            return None
+            return await self._release(active)
         leased = self.keeper is not None and ticket.lease_expires_at_ms is not None
         if leased and not _fresh(ticket) and not await self._renew_stale_lease(active):
             return None
@@ -260,6 +266,7 @@ class RunExecutor:
         if active.cancel_reason == HANDED_OVER and active.thread_running:
             # A thread cannot be stopped: releasing now would let a backup start the slot while
             # it still works. The lease is left to expire (the process exits meanwhile).
+            active.fate = LEFT_TO_EXPIRE
             _log(
                 logging.WARNING,
                 Action.LEFT_TO_EXPIRE,
@@ -270,7 +277,7 @@ class RunExecutor:
                 ticket.attempt,
             )
         elif active.cancel_reason == HANDED_OVER:
-            await self._release(active)
+            return await self._release(active)
         else:
             # The lease is lost: a backup takes the run over (or has); recording our own
             # cancellation as the run's result would end the slot without running it.
@@ -351,9 +358,10 @@ class RunExecutor:
             return None
         except (SystemExit, KeyboardInterrupt) as exc:
             # A handler's exit is its own run's failure, never the scheduler's.
-            return RunStatus.FAILED, _describe_exit(exc), exc
+            return RunStatus.FAILED, redact_url(_describe_exit(exc)), exc
         except Exception as exc:
-            return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", exc
+            # Stored in history and exported (spans): a secret in it is masked, as in the logs.
+            return RunStatus.FAILED, redact_url(f"{type(exc).__name__}: {exc}"), exc
         finally:
             active.in_handler = False
             self.counters.handler_ended(active.job.name, self.clock.monotonic_ms() - began)
@@ -446,13 +454,16 @@ class RunExecutor:
         if active.in_handler and active.task is not None:
             active.task.cancel()
 
-    async def _release(self, active: ActiveRun) -> None:
+    async def _release(self, active: ActiveRun) -> Run | None:
+        """Hand the run over on stop (a lease backend, ``handover`` on), else record it failed
+        (``stopped: ...``); the run recorded, or None (its :attr:`ActiveRun.fate` says why)."""
         ticket = active.ticket
         backend = self.backend
         if isinstance(backend, LeaseBackend) and active.job.policy.handover:
             try:
                 await backend.release(ticket, HANDED_OVER)
             except BackendError as exc:
+                active.fate = Action.HANDOVER_FAILED.value
                 _log(
                     logging.WARNING,
                     Action.HANDOVER_FAILED,
@@ -461,7 +472,8 @@ class RunExecutor:
                     ticket.job,
                     exc,
                 )
-                return
+                return None
+            active.fate = HANDED_OVER_FATE
             self.counters.count(ticket.job, "handed_over")
             _log(
                 logging.INFO,
@@ -471,12 +483,12 @@ class RunExecutor:
                 ticket.job,
                 ticket.attempt,
             )
-            return
+            return None
         reason = (
             f"{STOPPED}: the scheduler stopped before the handler finished "
             f"(grace_ms={self.grace_ms})"
         )
-        await self.results.finish(active, RunStatus.FAILED, reason, None)
+        return await self.results.finish(active, RunStatus.FAILED, reason, None)
 
     def hurry(self) -> None:
         """End the grace period now (a second SIGINT or SIGTERM): :meth:`drain`, running or to

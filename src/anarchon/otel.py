@@ -9,10 +9,13 @@ installed. :func:`configure` picks another provider, or turns anarchon's spans o
 Spans (``docs/observability.md`` lists every attribute):
 
 * ``claim <job>`` (kind CLIENT), one per slot an instance claims, on every instance: the
-  backend's answer in ``anarchon.outcome`` (``won``, ``lost``, ``skipped``, ``refused``);
+  backend's answer in ``anarchon.outcome`` (``won``, ``lost``, ``skipped``, ``refused``), or
+  ``error`` for a slot not claimed because the backend stayed unavailable until it was too late;
 * ``run <job>`` (kind INTERNAL), one per attempt, around the handler, which runs inside it: the
   handler's own spans nest under it (plain handlers too: their thread gets the context). The
-  result in ``anarchon.outcome``; a failure sets the status to ERROR and records the exception.
+  result in ``anarchon.outcome`` (on stop without one, the run's fate: ``handed_over``,
+  ``handover_failed``, ``left_to_expire``); a failure sets the status to ERROR and records the
+  exception, secrets in URLs masked.
 
 **One trace per slot.** The trace id is derived from ``(job, slot key)`` (:func:`trace_id`), so
 every instance puts its spans about one slot in the same trace without talking to the others:
@@ -30,6 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+import traceback
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._metrics import refused
 from ._models import Run, RunStatus
 from ._redact import redact_url
-from .backend import HANDED_OVER, ClaimOutcome, ClaimRequest, ClaimStatus
+from .backend import ClaimOutcome, ClaimRequest, ClaimStatus
 from .logs import slot_iso
 
 if TYPE_CHECKING:
@@ -166,7 +170,7 @@ def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | N
     attempt.handler = status.value
     span.set_attribute("anarchon.handler", status.value)
     if exc is not None:
-        span.record_exception(exc)
+        _record_exception(span, exc)
     elif error:
         span.add_event("handler failed", {"anarchon.error": error})
 
@@ -320,8 +324,10 @@ async def _traced_run(
         raise
     except BaseException as exc:
         span.set_attribute("anarchon.outcome", "error")
-        span.record_exception(exc)
-        span.set_status(api.Status(api.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        _record_exception(span, exc)
+        span.set_status(
+            api.Status(api.StatusCode.ERROR, redact_url(f"{type(exc).__name__}: {exc}"))
+        )
         raise
     else:
         _set_outcome(api, attempt, active, recorded)
@@ -331,6 +337,19 @@ async def _traced_run(
         span.end()
 
 
+def _record_exception(span: Span, exc: BaseException) -> None:
+    """Record ``exc`` on ``span`` as an ``exception`` event, its message and stack trace with
+    their secrets masked (:func:`~anarchon._redact.redact_url`), as in the logs."""
+    stacktrace = "".join(traceback.format_exception(exc))
+    span.record_exception(
+        exc,
+        attributes={
+            "exception.message": redact_url(str(exc)),
+            "exception.stacktrace": redact_url(stacktrace),
+        },
+    )
+
+
 def _set_outcome(api: Any, attempt: _Attempt, active: ActiveRun, recorded: Run | None) -> None:
     span = attempt.span
     if recorded is not None:
@@ -338,12 +357,12 @@ def _set_outcome(api: Any, attempt: _Attempt, active: ActiveRun, recorded: Run |
         if recorded.status is RunStatus.FAILED:
             span.set_status(api.Status(api.StatusCode.ERROR, recorded.error or "failed"))
         return
-    if active.cancel_reason == HANDED_OVER:
-        outcome = "handed_over"  # on stop, after the grace period
+    if active.fate is not None:
+        outcome = active.fate  # on stop: handed_over, handover_failed, left_to_expire
     elif active.ctx.lease_lost:
         outcome = "lease_lost"
     elif attempt.handler is None:
-        outcome = "not_started"  # won after the grace period, or its lease ran out first
+        outcome = "not_started"  # its lease ran out before the handler could start
     else:
         outcome = "not_recorded"  # the result was refused or could not be recorded
     span.set_attribute("anarchon.outcome", outcome)

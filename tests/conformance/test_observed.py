@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -14,8 +17,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
-from anarchon import RunStatus, Trigger, otel, steering
+from anarchon import RunContext, RunStatus, Scheduler, Trigger, otel, steering
 from anarchon._metrics import RUN_STATUSES, SLOT_OUTCOMES, skip_class
 from tests.conformance.procs import Fleet, Worker
 from tests.harness import Harness, Namespace
@@ -47,6 +51,57 @@ async def until(predicate: Callable[[], Any], seconds: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def test_a_run_span_on_stop_says_what_became_of_the_run(
+    harness: Harness, ns: Namespace, spans: InMemorySpanExporter
+) -> None:
+    # Two runs still in their handlers when the grace period ends: a plain handler's thread,
+    # which cannot be stopped (left to its lease: nothing handed over), and an async handler,
+    # cancelled (handed over on a lease backend; recorded failed, "stopped", on a broker). The
+    # span said handed_over for both.
+    release = threading.Event()
+    started: set[str] = set()
+
+    def plain(ctx: RunContext) -> None:
+        started.add("plain")
+        release.wait(30)
+
+    async def hung(ctx: RunContext) -> None:
+        started.add("hung")
+        await asyncio.sleep(3600)
+
+    scheduler = Scheduler(ns.make(), instance_id="stopping", grace_ms=300)
+    scheduler.add("plain", NEVER, plain)
+    scheduler.add("hung", NEVER, hung)
+    await scheduler.start()
+    try:
+        runs = [asyncio.ensure_future(scheduler.run_now(job)) for job in ("plain", "hung")]
+        await until(lambda: started == {"plain", "hung"}, 15, "both handlers to start")
+        await scheduler.stop()
+    finally:
+        release.set()
+        await scheduler.stop()
+    await asyncio.gather(*runs, return_exceptions=True)
+    metrics = scheduler.metrics()
+
+    plain_span = run_span(spans, "plain")
+    assert plain_span.attributes["anarchon.outcome"] == "left_to_expire"  # type: ignore[index]
+    assert metrics.by_job["plain"].handed_over == 0
+
+    hung_span = run_span(spans, "hung")
+    async with Scheduler(ns.make()) as reader:
+        [record] = await reader.history("hung")
+    if harness.lease:
+        assert hung_span.attributes["anarchon.outcome"] == "handed_over"  # type: ignore[index]
+        assert hung_span.status.status_code is StatusCode.UNSET
+        assert metrics.by_job["hung"].handed_over == 1
+    else:  # a broker: no hand-over; the run is recorded failed, and its span says so
+        assert record.status is RunStatus.FAILED and (record.error or "").startswith("stopped")
+        assert hung_span.attributes["anarchon.outcome"] == "failed"  # type: ignore[index]
+        assert hung_span.status.status_code is StatusCode.ERROR
+        assert hung_span.status.description == record.error
+        assert metrics.by_job["hung"].runs["failed"] == 1
 
 
 def _wait_for_start(fleet: Fleet, workers: list[Worker], timeout: float = 30) -> None:
@@ -131,3 +186,39 @@ async def test_over_real_instances_the_counters_add_up_to_history(
         assert recorded["runs.skipped"] >= 1, reasons
     else:
         assert any((r.error or "").startswith("stopped") for r in history), reasons
+
+
+async def test_a_secret_in_a_handlers_error_is_masked_where_it_is_stored_and_exported(
+    harness: Harness, ns: Namespace, spans: InMemorySpanExporter
+) -> None:
+    # docs/observability.md: secrets in URLs are masked as everywhere. The logs masked this
+    # one; history's error, `anarchon history` and the span carried it raw.
+    async def leaky(ctx: RunContext) -> None:
+        raise RuntimeError("cannot reach postgresql://app:Hunter2pw@db.internal/x")
+
+    async with Scheduler(ns.make(), instance_id="leaky") as scheduler:
+        scheduler.add("leaky", NEVER, leaky)
+        run = await scheduler.run_now("leaky")
+        [stored] = await scheduler.history("leaky")
+    masked = "RuntimeError: cannot reach postgresql://app:***@db.internal/x"
+    assert run.error == stored.error == masked
+    span = run_span(spans, "leaky")
+    assert span.status.description == masked
+    [event] = [e for e in span.events if e.name == "exception"]
+    assert event.attributes is not None
+    assert (
+        event.attributes["exception.message"] == "cannot reach postgresql://app:***@db.internal/x"
+    )
+    assert "Hunter2pw" not in str(event.attributes["exception.stacktrace"])
+    assert "raise RuntimeError" in str(event.attributes["exception.stacktrace"])
+    if ns.url is not None:  # what `anarchon history` prints, as text and as JSON
+        for extra in ([], ["--json"]):
+            shown = await asyncio.to_thread(_history_command, ns.url, *extra)
+            assert shown.returncode == 0, shown.stderr
+            assert "postgresql://app:***@db.internal" in shown.stdout
+            assert "Hunter2pw" not in shown.stdout + shown.stderr
+
+
+def _history_command(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "anarchon", "history", "leaky", "--backend", url, *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
