@@ -10,47 +10,24 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anarchon import RunContext, RunStatus, Scheduler, Trigger, otel, steering
+from anarchon import RunContext, RunStatus, Scheduler, Trigger, steering
 from anarchon._metrics import RUN_STATUSES, SLOT_OUTCOMES, skip_class
 from tests.conformance.procs import Fleet, Worker
+from tests.conformance.test_scheduling import until
 from tests.harness import Harness, Namespace
 
 NEVER = "0 0 1 1 *"  # slots nobody waits for: the runs below are manual
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.configure(provider)
-    try:
-        yield exporter
-    finally:
-        otel.configure()
-        provider.shutdown()
-
-
 def run_span(exporter: InMemorySpanExporter, job: str) -> ReadableSpan:
     [span] = [s for s in exporter.get_finished_spans() if s.name == f"run {job}"]
     return span
-
-
-async def until(predicate: Callable[[], Any], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_a_run_span_on_stop_says_what_became_of_the_run(

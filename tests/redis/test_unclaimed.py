@@ -8,32 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anarchon import RunContext, Scheduler, otel
+from anarchon import RunContext, Scheduler
 from anarchon.backends.redis import RedisBackend
 from tests.redis.servers import RedisServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.configure(provider)
-    try:
-        yield exporter
-    finally:
-        otel.configure()
-        provider.shutdown()
 
 
 async def test_slots_lost_in_an_outage_are_counted_and_traced(

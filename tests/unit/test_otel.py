@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -23,19 +21,6 @@ from tests.docs.blocks import block
 from tests.unit.core_helpers import MINUTE, START
 
 SLOT = START + 60 * MINUTE
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.configure(provider)
-    try:
-        yield exporter
-    finally:
-        otel.configure()
-        provider.shutdown()
 
 
 def attrs(span: Any) -> dict[str, Any]:
