@@ -8,17 +8,22 @@ watches) to wake its backups; the same poll reads the claims won since (claim no
 50 ms while a backup waits its rank delay.
 
 The backend's clock (lease expiry, fences, the times in history, :meth:`server_time_ms`) is the
-host's wall clock *anchored* once per boot: ``anchor_wall + (boot clock now - anchor_boot)``,
-the anchor stored in the file and keyed by ``/proc/sys/kernel/random/boot_id``. The boot clock
-(``CLOCK_BOOTTIME``) is one clock for every process of the host; it counts suspended time and
-never steps, so an NTP step or a VM resume cannot expire every lease at once. The backend clock
-then follows the wall clock by slewing, at most :data:`SLEW_MS` per :data:`SLEW_EVERY_MS`
-(1 %), and takes a difference of more than :data:`STEP_OVER_MS` at once (a clock that was wrong
-at boot). Without a boot id (not Linux) it is the wall clock.
+host's wall clock, the one clock every process of the host shares, so the processes' offset from
+it is 0 and slots are decided on the same time they fire by. Its steps (NTP, a VM resume) are
+found against an anchor stored in the file and keyed by ``/proc/sys/kernel/random/boot_id``:
+``anchor_wall + (boot clock now - anchor_boot)``, the boot clock (``CLOCK_BOOTTIME``) one clock
+for every process of the host that never steps and counts suspended time. The first write
+transaction that finds the wall clock more than :data:`~._clock.STEP_FROM_MS` from it takes the
+step for every process: in that transaction every stored time that measures a duration moves
+by the step (running attempts' lease expiry, the registry's heartbeats, the events' times), so
+no lease expires or stretches because of it; history times, slots, pauses and run requests are
+instants and stay. A read that depends on the step (:meth:`server_time_ms`, a takeover's
+peek, the registry's records) takes it first. Without a boot id (not Linux) steps are not
+found and leases move with the wall clock.
 
 Where things are: the contract's methods in ``_backend.py`` (the claim path is
 :meth:`SQLiteBackend.claim` there, deciding with :func:`anarchon.kit.lease.claim`); the
-connection, its thread and transactions in ``_connection.py``; the anchored clock in
+connection, its thread and transactions in ``_connection.py``; the clock and its steps in
 ``_clock.py``; the rows the lease rules read and write in ``_rows.py``; pauses and run requests
 (:meth:`SQLiteBackend.control`) in ``_control.py``; error translation in
 ``_errors.py``; options and URLs in ``_options.py``; every SQL statement in ``queries.sql``.

@@ -192,9 +192,14 @@ class SQLiteBackend(contract.LeaseBackend):
         return await self._db.call(read)
 
     async def server_time_ms(self) -> int | None:
-        """The backend's clock: the host's wall clock as anchored for this boot (see the
-        package docstring), the one leases are measured on."""
-        return self._db.clock.now()
+        """The backend's clock: the host's wall clock (see the package docstring), the one
+        leases are measured on; a step of it not yet taken is taken first."""
+
+        def read(conn: sqlite3.Connection) -> int:
+            self._db.settle(conn)
+            return self._db.clock.now()
+
+        return await self._db.call(read)
 
     async def renew_many(
         self, tickets: Sequence[contract.Ticket]
@@ -229,7 +234,7 @@ class SQLiteBackend(contract.LeaseBackend):
             return outcome
 
         def work(conn: sqlite3.Connection) -> contract.TakeoverOutcome:
-            if rules.unstorable(request) is None:
+            if rules.unstorable(request) is None and not self._db.clock.pending(conn):
                 rows = SQLiteRows(conn, self.history_size)
                 peeked = rules.peek_takeover(rows, request, self._db.clock.now())
                 if peeked is not None:

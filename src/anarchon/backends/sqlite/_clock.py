@@ -1,5 +1,6 @@
-"""The SQLite backend's clock: the host's wall clock anchored once per boot (see the package
-docstring), read and moved inside every write transaction so every process decides with it."""
+"""The SQLite backend's clock: the host's wall clock, with a step detector (see the package
+docstring). Inside the write transaction that first sees a step, every stored deadline whose
+meaning is a duration moves by the step, so no lease expires or stretches because of it."""
 
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ from typing import Final
 
 from ._queries import Q
 
-__all__ = ["AnchoredClock"]
+__all__ = ["STEP_FROM_MS", "AnchoredClock"]
 
 logger = logging.getLogger("anarchon.backends.sqlite")
 
-# The backend clock follows the wall clock by at most SLEW_MS per SLEW_EVERY_MS (1 %): a lease
-# of 15 s stretches or shrinks by at most 0.15 s while it catches up after a step. Differences
-# under SLEW_FROM_MS are left alone; over STEP_OVER_MS they are taken at once.
-SLEW_MS: Final = 10
-SLEW_EVERY_MS: Final = 1_000
-SLEW_FROM_MS: Final = 100
-STEP_OVER_MS: Final = 3_600_000
+# A difference between the wall clock and the anchor (wall + boot clock since) over STEP_FROM_MS
+# is a step: taken at once, stored deadlines shifted by it. A smaller one is taken without
+# shifting (it moves a deadline by less than that) once it reaches REANCHOR_MS.
+STEP_FROM_MS: Final = 100
+REANCHOR_MS: Final = 5
+# The wall and boot clocks are read together: between two readings of the boot clock at most
+# PAIR_SPREAD_MS apart (a thread preempted between them would fake a step), PAIR_TRIES times.
+PAIR_SPREAD_MS: Final = 2
+PAIR_TRIES: Final = 5
 BOOT_ID_FILE: Final = Path("/proc/sys/kernel/random/boot_id")
+REGISTRY: Final = "anarchon_registry"
 
 
 def _wall_ms() -> int:
@@ -37,6 +41,23 @@ def _boot_ms() -> int | None:
     return time.clock_gettime_ns(clock) // 1_000_000
 
 
+def _pair() -> tuple[int, int] | None:
+    """(wall clock, boot clock) read together, or None without a boot clock."""
+    best: tuple[int, int, int] | None = None
+    for _ in range(PAIR_TRIES):
+        before = _boot_ms()
+        wall = _wall_ms()
+        after = _boot_ms()
+        if before is None or after is None:
+            return None
+        if best is None or after - before < best[0]:
+            best = (after - before, wall, (before + after) // 2)
+        if after - before <= PAIR_SPREAD_MS:
+            break
+    assert best is not None
+    return best[1], best[2]
+
+
 def _boot_id() -> str | None:
     """This boot of the host, or None where the kernel does not tell (not Linux)."""
     try:
@@ -45,56 +66,73 @@ def _boot_id() -> str | None:
         return None
 
 
-class AnchoredClock:
-    """The backend clock of one process: the shared anchor of this boot, kept in the file.
+def shift_deadlines(conn: sqlite3.Connection, delta_ms: int) -> None:
+    """Move every stored time that measures a duration by ``delta_ms``, the wall clock's step:
+    the expiry of running attempts' leases, the events' times (kept for a while), the registry's
+    heartbeats and definitions' saved times, and the start of instances when the clock went
+    back (so they are seen live through the time lived again). Never the history's times,
+    slots, pauses or run requests: instants on the wall clock."""
+    params = {"d": delta_ms}
+    conn.execute(Q["shift_leases"], params)
+    conn.execute(Q["shift_events"], params)
+    tables = {row[0] for row in conn.execute(Q["registry_tables"])}
+    if REGISTRY in tables:
+        conn.execute(Q["shift_heartbeats"], params)
+    if "anarchon_definitions" in tables:
+        conn.execute(Q["shift_definitions"], params)
 
-    :meth:`tick` runs inside every write transaction and reads (and if needed moves) the anchor
-    there, so every process decides with the same clock; :meth:`now` between transactions uses
-    the anchor last read.
-    """
+
+class AnchoredClock:
+    """The backend clock of one process: the wall clock, checked against the anchor of this
+    boot (kept in the file) in every write transaction, where a step is taken for every
+    process at once."""
 
     def __init__(self) -> None:
         self.boot = _boot_id() if _boot_ms() is not None else None
-        self.anchor: tuple[int, int] | None = None
         #: Test-only: added to the clock, so tests can move the backend's time (never set in
         #: production; see tests/conformance/test_differential.py).
         self.offset_ms = 0
 
     def now(self) -> int:
-        """The clock now, from the anchor last read."""
-        boot = _boot_ms()
-        if self.anchor is None or boot is None:
-            return _wall_ms() + self.offset_ms
-        wall, at = self.anchor
-        return wall + (boot - at) + self.offset_ms
+        """The clock now: the wall clock (stored deadlines follow it; see :meth:`tick`)."""
+        return _wall_ms() + self.offset_ms
 
-    def tick(self, conn: sqlite3.Connection) -> int:
-        """The clock now, read inside a write transaction; anchors it for a new boot and slews
-        it toward the wall clock (see the package docstring)."""
-        boot = _boot_ms()
-        if self.boot is None or boot is None:
-            return _wall_ms() + self.offset_ms
-        wall = _wall_ms()
+    def pending(self, conn: sqlite3.Connection) -> bool:
+        """Whether the wall clock stepped since the last write transaction took a step (a
+        read: the caller then writes, whose :meth:`tick` takes it)."""
+        pair = _pair()
+        if self.boot is None or pair is None:
+            return False
         found = conn.execute(Q["clock_anchor"]).fetchone()
         if found is None or found[0] != self.boot:
-            anchor = (wall, boot)
+            return False
+        wall, boot = pair
+        return abs(wall - (int(found[1]) + boot - int(found[2]))) > STEP_FROM_MS
+
+    def tick(self, conn: sqlite3.Connection) -> int:
+        """The clock now, read inside a write transaction: anchors it for a new boot, and takes
+        a step of the wall clock, shifting the stored deadlines by it (see the package
+        docstring)."""
+        pair = _pair()
+        if self.boot is None or pair is None:
+            return _wall_ms() + self.offset_ms
+        wall, boot = pair
+        found = conn.execute(Q["clock_anchor"]).fetchone()
+        if found is None or found[0] != self.boot:
+            moved = True
         else:
-            anchor = (int(found[1]), int(found[2]))
-            now = anchor[0] + boot - anchor[1]
-            drift = wall - now
-            if abs(drift) > STEP_OVER_MS:
+            step = wall - (int(found[1]) + boot - int(found[2]))
+            moved = abs(step) >= REANCHOR_MS
+            if abs(step) > STEP_FROM_MS:
                 logger.warning(
-                    "the host clock is %d ms from the SQLite backend's clock; taking it at once",
-                    drift,
-                    extra={"action": "clock_stepped"},
+                    "the host clock stepped %+d ms; the SQLite backend takes the step and moves "
+                    "every live lease by it",
+                    step,
+                    extra={"action": "clock_stepped", "step_ms": step},
                 )
-                anchor = (wall, boot)
-            elif abs(drift) > SLEW_FROM_MS and boot - anchor[1] >= SLEW_EVERY_MS:
-                anchor = (now + max(-SLEW_MS, min(SLEW_MS, drift)), boot)
-        if found is None or (found[0], found[1], found[2]) != (self.boot, *anchor):
+                shift_deadlines(conn, step)
+        if moved:
             conn.execute(
-                Q["set_clock_anchor"],
-                {"boot_id": self.boot, "wall_ms": anchor[0], "boot_ms": anchor[1]},
+                Q["set_clock_anchor"], {"boot_id": self.boot, "wall_ms": wall, "boot_ms": boot}
             )
-        self.anchor = anchor
-        return anchor[0] + boot - anchor[1] + self.offset_ms
+        return wall + self.offset_ms

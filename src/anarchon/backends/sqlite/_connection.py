@@ -1,8 +1,9 @@
 """The SQLite connection: one file, one thread, short ``BEGIN IMMEDIATE`` transactions.
 
 Every call runs on the backend's own thread (sqlite3 blocks) and its errors are translated in
-one place (:mod:`._errors`). A write is one transaction that reads the anchored clock first
-(:class:`._clock.AnchoredClock`) and is rolled back whatever fails, COMMIT included.
+one place (:mod:`._errors`). A write is one transaction that reads the clock first, taking a
+step of the wall clock there (:class:`._clock.AnchoredClock`), and is rolled back whatever
+fails, COMMIT included.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ class Connection:
         a transaction that locks every other process out."""
         with self._transaction(conn):
             return fn(SQLiteRows(conn, self.history_size), self.clock.tick(conn))
+
+    def settle(self, conn: sqlite3.Connection) -> None:
+        """Take a step of the wall clock no write has taken yet (one read of the anchor; a
+        write transaction only after a step), so a read that follows measures with the
+        deadlines already moved."""
+        if self.clock.pending(conn):
+            self.write(conn, lambda rows, now: None)
 
     def write_each(
         self,

@@ -69,7 +69,10 @@ class SQLiteRegistry:
                 conn.execute(CREATE)
             conn.execute(UPSERT, (instance.id, instance.heartbeat_ms, instance.to_json()))
 
-        await self._backend._db.call(write)
+        # In a write transaction: a step of the wall clock not yet taken is taken (the stored
+        # heartbeats moved by it) before this heartbeat, measured after the step, is stored.
+        db = self._backend._db
+        await db.call(lambda conn: db.write(conn, lambda rows, now: write(conn)))
         self._created = True
 
     async def instances(self) -> list[InstanceRecord]:
@@ -78,6 +81,7 @@ class SQLiteRegistry:
         def read(conn: sqlite3.Connection) -> list[str]:
             if conn.execute(EXISTS).fetchone() is None:
                 return []
+            self._backend._db.settle(conn)  # heartbeats moved by a step not yet taken
             return [row[0] for row in conn.execute(SELECT).fetchall()]
 
         found = (InstanceRecord.from_json(text) for text in await self._backend._db.call(read))
@@ -104,7 +108,9 @@ class SQLiteRegistry:
                 return []
             return [row[0] for row in conn.execute(DELETE_SILENT, (cutoff_ms,)).fetchall()]
 
-        return await self._backend._db.call(delete)
+        # In a write transaction, so the heartbeats are moved by a step not yet taken first.
+        db = self._backend._db
+        return await db.call(lambda conn: db.write(conn, lambda rows, now: delete(conn)))
 
     async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
         """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""

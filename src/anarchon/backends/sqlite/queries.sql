@@ -1,6 +1,6 @@
 -- Every statement the SQLite backend runs. Times are epoch milliseconds of the backend's clock:
--- the host's wall clock as anchored for this boot (anarchon_clock), so a wall-clock step does
--- not move it (see SQLiteBackend).
+-- the host's wall clock, whose steps are found against the anchor of this boot (anarchon_clock)
+-- and taken with every stored deadline moved by the step (see the package docstring).
 
 -- name: migration_1
 CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -101,6 +101,33 @@ SELECT boot_id, wall_ms, boot_ms FROM anarchon_clock WHERE id = 1;
 INSERT INTO anarchon_clock (id, boot_id, wall_ms, boot_ms) VALUES (1, :boot_id, :wall_ms, :boot_ms)
 ON CONFLICT (id) DO UPDATE
 SET boot_id = excluded.boot_id, wall_ms = excluded.wall_ms, boot_ms = excluded.boot_ms;
+
+-- A step of the host's wall clock, taken in the write transaction that sees it first
+-- (_clock.shift_deadlines): every stored time that measures a duration moves by the step.
+
+-- name: shift_leases
+UPDATE anarchon_runs INDEXED BY anarchon_runs_running SET lease_expires_at = lease_expires_at + :d
+WHERE status = 'running' AND lease_expires_at IS NOT NULL;
+
+-- name: shift_events
+UPDATE anarchon_events SET at = at + :d;
+
+-- name: registry_tables
+SELECT name FROM sqlite_master
+WHERE type = 'table' AND name IN ('anarchon_registry', 'anarchon_definitions');
+
+-- name: shift_heartbeats
+-- The heartbeat moves by the step; the start only back (min): an instance is seen live
+-- through the time a step back makes the clock live again, never for time jumped over.
+UPDATE anarchon_registry
+SET heartbeat_ms = heartbeat_ms + :d,
+    record = json_set(record,
+                      '$.heartbeat_ms', json_extract(record, '$.heartbeat_ms') + :d,
+                      '$.started_ms', json_extract(record, '$.started_ms') + min(0, :d))
+WHERE json_valid(record);
+
+-- name: shift_definitions
+UPDATE anarchon_definitions SET saved_ms = saved_ms + :d;
 
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS anarchon_schema (version INTEGER NOT NULL);
