@@ -135,6 +135,11 @@ class BackendTime:
         self._anchor = (backend_ms, monotonic_mid_ms)
         self._measured = True
 
+    def shift(self, step_ms: int) -> None:
+        """Move the estimate by ``step_ms``: the backend's clock stepped with this host's."""
+        if self._anchor is not None:
+            self._anchor = (self._anchor[0] + step_ms, self._anchor[1])
+
     @property
     def known(self) -> bool:
         """True once a measurement was made."""
@@ -171,9 +176,13 @@ class BackendClock:
         self._early_warned_at: int | None = None
 
     def stepped(self, step_ms: int) -> None:
-        """The timer saw the wall clock step: measure the offset from the backend again now
-        (the backend-time estimate itself runs on the monotonic clock and is unaffected)."""
+        """The timer saw the wall clock step: measure the offset from the backend again now.
+        The backend-time estimate runs on the monotonic clock; on one host (SQLite, memory),
+        whose backend clock is this host's wall clock, it moves by the step at once, before
+        the slots due by the new wall time are judged too late or not."""
         self._counters.clock_steps += 1
+        if self._backend.one_host:
+            self.time.shift(step_ms)
         self._wake.set()
 
     async def watch(self) -> None:

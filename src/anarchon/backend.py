@@ -411,9 +411,10 @@ class Backend(abc.ABC):
     name: str = "backend"
     #: The lease features this backend has; brokers have none.
     capabilities: frozenset[Capability] = frozenset()
-    #: True when every instance necessarily runs on this host and reads its wall clock (SQLite):
-    #: a step of that clock moves every instance at once, so the core fires slots by it even
-    #: when :meth:`server_time_ms` (the clock leases are measured on) has not followed yet.
+    #: True when every instance necessarily runs on this host and reads its wall clock, and the
+    #: backend's clock (:meth:`server_time_ms`) is that wall clock (SQLite, memory): a step of
+    #: it moves every instance and the backend at once, so the core fires slots by it and moves
+    #: its estimate of the backend's clock by the step before measuring again.
     one_host: bool = False
 
     @property
