@@ -1,0 +1,167 @@
+"""The host's wall clock steps under every process of a SQLite fleet (libfaketime, one offset
+file: one host, one clock), the monotonic and boot clocks untouched, every option at its
+default: +2 h, back 90 s (more than max_late_ms), +60 s.
+
+Each time: no slot's handler starts twice, no lease is lost, firing resumes when the wall clock
+next reaches an unrun slot (within seconds of the step going forward, 90 s later going back),
+no slot is recorded as an overlap, no run is recorded as started before its slot, none is left
+running. Before the fix the backend's clock slewed toward the wall clock at 1 % (back 90 s: no
+slot ran for about 50 hours; +60 s: 19 slots skipped as overlaps and runs recorded 60 s before
+their slot) or took a step over an hour while the processes measured the anchor they last read
+(+2 h: runs of old slots, leases lost, handlers started twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.faketime import LIBRARY, FakeClockFile
+
+WORKER = Path(__file__).resolve().parent / "step_worker.py"
+INSTANCES = 3
+PERIOD_S = 3
+
+pytestmark = [
+    pytest.mark.skipif(not LIBRARY.exists(), reason="Debian package faketime is not installed"),
+    pytest.mark.timeout(600),
+]
+
+
+def _read(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def _wait(out: Path, test: Any, timeout_s: float, what: str) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = _read(out)
+        if test(events):
+            return events
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}: {_read(out)[-20:]}")
+
+
+def _fleet_through_a_step(tmp_path: Path, step_s: int, after_s: float) -> dict[str, Any]:
+    """Start the fleet, let it fire, step every process's wall clock by ``step_s``, watch for
+    ``after_s`` seconds, stop it; the handler starts, the warnings and the history."""
+    db, out = tmp_path / "steps.db", tmp_path / "events.jsonl"
+    clock = FakeClockFile(tmp_path / "faketime")
+    env = {**os.environ, **clock.env()}
+    logs = [open(tmp_path / f"i{n}.stderr", "w") for n in range(INSTANCES)]  # noqa: SIM115
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(db), f"i{n}", str(out)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=logs[n],
+        )
+        for n in range(INSTANCES)
+    ]
+    try:
+        _wait(
+            out,
+            lambda ev: (
+                {e["inst"] for e in ev if e.get("action") == "started"}
+                >= {f"i{n}" for n in range(INSTANCES)}
+            ),
+            180,
+            "every instance to start",
+        )
+        _wait(out, lambda ev: sum(e["kind"] == "start" for e in ev) >= 3, 60, "three runs")
+        time.sleep(PERIOD_S)
+        clock.set(step_s)
+        step_mono = time.monotonic()
+        time.sleep(after_s)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+    with contextlib.closing(sqlite3.connect(db)) as conn:  # a read: no clock of its own
+        history = [
+            dict(
+                zip(
+                    ("slot", "attempt", "status", "reason", "trigger", "started_at"),
+                    row,
+                    strict=True,
+                )
+            )
+            for row in conn.execute(
+                "SELECT slot, attempt, status, reason, trigger, started_at FROM anarchon_runs"
+            )
+        ]
+    events = _read(out)
+    return {
+        "step_mono": step_mono,
+        "starts": [e for e in events if e["kind"] == "start"],
+        "warnings": [e for e in events if e["kind"] == "log" and e["level"] != "INFO"],
+        "history": history,
+        "stderr": "".join((tmp_path / f"i{n}.stderr").read_text() for n in range(INSTANCES)),
+    }
+
+
+def _check_common(seen: dict[str, Any]) -> None:
+    starts, history = seen["starts"], seen["history"]
+    slots = [s["slot"] for s in starts]
+    twice = sorted({s for s in slots if slots.count(s) > 1})
+    assert not twice, f"slots whose handler started twice: {twice}"
+    lost = [w for w in seen["warnings"] if w["action"] == "lease_lost" or "lease lost" in w["msg"]]
+    assert not lost, f"leases lost: {lost}"
+    overlap = [r for r in history if "overlap" in (r["reason"] or "")]
+    assert not overlap, f"slots recorded as overlaps: {overlap[:5]} ({len(overlap)})"
+    early = [
+        r
+        for r in history
+        if r["trigger"] == "schedule" and r["status"] != "skipped" and r["started_at"] < r["slot"]
+    ]
+    assert not early, f"runs recorded as started before their slot: {early[:5]}"
+    running = [r for r in history if r["status"] == "running"]
+    assert not running, f"records left running: {running}"
+    assert "Traceback" not in seen["stderr"], seen["stderr"][-3000:]
+
+
+@pytest.mark.parametrize("step_s", [7200, 60], ids=["plus_2h", "plus_60s"])
+def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
+    seen = _fleet_through_a_step(tmp_path, step_s, after_s=30)
+    _check_common(seen)
+    after = [s for s in seen["starts"] if s["mono"] > seen["step_mono"]]
+    assert after, "nothing ran after the step"
+    first = min(s["mono"] for s in after) - seen["step_mono"]
+    assert first < 15, f"firing resumed {first:.1f} s after the step"
+    assert len(after) >= 5, f"only {len(after)} runs in the 30 s after the step"
+    late = [s for s in after if s["slot"] is not None and s["wall"] - s["slot"] > 3600]
+    assert not late, f"slots over an hour old ran: {late[:5]}"
+
+
+def test_a_step_back_beyond_max_late_on_every_process(tmp_path: Path) -> None:
+    seen = _fleet_through_a_step(tmp_path, -90, after_s=90 + 30)
+    _check_common(seen)
+    before = [s for s in seen["starts"] if s["mono"] < seen["step_mono"]]
+    last = max(s["slot"] for s in before)
+    new = [s for s in seen["starts"] if s["slot"] > last]
+    assert len(new) >= 4, f"firing did not resume once the clock reached new slots: {new}"
+    slow = [s for s in new if s["wall"] - s["slot"] > 10]
+    assert not slow, f"new slots that started more than 10 s after their time: {slow[:5]}"
+    relived = [s for s in seen["starts"] if s["mono"] > seen["step_mono"] and s["slot"] <= last]
+    assert not relived, f"slots run again after the step back: {relived}"
