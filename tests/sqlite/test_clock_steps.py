@@ -31,6 +31,7 @@ from tests.chaos.faketime import LIBRARY, FakeClockFile
 WORKER = Path(__file__).resolve().parent / "step_worker.py"
 INSTANCES = 3
 PERIOD_S = 3
+COLUMNS = ("run_id", "slot", "attempt", "status", "reason", "trigger", "started_at", "finished_at")
 
 pytestmark = [
     pytest.mark.skipif(not LIBRARY.exists(), reason="Debian package faketime is not installed"),
@@ -99,18 +100,8 @@ def _fleet_through_a_step(tmp_path: Path, step_s: int, after_s: float) -> dict[s
         for log in logs:
             log.close()
     with contextlib.closing(sqlite3.connect(db)) as conn:  # a read: no clock of its own
-        history = [
-            dict(
-                zip(
-                    ("slot", "attempt", "status", "reason", "trigger", "started_at"),
-                    row,
-                    strict=True,
-                )
-            )
-            for row in conn.execute(
-                "SELECT slot, attempt, status, reason, trigger, started_at FROM anarchon_runs"
-            )
-        ]
+        query = f"SELECT {', '.join(COLUMNS)} FROM anarchon_runs"
+        history = [dict(zip(COLUMNS, row, strict=True)) for row in conn.execute(query)]
     events = _read(out)
     return {
         "step_mono": step_mono,
@@ -128,8 +119,15 @@ def _check_common(seen: dict[str, Any]) -> None:
     assert not twice, f"slots whose handler started twice: {twice}"
     lost = [w for w in seen["warnings"] if w["action"] == "lease_lost" or "lease lost" in w["msg"]]
     assert not lost, f"leases lost: {lost}"
-    overlap = [r for r in history if "overlap" in (r["reason"] or "")]
-    assert not overlap, f"slots recorded as overlaps: {overlap[:5]} ({len(overlap)})"
+    # A slot is recorded as an overlap only while another run of the job really held its
+    # lease: a slot jumped over by less than max_late_ms is due at once with the ones after it
+    # (the core claims them in turn; the first runs, late), never because of a stale lease.
+    runs = {r["run_id"]: r for r in history}
+    for skip in (r for r in history if "overlap" in (r["reason"] or "")):
+        holder = runs.get(skip["reason"].split()[2])
+        assert holder is not None, f"an overlap names no recorded run: {skip}"
+        assert holder["slot"] < skip["slot"], (skip, holder)
+        assert holder["started_at"] <= skip["started_at"] <= holder["finished_at"], (skip, holder)
     early = [
         r
         for r in history
@@ -150,8 +148,10 @@ def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
     first = min(s["mono"] for s in after) - seen["step_mono"]
     assert first < 15, f"firing resumed {first:.1f} s after the step"
     assert len(after) >= 5, f"only {len(after)} runs in the 30 s after the step"
-    late = [s for s in after if s["slot"] is not None and s["wall"] - s["slot"] > 3600]
-    assert not late, f"slots over an hour old ran: {late[:5]}"
+    # Only the slot due as the clock stepped may run later than max_late_ms (60 s) by the new
+    # time: it was reached just before the step.
+    late = [s for s in after if s["slot"] is not None and s["wall"] - s["slot"] > 60]
+    assert len(late) <= 1, f"slots older than max_late_ms ran: {late[:5]}"
 
 
 def test_a_step_back_beyond_max_late_on_every_process(tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ from anarchon.backend import (
     TakeoverStatus,
 )
 from anarchon.backends.sqlite._connection import Connection
+from anarchon.control import Pause, RunRequest
+from tests.records import instance_record
 
 SLOT = 1_800_000_000_000
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -115,6 +117,53 @@ async def test_a_wall_clock_step_does_not_expire_leases(
     assert abs(after.ticket.backend_now_ms - time.time_ns() // 1_000_000) < 1_000
     renewed = await backend.renew(won.ticket)
     assert renewed.lease_expires_at_ms is not None
+    await backend.stop()
+
+
+async def test_a_step_moves_durations_and_leaves_instants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step is taken with every stored time that measures a duration moved by it (a live
+    lease, a heartbeat, a request's due time, an instance's start only when going back), in
+    the write that first sees it; history times and a pause's ``until`` stay."""
+    backend = SQLiteBackend(tmp_path / "moves.db")
+    await backend.start()
+    now = time.time_ns() // 1_000_000
+    [won] = await backend.claim([request(lease_ms=30_000)])
+    assert won.ticket is not None and won.ticket.lease_expires_at_ms is not None
+    registry, control = backend.registry(), backend.control()
+    await registry.record(dataclasses.replace(instance_record("a", beat=now), started_ms=now))
+    await control.request(
+        RunRequest(
+            id=uuid.uuid4().hex,
+            job="job",
+            trigger=Trigger.MANUAL,
+            key="manual-x",
+            slot=None,
+            due_ms=now,
+            requested_by="me",
+            requested_at_ms=now,
+        )
+    )
+    await control.pause(Pause(job="job", by="me", at_ms=now, until_ms=now + 3_600_000))
+    [run] = await backend.history("job")
+    real = time.time_ns
+    for step_ms, back in ((7_200_000, 0), (-90_000, -7_290_000)):  # from the real time
+        monkeypatch.setattr(time, "time_ns", lambda s=step_ms: real() + s * 1_000_000)
+        [record] = await registry.instances()  # a read: the step is taken first
+        assert abs(record.heartbeat_ms - (now + step_ms)) < 2_000, step_ms
+        assert abs(record.started_ms - (now + back)) < 2_000, step_ms
+        assert await registry.remove_silent(time.time_ns() // 1_000_000 - 60_000) == []
+        [req] = await control.requests()
+        assert abs(req.due_ms - (now + step_ms)) < 2_000 and req.requested_at_ms == now
+        [pause] = await control.pauses()
+        assert pause.until_ms == now + 3_600_000
+        [again] = await backend.history("job")
+        assert again.started_at == run.started_at
+        held = await backend.take_over(takeover())
+        assert held.status is TakeoverStatus.HELD, step_ms
+        assert held.lease_expires_at_ms is not None and held.backend_now_ms is not None
+        assert 20_000 < held.lease_expires_at_ms - held.backend_now_ms <= 30_000, step_ms
     await backend.stop()
 
 

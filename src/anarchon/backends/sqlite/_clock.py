@@ -69,11 +69,13 @@ def _boot_id() -> str | None:
 def shift_deadlines(conn: sqlite3.Connection, delta_ms: int) -> None:
     """Move every stored time that measures a duration by ``delta_ms``, the wall clock's step:
     the expiry of running attempts' leases, the events' times (kept for a while), the registry's
-    heartbeats and definitions' saved times, and the start of instances when the clock went
-    back (so they are seen live through the time lived again). Never the history's times,
-    slots, pauses or run requests: instants on the wall clock."""
+    heartbeats and definitions' saved times, the start of instances when the clock went back
+    (so they are seen live through the time lived again), and when run requests are due (a
+    retry's backoff, a trigger's now). Never the history's times, slots or pauses: instants on
+    the wall clock (a pause's ``until`` is a time someone gave)."""
     params = {"d": delta_ms}
     conn.execute(Q["shift_leases"], params)
+    conn.execute(Q["shift_requests"], params)
     conn.execute(Q["shift_events"], params)
     tables = {row[0] for row in conn.execute(Q["registry_tables"])}
     if REGISTRY in tables:

@@ -84,10 +84,14 @@ class SQLiteControl:
 
     async def request(self, request: RunRequest) -> bool:
         """See :meth:`anarchon.control.ControlStore.request`."""
-        return await self._write(
-            request,
-            lambda conn: conn.execute(Q["add_request"], request.to_dict()).fetchone() is not None,
-        )
+        db = self._backend._db
+
+        def add(conn: sqlite3.Connection) -> bool:
+            return conn.execute(Q["add_request"], request.to_dict()).fetchone() is not None
+
+        # In a write transaction: a step of the wall clock not yet taken is taken (the stored
+        # requests' due times moved by it) before this request, made after the step, is stored.
+        return await self._write(request, lambda conn: db.write(conn, lambda rows, now: add(conn)))
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
         """See :meth:`anarchon.control.ControlStore.requests`: one query per 400 jobs."""

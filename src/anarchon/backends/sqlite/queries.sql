@@ -109,6 +109,10 @@ SET boot_id = excluded.boot_id, wall_ms = excluded.wall_ms, boot_ms = excluded.b
 UPDATE anarchon_runs INDEXED BY anarchon_runs_running SET lease_expires_at = lease_expires_at + :d
 WHERE status = 'running' AND lease_expires_at IS NOT NULL;
 
+-- name: shift_requests
+-- Run requests are due a delay after they were made (a retry's backoff, a trigger's now).
+UPDATE anarchon_requests SET due_ms = due_ms + :d;
+
 -- name: shift_events
 UPDATE anarchon_events SET at = at + :d;
 
