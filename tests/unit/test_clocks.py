@@ -262,3 +262,28 @@ async def test_with_the_defaults_a_preferred_claim_goes_at_its_slot_and_none_bef
         first[r_slot] = min(first.get(r_slot, at), at)
     late = sorted(s for s in first if s >= START + 12_000)
     assert late and all(first[s] == s for s in late), {s: first[s] - s for s in late}
+
+
+async def test_on_one_host_a_forward_step_judges_jumped_over_slots_on_the_new_time() -> None:
+    """One host (the memory backend on the instance's own clock, like SQLite): the backend's
+    clock steps with the wall clock, and the estimate moves with it at once, so the slots
+    jumped over by more than max_late_ms are recorded too late and none runs late."""
+    clock = FakeClock(START)
+    backend = MemoryBackend(clock=clock)
+    assert backend.one_host
+    ran: list[int] = []
+
+    async def tick(ctx: RunContext) -> None:
+        assert ctx.slot is not None
+        ran.append(int(ctx.slot.timestamp() * 1000))
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "* * * * *", tick, jitter_ms=0, max_late_ms=10_000)
+    async with scheduler:
+        await clock.advance(30_000)
+        clock.step(5 * MINUTE)  # the host's clock, the backend's with it: 5:30
+        await clock.advance(MINUTE)
+        history = await scheduler.history("tick")
+    assert ran == [START + 6 * MINUTE], [(r.slot_ms, r.status, r.reason) for r in history]
+    skipped = [r for r in history if r.status is RunStatus.SKIPPED]
+    assert skipped and all((r.reason or "").startswith("too late") for r in skipped), skipped
