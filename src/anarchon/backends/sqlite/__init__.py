@@ -15,11 +15,11 @@ found against an anchor stored in the file and keyed by ``/proc/sys/kernel/rando
 for every process of the host that never steps and counts suspended time. The first write
 transaction that finds the wall clock more than :data:`~._clock.STEP_FROM_MS` from it takes the
 step for every process: in that transaction every stored time that measures a duration moves
-by the step (running attempts' lease expiry, the registry's heartbeats, the events' times), so
-no lease expires or stretches because of it; history times, slots, pauses and run requests are
-instants and stay. A read that depends on the step (:meth:`server_time_ms`, a takeover's
-peek, the registry's records) takes it first. Without a boot id (not Linux) steps are not
-found and leases move with the wall clock.
+by the step (running attempts' lease expiry, the registry's heartbeats, run requests' due
+times, the events' times), so no lease expires or stretches because of it; history times,
+slots and pauses are instants and stay. A read that depends on the step
+(:meth:`server_time_ms`, a takeover's peek, the registry's records) takes it first. Without a
+boot id (not Linux) steps are not found and leases move with the wall clock.
 
 Where things are: the contract's methods in ``_backend.py`` (the claim path is
 :meth:`SQLiteBackend.claim` there, deciding with :func:`anarchon.kit.lease.claim`); the
