@@ -27,8 +27,9 @@ from anarchon.backend import (
     TakeoverStatus,
 )
 from anarchon.backends.sqlite._connection import Connection
-from anarchon.control import Pause, RunRequest
+from anarchon.control import Pause
 from tests.records import instance_record
+from tests.sqlite.test_control import run_request
 
 SLOT = 1_800_000_000_000
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -133,18 +134,7 @@ async def test_a_step_moves_durations_and_leaves_instants(
     assert won.ticket is not None and won.ticket.lease_expires_at_ms is not None
     registry, control = backend.registry(), backend.control()
     await registry.record(dataclasses.replace(instance_record("a", beat=now), started_ms=now))
-    await control.request(
-        RunRequest(
-            id=uuid.uuid4().hex,
-            job="job",
-            trigger=Trigger.MANUAL,
-            key="manual-x",
-            slot=None,
-            due_ms=now,
-            requested_by="me",
-            requested_at_ms=now,
-        )
-    )
+    await control.request(run_request("job", now))
     await control.pause(Pause(job="job", by="me", at_ms=now, until_ms=now + 3_600_000))
     [run] = await backend.history("job")
     real = time.time_ns

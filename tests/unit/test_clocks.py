@@ -106,11 +106,9 @@ async def test_a_backward_wall_step_does_not_stop_renewals() -> None:
     assert [(r.attempt, r.status) for r in history] == [(1, RunStatus.SUCCEEDED)]
 
 
-async def test_a_forward_wall_step_records_no_slot_too_late(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock = FakeClock(START)
-    backend = on_another_host(MemoryBackend(clock=BackendClock(clock)))
+def _every_minute(backend: Any, clock: FakeClock) -> tuple[Scheduler, list[int]]:
+    """A scheduler with job ``tick`` every minute (no jitter, max_late_ms 10 s) that records the
+    slots it runs, in ms, in the list returned with it."""
     ran: list[int] = []
 
     async def tick(ctx: RunContext) -> None:
@@ -119,6 +117,15 @@ async def test_a_forward_wall_step_records_no_slot_too_late(
 
     scheduler = Scheduler(backend, clock=clock)
     scheduler.add("tick", "* * * * *", tick, jitter_ms=0, max_late_ms=10_000)
+    return scheduler, ran
+
+
+async def test_a_forward_wall_step_records_no_slot_too_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    backend = on_another_host(MemoryBackend(clock=BackendClock(clock)))
+    scheduler, ran = _every_minute(backend, clock)
     caplog.set_level(logging.WARNING, "anarchon")
     async with scheduler:
         await clock.advance(30_000)
@@ -271,14 +278,7 @@ async def test_on_one_host_a_forward_step_judges_jumped_over_slots_on_the_new_ti
     clock = FakeClock(START)
     backend = MemoryBackend(clock=clock)
     assert backend.one_host
-    ran: list[int] = []
-
-    async def tick(ctx: RunContext) -> None:
-        assert ctx.slot is not None
-        ran.append(int(ctx.slot.timestamp() * 1000))
-
-    scheduler = Scheduler(backend, clock=clock)
-    scheduler.add("tick", "* * * * *", tick, jitter_ms=0, max_late_ms=10_000)
+    scheduler, ran = _every_minute(backend, clock)
     async with scheduler:
         await clock.advance(30_000)
         clock.step(5 * MINUTE)  # the host's clock, the backend's with it: 5:30
