@@ -369,14 +369,22 @@ def _parser() -> argparse.ArgumentParser:
         "slot",
         help="ISO 8601 time (without a zone: the job's zone) or epoch milliseconds",
     )
-    for name, verb in (("pause", "pause"), ("resume", "resume")):
-        steering = command(
-            name,
-            f"{verb} a job (or every job: --all) on every instance"
-            + (", until resumed or --until" if name == "pause" else ""),
-        )
+    for name, about, every in (
+        (
+            "pause",
+            "pause a job (or every job: --all) on every instance, until resumed or --until",
+            "pause every job (the whole cluster)",
+        ),
+        (
+            "resume",
+            "end a job's pause (or the whole-cluster pause: --all) on every instance",
+            "end the whole-cluster pause; a job paused on its own stays paused (each such job "
+            "is named: 'anarchon resume JOB' ends its pause)",
+        ),
+    ):
+        steering = command(name, about)
         steering.add_argument("job", nargs="?", help="the job's name")
-        steering.add_argument("--all", action="store_true", help=f"{verb} every job")
+        steering.add_argument("--all", action="store_true", help=every)
         if name == "pause":
             steering.add_argument(
                 "--until",

@@ -277,7 +277,7 @@ async def test_pause_resume_and_trigger(
     [job] = as_json(ns.url, "jobs")["jobs"]
     assert job["paused"] is True and job["pause"]["job"] == "*"
     assert "every job (the whole cluster)" in ok(ns.url, "jobs")
-    assert "resumed every job" in ok(ns.url, "resume", "--all")
+    assert ok(ns.url, "resume", "--all").startswith("ended the whole-cluster pause (paused by bob")
 
     printed = ok(ns.url, "trigger", JOB, "--by", "carol@ops").strip()
     assert re.fullmatch(r"[0-9a-f]{32}", printed), printed
@@ -353,7 +353,41 @@ async def test_resuming_a_pause_that_ended_by_itself_says_it_was_not_paused(
     await control.pause(ended)
     assert as_json(ns.url, "resume", JOB) == {"resumed": None, "still_paused": []}
     await control.pause(replace(ended, job=ALL_JOBS))
-    assert ok(ns.url, "resume", "--all").strip().startswith("every job was not paused: its pause")
+    said = ok(ns.url, "resume", "--all").strip()
+    assert said.startswith("the whole cluster was not paused: its pause"), said
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_resume_all_names_every_job_still_paused_on_its_own(
+    harness: Harness, ns: Namespace, started: Backend
+) -> None:
+    """``pause sync; pause --all; resume --all``: the whole-cluster pause ends and sync's own
+    stays (docs/operations.md), and the output says so; it printed "resumed every job" and
+    ``"still_paused": []`` while sync stayed paused."""
+    assert ns.url is not None
+    await populate(started)
+    ok(ns.url, "pause", JOB, "--by", "alice@ops")
+    ok(ns.url, "pause", "--all", "--by", "bob@ops")
+    said = ok(ns.url, "resume", "--all").splitlines()
+    assert said[0].startswith("ended the whole-cluster pause (paused by bob@ops since "), said
+    assert said[1:] == [
+        f"note: job {JOB!r} is still paused by alice@ops ('anarchon resume {JOB}' ends it)"
+    ], said
+    [job] = as_json(ns.url, "jobs")["jobs"]
+    assert job["paused"] is True and job["pause"]["by"] == "alice@ops", job
+
+    ok(ns.url, "pause", "--all", "--by", "bob@ops")
+    answer = as_json(ns.url, "resume", "--all")
+    assert answer["resumed"]["job"] == ALL_JOBS, answer
+    assert [(p["job"], p["by"]) for p in answer["still_paused"]] == [(JOB, "alice@ops")], answer
+    # Nothing left of the cluster's: it says so, and still names the job's own pause.
+    said = ok(ns.url, "resume", "--all").splitlines()
+    assert said[0] == "the whole cluster was not paused" and len(said) == 2, said
+    assert "resumed job 'sync' (paused by alice@ops" in ok(ns.url, "resume", JOB)
+    assert as_json(ns.url, "resume", "--all") == {"resumed": None, "still_paused": []}
+    assert as_json(ns.url, "jobs")["jobs"][0]["paused"] is False
+    help_text = ok(ns.url, "resume", "--help")
+    assert "a job paused on its own stays paused" in " ".join(help_text.split()), help_text
 
 
 def _pages_answer(url: str, tmp_path: Path, *pages: str) -> None:

@@ -244,7 +244,7 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     assert said == f"paused every job on every instance, until resumed (by {by})", said
     time.sleep(5)
     resumed = now_ms()
-    assert "resumed every job" in anarchon(url, "resume", "--all").stdout
+    assert "ended the whole-cluster pause" in anarchon(url, "resume", "--all").stdout
     latest = check_paused(steer, ["tick", "other"], f"{by} (all jobs)", returned, resumed)
 
     def again() -> bool:

@@ -686,6 +686,28 @@ async def test_steering_a_job_no_live_instance_carries_warns(guarded: Served) ->
     assert "data-warning>no live instance carries job &#39;nosuchjob2&#39;" in shown.body
 
 
+async def test_resume_all_names_each_job_still_paused_on_its_own(guarded: Served) -> None:
+    """The "Resume all" button ends the whole-cluster pause and no job's own
+    (docs/operations.md); its reply said "resumed every job" while such a job stayed paused."""
+    client = guarded.client
+    asks = {**BEARER, **JSON}
+    await client.call("/jobs/daily/pause", {}, headers=asks, cookies=False)
+    await client.call("/all/pause", {}, headers=asks, cookies=False)
+    resumed = await client.call("/all/resume", {}, headers=asks, cookies=False)
+    assert resumed.json()["done"] == (
+        "ended the whole-cluster pause; still paused on their own: daily"
+    ), resumed.body
+    again = await client.call("/all/resume", {}, headers=asks, cookies=False)
+    assert again.json()["done"] == (
+        "the whole cluster was not paused; still paused on their own: daily"
+    ), again.body
+    await client.call("/jobs/daily/resume", {}, headers=asks, cookies=False)
+    await client.call("/all/pause", {}, headers=asks, cookies=False)
+    alone = await client.call("/all/resume", {}, headers=asks, cookies=False)
+    assert alone.json()["done"] == "ended the whole-cluster pause", alone.body
+    assert await guarded.backend.control().pauses() == []
+
+
 class _DownBackend(MemoryBackend):
     async def server_time_ms(self) -> int | None:
         from anarchon.errors import BackendUnavailable

@@ -115,11 +115,14 @@ async def pause(args: argparse.Namespace) -> int:
 
 
 async def resume(args: argparse.Namespace) -> int:
-    """``anarchon resume JOB|--all``."""
+    """``anarchon resume JOB|--all``: end the job's pause, or (``--all``) the whole-cluster
+    pause; a job paused on its own stays paused then, and each such job is named."""
     job = _job_or_all(args, "resume")
     async with opened(args.backend, registry=True) as backend:
         taken, now = await steering.take_pause(backend, job)
-        held = [p for p in await steering.pauses(backend) if p.job in (ALL_JOBS, job)]
+        held = [
+            p for p in await steering.pauses(backend) if job == ALL_JOBS or p.job in (ALL_JOBS, job)
+        ]
     ended = taken if taken is not None and taken.active(now) else None
     if args.json:
         print(
@@ -129,11 +132,13 @@ async def resume(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    what = "every job" if job == ALL_JOBS else f"job {job!r}"
+    what = "the whole cluster" if job == ALL_JOBS else f"job {job!r}"
     if taken is not None and ended is None:
         say(f"{what} was not paused: its pause by {shown(taken.by)} ended at {iso(taken.until_ms)}")
     elif ended is None:
         say(f"{what} was not paused")
+    elif job == ALL_JOBS:
+        say(f"ended the whole-cluster pause (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
     else:
         say(f"resumed {what} (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
     for other in held:

@@ -416,8 +416,7 @@ class Dashboard:
             await steering.pause(backend, job, until_ms=until, by=by)
             done = f"paused {_what(job)}" + (f" for {minutes} min" if minutes else "")
         elif what == "resume":
-            ended = await steering.resume(backend, job)
-            done = f"resumed {_what(job)}" if ended else f"{_what(job)} was not paused"
+            done = await _resumed(backend, job)
         elif what == "trigger" and job != ALL_JOBS:
             request_ = await steering.trigger(backend, job, by=by)
             done = f"asked the cluster to run {job} now (request {request_.id[:8]})"
@@ -450,6 +449,17 @@ async def _form(request: Request) -> dict[str, str]:
         raise _BadRequest(f"content-type {kind!r}: send application/x-www-form-urlencoded")
     pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
     return dict(pairs)
+
+
+async def _resumed(backend: Backend, job: str) -> str:
+    """Resume ``job`` (or the whole cluster) and say so; after the whole-cluster pause ends,
+    each job paused on its own (still paused) is named."""
+    ended = await steering.resume(backend, job)
+    if job != ALL_JOBS:
+        return f"resumed {job}" if ended else f"{job} was not paused"
+    done = "ended the whole-cluster pause" if ended else "the whole cluster was not paused"
+    own = [p.job for p in await steering.pauses(backend) if p.job != ALL_JOBS]
+    return done + (f"; still paused on their own: {', '.join(own)}" if own else "")
 
 
 def _what(job: str) -> str:
