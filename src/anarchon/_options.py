@@ -21,6 +21,7 @@ from .errors import InvalidOption
 __all__ = [
     "HISTORY_LIMIT",
     "HISTORY_SIZE",
+    "NEXT_TIMES",
     "Bound",
     "check_bool",
     "check_int",
@@ -73,6 +74,11 @@ HISTORY_LIMIT: Final = Bound(0, 100_000)
 :meth:`Scheduler.history <anarchon.Scheduler.history>`; the upper end also bounds
 ``anarchon history -n`` and the dashboard's ``runs``. Far more than a page of history, and
 inside every backend's integer (SQLite's and PostgreSQL's 64 bits, a Redis count)."""
+
+
+NEXT_TIMES: Final = Bound(1, 10_000)
+"""How many fire times one call lists: ``count`` of :meth:`CronSchedule.next_times
+<anarchon.CronSchedule.next_times>` and ``anarchon next -n``."""
 
 
 def check_int(option: str, value: object, bound: Bound, owner: str) -> int:

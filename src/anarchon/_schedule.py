@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .errors import InvalidSchedule, InvalidTimezone
+from .errors import InvalidOption, InvalidSchedule, InvalidTimezone
 
 __all__ = ["CronSchedule", "load_timezone", "shared_schedule"]
 
@@ -224,11 +224,31 @@ class CronSchedule:
         return found
 
     def next_times(self, after: datetime, count: int) -> list[datetime]:
-        """Return the next ``count`` fire times after ``after``, as aware datetimes in the zone."""
+        """Return the next ``count`` (1 to 10 000) fire times after ``after``, an aware datetime,
+        as aware datetimes in the zone; fewer when the times anarchon handles end first
+        (9998-12-31T23:59:59.999Z). A naive ``after`` raises
+        :class:`~anarchon.errors.InvalidOption`: it would be read in this host's time zone."""
+        from ._options import NEXT_TIMES, check_int
+        from ._times import LATEST_MS
+
+        rule = (
+            f"after={after!r} for CronSchedule.next_times must be an aware datetime (with a "
+            f"time zone, e.g. datetime.now(ZoneInfo({self.timezone!r})))"
+        )
+        if not isinstance(after, datetime):
+            raise InvalidOption(f"{rule}, not a {type(after).__name__}")
+        if after.utcoffset() is None:
+            raise InvalidOption(f"{rule}: a naive one would be read in this host's time zone")
+        check_int("count", count, NEXT_TIMES, "CronSchedule.next_times")
         out: list[datetime] = []
         slot = int(after.timestamp() * 1000)
-        for _ in range(count):
-            slot = self.next_slot(slot)
+        for _ in range(count if slot < LATEST_MS else 0):
+            try:
+                slot = self.next_slot(slot)
+            except (OverflowError, StopIteration):  # the walk ran past the end of the calendar
+                break
+            if slot > LATEST_MS:
+                break
             out.append(datetime.fromtimestamp(slot / 1000, self.zone))
         return out
 

@@ -60,7 +60,7 @@ from ._cli.output import say, shown, table
 from ._http import HttpServer
 from ._job import check_name
 from ._models import Run
-from ._options import HISTORY_LIMIT
+from ._options import HISTORY_LIMIT, NEXT_TIMES
 from ._readable import iso, ms_of
 from ._redact import RedactingFormatter, redact_url
 from ._schedule import CronSchedule
@@ -405,7 +405,10 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument("expression", help="5 fields, or 6 with seconds first")
     nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
     nxt.add_argument(
-        "-n", type=_count(1, 10_000), default=5, help="how many, 1 to 10000 (default 5)"
+        "-n",
+        type=_count(NEXT_TIMES.low, NEXT_TIMES.high),
+        default=5,
+        help=f"how many, {NEXT_TIMES.low} to {NEXT_TIMES.high} (default 5)",
     )
 
     from .web._command import add_parser as add_dashboard

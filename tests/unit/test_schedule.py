@@ -13,7 +13,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from anarchon import CronSchedule, InvalidSchedule, InvalidTimezone, RunContext, Scheduler
+from anarchon import (
+    CronSchedule,
+    InvalidOption,
+    InvalidSchedule,
+    InvalidTimezone,
+    RunContext,
+    Scheduler,
+)
 from anarchon._schedule import _normalise, load_timezone
 from anarchon.testing import MemoryBackend
 
@@ -312,3 +319,53 @@ def test_zone_names_that_depend_on_the_host_are_refused(zone: str, why: str) -> 
     with pytest.raises(InvalidTimezone, match=why.replace("(", r"\(").replace(")", r"\)")):
         CronSchedule("* * * * *", loaded)
     assert scheduler.jobs == {}
+
+
+def test_next_times_refuses_a_naive_after() -> None:
+    """A naive ``after`` was read in this host's zone: 15:00 under TZ=UTC, 20:00 under New York.
+    It is refused, naming the value and the rule; an aware one gives the same answer anywhere."""
+    schedule = CronSchedule("0 * * * *", ATHENS)
+    with pytest.raises(InvalidOption) as caught:
+        schedule.next_times(datetime(2026, 1, 1, 12, 30), 1)
+    assert str(caught.value) == (
+        "after=datetime.datetime(2026, 1, 1, 12, 30) for CronSchedule.next_times must be an "
+        "aware datetime (with a time zone, e.g. datetime.now(ZoneInfo('Europe/Athens'))): a "
+        "naive one would be read in this host's time zone"
+    )
+    for text in ("2026-01-01T12:30:00", 1767270600):
+        with pytest.raises(InvalidOption, match=r"must be an aware datetime .*, not a (str|int)$"):
+            schedule.next_times(text, 1)  # type: ignore[arg-type]
+    [got] = schedule.next_times(datetime(2026, 1, 1, 12, 30, tzinfo=UTC), 1)
+    assert got.isoformat() == "2026-01-01T15:00:00+02:00"
+
+
+@pytest.mark.parametrize(
+    ("count", "said"),
+    [
+        (-1, "count=-1 for CronSchedule.next_times is out of range: it must be an integer "
+         "from 1 to 10000"),
+        (0, "count=0 for CronSchedule.next_times is out of range"),
+        (10**9, "count=1000000000 for CronSchedule.next_times is out of range"),
+        (1.5, "count=1.5 for CronSchedule.next_times must be an integer from 1 to 10000, "
+         "not a float"),
+        (True, "count=True for CronSchedule.next_times must be an integer from 1 to 10000, "
+         "not a bool"),
+    ],
+)  # fmt: skip
+def test_next_times_refuses_a_bad_count(count: object, said: str) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        CronSchedule("* * * * *").next_times(datetime(2026, 1, 1, tzinfo=UTC), count)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(said), caught.value
+
+
+def test_next_times_stops_where_the_times_anarchon_handles_end() -> None:
+    """As ``anarchon next`` does: the times end at 9998-12-31T23:59:59.999Z, so fewer are
+    returned (it raised OverflowError past year 9999). At the defaults: 1 and 10 000."""
+    daily = CronSchedule("0 0 * * *")
+    got = daily.next_times(datetime(9998, 12, 30, tzinfo=UTC), 5)
+    assert [t.isoformat() for t in got] == ["9998-12-31T00:00:00+00:00"]
+    leap = CronSchedule("0 0 29 2 *").next_times(datetime(9990, 1, 1, tzinfo=UTC), 10)
+    assert [t.year for t in leap] == [9992, 9996]
+    assert daily.next_times(datetime.max.replace(tzinfo=UTC), 1) == []
+    assert len(daily.next_times(datetime(2026, 1, 1, tzinfo=UTC), 10_000)) == 10_000
+    assert CronSchedule("0 0 * * *").next_times(datetime(2026, 1, 1, tzinfo=UTC), 1)[0].day == 2
