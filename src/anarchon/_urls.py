@@ -25,6 +25,7 @@ SCHEMES: Final = {
     "memory": "anarchon.backends.memory:MemoryBackend",
     "redis": "anarchon.backends.redis:RedisBackend",
     "rediss": "anarchon.backends.redis:RedisBackend",
+    "unix": "anarchon.backends.redis:RedisBackend",  # redis-py's unix:///path/to/redis.sock
     "postgresql": "anarchon.backends.postgres:PostgresBackend",
     "postgres": "anarchon.backends.postgres:PostgresBackend",
     "nats": "anarchon.backends.nats:NatsBackend",
@@ -38,7 +39,7 @@ def backend_from_url(url: str) -> Backend:
     """Return the backend a URL names.
 
     ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` (as SQLAlchemy spells them),
-    ``memory://``, ``redis://host:6379/0?prefix=app:``,
+    ``memory://?history_size=500``, ``redis://host:6379/0?prefix=app:``,
     ``postgresql://host/db?schema=public&table_prefix=anarchon_``,
     ``nats://host:4222?stream=CRON&prefix=cron.``.
 
@@ -65,10 +66,6 @@ def backend_from_url(url: str) -> Backend:
 
 def _from_url(url: str, shown: str) -> Backend:
     scheme = urlsplit(url).scheme.lower()
-    if scheme == "memory":
-        from .backends.memory import MemoryBackend
-
-        return MemoryBackend()
     target = SCHEMES.get(scheme)
     if target is None:
         return _from_entry_point(url, shown, scheme)

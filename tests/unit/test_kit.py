@@ -21,8 +21,10 @@ from anarchon import (
     BackendError,
     BackendUnavailable,
     InvalidOption,
+    MemoryBackend,
     Run,
     RunStatus,
+    Scheduler,
     SQLiteBackend,
     Trigger,
     backend_from_url,
@@ -604,6 +606,43 @@ def test_sqlite_urls_take_their_options_through_the_kit(tmp_path: Path) -> None:
         InvalidOption, match=r"unknown option 'mode'.*busy_timeout_ms, history_size"
     ):
         backend_from_url(f"sqlite:///{tmp_path}/a.db?mode=ro")
+
+
+def test_memory_urls_take_their_options_through_the_kit() -> None:
+    """``memory://`` ignored every option (``?history_size=0``, ``?history_size=abc``,
+    ``?bogus=1``); it now takes ``history_size`` by the rule of the other schemes."""
+    default = backend_from_url("memory://")
+    assert isinstance(default, MemoryBackend) and repr(default) == (
+        "MemoryBackend(history_size=1000)"
+    )
+    assert repr(backend_from_url("memory://?history_size=5")) == "MemoryBackend(history_size=5)"
+    assert repr(Scheduler("memory://?history_size=7").backend) == "MemoryBackend(history_size=7)"
+    for url, said in (
+        (
+            "memory://?history_size=0",
+            "history_size=0 for the backend URL 'memory://?history_size=0' is out of range: it "
+            "must be an integer from 1 to 1000000",
+        ),
+        (
+            "memory://?history_size=abc",
+            "history_size='abc' in the backend URL 'memory://?history_size=abc' must be an "
+            "integer from 1 to 1000000",
+        ),
+        (
+            "memory://?bogus=1",
+            "the memory URL 'memory://?bogus=1' has an unknown option 'bogus'; the options it "
+            "takes are: history_size",
+        ),
+        (
+            "memory://db.example:1/x",
+            "the memory URL 'memory://db.example:1/x' names a place; memory has none",
+        ),
+    ):
+        with pytest.raises(InvalidOption) as caught:
+            backend_from_url(url)
+        assert str(caught.value).startswith(said), caught.value
+        with pytest.raises(InvalidOption):
+            Scheduler(url)
 
 
 @pytest.mark.parametrize("slot", [1_700_000_000_000, None])

@@ -28,11 +28,12 @@ from ..backend import (
     Ticket,
 )
 from ..control import ALL_JOBS, Pause, RunRequest
-from ..errors import BackendError, BackendUnavailable
+from ..errors import BackendError, BackendUnavailable, InvalidOption
 from ..kit import HISTORY_SIZE, Clock, Run, RunStatus, SystemClock, check_int
 from ..kit import lease as rules
 from ..kit.feed import ChangeFeed, won_notices
 from ..kit.lease import RunRow
+from ..kit.urls import int_option, split_url
 from ..registry import InstanceRecord
 
 __all__ = ["MemoryBackend", "MemoryControl", "MemoryRegistry"]
@@ -41,6 +42,8 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 # Read once per claim, as a module constant: see anarchon._members (a backend imports only the
 # contract and the kit, so it keeps its own copy).
 _RUNNING: Final = RunStatus.RUNNING
+URL_OPTIONS: Final = {"history_size": int_option(HISTORY_SIZE)}
+"""The options a ``memory://`` URL takes."""
 
 
 def _serialised(method: F) -> F:
@@ -203,6 +206,18 @@ class MemoryBackend(LeaseBackend):
         self._rows = _MemoryRows(self._history_size)
         self._feed = ChangeFeed(self.name)
         self._lock = threading.RLock()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBackend:
+        """Build the backend from ``memory://`` or ``memory://?history_size=500``; any other
+        option, or a host or path, raises :class:`~anarchon.errors.InvalidOption`."""
+        split = split_url(url, URL_OPTIONS, backend="memory")
+        if split.url.lower() not in ("memory://", "memory:"):
+            raise InvalidOption(
+                f"the memory URL {split.shown!r} names a place; memory has none: write "
+                "memory:// (options: ?history_size=)"
+            )
+        return cls(**split.options)
 
     def __repr__(self) -> str:
         return f"MemoryBackend(history_size={self._history_size})"
