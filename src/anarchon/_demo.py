@@ -61,34 +61,79 @@ async def _relay(proc: asyncio.subprocess.Process, ready: asyncio.Event, waiting
 
 
 async def run_demo(instances: int = 3, seconds: float = 20.0) -> int:
-    """Run the demo; return the number of duplicate plus missed slots (0 is success)."""
-    with tempfile.TemporaryDirectory(prefix="anarchon-demo-") as tmp:
-        db = Path(tmp) / "demo.db"
-        names = [f"instance-{n + 1}" for n in range(instances)]
-        print(f"{instances} instances share {db}; job {DEMO_JOB!r} runs at '{DEMO_SCHEDULE}'")
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "anarchon._demo",
-                str(db),
-                name,
-                str(seconds + 30),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            for name in names
-        ]
-        ready, waiting = asyncio.Event(), set(names)
-        relays = [asyncio.ensure_future(_relay(p, ready, waiting)) for p in procs]
-        await asyncio.wait_for(ready.wait(), 60)
-        began = time.time()
-        await asyncio.sleep(seconds)
+    """Run the demo; return the number of duplicate plus missed slots (0 is success).
+
+    SIGINT or SIGTERM ends it early as its end would: the instances are stopped, the slots due
+    so far are counted, and the temporary directory is removed."""
+    loop = asyncio.get_running_loop()
+    stopped: list[str] = []
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped.append(sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        with tempfile.TemporaryDirectory(prefix="anarchon-demo-") as tmp:
+            return await _demo(Path(tmp) / "demo.db", instances, seconds, stop, stopped)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _demo(
+    db: Path, instances: int, seconds: float, stop: asyncio.Event, stopped: list[str]
+) -> int:
+    names = [f"instance-{n + 1}" for n in range(instances)]
+    print(f"{instances} instances share {db}; job {DEMO_JOB!r} runs at '{DEMO_SCHEDULE}'")
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "anarchon._demo",
+            str(db),
+            name,
+            str(seconds + 30),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for name in names
+    ]
+    ready, waiting = asyncio.Event(), set(names)
+    relays = [asyncio.ensure_future(_relay(p, ready, waiting)) for p in procs]
+    began = time.time()
+    try:
+        await _wait_any(60, ready, stop)
+        if ready.is_set() and not stop.is_set():
+            began = time.time()
+            await _wait_any(seconds, stop)
+    finally:
         ended = time.time()
         for proc in procs:
-            proc.send_signal(signal.SIGTERM)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
         await asyncio.gather(*(p.wait() for p in procs))
         await asyncio.gather(*relays)
-        return await _summarise(db, began, ended)
+    if stopped:
+        print(f"stopped by {stopped[0]} after {ended - began:.1f} of {seconds:g} s")
+    elif not ready.is_set():
+        print(f"the {instances} instances did not all start within 60 s", file=sys.stderr)
+        return 1
+    if not ready.is_set():
+        return 0
+    return await _summarise(db, began, ended)
+
+
+async def _wait_any(within_s: float, *events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set, at most ``within_s`` seconds."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _summarise(db: Path, began: float, ended: float) -> int:

@@ -135,6 +135,21 @@ def _seconds(text: str) -> float:
     return value
 
 
+DEMO_MIN_S: Final = 3.0
+"""The shortest ``anarchon demo --seconds``: its job runs every 2 seconds and a slot counts once
+a second has passed after it, so a shorter run may see no slot at all."""
+
+
+def _demo_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value < DEMO_MIN_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too short to see a slot: the demo's job runs every 2 seconds and a "
+            f"slot counts once a second has passed after it; give at least {DEMO_MIN_S:g}"
+        )
+    return value
+
+
 def _level(text: str) -> str:
     level = text.strip().upper()
     if level not in LEVELS:
@@ -417,7 +432,12 @@ def _parser() -> argparse.ArgumentParser:
     text = "several processes share one SQLite file and one job"
     demo = sub.add_parser("demo", help=text, description=text)
     demo.add_argument("--instances", type=_count(1, 20), default=3, help="1 to 20 (default 3)")
-    demo.add_argument("--seconds", type=_seconds, default=20.0, help="run time (default 20)")
+    demo.add_argument(
+        "--seconds",
+        type=_demo_seconds,
+        default=20.0,
+        help=f"run time, at least {DEMO_MIN_S:g} (default 20); SIGINT or SIGTERM ends it early",
+    )
     return parser
 
 

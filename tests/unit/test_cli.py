@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -181,6 +182,67 @@ def test_demo_ends_with_no_duplicates_and_nothing_missed(tmp_path: Path) -> None
     summary = out.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"slots: (\d+), runs: (\d+), duplicates: 0, missed: 0", summary)
     assert match and int(match.group(1)) >= 3 and match.group(1) == match.group(2), out.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_demo_cleanly_and_removes_its_folder(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """As ``run`` and ``dashboard`` do: SIGTERM killed the demo (-15), left its instances
+    running and /tmp/anarchon-demo-*/demo.db behind. Only the demo is signalled (its own
+    session), not its instances."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "demo", "--instances", "2", "--seconds", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temp)},
+        start_new_session=True,
+    )
+    children: list[int] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        assert " instances share " in first, first
+        slot = proc.stdout.readline()  # the instances are up: one ran a slot
+        assert slot.startswith("slot "), slot
+        [folder] = list(temp.glob("anarchon-demo-*"))
+        listed = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+        children = [int(pid) for pid in listed.split()]
+        assert len(children) == 2, children
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        gone = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in children):
+            assert time.monotonic() < gone, f"demo instances {children} still run"
+            time.sleep(0.2)
+        rest, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        for pid in children:  # on a failure: the instances this test started, by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, rest, err)
+    assert "Traceback" not in err, err
+    lines = rest.strip().splitlines()
+    assert re.fullmatch(rf"stopped by {sig.name} after \d+\.\d of 120 s", lines[-2]), lines
+    assert re.fullmatch(r"slots: \d+, runs: \d+, duplicates: 0, missed: 0", lines[-1]), lines
+    assert not folder.exists() and list(temp.iterdir()) == []
+
+
+def test_demo_refuses_a_run_too_short_to_see_a_slot() -> None:
+    """``--seconds 1`` printed ``slots: 0`` and exited 0."""
+    one_line_error(
+        cli("demo", "--seconds", "1"),
+        2,
+        "--seconds: '1' is too short to see a slot",
+        "give at least 3",
+    )
 
 
 def one_line_error(out: subprocess.CompletedProcess[str], code: int, *texts: str) -> None:
