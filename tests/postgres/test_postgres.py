@@ -4,6 +4,8 @@ notifications, pruning, and the same answers as the reference lease rules."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import re
 import subprocess
@@ -18,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from anarchon import (
     BackendError,
@@ -384,6 +386,51 @@ async def test_unreachable_server_fails_start_quickly() -> None:
         await asyncio.wait_for(backend.start(), 10)
     with pytest.raises(BackendError, match="not started"):
         await backend.history("x")
+
+
+async def test_an_unreachable_server_is_one_error_not_the_pools_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """psycopg_pool logs each failed attempt of the backend's pool at WARNING, over two lines;
+    the start's one error already gives the reason. They are left out while start() waits; a
+    pool of the caller's own still logs its attempts."""
+    caplog.set_level(logging.DEBUG)
+    backend = PostgresBackend("postgresql://127.0.0.1:1/test", timeout_ms=3_000)
+    with pytest.raises(BackendUnavailable, match="Connection refused"):
+        await asyncio.wait_for(backend.start(), 20)
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"] == []
+    mine = AsyncConnectionPool(
+        "postgresql://127.0.0.1:1/test", min_size=1, open=False, name="anarchon-public.anarchon_"
+    )
+    with pytest.raises(PoolTimeout):
+        await mine.open(wait=True, timeout=3)
+    await mine.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"]
+    assert any(m.startswith("error connecting in 'anarchon-public.anarchon_'") for m in said)
+
+
+def test_anarchon_run_on_an_unreachable_server_says_one_line(tmp_path: Path) -> None:
+    """README: "Every failure is one line on stderr"; three multi-line psycopg.pool WARNINGs
+    came first."""
+    (tmp_path / "app.py").write_text(
+        "from anarchon import Scheduler\n"
+        "scheduler = Scheduler()\n"
+        "scheduler.add('tick', '* * * * *', lambda ctx: None)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "anarchon", "run", "app:scheduler"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "ANARCHON_BACKEND": "postgresql://127.0.0.1:1/test"},
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 4, (out.returncode, out.stderr)
+    assert out.stderr.count("\n") == 1 and "psycopg" not in out.stderr, out.stderr
+    assert out.stderr.startswith(
+        "anarchon: cannot connect to PostgreSQL 127.0.0.1:1/test within timeout_ms=5000: "
+    ), out.stderr
 
 
 # -- what the caller owns -----------------------------------------------------------------------

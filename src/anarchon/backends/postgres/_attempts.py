@@ -10,13 +10,17 @@ Imported only when the backend opens its own pool (it needs psycopg).
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 from psycopg import AsyncConnection
 
 from ._errors import first_line
 
-__all__ = ["ATTEMPTS_ARG", "ConnectAttempts", "PoolConnection"]
+__all__ = ["ATTEMPTS_ARG", "ConnectAttempts", "PoolConnection", "quiet_while_opening"]
 
 #: The pool's connection argument that carries the :class:`ConnectAttempts` (never sent to libpq).
 ATTEMPTS_ARG: Final = "anarchon_attempts"
@@ -49,3 +53,40 @@ class PoolConnection(AsyncConnection[Any]):
         if attempts is not None:
             attempts.failure = None
         return conn
+
+
+class _QuietOpening(logging.Filter):
+    """Drops psycopg_pool's ``error connecting in <pool>: <error>`` WARNING (several lines each)
+    for a pool of the backend's own while its start waits for the first connection: the start
+    fails with one error that gives the last attempt's reason (:class:`ConnectAttempts`), so a
+    failed ``anarchon run`` is one line. Other pools, and this pool once open, log as before."""
+
+    def __init__(self) -> None:
+        super().__init__("psycopg.pool")
+        self.opening: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            isinstance(args, tuple)
+            and len(args) == 2
+            and args[0] in self.opening
+            and str(record.msg).startswith("error connecting in")
+        )
+
+
+_QUIET: Final = _QuietOpening()
+logging.getLogger("psycopg.pool").addFilter(_QUIET)
+
+
+@contextmanager
+def quiet_while_opening(pool_name: str) -> Iterator[None]:
+    """Leave out the pool ``pool_name``'s connection errors that psycopg_pool logs while this
+    block runs (see :class:`_QuietOpening`)."""
+    _QUIET.opening[pool_name] += 1
+    try:
+        yield
+    finally:
+        _QUIET.opening[pool_name] -= 1
+        if _QUIET.opening[pool_name] <= 0:
+            del _QUIET.opening[pool_name]

@@ -160,7 +160,7 @@ class Connections(Statements):
     async def _open_pool(self) -> None:
         from psycopg_pool import AsyncConnectionPool
 
-        from ._attempts import ATTEMPTS_ARG, ConnectAttempts, PoolConnection
+        from ._attempts import ATTEMPTS_ARG, ConnectAttempts, PoolConnection, quiet_while_opening
 
         timeout_s = self.options.timeout_ms / 1000
         if self._given is None:
@@ -178,9 +178,13 @@ class Connections(Statements):
                 name=f"anarchon-{self.options.schema}.{self.options.table_prefix}",
             )
             try:
-                await pool.open(wait=True, timeout=timeout_s)
+                with quiet_while_opening(pool.name):
+                    try:
+                        await pool.open(wait=True, timeout=timeout_s)
+                    except Exception:
+                        await pool.close()
+                        raise
             except Exception as exc:
-                await pool.close()
                 why = attempts.failure or translate(exc, self.where) or exc
                 raise BackendUnavailable(
                     f"cannot connect to PostgreSQL {self.where} within "
