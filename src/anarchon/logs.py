@@ -127,6 +127,7 @@ class Action(StrEnum):
     EVICTION_POLICY = "eviction_policy"
     CLAIM_REFUSED_UNKNOWN = "claim_refused_unknown"
     CLAIMS_FEED = "claims_feed"
+    LIBPQ_OLD = "libpq_old"
     LISTEN = "listen"
     LISTEN_FAILED = "listen_failed"
     LISTEN_CALLBACK = "listen_callback"

@@ -56,6 +56,39 @@ T = TypeVar("T")
 IDLE_CHECK_S: Final = 0.5
 
 
+_warned_libpq = False
+
+
+def check_libpq() -> None:
+    """Refuse a libpq without pipeline mode (older than 14: results are sent in pipelines), and
+    warn once per process (``libpq_old``) when it cannot cancel a query without blocking
+    (older than 17): a call past ``timeout_ms`` is then cancelled from a thread, without a time
+    limit. ``anarchon[postgres]`` installs psycopg's binary package, which carries a libpq 17;
+    psycopg's own words name the libpq found."""
+    global _warned_libpq
+    from psycopg import NotSupportedError, capabilities
+
+    try:
+        capabilities.has_pipeline(check=True)
+    except NotSupportedError as exc:
+        raise BackendError(
+            f"the PostgreSQL backend needs libpq 14 or newer: {exc}; install "
+            "'anarchon[postgres]' (psycopg's binary package, with libpq 17) or a newer libpq"
+        ) from None
+    if _warned_libpq:
+        return
+    try:
+        capabilities.has_cancel_safe(check=True)
+    except NotSupportedError as exc:
+        _warned_libpq = True
+        logger.warning(
+            "%s: a call past timeout_ms is cancelled from a thread, without a time limit; "
+            "'anarchon[postgres]' installs psycopg's binary package, with libpq 17",
+            exc,
+            extra={"action": "libpq_old"},
+        )
+
+
 def describe_server(options: Options) -> str:
     """``host:port/dbname`` of the server, for messages (never a password)."""
     from psycopg import AsyncConnection
@@ -135,6 +168,7 @@ class Connections(Statements):
         if self._open:
             return
         self._warm = warm
+        check_libpq()
         await self._open_pool()
         self._open = True
         try:

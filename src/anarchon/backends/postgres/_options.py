@@ -83,6 +83,21 @@ class Options:
         return self.prepared_statements
 
 
+def _missing(exc: ImportError) -> MissingDependency:
+    """Why psycopg or psycopg_pool cannot be imported: not installed, or (psycopg installed)
+    its own reason, such as no libpq found, in its words."""
+    from importlib.util import find_spec
+
+    install = "pip install 'anarchon[postgres]'"
+    if exc.name in ("psycopg", "psycopg_pool") or find_spec("psycopg") is None:
+        return MissingDependency(f"PostgresBackend needs psycopg 3 and psycopg_pool: {install}")
+    why = "; ".join(line.strip(" -") for line in str(exc).splitlines() if line.strip(" -"))
+    return MissingDependency(
+        f"PostgresBackend cannot import psycopg, which is installed: {why} ({install} "
+        "installs psycopg's binary package, which carries its own libpq)"
+    )
+
+
 def check_options(
     dsn: object,
     pool: object,
@@ -102,9 +117,7 @@ def check_options(
         import psycopg
         from psycopg_pool import AsyncConnectionPool
     except ImportError as exc:
-        raise MissingDependency(
-            "PostgresBackend needs psycopg 3 and psycopg_pool: pip install 'anarchon[postgres]'"
-        ) from exc
+        raise _missing(exc) from exc
 
     if pool is not None and not isinstance(pool, AsyncConnectionPool | psycopg.AsyncConnection):
         raise InvalidOption(
