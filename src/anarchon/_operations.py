@@ -184,7 +184,8 @@ class Operations:
         or ``until`` (an aware datetime in the future, at most ten years ahead); return the
         stored pause. Each instance records the job's slots ``skipped`` (``paused by <by>``)
         instead of running them; runs already running go on, and manual runs (:meth:`trigger`,
-        :meth:`run_now`) still run. ``by`` defaults to ``user@host``."""
+        :meth:`run_now`) still run. ``by`` defaults to ``user@host``; given, it is a non-empty,
+        printable string of at most 256 characters (:func:`anarchon.steering.check_by`)."""
         self._require_started("pause")
         until_ms = _until_ms(until)
         return await steering.pause(self.backend, job, until_ms=until_ms, by=by)

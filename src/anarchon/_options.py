@@ -26,6 +26,7 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_keywords",
+    "check_label",
     "ms_text",
 ]
 
@@ -100,6 +101,27 @@ def check_bool(option: str, value: object, owner: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidOption(
             f"{option}={value!r} for {owner} must be True or False, not a {type(value).__name__}"
+        )
+    return value
+
+
+def check_label(option: str, value: object, limit: int) -> str:
+    """Return ``value`` if it is a non-empty, printable string of at most ``limit`` characters
+    (a name written into logs and history: an ``instance_id``, who paused or asked); else raise
+    InvalidOption naming it and the rule."""
+    if not isinstance(value, str) or not value or len(value) > limit:
+        shown = (
+            repr(value)
+            if not isinstance(value, str) or len(value) <= 80
+            else (f"{value[:40]!r}... ({len(value)} characters)")
+        )
+        raise InvalidOption(
+            f"{option}={shown} must be a non-empty string of at most {limit} characters"
+        )
+    if not value.isprintable():
+        raise InvalidOption(
+            f"{option}={value!r} must be printable: no newline, tab or other control "
+            "character (it is written into logs and history)"
         )
     return value
 

@@ -55,7 +55,7 @@ from ._missed import MissedSlots
 from ._models import Run
 from ._operations import ENDED, Operations
 from ._operations import State as _State
-from ._options import Bound, check_int
+from ._options import Bound, check_int, check_label
 from ._rendezvous import Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
@@ -96,17 +96,7 @@ def default_instance_id() -> str:
 def _check_instance_id(value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_INSTANCE_ID:
-        raise InvalidOption(
-            f"instance_id={value!r} must be a non-empty string of at most {MAX_INSTANCE_ID} "
-            "characters"
-        )
-    if not value.isprintable():
-        raise InvalidOption(
-            f"instance_id={value!r} must be printable: no newline, tab or other control "
-            "character (it is written into logs and history)"
-        )
-    return value
+    return check_label("instance_id", value, MAX_INSTANCE_ID)
 
 
 def _default_backend() -> tuple[Backend, str | None]:

@@ -14,16 +14,20 @@ import os
 import socket
 import time
 import uuid
+from typing import Final
 
 from ._job import check_name
 from ._models import Trigger
+from ._options import check_label
 from ._times import check_until_ms
 from .backend import Backend
 from .control import ALL_JOBS, ControlStore, Pause, RunRequest
 from .errors import UnsupportedFeature
 
 __all__ = [
+    "MAX_BY",
     "backend_now_ms",
+    "check_by",
     "control_of",
     "pause",
     "pauses",
@@ -34,16 +38,30 @@ __all__ = [
 ]
 
 
+MAX_BY: Final = 256
+"""The longest ``by`` (who paused or asked), as the longest ``instance_id``."""
+
+
 def requester() -> str:
-    """Who is asking, as recorded by default: ``user@host`` (``$ANARCHON_REQUESTER`` if set)."""
+    """Who is asking, as recorded by default: ``user@host`` (``$ANARCHON_REQUESTER`` if set,
+    which must follow :func:`check_by`'s rule)."""
     named = os.environ.get("ANARCHON_REQUESTER")
     if named:
-        return named
+        return check_label("$ANARCHON_REQUESTER", named, MAX_BY)
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container's random user)
         user = f"uid{os.getuid()}"
     return f"{user}@{socket.gethostname()}"
+
+
+def check_by(by: object) -> str:
+    """``by`` if it is a non-empty, printable string of at most :data:`MAX_BY` characters;
+    :func:`requester` when it is None; else :class:`~anarchon.errors.InvalidOption` naming it
+    (an empty one is refused, not replaced)."""
+    if by is None:
+        return requester()
+    return check_label("by", by, MAX_BY)
 
 
 def control_of(backend: Backend) -> ControlStore:
@@ -78,10 +96,11 @@ async def pause(
     run. A bad ``until_ms`` raises :class:`~anarchon.errors.InvalidOption` and stores
     nothing."""
     _check_job(job)
+    who = check_by(by)
     now = await backend_now_ms(backend)
     if until_ms is not None:
         until_ms = check_until_ms(until_ms, now)
-    stored = Pause(job=job, by=by or requester(), at_ms=now, until_ms=until_ms)
+    stored = Pause(job=job, by=who, at_ms=now, until_ms=until_ms)
     await control_of(backend).pause(stored)
     return stored
 
@@ -116,6 +135,7 @@ async def trigger(backend: Backend, job: str, *, by: str | None = None) -> RunRe
     carries the job claims it within about a second and exactly one runs it; its history shows
     trigger ``manual``, the request's id as the run id, and ``by`` as ``requested_by``."""
     check_name(job)
+    who = check_by(by)
     now = await backend_now_ms(backend)
     request_id = uuid.uuid4().hex
     request = RunRequest(
@@ -125,7 +145,7 @@ async def trigger(backend: Backend, job: str, *, by: str | None = None) -> RunRe
         key=f"manual-{request_id}",
         slot=None,
         due_ms=now,
-        requested_by=by or requester(),
+        requested_by=who,
         requested_at_ms=now,
     )
     await control_of(backend).request(request)

@@ -336,6 +336,26 @@ async def test_times_out_of_range_exit_2_and_store_nothing(
 
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_a_bad_by_exits_2_and_stores_nothing(
+    harness: Harness, ns: Namespace, started: Backend
+) -> None:
+    """``--by ''`` became user@host and ``--by $'x\\ny'`` was stored; ``by`` follows the
+    rule of ``instance_id``: a non-empty, printable string of at most 256 characters."""
+    assert ns.url is not None
+    await populate(started)
+    rule = "must be a non-empty string of at most 256 characters"
+    for said, argv in (
+        (f"anarchon pause: --by='' {rule}", ("pause", JOB, "--by", "")),
+        ("anarchon pause: --by='x\\ny' must be printable", ("pause", "--all", "--by", "x\ny")),
+        (f"... (257 characters) {rule}", ("trigger", JOB, "--by", "x" * 257)),
+    ):
+        _refused(ns.url, said, *argv)
+    control = started.control()
+    assert control is not None
+    assert await control.pauses() == [] and await control.requests([JOB]) == []
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_resuming_a_pause_that_ended_by_itself_says_it_was_not_paused(
     harness: Harness, ns: Namespace, started: Backend
 ) -> None:

@@ -137,6 +137,42 @@ async def test_steering_needs_a_started_scheduler_and_good_input(clock: FakeCloc
             await scheduler.trigger("no such")
 
 
+async def test_who_paused_or_asked_follows_the_instance_id_rule(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``by=""`` became user@host and ``by="x\ny"`` was stored (instance_id refuses both);
+    ``by`` had no length bound. Each is refused naming it, and nothing is stored."""
+    monkeypatch.delenv("ANARCHON_REQUESTER", raising=False)
+    longest = 256  # docs/operations.md
+    control = (backend := MemoryBackend(clock=clock)).control()
+    scheduler = Scheduler(backend, clock=clock)
+    long = "x" * (longest + 1)
+    async with scheduler:
+        for by, said in (
+            ("", "by='' must be a non-empty string of at most 256 characters"),
+            (long, f"by={long[:40]!r}... (257 characters) must be a non-empty string of at most"),
+            (5, "by=5 must be a non-empty string of at most 256 characters"),
+            ("x\ny", "by='x\\ny' must be printable: no newline, tab or other control character"),
+            ("\x1b[31mred", "by='\\x1b[31mred' must be printable"),
+        ):
+            for call in (
+                scheduler.pause("tick", by=by),  # type: ignore[arg-type]
+                scheduler.pause_all(by=by),  # type: ignore[arg-type]
+                scheduler.trigger("tick", by=by),  # type: ignore[arg-type]
+            ):
+                with pytest.raises(InvalidOption) as caught:
+                    await call
+                assert str(caught.value).startswith(said), caught.value
+        assert await control.pauses() == [] and await control.requests(["tick"]) == []
+        # At the default (None): user@host; the longest allowed is kept whole.
+        pause = await scheduler.pause("tick")
+        assert pause.by == steering.requester() and "@" in pause.by
+        assert (await scheduler.trigger("tick", by="x" * longest)).requested_by == "x" * longest
+        monkeypatch.setenv("ANARCHON_REQUESTER", "ops\tteam")
+        with pytest.raises(InvalidOption, match=r"^\$ANARCHON_REQUESTER='ops\\tteam' must be"):
+            await scheduler.pause_all()
+
+
 # -- triggered runs ---------------------------------------------------------------------------
 
 

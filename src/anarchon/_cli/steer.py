@@ -97,13 +97,14 @@ def _shown_fate(fate: SlotFate) -> SlotFate:
 async def pause(args: argparse.Namespace) -> int:
     """``anarchon pause JOB|--all [--until TIME] [--by WHO]``."""
     job = _job_or_all(args, "pause")
+    by = _by(args, "pause")
     async with opened(args.backend, registry=True) as backend:
         until_ms = None
         if args.until is not None:
             now = await steering.backend_now_ms(backend)
             until_ms = parse_time_ms(args.until, what="--until", now_ms=now)
             until_ms = check_until_ms(until_ms, now, what=f"--until {args.until!r}")
-        stored = await steering.pause(backend, job, until_ms=until_ms, by=args.by)
+        stored = await steering.pause(backend, job, until_ms=until_ms, by=by)
         await _carried_or_warn(backend, job, "pause")
     if args.json:
         print(json.dumps(pause_json(stored), indent=2))
@@ -150,14 +151,25 @@ async def resume(args: argparse.Namespace) -> int:
 
 async def trigger(args: argparse.Namespace) -> int:
     """``anarchon trigger JOB [--by WHO]``: print the request id (the run's id)."""
+    by = _by(args, "trigger")
     async with opened(args.backend, registry=True) as backend:
-        request: RunRequest = await steering.trigger(backend, args.job, by=args.by)
+        request: RunRequest = await steering.trigger(backend, args.job, by=by)
         await _carried_or_warn(backend, args.job, "trigger")
     if args.json:
         print(json.dumps(request.to_dict(), indent=2))
     else:
         say(request.id)
     return EXIT_OK
+
+
+def _by(args: argparse.Namespace, command: str) -> str:
+    """``--by`` (or its default) by :func:`anarchon.steering.check_by`'s rule, checked before
+    the backend is opened: a bad one is a bad command line (exit 2)."""
+    try:
+        return steering.check_by(args.by)
+    except ConfigurationError as exc:
+        flag = "--" if args.by is not None else ""
+        raise Exit(EXIT_USAGE, f"anarchon {command}: {flag}{exc}") from None
 
 
 def _job_or_all(args: argparse.Namespace, command: str) -> str:
