@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +16,9 @@ import pytest
 from anarchon import RunContext, RunStatus, Scheduler, backend_from_url
 from anarchon.backends.redis import RedisBackend
 from tests.redis.servers import redis_server
+from tests.unit.test_cli import cli, one_line_error
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,18 +29,6 @@ def socket_url() -> Iterator[str]:
         sock = Path(folder) / "redis.sock"
         with redis_server(Path(folder), "--unixsocket", str(sock), "--unixsocketperm", "700"):
             yield f"unix://{sock}"
-
-
-def _anarchon(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "anarchon", "--log-level", "WARNING", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 async def test_a_unix_socket_url_names_redis_everywhere(socket_url: str) -> None:
@@ -57,25 +42,27 @@ async def test_a_unix_socket_url_names_redis_everywhere(socket_url: str) -> None
         pass
 
     scheduler.add("once", "@daily", once)
-    env = {"ANARCHON_BACKEND": socket_url}
     async with scheduler:
         run = await scheduler.run_now("once")
-        paused = await asyncio.to_thread(_anarchon, "pause", "once", "--by", "alice@ops", env=env)
+        paused = await asyncio.to_thread(
+            cli, "pause", "once", "--by", "alice@ops", ANARCHON_BACKEND=socket_url
+        )
         assert paused.returncode == 0 and "paused job 'once'" in paused.stdout, paused.stderr
         assert [p.by for p in await scheduler.paused()] == ["alice@ops"]
-        resumed = await asyncio.to_thread(_anarchon, "resume", "once", "--backend", socket_url)
+        resumed = await asyncio.to_thread(cli, "resume", "once", "--backend", socket_url)
         assert resumed.returncode == 0 and "resumed job 'once'" in resumed.stdout, resumed.stderr
     assert run.status is RunStatus.SUCCEEDED
 
-    by_flag = _anarchon("history", "once", "--json", "--backend", socket_url)
+    by_flag = cli("history", "once", "--json", "--backend", socket_url)
     assert by_flag.returncode == 0, by_flag.stderr
     assert [r["run_id"] for r in json.loads(by_flag.stdout)["runs"]] == [run.run_id]
-    by_env = _anarchon("history", "once", "--json", env=env)
+    by_env = cli("history", "once", "--json", ANARCHON_BACKEND=socket_url)
     assert by_env.returncode == 0 and json.loads(by_env.stdout) == json.loads(by_flag.stdout)
 
 
 def test_a_unix_url_with_a_backend_option_it_does_not_take_is_refused() -> None:
-    out = _anarchon("jobs", "--backend", "unix:///nowhere/redis.sock?bogus=1")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "UnixDomainSocketConnection does not take: bogus" in out.stderr, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    one_line_error(
+        cli("jobs", "--backend", "unix:///nowhere/redis.sock?bogus=1"),
+        2,
+        "UnixDomainSocketConnection does not take: bogus",
+    )
