@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -53,6 +53,9 @@ class ResultRecorder:
     # and the task that sends them then.
     _held_by: int = field(default=_NEVER, init=False)
     _held_due: asyncio.Task[None] | None = field(default=None, init=False)
+    on_refused: Callable[[Ticket], None] | None = field(default=None, init=False)
+    """Set by the scheduler: a result was refused because its lease is lost (the backup
+    watcher then watches the slot's newer attempt)."""
 
     def __post_init__(self) -> None:
         self._batches = Coalescer(
@@ -131,6 +134,8 @@ class ResultRecorder:
                     exc_info=exc,
                     extra=log_fields(Action.RESULT_REFUSED, ticket=ticket),
                 )
+                if self.on_refused is not None:
+                    self.on_refused(ticket)
                 return None
             if not isinstance(failed, BackendUnavailable):  # refused for good
                 self.counters.result_errors += 1

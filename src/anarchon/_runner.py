@@ -360,6 +360,11 @@ class RunExecutor:
             # A handler's exit is its own run's failure, never the scheduler's.
             return RunStatus.FAILED, redact_url(_describe_exit(exc)), exc
         except Exception as exc:
+            spare = active.ticket.attempt < active.job.policy.max_attempts
+            if spare and isinstance(exc, LeaseLost):
+                # The handler's own check_lease() saw its lease run out: the run is left to a
+                # backup (the slot runs again), not recorded failed with attempts to spare.
+                return None
             # Stored in history and exported (spans): a secret in it is masked, as in the logs.
             return RunStatus.FAILED, redact_url(f"{type(exc).__name__}: {exc}"), exc
         finally:

@@ -64,7 +64,7 @@ from ._supervisor import cancel_and_wait, supervised
 from ._threads import HandlerThreads
 from ._urls import backend_from_url
 from ._watchdog import LoopWatchdog, describe_blocker
-from ._watcher import BackupWatcher
+from ._watcher import ADOPT_EVERY_MS, BackupWatcher
 from .backend import Backend, ClaimNotice, LeaseBackend, Ticket
 from .errors import DuplicateJob, InvalidOption, JobNotFound, SchedulerStateError
 from .logs import Action, bind_instance, log_fields
@@ -251,6 +251,8 @@ class Scheduler(Operations):
         self._executor.on_failed = self._failures.failed
         if self._watcher is not None:
             self._watcher.on_exhausted = self._on_exhausted
+            follow = self._watcher.follow
+            self._executor.results.on_refused = lambda ticket: follow(ticket.job, ticket.slot_key)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loops: list[asyncio.Future[Any]] = []
         self._stack: AsyncExitStack | None = None
@@ -469,6 +471,8 @@ class Scheduler(Operations):
 
             await backend.subscribe(poke)
             stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
+            adopting = self._loop_task("adopt", self._adopt_again)
+            stack.push_async_callback(cancel_and_wait, [adopting])
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
         now = self._clock.now_ms()
@@ -562,6 +566,9 @@ class Scheduler(Operations):
         active.ctx._flag_lost(reason)
         if self._main_mailbox is not None:
             self._main_mailbox.post(self._executor.lose, active, reason)
+            if self._watcher is not None:  # watch the slot: its newer attempt, or this one's end
+                ticket = active.ticket
+                self._main_mailbox.post(self._watcher.follow, ticket.job, ticket.slot_key)
 
     def _loop_task(self, name: str, loop: Callable[[], Any]) -> asyncio.Future[None]:
         task = asyncio.get_running_loop().create_task(
@@ -578,6 +585,18 @@ class Scheduler(Operations):
         """A backup's takeover recorded ``run`` failed on its last attempt: the slot finally
         failed here."""
         self._spawn(self._failures.finally_failed(job, run))
+
+    async def _adopt_again(self) -> None:
+        """Every :data:`~._watcher.ADOPT_EVERY_MS`, watch the carried jobs' open runs not
+        watched yet (those this instance runs aside): a run whose lease ended is taken over
+        even when no instance watched it (its runner lost its lease unseen)."""
+        assert self._watcher is not None
+        while True:
+            await self._clock.sleep(ADOPT_EVERY_MS / 1000)
+            if self.running and self._jobs:
+                now = self._backend_clock.time.now_ms()
+                jobs = list(self._jobs.values())
+                await self._watcher.adopt(jobs, now, skip=self._executor.active, quiet=True)
 
     async def _stop_watcher(self, task: asyncio.Future[None]) -> None:
         await cancel_and_wait([task])

@@ -4,7 +4,14 @@ An instance watches the runs it lost a claim to, the runs others are heard to wi
 starts carrying a job, the job's runs still open from before (:meth:`BackupWatcher.adopt`): a
 run whose runner dies is then taken over even when every instance that lost its claim is gone
 too (a restart, a rolling deploy). A run handed over (released) is checked at once by every
-instance that carries its job, watched or not.
+instance that carries its job, watched or not. An instance whose own attempt was lost (its
+renewal refused, or its lease ran out) watches the slot from then on (:meth:`BackupWatcher.follow`),
+and every :data:`ADOPT_EVERY_MS` the scheduler adopts again, so a run whose lease ended is taken
+over whoever watched it before.
+
+A watcher that finds the backend unavailable gives the runs' holders a grace after it answers
+again (:func:`outage_grace_ms`) before it takes over: a lease that ran out during the outage could
+not be renewed, and a handler that finished meanwhile has its result still being retried.
 
 Checks are scheduled on the monotonic clock (a wall-clock step neither brings a check forward
 nor holds it back); whether a lease has expired is the backend's decision, on its own clock.
@@ -16,7 +23,7 @@ import asyncio
 import heapq
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -44,6 +51,18 @@ MAX_CHECKS: Final = 32
 _RECORDS_FAILED: Final = frozenset({TakeoverStatus.TAKEN, TakeoverStatus.EXHAUSTED})
 # adopt(): the jobs of one open_runs() call (the bound last_slots has).
 ADOPT_PART: Final = 2_000
+ADOPT_EVERY_MS: Final = 60_000
+"""How often a running scheduler adopts its jobs' open runs again (the safety net)."""
+# After an outage, a holder's result is retried with a backoff capped at 5 s (see _retry) and
+# its renewal every lease_ms // 3: the grace covers both, with a margin for a loaded machine.
+OUTAGE_MARGIN_MS: Final = 6_000
+
+
+def outage_grace_ms(lease_ms: int) -> int:
+    """How long after the backend answers again a watcher that saw it unavailable waits before
+    taking over a run of a job with ``lease_ms``: its renewal interval plus a margin."""
+    return lease_ms // 3 + OUTAGE_MARGIN_MS
+
 
 OnTaken = Callable[[Job, Ticket, bool, int], None]
 """``on_taken(job, ticket, reserved, sent_ms)``: run a taken-over attempt (``reserved``: a
@@ -67,6 +86,12 @@ class BackupWatcher:
     # so the backend can recognise it as ours instead of spending an attempt.
     _requests: dict[tuple[str, str], TakeoverRequest] = field(default_factory=dict, init=False)
     _seq: int = field(default=0, init=False)
+    # The backend failed a call since (monotonic ms; None: it answers), and when it answered
+    # again after one: checks wait for outage_grace_ms() after that.
+    # A single failed call may be a lost answer: only a probe that fails too makes an outage.
+    _down_since: int | None = field(default=None, init=False)
+    _outage: bool = field(default=False, init=False)
+    _recovered_at: int | None = field(default=None, init=False)
     _closed: bool = field(default=False, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _checks: set[asyncio.Future[None]] = field(default_factory=set, init=False)
@@ -104,21 +129,35 @@ class BackupWatcher:
         else:
             self._forget(job, slot_key)
 
-    async def adopt(self, jobs: Sequence[Job], now_ms: int) -> None:
+    def follow(self, job: str, slot_key: str) -> None:
+        """This instance's own attempt of ``(job, slot_key)`` was lost (a renewal refused, a
+        lease that ran out): watch the slot, so a newer attempt whose runner stops too is taken
+        over, or this one if nobody took it over (any thread is wrong: call on the loop)."""
+        if self._closed or self.jobs(job) is None or (job, slot_key) in self._watched:
+            return
+        self._schedule(job, slot_key, self.clock.monotonic_ms() + RETRY_MS)
+
+    async def adopt(
+        self, jobs: Sequence[Job], now_ms: int, skip: Container[str] = (), quiet: bool = False
+    ) -> None:
         """Watch the runs of ``jobs`` still recorded running that started within each job's
         ``catch_up_window_ms`` before ``now_ms`` (the backend's clock): runs that began before
         this instance carried the job, which no claim of its own lost to
         (:meth:`~anarchon.backend.LeaseBackend.open_runs`, :data:`ADOPT_PART` jobs a call).
         Each is checked at once; a live lease answers held and is watched until it ends. A
-        run the backend names no key for is left alone; jobs whose runs cannot be read are
-        logged and left to the instances that watch them."""
+        run the backend names no key for is left alone, and so are the runs whose ids are in
+        ``skip`` (those this instance runs); jobs whose runs cannot be read are logged and left
+        to the instances that watch them. Only runs not watched yet are logged; ``quiet``: the
+        periodic pass, which logs a failure to read at debug level only."""
         for first in range(0, len(jobs), ADOPT_PART):
             part = {job.name: job for job in jobs[first : first + ADOPT_PART]}
             since = now_ms - max(job.policy.catch_up_window_ms for job in part.values())
             try:
                 runs = await self.backend.open_runs(list(part), since)
             except AnarchonError as exc:
-                logger.warning(
+                self._saw_outage()
+                logger.log(
+                    logging.DEBUG if quiet else logging.WARNING,
                     "could not read the open runs of %d job(s) (%s%s) to watch them: %s",
                     len(part),
                     next(iter(part)),
@@ -134,16 +173,20 @@ class BackupWatcher:
                 job = part.get(run.job)
                 if job is None or run.slot_key is None or self.jobs(run.job) is not job:
                     continue
+                if run.run_id in skip or (run.job, run.slot_key) in self._watched:
+                    continue
                 if run.started_at.timestamp() * 1000 >= now_ms - job.policy.catch_up_window_ms:
                     keys.setdefault(run.job, []).append(run.slot_key)
             for name, found in keys.items():
                 for slot_key in found:
-                    if (name, slot_key) not in self._watched:
-                        self._schedule(name, slot_key, self.clock.monotonic_ms())
+                    self._schedule(name, slot_key, self.clock.monotonic_ms())
                 logger.info(
-                    "watching %d run(s) of %s still open from before this instance carried it: %s",
+                    "watching %d run(s) of %s still open%s: %s",
                     len(found),
                     name,
+                    " (their leases may have ended unwatched)"
+                    if quiet
+                    else " from before this instance carried it",
                     ", ".join(found),
                     extra=log_fields(Action.RUNS_ADOPTED, name, runs=len(found)),
                 )
@@ -226,12 +269,15 @@ class BackupWatcher:
                 )
                 self._schedule(job_name, slot_key, self.clock.monotonic_ms() + RETRY_MS)
                 return
-        request = self._request(job, slot_key)
-        sent = self.clock.monotonic_ms()
         try:
+            if not await self._calm(job, slot_key):
+                return
+            request = self._request(job, slot_key)
+            sent = self.clock.monotonic_ms()
             try:
                 outcome = await self.backend.take_over(request)
             except BackendError as exc:
+                self._saw_outage()
                 logger.warning(
                     "checking %s %s failed, retrying with the same request: %s",
                     job_name,
@@ -246,6 +292,41 @@ class BackupWatcher:
         finally:
             if reserved:
                 self.threads.unreserve()
+
+    def _saw_outage(self) -> None:
+        if self._down_since is None:
+            self._down_since = self.clock.monotonic_ms()
+
+    async def _calm(self, job: Job, slot_key: str) -> bool:
+        """Whether a takeover may be sent now: the backend answers and no outage's grace is
+        under way. If not, the check is scheduled again (at the grace's end)."""
+        now = self.clock.monotonic_ms()
+        if self._down_since is not None:
+            try:
+                # A cheap read that reaches the store (nothing opened tomorrow): does it answer?
+                await self.backend.open_runs([job.name], self.clock.now_ms() + 86_400_000)
+            except AnarchonError:
+                self._outage = True
+                self._schedule(job.name, slot_key, self.clock.monotonic_ms() + RETRY_MS)
+                return False
+            now = self.clock.monotonic_ms()
+            if self._down_since is not None and not self._outage:
+                self._down_since = None  # one failed call: a lost answer, retried at once
+            elif self._down_since is not None:
+                self._down_since = None
+                self._outage = False
+                self._recovered_at = now
+                logger.debug(
+                    "the backend answers again: runs whose leases ended meanwhile are taken "
+                    "over after their holders' grace",
+                    extra=log_fields(Action.BACKEND_RECOVERED, job.name),
+                )
+        if self._recovered_at is not None:
+            calm = self._recovered_at + outage_grace_ms(job.policy.lease_ms)
+            if now < calm:
+                self._schedule(job.name, slot_key, calm)
+                return False
+        return True
 
     def _decide(
         self, job: Job, slot_key: str, outcome: TakeoverOutcome, sent: int, reserved: bool

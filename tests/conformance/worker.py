@@ -65,7 +65,13 @@ async def main(args: argparse.Namespace) -> None:
         }
         _write(args.out, {"event": "start", "t": time.time(), **base})
         try:
-            if args.handler_mode == "block":
+            if args.handler_mode == "check":
+                # Steps of half a second, each after ctx.check_lease(): a lost lease raises.
+                until = time.monotonic() + args.sleep_ms / 1000
+                while time.monotonic() < until:
+                    ctx.check_lease()
+                    await asyncio.sleep(0.5)
+            elif args.handler_mode == "block":
                 time.sleep(args.sleep_ms / 1000)  # noqa: ASYNC251 - blocks the loop on purpose
             else:
                 await asyncio.sleep(args.sleep_ms / 1000)
@@ -114,9 +120,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat-ms", type=int, help="default: the Scheduler's")
     p.add_argument(
         "--handler-mode",
-        choices=["sleep", "block"],
+        choices=["sleep", "block", "check"],
         default="sleep",
-        help="sleep: await asyncio.sleep; block: time.sleep inside async def (blocks the loop)",
+        help="sleep: await asyncio.sleep; block: time.sleep inside async def (blocks the loop); "
+        "check: asyncio.sleep in steps, each after ctx.check_lease()",
     )
     p.add_argument("--instance")
     for name in (

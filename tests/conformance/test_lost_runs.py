@@ -1,0 +1,84 @@
+"""Runs whose runner lost its lease while its process lived on, with real processes and every
+option at its default (lease_ms 15 s): someone always takes the slot over.
+
+Found by a QA probe: an instance that ran (or lost) an earlier attempt did not watch later ones,
+so a second runner stopped past its lease was never taken over; and a handler's own
+``ctx.check_lease()`` raising :class:`~anarchon.errors.LeaseLost` was recorded as the slot's
+``failed`` result, its attempts left unused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from anarchon import RunStatus
+from tests.conformance.procs import Fleet
+from tests.conformance.test_failover import history_of, one_slot, runner_of, wait_for
+from tests.harness import Harness, Namespace
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+LEASE_S = 15  # the default lease_ms
+STOPPED_S = LEASE_S + 5
+
+
+def start_of(slot: int, attempt: int) -> Any:
+    return lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == attempt
+
+
+async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    # Attempt 1's runner is stopped past its lease: the other instance takes attempt 2. Then
+    # attempt 2's runner is stopped past its lease: only attempt 1's instance is left to take
+    # attempt 3, which it can only do if it watches the slot since it lost its own attempt.
+    schedule, slot = one_slot(20.0)
+    workers = fleet.spawn(2, schedule=schedule, seconds=240, sleep_ms=200_000)
+    fleet.wait_ready(workers)
+    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    first = wait_for(fleet, start_of(slot, 1), 60, "attempt 1's start")
+    stale = runner_of(fleet, first)
+    stale.kill(signal.SIGSTOP)
+    try:
+        second = wait_for(fleet, start_of(slot, 2), LEASE_S + 30, "attempt 2's start")
+    finally:
+        stale.kill(signal.SIGCONT)
+    assert second["pid"] != stale.pid
+    await asyncio.sleep(5)  # the resumed instance learns its attempt was taken over
+    other = runner_of(fleet, second)
+    other.kill(signal.SIGSTOP)
+    try:
+        third = wait_for(fleet, start_of(slot, 3), STOPPED_S + 30, "attempt 3's start")
+    finally:
+        other.kill(signal.SIGCONT)
+    assert third["pid"] == stale.pid and third["fence"] > second["fence"]
+
+
+async def test_a_handler_that_sees_its_lease_lost_leaves_the_slot_to_run_again(
+    lease_harness: Harness, fleet: Fleet, ns: Namespace
+) -> None:
+    # One instance, no other to take over: its handler calls ctx.check_lease() in steps. Stopped
+    # past its lease, it raises LeaseLost when it resumes; the slot must not end failed with
+    # attempts left: the instance itself takes the run over (its periodic adoption at worst).
+    schedule, slot = one_slot(20.0)
+    [worker] = fleet.spawn(1, schedule=schedule, seconds=240, sleep_ms=30_000, handler_mode="check")
+    fleet.wait_ready([worker])
+    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    wait_for(fleet, start_of(slot, 1), 60, "attempt 1's start")
+    await asyncio.sleep(2)
+    worker.kill(signal.SIGSTOP)
+    await asyncio.sleep(STOPPED_S)
+    worker.kill(signal.SIGCONT)
+    # Up to a minute until the periodic adoption, then the lease's end (it may have been
+    # renewed on resuming), with a generous margin.
+    second = wait_for(fleet, start_of(slot, 2), 60 + LEASE_S + 45, "attempt 2's start")
+    assert second["pid"] == worker.pid
+    fleet.stop_all()
+    runs = [r for r in await history_of(ns) if r.slot_ms == slot]
+    assert runs[-1].attempt == 1 and runs[-1].status is RunStatus.FAILED, runs
+    assert "LeaseLost" not in (runs[-1].reason or "") + (runs[-1].error or ""), runs
