@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from anarchon import RunStatus
-from tests.conformance.procs import Fleet
+from tests.conformance.procs import Fleet, Worker
 from tests.conformance.test_failover import history_of, one_slot, runner_of, wait_for
 from tests.harness import Harness, Namespace
 
@@ -29,6 +29,15 @@ STOPPED_S = LEASE_S + 5
 
 def start_of(slot: int, attempt: int) -> Any:
     return lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == attempt
+
+
+def stopped_until(fleet: Fleet, worker: Worker, predicate: Any, timeout: float, what: str) -> Any:
+    """SIGSTOP ``worker`` until a record matches ``predicate`` (SIGCONT after, whatever)."""
+    worker.kill(signal.SIGSTOP)
+    try:
+        return wait_for(fleet, predicate, timeout, what)
+    finally:
+        worker.kill(signal.SIGCONT)
 
 
 async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
@@ -43,19 +52,11 @@ async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
     assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
     first = wait_for(fleet, start_of(slot, 1), 60, "attempt 1's start")
     stale = runner_of(fleet, first)
-    stale.kill(signal.SIGSTOP)
-    try:
-        second = wait_for(fleet, start_of(slot, 2), LEASE_S + 30, "attempt 2's start")
-    finally:
-        stale.kill(signal.SIGCONT)
+    second = stopped_until(fleet, stale, start_of(slot, 2), LEASE_S + 30, "attempt 2's start")
     assert second["pid"] != stale.pid
     await asyncio.sleep(5)  # the resumed instance learns its attempt was taken over
     other = runner_of(fleet, second)
-    other.kill(signal.SIGSTOP)
-    try:
-        third = wait_for(fleet, start_of(slot, 3), STOPPED_S + 30, "attempt 3's start")
-    finally:
-        other.kill(signal.SIGCONT)
+    third = stopped_until(fleet, other, start_of(slot, 3), STOPPED_S + 30, "attempt 3's start")
     assert third["pid"] == stale.pid and third["fence"] > second["fence"]
 
 
