@@ -14,7 +14,6 @@ lease until it really returns (a thread cannot be stopped from outside).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import inspect
@@ -349,16 +348,19 @@ class RunExecutor:
             if job.is_async:
                 return await self._run_async(active)
             return await self._run_thread(active)
-        except asyncio.CancelledError:
-            if active.cancel_reason is None:
-                raise  # not ours: the scheduler is abandoning the run
+        except asyncio.CancelledError as exc:
+            # Told apart by the scheduler's own marks, not by the exception's type: a
+            # cancellation the scheduler asked for (stop, lease lost) sets cancel_reason; one
+            # from outside the run cancels its task. A CancelledError with neither is the
+            # handler's own (it awaited something it cancelled): its run's failure.
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            return None
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # A handler's exit is its own run's failure, never the scheduler's.
-            return RunStatus.FAILED, redact_url(_describe_exit(exc)), exc
+            if active.cancel_reason is not None:
+                if task is not None:
+                    task.uncancel()
+                return None
+            if task is not None and task.cancelling() > 0:
+                raise  # not ours: the scheduler is abandoning the run
+            return RunStatus.FAILED, redact_url(_describe_base(exc)), exc
         except Exception as exc:
             spare = active.ticket.attempt < active.job.policy.max_attempts
             if spare and isinstance(exc, LeaseLost):
@@ -367,6 +369,10 @@ class RunExecutor:
                 return None
             # Stored in history and exported (spans): a secret in it is masked, as in the logs.
             return RunStatus.FAILED, redact_url(f"{type(exc).__name__}: {exc}"), exc
+        except BaseException as exc:
+            # SystemExit, KeyboardInterrupt, GeneratorExit, a class of its own: the handler's
+            # run fails, never the scheduler.
+            return RunStatus.FAILED, redact_url(_describe_base(exc)), exc
         finally:
             active.in_handler = False
             self.counters.handler_ended(active.job.name, self.clock.monotonic_ms() - began)
@@ -378,6 +384,7 @@ class RunExecutor:
             await job.handler(ctx)
             return RunStatus.SUCCEEDED, None, None
         scope = asyncio.timeout(timeout / 1000)
+        began = self.clock.monotonic_ms()
         try:
             async with scope:
                 await job.handler(ctx)
@@ -386,6 +393,26 @@ class RunExecutor:
                 raise  # the handler's own TimeoutError, not ours
             ctx._timed_out = True
             return RunStatus.FAILED, f"timed out after timeout_ms={timeout}", None
+        if scope.expired():
+            # The handler caught its cancellation and returned: still past its time.
+            ctx._timed_out = True
+            took = self.clock.monotonic_ms() - began
+            _log(
+                logging.WARNING,
+                Action.TIMED_OUT,
+                active.ticket,
+                "job %s ran past timeout_ms=%d and ignored its cancellation (it caught "
+                "CancelledError); it returned after %d ms: recorded failed. Let handlers end "
+                "on CancelledError",
+                job.name,
+                timeout,
+                took,
+            )
+            error = (
+                f"timed out after timeout_ms={timeout}; the handler ignored the cancellation "
+                f"and returned after {took} ms"
+            )
+            return RunStatus.FAILED, error, None
         return RunStatus.SUCCEEDED, None, None
 
     async def _run_thread(self, active: ActiveRun) -> Outcome:
@@ -403,6 +430,13 @@ class RunExecutor:
             return await self._wait_thread(active, waiting)
         except asyncio.CancelledError:
             active.thread_running = not call.done()
+            failed = call.exception() if call.done() and not call.cancelled() else None
+            if failed is not None and active.cancel_reason is None:
+                task = asyncio.current_task()
+                if task is None or task.cancelling() == 0:
+                    # The handler raised concurrent.futures.CancelledError, which asyncio
+                    # turned into its own: the handler's failure, with its own exception.
+                    raise failed from None
             raise
 
     async def _wait_thread(self, active: ActiveRun, waiting: asyncio.Future[Any]) -> Outcome:
@@ -425,8 +459,8 @@ class RunExecutor:
                     job.name,
                     timeout,
                 )
-                with contextlib.suppress(Exception, SystemExit, KeyboardInterrupt):
-                    await waiting  # what it does after its time is not its result
+                # What it does after its time is not its result (whatever it raises).
+                await asyncio.wait({waiting})
                 return RunStatus.FAILED, f"timed out after timeout_ms={timeout}", None
         await waiting
         return RunStatus.SUCCEEDED, None, None
@@ -631,13 +665,15 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _describe_exit(exc: BaseException) -> str:
+def _describe_base(exc: BaseException) -> str:
+    """A handler's BaseException (not an Exception) as its run's error."""
     if isinstance(exc, SystemExit):
         return (
             f"SystemExit({exc.code!r}): the handler called sys.exit() or raised SystemExit; "
             "a handler's exit fails its run, never the scheduler"
         )
-    return f"{type(exc).__name__}: raised by the handler; it fails its run, never the scheduler"
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"{text} (raised by the handler; it fails its run, never the scheduler)"
 
 
 def _log(
