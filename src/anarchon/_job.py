@@ -41,6 +41,10 @@ DEFAULT_HISTORY_TTL_MS: Final = 7 * 24 * 3600 * 1000
 DEFAULT_CATCH_UP: Final = CatchUp.LATEST
 DEFAULT_CATCH_UP_WINDOW_MS: Final = 3_600_000
 MIN_LEASE_MS: Final = 300
+# A slot's claim leaves some milliseconds after the slot's time (the timer's wake-up, a batch of
+# claims waiting its turn, an event loop busy elsewhere: more on a loaded host), and a
+# claim older than max_late_ms is dropped or skipped: below this, slots go unrun.
+MIN_MAX_LATE_MS: Final = 1_000
 _SECOND: Final = 1_000
 _DAY: Final = 24 * 3600 * _SECOND
 _MINUTE_MS: Final = 60 * _SECOND
@@ -50,9 +54,10 @@ _MINUTE_MS: Final = 60 * _SECOND
 # no record to start from.
 BOUNDS: Final = {
     "jitter_ms": Bound(0, 3600 * _SECOND, ms=True),
-    "max_late_ms": Bound(0, 7 * _DAY, ms=True),
+    "max_late_ms": Bound(MIN_MAX_LATE_MS, 7 * _DAY, ms=True),
     "timeout_ms": Bound(1, 30 * _DAY, ms=True),
-    "history_ttl_ms": Bound(_SECOND, 10 * 365 * _DAY, ms=True),
+    # Above jitter_ms + max_late_ms, so at least MIN_MAX_LATE_MS + 1 s.
+    "history_ttl_ms": Bound(MIN_MAX_LATE_MS + _SECOND, 10 * 365 * _DAY, ms=True),
     "lease_ms": Bound(MIN_LEASE_MS, _DAY, ms=True),
     "max_attempts": Bound(1, 100),
     "catch_up_window_ms": Bound(1, 10 * 365 * _DAY, ms=True),
@@ -420,6 +425,13 @@ def shortest_gap_ms(schedule: CronSchedule, after_ms: int) -> int | None:
 def _int(name: str, option: str, value: int | None, default: int) -> int:
     if value is None:
         return default
+    if option == "max_late_ms" and type(value) is int and 0 <= value < MIN_MAX_LATE_MS:
+        raise InvalidOption(
+            f"max_late_ms={value} for job {name!r} is out of range: it must be "
+            f"{BOUNDS[option]}. A slot's claim is sent some milliseconds after the slot's time "
+            "(more on a loaded host), and a claim later than max_late_ms is skipped or dropped, "
+            f"so below {MIN_MAX_LATE_MS} ms slots would go unrun"
+        )
     return check_int(option, value, BOUNDS[option], f"job {name!r}")
 
 

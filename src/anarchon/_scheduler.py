@@ -305,11 +305,11 @@ class Scheduler(Operations):
         - ``jitter_ms`` (``min(2000, period / 10, max_late_ms / 2)``; 0 to 3 600 000, below the
           period and ``max_late_ms``): how long after the slot an instance may wait before
           claiming; the instance ranked first for the slot claims at once.
-        - ``max_late_ms`` (60 000; 0 to 7 days): an instance later than this after the slot does
-          not claim it, and records it ``skipped`` if nobody ran it.
+        - ``max_late_ms`` (60 000; 1 s to 7 days): an instance later than this after the slot
+          does not claim it, and records it ``skipped`` if nobody ran it.
         - ``timeout_ms`` (none; 1 ms to 30 days): cancel the handler after this long; the run is
           ``failed``.
-        - ``history_ttl_ms`` (7 days; 1 s to 10 years, above ``jitter_ms + max_late_ms``;
+        - ``history_ttl_ms`` (7 days; 2 s to 10 years, above ``jitter_ms + max_late_ms``;
           refused on NATS): records older than this are pruned.
         - ``lease_ms`` (15 000; 300 ms to 1 day): the run's lease, renewed every third of it.
         - ``max_attempts`` (3, on NATS 1; 1 to 100): attempts per slot, takeovers of a crashed

@@ -72,7 +72,7 @@ def test_every_numeric_job_option_has_a_range_checked_at_add(
     base: dict[str, Any] = {
         "jitter_ms": {"max_late_ms": bound.high + 1},
         "max_late_ms": {"jitter_ms": 0, "history_ttl_ms": BOUNDS["history_ttl_ms"].high},
-        "history_ttl_ms": {"jitter_ms": 0, "max_late_ms": 0},
+        "history_ttl_ms": {"jitter_ms": 0, "max_late_ms": 1_000},
     }.get(option, {})
     schedule = "0 0 1 1 *"  # yearly: the period does not limit the jitter here
     for n, good in enumerate((bound.low, bound.high)):
@@ -183,7 +183,6 @@ def test_a_zoneinfo_is_accepted_as_timezone(scheduler: Scheduler) -> None:
         ("* * * * *", {}, 2_000),
         ("0 6 * * *", {}, 2_000),
         ("* * * * *", {"max_late_ms": 1_000}, 500),
-        ("* * * * *", {"max_late_ms": 0}, 0),
         (EVERY_SECOND, {"jitter_ms": 999}, 999),
     ],
 )
@@ -204,7 +203,20 @@ def test_a_jitter_that_reaches_the_period_or_max_late_is_refused(scheduler: Sche
         scheduler.add("j", EVERY_SECOND, handler, jitter_ms=1_000)
     with pytest.raises(InvalidOption, match="jitter_ms=5000 for job 'j' must be less than"):
         scheduler.add("j", "* * * * *", handler, jitter_ms=5_000, max_late_ms=5_000)
-    scheduler.add("j", "* * * * *", handler, jitter_ms=0, max_late_ms=0)
+    scheduler.add("j", "* * * * *", handler, jitter_ms=0, max_late_ms=1_000)
+
+
+@pytest.mark.parametrize("value", [0, 1, 200, 999])
+def test_a_max_late_below_one_second_is_refused_naming_the_value_and_the_rule(
+    scheduler: Scheduler, value: int
+) -> None:
+    with pytest.raises(InvalidOption) as info:
+        scheduler.add("j", "* * * * *", handler, max_late_ms=value)
+    message = str(info.value)
+    assert f"max_late_ms={value} for job 'j' is out of range" in message
+    assert "from 1000 to 604800000" in message and "slots would go unrun" in message
+    scheduler.add("j", "* * * * *", handler, max_late_ms=1_000)
+    assert scheduler._jobs["j"].policy.max_late_ms == 1_000
 
 
 def test_options_resolved_for_one_job_serve_others_only_of_the_same_types_and_period(
