@@ -753,9 +753,17 @@ class Scheduler(Operations):
         ``async with scheduler`` or ``await scheduler.serve()`` there), and if the scheduler
         was started before (it is left as it is).
         """
+        self._run_until(None)
+
+    def _run_until(self, stop_event: asyncio.Event | None) -> None:
+        """:meth:`run`, also stopping when ``stop_event`` is set (``anarchon run``: a signal
+        that came before the loop's own handlers were installed)."""
         self._check_startable()
         _process.run(
-            self.serve, lambda: self._stopping, lambda: self._lingering, self._executor.stubborn
+            lambda: self.serve(stop_event),
+            lambda: self._stopping,
+            lambda: self._lingering,
+            self._executor.stubborn,
         )
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:

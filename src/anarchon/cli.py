@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -185,12 +187,42 @@ def _load_scheduler(target: str) -> Scheduler:
     return obj
 
 
+class _EarlySignals:
+    """SIGINT and SIGTERM caught while ``anarchon run`` imports the app and builds its
+    scheduler, before the event loop's own handlers are installed: the scheduler is then not
+    started (or, if one lands while it starts, stops at once), and the process exits 0 as for
+    any stop by signal, not killed by the signal (-15) or with a traceback. A second signal
+    before the loop takes over gets its default action (an import stuck for ever can still be
+    ended)."""
+
+    def __init__(self) -> None:
+        self.caught: list[str] = []
+        self.stop = asyncio.Event()  # set from the signal handler: binds no loop until waited
+
+    def install(self) -> None:
+        """Catch both signals from now on (main thread only; the loop later takes them over)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(sig, self._caught)
+
+    def _caught(self, signum: int, frame: object) -> None:
+        if self.caught:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        self.caught.append(signal.Signals(signum).name)
+        self.stop.set()
+
+
 def _run(
     target: str,
     backend_url: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "0.0.0.0",
+    early: _EarlySignals | None = None,
 ) -> int:
+    early = early or _EarlySignals()
     if backend_url is not None:
         os.environ[ENV_BACKEND] = backend_url  # Scheduler() made without a backend reads it
     scheduler = _load_scheduler(target)
@@ -211,9 +243,14 @@ def _run(
             EXIT_USAGE,
             f"anarchon run: {target} is already running: importing {module!r} started it; {guard}",
         )
+    if early.caught:
+        logging.getLogger("anarchon.scheduler").info(
+            "%s before the scheduler started: not starting it", early.caught[0]
+        )
+        return EXIT_OK
     server = None if metrics_port is None else _serve(scheduler, metrics_port, metrics_host)
     try:
-        scheduler.run()
+        scheduler._run_until(early.stop)
     except SchedulerStateError:
         raise _Exit(
             EXIT_USAGE,
@@ -487,10 +524,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
     _tolerant_output()
     args = _parser().parse_args(argv)
+    early = _EarlySignals()
+    if args.command == "run":
+        early.install()  # first: importing the app can take seconds
     _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         if args.command == "run":
-            code = _run(args.target, args.backend, args.metrics_port, args.metrics_host)
+            code = _run(args.target, args.backend, args.metrics_port, args.metrics_host, early)
         elif args.command in COMMANDS:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":
