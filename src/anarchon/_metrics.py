@@ -18,10 +18,11 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeAlias, get_args
 
 from ._members import SCHEDULE, WON
 from ._models import RunStatus, Trigger
+from ._schedule import CronSchedule
 from .backend import OVERLAP, TOO_LATE, ClaimStatus
 from .control import PAUSED
 
@@ -233,33 +234,74 @@ def _job_metrics(live: array[float] | None, **gauges: Any) -> JobMetrics:
     )
 
 
-def jobs_now(
+class JobRow(NamedTuple):
+    """One job's figures as a scrape reads them, before any :class:`JobMetrics` is made: its
+    live figures (a copy laid out as ``_ZERO``) and its gauges."""
+
+    name: str
+    figures: array[float]
+    running: int
+    next_slot_ms: int | None
+    interval_ms: int | None
+    since_success_ms: int | None
+
+
+NextSlots: TypeAlias = dict[CronSchedule, tuple[int, int | None, int | None]]
+"""What :func:`job_rows` remembers of each schedule's walk: ``(from_ms, next_ms, after_ms)``,
+the next two slots after ``from_ms``, which hold for any time from ``from_ms`` up to
+``next_ms`` (the schedules of 10 000 jobs are walked once a slot, not once a scrape)."""
+
+
+def _following(
+    schedule: CronSchedule, now_ms: int, memo: NextSlots
+) -> tuple[int | None, int | None]:
+    """The next slot after ``now_ms`` and the one after it (None where there is none)."""
+    known = memo.get(schedule)
+    if known is not None:
+        since, first, second = known
+        if since <= now_ms and (first is None or now_ms < first):
+            return first, second
+    walk = schedule._walk(now_ms)
+    following = [s * 1000 for s in itertools.islice(walk, 2)]
+    first = following[0] if following else None
+    second = following[1] if len(following) == 2 else None
+    memo[schedule] = (now_ms, first, second)
+    return first, second
+
+
+def job_rows(
     counters: Counters,
     jobs: Iterable[Job],
     running: Iterable[str],
     now_ms: int,
     started_ms: int | None,
-) -> dict[str, JobMetrics]:
-    """The per-job figures of a snapshot: one :class:`JobMetrics` per registered job (at zero
-    if nothing happened to it yet), with its runs in progress (``running``: the job name of
-    each), its next slots after ``now_ms`` and the time since its last success (or since
+    memo: NextSlots | None = None,
+) -> list[JobRow]:
+    """One :class:`JobRow` per registered job (at zero if nothing happened to it yet), with
+    its runs in progress (``running``: the job name of each), its next slots after ``now_ms``
+    (``memo`` keeps them between calls) and the time since its last success (or since
     ``started_ms``). Safe from any thread: reads only copies, and walks schedules on iterators
     of its own."""
     counted = dict(counters.by_job)
     in_progress = collections.Counter(running)
-    out: dict[str, JobMetrics] = {}
+    memo = {} if memo is None else memo
+    out: list[JobRow] = []
     for job in jobs:
-        walk = job.schedule._walk(now_ms)
-        following = [second * 1000 for second in itertools.islice(walk, 2)]
-        figures = _job_metrics(
-            counted.get(job.name),
-            running=in_progress[job.name],
-            next_slot_ms=following[0] if following else None,
-            interval_ms=following[1] - following[0] if len(following) == 2 else None,
+        live = counted.get(job.name)
+        figures = _ZERO if live is None else live[:]
+        first, second = _following(job.schedule, now_ms, memo)
+        last = figures[_LAST_SUCCESS]
+        since = started_ms if math.isnan(last) or not last else int(last)
+        out.append(
+            JobRow(
+                job.name,
+                figures,
+                in_progress[job.name],
+                first,
+                None if first is None or second is None else second - first,
+                None if since is None else max(0, now_ms - since),
+            )
         )
-        since = figures.last_success_ms or started_ms
-        figures.since_success_ms = None if since is None else max(0, now_ms - since)
-        out[job.name] = figures
     return out
 
 
@@ -273,6 +315,21 @@ def refused(outcome: ClaimOutcome) -> bool:
         return True
     run = outcome.run
     return run.status is RunStatus.SKIPPED and (run.reason or "").startswith(_NOT_RUN)
+
+
+def jobs_now(rows: Iterable[JobRow]) -> dict[str, JobMetrics]:
+    """The per-job figures of a snapshot: one :class:`JobMetrics` per row of
+    :func:`job_rows`."""
+    return {
+        row.name: _job_metrics(
+            row.figures,
+            running=row.running,
+            next_slot_ms=row.next_slot_ms,
+            interval_ms=row.interval_ms,
+            since_success_ms=row.since_success_ms,
+        )
+        for row in rows
+    }
 
 
 def skip_class(reason: str | None) -> str:
@@ -325,10 +382,13 @@ class Counters(_Tallies):
     shared by the core's modules, which increment its fields (the event loop is the only
     writer). Every field is described in :class:`Metrics`, the read-only snapshot that adds the
     gauges. ``by_job`` holds each job's live figures as one array (see ``_ZERO``), which
-    :meth:`Metrics.of` and :func:`jobs_now` turn into :class:`JobMetrics`."""
+    :meth:`Metrics.of` and :func:`jobs_now` turn into :class:`JobMetrics`; ``fire_lag`` and
+    ``handler_duration`` count every job's observations together."""
 
     by_job: dict[str, array[float]] = field(default_factory=dict)
     claim_latency: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    fire_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    handler_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
 
     def job(self, name: str) -> array[float]:
         """The live figures of job ``name``, made at zero on first use (event loop only)."""
@@ -399,10 +459,13 @@ class Counters(_Tallies):
         if ticket.trigger is SCHEDULE and ticket.attempt == 1 and ticket.slot is not None:
             lag = max(0, now_ms - ticket.slot) / 1000
             _observe(self.job(ticket.job), _LAG, LAG_BUCKETS, lag)
+            self.fire_lag.observe(lag)
 
     def handler_ended(self, job: str, took_ms: int) -> None:
         """A handler of ``job`` ran ``took_ms``."""
-        _observe(self.job(job), _DURATION, DURATION_BUCKETS, max(0, took_ms) / 1000)
+        took = max(0, took_ms) / 1000
+        _observe(self.job(job), _DURATION, DURATION_BUCKETS, took)
+        self.handler_duration.observe(took)
 
 
 @dataclass(slots=True, kw_only=True, init=False)
@@ -466,6 +529,10 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         success, runs in progress, next slot), every job present from the start.
     :ivar claim_latency: the latency of claim calls the backend answered (a :class:`Histogram`
         in seconds; one observation per call, which may carry many slots).
+    :ivar fire_lag: the fire lag of every job together (the sum of the jobs' ``fire_lag``,
+        removed jobs' too).
+    :ivar handler_duration: how long handlers of every job ran (the sum of the jobs'
+        ``handler_duration``, removed jobs' too).
 
     Gauges (now):
 
@@ -488,6 +555,8 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
 
     by_job: dict[str, JobMetrics] = field(default_factory=dict)
     claim_latency: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    fire_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    handler_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
     jobs: int = 0
     running: int = 0
     watched: int = 0
@@ -506,8 +575,10 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         ``by_job`` may be given whole, else the counters' per-job figures are copied."""
         snapshot = object.__new__(cls)
         values: dict[str, Any] = {name: getattr(counters, name) for name in _COUNTED}
-        values["by_job"] = {name: _job_metrics(f) for name, f in list(counters.by_job.items())}
-        values["claim_latency"] = counters.claim_latency.copy()
+        if "by_job" not in gauges:
+            values["by_job"] = {name: _job_metrics(f) for name, f in list(counters.by_job.items())}
+        for name in _HISTOGRAMS:
+            values[name] = getattr(counters, name).copy()
         values.update(gauges)
         for f in fields(cls):
             if f.name in values:
@@ -539,6 +610,7 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         return {name: getattr(self, name) for name in _NAMES}
 
 
-_STRUCTURED: Final = frozenset({"by_job", "claim_latency"})
+_HISTOGRAMS: Final = ("claim_latency", "fire_lag", "handler_duration")
+_STRUCTURED: Final = frozenset({"by_job", *_HISTOGRAMS})
 _COUNTED: tuple[str, ...] = tuple(f.name for f in fields(Counters) if f.name not in _STRUCTURED)
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics) if f.name not in _STRUCTURED)

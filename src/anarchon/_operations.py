@@ -17,7 +17,7 @@ from ._claims import Claims
 from ._clock import BackendClock, Clock
 from ._heartbeat import Heartbeat, read_cluster
 from ._job import Job, check_name
-from ._metrics import Counters, Metrics, jobs_now
+from ._metrics import Counters, JobRow, Metrics, NextSlots, job_rows, jobs_now
 from ._models import Run, Trigger
 from ._options import HISTORY_LIMIT, check_int
 from ._runner import RunExecutor
@@ -88,6 +88,7 @@ class Operations:
     _heartbeat: Heartbeat | None
     _watchdog: LoopWatchdog | None
     _started_ms: int | None
+    _next_slots: NextSlots
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -234,32 +235,30 @@ class Operations:
             raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
         return await read_cluster(beat.store, beat.backend_now_ms())
 
-    def _metrics_gauges(self) -> dict[str, Any]:
-        """The per-job figures and the registry's and clock's gauges of :meth:`metrics` (any
-        thread: a scrape calls it)."""
+    def _job_rows(self) -> list[JobRow]:
+        """Each registered job's figures as a scrape reads them (any thread)."""
+        running = [a.job.name for a in list(self._executor.active.values())]
+        return job_rows(
+            self._counters,
+            list(self._jobs.values()),
+            running,
+            self._clock.now_ms(),
+            self._started_ms,
+            self._next_slots,
+        )
+
+    def _snapshot(self, by_job: dict[str, Any]) -> Metrics:
+        """:meth:`metrics` with ``by_job`` as given (any thread: a scrape calls it)."""
         jobs = list(self._jobs.values())
         budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
-        running = [a.job.name for a in list(self._executor.active.values())]
-        return {
-            "by_job": jobs_now(
-                self._counters, jobs, running, self._clock.now_ms(), self._started_ms
-            ),
-            "instances_seen": self._heartbeat.instances_seen if self._heartbeat else None,
-            "clock_skew_budget_ms": min(budgets) if budgets else None,
-            "started_ms": self._started_ms,
-        }
-
-    def metrics(self) -> Metrics:
-        """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not
-        claimed for want of a thread ...), jobs, running and watched runs, busy handler threads,
-        the last measured clock offset from the backend, and the event loop's lag (ms, as the
-        watchdog measured it; None without the scheduler's thread). Each field is described in
-        :class:`~anarchon.Metrics`; ``metrics()["claims_won"]`` reads it by name too."""
         watchdog = self._watchdog
         return Metrics.of(
             self._counters,
-            **self._metrics_gauges(),
-            jobs=len(self._jobs),
+            by_job=by_job,
+            instances_seen=self._heartbeat.instances_seen if self._heartbeat else None,
+            clock_skew_budget_ms=min(budgets) if budgets else None,
+            started_ms=self._started_ms,
+            jobs=len(jobs),
             running=len(self._executor.active),
             watched=len(self._watcher) if self._watcher is not None else 0,
             handler_threads_busy=len(self._threads.busy()),
@@ -268,6 +267,14 @@ class Operations:
             loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
             loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
         )
+
+    def metrics(self) -> Metrics:
+        """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not
+        claimed for want of a thread ...), jobs, running and watched runs, busy handler threads,
+        the last measured clock offset from the backend, and the event loop's lag (ms, as the
+        watchdog measured it; None without the scheduler's thread). Each field is described in
+        :class:`~anarchon.Metrics`; ``metrics()["claims_won"]`` reads it by name too."""
+        return self._snapshot(jobs_now(self._job_rows()))
 
     async def health(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
         """Is this scheduler well (:class:`~anarchon.health.Health`)? Asks the backend its

@@ -50,7 +50,7 @@ from ._firing import Firing
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
-from ._metrics import Counters
+from ._metrics import Counters, NextSlots
 from ._missed import MissedSlots
 from ._models import Run
 from ._operations import ENDED, Operations
@@ -193,6 +193,7 @@ class Scheduler(Operations):
         self._jobs_version = 0  # counts adds and removals: see Heartbeat
         self._state = _State.NEW
         self._counters = Counters()
+        self._next_slots: NextSlots = {}  # the metrics' next slots, per schedule
         self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
         self._threads = HandlerThreads(max_workers)
         self._rendezvous = Rendezvous("", self._clock.monotonic_ms)
