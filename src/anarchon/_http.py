@@ -3,10 +3,10 @@ threads of their own (a scrape or a probe is answered while the event loop is bu
 
 :data:`ROUTES` maps a path to a factory that is given the scheduler and returns the handler of
 that path; a handler takes the :class:`Request` and returns a :class:`Response`. ``/metrics``
-(the Prometheus exposition, :mod:`anarchon.prometheus`) and ``/healthz`` (200 when healthy,
-503 otherwise, :func:`anarchon.health.healthz`; ``/healthz?live=1`` for a liveness probe) are
-there; other modules may add theirs before the server starts. No ASGI or WSGI framework: the
-standard library's ``http.server``.
+(the Prometheus exposition, :class:`anarchon.prometheus.Exposition`) and ``/healthz`` (200 when
+healthy, 503 otherwise, :func:`anarchon.health.healthz`; ``/healthz?live=1`` for a liveness
+probe) are there; other modules may add theirs before the server starts. No ASGI or WSGI
+framework: the standard library's ``http.server``.
 """
 
 from __future__ import annotations
@@ -59,14 +59,15 @@ RouteFactory = Callable[["Scheduler"], Handler]
 """Given the scheduler when the server starts, returns the handler of a route."""
 
 
-def _metrics_route(scheduler: Scheduler) -> Handler:
-    from . import prometheus
+def metrics_route(scheduler: Scheduler, job_histograms: bool = False) -> Handler:
+    """The handler of ``/metrics``: :class:`anarchon.prometheus.Exposition` (raises
+    :class:`~anarchon.errors.MissingDependency` without ``prometheus-client``)."""
+    from .prometheus import Exposition
 
-    prometheus.register(scheduler)  # raises MissingDependency without prometheus-client
+    exposition = Exposition(scheduler, job_histograms=job_histograms)
 
     def metrics(request: Request) -> Response:
-        body, content_type = prometheus.render()
-        return Response(200, body, content_type)
+        return Response(200, exposition.render(), exposition.content_type)
 
     return metrics
 
@@ -82,7 +83,7 @@ def _healthz_route(scheduler: Scheduler) -> Handler:
     return probe
 
 
-ROUTES: dict[str, RouteFactory] = {"/metrics": _metrics_route, "/healthz": _healthz_route}
+ROUTES: dict[str, RouteFactory] = {"/metrics": metrics_route, "/healthz": _healthz_route}
 """The server's routes: path to :data:`RouteFactory`; add to it before a server starts."""
 
 
