@@ -5,8 +5,8 @@ threads of their own (a scrape or a probe is answered while the event loop is bu
 that path; a handler takes the :class:`Request` and returns a :class:`Response`. ``/metrics``
 (the Prometheus exposition, :class:`anarchon.prometheus.Exposition`) and ``/healthz`` (200 when
 healthy, 503 otherwise, :func:`anarchon.health.healthz`; ``/healthz?live=1`` for a liveness
-probe) are there; other modules may add theirs before the server starts. No ASGI or WSGI
-framework: the standard library's ``http.server``.
+probe) are there; other modules may add theirs before the server starts. GET and HEAD are
+answered. No ASGI or WSGI framework: the standard library's ``http.server``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,20 @@ from .logs import Action, log_fields
 if TYPE_CHECKING:
     from ._scheduler import Scheduler
 
-__all__ = ["PORT", "ROUTES", "HttpServer", "Request", "Response"]
+__all__ = ["BACKLOG", "LIVE_OFF", "LIVE_ON", "PORT", "ROUTES", "HttpServer", "Request", "Response"]
 
 logger = logging.getLogger("anarchon.http")
 
 PORT: Final = Bound(0, 65_535)
 """The range of the port (0: any free port)."""
 TEXT: Final = "text/plain; charset=utf-8"
+BACKLOG: Final = 128
+"""Connections the listening socket queues before they are accepted (the standard library's
+default, 5, made 8 parallel scrapes wait up to a second and refused some of 400)."""
+LIVE_ON: Final = ("1", "true", "yes", "on")
+"""The values of ``/healthz?live=`` that ask for the liveness probe (any case)."""
+LIVE_OFF: Final = ("", "0", "false", "no", "off")
+"""The values of ``/healthz?live=`` that ask for the readiness probe (any case; the default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +83,15 @@ def _healthz_route(scheduler: Scheduler) -> Handler:
     from .health import healthz
 
     def probe(request: Request) -> Response:
-        live = request.query.get("live", ["0"])[-1] not in ("", "0", "false")
-        status, body = healthz(scheduler, live=live)
+        asked = request.query.get("live", ["0"])[-1]
+        if asked.lower() not in LIVE_ON + LIVE_OFF:
+            return Response(
+                400,
+                f"live={asked!r} is not a switch: give one of {', '.join(LIVE_ON)} for the "
+                f"liveness probe, or {', '.join(v for v in LIVE_OFF if v)} (or nothing) for "
+                "readiness (any case)\n".encode(),
+            )
+        status, body = healthz(scheduler, live=asked.lower() in LIVE_ON)
         return Response(status, body, "application/json")
 
     return probe
@@ -85,6 +99,11 @@ def _healthz_route(scheduler: Scheduler) -> Handler:
 
 ROUTES: dict[str, RouteFactory] = {"/metrics": metrics_route, "/healthz": _healthz_route}
 """The server's routes: path to :data:`RouteFactory`; add to it before a server starts."""
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = BACKLOG
+    daemon_threads = True
 
 
 class HttpServer:
@@ -117,8 +136,7 @@ class HttpServer:
     def start(self) -> None:
         """Listen and serve on a daemon thread. Raises :class:`OSError` if the address cannot
         be bound (the port is taken, the host is not this machine's)."""
-        server = ThreadingHTTPServer((self.host, self.port), _handler_class(self))
-        server.daemon_threads = True
+        server = _Server((self.host, self.port), _handler_class(self))
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, name="anarchon http", daemon=True
@@ -130,15 +148,22 @@ class HttpServer:
             ", ".join(sorted(self.handlers)),
             host,
             port,
-            extra=log_fields(Action.STARTED),
+            extra=log_fields(Action.HTTP_SERVING, address=f"http://{host}:{port}"),
         )
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
+        host, port = self.address
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
             server.server_close()
+            logger.info(
+                "stopped serving on http://%s:%d",
+                host,
+                port,
+                extra=log_fields(Action.HTTP_STOPPED, address=f"http://{host}:{port}"),
+            )
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -153,7 +178,9 @@ class HttpServer:
         try:
             return handler(Request(parts.path, parse_qs(parts.query), self.scheduler))
         except Exception as exc:
-            logger.exception("GET %s failed", parts.path, extra=log_fields(Action.INTERNAL_ERROR))
+            logger.exception(
+                "GET %s failed", parts.path, extra=log_fields(Action.HTTP_ROUTE_FAILED)
+            )
             return Response(500, f"{type(exc).__name__}: {exc}\n".encode())
 
 
@@ -162,6 +189,12 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
         server_version = "anarchon"
 
         def do_GET(self) -> None:
+            self._respond(body=True)
+
+        def do_HEAD(self) -> None:
+            self._respond(body=False)
+
+        def _respond(self, body: bool) -> None:
             response = server.answer(self.path)
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
@@ -169,7 +202,8 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
             for name, value in response.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(response.body)
+            if body:
+                self.wfile.write(response.body)
 
         def log_message(self, format: str, *args: object) -> None:
             logger.debug(format, *args)

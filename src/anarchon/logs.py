@@ -155,6 +155,10 @@ class Action(StrEnum):
     STREAM_FENCE_RESTART = "stream_fence_restart"
     BUCKET_UPDATED = "bucket_updated"
     BUCKET_UPDATE_FAILED = "bucket_update_failed"
+    # the metrics server of ``anarchon run --metrics-port`` (anarchon.http)
+    HTTP_SERVING = "http_serving"
+    HTTP_STOPPED = "http_stopped"
+    HTTP_ROUTE_FAILED = "http_route_failed"
 
 
 def slot_iso(slot: int | None) -> str | None:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -425,3 +426,86 @@ def test_register_holds_registries_weakly_and_never_hands_a_new_one_a_dead_ones_
     del other, registry
     gc.collect()
     assert alive() is None
+
+
+def _request(method: str, url: str) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_head_is_answered_and_live_takes_a_documented_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import anarchon.health
+
+    asked: list[bool] = []
+
+    def healthz(scheduler: Scheduler, live: bool = False) -> tuple[int, bytes]:
+        asked.append(live)
+        return 200, b"{}"
+
+    monkeypatch.setattr(anarchon.health, "healthz", healthz)
+    routes = {
+        "/healthz": ROUTES["/healthz"],
+        "/metrics": lambda s: lambda r: Response(200, b"m 1\n"),
+    }
+    server = HttpServer(_scheduler(), 0, "127.0.0.1", routes=routes)
+    server.start()
+    base = f"http://127.0.0.1:{server.address[1]}"
+    try:
+        status, headers, body = _request("HEAD", f"{base}/metrics")
+        assert (status, headers["Content-Length"], body) == (200, "4", b"")
+        assert _request("HEAD", f"{base}/nope")[0] == 404
+        for value, live in [
+            ("1", True), ("true", True), ("Yes", True), ("ON", True), ("False", False),
+            ("no", False), ("0", False), ("OFF", False), ("", False),
+        ]:  # fmt: skip
+            asked.clear()
+            status, _, body = _request("GET", f"{base}/healthz?live={value}")
+            assert (status, asked) == (200, [live]), (value, body)
+        asked.clear()
+        assert _request("GET", f"{base}/healthz")[0] == 200 and asked == [False]
+        asked.clear()
+        status, _, body = _request("GET", f"{base}/healthz?live=maybe")
+        assert status == 400 and b"live='maybe'" in body and b"yes" in body and not asked
+    finally:
+        server.stop()
+
+
+def test_the_listen_backlog_holds_a_burst_of_connections() -> None:
+    """With the standard library's backlog of 5, connections beyond it wait for the kernel to
+    retry their SYN (a second or more) while the server is busy."""
+    server = HttpServer(_scheduler(), 0, "127.0.0.1", routes={})
+    server.start()
+    port = server.address[1]
+    assert server._server is not None
+    server._server.shutdown()  # listening still, accepting nothing: a busy server
+    sockets = []
+    try:
+        for _ in range(64):
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.stop()
+    assert len(sockets) == 64
+
+
+def test_the_server_logs_its_own_actions(caplog: pytest.LogCaptureFixture) -> None:
+    server = HttpServer(_scheduler(), 0, "127.0.0.1", routes={})
+    with caplog.at_level(logging.INFO, logger="anarchon.http"):
+        server.start()
+        port = server.address[1]
+        server.stop()
+    actions = [
+        (r.name, getattr(r, "action", None), getattr(r, "address", None)) for r in caplog.records
+    ]
+    address = f"http://127.0.0.1:{port}"
+    assert actions == [
+        ("anarchon.http", "http_serving", address),
+        ("anarchon.http", "http_stopped", address),
+    ]
