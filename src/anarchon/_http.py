@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -124,6 +125,10 @@ class HttpServer:
         self.scheduler = scheduler
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        # When the latest answered request of each path arrived (time.monotonic()).
+        self._answered: dict[str, float] = {}
+        self._changed = threading.Condition()
+        self._enough = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -168,6 +173,31 @@ class HttpServer:
             self._thread.join(timeout=5)
             self._thread = None
 
+    def linger(self, seconds: float, path: str = "/metrics") -> bool:
+        """Go on serving until a request of ``path`` that arrived from now on has been
+        answered (the scrape that sees the final counts), :meth:`enough` is called, or
+        ``seconds`` pass. True if such a request was answered."""
+        since = time.monotonic()
+        deadline = since + seconds
+        with self._changed:
+            self._enough = False
+            while self._answered.get(path, -1.0) < since and not self._enough:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(min(left, 0.1))  # short waits: enough() sets a flag only
+            return self._answered.get(path, -1.0) >= since
+
+    def enough(self) -> None:
+        """End a :meth:`linger` now (a signal handler may call it)."""
+        self._enough = True  # no lock: a signal handler may run while this thread holds it
+
+    def _served(self, path: str, arrived: float) -> None:
+        with self._changed:
+            if arrived > self._answered.get(path, -1.0):
+                self._answered[path] = arrived
+            self._changed.notify_all()
+
     def answer(self, target: str) -> Response:
         """The response to a GET of ``target`` (a path with its query)."""
         parts = urlsplit(target)
@@ -195,6 +225,7 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
             self._respond(body=False)
 
         def _respond(self, body: bool) -> None:
+            arrived = time.monotonic()
             response = server.answer(self.path)
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
@@ -204,6 +235,8 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if body:
                 self.wfile.write(response.body)
+                self.wfile.flush()
+            server._served(urlsplit(self.path).path, arrived)
 
         def log_message(self, format: str, *args: object) -> None:
             logger.debug(format, *args)

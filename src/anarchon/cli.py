@@ -77,7 +77,7 @@ from .errors import (
     SchedulerStateError,
 )
 from .health import MAX_TIMEOUT_S
-from .logs import JsonFormatter
+from .logs import Action, JsonFormatter, log_fields
 
 __all__ = ["main"]
 
@@ -222,6 +222,7 @@ def _run(
     metrics_port: int | None = None,
     metrics_host: str = "0.0.0.0",
     metrics_job_histograms: bool = False,
+    metrics_linger: int = 0,
     early: _EarlySignals | None = None,
 ) -> int:
     early = early or _EarlySignals()
@@ -257,6 +258,8 @@ def _run(
     )
     try:
         scheduler._run_until(early.stop)
+        if server is not None and metrics_linger:
+            _linger(server, metrics_linger)
     except SchedulerStateError:
         raise _Exit(
             EXIT_USAGE,
@@ -281,6 +284,32 @@ def _serve(scheduler: Scheduler, port: int, host: str, job_histograms: bool) -> 
     except OSError as exc:
         raise _Exit(EXIT_USAGE, f"anarchon run: cannot listen on {host}:{port}: {exc}") from None
     return server
+
+
+def _linger(server: HttpServer, seconds: int) -> None:
+    """``--metrics-linger``: the scheduler has stopped; serve on until a scrape has seen the
+    final counts, ``seconds`` pass, or SIGINT or SIGTERM comes."""
+    logger = logging.getLogger("anarchon.http")
+    logger.info(
+        "the scheduler stopped: serving the final metrics until a scrape reads them, at most "
+        "%d s (SIGINT or SIGTERM ends the wait)",
+        seconds,
+        extra=log_fields(Action.HTTP_LINGER),
+    )
+    taken = {sig: signal.signal(sig, lambda *_: server.enough()) for sig in _SIGNALS}
+    try:
+        scraped = server.linger(seconds)
+    finally:
+        for sig, handler in taken.items():
+            signal.signal(sig, handler)
+    logger.info(
+        "%s",
+        "a scrape read the final metrics" if scraped else "no scrape read the final metrics",
+        extra=log_fields(Action.HTTP_LINGER, scraped=scraped),
+    )
+
+
+_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
 
 def _row(run: Run) -> list[str]:
@@ -399,6 +428,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a fire lag and a handler duration histogram per job (32 more series a job) "
         "instead of the instance's",
+    )
+    run.add_argument(
+        "--metrics-linger",
+        type=_count(0, 3600),
+        default=0,
+        metavar="SECONDS",
+        help="after the scheduler stopped, serve on until a scrape has read the final counts, "
+        "at most SECONDS (default 0: exit at once)",
     )
 
     def command(name: str, text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -552,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.metrics_port,
                 args.metrics_host,
                 args.metrics_job_histograms,
+                args.metrics_linger,
                 early,
             )
         elif args.command in COMMANDS:

@@ -158,6 +158,7 @@ class Action(StrEnum):
     # the metrics server of ``anarchon run --metrics-port`` (anarchon.http)
     HTTP_SERVING = "http_serving"
     HTTP_STOPPED = "http_stopped"
+    HTTP_LINGER = "http_linger"
     HTTP_ROUTE_FAILED = "http_route_failed"
 
 

@@ -244,6 +244,102 @@ def test_anarchon_run_serves_metrics_on_its_port(tmp_path: Path) -> None:
             proc.wait(10)
 
 
+SLOW_APP = """
+import asyncio
+from anarchon import Scheduler, SQLiteBackend
+
+scheduler = Scheduler(SQLiteBackend("anarchon.db"), grace_ms=1_000)
+
+
+async def slow(ctx):
+    await asyncio.sleep(120)
+
+
+scheduler.add("slow", "* * * * * *", slow, jitter_ms=0, overlap="skip")
+"""
+
+
+STOPPED = '"action": "stopped"'  # the scheduler's, in a JSON log line
+
+
+def _sample(body: str, line_start: str) -> float | None:
+    for line in body.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.split()[-1])
+    return None
+
+
+@pytest.mark.slow
+def test_anarchon_run_serves_through_the_stop_and_lingers_for_the_final_scrape(
+    tmp_path: Path,
+) -> None:
+    """The hand-over happens at the end of the stop: a scrape during the stop cannot see it,
+    one after it can, while ``--metrics-linger`` keeps the server up; that scrape ends the
+    wait (the process exits long before the 60 s)."""
+    (tmp_path / "app.py").write_text(SLOW_APP)
+    with socket_port() as port:
+        pass
+    args = [sys.executable, "-m", "anarchon", "run", "app:scheduler", "--metrics-port", str(port)]
+    args += ["--metrics-host", "127.0.0.1", "--metrics-linger", "60", "--log-format", "json"]
+    log = tmp_path / "run.log"
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(args, cwd=tmp_path, stdout=handle, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+    running = 'anarchon_running_runs{anarchon_job="slow"}'
+    handovers = 'anarchon_handovers_total{anarchon_job="slow"}'
+    try:
+        deadline = time.monotonic() + 30
+        body = ""
+        while _sample(body, running) != 1:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                body = _get(url)[1]
+        os.kill(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        seen: list[tuple[float, float | None, float | None, float | None]] = []
+        while True:  # every scrape from the signal on is answered, until the final counts
+            assert time.monotonic() < signalled + 30, (seen[-5:], log.read_text())
+            status, body = _get(url)
+            assert status == 200
+            state = _sample(body, "anarchon_scheduler_running")
+            seen.append(
+                (
+                    time.monotonic() - signalled,
+                    state,
+                    _sample(body, running),
+                    _sample(body, handovers),
+                )
+            )
+            if state == 0 and STOPPED in log.read_text():
+                break
+            time.sleep(0.1)
+        final = seen[-1]
+        assert final[2:] == (0, 1), seen  # no run in progress; the one handed over is counted
+        assert seen[0][3] == 0, seen  # before the end of the stop, none was
+        # Scraped on, as Prometheus would: the first scrape once the server lingers ends it.
+        while proc.poll() is None:
+            assert time.monotonic() < signalled + 40, log.read_text()
+            with contextlib.suppress(OSError):
+                _get(url)
+            time.sleep(0.2)
+        assert proc.wait() == 0
+        exited = time.monotonic() - signalled
+        assert exited < 40, exited  # long before the 60 s of --metrics-linger
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    http = [(r["action"], r.get("scraped")) for r in records if r["logger"] == "anarchon.http"]
+    assert http == [
+        ("http_serving", None),
+        ("http_linger", None),
+        ("http_linger", True),
+        ("http_stopped", None),
+    ], http
+
+
 def test_anarchon_run_refuses_a_bad_metrics_port(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "anarchon", "run", "app:scheduler", "--metrics-port", "70000"]
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=30)
