@@ -68,7 +68,10 @@ class CatchingUp:
         """Look up the last recorded slot of every job, in backend calls of at most
         :data:`~._claims.CLAIM_PART` jobs; start a catch-up for each job that missed slots, and
         record the missed slots it does not run. ``now``: when the scheduler started carrying
-        the jobs (this host's clock). The jobs of a look-up that fails are skipped (logged)."""
+        the jobs, on the backend's clock (estimated), the instant from which the timer fires
+        their slots: a slot after it is the timer's (deferred there while it is still in the
+        future by the backend's clock), never caught up early by a host whose clock is ahead.
+        The jobs of a look-up that fails are skipped (logged)."""
         backend = self._backend
         lease = isinstance(backend, LeaseBackend)
         wanted = [j for j in jobs if lease and j.policy.catch_up != CatchUp.NONE]
@@ -90,7 +93,7 @@ class CatchingUp:
                     exc,
                     extra=log_fields(Action.CATCH_UP_FAILED),
                 )
-        # Slots are wall-clock instants computed from this host's clock, as the timer's are.
+        # Up to ``now`` on the backend's clock; the timer fires the slots after it.
         planned: dict[str, list[int]] = {}
         for job in wanted:
             last = last_slots.get(job.name)
@@ -112,16 +115,7 @@ class CatchingUp:
                 )
                 self._spawn(self._catch_up_slots(job, slots))
         if self._missed is not None:
-            await self._missed.record(jobs, last_slots, await self._start_ms(now), planned)
-
-    async def _start_ms(self, now: int) -> int:
-        """When this instance started carrying the jobs: this host's clock, or the backend's if
-        it is behind (a slot the backend's clock still allows is not declared missed)."""
-        try:
-            server = await self._backend.server_time_ms()
-        except BackendUnavailable:
-            server = None
-        return now if server is None else min(now, server)
+            await self._missed.record(jobs, last_slots, now, planned)
 
     async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
         policy = job.policy

@@ -174,6 +174,7 @@ class BackendClock:
         """This instance's id, set by the scheduler when it starts."""
         self._wake = asyncio.Event()
         self._early_warned_at: int | None = None
+        self._tried_at: int | None = None  # monotonic ms of the last measurement tried
 
     def stepped(self, step_ms: int) -> None:
         """The timer saw the wall clock step: measure the offset from the backend again now.
@@ -186,16 +187,39 @@ class BackendClock:
         self._wake.set()
 
     async def watch(self) -> None:
-        """Measure the offset every :data:`SKEW_CHECK_S`, and at once after a step."""
+        """Measure the offset every :data:`SKEW_CHECK_S` (the first time that long after the
+        scheduler's own measurement as it started, see :meth:`measure_at_start`), and at once
+        after a step."""
         while True:
-            self._wake.clear()
+            tried = self._tried_at
+            if tried is not None:
+                left = SKEW_CHECK_S - (self._clock.monotonic_ms() - tried) / 1000
+                if left > 0:
+                    await sleep_or_wake(self._clock.sleep(left), self._wake)
+            self._wake.clear()  # a step noticed while measuring wakes the next wait at once
             await self.measure()
-            await sleep_or_wake(self._clock.sleep(SKEW_CHECK_S), self._wake)
+
+    async def measure_at_start(self) -> None:
+        """Measure before the scheduler's timer starts (it starts from the backend's time). A
+        failure is logged, not raised: the estimate stays this host's clock until
+        :meth:`watch` measures."""
+        try:
+            await self.measure()
+        except Exception as exc:
+            logger.warning(
+                "could not read the %s backend's clock as the scheduler started (%s: %s); "
+                "slots are fired by this host's clock until it is measured",
+                self._backend.name,
+                type(exc).__name__,
+                exc,
+                extra=log_fields(Action.CLOCK_SKEW),
+            )
 
     async def measure(self) -> None:
         """Read the backend's clock between two local readings; warn if the offset is large."""
         clock = self._clock
         before, before_mono = clock.now_ms(), clock.monotonic_ms()
+        self._tried_at = before_mono
         try:
             server = await self._backend.server_time_ms()
         except BackendUnavailable:

@@ -359,18 +359,21 @@ class Scheduler(Operations):
         self._jobs_version += 1
         self._firing.added(name)
         if self._state is _State.RUNNING:
-            now = self._clock.now_ms()
+            # On the backend's clock, as at start: a clock behind does not fire slots from
+            # before the job was added, a clock ahead does not pass over the slots between.
+            now = self._backend_clock.time.now_ms()
             self._firing.schedule_next(job, now)
             self._carry([job], now)
 
     def _carry(self, jobs: list[Job], now: int) -> None:
         """What beginning to carry ``jobs`` (on start, on ``add()`` while running) sets going
-        beside their timers: catching up their missed slots (``now``: this host's clock), and
-        on a lease backend watching their runs still open from before (``BackupWatcher.adopt``,
-        on the backend's clock)."""
+        beside their timers, all from ``now``, the backend's clock (estimated) when this
+        instance began carrying them: catching up their missed slots (up to ``now``; the timer
+        fires those after it), and on a lease backend watching their runs still open from
+        before (``BackupWatcher.adopt``)."""
         self._spawn(self._catching_up.start(jobs, now))
         if self._watcher is not None:
-            self._spawn(self._watcher.adopt(jobs, self._backend_clock.time.now_ms()))
+            self._spawn(self._watcher.adopt(jobs, now))
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -476,7 +479,12 @@ class Scheduler(Operations):
             stack.push_async_callback(cancel_and_wait, [adopting])
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
-        now = self._clock.now_ms()
+        # The jobs are carried from now by the backend's clock, measured first: the timer
+        # fires the slots after it, catch-up (and its rules) decides on those before. On this
+        # host's clock, an instance behind would claim, late, slots due before it (or the
+        # fleet) started, and one ahead would pass over the slots up to its own time.
+        await self._backend_clock.measure_at_start()
+        now = self._backend_clock.time.now_ms()
         self._firing.schedule_all(list(self._jobs.values()), now)
         timer = self._loop_task("timer", self._firing.timer.run)
         skew = self._loop_task("clock", self._backend_clock.watch)

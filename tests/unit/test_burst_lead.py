@@ -86,12 +86,13 @@ class _Behind(BackendClock):
 async def test_a_burst_handed_over_early_is_judged_early_or_not_at_its_slot() -> None:
     # 990 ms behind: at the slot the backend is within the 1 s a claim may be early by, but
     # not yet when the burst is handed over, its lead before. The claims go out at the slot,
-    # so that is when they are judged: none is put off.
-    clock = FakeClock(START)
+    # so that is when they are judged: none is put off. (Started a little after START: the
+    # slot at START is still 990 ms ahead by the backend's clock, so it would be fired too.)
+    clock = FakeClock(START + 5_000)
     backend = on_another_host(Recording(_Behind(clock, 990)))
     scheduler = _burst(backend, clock)
     async with scheduler:
-        await clock.advance(60 * MINUTE - 1_000, step_ms=MINUTE)
+        await clock.advance(60 * MINUTE - 6_000, step_ms=MINUTE)
         await clock.advance(1_200, step_ms=1)
         metrics = scheduler.metrics()
     assert not metrics["early_slots_deferred"]

@@ -1,0 +1,140 @@
+"""Instances whose wall clock is off the backend's when they start, as real processes under
+libfaketime (the fault suite's worker and fleet): the timer of a starting instance fires the
+slots after its start as measured on the backend's clock, and catch-up decides on those before
+it, also on the backend's clock.
+
+* A clock behind (within ``max_late_ms``) must not claim, late, slots due before the fleet
+  started: with no history nothing is caught up, and the on-time slots are not pushed out.
+* A clock ahead must not catch up a slot still in the future (early), and must not pass over the
+  slots between the backend's time and its own: the timer fires them, each deferred until the
+  backend's clock reaches it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon import Run, RunStatus, Scheduler
+from tests.chaos.faketime import LIBRARY, ensure_installed
+from tests.chaos.fleet import Fleet, Instance
+from tests.harness import Namespace
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not LIBRARY.exists() and ensure_installed() is not None,
+        reason="Debian package faketime cannot be installed",
+    ),
+]
+
+PERIOD_MS = 5_000
+EVERY_5_S = "*/5 * * * * *"
+
+
+async def _history(ns: Namespace, job: str) -> list[Run]:
+    async with Scheduler(ns.make(), instance_id="reader") as reader:
+        return await reader.history(job, limit=500)
+
+
+def _start(fleet: Fleet, instances: list[Instance], url: str, options: dict[str, Any]) -> float:
+    """Hand every instance its spec at once (they are loaded already); returns when (real)."""
+    fleet.wait_event(instances, "loaded", 90)
+    spec = {
+        "url": url,
+        "jobs": [{"name": "tick", "schedule": EVERY_5_S, "duration_ms": 1_000, "options": options}],
+    }
+    began = time.time()
+    for instance in instances:
+        fleet.go(instance, spec)
+    fleet.wait_event(instances, "started", 90)
+    return began
+
+
+def _stop(fleet: Fleet, instances: list[Instance]) -> None:
+    for instance in instances:
+        if instance.alive():
+            instance.proc.terminate()
+    for instance in instances:
+        instance.proc.wait(60)
+
+
+def _real_start_s(record: dict[str, Any]) -> float:
+    """When (real time) a worker's record was written: its monotonic stamp, never faked."""
+    return float(record["mono"]) + (time.time() - time.monotonic())
+
+
+@pytest.mark.parametrize("harness", ["redis", "postgres", "nats"], indirect=True)
+async def test_an_instance_behind_claims_no_slot_from_before_the_fleet_started(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # Every option at its default (catch_up latest on lease backends, none on NATS; max_late
+    # 60 s). Three instances start together, one 40 s behind: it must not claim the slots of
+    # the 40 s before the fleet existed (nobody else did, so it would win and run them, late,
+    # its runs then pushing out on-time slots as overlaps).
+    assert ns.url is not None
+    fleet = Fleet(tmp_path)
+    instances = fleet.spawn(3, faked=True)
+    try:
+        assert instances[1].clock is not None
+        instances[1].clock.set(-40)
+        began = _start(fleet, instances, ns.url, {})
+        time.sleep(35)  # noqa: ASYNC251 - the processes run on
+        _stop(fleet, instances)
+        ended = time.time()
+    finally:
+        fleet.kill_all()
+    runs = await _history(ns, "tick")
+    early = [r for r in runs if r.slot_ms is not None and r.slot_ms < began * 1000 - 1_000]
+    assert not early, f"slots from before the fleet started were claimed: {early}\n{fleet.logs()}"
+    assert all(r.status is RunStatus.SUCCEEDED for r in runs), (runs, fleet.logs())
+    slots = {r.slot_ms for r in runs}
+    # The on-time instances ran the slots after the start (give the start a period).
+    expected = range((int(began * 1000) // PERIOD_MS + 2) * PERIOD_MS, int(ended * 1000) - 8_000)
+    missing = [s for s in expected[::PERIOD_MS] if s not in slots]
+    assert not missing, (missing, runs)
+
+
+@pytest.mark.parametrize("harness", ["redis", "postgres"], indirect=True)
+async def test_an_instance_ahead_catches_up_no_future_slot_and_skips_none(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # Every option at its default (catch_up latest). The job has history; its instances come
+    # back after a pause with their clocks 90 s ahead. Catch-up must look at the backend's time:
+    # the newest slot missed by it is caught up, none still in the future; and the slots from
+    # then on run each at its time (deferred by the timer while early), none passed over.
+    assert ns.url is not None
+    fleet = Fleet(tmp_path)
+    first = fleet.spawn(2)
+    try:
+        _start(fleet, first, ns.url, {})
+        time.sleep(12)  # noqa: ASYNC251 - history: a few slots run
+        _stop(fleet, first)
+        time.sleep(12)  # noqa: ASYNC251 - slots missed while no instance runs
+        second = fleet.spawn(2, faked=True)
+        for instance in second:
+            assert instance.clock is not None
+            instance.clock.set(+90)
+        began = _start(fleet, second, ns.url, {})
+        time.sleep(30)  # noqa: ASYNC251
+        _stop(fleet, second)
+        ended = time.time()
+    finally:
+        fleet.kill_all()
+    starts = [r for r in fleet.records() if r.get("event") == "start"]
+    early = [
+        (r["slot"], r["trigger"], round(r["slot"] / 1000 - _real_start_s(r), 1))
+        for r in starts
+        if _real_start_s(r) < r["slot"] / 1000 - 2
+    ]
+    assert not early, f"runs started before their slot (slot, trigger, s early): {early}"
+    runs = await _history(ns, "tick")
+    by_slot = Counter(r.slot_ms for r in runs if r.status is RunStatus.SUCCEEDED)
+    expected = range((int(began * 1000) // PERIOD_MS + 1) * PERIOD_MS, int(ended * 1000) - 6_000)
+    missing = [s for s in expected[::PERIOD_MS] if s not in by_slot]
+    assert not missing, f"slots after the restart never ran: {missing}\n{runs}"
+    assert all(n == 1 for n in by_slot.values()), by_slot
