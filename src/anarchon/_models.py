@@ -52,7 +52,13 @@ class Overlap(StrEnum):
 
 
 class CatchUp(StrEnum):
-    """Which slots, missed while no instance ran, an instance runs when it starts."""
+    """Which slots, missed while no instance ran, an instance runs when it starts.
+
+    Missed means after the job's last recorded slot and not after the instance's start on the
+    backend's clock (the timer fires the later ones). Catch-up runs count for ``overlap="skip"``:
+    a live slot that comes while one still holds its lease is recorded skipped (overlap), so
+    ``ALL`` with a long backlog pushes out the live slots meanwhile; ``LATEST`` runs one.
+    """
 
     NONE = "none"
     LATEST = "latest"
