@@ -41,6 +41,19 @@ __all__ = ["KeeperThread", "LeaseKeeper", "Mailbox", "start_keeper"]
 logger = logging.getLogger("anarchon.scheduler")
 
 RENEWAL_HUNG = "the renewal call hung"
+# The keeper woke this much (ms) after a renewal was due, past the lease's local deadline: the
+# process was not running (SIGSTOP, a VM paused) or not scheduled (an overloaded host).
+FROZEN_MIN_MS: Final = 1_000
+
+
+def frozen_reason(late_ms: int) -> str:
+    """Why a lease was lost when the keeper woke ``late_ms`` after its renewal was due."""
+    return (
+        f"this process was frozen or starved for {late_ms} ms: the renewal was due that long "
+        "before the lease keeper could run, past the lease's local deadline"
+    )
+
+
 # While renewals fail, retry at least this often (ms) until the lease is over.
 RENEW_RETRY_MS: Final = 1_000
 # How long start() waits for the keeper thread's backend connection before keeping leases on
@@ -232,12 +245,14 @@ class LeaseKeeper:
         while True:
             now = self._clock.monotonic_ms()
             due: list[ActiveRun] = []
+            first_due = now
             while self._heap and self._heap[0][0] <= now:
                 at, _, active = heapq.heappop(self._heap)
                 if active in self._live and active.kept and active.renew_at == at:
                     due.append(active)
+                    first_due = min(first_due, at)
             if due:
-                await self._renew(due)
+                await self._renew(due, now - first_due)
                 continue
             delay = min((self._heap[0][0] - now) / 1000 if self._heap else 30.0, 30.0)
             assert self._inbox is not None
@@ -246,7 +261,9 @@ class LeaseKeeper:
             self._wake.clear()
             await sleep_or_wake(self._clock.sleep(delay), self._wake)
 
-    async def _renew(self, due: list[ActiveRun]) -> None:
+    async def _renew(self, due: list[ActiveRun], late_ms: int = 0) -> None:
+        """Renew ``due``; ``late_ms``: how long after the first of them was due the keeper
+        woke to do it (the process was frozen or starved meanwhile, when that is long)."""
         sent = self._clock.monotonic_ms()
         error: Exception | None = None
         answers: list[Ticket | LeaseLost | Exception] | None = None
@@ -263,7 +280,11 @@ class LeaseKeeper:
         if not call.done():
             call.cancel()
             call.add_done_callback(_consume)
-            error = TimeoutError(f"no answer before the lease's local deadline ({RENEWAL_HUNG})")
+            why = RENEWAL_HUNG
+            if first_deadline <= sent and late_ms >= FROZEN_MIN_MS:
+                # The deadline had passed before the call was sent: it did not hang.
+                why = frozen_reason(late_ms)
+            error = TimeoutError(f"no answer before the lease's local deadline ({why})")
         else:
             try:
                 answers = call.result()

@@ -296,3 +296,37 @@ async def test_a_burst_of_expired_leases_is_checked_a_bounded_number_at_a_time()
         await clock.advance(5_000)
         await until(lambda: backend.taken == len(names), 60, "every run taken over")
     assert backend.most == MAX_CHECKS
+
+
+async def test_a_lease_lost_while_the_process_was_frozen_says_so() -> None:
+    # SIGSTOP (or a starved host): nothing runs until long after the renewal was due, past the
+    # lease's local deadline. The renewal did not hang: the reason names the freeze and its length.
+    clock = FakeClock(START)
+
+    class OverANetwork(MemoryBackend):
+        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+            await asyncio.sleep(0.01)  # a round trip (real time: the fake clock stands still)
+            return await super().renew_many(tickets)
+
+    backend = OverANetwork(clock=clock)
+    reasons: list[str] = []
+
+    async def work(ctx: RunContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            try:
+                ctx.check_lease()
+            except LeaseLost as exc:
+                reasons.append(str(exc))
+            raise
+
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
+    async with scheduler:
+        await clock.advance(60 * MINUTE + 200)
+        await clock.advance(10_000, step_ms=10_000)  # frozen for 10 s: one late wake-up
+        await clock.advance(1_000)
+        assert len(reasons) == 1, reasons
+    assert "frozen or starved for" in reasons[0], reasons
+    assert "hung" not in reasons[0], reasons

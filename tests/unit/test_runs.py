@@ -131,9 +131,9 @@ async def test_a_background_loop_that_fails_is_logged_and_restarted(
     caplog.set_level(logging.ERROR, "anarchon")
     async with scheduler:
         assert backend.calls == 1
-        await clock.advance(SKEW_CHECK_S * 1000 + 100)
+        await clock.advance(int(SKEW_CHECK_S * 1000) + 100)
         assert backend.calls == 2
-        await clock.advance(SKEW_CHECK_S * 1000 + 5_000)
+        await clock.advance(int(SKEW_CHECK_S * 1000) + 5_000)
         assert backend.calls == 3, "the skew loop did not come back"
     [failed] = [r for r in caplog.records if getattr(r, "action", None) == "loop_failed"]
     assert failed.exc_info is not None and "glitch" in str(failed.exc_info[1])
