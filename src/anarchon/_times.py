@@ -20,7 +20,7 @@ nanoseconds), and "until resumed" says the same without one.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from ._readable import DAY_MS, iso, ms_of
@@ -53,6 +53,7 @@ RANGE_RULE: Final = (
 UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
 _DIGITS: Final = re.compile(r"[0-9]+")
+_ISO_SHAPED: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}:[0-9]{2}|$)")
 # No time or duration is longer; a longer text is not read any further (int() of thousands of
 # digits is refused by Python itself).
 _LONGEST: Final = 64
@@ -128,13 +129,14 @@ def parse_time_ms(text: str, zone: str = "UTC", *, what: str, now_ms: int | None
             )
         return value
     also = " nor a duration such as 30m, 2h, 1d or 1h30m" if now_ms is not None else ""
-    try:
-        if len(text) > _LONGEST:
-            raise ValueError(text)
-        at = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    except ValueError:
-        raise InvalidOption(f"{what} {_shown(text)} {_NOT_A_TIME}{also}") from None
-    if at.tzinfo is None:
+    at = _read_iso(text, what, also)
+    if at.microsecond % 1000:
+        raise InvalidOption(
+            f"{what} {_shown(text)} has a fraction of a second finer than a millisecond: "
+            "anarchon's times are whole milliseconds (at most 3 decimals, such as .250)"
+        )
+    local = at.tzinfo is None
+    if local:
         at = at.replace(tzinfo=load_timezone(zone))
     try:
         value = ms_of(at)
@@ -142,7 +144,63 @@ def parse_time_ms(text: str, zone: str = "UTC", *, what: str, now_ms: int | None
         value = LATEST_MS + 1
     if not in_range(value):
         raise InvalidOption(f"{what} {_shown(text)} is out of range: {RANGE_RULE}")
+    if local:
+        _check_exists(at, text, zone, what)
     return value
+
+
+def _read_iso(text: str, what: str, also: str) -> datetime:
+    """``text`` as an ISO 8601 time; :class:`~anarchon.errors.InvalidOption` otherwise,
+    saying "no such date or time" for one shaped as a date that the calendar lacks."""
+    try:
+        if len(text) > _LONGEST:
+            raise ValueError(text)
+        return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError as exc:
+        if _ISO_SHAPED.match(text) and len(text) <= _LONGEST:
+            # Shaped as a date and time, but no such one: 2027-02-29, 2026-13-01, T25:00.
+            raise InvalidOption(f"{what} {_shown(text)} is no such date or time: {exc}") from None
+        raise InvalidOption(f"{what} {_shown(text)} {_NOT_A_TIME}{also}") from None
+
+
+def _check_exists(at: datetime, text: str, zone: str, what: str) -> None:
+    """Refuse a local time ``at`` (in ``zone``) that the clocks there skip (a DST gap): read
+    with either offset it would name another time than the one given."""
+    utc = at.astimezone(UTC)
+    if utc.astimezone(at.tzinfo).replace(tzinfo=None) == at.replace(tzinfo=None):
+        return
+    before, after = at.replace(fold=0).utcoffset(), at.replace(fold=1).utcoffset()
+    if before is None or after is None:
+        return
+    # The transition: the first second (UTC) with the later offset, between the two readings.
+    lo = int(at.replace(fold=1).astimezone(UTC).timestamp())
+    hi = int(at.replace(fold=0).astimezone(UTC).timestamp())
+    lo, hi = min(lo, hi), max(lo, hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if datetime.fromtimestamp(mid, at.tzinfo).utcoffset() == before:
+            lo = mid + 1
+        else:
+            hi = mid
+    switch = datetime.fromtimestamp(lo, UTC).replace(tzinfo=None)
+    start, end = switch + before, switch + after
+    span = (
+        f"from {start:%H:%M} to {end:%H:%M} on {start:%Y-%m-%d}"
+        if start.date() == end.date()
+        else f"from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}"
+    )
+    raise InvalidOption(
+        f"{what} {_shown(text)} does not exist in {zone}: the clocks there skip {span} (put "
+        f"forward, as at the start of daylight saving time); give a time outside the gap, or "
+        f"one with its offset such as {end.isoformat()}{_offset(after)}"
+    )
+
+
+def _offset(delta: timedelta) -> str:
+    """``+03:00``, ``-04:00``: a UTC offset as ISO 8601 writes it."""
+    minutes = int(delta.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def check_until_ms(until_ms: object, now_ms: int, *, what: str | None = None) -> int:
