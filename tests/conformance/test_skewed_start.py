@@ -68,20 +68,25 @@ def _real_start_s(record: dict[str, Any]) -> float:
     return float(record["mono"]) + (time.time() - time.monotonic())
 
 
-@pytest.mark.parametrize("harness", ["redis", "postgres", "nats"], indirect=True)
+@pytest.mark.parametrize(
+    ("harness", "behind_s"),
+    [("redis", 40), ("postgres", 40), ("nats", 40), ("nats", 400)],
+    indirect=["harness"],
+)
 async def test_an_instance_behind_claims_no_slot_from_before_the_fleet_started(
-    ns: Namespace, tmp_path: Path
+    ns: Namespace, tmp_path: Path, behind_s: int
 ) -> None:
     # Every option at its default (catch_up latest on lease backends, none on NATS; max_late
-    # 60 s). Three instances start together, one 40 s behind: it must not claim the slots of
-    # the 40 s before the fleet existed (nobody else did, so it would win and run them, late,
-    # its runs then pushing out on-time slots as overlaps).
+    # 60 s). Three instances start together, one behind: it must not claim the slots of the
+    # time before the fleet existed (nobody else did). 40 s behind it won and ran them, late,
+    # its runs then pushing out on-time slots as overlaps; 400 s behind (past max_late_ms) it
+    # recorded them `skipped: too late`.
     assert ns.url is not None
     fleet = Fleet(tmp_path)
     instances = fleet.spawn(3, faked=True)
     try:
         assert instances[1].clock is not None
-        instances[1].clock.set(-40)
+        instances[1].clock.set(-behind_s)
         began = _start(fleet, instances, ns.url, {})
         time.sleep(35)  # noqa: ASYNC251 - the processes run on
         _stop(fleet, instances)

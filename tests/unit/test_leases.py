@@ -210,18 +210,24 @@ async def test_a_takeover_whose_answer_was_lost_is_retried_with_the_same_request
     assert (retried.run_id, retried.token) == (backend.lost.run_id, backend.lost.token)
 
 
+class Renewals(MemoryBackend):
+    """Renewals that hang (``hang``: the link holds packets, no answer, no error) or take a
+    round trip of ``round_trip_s`` (real time)."""
+
+    hang = False
+    round_trip_s = 0.0
+
+    async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.round_trip_s:
+            await asyncio.sleep(self.round_trip_s)
+        return await super().renew_many(tickets)
+
+
 async def test_a_renewal_that_hangs_cancels_the_handler_at_the_lease_deadline() -> None:
     clock = FakeClock(START)
-
-    class Hanging(MemoryBackend):
-        hang = False
-
-        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
-            if self.hang:  # the link holds packets: no answer, no error
-                await asyncio.Event().wait()
-            return await super().renew_many(tickets)
-
-    backend = Hanging(clock=clock)
+    backend = Renewals(clock=clock)
     cancelled: list[bool] = []
 
     async def work(ctx: RunContext) -> None:
@@ -302,24 +308,17 @@ async def test_a_lease_lost_while_the_process_was_frozen_says_so() -> None:
     # SIGSTOP (or a starved host): nothing runs until long after the renewal was due, past the
     # lease's local deadline. The renewal did not hang: the reason names the freeze and its length.
     clock = FakeClock(START)
-
-    class OverANetwork(MemoryBackend):
-        async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:
-            await asyncio.sleep(0.01)  # a round trip (real time: the fake clock stands still)
-            return await super().renew_many(tickets)
-
-    backend = OverANetwork(clock=clock)
+    backend = Renewals(clock=clock)
+    backend.round_trip_s = 0.01  # real time: the fake clock stands still meanwhile
     reasons: list[str] = []
 
     async def work(ctx: RunContext) -> None:
         try:
             await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            try:
+        finally:  # cancelled once the lease is lost
+            with pytest.raises(LeaseLost) as lost:
                 ctx.check_lease()
-            except LeaseLost as exc:
-                reasons.append(str(exc))
-            raise
+            reasons.append(str(lost.value))
 
     scheduler = Scheduler(backend, clock=clock)
     scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)

@@ -82,6 +82,22 @@ def test_times_with_and_without_a_zone_and_epoch_ms(text: str, zone: str, ms: in
         ("noon", "UTC", "'noon' is not an ISO 8601 time"),
         ("-5", "UTC", "nor epoch milliseconds"),
         ("9" * 5000, "UTC", "'" + "9" * 64 + "...' is not an ISO 8601 time"),
+        # Read as 03:30 EDT before, so explain answered "not a slot" for a job at 30 2 * * *.
+        (
+            "2027-03-14T02:30:00",
+            "America/New_York",
+            "does not exist in America/New_York: the clocks there skip from 02:00 to 03:00 on "
+            "2027-03-14",
+        ),
+        ("2027-03-28T03:00", "Europe/Athens", "skip from 03:00 to 04:00 on 2027-03-28"),
+        ("2011-12-30T12:00", "Pacific/Apia", "skip from 2011-12-30 00:00 to 2011-12-31 00:00"),
+        # Cut to the millisecond before, silently.
+        ("2026-01-01T00:00:00.000001Z", "UTC", "finer than a millisecond"),
+        ("2026-01-01T00:00:00.2505", "UTC", "finer than a millisecond"),
+        # "not an ISO 8601 time" before.
+        ("2027-02-29", "UTC", "is no such date or time: day is out"),
+        ("2026-13-01T00:00", "UTC", "is no such date or time: month must be in 1..12"),
+        ("2026-01-01T25:00", "UTC", "is no such date or time: hour must be in 0..23"),
     ],
 )
 def test_times_out_of_range_or_unreadable_are_refused_naming_value_and_rule(
@@ -150,36 +166,6 @@ def test_a_stored_end_no_time_holds_reads_as_until_resumed(stored: int) -> None:
         assert pause.until_ms is None and pause.active(NOW + 10**15)
         assert paused_reason(pause) == "paused by old@ops"
     assert Pause(job="tick", by="b", at_ms=NOW, until_ms=LATEST_MS).until_ms == LATEST_MS
-
-
-@pytest.mark.parametrize(
-    ("text", "zone", "said"),
-    [
-        # Read as 03:30 EDT before, so explain answered "not a slot" for a job at 30 2 * * *.
-        (
-            "2027-03-14T02:30:00",
-            "America/New_York",
-            "does not exist in America/New_York: the clocks there skip from 02:00 to 03:00 on "
-            "2027-03-14",
-        ),
-        ("2027-03-28T03:00", "Europe/Athens", "skip from 03:00 to 04:00 on 2027-03-28"),
-        ("2011-12-30T12:00", "Pacific/Apia", "skip from 2011-12-30 00:00 to 2011-12-31 00:00"),
-        # Cut to the millisecond before, silently.
-        ("2026-01-01T00:00:00.000001Z", "UTC", "finer than a millisecond"),
-        ("2026-01-01T00:00:00.2505", "UTC", "finer than a millisecond"),
-        # "not an ISO 8601 time" before.
-        ("2027-02-29", "UTC", "is no such date or time: day is out of range for month"),
-        ("2026-13-01T00:00", "UTC", "is no such date or time: month must be in 1..12"),
-        ("2026-01-01T25:00", "UTC", "is no such date or time: hour must be in 0..23"),
-    ],
-)
-def test_local_times_in_a_gap_sub_millisecond_times_and_no_such_dates_are_refused(
-    text: str, zone: str, said: str
-) -> None:
-    with pytest.raises(InvalidOption) as info:
-        parse_time_ms(text, zone, what="SLOT")
-    message = str(info.value)
-    assert message.startswith(f"SLOT {text!r}") and said in message, message
 
 
 def test_the_gap_message_offers_the_time_after_it_with_its_offset() -> None:
