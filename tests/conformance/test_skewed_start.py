@@ -41,8 +41,11 @@ async def _history(ns: Namespace, job: str) -> list[Run]:
         return await reader.history(job, limit=500)
 
 
-def _start(fleet: Fleet, instances: list[Instance], url: str, options: dict[str, Any]) -> float:
-    """Hand every instance its spec at once (they are loaded already); returns when (real)."""
+def _start(
+    fleet: Fleet, instances: list[Instance], url: str, options: dict[str, Any]
+) -> tuple[float, float]:
+    """Hand every instance its spec at once (they are loaded already); returns when (real),
+    and when every one had started."""
     fleet.wait_event(instances, "loaded", 90)
     spec = {
         "url": url,
@@ -52,7 +55,7 @@ def _start(fleet: Fleet, instances: list[Instance], url: str, options: dict[str,
     for instance in instances:
         fleet.go(instance, spec)
     fleet.wait_event(instances, "started", 90)
-    return began
+    return began, time.time()
 
 
 def _stop(fleet: Fleet, instances: list[Instance]) -> None:
@@ -87,7 +90,7 @@ async def test_an_instance_behind_claims_no_slot_from_before_the_fleet_started(
     try:
         assert instances[1].clock is not None
         instances[1].clock.set(-behind_s)
-        began = _start(fleet, instances, ns.url, {})
+        began, ready = _start(fleet, instances, ns.url, {})
         time.sleep(35)  # noqa: ASYNC251 - the processes run on
         _stop(fleet, instances)
         ended = time.time()
@@ -98,8 +101,8 @@ async def test_an_instance_behind_claims_no_slot_from_before_the_fleet_started(
     assert not early, f"slots from before the fleet started were claimed: {early}\n{fleet.logs()}"
     assert all(r.status is RunStatus.SUCCEEDED for r in runs), (runs, fleet.logs())
     slots = {r.slot_ms for r in runs}
-    # The on-time instances ran the slots after the start (give the start a period).
-    expected = range((int(began * 1000) // PERIOD_MS + 2) * PERIOD_MS, int(ended * 1000) - 8_000)
+    # The on-time instances ran the slots after they had all started.
+    expected = range((int(ready * 1000) // PERIOD_MS + 1) * PERIOD_MS, int(ended * 1000) - 8_000)
     missing = [s for s in expected[::PERIOD_MS] if s not in slots]
     assert not missing, (missing, runs)
 
@@ -124,7 +127,7 @@ async def test_an_instance_ahead_catches_up_no_future_slot_and_skips_none(
         for instance in second:
             assert instance.clock is not None
             instance.clock.set(+90)
-        began = _start(fleet, second, ns.url, {})
+        _, ready = _start(fleet, second, ns.url, {})
         time.sleep(30)  # noqa: ASYNC251
         _stop(fleet, second)
         ended = time.time()
@@ -140,7 +143,7 @@ async def test_an_instance_ahead_catches_up_no_future_slot_and_skips_none(
     runs = await _history(ns, "tick")
     by_slot = Counter(r.slot_ms for r in runs if r.status is RunStatus.SUCCEEDED)
     assert all(n == 1 for n in by_slot.values()), by_slot
-    expected = range((int(began * 1000) // PERIOD_MS + 1) * PERIOD_MS, int(ended * 1000) - 6_000)
+    expected = range((int(ready * 1000) // PERIOD_MS + 1) * PERIOD_MS, int(ended * 1000) - 6_000)
     missing = [s for s in expected[::PERIOD_MS] if s not in by_slot]
     # A live slot that comes while the caught-up run still holds its lease is skipped for
     # overlap, as documented (catch-up runs count for overlap="skip"); none may be passed over.
