@@ -47,7 +47,9 @@ from ._options import (
     check_replicas,
     check_servers,
     check_shrink_window,
+    merge_credentials,
     parse_url,
+    split_credentials,
     url_secrets,
 )
 from ._registry import NatsRegistry, bucket_streams
@@ -130,7 +132,12 @@ class NatsBackend(Backend):
         self.servers: list[str] = check_servers(servers)
         check_connection(connection)
         self.shrink_window = check_shrink_window(shrink_window)
-        access = Access(**access_options)
+        # Credentials in the URLs become options (percent-decoded; nats-py takes a URL's user
+        # part as it is written); a caller's connection ignores the URLs.
+        bare, from_url = (
+            (self.servers, {}) if connection is not None else (split_credentials(self.servers))
+        )
+        access = Access(**merge_credentials(access_options, from_url))
         check_access(access, connection)
         connect_options = access.connect_options()
         self.stream = check_stream(stream)
@@ -140,7 +147,7 @@ class NatsBackend(Backend):
         self.replicas = check_replicas(replicas)
         self._yours = connection is not None
         self._conn = Connection(
-            servers=self.servers,
+            servers=bare,
             connect_options=connect_options,
             secrets=[*access.secrets, *(x for s in self.servers for x in url_secrets(s))],
             given=connection,

@@ -12,13 +12,17 @@ URLs are redacted by the one redactor every backend uses (:func:`anarchon.kit.re
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib.util
+import json
 import os
+import re
 import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
 from ...kit import redact_url
@@ -88,14 +92,77 @@ def check_replicas(replicas: object) -> int | None:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The password, or the token (a user part without password), that ``url`` carries."""
+    """The password, or the token (a user part without password), that ``url`` carries: as
+    written and percent-decoded."""
     try:
         parts = urlsplit(url)
-        if parts.password:
-            return [parts.password]
-        return [parts.username] if parts.username else []
+        secret = parts.password if parts.password is not None else parts.username
     except ValueError:
         return []
+    return [secret, unquote(secret)] if secret else []
+
+
+#: Credentials a URL carries: ``user`` and ``password``, or ``token``.
+CREDENTIAL_OPTIONS: Final = ("user", "password", "token", "creds")
+
+
+def split_credentials(servers: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The server URLs without their user part, and the credentials it held, percent-decoded
+    (``nats://admin:p%40ss@host`` is user ``admin``, password ``p@ss``): ``user`` and
+    ``password``, or ``token`` (a user part without ``:``), or nothing.
+
+    Raise :class:`InvalidOption` for a user part with an empty user, password or token, and for
+    servers whose URLs carry different credentials (one connection uses one set).
+    """
+    bare: list[str] = []
+    found: dict[str, str] = {}
+    for url in servers:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        userinfo, at, hostport = parts.netloc.rpartition("@")
+        if not at:
+            bare.append(url)
+            continue
+        shown = redact_url(parts._replace(query="", fragment="").geturl())
+        bare.append(parts._replace(netloc=hostport).geturl())
+        user, colon, password = (unquote(x) for x in userinfo.partition(":"))
+        if not colon:
+            if not user:
+                raise InvalidOption(f"server URL {shown!r} has an empty token before '@'")
+            creds = {"token": user}
+        elif not user:
+            raise InvalidOption(
+                f"server URL {shown!r} has a password without a user name (nats://user:password@host)"
+            )
+        elif not password:
+            raise InvalidOption(
+                f"server URL {shown!r}: user {user!r} has an empty password; a user goes with "
+                "its password (nats://user:password@host), a token alone is nats://token@host"
+            )
+        else:
+            creds = {"user": user, "password": password}
+        if found and creds != found:
+            raise InvalidOption(
+                f"server URL {shown!r} carries other credentials than the server before it; "
+                "one connection uses one set: give the same in each URL, or as options"
+            )
+        found = creds
+    return bare, found
+
+
+def merge_credentials(options: AccessKwargs, from_url: dict[str, str]) -> AccessKwargs:
+    """``options`` with the credentials a URL carried (:func:`split_credentials`); refused
+    with :class:`InvalidOption` when ``options`` give credentials too."""
+    if not from_url:
+        return options
+    given = [name for name in CREDENTIAL_OPTIONS if options.get(name) is not None]
+    if given:
+        carried = "a token" if "token" in from_url else "a user and password"
+        raise InvalidOption(
+            f"give one kind of NATS credentials: the server URL carries {carried} and "
+            f"{', '.join(f'{name}=' for name in given)} is given too"
+        )
+    merged: dict[str, Any] = {**options, **from_url}
+    return merged  # type: ignore[return-value]
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -175,6 +242,8 @@ class Access:
                 f"creds={self.creds!r}: signing with a .creds file needs the nkeys package: "
                 "pip install 'nats-py[nkeys]'"
             )
+        if self.creds is not None:
+            _check_creds(str(self.creds))
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TLS context for ``ca_file`` / ``cert_file``, or None to leave TLS to nats-py
@@ -220,6 +289,48 @@ def _check_file(name: str, path: object) -> None:
         raise InvalidOption(f"{name}={path!r} must be the path of a file")
     if not os.path.isfile(path) or not os.access(path, os.R_OK):
         raise InvalidOption(f"{name}={str(path)!r} is not a readable file")
+
+
+_JWT_BLOCK: Final = re.compile(r"-----BEGIN NATS USER JWT-----\s*\n\s*(\S+)")
+_SEED_BLOCK: Final = re.compile(r"-----BEGIN USER NKEY SEED-----\s*\n\s*(\S+)")
+
+
+def _check_creds(path: str) -> None:
+    """A ``.creds`` file must hold a user JWT (three base64url parts, JSON header and claims)
+    and a user nkey seed that nkeys reads; the message never shows either."""
+    import nkeys  # type: ignore[import-untyped]
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read(1 << 20)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidOption(f"creds={path!r} is not a readable text file: {_why(exc)}") from None
+    rule = "(a .creds file as nsc writes it: a NATS USER JWT block and a USER NKEY SEED block)"
+    jwt = _JWT_BLOCK.search(text)
+    if jwt is None or not _is_jwt(jwt.group(1)):
+        raise InvalidOption(f"creds={path!r} holds no usable user JWT {rule}")
+    seed = _SEED_BLOCK.search(text)
+    try:
+        if seed is None or not seed.group(1).startswith("SU"):
+            raise ValueError
+        nkeys.from_seed(bytearray(seed.group(1).encode())).wipe()
+    except Exception:
+        raise InvalidOption(f"creds={path!r} holds no usable user nkey seed {rule}") from None
+
+
+def _is_jwt(text: str) -> bool:
+    parts = text.split(".")
+    if len(parts) != 3 or not all(parts):
+        return False
+    try:
+        for part in parts[:2]:
+            if not isinstance(
+                json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))), dict
+            ):
+                return False
+    except (ValueError, binascii.Error):
+        return False
+    return True
 
 
 def _why(exc: BaseException) -> str:
