@@ -148,6 +148,7 @@ class NatsBackend(Backend):
         self._yours = connection is not None
         self._conn = Connection(
             servers=bare,
+            shown=self.servers,
             connect_options=connect_options,
             secrets=[*access.secrets, *(x for s in self.servers for x in url_secrets(s))],
             given=connection,

@@ -109,6 +109,42 @@ def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
     return tuple(numbers) >= (major, minor)
 
 
+def plain_text_refused(where: str) -> Exception:
+    """The error for a server at ``where`` that offers no TLS to a client that asked for it:
+    a :class:`nats.errors.SecureConnWantedError` (a refusal, not retried), saying why."""
+    import nats.errors
+
+    class PlainTextRefused(nats.errors.SecureConnWantedError):
+        def __str__(self) -> str:
+            return (
+                f"the server at {where} offers no TLS, but TLS was asked for (a tls:// URL, "
+                "ca_file or cert_file): refusing to connect in plain text (credentials and "
+                "claims would travel unencrypted). Enable TLS on the server (a 'tls {...}' "
+                "block), or use a nats:// URL without TLS files if plain text is intended"
+            )
+
+    return PlainTextRefused()
+
+
+def require_tls(client: NATS, *, given_context: bool) -> None:
+    """Make ``client`` refuse, before it sends its CONNECT (credentials included), a server
+    that does not use TLS when TLS was asked for: a ``tls://`` server URL, or a TLS context
+    (``ca_file`` / ``cert_file``). nats-py itself upgrades only when the server requires TLS,
+    and otherwise connects in plain text, password and all."""
+    original = client._connect_command
+
+    def guarded() -> bytes:
+        server = client._current_server
+        wanted = given_context or (server is not None and server.uri.scheme == "tls")
+        if wanted and not (client._server_info or {}).get("tls_required"):
+            uri = server.uri if server is not None else None
+            where = f"{uri.hostname}:{uri.port}" if uri is not None else "?"
+            raise plain_text_refused(where)
+        return original()
+
+    client._connect_command = guarded  # type: ignore[method-assign]
+
+
 async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` if it is still under way and wait for it to end, its outcome (an error
     included) consumed: the stop and close paths' background work (a listing, a feed's start,
@@ -136,6 +172,8 @@ class Connection:
     context, and every call the backend makes through it.
 
     :param owner: how the backend shows itself in messages (its ``repr``).
+    :param shown: the server URLs as the caller gave them (credentials included), for messages
+        (redacted); ``servers`` by default.
     """
 
     def __init__(
@@ -147,8 +185,11 @@ class Connection:
         given: NATS | None,
         stream: str,
         owner: str,
+        shown: Sequence[str] | None = None,
     ) -> None:
         self.servers = list(servers)
+        self._shown = list(shown) if shown is not None else self.servers
+        """The server URLs as given, for messages (redacted there)."""
         self.given = given
         self.stream = stream
         self._connect_options = connect_options
@@ -200,11 +241,16 @@ class Connection:
 
     async def _connect(self) -> NATS:
         nats = import_nats()
+        from nats.aio.client import Client
+
         self._connecting = True
         self._connect_error = None
         self._connect_fatal = asyncio.Event()
+        client = Client()  # as nats.connect() makes it, to guard its CONNECT first
+        require_tls(client, given_context=self._connect_options.get("tls") is not None)
+        connect: Any = client.connect  # nats.connect's loose typing (float timeouts)
         attempt = asyncio.ensure_future(
-            nats.connect(
+            connect(
                 servers=self.servers,
                 name="anarchon",
                 connect_timeout=CONNECT_TIMEOUT_S,
@@ -232,13 +278,14 @@ class Connection:
                 attempt.cancel()
                 await asyncio.gather(attempt, return_exceptions=True)
                 raise TimeoutError(f"no connection within {limit:.0f} s")
-            nc: NATS = attempt.result()
+            attempt.result()
+            nc: NATS = client
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             cause = self._connect_error if self._connect_error is not None else exc
             raise errors.connect_error(
                 cause,
                 self.scrub(
-                    f"cannot connect to NATS at {servers_shown(self.servers)}: "
+                    f"cannot connect to NATS at {servers_shown(self._shown)}: "
                     f"{errors.describe(cause)}. Check that nats-server runs there, with "
                     "JetStream enabled (nats-server -js), and that the URL, credentials and "
                     "TLS files are right"
