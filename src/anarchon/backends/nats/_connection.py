@@ -58,6 +58,9 @@ START_RETRY_S: Final = 10.0
 RETRY_FIRST_S: Final = 0.025
 RETRY_CAP_S: Final = 0.5
 MAX_ATTEMPTS: Final = 12
+# A key-value bucket's write or lookup is made again for up to this long while nobody answers
+# it (until_answered): a bucket just created, an election. Under the buckets' call timeout.
+BUCKET_RETRY_S: Final = 3.0
 # Claims of one batch in flight at once: enough to fill the pipe, bounded so a batch of
 # thousands does not overflow nats-py's reconnect buffer.
 MAX_IN_FLIGHT: Final = 256
@@ -152,6 +155,40 @@ async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     if task is not None:
         task.cancel()  # nothing, if it has ended
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def until_answered(call: Callable[[], Awaitable[T]], doing: str, within_s: float) -> T:
+    """``call()`` (a key-value bucket's write or lookup), made again for up to ``within_s``
+    while JetStream's answer is that nobody took it (:func:`._errors.is_transient` and not
+    :func:`._errors.maybe_sent`): no responders for a bucket just created (its stream's
+    interest not yet known to the server this client talks to, in a cluster), a leader being
+    elected. Nothing was stored then, so a retry cannot write twice; a timeout is never
+    retried here. The last failure is raised as it is: the caller's bounded call translates
+    it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await call()
+        except Exception as exc:
+            delay = next(delays)
+            if (
+                not errors.is_transient(exc)
+                or errors.maybe_sent(exc)
+                or loop.time() + delay >= deadline
+            ):
+                raise
+            logger.debug(
+                "NATS: %s: %s; retrying (attempt %d)",
+                doing,
+                errors.describe(exc),
+                attempt,
+                extra={"action": "nats_retry"},
+            )
+        await asyncio.sleep(delay)
 
 
 async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
@@ -435,23 +472,40 @@ class Connection:
     ) -> KeyValue | None:
         """Key-value bucket ``bucket``; None if it does not exist, unless ``create``: then it
         is made (one revision per key, the stream's replicas; creating one that another instance
-        just made is idempotent). Each request goes through ``bounded(request, what it does)``, the
-        caller's bounded and translated call; ``doing`` says what the lookup is for."""
-        from nats.js.errors import BucketNotFoundError
+        just made is idempotent, and one it made with other settings is used). Each request goes
+        through ``bounded(request, what it does)``, the caller's bounded and translated call, and
+        is made again while nobody answers it (:func:`until_answered`); ``doing`` says what the
+        lookup is for."""
+        from nats.js.api import KeyValueConfig
+        from nats.js.errors import APIError, BucketNotFoundError
 
         _, js = self.require()
+        within = BUCKET_RETRY_S
+
         try:
-            kv: KeyValue = await bounded(js.key_value(bucket), doing)
+            kv: KeyValue = await bounded(
+                until_answered(lambda: js.key_value(bucket), doing, within), doing
+            )
+            return kv
         except BackendError as exc:
             if not isinstance(exc.__cause__, BucketNotFoundError):
                 raise
             if not create:
                 return None
-            from nats.js.api import KeyValueConfig
+        config = KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas)
+        creating = f"creating key-value bucket {bucket!r}"
 
-            config = KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas)
-            kv = await bounded(js.create_key_value(config), f"creating key-value bucket {bucket!r}")
-        return kv
+        async def make() -> KeyValue:
+            try:
+                return await until_answered(lambda: js.create_key_value(config), creating, within)
+            except (APIError, JetStreamError) as exc:
+                if exc.err_code != errors.STREAM_NAME_IN_USE:
+                    raise
+            # Made by another instance meanwhile, with other settings (its replicas): use it.
+            return await until_answered(lambda: js.key_value(bucket), creating, within)
+
+        made: KeyValue = await bounded(make(), creating)
+        return made
 
     async def subjects(self, stream: str, subjects_filter: str) -> list[str]:
         """The subjects of ``stream`` that match ``subjects_filter`` and hold a message, from

@@ -43,7 +43,7 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._connection import bounded, cancel_unfinished
+from ._connection import BUCKET_RETRY_S, bounded, cancel_unfinished, until_answered
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
 from ._wire import subscribe_sink
 
@@ -160,7 +160,11 @@ class NatsControl:
         kv = await self._open(create=True)
         assert kv is not None
         key = self._pause_key(pause.job)
-        await self._bounded(kv.put(key, pause.to_json().encode()), "storing a pause")
+        value = pause.to_json().encode()
+        await self._bounded(
+            until_answered(lambda: kv.put(key, value), "storing a pause", BUCKET_RETRY_S),
+            "storing a pause",
+        )
         self._remember(pause.job, pause)
         if self._listed is not None:
             self._listed[1].add(key)
@@ -462,9 +466,11 @@ class NatsControl:
         exists."""
         kv = await self._open(create=True)
         assert kv is not None
+        key, value = self._request_key(request.id), request.to_json().encode()
+        doing = f"storing run request {request.id}"
         return await self._bounded(
-            _unless_changed(kv.create(self._request_key(request.id), request.to_json().encode())),
-            f"storing run request {request.id}",
+            _unless_changed(until_answered(lambda: kv.create(key, value), doing, BUCKET_RETRY_S)),
+            doing,
         )
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:

@@ -61,7 +61,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None:
         return True  # no responders to a JetStream API request: nobody leads right now
     if isinstance(exc, JetStreamError | nats.js.errors.APIError):
-        return exc.err_code in TRANSIENT_ERR_CODES
+        return getattr(exc, "err_code", None) in TRANSIENT_ERR_CODES  # some lack it
     return isinstance(
         exc,
         InFlight

@@ -49,12 +49,14 @@ import hashlib
 import json
 import re
 from collections.abc import Awaitable, Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.registry import InstanceRecord
 
 from . import _errors as errors
+from ._connection import BUCKET_RETRY_S, until_answered
 
 if TYPE_CHECKING:
     from nats.js.errors import KeyNotFoundError
@@ -150,8 +152,10 @@ class NatsRegistry:
         """See :meth:`anarchon.registry.RegistryStore.record`."""
         kv = await self._open(create=True)
         assert kv is not None
+        key, value = self._key(instance.id), instance.to_json().encode()
         await self._bounded(
-            kv.put(self._key(instance.id), instance.to_json().encode()), "recording an instance"
+            until_answered(lambda: kv.put(key, value), "recording an instance", BUCKET_RETRY_S),
+            "recording an instance",
         )
 
     async def _entries(self) -> list[tuple[str, int, InstanceRecord | None]]:
@@ -270,11 +274,19 @@ class NatsRegistry:
                 return
             chunks = [data[at : at + size] for at in range(0, len(data), size)] or [b""]
             for n, chunk in enumerate(chunks):
-                await kv.put(self._set_key(digest, str(n)), chunk)
+                await until_answered(
+                    partial(kv.put, self._set_key(digest, str(n)), chunk),
+                    "saving a definitions set",
+                    BUCKET_RETRY_S,
+                )
             manifest = json.dumps({"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms})
             while True:
                 try:
-                    await kv.create(self._set_key(digest, "m"), manifest.encode())
+                    await until_answered(
+                        lambda: kv.create(self._set_key(digest, "m"), manifest.encode()),
+                        "saving a definitions set",
+                        BUCKET_RETRY_S,
+                    )
                     return
                 except (KeyWrongLastSequenceError, KeyNotFoundError):
                     # Another instance saved it meanwhile (the same bytes), or a prune purged
@@ -300,7 +312,11 @@ class NatsRegistry:
             manifest["saved_ms"] = saved_ms
             body = json.dumps(manifest).encode()
             try:
-                await kv.update(self._set_key(digest, "m"), body, last=revision)
+                await until_answered(
+                    partial(kv.update, self._set_key(digest, "m"), body, last=revision),
+                    "touching a definitions set",
+                    BUCKET_RETRY_S,
+                )
             except KeyWrongLastSequenceError:
                 continue
             return True
