@@ -107,3 +107,94 @@ async def test_a_shrunk_window_is_raised_again_by_a_running_instance(
     assert keeper.window_ms == 600_000
     assert "was 200000 ms, less than this instance keeps" in caplog.text
     assert "job long needs 412000 ms" in caplog.text
+
+
+async def test_a_max_age_edited_below_the_window_is_raised_with_it(
+    make: Make,
+    server_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """QA probe maxage.sh: the stream edited by hand to max_age 30 s and window 20 s. The
+    minute check's raise of the window failed (err_code 10052: a window longer than max_age),
+    logged only at DEBUG, the instance still believing 300 000 ms: 50 duplicate runs. Now
+    max_age is raised with the window, at WARNING. Every option at its default."""
+    import json
+
+    from tests.nats.servers import connect
+
+    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
+    backend: NatsBackend = await make()
+    Scheduler(backend).add("job", "* * * * *", handler)  # the upkeep runs once a job is added
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
+    config = await raw_config(server_url, backend.stream)
+    edited = {**config, "max_age": 30_000 * NS, "duplicate_window": 20_000 * NS}
+    nc = await connect(server_url)
+    try:
+        reply = await nc.request(
+            f"$JS.API.STREAM.UPDATE.{backend.stream}", json.dumps(edited).encode(), timeout=2
+        )
+        assert "error" not in json.loads(reply.data), reply.data
+    finally:
+        await nc.close()
+    for _ in range(100):  # the check runs every 0.2 s here (a minute by default)
+        if await window_of(server_url, backend.stream) == 300_000:
+            break
+        await asyncio.sleep(0.1)
+    after = await raw_config(server_url, backend.stream)
+    assert int(after["duplicate_window"]) // NS == 300_000
+    assert int(after["max_age"]) // NS == 300_000
+    assert backend.window_ms == 300_000
+    assert "was 20000 ms, less than this instance keeps" in caplog.text
+    assert "its max_age was 30000 ms, shorter than the window, and is now 300000 ms" in caplog.text
+
+
+async def test_a_window_that_cannot_be_raised_back_is_a_warning_naming_max_age(
+    make: Make,
+    server_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the refused update (err_code 10052) was logged at DEBUG (``upkeep_failed``) and
+    the instance kept believing its 300 000 ms window. The update is refused here as a server
+    that does not let this user update the stream would (the stream itself is edited for
+    real)."""
+    import json
+
+    from anarchon.backends.nats import _stream
+    from anarchon.backends.nats._errors import JetStreamError
+    from tests.nats.servers import connect
+
+    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
+    backend: NatsBackend = await make()
+    Scheduler(backend).add("job", "* * * * *", handler)
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
+
+    async def refused(*args: Any) -> dict[str, Any]:
+        raise JetStreamError(
+            "duplicate window can not be larger then max age (code 400, err_code 10052)",
+            code=400,
+            err_code=10052,
+        )
+
+    monkeypatch.setattr(_stream, "raise_window", refused)  # as _window calls it
+    config = await raw_config(server_url, backend.stream)
+    edited = {**config, "max_age": 30_000 * NS, "duplicate_window": 20_000 * NS}
+    nc = await connect(server_url)
+    try:
+        await nc.request(
+            f"$JS.API.STREAM.UPDATE.{backend.stream}", json.dumps(edited).encode(), timeout=2
+        )
+    finally:
+        await nc.close()
+    for _ in range(100):
+        if "window_raise_failed" in [getattr(r, "action", "") for r in caplog.records]:
+            break
+        await asyncio.sleep(0.1)
+    [warning] = {
+        r.getMessage() for r in caplog.records if getattr(r, "action", "") == "window_raise_failed"
+    }
+    assert "is 20000 ms, less than this instance keeps" in warning
+    assert "The stream's max_age is 30000 ms" in warning
+    assert "err_code 10052" in warning
+    assert backend.window_ms == 20_000, "the window the stream really has"

@@ -304,13 +304,22 @@ async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], wa
         )
 
 
+def max_age_ms(info: dict[str, Any]) -> int:
+    """The stream's ``max_age``, in ms, of a stream info answer (0: unlimited)."""
+    return int((info.get("config") or {}).get("max_age") or 0) // NS_PER_MS
+
+
 async def raise_window(api: Api, stream: str, to_ms: int) -> dict[str, Any]:
-    """Grow the stream's duplicate window to ``to_ms`` (kept if already longer)."""
+    """Grow the stream's duplicate window to ``to_ms`` (kept if already longer), and its
+    ``max_age`` to ``to_ms`` too if it is shorter: JetStream keeps the window within max_age
+    (err_code 10052), and claims kept less than the window are forgotten before it ends."""
     info = await api(subjects.API.format(verb="STREAM.INFO", stream=stream), None)
     if window_ms(info) >= to_ms:
         return info
     config = dict(info.get("config") or {})
     config["duplicate_window"] = to_ms * NS_PER_MS
+    if 0 < max_age_ms(info) < to_ms:
+        config["max_age"] = to_ms * NS_PER_MS
     return await api(subjects.API.format(verb="STREAM.UPDATE", stream=stream), config)
 
 

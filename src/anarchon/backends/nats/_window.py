@@ -99,7 +99,8 @@ class Window:
 
     async def check(self) -> int | None:
         """Read the stream's window now and return it (None: the stream is gone); raise it back
-        if it fell below what this instance keeps, with a warning naming the job."""
+        if it fell below what this instance keeps, with a warning naming the job (and the
+        stream's max_age, raised too when it was below the window)."""
         self._connection.require()
         try:
             info = await self._connection.stream_info()
@@ -120,19 +121,56 @@ class Window:
         need, job = max(((n, j) for j, n in self._needs.items()), default=(0, "-"))
         target = max(self._least_ms, need + 1)
         if window < target:
-            info = await stream_setup.raise_window(self._connection.api, self._stream, target)
+            window = await self._restore(info, window, target, job, need)
+        self._stream_ms = window
+        return window
+
+    async def _restore(
+        self, info: dict[str, Any], window: int, target: int, job: str, need: int
+    ) -> int:
+        """Raise the stream's window (and its max_age, if shorter) back to ``target``; the
+        window the stream has afterwards. Each outcome is a WARNING: a window below what the
+        jobs need lets a late instance run a slot again."""
+        max_age = stream_setup.max_age_ms(info)
+        try:
+            raised = await stream_setup.raise_window(self._connection.api, self._stream, target)
+        except Exception as exc:
             logger.warning(
-                "the duplicate window of stream %s was %d ms, less than this instance keeps "
-                "(duplicate_window_ms=%d; job %s needs %d ms); raised it to %d ms. Another "
-                "instance shrank it (shrink_window=True) or the stream was changed by hand",
+                "the duplicate window of stream %s is %d ms, less than this instance keeps "
+                "(duplicate_window_ms=%d; job %s needs %d ms), and raising it back to %d ms "
+                "failed: %s. The stream's max_age is %s. Until the window is at least %d ms a "
+                "late or retried claim may not be recognised and a slot may run twice: set the "
+                "stream's duplicate_window (and max_age, if shorter) back to at least that",
                 self._stream,
                 window,
                 self._least_ms,
                 job,
                 need,
-                stream_setup.window_ms(info),
-                extra={"action": "window_raised", "stream": self._stream, "job": job},
+                target,
+                self._connection.scrub(errors.describe(exc)),
+                f"{max_age} ms" if max_age else "unlimited",
+                target,
+                extra={"action": "window_raise_failed", "stream": self._stream, "job": job},
             )
-            window = stream_setup.window_ms(info)
-        self._stream_ms = window
-        return window
+            return window
+        now = stream_setup.window_ms(raised)
+        age_now = stream_setup.max_age_ms(raised)
+        age_text = (
+            f"; its max_age was {max_age} ms, shorter than the window, and is now {age_now} ms"
+            if age_now != max_age
+            else ""
+        )
+        logger.warning(
+            "the duplicate window of stream %s was %d ms, less than this instance keeps "
+            "(duplicate_window_ms=%d; job %s needs %d ms); raised it to %d ms%s. Another "
+            "instance shrank it (shrink_window=True) or the stream was changed by hand",
+            self._stream,
+            window,
+            self._least_ms,
+            job,
+            need,
+            now,
+            age_text,
+            extra={"action": "window_raised", "stream": self._stream, "job": job},
+        )
+        return now
