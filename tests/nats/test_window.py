@@ -31,6 +31,34 @@ async def window_of(url: str, stream: str) -> int:
     return int((await raw_config(url, stream))["duplicate_window"]) // NS
 
 
+async def until_window(url: str, stream: str, ms: int) -> None:
+    """Wait for the stream's window to be ``ms`` (a running instance's check: every 0.2 s in
+    these tests, a minute by default), up to about 10 s."""
+    for _ in range(100):
+        if await window_of(url, stream) == ms:
+            break
+        await asyncio.sleep(0.1)
+    assert await window_of(url, stream) == ms
+
+
+async def edit_by_hand(url: str, stream: str, *, max_age_ms: int, window_ms: int) -> None:
+    """Set the stream's max_age and duplicate window as an operator would (a raw update)."""
+    import json
+
+    from tests.nats.servers import connect
+
+    edited = {**await raw_config(url, stream), "max_age": max_age_ms * NS,
+              "duplicate_window": window_ms * NS}  # fmt: skip
+    nc = await connect(url)
+    try:
+        reply = await nc.request(
+            f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(edited).encode(), timeout=2
+        )
+        assert "error" not in json.loads(reply.data), reply.data
+    finally:
+        await nc.close()
+
+
 async def test_an_instance_with_a_smaller_window_never_shrinks_the_stream(
     make: Make, server_url: str
 ) -> None:
@@ -99,50 +127,36 @@ async def test_a_shrunk_window_is_raised_again_by_a_running_instance(
     Scheduler(keeper).add("long", "* * * * *", handler, max_late_ms=400_000)
     await make(duplicate_window_ms=200_000, shrink_window=True)
     caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
-    for _ in range(100):  # the keeper's own check, every 0.2 s here (a minute by default)
-        if await window_of(server_url, keeper.stream) == 600_000:
-            break
-        await asyncio.sleep(0.1)
-    assert await window_of(server_url, keeper.stream) == 600_000
+    await until_window(server_url, keeper.stream, 600_000)  # the keeper's own check
     assert keeper.window_ms == 600_000
     assert "was 200000 ms, less than this instance keeps" in caplog.text
     assert "job long needs 412000 ms" in caplog.text
 
 
+@pytest.fixture
+async def checked(
+    make: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> NatsBackend:
+    """A started backend, every option at its default, with a job (so its window check runs,
+    every 0.2 s here); WARNINGs captured."""
+    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
+    backend: NatsBackend = await make()
+    Scheduler(backend).add("job", "* * * * *", handler)
+    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
+    return backend
+
+
 async def test_a_max_age_edited_below_the_window_is_raised_with_it(
-    make: Make,
-    server_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    checked: NatsBackend, server_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """QA probe maxage.sh: the stream edited by hand to max_age 30 s and window 20 s. The
     minute check's raise of the window failed (err_code 10052: a window longer than max_age),
     logged only at DEBUG, the instance still believing 300 000 ms: 50 duplicate runs. Now
     max_age is raised with the window, at WARNING. Every option at its default."""
-    import json
-
-    from tests.nats.servers import connect
-
-    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
-    backend: NatsBackend = await make()
-    Scheduler(backend).add("job", "* * * * *", handler)  # the upkeep runs once a job is added
-    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
-    config = await raw_config(server_url, backend.stream)
-    edited = {**config, "max_age": 30_000 * NS, "duplicate_window": 20_000 * NS}
-    nc = await connect(server_url)
-    try:
-        reply = await nc.request(
-            f"$JS.API.STREAM.UPDATE.{backend.stream}", json.dumps(edited).encode(), timeout=2
-        )
-        assert "error" not in json.loads(reply.data), reply.data
-    finally:
-        await nc.close()
-    for _ in range(100):  # the check runs every 0.2 s here (a minute by default)
-        if await window_of(server_url, backend.stream) == 300_000:
-            break
-        await asyncio.sleep(0.1)
+    backend = checked
+    await edit_by_hand(server_url, backend.stream, max_age_ms=30_000, window_ms=20_000)
+    await until_window(server_url, backend.stream, 300_000)
     after = await raw_config(server_url, backend.stream)
-    assert int(after["duplicate_window"]) // NS == 300_000
     assert int(after["max_age"]) // NS == 300_000
     assert backend.window_ms == 300_000
     assert "was 20000 ms, less than this instance keeps" in caplog.text
@@ -150,7 +164,7 @@ async def test_a_max_age_edited_below_the_window_is_raised_with_it(
 
 
 async def test_a_window_that_cannot_be_raised_back_is_a_warning_naming_max_age(
-    make: Make,
+    checked: NatsBackend,
     server_url: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -159,16 +173,10 @@ async def test_a_window_that_cannot_be_raised_back_is_a_warning_naming_max_age(
     the instance kept believing its 300 000 ms window. The update is refused here as a server
     that does not let this user update the stream would (the stream itself is edited for
     real)."""
-    import json
-
     from anarchon.backends.nats import _stream
     from anarchon.backends.nats._errors import JetStreamError
-    from tests.nats.servers import connect
 
-    monkeypatch.setattr(_claims, "WINDOW_CHECK_S", 0.2)
-    backend: NatsBackend = await make()
-    Scheduler(backend).add("job", "* * * * *", handler)
-    caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")
+    backend = checked
 
     async def refused(*args: Any) -> dict[str, Any]:
         raise JetStreamError(
@@ -178,22 +186,20 @@ async def test_a_window_that_cannot_be_raised_back_is_a_warning_naming_max_age(
         )
 
     monkeypatch.setattr(_stream, "raise_window", refused)  # as _window calls it
-    config = await raw_config(server_url, backend.stream)
-    edited = {**config, "max_age": 30_000 * NS, "duplicate_window": 20_000 * NS}
-    nc = await connect(server_url)
-    try:
-        await nc.request(
-            f"$JS.API.STREAM.UPDATE.{backend.stream}", json.dumps(edited).encode(), timeout=2
-        )
-    finally:
-        await nc.close()
+    await edit_by_hand(server_url, backend.stream, max_age_ms=30_000, window_ms=20_000)
+
+    def failed() -> set[str]:
+        return {
+            r.getMessage()
+            for r in caplog.records
+            if getattr(r, "action", "") == "window_raise_failed"
+        }
+
     for _ in range(100):
-        if "window_raise_failed" in [getattr(r, "action", "") for r in caplog.records]:
+        if failed():
             break
         await asyncio.sleep(0.1)
-    [warning] = {
-        r.getMessage() for r in caplog.records if getattr(r, "action", "") == "window_raise_failed"
-    }
+    [warning] = failed()
     assert "is 20000 ms, less than this instance keeps" in warning
     assert "The stream's max_age is 30000 ms" in warning
     assert "err_code 10052" in warning
