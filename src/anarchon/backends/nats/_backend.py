@@ -85,8 +85,8 @@ class NatsBackend(Backend):
     """Claims and history in a NATS JetStream stream; one winner per slot by de-duplication.
 
     :param servers: one URL or a list (``nats://host:4222``, ``tls://...``, credentials as
-        ``nats://user:password@host`` or ``nats://token@host``); ignored when ``connection``
-        is given.
+        ``nats://user:password@host`` or ``nats://token@host``, percent-decoded: ``p%40ss``
+        is ``p@ss``); ignored when ``connection`` is given. A ``tls://`` URL requires TLS.
     :param connection: your own connected nats-py client; you keep ownership (``stop()`` never
         closes it).
     :param stream: the JetStream stream name.
