@@ -40,7 +40,7 @@ docs: install-test
 ## runs in about a third of the time on two cores. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 test: install-test services lint typecheck
-	$(BIN)/pytest -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=25
 	$(MAKE) compat-quick
 	$(MAKE) uvloop-quick
 
@@ -139,6 +139,8 @@ chaos: install-test services
 	ANARCHON_DIFF_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/conformance/test_differential.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q tests/unit/test_cron_oracle.py tests/unit/test_dst_oracle.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q -rP tests/chaos/test_burst.py
+	ANARCHON_CHAOS=1 $(BIN)/pytest -q -n 2 tests/sqlite/test_clock_steps.py \
+		tests/conformance/test_lost_runs.py tests/conformance/test_skewed_start.py
 
 ## The dashboard's screenshots (docs/img/dashboard-*.png): three real instances on SQLite and
 ## headless Chromium (Debian's, installed when missing), about 30 s.

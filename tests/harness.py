@@ -9,11 +9,14 @@ namespace from a subprocess through :func:`anarchon.backend_from_url`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
+
+import pytest
 
 from anarchon import Backend
 
@@ -44,3 +47,21 @@ class Harness(Protocol):
 
 NamespaceFactory = Callable[[Path], AbstractAsyncContextManager[Namespace]]
 __all__ = ["AsyncIterator", "Harness", "Namespace", "NamespaceFactory"]
+
+
+CHAOS: Final = os.environ.get("ANARCHON_CHAOS") == "1"
+"""``make chaos`` (``ANARCHON_CHAOS=1``): the long fault runs of every case, not only the one
+``make test`` keeps."""
+
+
+def in_chaos_only(case: str) -> None:
+    """Skip ``case`` outside ``make chaos``: a long fault run whose every variant would push
+    ``make test`` past its time; ``make test`` runs one variant of the same test."""
+    if not CHAOS:
+        pytest.skip(f"{case}: a long fault run, in `make chaos` (ANARCHON_CHAOS=1)")
+
+
+CHAOS_ONLY: Final = pytest.mark.skipif(
+    not CHAOS, reason="a long fault run, in `make chaos` (ANARCHON_CHAOS=1)"
+)
+"""The mark of a parametrized case that only ``make chaos`` runs (see :func:`in_chaos_only`)."""

@@ -146,6 +146,7 @@ class Action(StrEnum):
     SETTLE_TOO_LATE = "settle_too_late"
     UPKEEP_FAILED = "upkeep_failed"
     WINDOW_RAISED = "window_raised"
+    WINDOW_RAISE_FAILED = "window_raise_failed"
     STREAM_CREATED = "stream_created"
     STREAM_UPDATED = "stream_updated"
     STREAM_MISSING = "stream_missing"

@@ -150,11 +150,6 @@ def loaded(roles: Any) -> Any:
             "[`claim`][anarchon.backend.Backend.claim]",
         ),
         (
-            "anarchon.health.check",
-            ":meth:`Scheduler.health`",
-            "[`Scheduler.health`][anarchon.Scheduler.health]",
-        ),
-        (
             "anarchon.errors",
             ":exc:`~anarchon.errors.BackendError`",
             "[`BackendError`][anarchon.errors.BackendError]",

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.faketime import LIBRARY, FakeClockFile
+from tests.harness import in_chaos_only
 
 WORKER = Path(__file__).resolve().parent / "step_worker.py"
 INSTANCES = 3
@@ -141,6 +142,8 @@ def _check_common(seen: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("step_s", [7200, 60], ids=["plus_2h", "plus_60s"])
 def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
+    if step_s != 7200:
+        in_chaos_only(f"a step of {step_s} s")
     seen = _fleet_through_a_step(tmp_path, step_s, after_s=30)
     _check_common(seen)
     after = [s for s in seen["starts"] if s["mono"] > seen["step_mono"]]
@@ -155,6 +158,7 @@ def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
 
 
 def test_a_step_back_beyond_max_late_on_every_process(tmp_path: Path) -> None:
+    in_chaos_only("a step back of 90 s")  # two minutes of watching; make test keeps +2 h
     seen = _fleet_through_a_step(tmp_path, -90, after_s=90 + 30)
     _check_common(seen)
     before = [s for s in seen["starts"] if s["mono"] < seen["step_mono"]]

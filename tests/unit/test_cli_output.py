@@ -20,6 +20,7 @@ from anarchon import Run, RunStatus, SQLiteBackend, Trigger
 from anarchon._cli.cluster import JOB_FLOORS, _job_row
 from anarchon._cli.output import WIDTH, Tagged, say, shown, table
 from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon.control import Pause
 from anarchon.registry import JobDefinition, JobView, record_instance
 from tests.records import instance_record
 
@@ -256,10 +257,27 @@ def test_a_long_instance_id_is_cut_in_jobs_but_not_its_attempt_and_age() -> None
     assert lines[1].endswith("~#2 2.5s"), lines
 
 
-def test_who_paused_is_escaped_by_pause_jobs_and_resume(tmp_path: Path) -> None:
+async def _store_pause(db: Path, by: str) -> None:
+    """A pause of ``sync`` stored as an earlier version (or another tool) could: ``--by`` now
+    refuses control characters, but what is already stored must still be shown safely."""
+    backend = SQLiteBackend(db)
+    await backend.start()
+    try:
+        control = backend.control()
+        assert control is not None
+        now = await backend.server_time_ms()
+        assert now is not None
+        await control.pause(Pause(job="sync", by=by, at_ms=now))
+    finally:
+        await backend.stop()
+
+
+def test_who_paused_is_escaped_by_jobs_and_resume(tmp_path: Path) -> None:
     seeded = asyncio.run(_seed(tmp_path / "anarchon.db"))
-    paused = shown_safely(anarchon("pause", "sync", "--by", HOSTILE, "--backend", seeded.url))
-    assert paused == [f"paused job 'sync' on every instance, until resumed (by {SHOWN})"]
+    refused = anarchon("pause", "sync", "--by", HOSTILE, "--backend", seeded.url)
+    assert refused.returncode == 2 and "must be printable" in refused.stderr, refused
+    assert "\\x1b" in refused.stderr and "\x1b" not in refused.stderr, refused
+    asyncio.run(_store_pause(tmp_path / "anarchon.db", HOSTILE))
     jobs = shown_safely(anarchon("jobs", "--backend", seeded.url))
     assert any(line.startswith(f"  sync: by {SHOWN[:40]}") for line in jobs), jobs
     resumed = shown_safely(anarchon("resume", "sync", "--backend", seeded.url))
