@@ -40,11 +40,18 @@ def stopped_until(fleet: Fleet, worker: Worker, predicate: Any, timeout: float, 
         worker.kill(signal.SIGCONT)
 
 
-async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
-    lease_harness: Harness, fleet: Fleet, ns: Namespace
-) -> None:
+@pytest.fixture
+def sqlite_here_all_in_chaos(lease_harness: Harness) -> Harness:
+    """The lease harness; ``make test`` runs these long fault runs on SQLite only, ``make
+    chaos`` on every lease backend."""
     if lease_harness.name != "sqlite":
-        in_chaos_only(f"{lease_harness.name}")  # make test runs it on SQLite
+        in_chaos_only(lease_harness.name)
+    return lease_harness
+
+
+async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
+    sqlite_here_all_in_chaos: Harness, fleet: Fleet, ns: Namespace
+) -> None:
     # Attempt 1's runner is stopped past its lease: the other instance takes attempt 2. Then
     # attempt 2's runner is stopped past its lease: only attempt 1's instance is left to take
     # attempt 3, which it can only do if it watches the slot since it lost its own attempt.
@@ -63,10 +70,8 @@ async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
 
 
 async def test_a_handler_that_sees_its_lease_lost_leaves_the_slot_to_run_again(
-    lease_harness: Harness, fleet: Fleet, ns: Namespace
+    sqlite_here_all_in_chaos: Harness, fleet: Fleet, ns: Namespace
 ) -> None:
-    if lease_harness.name != "sqlite":
-        in_chaos_only(f"{lease_harness.name}")  # make test runs it on SQLite
     # One instance, no other to take over: its handler calls ctx.check_lease() in steps. Stopped
     # past its lease, it raises LeaseLost when it resumes; the slot must not end failed with
     # attempts left: the instance itself takes the run over (its periodic adoption at worst).
