@@ -18,7 +18,7 @@ import logging
 import re
 from typing import Final
 
-__all__ = ["RedactingFormatter", "redact_url"]
+__all__ = ["MaskedTracebacks", "RedactingFormatter", "redact_url"]
 
 MASK: Final = "***"
 # Schemes whose user info alone (no colon) is a secret: a NATS token.
@@ -67,3 +67,19 @@ class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         """Format as usual, then mask secrets."""
         return redact_url(super().format(record))
+
+
+class MaskedTracebacks(logging.Filter):
+    """A filter for a logger: a record's traceback is formatted here, once, with every secret
+    masked, into ``record.exc_text``, which :class:`logging.Formatter` prints instead of
+    formatting ``exc_info`` itself. So a handler's exception logged with its traceback shows
+    no password, whatever formatter the application chose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Mask the record's traceback (if it has one); keep every record."""
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_url(_PLAIN.formatException(record.exc_info))
+        return True
+
+
+_PLAIN: Final = logging.Formatter()

@@ -7,6 +7,12 @@ results of runs that end together go to the backend in one ``finish_many`` call
 back, no longer than their leases allow; a result the backend could not take (unavailable) is
 retried on the backoff, the outage logged once; a result refused (the lease lost) or refused for
 good is logged and not retried.
+
+It is also where a run's error leaves the process, so the one place its secrets are masked
+(:func:`masked`: passwords and tokens in URLs): in the finish request sent to the backend (and
+so in history, the recorded run, its span's status, the retry and failure hooks), in the log
+lines and the run span's event (:func:`anarchon.otel.handler_done`), and in the tracebacks
+logged on ``anarchon.scheduler`` (:class:`~anarchon._redact.MaskedTracebacks`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from ._batch import Coalescer
 from ._clock import Clock
 from ._metrics import Counters
 from ._models import Run, RunStatus
+from ._redact import MaskedTracebacks, redact_url
 from ._retry import backoff
 from .backend import Backend, FinishRequest, Ticket
 from .errors import BackendError, BackendUnavailable, LeaseLost
@@ -29,9 +36,12 @@ from .logs import Action, log_fields
 if TYPE_CHECKING:
     from ._runner import ActiveRun
 
-__all__ = ["ResultRecorder"]
+__all__ = ["ResultRecorder", "masked"]
 
 logger = logging.getLogger("anarchon.scheduler")
+# A failed run's traceback (run_failed, result_refused) is printed by whatever formatter the
+# application chose: masked once, here, for all of them.
+logger.addFilter(MaskedTracebacks())
 
 # A time no held result is due by (monotonic ms, about 285 000 years).
 _NEVER: Final = 2**63 - 1
@@ -98,7 +108,7 @@ class ResultRecorder:
                 if self._held_due is not None:
                     self._held_due.cancel()
                 self._held_due = asyncio.ensure_future(self._flush_by(by))
-        return batches.submit(FinishRequest(ticket, status, error))
+        return batches.submit(FinishRequest(ticket, status, masked(error)))
 
     async def finish(
         self,
@@ -129,7 +139,7 @@ class ResultRecorder:
                     ticket.job,
                     ticket.attempt,
                     status.value,
-                    f": {error}" if error else "",
+                    f": {masked(error)}" if error else "",
                     failed,
                     exc_info=exc,
                     extra=log_fields(Action.RESULT_REFUSED, ticket=ticket),
@@ -176,7 +186,7 @@ class ResultRecorder:
                 ticket.job,
                 status.value,
                 ticket.attempt,
-                error,
+                masked(error),
                 exc_info=exc,
                 extra=log_fields(Action.RUN_FAILED, ticket=ticket),
             )
@@ -218,3 +228,10 @@ class ResultRecorder:
             retries,
             extra=log_fields(Action.FINISH_RECOVERED, ticket=ticket, retries=retries),
         )
+
+
+def masked(error: str | None) -> str | None:
+    """A run's error as it leaves the process (stored, logged, exported): every secret in a URL
+    masked (:func:`~anarchon._redact.redact_url`, which gives the same text each time, so a
+    retried finish sends what the first sent). None, a success, costs nothing."""
+    return None if error is None else redact_url(error)

@@ -28,7 +28,6 @@ from ._context import RunContext
 from ._job import Job
 from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
-from ._redact import redact_url
 from ._results import ResultRecorder
 from ._retry import backoff
 from ._retrying import retry_number
@@ -52,7 +51,8 @@ LEFT_TO_EXPIRE: Final = Action.LEFT_TO_EXPIRE.value
 CANCEL_GRACE_S: Final = 10.0
 
 Outcome = tuple[RunStatus, str | None, BaseException | None]
-"""(status, error text, the exception to log with its traceback)."""
+"""(status, error text, the exception to log with its traceback). The text is raw: secrets in
+it are masked where it becomes a result (:class:`~anarchon._results.ResultRecorder`)."""
 # A handler's success, the one outcome of nearly every run: one object, not one per run (and
 # no read of RunStatus.SUCCEEDED, which costs 0.15-0.2 us on Python 3.11: EnumType.__getattr__).
 _SUCCEEDED: Final[Outcome] = (RunStatus.SUCCEEDED, None, None)
@@ -360,19 +360,19 @@ class RunExecutor:
                 return None
             if task is not None and task.cancelling() > 0:
                 raise  # not ours: the scheduler is abandoning the run
-            return RunStatus.FAILED, redact_url(_describe_base(exc)), exc
+            return RunStatus.FAILED, _describe_base(exc), exc
         except Exception as exc:
             spare = active.ticket.attempt < active.job.policy.max_attempts
             if spare and isinstance(exc, LeaseLost):
                 # The handler's own check_lease() saw its lease run out: the run is left to a
                 # backup (the slot runs again), not recorded failed with attempts to spare.
                 return None
-            # Stored in history and exported (spans): a secret in it is masked, as in the logs.
-            return RunStatus.FAILED, redact_url(f"{type(exc).__name__}: {exc}"), exc
+            # Raw here: a secret in it is masked where it becomes the result (._results).
+            return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", exc
         except BaseException as exc:
             # SystemExit, KeyboardInterrupt, GeneratorExit, a class of its own: the handler's
             # run fails, never the scheduler.
-            return RunStatus.FAILED, redact_url(_describe_base(exc)), exc
+            return RunStatus.FAILED, _describe_base(exc), exc
         finally:
             active.in_handler = False
             self.counters.handler_ended(active.job.name, self.clock.monotonic_ms() - began)

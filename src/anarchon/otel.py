@@ -161,7 +161,7 @@ def pinned() -> Iterator[None]:
 
 def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | None) -> None:
     """The handler of the current run returned (``outcome``: status, error, exception; None if
-    it was cancelled): record its exception on the attempt's span."""
+    it was cancelled): record its exception on the attempt's span, secrets masked."""
     attempt = _ATTEMPT.get()
     if attempt is None or outcome is None:
         return
@@ -172,7 +172,7 @@ def handler_done(outcome: tuple[RunStatus, str | None, BaseException | None] | N
     if exc is not None:
         _record_exception(span, exc)
     elif error:
-        span.add_event("handler failed", {"anarchon.error": error})
+        span.add_event("handler failed", {"anarchon.error": redact_url(error)})
 
 
 def preload() -> None:
