@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final, NoReturn
@@ -216,16 +217,43 @@ class _EarlySignals:
         self.stop.set()
 
 
-def _run(
-    target: str,
-    backend_url: str | None = None,
-    metrics_port: int | None = None,
-    metrics_host: str = "0.0.0.0",
-    metrics_job_histograms: bool = False,
-    metrics_linger: int = 0,
-    early: _EarlySignals | None = None,
-) -> int:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """What ``anarchon run`` was asked to do: which Scheduler to run, with which backend, and
+    its metrics server. :meth:`of` reads them from the command line; the defaults are the
+    command's."""
+
+    target: str
+    """``module:attribute`` of a Scheduler, or of a function that makes one."""
+    backend_url: str | None = None
+    """``--backend``: the URL a ``Scheduler()`` made without a backend uses."""
+    metrics_port: int | None = None
+    """``--metrics-port``: serve Prometheus metrics on this port (None: no server)."""
+    metrics_host: str = "0.0.0.0"
+    """``--metrics-host``: the address the metrics server listens on."""
+    metrics_job_histograms: bool = False
+    """``--metrics-job-histograms``: histograms per job instead of the instance's."""
+    metrics_linger: int = 0
+    """``--metrics-linger``: seconds to serve on after the scheduler stopped (0: none)."""
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> RunOptions:
+        """The options of a parsed ``anarchon run`` command line."""
+        return cls(
+            target=args.target,
+            backend_url=args.backend,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            metrics_job_histograms=args.metrics_job_histograms,
+            metrics_linger=args.metrics_linger,
+        )
+
+
+def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
+    """``anarchon run``: run the Scheduler ``options`` name until a signal stops it.
+    ``early``: the signals caught while the app was imported (state, not an option)."""
     early = early or _EarlySignals()
+    target, backend_url = options.target, options.backend_url
     if backend_url is not None:
         os.environ[ENV_BACKEND] = backend_url  # Scheduler() made without a backend reads it
     scheduler = _load_scheduler(target)
@@ -253,13 +281,18 @@ def _run(
         return EXIT_OK
     server = (
         None
-        if metrics_port is None
-        else _serve(scheduler, metrics_port, metrics_host, metrics_job_histograms)
+        if options.metrics_port is None
+        else _serve(
+            scheduler,
+            options.metrics_port,
+            options.metrics_host,
+            options.metrics_job_histograms,
+        )
     )
     try:
         scheduler._run_until(early.stop)
-        if server is not None and metrics_linger:
-            _linger(server, metrics_linger)
+        if server is not None and options.metrics_linger:
+            _linger(server, options.metrics_linger)
     except SchedulerStateError:
         raise _Exit(
             EXIT_USAGE,
@@ -583,15 +616,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         if args.command == "run":
-            code = _run(
-                args.target,
-                args.backend,
-                args.metrics_port,
-                args.metrics_host,
-                args.metrics_job_histograms,
-                args.metrics_linger,
-                early,
-            )
+            code = _run(RunOptions.of(args), early)
         elif args.command in COMMANDS:
             code = asyncio.run(COMMANDS[args.command](args))
         elif args.command == "next":
