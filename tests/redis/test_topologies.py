@@ -115,6 +115,14 @@ async def test_cluster_client(cluster: list[RedisServer]) -> None:
         finished = {(f"job{n}", str(outcomes[n].run.slot_ms), False) for n in range(6)}
         assert set(got) == {*finished, ("job8", ticket.slot_key, True)}
 
+        # Open runs from each job's index (one script call a job: many slots), on the first
+        # pass (which reads the newest attempts too) and the next: expired and released, not
+        # finished.
+        still = {(f"job{n}", outcomes[n].run.run_id) for n in (6, 7, 9, 10, 11)}
+        for _ in range(2):
+            found_open = {(r.job, r.run_id) for r in await other.open_runs(jobs, 0)}
+            assert found_open == {*still, ("job8", taken.ticket.run_id)}
+
         # Scripts lost on every node (restart, failover) are loaded again, batch included.
         for node in cluster:
             node.cli("SCRIPT", "FLUSH")

@@ -26,6 +26,7 @@ from ._options import (
 )
 from ._registry import RedisRegistry
 from ._rows import text
+from ._scripts import Call
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -54,7 +55,9 @@ def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
 
 
 OPEN_RUNS_PART: Final = 500
-"""Jobs of one pipeline of :meth:`RedisBackend.open_runs`."""
+"""Jobs of one call of the open_runs script in :meth:`RedisBackend.open_runs` on one server
+(under a millisecond of the server's time: claims wait no longer), and of one pipeline of its
+history reads."""
 
 
 class RedisBackend(contract.LeaseBackend):
@@ -105,6 +108,8 @@ class RedisBackend(contract.LeaseBackend):
         #: Test-only: milliseconds added to Redis's clock in every script (0 in production;
         #: see tests/conformance/test_differential.py).
         self._test_clock_offset_ms = 0
+        # The jobs whose newest attempts open_runs() has read since start() (see there).
+        self._open_read: set[str] = set()
 
     @classmethod
     def from_url(cls, url: str) -> RedisBackend:
@@ -129,6 +134,7 @@ class RedisBackend(contract.LeaseBackend):
 
         Raises :class:`~anarchon.errors.BackendUnavailable` if Redis cannot be reached.
         """
+        self._open_read.clear()
         if not self._connection.opened:
             await self._connection.open()
 
@@ -289,10 +295,41 @@ class RedisBackend(contract.LeaseBackend):
         return rows.runs(await self._connection.script("history", keys, self._args(limit=limit)))
 
     async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
-        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's
-        :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest attempts (the history script), one
-        pipeline per :data:`OPEN_RUNS_PART` jobs."""
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's index of its open
+        attempts (``:leases``, kept by the scripts: running, live, expired or released), read by
+        the open_runs script, :data:`OPEN_RUNS_PART` jobs a call on one server (a job a call on
+        a cluster), all in one pipeline. A job with no open attempt costs Redis the read of an
+        empty key and the client nothing (every instance asks every minute: the safety net).
+
+        The first time since :meth:`start` a job is asked for, its
+        :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest attempts are read as well: an attempt
+        released by an earlier version of anarchon (before the index kept released attempts) is
+        found there, when an instance of this version starts."""
         names = list(dict.fromkeys(jobs))
+        if not names:
+            return []
+        per_call = 1 if self._on_cluster() else OPEN_RUNS_PART
+        calls: list[Call] = []
+        for at in range(0, len(names), per_call):
+            keys: list[str] = []
+            for job in names[at : at + per_call]:
+                job_keys = self._keys.job(job)
+                keys += (job_keys.leases, job_keys.runs)
+            calls.append((keys, str(since_ms)))
+        found: dict[tuple[str, str], Run] = {}
+        for answer in await self._connection.script_raw_many("open_runs", calls):
+            for run in contract.still_open(rows.open_runs(answer), since_ms):
+                found[run.job, run.run_id] = run
+        unread = [job for job in names if job not in self._open_read]
+        if unread:
+            for run in await self._newest_open_runs(unread, since_ms):
+                found.setdefault((run.job, run.run_id), run)
+            self._open_read.update(unread)
+        return list(found.values())
+
+    async def _newest_open_runs(self, names: list[str], since_ms: int) -> list[Run]:
+        """The open runs among each job's :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest
+        attempts (the history script), one pipeline per :data:`OPEN_RUNS_PART` jobs."""
         args = self._args(limit=contract.OPEN_RUNS_LOOKBACK)
         found: list[Run] = []
         for at in range(0, len(names), OPEN_RUNS_PART):

@@ -13,8 +13,9 @@ key                    type   contents
 ``P{J}:runs``          hash   attempt id (12 digits, rising) -> the attempt as JSON
 ``P{J}:slots``         hash   slot key (``<epoch ms>`` or ``manual-<run id>``) -> current attempt id
 ``P{J}:order``         zset   attempt id scored by its start (ms): history, newest first
-``P{J}:leases``        zset   attempt id scored by its lease expiry (ms), for attempts that
-                              are running and not released: overlap checks
+``P{J}:leases``        zset   attempt id of every attempt still running, scored by its lease
+                              expiry (ms; a released one by its release): overlap checks
+                              (leases that end after now), open runs (all of them)
 =====================  =====  =============================================================
 
 Pauses and run requests (:mod:`._control`), two keys per prefix with the hash tag ``{control}``:

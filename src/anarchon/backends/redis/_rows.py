@@ -54,6 +54,7 @@ __all__ = [
     "held_fields",
     "lost",
     "notice_messages",
+    "open_runs",
     "prune_ttl",
     "run_row",
     "runs",
@@ -203,6 +204,11 @@ def run_row(data: dict[str, Any]) -> RunRow:
 def runs(records: list[Any]) -> list[Run]:
     """The history script's answer (stored records, newest first) as runs."""
     return [stored_run(json.loads(text(raw))) for raw in records]
+
+
+def open_runs(answer: Any) -> list[Run]:
+    """The open_runs script's answer (one JSON list of stored records) as runs."""
+    return [stored_run(record) for record in json.loads(text(answer))]
 
 
 def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:

@@ -1,18 +1,18 @@
 """The Lua scripts (``*.lua`` next to this module): one function library on Redis >= 7, else
 scripts called by their SHA1.
 
-Each script is ``_common.lua`` followed by its own file (``hget_ints.lua`` stands alone): its
-helpers, and ``main()``, its work, which ``begin()`` prepares (the call's keys, arguments and
-clock). :class:`ScriptRunner` loads them at start as the function library :data:`LIBRARY`
-(FUNCTION LOAD; Redis runs a library's text once, so an FCALL runs only ``begin`` and ``main``,
-where an EVALSHA runs the whole text, defining every helper again: about 4 us of the server's
-time per claim) and calls them with FCALL. Where the server has no functions (Redis < 7), the
-user may not load them (ACL) or the client is a cluster's, it loads them with SCRIPT LOAD (on
-every primary of a cluster) and calls them with EVALSHA. A server that lost them (it restarted,
-or a failover promoted a replica that never saw the scripts) answers NOSCRIPT or "Function not
-found", and they are loaded again and the call repeated. Batches go out as one pipeline: one
-round trip for many jobs' claims, each claim its own script call on its own job's keys, so a
-cluster routes each to the node of its slot.
+Each script is ``_common.lua`` followed by its own file (``hget_ints.lua`` and
+``open_runs.lua`` stand alone): its helpers, and ``main()``, its work, which ``begin()``
+prepares (the call's keys, arguments and clock). :class:`ScriptRunner` loads them at start as the
+function library :data:`LIBRARY` (FUNCTION LOAD; Redis runs a library's text once, so an FCALL
+runs only ``begin`` and ``main``, where an EVALSHA runs the whole text, defining every helper
+again: about 4 us of the server's time per claim) and calls them with FCALL. Where the server has
+no functions (Redis < 7), the user may not load them (ACL) or the client is a cluster's, it loads
+them with SCRIPT LOAD (on every primary of a cluster) and calls them with EVALSHA. A server that
+lost them (it restarted, or a failover promoted a replica that never saw the scripts) answers
+NOSCRIPT or "Function not found", and they are loaded again and the call repeated. Batches go out
+as one pipeline: one round trip for many jobs' claims, each claim its own script call on its own
+job's keys, so a cluster routes each to the node of its slot.
 
 A single call on a plain client (one server, or a Sentinel's primary) is written in Redis's
 protocol here (:func:`pack`: a job's keys are packed once) and goes to one of the client's pooled
@@ -42,7 +42,7 @@ __all__ = ["LIBRARY", "SCRIPTS", "Args", "Call", "Script", "ScriptRunner", "pack
 
 NAMES: Final = ("claim", "renew", "release", "take_over", "finish", "history")
 # Scripts that stand alone: _common.lua decodes ARGV[1] as JSON and names one job's keys.
-PLAIN_NAMES: Final = ("hget_ints",)
+PLAIN_NAMES: Final = ("hget_ints", "open_runs")
 
 # A script's arguments: one JSON string (ARGV[1]), or several strings (ARGV[1], ARGV[2] ...).
 Args = str | Sequence[str]
@@ -52,7 +52,7 @@ Call = tuple[Sequence[str], Args]
 
 # Scripts that only read: a function library flags them no-writes (Redis then runs them while
 # memory is full, as it runs an EVAL script until its first deny-OOM write).
-READ_ONLY: Final = frozenset({"history", "hget_ints"})
+READ_ONLY: Final = frozenset({"history", "hget_ints", "open_runs"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,18 +74,18 @@ end
 
 -- The first recorded attempt of the job running under a live lease that was not released
 -- (ids rise in the order attempts are recorded), and the stale entries met on the way, to be
--- removed after this script's first (deny-OOM) write.
+-- removed after this script's first (deny-OOM) write. A released attempt is scored by the time
+-- of its release, so it is met only if the clock went back; it holds nothing, but stays: LEASES
+-- is the index of open attempts (see open_runs.lua).
 local function live_holder()
   local ids = redis.call('ZRANGEBYSCORE', LEASES, '(' .. int(NOW), '+inf')
   local best, stale = nil, {}
   for _, id in ipairs(ids) do
     local row = load(id)
-    if row and row.status == 'running' and not row.released then
-      if not best or id < best.id then
-        best = row
-      end
-    else
+    if not (row and row.status == 'running') then
       stale[#stale + 1] = id
+    elseif not row.released and (not best or id < best.id) then
+      best = row
     end
   end
   return best, stale

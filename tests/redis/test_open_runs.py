@@ -1,0 +1,153 @@
+"""``RedisBackend.open_runs``, the safety net every instance reads each minute: from each job's
+index of its open attempts (``:leases``), so the pass costs a job with no open run nothing but an
+empty read, and finds every open attempt however many newer ones the job recorded since."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from anarchon import Overlap, RunStatus, Trigger
+from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus, Ticket
+from anarchon.backends.redis import RedisBackend
+from anarchon.backends.redis._keys import Namespace
+from tests.backends.redis import SERVER
+from tests.redis.conftest import Make
+
+SLOT = 1_800_000_000_000
+LONG_MS = 60_000
+
+
+def _claim(job: str, slot: int | None, **kw: Any) -> ClaimRequest:
+    return ClaimRequest(
+        job=job,
+        slot=slot,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance=str(kw.pop("instance", "i1")),
+        trigger=kw.pop("trigger", Trigger.SCHEDULE),
+        lease_ms=int(kw.pop("lease_ms", LONG_MS)),
+        **kw,
+    )
+
+
+def _takeover(job: str, slot_key: str) -> TakeoverRequest:
+    return TakeoverRequest(
+        job=job,
+        slot_key=slot_key,
+        run_id=uuid.uuid4().hex,
+        token=uuid.uuid4().hex,
+        instance="backup",
+        lease_ms=LONG_MS,
+        max_attempts=3,
+    )
+
+
+async def _won(backend: RedisBackend, job: str, slot: int | None, **kw: Any) -> Ticket:
+    [outcome] = await backend.claim([_claim(job, slot, **kw)])
+    assert outcome.status is ClaimStatus.WON and outcome.ticket is not None, outcome
+    return outcome.ticket
+
+
+async def _open(backend: RedisBackend, jobs: list[str], since_ms: int = 0) -> set[str]:
+    return {run.run_id for run in await backend.open_runs(jobs, since_ms)}
+
+
+async def test_an_open_run_behind_twenty_newer_attempts_is_found(make: Make) -> None:
+    # A runner died holding a long lease; the job (every second, overlap='skip') recorded a
+    # skip a slot while it held, then ran on after it ran out. Read from each job's 20 newest
+    # attempts, the stuck run was never found again once 20 newer ones were recorded: nobody
+    # took it over. Its index finds it, on the first pass and on every one after.
+    backend = await make()
+    stuck = await _won(backend, "job", SLOT, overlap=Overlap.SKIP)
+    done = []
+    for n in range(1, 26):
+        [skipped] = await backend.claim([_claim("job", SLOT + n * 1_000, overlap=Overlap.SKIP)])
+        assert skipped.status is ClaimStatus.SKIPPED, skipped
+        ticket = await _won(backend, "other", SLOT + n * 1_000)
+        await backend.finish(ticket, RunStatus.SUCCEEDED, None)
+        done.append(ticket.run_id)
+    assert len(await backend.history("job", 100)) == 26
+    for _ in range(2):
+        assert await _open(backend, ["job", "other"]) == {stuck.run_id}
+    later = await make()  # another instance, started since: the same
+    assert await _open(later, ["job", "other"]) == {stuck.run_id}
+
+
+async def test_the_pass_finds_every_open_run_and_no_ended_one(make: Make) -> None:
+    # The second pass since start reads the index alone: live, expired and released runs, a
+    # takeover's new attempt; not a finished run, nor an attempt taken over, nor one taken over
+    # and then finished.
+    backend = await make()
+    live = await _won(backend, "a", SLOT)
+    expired = await _won(backend, "a", SLOT + 1_000, lease_ms=300)
+    released = await _won(backend, "b", None, trigger=Trigger.MANUAL)
+    finished = await _won(backend, "b", SLOT)
+    old = await _won(backend, "c", SLOT, lease_ms=300)
+    old_done = await _won(backend, "c", SLOT + 1_000, lease_ms=300)
+    await backend.finish(finished, RunStatus.FAILED, "boom")
+    await backend.release(released, "handed over")
+    await asyncio.sleep(0.5)  # the short leases run out
+    taken = await backend.take_over(_takeover("c", old.slot_key))
+    taken_done = await backend.take_over(_takeover("c", old_done.slot_key))
+    assert taken.ticket is not None and taken_done.ticket is not None
+    assert taken.status is taken_done.status is TakeoverStatus.TAKEN
+    await backend.finish(taken_done.ticket, RunStatus.SUCCEEDED, None)
+    expected = {live.run_id, expired.run_id, released.run_id, taken.ticket.run_id}
+    jobs = ["a", "b", "c", "nobody"]
+    for _ in range(3):
+        runs = await backend.open_runs(jobs, 0)
+        assert {run.run_id for run in runs} == expected
+        assert {run.status for run in runs} == {RunStatus.RUNNING}
+        assert {run.slot_key for run in runs} == {
+            live.slot_key,
+            expired.slot_key,
+            released.slot_key,
+            old.slot_key,
+        }
+    # since_ms: the runs that started at or after it (their leases end later still).
+    now_ms = await backend.server_time_ms()
+    assert now_ms is not None
+    assert await _open(backend, jobs, now_ms + 3_600_000) == set()
+    ended = [finished, old_done]
+    assert not {t.run_id for t in ended} & await _open(backend, jobs)
+
+
+async def test_a_run_released_by_an_earlier_version_is_found_when_an_instance_starts(
+    make: Make,
+) -> None:
+    # Before the index kept released attempts, a release took its attempt out of it. Such a
+    # run (an instance of the earlier version handed it over as it stopped) is found by the
+    # first pass of an instance that starts: it reads each job's newest attempts too.
+    backend = await make()
+    ticket = await _won(backend, "job", SLOT)
+    await backend.release(ticket, "handed over")
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    try:
+        keys = Namespace(backend.prefix).job("job")
+        members = await client.zrange(keys.leases, 0, -1)
+        if members:  # what the earlier release.lua did: ZREM
+            await client.zrem(keys.leases, *members)
+    finally:
+        await client.aclose()
+    started = await make()
+    assert await _open(started, ["job"]) == {ticket.run_id}
+
+
+async def test_a_released_run_holds_no_overlap_and_stays_open_when_the_clock_goes_back(
+    make: Make,
+) -> None:
+    # A released attempt stays in the index, scored by the time of its release. A claim whose
+    # clock is behind that time meets it among the live leases: it holds nothing (the claim
+    # runs), and it stays in the index (still open, found by the pass).
+    backend = await make()
+    backend._test_clock_offset_ms = 120_000
+    ticket = await _won(backend, "job", SLOT, overlap=Overlap.SKIP)
+    await backend.release(ticket, "handed over")
+    backend._test_clock_offset_ms = 0
+    after = await _won(backend, "job", SLOT + 1_000, overlap=Overlap.SKIP)
+    for _ in range(2):
+        assert await _open(backend, ["job"]) == {ticket.run_id, after.run_id}
