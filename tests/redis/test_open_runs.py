@@ -5,13 +5,13 @@ empty read, and finds every open attempt however many newer ones the job recorde
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 from anarchon import Overlap, RunStatus, Trigger
-from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, TakeoverStatus, Ticket
+from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverStatus, Ticket
 from anarchon.backends.redis import RedisBackend
 from anarchon.backends.redis._keys import Namespace
+from anarchon.testing.contract import request, takeover
 from tests.backends.redis import SERVER
 from tests.redis.conftest import Make
 
@@ -20,28 +20,7 @@ LONG_MS = 60_000
 
 
 def _claim(job: str, slot: int | None, **kw: Any) -> ClaimRequest:
-    return ClaimRequest(
-        job=job,
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=str(kw.pop("instance", "i1")),
-        trigger=kw.pop("trigger", Trigger.SCHEDULE),
-        lease_ms=int(kw.pop("lease_ms", LONG_MS)),
-        **kw,
-    )
-
-
-def _takeover(job: str, slot_key: str) -> TakeoverRequest:
-    return TakeoverRequest(
-        job=job,
-        slot_key=slot_key,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance="backup",
-        lease_ms=LONG_MS,
-        max_attempts=3,
-    )
+    return request(job, slot, **{"lease_ms": LONG_MS, **kw})
 
 
 async def _won(backend: RedisBackend, job: str, slot: int | None, **kw: Any) -> Ticket:
@@ -89,8 +68,8 @@ async def test_the_pass_finds_every_open_run_and_no_ended_one(make: Make) -> Non
     await backend.finish(finished, RunStatus.FAILED, "boom")
     await backend.release(released, "handed over")
     await asyncio.sleep(0.5)  # the short leases run out
-    taken = await backend.take_over(_takeover("c", old.slot_key))
-    taken_done = await backend.take_over(_takeover("c", old_done.slot_key))
+    taken = await backend.take_over(takeover("c", old.slot_key, lease_ms=LONG_MS))
+    taken_done = await backend.take_over(takeover("c", old_done.slot_key, lease_ms=LONG_MS))
     assert taken.ticket is not None and taken_done.ticket is not None
     assert taken.status is taken_done.status is TakeoverStatus.TAKEN
     await backend.finish(taken_done.ticket, RunStatus.SUCCEEDED, None)
