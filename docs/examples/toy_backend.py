@@ -17,7 +17,8 @@ from anarchon.backend import (
     TakeoverRequest,
     Ticket,
 )
-from anarchon.control import Pause
+from anarchon.control import Pause, RunRequest
+from anarchon.errors import BackendError
 from anarchon.kit import HISTORY_SIZE, Run, RunStatus, SystemClock, check_int
 from anarchon.kit import lease as rules
 from anarchon.kit.lease import RunRow
@@ -60,6 +61,10 @@ class DictRows:
         """The toy keeps no control store (``control()`` is None): nothing is ever paused."""
         return []
 
+    def add_request(self, request: RunRequest) -> None:
+        """The toy keeps no control store, so the core sends it no retry to store."""
+        raise BackendError(f"the toy backend keeps no run requests: {request.id} not stored")
+
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         keys = [key for (owner, key) in self.runs if owner == job]  # oldest first
 
@@ -101,8 +106,10 @@ class ToyBackend(LeaseBackend):
         now = self.clock.now_ms()
         return [rules.claim(self.rows, request, now) for request in requests]
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
-        return rules.finish(self.rows, ticket, status, error, self.clock.now_ms())
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
+    ) -> Run:
+        return rules.finish(self.rows, ticket, status, error, self.clock.now_ms(), retry)
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         rows = sorted(

@@ -30,6 +30,7 @@ from ._models import Run, RunStatus
 from ._redact import MaskedTracebacks, redact_url
 from ._retry import backoff
 from .backend import Backend, FinishRequest, Ticket
+from .control import RunRequest
 from .errors import BackendError, BackendUnavailable, LeaseLost
 from .logs import Action, log_fields
 
@@ -91,12 +92,18 @@ class ResultRecorder:
                 self._held_due = None
 
     def submit(
-        self, active: ActiveRun, ticket: Ticket, status: RunStatus, error: str | None
+        self,
+        active: ActiveRun,
+        ticket: Ticket,
+        status: RunStatus,
+        error: str | None,
+        retry: RunRequest | None = None,
     ) -> asyncio.Future[Run]:
         """Queue the result of ``active``'s run for the next batch. While results are held,
         one whose lease the keeper no longer renews waits at most until two thirds of its
         lease are left, where a renewal would have been due: everything held goes then. So a
         held result never goes out closer to its lease's end than a kept lease comes.
+        ``retry``: a failed run's retry, stored by the backend with the result.
 
         The caller calls :meth:`recorded` when the future gives the run, or :meth:`finish`
         with the :class:`~anarchon.errors.BackendError` it raised."""
@@ -108,7 +115,7 @@ class ResultRecorder:
                 if self._held_due is not None:
                     self._held_due.cancel()
                 self._held_due = asyncio.ensure_future(self._flush_by(by))
-        return batches.submit(FinishRequest(ticket, status, masked(error)))
+        return batches.submit(FinishRequest(ticket, status, masked(error), retry))
 
     async def finish(
         self,
@@ -117,16 +124,18 @@ class ResultRecorder:
         error: str | None,
         exc: BaseException | None,
         failed: BackendError | None = None,
+        retry: RunRequest | None = None,
     ) -> Run | None:
-        """Record the run's result, retrying while the backend is unavailable; the run
-        recorded, or None if it was refused. ``failed``: how the caller's own first try
-        (:meth:`submit`) failed; the executor tries once without this coroutine."""
+        """Record the run's result (with its ``retry``, see :meth:`submit`), retrying while
+        the backend is unavailable; the run recorded, or None if it was refused. ``failed``:
+        how the caller's own first try (:meth:`submit`) failed; the executor tries once
+        without this coroutine."""
         ticket = active.ticket
         delays: Iterator[float] | None = None  # made on the first failure: rare
         while True:
             if failed is None:
                 try:
-                    run = await self.submit(active, ticket, status, error)
+                    run = await self.submit(active, ticket, status, error, retry)
                 except BackendError as refused:
                     failed = refused
                 else:

@@ -1,12 +1,15 @@
 """Retries on failure and the ``on_failure`` hook.
 
-When a run's handler fails (it raised or timed out) and the backend accepted its ``failed``
-result, the run's retry number ``n`` (0 for the first run of a slot, ``n`` for a run under
-``<slot key>-retry-<n>``) is compared with the job's ``retries``: below it, a
-:class:`~anarchon.control.RunRequest` for retry ``n + 1`` is stored, due after the backoff
-(``min(retry_backoff_ms * 2**n, retry_backoff_max_ms)``, jittered uniformly down to half of
-it); every instance that carries the job sees it (:mod:`._requests`) and one of them runs it.
-Its id is derived from the job, the slot key and ``n + 1``, so storing it twice stores it once.
+When a run's handler fails (it raised or timed out), its retry number ``n`` (0 for the first
+run of a slot, ``n`` for a run under ``<slot key>-retry-<n>``) is compared with the job's
+``retries``: below it, a :class:`~anarchon.control.RunRequest` for retry ``n + 1`` is made, due
+after the backoff (``min(retry_backoff_ms * 2**n, retry_backoff_max_ms)``, jittered uniformly
+down to half of it), and sent with the ``failed`` result
+(:attr:`~anarchon.backend.FinishRequest.retry`): the backend stores both in one atomic step,
+so a process that dies right after its failed result was accepted cannot lose the retry, and a
+refused result stores none. Every instance that carries the job sees the request
+(:mod:`._requests`) and one of them runs it. Its id is derived from the job, the slot key and
+``n + 1``, so storing it twice stores it once.
 
 Otherwise the slot has finally failed, and the job's ``on_failure`` hook is called with the
 failed run, on this instance (the one that recorded the final failure). A backup whose takeover
@@ -27,14 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._clock import BackendTime, Clock
+from ._clock import BackendTime
 from ._job import Job
 from ._metrics import Counters
 from ._models import Run, Trigger
-from ._retry import backoff
 from .backend import Ticket
 from .control import ControlStore, RunRequest, retry_key
-from .errors import BackendError, BackendUnavailable
 from .logs import Action, log_fields
 
 __all__ = ["Failures", "retry_number", "retry_request_id"]
@@ -42,8 +43,6 @@ __all__ = ["Failures", "retry_number", "retry_request_id"]
 logger = logging.getLogger("anarchon.scheduler")
 
 RETRY_MARK: Final = "-retry-"
-# Storing a retry is retried while the control store is unavailable, this long at most (s).
-STORE_RETRY_S: Final = 30.0
 # An on_failure hook gets this long (s); it is then left to itself and logged.
 HOOK_TIMEOUT_S: Final = 60.0
 
@@ -72,71 +71,49 @@ class Failures:
     """Decides, for each failed run, between a retry and the job's ``on_failure`` hook."""
 
     _control: ControlStore | None
-    _clock: Clock
     _backend_time: BackendTime
     _counters: Counters
-    _running: Callable[[], bool]
 
-    async def failed(self, job: Job, ticket: Ticket, run: Run) -> None:
-        """The handler of ``ticket``'s run failed and ``run`` (its ``failed`` record) was
-        accepted: store its retry, or call the hook if none is left. Never raises."""
+    def retry_for(self, job: Job, ticket: Ticket) -> RunRequest | None:
+        """The run request of the retry of ``ticket``'s run, whose handler failed, to send
+        with its ``failed`` result; None if the slot has no retry left or the backend keeps no
+        run requests (the slot then finally fails)."""
         done = retry_number(ticket.slot_key)
         if done >= job.retry.retries or self._control is None:
-            await self.finally_failed(job, run)
-            return
+            return None
         retry = done + 1
-        delay = jittered(job.retry.delay_ms(retry))
         now = self._backend_time.now_ms()
-        request = RunRequest(
+        return RunRequest(
             id=retry_request_id(job.name, ticket.slot_key, retry),
             job=job.name,
             trigger=Trigger.RETRY,
             key=retry_key(ticket.slot_key, retry),
             slot=ticket.slot,
-            due_ms=now + delay,
+            due_ms=now + jittered(job.retry.delay_ms(retry)),
             requested_by=f"retry {retry} of {job.retry.retries} after run {ticket.run_id}",
             requested_at_ms=now,
             retry=retry,
         )
-        if await self._store(self._control, request, ticket):
-            self._counters.retries_scheduled += 1
-            logger.warning(
-                "job %s failed (%s); retry %d of %d stored, due in %d ms",
-                job.name,
-                run.error,
-                retry,
-                job.retry.retries,
-                delay,
-                extra=log_fields(
-                    Action.RETRY_SCHEDULED, ticket=ticket, retry=retry, due_ms=request.due_ms
-                ),
-            )
-        else:
-            await self.finally_failed(job, run)
 
-    async def _store(self, store: ControlStore, request: RunRequest, ticket: Ticket) -> bool:
-        began = self._clock.monotonic_ms()
-        for delay in backoff():
-            try:
-                await store.request(request)  # False: stored already (idempotent)
-                return True
-            except BackendUnavailable as exc:
-                error: BackendError = exc
-                waited_s = (self._clock.monotonic_ms() - began) / 1000
-                if waited_s < STORE_RETRY_S and self._running():
-                    await self._clock.sleep(delay)
-                    continue
-            except BackendError as exc:
-                error = exc
-            logger.error(
-                "the retry of %s (run %s) could not be stored: %s; its slot has finally failed",
-                ticket.job,
-                ticket.run_id,
-                error,
-                extra=log_fields(Action.RETRY_FAILED, ticket=ticket),
-            )
-            return False
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def failed(self, job: Job, ticket: Ticket, run: Run, retry: RunRequest | None) -> None:
+        """The handler of ``ticket``'s run failed and ``run`` (its ``failed`` record) was
+        accepted, with ``retry`` (:meth:`retry_for`) stored in the same step: log the retry,
+        or call the hook if there is none. Never raises."""
+        if retry is None:
+            await self.finally_failed(job, run)
+            return
+        self._counters.retries_scheduled += 1
+        logger.warning(
+            "job %s failed (%s); retry %d of %d stored, due in %d ms",
+            job.name,
+            run.error,
+            retry.retry,
+            job.retry.retries,
+            retry.due_ms - retry.requested_at_ms,
+            extra=log_fields(
+                Action.RETRY_SCHEDULED, ticket=ticket, retry=retry.retry, due_ms=retry.due_ms
+            ),
+        )
 
     async def finally_failed(self, job: Job, run: Run) -> None:
         """Call ``job``'s ``on_failure`` hook with ``run`` (if it has one); log what it raises.

@@ -18,7 +18,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,7 +30,7 @@ from ._metrics import Counters
 from ._models import Run, RunStatus, ms_to_datetime
 from ._results import ResultRecorder
 from ._retry import backoff
-from ._retrying import retry_number
+from ._retrying import Failures, retry_number
 from ._threads import HandlerThreads, NoThreadFree
 from .backend import HANDED_OVER, LEASE_LOST, Backend, LeaseBackend, Ticket
 from .errors import BackendError, LeaseLost
@@ -56,8 +56,6 @@ it are masked where it becomes a result (:class:`~anarchon._results.ResultRecord
 # A handler's success, the one outcome of nearly every run: one object, not one per run (and
 # no read of RunStatus.SUCCEEDED, which costs 0.15-0.2 us on Python 3.11: EnumType.__getattr__).
 _SUCCEEDED: Final[Outcome] = (RunStatus.SUCCEEDED, None, None)
-OnFailed = Callable[[Job, Ticket, Run], Awaitable[None]]
-"""``on_failed(job, ticket, run)``: a handler failed and its ``failed`` result was accepted."""
 
 
 @dataclass(eq=False, slots=True)
@@ -156,9 +154,9 @@ class RunExecutor:
     """Set by the scheduler when it starts (lease backends)."""
     closed: bool = field(default=False, init=False)
     """After the grace period: a run won now is handed over at once instead of started."""
-    on_failed: OnFailed | None = field(default=None, init=False)
-    """Set by the scheduler: retries and the ``on_failure`` hook (see :mod:`._retrying`);
-    awaited in the run's task, so a drain waits for it too."""
+    failures: Failures | None = field(default=None, init=False)
+    """Set by the scheduler: retries (sent with a failed result) and the ``on_failure`` hook
+    (see :mod:`._retrying`); awaited in the run's task, so a drain waits for it too."""
     results: ResultRecorder = field(init=False)
     """Records the runs' results (:class:`Claims` holds them back while a burst starts)."""
     _hurried: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -251,16 +249,20 @@ class RunExecutor:
         if outcome is not None:
             status, error, exc = outcome
             # The first try here rather than in finish: one coroutine fewer per waiting run.
-            results = self.results
+            results, failures = self.results, self.failures
+            # A failed run's retry goes with its result, stored in the same step.
+            retry = None
+            if failures is not None and status is RunStatus.FAILED:
+                retry = failures.retry_for(job, ticket)
             run: Run | None
             try:
-                run = await results.submit(active, ticket, status, error)
+                run = await results.submit(active, ticket, status, error, retry)
             except BackendError as failed:
-                run = await results.finish(active, status, error, exc, failed)
+                run = await results.finish(active, status, error, exc, failed, retry)
             else:
                 results.recorded(ticket, status, error, exc)
-            if run is not None and status is RunStatus.FAILED and self.on_failed is not None:
-                await self.on_failed(job, active.ticket, run)
+            if run is not None and status is RunStatus.FAILED and failures is not None:
+                await failures.failed(job, active.ticket, run, retry)
             return run
         if active.cancel_reason == HANDED_OVER and active.thread_running:
             # A thread cannot be stopped: releasing now would let a backup start the slot while

@@ -242,14 +242,8 @@ class Scheduler(Operations):
             self._spawn,
             MissedSlots(backend, self._claims, self._counters, self._clock),
         )
-        self._failures = Failures(
-            backend.control(),
-            self._clock,
-            self._backend_clock.time,
-            self._counters,
-            lambda: self.running,
-        )
-        self._executor.on_failed = self._failures.failed
+        self._failures = Failures(backend.control(), self._backend_clock.time, self._counters)
+        self._executor.failures = self._failures
         if self._watcher is not None:
             self._watcher.on_exhausted = self._on_exhausted
             follow = self._watcher.follow

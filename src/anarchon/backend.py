@@ -50,7 +50,7 @@ from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
 
 from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
-from .control import ControlStore
+from .control import ControlStore, RunRequest
 from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
 
@@ -243,11 +243,16 @@ class Ticket(RunIdentity):
 
 class FinishRequest(NamedTuple):
     """One result for :meth:`Backend.finish_many`: the attempt ``ticket`` holds ended with
-    ``status`` (a :class:`~anarchon.RunStatus`: ``succeeded`` or ``failed``) and ``error``."""
+    ``status`` (a :class:`~anarchon.RunStatus`: ``succeeded`` or ``failed``) and ``error``,
+    and, for a ``failed`` run that has retries left, the ``retry`` to store with it."""
 
     ticket: Ticket
     status: RunStatus
     error: str | None
+    retry: RunRequest | None = None
+    """The run request of the failed run's retry (:attr:`~anarchon.Trigger.RETRY`), stored in
+    the same atomic step as the result (see :meth:`Backend.finish`); None: no retry. Only ever
+    set on a backend whose :meth:`Backend.control` is not None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,7 +491,9 @@ class Backend(abc.ABC):
         then fails closed and retries with the same tokens.
         """
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
+    ) -> Run:
         """Record the end of the attempt ``ticket`` holds (``succeeded``, ``failed``), return it.
 
         Atomically accept only if the attempt is still the current one for ``(job, slot_key)``,
@@ -500,16 +507,26 @@ class Backend(abc.ABC):
         record another instance may still need to refuse a claim. A refused result prunes
         nothing.
 
+        ``retry`` (a ``failed`` result with retries left; only on a backend whose
+        :meth:`control` is not None): store this run request in the control store, unless one
+        with its id is stored, in the same atomic step (transaction, script) that accepts the
+        result, so that a process that dies right after the result was accepted cannot lose its
+        retry, and a refused result stores none. A result accepted again (the same result sent
+        again) stores nothing more: its first acceptance stored the retry. A store that cannot
+        do both in one step (NATS: a stream and a bucket) stores the retry first, idempotently,
+        and then the result, and says so in its documentation: a retry is never lost, but a
+        result refused after its retry was stored leaves that retry.
+
         Default: one :meth:`finish_many` call (implement either of the two).
         """
-        [answer] = await self.finish_many([FinishRequest(ticket, RunStatus(status), error)])
+        [answer] = await self.finish_many([FinishRequest(ticket, RunStatus(status), error, retry)])
         if isinstance(answer, BackendError):
             raise answer
         return answer
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
-        """Record several results: for each ``(ticket, status, error)``, what :meth:`finish`
-        returns, or the error it would raise for that item (returned, not raised):
+        """Record several results: for each ``(ticket, status, error, retry)``, what
+        :meth:`finish` returns, or the error it would raise for that item (returned, not raised):
         :class:`~anarchon.errors.LeaseLost`, a :class:`~anarchon.errors.BackendUnavailable` for
         an item that may be retried, or a permanent :class:`~anarchon.errors.BackendError` for an
         item the store cannot hold.
@@ -517,9 +534,18 @@ class Backend(abc.ABC):
         Each item is decided on its own (one failing item never fails the others); raise
         :class:`~anarchon.errors.BackendUnavailable` only if the call as a whole failed. The core
         gathers results that arrive together (10 000 jobs finishing in one second) into one
-        call; override to answer them in one round trip. Default: :meth:`finish` per item.
+        call; override to answer them in one round trip. Default: :meth:`finish` per item
+        (without a ``retry`` argument when the item has none, so a backend without a control
+        store may keep the three-argument :meth:`finish`).
         """
-        return await _one_by_one(items, lambda item: self.finish(*item))
+        return await _one_by_one(items, self._finish_one)
+
+    async def _finish_one(self, item: FinishRequest) -> Run:
+        """:meth:`finish` of one item, passing ``retry`` only when there is one."""
+        ticket, status, error, retry = item
+        if retry is None:
+            return await self.finish(ticket, status, error)
+        return await self.finish(ticket, status, error, retry)
 
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 100) -> list[Run]:

@@ -76,7 +76,7 @@ class Action(StrEnum):
     CONTROL_UNAVAILABLE = "control_unavailable"
     CONTROL_RECOVERED = "control_recovered"
     RETRY_SCHEDULED = "retry_scheduled"
-    RETRY_FAILED = "retry_failed"
+    RETRY_FAILED = "retry_failed"  # no longer logged: a retry is stored with its result
     FAILURE_HOOK = "failure_hook"
     FAILURE_HOOK_FAILED = "failure_hook_failed"
     # runs

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from anarchon import BackendError, LeaseBackend, LeaseLost, Overlap, RunStatus, Trigger
-from anarchon.backend import ClaimStatus, TakeoverStatus
+from anarchon.backend import ClaimStatus, FinishRequest, TakeoverStatus
 from anarchon.testing.contract import LEASE_MS, SLOT, request, takeover
 from tests.harness import Harness, Namespace
 
@@ -271,5 +271,7 @@ async def test_a_request_the_backend_cannot_store_fails_alone(instances) -> None
     )
     assert not isinstance(renewed[0], BackendError) and not isinstance(renewed[2], BackendError)
     assert isinstance(renewed[1], BackendError) and not isinstance(renewed[1], LeaseLost)
-    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in forever])
+    results = await backend.finish_many(
+        [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in forever]
+    )
     assert [getattr(r, "status", r) for r in results] == [RunStatus.SUCCEEDED] * 3

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from anarchon import RunStatus
-from anarchon.backend import ClaimStatus
+from anarchon.backend import ClaimStatus, FinishRequest
 from anarchon.backends.postgres._backend import FINISH_CALL, FINISH_GROUP
 from tests.backends.postgres import DSN
 from tests.postgres.test_claim_paths import SLOT, poison, request
@@ -35,7 +35,9 @@ async def test_ten_thousand_results_at_once_are_all_recorded(make: Make, schema:
     assert {o.status for o in won} == {ClaimStatus.WON}
     # In an order that is not the jobs': results are grouped by job whatever order they come in.
     tickets = [o.ticket for o in won][::-1]
-    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])  # type: ignore[misc]
+    results = await backend.finish_many(
+        [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets]  # type: ignore[arg-type]
+    )
     assert [getattr(r, "job", r) for r in results] == [t.job for t in tickets]  # type: ignore[union-attr]
     assert {getattr(r, "status", r) for r in results} == {RunStatus.SUCCEEDED}
     async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
@@ -57,7 +59,9 @@ async def test_a_failing_result_in_a_group_fails_alone(make: Make, schema: str) 
     jobs[FINISH_GROUP + 3] = "poison"
     won = await backend.claim([request(SLOT, job=job) for job in jobs])
     await poison(schema, "UPDATE")
-    results = await backend.finish_many([(o.ticket, RunStatus.FAILED, "x") for o in won])  # type: ignore[misc]
+    results = await backend.finish_many(
+        [FinishRequest(o.ticket, RunStatus.FAILED, "x") for o in won]  # type: ignore[arg-type]
+    )
     refused = [job for job, r in zip(jobs, results, strict=True) if not hasattr(r, "status")]
     assert refused == ["poison"]
     assert {r.status for r in results if hasattr(r, "status")} == {RunStatus.FAILED}

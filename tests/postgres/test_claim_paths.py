@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from anarchon import BackendError, LeaseLost, Overlap, RunStatus, Trigger
-from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverRequest, Ticket
+from anarchon.backend import ClaimRequest, ClaimStatus, FinishRequest, TakeoverRequest, Ticket
 from anarchon.backends.postgres import PostgresBackend
 from tests.backends.postgres import DSN, drop_schema
 from tests.postgres.test_postgres import Make
@@ -81,7 +81,9 @@ async def test_one_failing_item_fails_alone(make: Make, schema: str) -> None:
     renewed = await backend.renew_many(tickets)  # type: ignore[arg-type]
     assert [isinstance(r, BackendError) for r in renewed] == [False, False, True, False, False]
     assert not isinstance(renewed[2], LeaseLost) and "poisoned row" in str(renewed[2])
-    results = await backend.finish_many([(t, RunStatus.SUCCEEDED, None) for t in tickets])  # type: ignore[misc]
+    results = await backend.finish_many(
+        [FinishRequest(t, RunStatus.SUCCEEDED, None) for t in tickets]  # type: ignore[arg-type]
+    )
     statuses = [getattr(r, "status", type(r).__name__) for r in results]
     assert statuses == [RunStatus.SUCCEEDED] * 2 + ["BackendError"] + [RunStatus.SUCCEEDED] * 2
     for job in ("a", "b", "c", "d"):
@@ -105,7 +107,9 @@ async def test_results_pruning_the_same_jobs_in_opposite_orders(make: Make) -> N
 
     def done(outcomes: list[Any]) -> list[Any]:
         return [
-            (dataclasses.replace(o.ticket, history_ttl_ms=1), RunStatus.SUCCEEDED, None)
+            FinishRequest(
+                dataclasses.replace(o.ticket, history_ttl_ms=1), RunStatus.SUCCEEDED, None
+            )
             for o in outcomes
         ]
 
@@ -113,7 +117,9 @@ async def test_results_pruning_the_same_jobs_in_opposite_orders(make: Make) -> N
         base = SLOT + round_ * 60_000
         for n in range(3):  # finished runs for both to prune
             won = await first.claim([request(base + n * 1000, job=j) for j in jobs])
-            await first.finish_many([(o.ticket, RunStatus.SUCCEEDED, None) for o in won])  # type: ignore[misc]
+            await first.finish_many(
+                [FinishRequest(o.ticket, RunStatus.SUCCEEDED, None) for o in won]  # type: ignore[arg-type]
+            )
         mine = await first.claim([request(base + 10_000, job=j) for j in jobs])
         theirs = await second.claim([request(base + 20_000, job=j, instance="i2") for j in jobs])
         await asyncio.sleep(0.01)

@@ -22,7 +22,7 @@ import pytest
 from anarchon import Overlap, Trigger
 from anarchon.backend import ClaimRequest
 from anarchon.backends.postgres import PostgresBackend
-from anarchon.backends.postgres._rows import claim_params
+from anarchon.backends.postgres._rows import claim_params, retry_params
 from tests.backends.postgres import DSN
 
 pytestmark = pytest.mark.slow
@@ -191,6 +191,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
                 "batch": 100,
                 "channel": q.names.channel,
                 "later": True,
+                **retry_params(None),
             },
         ),
     }

@@ -17,6 +17,7 @@ from anarchon.backend import (
     TakeoverRequest,
     Ticket,
 )
+from anarchon.control import RunRequest
 from anarchon.errors import BackendError
 from anarchon.testing import FakeClock, MemoryBackend
 
@@ -80,9 +81,11 @@ class Recording(MemoryBackend):
         self._note("take_over", request)
         return await super().take_over(request)
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
+    ) -> Run:
         self._note("finish", (ticket, status, error))
-        return await super().finish(ticket, status, error)
+        return await super().finish(ticket, status, error, retry)
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         return await super().finish_many(items)

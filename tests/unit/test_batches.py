@@ -36,7 +36,7 @@ class OneBadJob(MemoryBackend):
         return await super().claim(requests)
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
-        self._check("finish", [t.job for t, _, _ in items])
+        self._check("finish", [item.ticket.job for item in items])
         return await super().finish_many(items)
 
     async def renew_many(self, tickets: Sequence[Ticket]) -> list[Ticket | BackendError]:

@@ -65,7 +65,7 @@ class Parts(MemoryBackend):
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         now = self.clock.monotonic_ms()
-        self.recorded.update((ticket.job, now) for ticket, _, _ in items)
+        self.recorded.update((item.ticket.job, now) for item in items)
         return await super().finish_many(items)
 
 

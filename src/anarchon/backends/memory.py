@@ -131,6 +131,9 @@ class _MemoryRows:
             return []
         return [held[name] for name in (job, ALL_JOBS) if name in held]
 
+    def add_request(self, request: RunRequest) -> None:
+        self.control.add(request)
+
     def rows(self, job: str) -> list[RunRow]:
         out = [row for key in self.by_job.get(job, {}) for row in self._attempts(job, key)]
         out.sort(key=lambda r: (r.started_at, self._seq_of(r)))
@@ -262,9 +265,11 @@ class MemoryBackend(LeaseBackend):
         self._notify(ticket.job, ticket.slot_key, True)
 
     @_serialised
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
+    ) -> Run:
         """See :meth:`anarchon.backend.Backend.finish`."""
-        run = rules.finish(self._rows, ticket, status, error, self._now())
+        run = rules.finish(self._rows, ticket, status, error, self._now(), retry)
         self._notify(ticket.job, ticket.slot_key, False)
         return run
 
@@ -274,9 +279,9 @@ class MemoryBackend(LeaseBackend):
         lock, as :meth:`finish` would decide it (the default made two coroutines and took the
         lock once per item; ten thousand results of one slot arrive together)."""
         out: list[Run | BackendError] = []
-        for ticket, status, error in items:
+        for ticket, status, error, retry in items:
             try:
-                run = rules.finish(self._rows, ticket, status, error, self._now())
+                run = rules.finish(self._rows, ticket, status, error, self._now(), retry)
             except BackendUnavailable:
                 raise
             except BackendError as exc:
@@ -429,6 +434,10 @@ class MemoryControl:
 
     async def request(self, request: RunRequest) -> bool:
         """See :meth:`anarchon.control.ControlStore.request`."""
+        return self.add(request)
+
+    def add(self, request: RunRequest) -> bool:
+        """:meth:`request` as one synchronous step (a retry stored with its failed result)."""
         if request.id in self._requests:
             return False
         self._requests[request.id] = request

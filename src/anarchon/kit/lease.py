@@ -26,6 +26,9 @@ the same):
   refused. A slot that has a record is always answered by its record.
 * **last_slot** remembers pruned slots: it is the newest of the recorded slots and
   ``pruned_through``.
+* **Retry**: a failed result that carries a retry (a :class:`~anarchon.control.RunRequest`)
+  stores it in the same atomic step as the result (:meth:`RowStore.add_request`), only when
+  the result is accepted, once per request id.
 * **Pause**: a claim that would run (no ``skip_reason``) of a paused job, by any trigger but
   ``manual``, is recorded ``skipped`` with :func:`anarchon.control.paused_reason`; the pause is
   read in the same atomic step (:meth:`RowStore.pauses`) on the backend's clock.
@@ -62,7 +65,7 @@ from ..backend import (
     TakeoverStatus,
     Ticket,
 )
-from ..control import Pause, active_pause, paused_reason
+from ..control import Pause, RunRequest, active_pause, paused_reason
 from ..errors import BackendError, LeaseLost
 
 __all__ = [
@@ -274,6 +277,11 @@ class RowStore(Protocol):
 
     def pauses(self, job: str) -> list[Pause]:
         """The stored pauses of ``job`` and of every job (:data:`anarchon.control.ALL_JOBS`)."""
+
+    def add_request(self, request: RunRequest) -> None:
+        """Store ``request`` (a failed run's retry, see :func:`finish`) in the backend's control
+        store, in this same atomic step, unless a request with its id is stored. Called only
+        with a retry, which the core sends only to a backend whose ``control()`` is not None."""
 
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """Prune ``job``'s history by the module's rules: whole slots, never ``keep_key`` nor a
@@ -677,10 +685,18 @@ def already_recorded(row: RunRow | None, ticket: Ticket, status: str, error: str
     )
 
 
-def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now: int) -> Run:
-    """Record a result (see :meth:`anarchon.backend.Backend.finish`), then prune the job's
-    history (:meth:`RowStore.prune`). A refused result raises
-    :class:`~anarchon.errors.LeaseLost` and prunes nothing."""
+def finish(
+    store: RowStore,
+    ticket: Ticket,
+    status: str,
+    error: str | None,
+    now: int,
+    retry: RunRequest | None = None,
+) -> Run:
+    """Record a result (see :meth:`anarchon.backend.Backend.finish`) and its ``retry``
+    (:meth:`RowStore.add_request`, in the same step), then prune the job's history
+    (:meth:`RowStore.prune`). A refused result raises :class:`~anarchon.errors.LeaseLost`,
+    stores no retry and prunes nothing; the same result again stores nothing more."""
     done = store.current(ticket.job, ticket.slot_key)
     if already_recorded(done, ticket, status, error):
         assert done is not None
@@ -692,6 +708,8 @@ def finish(store: RowStore, ticket: Ticket, status: str, error: str | None, now:
         row.finished_at = now
         row.lease_expires_at = None
         store.update(row)
+        if retry is not None:
+            store.add_request(retry)
         run = row.to_run()
     store.prune(ticket.job, ticket.slot_key, ttl_cutoff(now, ticket.history_ttl_ms))
     return run

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from ..backend import Backend, ClaimRequest, ClaimStatus
+from ..backend import Backend, ClaimRequest, ClaimStatus, FinishRequest, Ticket
 from ..control import ALL_JOBS, PAUSED, ControlStore, Pause, RunRequest, retry_key
-from ..kit import RunStatus, Trigger
+from ..errors import LeaseLost
+from ..kit import Run, RunStatus, Trigger
 from ._requests import SLOT, lease, request
 
 __all__ = ["ControlContract"]
@@ -193,3 +194,56 @@ class ControlContract:
         await store.done(sooner.id)
         await store.done(sooner.id)
         assert await store.requests(["job", "other"]) == [other, later]
+
+    async def test_a_failed_result_and_its_retry_are_stored_together(
+        self, backend: Backend
+    ) -> None:
+        """A failed result and its retry are stored together: the retry when the result is
+        accepted, once however often the result is sent, and none with a refused result."""
+        store = _store(backend, self.control_required)
+        now = await _now(backend)
+        outcomes = await backend.claim([_claim(backend, slot=SLOT + n * 1000) for n in range(3)])
+        tickets = [o.ticket for o in outcomes]
+        assert all(t is not None for t in tickets), outcomes
+        first, second, third = (t for t in tickets if t is not None)
+
+        def retry_of(ticket: Ticket) -> RunRequest:
+            return _run_request(
+                "job",
+                now + 60_000,
+                trigger=Trigger.RETRY,
+                key=retry_key(ticket.slot_key, 1),
+                slot=ticket.slot,
+                requested_by=f"retry 1 of 1 after run {ticket.run_id}",
+                retry=1,
+            )
+
+        retries = [retry_of(first), retry_of(second), retry_of(third)]
+        run = await backend.finish(first, RunStatus.FAILED, "boom", retries[0])
+        assert run.status is RunStatus.FAILED and run.error == "boom"
+        assert await store.requests(["job"]) == [retries[0]], "the retry was not stored"
+        # The same result again (its answer was lost): the retry is stored once.
+        again = await backend.finish(first, RunStatus.FAILED, "boom", retries[0])
+        assert again.run_id == first.run_id and again.status is RunStatus.FAILED
+        assert await store.requests(["job"]) == [retries[0]]
+        # A batch: each result with its own retry; a refused result (lease backends: a token
+        # that does not hold the attempt) stores neither.
+        forged = replace(third, token=uuid.uuid4().hex)
+        answers = await backend.finish_many(
+            [
+                FinishRequest(second, RunStatus.FAILED, "boom 2", retries[1]),
+                *(
+                    [FinishRequest(forged, RunStatus.FAILED, "forged", retries[2])]
+                    if backend.is_lease_backend
+                    else []
+                ),
+            ]
+        )
+        assert isinstance(answers[0], Run) and answers[0].status is RunStatus.FAILED, answers
+        if backend.is_lease_backend:
+            assert isinstance(answers[1], LeaseLost), answers
+        stored = {r.id: r for r in await store.requests(["job"])}
+        assert stored == {r.id: r for r in retries[:2]}, "a retry and its result were split"
+        runs = {r.slot_ms: r for r in await backend.history("job")}
+        assert (runs[SLOT].status, runs[SLOT + 1000].status) == (RunStatus.FAILED,) * 2
+        assert runs[SLOT + 2000].status is RunStatus.RUNNING

@@ -28,8 +28,9 @@ from ...backend import (
     JobPolicy,
     Ticket,
 )
-from ...errors import BackendError
-from ...kit import Run, Trigger, check_keywords, check_name, redact_url
+from ...control import RunRequest
+from ...errors import BackendError, BackendUnavailable
+from ...kit import Run, RunStatus, Trigger, check_keywords, check_name, redact_url
 from ...kit.feed import ChangeFeed, decode_notices, encode_notice, won_notices
 from . import _records as records
 from . import _stream as stream_setup
@@ -294,7 +295,9 @@ class NatsBackend(Backend):
                 await nc.flush(timeout=2)
         return True
 
-    async def finish(self, ticket: Ticket, status: str, error: str | None) -> Run:
+    async def finish(
+        self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
+    ) -> Run:
         """Publish the run's result to ``<prefix><job>.results`` (once, by message id).
 
         A scheduled run's non-duplicate ack is answered from what was published, with no
@@ -302,13 +305,43 @@ class NatsBackend(Backend):
         clock (history shows the stream's timestamps). A manual run's result (what run_now()
         returns) and a duplicate ack read the stored result and the claim back (one round
         trip): the stored run, or LeaseLost if the slot has another run's result.
+
+        A ``retry`` is stored first, then the result (:meth:`finish_many`).
         """
-        return await self._claims.finish(ticket, status, error)
+        [answer] = await self.finish_many([FinishRequest(ticket, RunStatus(status), error, retry)])
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: each result published as
-        :meth:`finish` does, up to 8 in flight at once."""
-        return await self._claims.finish_many(items)
+        :meth:`finish` does, up to 8 in flight at once.
+
+        The result goes to the stream and its retry to the control bucket: JetStream cannot
+        write both in one step. So each retry is stored first (a ``create``, once per id) and
+        its result only after: a process that dies in between leaves the retry stored and the
+        run ``running`` (as a crashed run stays on a broker), never a ``failed`` slot without
+        its retry. A retry that cannot be stored holds its result back (unavailable: the whole
+        call fails and the core sends both again). A result refused after its retry was stored
+        (the slot already has another run's result, which only a second claim of one slot key
+        can cause) leaves that retry; a retry stored twice is claimed once."""
+        refused: dict[int, BackendError] = {}
+        for n, item in enumerate(items):
+            if item.retry is None:
+                continue
+            try:
+                await self._control.request(item.retry)
+            except BackendUnavailable:
+                raise
+            except BackendError as exc:
+                refused[n] = exc
+        sent = [
+            FinishRequest(item.ticket, item.status, item.error)
+            for n, item in enumerate(items)
+            if n not in refused
+        ]
+        answers = iter(await self._claims.finish_many(sent) if sent else [])
+        return [refused[n] if n in refused else next(answers) for n in range(len(items))]
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """Claims and results of ``job`` combined, newest first; a claim without a result is

@@ -380,13 +380,17 @@ class ClaimPath:
         :class:`BackendUnavailable` for the whole call."""
         if len(items) == 1:
             try:
-                return [await self.finish(*items[0])]
+                [(ticket, status, error, _)] = items  # a retry is the caller's (_backend.py)
+                return [await self.finish(ticket, status, error)]
             except BackendUnavailable:
                 raise
             except BackendError as exc:
                 return [exc]
         answers = await _in_flight(
-            self._results_gate, RESULTS_IN_FLIGHT, items, lambda item: self.finish(*item)
+            self._results_gate,
+            RESULTS_IN_FLIGHT,
+            items,
+            lambda item: self.finish(item.ticket, item.status, item.error),
         )
         out: list[Run | BackendError] = []
         for answer in answers:

@@ -344,19 +344,19 @@ class PostgresBackend(contract.LeaseBackend):
             groups: list[Group] = []
             for first in range(0, len(call), FINISH_GROUP):
                 members = [batch[n] for n in call[first : first + FINISH_GROUP]]
-                jobs = sorted({ticket.job for ticket, _, _ in members})
+                jobs = sorted({item.ticket.job for item in members})
                 params = [
-                    rows.finish_params(
-                        t, status, error, self.history_size, q.names.channel, later=later
-                    )
-                    for t, status, error in members
+                    rows.finish_params(item, self.history_size, q.names.channel, later=later)
+                    for item in members
                 ]
                 groups.append(([(q["lock_jobs"], {"jobs": jobs})], q["finish"], params))
             answered = await self._db.groups(groups, self._send_notices())
             for n, answer in zip(call, answered, strict=True):
                 answers[n] = answer
         return [
-            answer if isinstance(answer, BackendError) else rows.finished(*item, answer)
+            answer
+            if isinstance(answer, BackendError)
+            else rows.finished(item.ticket, item.status, item.error, answer)
             for item, answer in ((item, answers[n]) for n, item in enumerate(batch))
         ]
 

@@ -17,12 +17,13 @@ from anarchon.backend import (
     ClaimNotice,
     ClaimOutcome,
     ClaimRequest,
+    FinishRequest,
     SlotRecords,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
 )
-from anarchon.control import PAUSED_TRIGGERS
+from anarchon.control import PAUSED_TRIGGERS, RunRequest
 from anarchon.errors import BackendUnavailable, LeaseLost
 from anarchon.kit import Overlap, Run, RunStatus
 from anarchon.kit.feed import encode_notice
@@ -49,6 +50,7 @@ __all__ = [
     "peeked_takeover",
     "released_or_lost",
     "renewed",
+    "retry_params",
     "runs",
     "slot_records",
     "takeover_outcome",
@@ -60,6 +62,11 @@ __all__ = [
 
 # What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
 _RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
+# A retry's fields (RunRequest.to_dict) and the finish statement's parameters that carry them.
+_RETRY_FIELDS: Final = tuple(f.name for f in fields(RunRequest))
+_RETRY_PARAMS: Final = {
+    name: "retry_number" if name == "retry" else f"retry_{name}" for name in _RETRY_FIELDS
+}
 
 # -- parameters -----------------------------------------------------------------------------
 
@@ -176,14 +183,15 @@ def ticket_params(ticket: Ticket) -> dict[str, Any]:
     }
 
 
-def finish_params(
-    ticket: Ticket, status: str, error: str | None, keep: int, channel: str, *, later: bool
-) -> dict[str, Any]:
-    """The ``finish`` statement's parameters: the result, how to prune (``keep`` slots), and
-    whether its notification is kept for ``send_notices`` (``later``) or sent at commit."""
+def finish_params(item: FinishRequest, keep: int, channel: str, *, later: bool) -> dict[str, Any]:
+    """The ``finish`` statement's parameters: the result and its retry, how to prune (``keep``
+    slots), and whether its notification is kept for ``send_notices`` (``later``) or sent at
+    commit."""
+    ticket, status, error, retry = item
     ttl = ticket.history_ttl_ms
     return {
         **ticket_params(ticket),
+        **retry_params(retry),
         "status": str(RunStatus(status)),
         "error": error,
         # None for no TTL; one longer than any stored time keeps everything.
@@ -193,6 +201,13 @@ def finish_params(
         "channel": channel,
         "later": later,
     }
+
+
+def retry_params(retry: RunRequest | None) -> dict[str, Any]:
+    """The ``finish`` statement's ``retry_*`` parameters: the retry's fields (all None: no
+    retry)."""
+    values = dict.fromkeys(_RETRY_FIELDS) if retry is None else retry.to_dict()
+    return {_RETRY_PARAMS[name]: value for name, value in values.items()}
 
 
 def takeover_params(req: TakeoverRequest, channel: str) -> dict[str, Any]:

@@ -920,7 +920,9 @@ FROM ({held_by_ticket}) held;
 -- nor a running one; slots whose every attempt ended before now - ttl_ms (oldest first), then
 -- the oldest ended slots while the job holds more than keep slots; at most batch slots. The
 -- newest slot dropped is remembered in {pruned} in the same statement, so a late claim of a
--- dropped slot is refused instead of running it again.
+-- dropped slot is refused instead of running it again. A failed result with retries left
+-- stores its retry (%(retry_id)s not NULL: the run request's fields, as the request statement
+-- takes them) in the same statement, only when this statement accepted it, once per id.
 WITH clock AS MATERIALIZED (
     SELECT {now_ms} AS now
 ),
@@ -931,6 +933,17 @@ finished AS (
     WHERE x.job = %(job)s AND x.slot_key = %(slot_key)s AND x.attempt = %(attempt)s::integer
       AND x.token = %(token)s AND x.fence = %(fence)s::bigint AND x.status = 'running'
     RETURNING {run_columns}
+),
+retried AS (
+    INSERT INTO {requests} (id, job, trigger, slot_key, slot, due_ms, requested_by,
+                            requested_at_ms, retry)
+    SELECT %(retry_id)s::text, %(retry_job)s::text, %(retry_trigger)s::text,
+           %(retry_key)s::text, %(retry_slot)s::bigint, %(retry_due_ms)s::bigint,
+           %(retry_requested_by)s::text, %(retry_requested_at_ms)s::bigint,
+           %(retry_number)s::integer
+    FROM finished
+    WHERE %(retry_id)s::text IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
 ),
 current AS (
     {current_attempt}

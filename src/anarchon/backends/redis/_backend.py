@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ... import backend as contract
-from ...errors import BackendError
+from ...errors import BackendError, BackendUnavailable
 from ...kit import Run, RunStatus, backoff
 from ...kit.feed import ChangeFeed, decode_notices, won_notices
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
@@ -248,16 +248,26 @@ class RedisBackend(contract.LeaseBackend):
         self, items: Sequence[contract.FinishRequest]
     ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: one pipeline, one round trip;
-        each result is its own script (record, prune). The backups hear of the finishes on
-        ``<prefix>_changes``: a result alone from its script, a batch in one message per 500
-        results, published without waiting."""
+        each result is its own script (record, store its retry, prune). The backups hear of the
+        finishes on ``<prefix>_changes``: a result alone from its script, a batch in one
+        message per 500 results, published without waiting.
+
+        A retry goes into the requests hash from the script that accepts its result. On a
+        Redis Cluster that hash lies in another slot than the job's keys, so each retry is
+        stored first (``HSETNX``, once per id) and its result after: a retry is never lost,
+        and one whose result is then refused is removed again (if the hash still holds it
+        as stored: never another run's request of its id)."""
         if not items:
             return []
+        on_cluster = self._on_cluster()
+        refused = await self._retries_ahead(items) if on_cluster else {}
+        requests_key = [] if on_cluster else [self._keys.control.requests]
         # One result announces itself from its script; a batch, by one message after it.
         alone = self._keys.channel if len(items) == 1 else None
+        sent = [n for n in range(len(items)) if n not in refused]
         calls = [
             (
-                self._keys.job(ticket.job).all(),
+                [*self._keys.job(ticket.job), *requests_key],
                 self._args(
                     **rows.held_fields(ticket),
                     attempt=ticket.attempt,
@@ -268,23 +278,48 @@ class RedisBackend(contract.LeaseBackend):
                     prune_batch=PRUNE_BATCH,
                     prune_scan=rows.PRUNE_SCAN,
                     channel=alone,
+                    retry_id=None if retry is None or on_cluster else retry.id,
+                    retry=None if retry is None or on_cluster else retry.to_json(),
                 ),
             )
-            for ticket, status, error in items
+            for ticket, status, error, retry in (items[n] for n in sent)
         ]
-        answers = await self._connection.scripts("finish", calls)
+        answered = await self._connection.scripts("finish", calls) if calls else []
+        answers = dict(zip(sent, answered, strict=True))
         out: list[Run | BackendError] = []
         finished: list[tuple[str, str]] = []
-        for (ticket, _, _), answer in zip(items, answers, strict=True):
+        for n, item in enumerate(items):
+            answer = refused[n] if n in refused else answers[n]
             if isinstance(answer, BackendError):
                 out.append(answer)
                 continue
-            lost = rows.lost(ticket, answer)
+            lost = rows.lost(item.ticket, answer)
             if lost is None:
-                finished.append((ticket.job, ticket.slot_key))
+                finished.append((item.ticket.job, item.ticket.slot_key))
+            elif item.retry is not None and on_cluster:
+                await self.control().forget(item.retry)
             out.append(lost or rows.stored_run(answer["run"]))
         if alone is None:
             self._connection.announce(self._keys.channel, rows.change_messages(finished))
+        return out
+
+    async def _retries_ahead(
+        self, items: Sequence[contract.FinishRequest]
+    ) -> dict[int, BackendError]:
+        """On a cluster: store the retries of ``items`` before their results (``HSETNX``); the
+        error of each item whose retry the store refused, by index (its result is then not
+        sent). An unavailable store fails the whole call."""
+        control = self.control()
+        out: dict[int, BackendError] = {}
+        for n, item in enumerate(items):
+            if item.retry is None:
+                continue
+            try:
+                await control.request(item.retry)
+            except BackendUnavailable:
+                raise
+            except BackendError as exc:
+                out[n] = exc
         return out
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:

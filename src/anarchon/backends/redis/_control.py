@@ -45,6 +45,14 @@ end
 return value
 """
 
+# Remove one field only while it holds exactly the given value.
+FORGET: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
 
 def stored_pause(pause: Pause) -> str:
     """The value the pauses hash keeps for ``pause``: its fields (no null: absent in Lua) and
@@ -91,6 +99,16 @@ class RedisControl:
             client.hsetnx(self._keys.requests, request.id, request.to_json())
         )
         return bool(stored)
+
+    async def forget(self, request: RunRequest) -> None:
+        """Remove ``request`` if the hash holds exactly it: a retry a cluster stored ahead of
+        its result (see ``RedisBackend.finish_many``) whose result was then refused. Another
+        run's request of the same id (its ``requested_by`` names that run) stays."""
+        connection = self._backend._connection
+        client = connection.client()
+        await connection.call(
+            client.eval(FORGET, 1, self._keys.requests, request.id, request.to_json())
+        )
 
     async def requests(self, jobs: Sequence[str] | None = None) -> list[RunRequest]:
         """See :meth:`anarchon.control.ControlStore.requests`: one ``HVALS``, due first."""

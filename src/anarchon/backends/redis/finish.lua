@@ -2,7 +2,10 @@
 -- history (the rules of anarchon.kit.lease) and wake the backups.
 -- A: slot_key, attempt, token, fence, status, error (optional), history_ttl_ms (optional),
 --    history_size, prune_batch, prune_scan, channel (optional: without it the caller announces
---    the finishes of a batch itself, in one message; see _backend.py).
+--    the finishes of a batch itself, in one message; see _backend.py), retry_id and retry
+--    (optional: a failed run's retry, its id and its JSON, stored with HSETNX in the requests
+--    hash, KEYS[6], when this script accepts the result; on a cluster the caller stores it
+--    itself, before, as the requests hash lies in another slot).
 local function main()
   local done = current(A.slot_key)
   local row = nil
@@ -24,6 +27,9 @@ local function main()
     row.lease_expires_at = nil
     save(row)
     redis.call('ZREM', LEASES, row.id)
+    if A.retry_id and KEYS[6] then
+      redis.call('HSETNX', KEYS[6], A.retry_id, A.retry)
+    end
     if A.channel then
       notify(row, false)
     end

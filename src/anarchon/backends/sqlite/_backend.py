@@ -133,13 +133,14 @@ class SQLiteBackend(contract.LeaseBackend):
         self, items: Sequence[contract.FinishRequest]
     ) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`; the batch is one transaction, each
-        result decided on its own, and the job's history pruned."""
+        result decided on its own (with its retry, into ``anarchon_requests``), and the job's
+        history pruned."""
         batch = list(items)
 
         def decide(rows: SQLiteRows, item: contract.FinishRequest, now: int) -> Run | BackendError:
-            ticket, status, error = item
+            ticket, status, error, retry = item
             try:
-                run = rules.finish(rows, ticket, status, error, now)
+                run = rules.finish(rows, ticket, status, error, now, retry)
             except LeaseLost as exc:
                 return exc
             rows.add_event(ticket.job, ticket.slot_key, False, now)

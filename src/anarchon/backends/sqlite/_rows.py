@@ -69,6 +69,11 @@ class SQLiteRows:
             return [p for p in self._pauses if p.job in (job, ALL_JOBS)]
         return [pause_of(values) for values in self.conn.execute(Q["job_pauses"], (job,))]
 
+    def add_request(self, request: RunRequest) -> None:
+        """See :meth:`~anarchon.kit.lease.RowStore.add_request`: the control store's own
+        statement, in this transaction."""
+        self.conn.execute(Q["add_request"], request.to_dict()).fetchall()
+
     def prune(self, job: str, keep_key: str, cutoff: int | None) -> None:
         """See :meth:`~anarchon.kit.lease.RowStore.prune`."""
         conn = self.conn
