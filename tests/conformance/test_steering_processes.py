@@ -100,9 +100,12 @@ class Instances:
         self.url, self.tmp, self.fleet = url, tmp, fleet
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, *names: str, default_id: bool = False) -> None:
+    def spawn(
+        self, *names: str, default_id: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         """Start one process per name and wait until each has started its scheduler;
-        ``default_id``: the Scheduler picks its own instance id (the name is the files')."""
+        ``default_id``: the Scheduler picks its own instance id (the name is the files');
+        ``env``: variables added to the processes' environment."""
         for name in names:
             args = [sys.executable, "-m", "tests.conformance.steering_worker", "--url", self.url]
             args += ["--fleet", self.fleet, "--out", str(self.tmp / f"{name}.jsonl")]
@@ -111,15 +114,22 @@ class Instances:
                 args += ["--instance", name]
             with (self.tmp / f"{name}.log").open("wb") as log:
                 self.procs[name] = subprocess.Popen(
-                    args, cwd=ROOT, stdout=log, stderr=log, preexec_fn=_die_with_parent
+                    args,
+                    cwd=ROOT,
+                    env={**os.environ, **(env or {})},
+                    stdout=log,
+                    stderr=log,
+                    preexec_fn=_die_with_parent,
                 )
         for name in names:
             ready = self.tmp / f"{name}.ready"
 
             def started(name: str = name, ready: Path = ready) -> bool:
-                proc = self.procs[name]
-                assert proc.poll() is None, f"{name} exited early:\n{self.logs()}"
-                return ready.exists()
+                exited = self.procs[name].poll() is not None
+                if ready.exists():  # started (and may have exited since, as a test asks)
+                    return True
+                assert not exited, f"{name} exited early:\n{self.logs()}"
+                return False
 
             wait_for(started, f"{name} to start")
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from anarchon import InvalidJobName, InvalidOption, LeaseLost, Overlap, RunStatus, Trigger
+from anarchon._retrying import retry_request_id
 from anarchon.backend import (
     ClaimNotice,
     ClaimRequest,
@@ -20,9 +21,11 @@ from anarchon.backend import (
     FinishRequest,
     TakeoverRequest,
     TakeoverStatus,
+    Ticket,
 )
 from anarchon.backends.redis import RedisBackend
 from anarchon.backends.redis._keys import KINDS, Namespace
+from anarchon.control import RunRequest, retry_key
 from tests.backends.redis import SERVER
 from tests.redis.conftest import Make
 from tests.redis.servers import REDIS_MAJOR
@@ -579,3 +582,50 @@ async def test_the_kept_connection_is_closed_if_its_pool_forgot_it(prefix: str) 
         assert not lane.is_connected
     finally:
         await client.aclose()
+
+
+async def test_on_a_cluster_a_retry_is_stored_before_its_result_and_removed_if_refused(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis Cluster keeps the requests hash in another slot than the job's keys: the retry
+    is stored first, and removed again when its result is refused (only if it is still the
+    one stored: another run's request of the same id stays)."""
+    backend = await make()
+    monkeypatch.setattr(backend, "_on_cluster", lambda: True)
+    outcomes = await backend.claim([claim_request(slot=SLOT + n * 1000) for n in range(2)])
+    first, second = (o.ticket for o in outcomes)
+    assert first is not None and second is not None
+
+    def retry_of(ticket: Ticket, by: str = "") -> RunRequest:
+        return RunRequest(
+            id=retry_request_id("job", ticket.slot_key, 1),
+            job="job",
+            trigger=Trigger.RETRY,
+            key=retry_key(ticket.slot_key, 1),
+            slot=ticket.slot,
+            due_ms=SLOT,
+            requested_by=by or f"retry 1 of 1 after run {ticket.run_id}",
+            requested_at_ms=SLOT,
+            retry=1,
+        )
+
+    forged = replace(second, token=uuid.uuid4().hex)
+    answers = await backend.finish_many(
+        [
+            FinishRequest(first, RunStatus.FAILED, "boom", retry_of(first)),
+            FinishRequest(forged, RunStatus.FAILED, "forged", retry_of(second)),
+        ]
+    )
+    assert [type(a).__name__ for a in answers] == ["Run", "LeaseLost"]
+    control = backend.control()
+    assert await control.requests(["job"]) == [retry_of(first)]
+    theirs = retry_of(second, by="another run's retry")
+    assert await control.request(theirs)
+    [refused] = await backend.finish_many(
+        [FinishRequest(forged, RunStatus.FAILED, "forged", retry_of(second))]
+    )
+    assert isinstance(refused, LeaseLost)
+    assert {r.requested_by for r in await control.requests(["job"])} == {
+        retry_of(first).requested_by,
+        theirs.requested_by,
+    }
