@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 
 from tests.conformance.steering_worker import EXIT_AFTER_FAILED_FINISH, EXIT_STATUS
-from tests.conformance.test_steering_processes import BACKENDS, Instances, history, wait_for
+from tests.conformance.test_steering_processes import (
+    BACKENDS,
+    Instances,
+    history,
+    instances,
+    wait_for,
+)
 from tests.harness import Harness, Namespace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -35,12 +41,8 @@ SETTLE_S = 3.0
 
 @pytest.fixture
 def crash(ns: Namespace, tmp_path: Path) -> Iterator[Instances]:
-    assert ns.url is not None
-    made = Instances(ns.url, tmp_path, "crash")
-    try:
+    with instances(ns, tmp_path, "crash") as made:
         yield made
-    finally:
-        made.stop_all()
 
 
 def _retries(fleet: Instances, slot: int) -> list[dict[str, Any]]:

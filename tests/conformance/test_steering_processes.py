@@ -15,6 +15,7 @@ a second"; the bound adds a second of margin), and a trigger must run within
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -162,24 +163,27 @@ class Instances:
         )
 
 
-@pytest.fixture
-def steer(ns: Namespace, tmp_path: Path) -> Iterator[Instances]:
+@contextlib.contextmanager
+def instances(ns: Namespace, tmp_path: Path, fleet: str) -> Iterator[Instances]:
+    """:class:`Instances` of ``fleet`` on the test's namespace, every one stopped afterwards."""
     assert ns.url is not None
-    made = Instances(ns.url, tmp_path, "steer")
+    made = Instances(ns.url, tmp_path, fleet)
     try:
         yield made
     finally:
         made.stop_all()
+
+
+@pytest.fixture
+def steer(ns: Namespace, tmp_path: Path) -> Iterator[Instances]:
+    with instances(ns, tmp_path, "steer") as made:
+        yield made
 
 
 @pytest.fixture
 def retry(ns: Namespace, tmp_path: Path) -> Iterator[Instances]:
-    assert ns.url is not None
-    made = Instances(ns.url, tmp_path, "retry")
-    try:
+    with instances(ns, tmp_path, "retry") as made:
         yield made
-    finally:
-        made.stop_all()
 
 
 def paused_records(runs: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
