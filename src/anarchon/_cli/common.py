@@ -158,7 +158,9 @@ async def opened(url: str | None, *, registry: bool) -> AsyncIterator[Backend]:
                     EXIT_USAGE, f"the {backend.name} backend keeps no registry ({where(backend)})"
                 )
             if not await store.exists():
-                raise no_data(backend, ": no scheduler recorded itself")
+                # A store may say more (NATS: a bucket lost under running schedulers).
+                why = getattr(store, "missing_text", None) or "no scheduler recorded itself"
+                raise no_data(backend, f": {why}")
         yield backend
     finally:
         await backend.stop()

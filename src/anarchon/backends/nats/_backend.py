@@ -38,6 +38,7 @@ from . import _subjects as subjects
 from ._claims import ClaimPath
 from ._connection import Connection, cancel_unfinished, import_nats
 from ._control import NatsControl
+from ._guard import Guard
 from ._options import (
     DEFAULT_SERVERS,
     Access,
@@ -159,6 +160,16 @@ class NatsBackend(Backend):
         self._window = Window(
             self._conn, stream=self.stream, duplicate_window_ms=self.duplicate_window_ms
         )
+        self._wanted = stream_setup.Wanted(
+            stream=self.stream,
+            prefix=self.prefix,
+            duplicate_window_ms=self.duplicate_window_ms,
+            history_size=self.history_size,
+            replicas=self.replicas,
+            shrink_window=self.shrink_window,
+        )
+        self._guard = Guard(self._conn, self._window, self._wanted)
+        self._guarding: asyncio.Future[None] | None = None
         self._control = NatsControl(self)
         self._claims = ClaimPath(
             self._conn,
@@ -193,6 +204,11 @@ class NatsBackend(Backend):
     async def start(self) -> None:
         """Connect (unless given a connection) and create or update the stream. Idempotent.
 
+        While started, a stream or key-value bucket lost under this instance (deleted, or its
+        server restarted without its store) is created again: a bucket at once, the stream
+        once it has been missing for one duplicate window, so that no slot it recorded can be
+        claimed again (see :mod:`._guard`).
+
         Raises :class:`~anarchon.errors.BackendError` within seconds, saying what is wrong and
         how to fix it: server unreachable, credentials or TLS refused, JetStream not enabled
         (``nats-server -js``), a stream or prefix the server refuses. Raises
@@ -209,21 +225,15 @@ class NatsBackend(Backend):
         if self._conn.started:
             return
         await self._conn.open()
-        wanted = stream_setup.Wanted(
-            stream=self.stream,
-            prefix=self.prefix,
-            duplicate_window_ms=self.duplicate_window_ms,
-            history_size=self.history_size,
-            replicas=self.replicas,
-            shrink_window=self.shrink_window,
-        )
         try:
-            self._window.learn(await self._conn.prepare_stream(wanted, read_only=read_only))
+            self._window.learn(await self._conn.prepare_stream(self._wanted, read_only=read_only))
             if not read_only:
                 await stream_setup.align_buckets(
                     self._conn.api, self.stream, bucket_streams(self.stream), self._conn.replicas
                 )
                 self._upkeep = asyncio.ensure_future(self._claims.upkeep())
+                # A stream or bucket lost from now on is made again (a reader makes nothing).
+                self._guarding = asyncio.ensure_future(self._guard.run())
         except BaseException:
             await self.stop()
             raise
@@ -232,6 +242,8 @@ class NatsBackend(Backend):
         """Close the connection this backend opened; never one you passed in."""
         upkeep, self._upkeep = self._upkeep, None
         await cancel_unfinished(upkeep)
+        guarding, self._guarding = self._guarding, None
+        await cancel_unfinished(guarding)
         await self._claims.close()
         await self._control.close()
         claimed, self._claimed = self._claimed, None

@@ -18,6 +18,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError, BackendUnavailable, MissingDependency
@@ -71,6 +72,31 @@ FETCH_BATCH: Final = 500
 # hundred bytes and nats-py parses at most 32 KiB at a time.
 READ_SIZE: Final = 64 * 1024
 CONSUMER_INACTIVE_S: Final = 30.0
+
+
+#: What each kind of key-value bucket beside the stream holds (``_registry.BUCKET_KINDS``),
+#: and what losing it costs.
+BUCKET_LOSS: Final = {
+    "registry": (
+        "the instances' records; each running instance writes its own again at its next heartbeat"
+    ),
+    "definitions": (
+        "the job definitions the instances saved; each running instance saves its own again "
+        "within a minute (until then readers may not find the jobs of some instances)"
+    ),
+    "control": (
+        "the pauses and run requests; paused jobs run again until they are paused anew, and "
+        "pending run requests (triggers and retries) are dropped"
+    ),
+}
+
+
+def bucket_loss(bucket: str) -> str:
+    """What losing key-value bucket ``bucket`` cost (:data:`BUCKET_LOSS`, by its name)."""
+    for kind, text in BUCKET_LOSS.items():
+        if bucket.endswith(f"_{kind}") or bucket.startswith(f"anarchon_{kind}_"):
+            return text
+    return "its keys"
 
 
 def import_nats() -> Any:
@@ -242,6 +268,12 @@ class Connection:
         self._stream_has_ts: bool | None = None
         self.replicas = 1
         """The stream's replicas, read when it was prepared: a bucket is created with them."""
+        self.failures = 0
+        """How many calls failed for good (retries spent, or refused): the guard
+        (:mod:`._guard`) looks at the stream and buckets soon after it grows."""
+        self.buckets_seen: set[str] = set()
+        """The key-value buckets this connection found or made: the guard makes them again
+        if they are lost."""
         self._down = False
         self._connecting = False
         self._connect_error: Exception | None = None
@@ -387,26 +419,64 @@ class Connection:
     ) -> dict[str, Any]:
         """Create or evolve the stream (``read_only``: require it, unchanged), retrying while
         the server elects a leader; return its info."""
+        if read_only:
+            call = partial(stream_setup.require, self.api, self.stream)
+        else:
+            call = partial(stream_setup.ensure, self.api, self._floored(wanted))
+        info = await self._preparing(call)
+        self._learn(info)
+        return info
+
+    async def recreate_stream(self, wanted: stream_setup.Wanted) -> tuple[dict[str, Any], bool]:
+        """Create the stream as :meth:`prepare_stream` creates a new one, unless it exists
+        again (then it is left as it is), retrying as that does; its info, and True if this call
+        created it."""
+        info, made = await self._preparing(
+            partial(stream_setup.recreate, self.api, self._floored(wanted))
+        )
+        self._learn(info)
+        return info, made
+
+    def _floored(self, wanted: stream_setup.Wanted) -> stream_setup.Wanted:
+        """``wanted``, with a first sequence only where the server takes one: servers before
+        2.10 do not (see :func:`._stream.fence_floor`)."""
         nc, _ = self.require()
-        # Servers before 2.10 take no first sequence (see _stream.fence_floor).
-        wanted = replace(wanted, fence_floor=_server_at_least(nc, 2, 10))
+        return replace(wanted, fence_floor=_server_at_least(nc, 2, 10))
+
+    def _learn(self, info: dict[str, Any]) -> None:
+        self._stream_has_ts = "ts" in info
+        self.replicas = stream_setup.replicas(info)
+
+    async def _preparing(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, made again while the server elects a leader (for up to
+        :data:`START_RETRY_S`); a failure translated, JetStream not enabled explained."""
+        nc, _ = self.require()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_RETRY_S
         while True:
             try:
-                if read_only:
-                    info = await stream_setup.require(self.api, self.stream)
-                else:
-                    info = await stream_setup.ensure(self.api, wanted)
-                break
+                return await call()
             except Exception as exc:
                 self._explain_no_jetstream(nc, exc)
                 if not errors.is_transient(exc) or loop.time() > deadline:
                     raise errors.translate(exc, f"preparing stream {self.stream!r}") from exc
                 await asyncio.sleep(0.25)
-        self._stream_has_ts = "ts" in info
-        self.replicas = stream_setup.replicas(info)
-        return info
+
+    def note_failure(self, exc: BaseException) -> None:
+        """Count a call that failed for good with ``exc`` (:attr:`failures`): the stream or a
+        bucket it used may be gone. A lookup that found no bucket is not counted: a bucket not
+        made yet (the control bucket before the first pause, looked for every second) is no
+        loss, and one that was lost is found by the guard's own looks."""
+        from nats.js.errors import BucketNotFoundError
+
+        if isinstance(exc, BucketNotFoundError) or isinstance(exc.__cause__, BucketNotFoundError):
+            return
+        self.failures += 1
+
+    def reconnects(self) -> int:
+        """How many times the client has reconnected (0 before it is opened)."""
+        nc = self.nc
+        return int(nc.stats["reconnects"]) if nc is not None else 0
 
     def _explain_no_jetstream(self, nc: NATS, exc: Exception) -> None:
         import nats.errors
@@ -486,6 +556,7 @@ class Connection:
             kv: KeyValue = await bounded(
                 until_answered(lambda: js.key_value(bucket), doing, within), doing
             )
+            self.buckets_seen.add(bucket)
             return kv
         except BackendError as exc:
             if not isinstance(exc.__cause__, BucketNotFoundError):
@@ -494,10 +565,16 @@ class Connection:
                 return None
         config = KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas)
         creating = f"creating key-value bucket {bucket!r}"
+        made_here = False
 
         async def make() -> KeyValue:
+            nonlocal made_here
             try:
-                return await until_answered(lambda: js.create_key_value(config), creating, within)
+                created = await until_answered(
+                    lambda: js.create_key_value(config), creating, within
+                )
+                made_here = True
+                return created
             except (APIError, JetStreamError) as exc:
                 if exc.err_code != errors.STREAM_NAME_IN_USE:
                     raise
@@ -505,6 +582,17 @@ class Connection:
             return await until_answered(lambda: js.key_value(bucket), creating, within)
 
         made: KeyValue = await bounded(make(), creating)
+        if made_here and bucket in self.buckets_seen:
+            logger.warning(
+                "re-created key-value bucket %s (one revision per key, R%d): it was lost under "
+                "this running instance (deleted, or its server lost its store), and what it held "
+                "is gone: %s",
+                bucket,
+                self.replicas,
+                bucket_loss(bucket),
+                extra={"action": "bucket_recreated", "stream": f"KV_{bucket}"},
+            )
+        self.buckets_seen.add(bucket)
         return made
 
     async def subjects(self, stream: str, subjects_filter: str) -> list[str]:
@@ -582,11 +670,13 @@ class Connection:
             except Exception as exc:
                 failed = None
                 if not errors.is_transient(exc):
+                    self.note_failure(exc)
                     raise errors.translate(exc, doing) from exc
                 if delays is None:
                     delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
                 delay = next(delays)
                 if attempt >= MAX_ATTEMPTS or loop.time() + delay >= deadline:
+                    self.note_failure(exc)
                     raise errors.translate(exc, doing) from exc
                 logger.debug(
                     "NATS: %s: %s; retrying (attempt %d)",

@@ -2,7 +2,8 @@
 
 The bucket is ``<stream>_control`` (``anarchon_control_<hash of the stream name>`` when the
 stream's name has characters a bucket name cannot), one revision per key, created on the first
-write and never by a read. Keys start with the base64url form of the backend's prefix, so
+write, again by a running instance that used it if it is lost (:mod:`._guard`), and never by a
+read. Keys start with the base64url form of the backend's prefix, so
 backends that share a stream under different prefixes keep apart:
 
 * ``<prefix>.p.<job>`` (the job's name base64url-encoded; ``*`` for the whole cluster): the
@@ -117,8 +118,9 @@ class NatsControl:
         deleted, or re-created)."""
         try:
             return await bounded(aw, doing, CALL_TIMEOUT_S)
-        except BackendError:
+        except BackendError as exc:
             self._kv = None
+            self._backend._conn.note_failure(exc)  # the bucket may be gone: the guard looks
             raise
 
     async def _open(self, create: bool) -> KeyValue | None:

@@ -3,7 +3,8 @@
 The bucket is ``<stream>_registry`` (or ``anarchon_registry_<hash of the stream name>`` when the
 stream's name has characters a bucket name cannot), keeping one revision per key; the key of an
 instance is ``<prefix>.<instance id>``, both base64url-encoded so any printable id fits the key
-rules. The bucket is created on the first write (idempotently) and never by a read.
+rules. The bucket is created on the first write (idempotently), again by a running instance
+that used it if it is lost (:mod:`._guard`), and never by a read.
 
 What is atomic here and what is not:
 
@@ -122,13 +123,14 @@ class NatsRegistry:
         try:
             async with asyncio.timeout(limit_s):
                 return await aw
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"NATS: {doing} failed: no answer within {limit_s:g} s"
-            ) from None
-        except BackendError:
-            raise
         except Exception as exc:
+            self._backend._conn.note_failure(exc)  # the bucket may be gone: the guard looks
+            if isinstance(exc, TimeoutError):
+                raise BackendUnavailable(
+                    f"NATS: {doing} failed: no answer within {limit_s:g} s"
+                ) from None
+            if isinstance(exc, BackendError):
+                raise
             raise errors.translate(exc, doing) from exc
 
     async def _open(self, create: bool) -> KeyValue | None:
@@ -190,6 +192,18 @@ class NatsRegistry:
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
         return await self._open(create=False) is not None
+
+    @property
+    def missing_text(self) -> str:
+        """Why :meth:`exists` answers False, for the ``anarchon`` commands: no scheduler
+        recorded itself, or the bucket was lost under running ones (which make it again)."""
+        return (
+            f"no scheduler recorded itself: key-value bucket {self._bucket!r} does not exist. "
+            "If schedulers are running on stream "
+            f"{self._backend.stream!r}, the bucket was deleted or its server lost its store: "
+            "they create it again within about a minute and record themselves at their next "
+            "heartbeat; try again then"
+        )
 
     async def remove(self, instance_id: str) -> None:
         """See :meth:`anarchon.registry.RegistryStore.remove`."""

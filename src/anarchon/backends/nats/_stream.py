@@ -23,6 +23,9 @@ Rules (the seed's, plus "never delete user data"):
   messages, so it is only raised, never lowered (history then keeps more runs, which the seed's
   "at least" allows).
 
+A stream lost under running instances is made again by :mod:`._guard` through
+:func:`recreate`: the config a new stream gets here, created only if it is still missing.
+
 The key-value buckets beside the stream (its instances, job definitions, pauses and run requests)
 follow the stream's replicas: a bucket is created with them, and an existing one whose replicas
 differ is updated to them in ``start()`` (:func:`align_buckets`). Otherwise an R3 stream in a
@@ -82,9 +85,9 @@ def window_ms(info: dict[str, Any]) -> int:
 
 async def ensure(api: Api, wanted: Wanted) -> dict[str, Any]:
     """Create or evolve the stream; return its info as the server reports it afterwards."""
-    info = await _info(api, wanted.stream)
+    info = await find(api, wanted.stream)
     if info is None:
-        info = await _create(api, wanted)
+        info, _ = await _create(api, wanted)
     config: dict[str, Any] = info.get("config") or {}
     _check_usable(config, wanted)
     changes, new = evolve(config, wanted)
@@ -169,16 +172,21 @@ def _limit(config: dict[str, Any], stream_subjects: list[str], wanted: Wanted) -
 
 async def require(api: Api, stream: str) -> dict[str, Any]:
     """Return the stream's info, unchanged; raise if it does not exist (read-only opening)."""
-    info = await _info(api, stream)
+    info = await find(api, stream)
     if info is None:
         raise BackendError(
             f"JetStream stream {stream!r} does not exist, so it holds no history; check the "
-            "stream name (the backend URL's ?stream=...)"
+            "stream name (the backend URL's ?stream=...). If schedulers run on it, it was "
+            "deleted or its server lost its store: the history it held is gone, and they "
+            "create it again, empty, one duplicate window after they notice (their claims fail "
+            "closed until then)"
         )
     return info
 
 
-async def _info(api: Api, stream: str) -> dict[str, Any] | None:
+async def find(api: Api, stream: str) -> dict[str, Any] | None:
+    """The info of stream ``stream`` (a key-value bucket's is ``KV_<bucket>``); None if it does
+    not exist. Any other failure is raised."""
     try:
         return await api(subjects.API.format(verb="STREAM.INFO", stream=stream), None)
     except JetStreamError as exc:
@@ -187,7 +195,17 @@ async def _info(api: Api, stream: str) -> dict[str, Any] | None:
         raise
 
 
-async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
+async def recreate(api: Api, wanted: Wanted) -> tuple[dict[str, Any], bool]:
+    """Create the stream as :func:`ensure` creates a new one, unless it exists (then it is left
+    as it is); its info, and True if this call created it."""
+    info = await find(api, wanted.stream)
+    if info is not None:
+        return info, False
+    return await _create(api, wanted)
+
+
+async def _create(api: Api, wanted: Wanted) -> tuple[dict[str, Any], bool]:
+    """Create the stream; its info, and False if another instance created it meanwhile."""
     floor = fence_floor() if wanted.fence_floor else None
     config: dict[str, Any] = {
         "name": wanted.stream,
@@ -211,9 +229,9 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
     except JetStreamError as exc:
         if exc.err_code == errors.STREAM_NAME_IN_USE:
             # Another instance created it at the same moment, with other settings: evolve it.
-            again = await _info(api, wanted.stream)
+            again = await find(api, wanted.stream)
             if again is not None:
-                return again
+                return again, False
         raise _explain(exc, wanted, "create") from exc
     logger.info(
         "created stream %s (subjects %s, duplicate window %d ms, %d messages per subject, R%d)",
@@ -245,7 +263,7 @@ async def _create(api: Api, wanted: Wanted) -> dict[str, Any]:
             wanted.stream,
             extra={"action": "stream_fence_restart", "stream": wanted.stream},
         )
-    return info
+    return info, True
 
 
 def fence_floor() -> int:
@@ -273,7 +291,7 @@ async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], wa
     and the next start tries again."""
     for name in bucket_streams:
         try:
-            info = await _info(api, name)
+            info = await find(api, name)
             if info is None or replicas(info) == want:
                 continue
             config = dict(info.get("config") or {})

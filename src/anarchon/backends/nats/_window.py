@@ -42,7 +42,6 @@ class Window:
         self._stream_ms: int | None = None
         self._needs: dict[str, int] = {}
         self._max_late: dict[str, int] = {}
-        self._missing_logged = False
 
     @staticmethod
     def need_ms(policy: JobPolicy) -> int:
@@ -107,16 +106,7 @@ class Window:
         except JetStreamError as exc:
             if exc.err_code != errors.STREAM_NOT_FOUND:
                 raise
-            if not self._missing_logged:
-                self._missing_logged = True
-                logger.warning(
-                    "stream %s no longer exists: claims fail (closed) until it is created "
-                    "again, which the next instance to start does",
-                    self._stream,
-                    extra={"action": "stream_missing", "stream": self._stream},
-                )
-            return None
-        self._missing_logged = False
+            return None  # the guard says so, and makes it again (see _guard)
         window = stream_setup.window_ms(info)
         need, job = max(((n, j) for j, n in self._needs.items()), default=(0, "-"))
         target = max(self._least_ms, need + 1)

@@ -1,0 +1,186 @@
+"""Keeping the stream and the key-value buckets while the backend runs.
+
+A stream or bucket can be lost under running instances: deleted (``nats stream rm``), or gone
+with the store of a server that restarted without it. ``start()`` creates what is missing, but a
+running instance would never start again, so its claims would fail (closed) and its heartbeats
+vanish for good. The :class:`Guard` of each started backend (never a reader's: the ``anarchon``
+commands create nothing) looks every :data:`GUARD_EVERY_S`, and soon after a call failed for
+good or the client reconnected (at most every :data:`LOOK_GAP_S`), whether the stream and each
+bucket this backend has used still exist (one stream info request each), and creates what is
+missing again with the settings ``start()`` gives it (:func:`._stream.recreate`,
+:meth:`._connection.Connection.open_bucket`), each with a WARNING naming it.
+
+**Buckets** (registry, definitions, control) are created again at once (``bucket_recreated``).
+What they held is gone: records and definitions are written again by the running instances;
+pauses and run requests are lost (:data:`._connection.BUCKET_LOSS`).
+
+**The stream** is created again only once it has been missing, as this instance sees it, for
+one whole duplicate window (the stream's as last read, at least ``duplicate_window_ms``):
+``stream_missing`` when it is noticed, ``stream_recreated`` when it is made. Why wait: the
+window is what remembers which slots were claimed, and a new stream's is empty. A slot that an
+instance claimed and ran in the lost stream must not be claimed again in the new one, by an
+instance that had not claimed it yet (its claim was due later, or failed while the stream was
+gone). Every claim of a slot is sent within ``jitter_ms + max_late_ms`` + the claim retry margin
+of the slot (less than the window: every job is checked against it when added), and a slot whose
+time came after the loss was never claimed in the lost stream. So once one window has passed
+since the loss (the loss came before it was noticed), every slot the lost stream may hold is too
+late for every instance's claim, and nothing it recorded can run again. Claims fail closed
+meanwhile (no stream answers them): the slots of that window are not run, and history shows
+nothing for them.
+
+Where that stops, as the window itself does: an instance whose clock is off by more than the
+window's skew budget (``Backend.skew_budget_ms``, warned about long before); and a stream made
+by anyone else during the wait: an instance that *starts* then creates it at once (``start()``
+cannot tell a lost stream from a first one), as does an operator, and a slot of the last window
+before the loss may then run a second time. An instance that notices later than another waits
+longer, never shorter; whichever makes it first, the others find it (``stream_found``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any, Final
+
+from . import _stream as stream_setup
+from ._connection import Connection, bounded
+from ._registry import CALL_TIMEOUT_S
+from ._window import Window
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+#: A running backend looks whether its stream and buckets exist this often (s): one stream info
+#: request each, per instance. Looks come sooner after a failed call or a reconnect.
+GUARD_EVERY_S: Final = 30.0
+#: Looks never come closer together than this (s), and while the stream is missing they come
+#: this often, to make it again as soon as its window has passed.
+LOOK_GAP_S: Final = 2.0
+#: How often the guard checks whether a call failed or the client reconnected (no request).
+TICK_S: Final = 0.5
+
+
+class Guard:
+    """Notices a lost stream or bucket under a running backend and creates it again."""
+
+    def __init__(self, connection: Connection, window: Window, wanted: stream_setup.Wanted) -> None:
+        self._connection = connection
+        self._window = window
+        self._wanted = wanted
+        # Loop time when this instance found the stream missing (None: it exists), and how long
+        # it then waits before making it again (the duplicate window, in s).
+        self._missing_since: float | None = None
+        self._wait_s = 0.0
+
+    @property
+    def stream_missing(self) -> bool:
+        """True from the look that found the stream missing until one finds it again."""
+        return self._missing_since is not None
+
+    async def run(self) -> None:
+        """Look now and then, and after failures and reconnects, until cancelled."""
+        conn = self._connection
+        loop = asyncio.get_running_loop()
+        marks = (conn.failures, conn.reconnects())
+        last = loop.time()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = loop.time()
+            if now - last < LOOK_GAP_S:
+                continue
+            seen = (conn.failures, conn.reconnects())
+            if seen == marks and not self.stream_missing and now - last < GUARD_EVERY_S:
+                continue
+            marks, last = seen, now
+            try:
+                await self.look()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS down, a leader being elected: the next look
+                logger.debug(
+                    "NATS: looking for stream %s and its buckets failed: %s",
+                    conn.stream,
+                    conn.scrub(str(exc) or type(exc).__name__),
+                    extra={"action": "upkeep_failed", "stream": conn.stream},
+                )
+
+    async def look(self) -> None:
+        """One look: the stream (made again once its window has passed), then each bucket this
+        backend has used (made again at once)."""
+        await self._look_stream()
+        conn = self._connection
+        for bucket in sorted(conn.buckets_seen):
+            if await stream_setup.find(conn.api, f"KV_{bucket}") is None:
+                await conn.open_bucket(
+                    bucket,
+                    create=True,
+                    doing=f"re-creating key-value bucket {bucket!r}",
+                    bounded=_bounded,
+                )
+
+    async def _look_stream(self) -> None:
+        conn = self._connection
+        loop = asyncio.get_running_loop()
+        info = await stream_setup.find(conn.api, conn.stream)
+        if info is not None:
+            if self._missing_since is not None:
+                self._found(info, loop.time() - self._missing_since)
+            return
+        now = loop.time()
+        if self._missing_since is None:
+            self._missing_since = now
+            self._wait_s = max(self._window.ms, self._wanted.duplicate_window_ms) / 1000
+            logger.warning(
+                "stream %s no longer exists (deleted, or its server lost its store): claims fail "
+                "closed, and this instance creates it again in %.0f s, once one duplicate window "
+                "has passed, so that no slot the lost stream recorded can be claimed again",
+                conn.stream,
+                self._wait_s,
+                extra={"action": "stream_missing", "stream": conn.stream},
+            )
+            return
+        missing_s = now - self._missing_since
+        if missing_s < self._wait_s:
+            return
+        # The settings start() gives a new stream, with the window and replicas it had.
+        wanted = replace(
+            self._wanted,
+            duplicate_window_ms=round(self._wait_s * 1000),
+            replicas=self._wanted.replicas or conn.replicas,
+        )
+        info, made = await conn.recreate_stream(wanted)
+        if not made:
+            self._found(info, missing_s)
+            return
+        self._missing_since = None
+        self._window.learn(info)
+        logger.warning(
+            "re-created stream %s (subjects %s, duplicate window %d ms, %d messages per subject, "
+            "R%d): it was lost under this running instance, which found it missing %.0f s ago "
+            "and waited one duplicate window; the runs and history it held are gone",
+            conn.stream,
+            ", ".join((info.get("config") or {}).get("subjects") or []),
+            wanted.duplicate_window_ms,
+            wanted.history_size,
+            stream_setup.replicas(info),
+            missing_s,
+            extra={"action": "stream_recreated", "stream": conn.stream},
+        )
+
+    def _found(self, info: dict[str, Any], missing_s: float) -> None:
+        """The stream exists again, made by someone else while this instance waited."""
+        self._missing_since = None
+        self._window.learn(info)
+        logger.info(
+            "stream %s exists again (made by another instance or by hand), %.0f s after this "
+            "instance found it missing",
+            self._connection.stream,
+            missing_s,
+            extra={"action": "stream_found", "stream": self._connection.stream},
+        )
+
+
+async def _bounded(aw: Awaitable[Any], doing: str) -> Any:
+    """A bucket call within the registry's call timeout, translated."""
+    return await bounded(aw, doing, CALL_TIMEOUT_S)
