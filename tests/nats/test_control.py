@@ -155,22 +155,56 @@ async def test_a_retry_of_a_slot_older_than_the_window_is_claimed(make: Make) ->
     assert lost.status is ClaimStatus.LOST
 
 
-async def test_last_slots_reads_each_jobs_newest_claim(make: Make) -> None:
+async def test_last_slots_reads_each_jobs_newest_slot(make: Make) -> None:
     backend: NatsBackend = await make()
+    retried = SLOT + 2000
     for claim in (
         request(job="a"),
         request(job="a", slot=SLOT + 1000),
         request(job="b", skip_reason="too late: x"),
         request(job="c"),
+        # Newest claims that are no slot's: the slot before them is read from the job's claims
+        # (earlier, such a job had no last slot, and its missed slots were never recorded).
         request(job="c", slot=None),
+        request(job="d", slot=SLOT),
+        request(job="d", slot=retried),
+        request(job="d", slot=retried, key=retry_key(str(retried), 1), trigger=Trigger.RETRY),
+        request(job="e", slot=None),
     ):
         await backend.claim([claim])  # one at a time: a batch is published concurrently
-    assert await backend.last_slots(["a", "b", "c", "nobody"]) == {
+    assert await backend.last_slots(["a", "b", "c", "d", "e", "nobody"]) == {
         "a": SLOT + 1000,
         "b": SLOT,
-        "c": None,
+        "c": SLOT,
+        "d": retried,
+        "e": None,
         "nobody": None,
     }
+
+
+async def test_slots_missed_after_a_manual_run_are_recorded(make: Make) -> None:
+    from anarchon import RunContext, Scheduler
+
+    backend: NatsBackend = await make()
+    last = (int(time.time()) - 15) * 1000
+    await backend.claim([request(job="tick", slot=last)])
+    await backend.claim([request(job="tick", slot=None)])  # a manual run since: the newest claim
+
+    async def noop(ctx: RunContext) -> None:
+        pass
+
+    scheduler = Scheduler(await make(), instance_id="second")
+    scheduler.add("tick", "* * * * * *", noop, jitter_ms=0, max_late_ms=1000)
+    missed: list[int] = []
+    async with scheduler:
+        deadline = time.monotonic() + 10
+        while not missed and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            runs = await backend.history("tick", limit=100)
+            missed = sorted(r.slot_ms or 0 for r in runs if r.status is RunStatus.MISSED)
+    # The slots after the last one recorded, older than the start less max_late_ms and the
+    # margin, are recorded at once (earlier, none: the manual run hid the last slot).
+    assert missed and missed[0] == last + 1000, missed
 
 
 async def test_last_slots_reads_only_the_jobs_that_have_claims(make: Make) -> None:

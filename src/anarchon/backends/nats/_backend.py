@@ -83,6 +83,14 @@ def _notices(notices: Sequence[ClaimNotice]) -> str:
     return f"[{','.join(encode_notice(n) for n in notices)}]"
 
 
+def _slot_of(claim: records.Claim) -> int | None:
+    """The slot of a scheduled or catch-up slot's claim (or skip record); None for a manual
+    run's or a retry's."""
+    if claim.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP):
+        return None
+    return claim.slot if claim.slot_key == str(claim.slot) else None
+
+
 class NatsBackend(Backend):
     """Claims and history in a NATS JetStream stream; one winner per slot by de-duplication.
 
@@ -397,13 +405,13 @@ class NatsBackend(Backend):
         return runs[0] if runs else None
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
-        """The slot of each job's newest claim (a claim, or a skip record); None when the job
-        has none or its newest claim is not a scheduled or catch-up slot's (a manual run or a
-        retry: the slot before it is not looked for).
+        """The slot of each job's newest claim of a scheduled or catch-up slot (a claim, or a
+        skip record); None when the job has none.
 
         The stream's info lists the claim subjects that hold a message (one request, or one
         per page of subjects); only those jobs' newest claims are read, one read per job, so
-        100 000 new jobs cost no read at all."""
+        100 000 new jobs cost no read at all. A job whose newest claim is a manual run or a
+        retry has its claims read (at most ``history_size``), for the newest slot's."""
         self._conn.require()
         for job in jobs:
             check_name(job)
@@ -420,15 +428,21 @@ class NatsBackend(Backend):
         gate = asyncio.Semaphore(LAST_SLOTS_AT_ONCE)
 
         async def one(job: str) -> int | None:
+            claims = subjects.CLAIMS.format(prefix=self.prefix, job=job)
             async with gate:
                 newest = await self._conn.get_retrying(
-                    {"last_by_subj": subjects.CLAIMS.format(prefix=self.prefix, job=job)},
-                    f"reading last claim of {job}",
+                    {"last_by_subj": claims}, f"reading last claim of {job}"
                 )
-            claim = records.decode_claim(newest) if newest is not None else None
-            if claim is None or claim.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP):
-                return None
-            return claim.slot if claim.slot_key == str(claim.slot) else None
+                claim = records.decode_claim(newest) if newest is not None else None
+                if claim is None:
+                    return None
+                slot = _slot_of(claim)
+                if slot is not None:
+                    return slot
+                # A manual run or a retry: the newest slot is that of an earlier claim.
+                stored = await self._conn.read_all(claims, f"reading the claims of {job}")
+            found = (_slot_of(c) for c in map(records.decode_claim, stored) if c is not None)
+            return max((s for s in found if s is not None), default=None)
 
         slots = await asyncio.gather(*(one(job) for job in claimed))
         return {**dict.fromkeys(jobs), **dict(zip(claimed, slots, strict=True))}
