@@ -15,8 +15,6 @@ import asyncio
 import json
 import logging
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -31,6 +29,7 @@ from anarchon.backends.nats._registry import bucket_name
 from anarchon.control import Pause
 from anarchon.errors import BackendError, BackendUnavailable
 from tests.conformance.procs import Fleet
+from tests.conformance.test_registry_processes import anarchon
 from tests.harness import in_chaos_only
 from tests.nats.servers import (
     BINARIES,
@@ -44,7 +43,6 @@ from tests.records import claim_request, instance_record
 
 JOB = "tick"
 WINDOW_MS = 4_000
-ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 Make = Callable[..., Awaitable[NatsBackend]]
@@ -213,17 +211,6 @@ async def test_readers_make_nothing_and_say_the_data_is_gone(
     with pytest.raises(BackendError, match="does not exist") as gone:
         await NatsBackend(server_url, stream=stream, prefix=prefix).start_reader()
     assert "the history it held is gone" in str(gone.value)
-
-
-def anarchon(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "anarchon", "--log-level", "WARNING", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def listed(url: str) -> set[str]:
