@@ -33,7 +33,8 @@ window's skew budget (``Backend.skew_budget_ms``, warned about long before); and
 by anyone else during the wait: an instance that *starts* then creates it at once (``start()``
 cannot tell a lost stream from a first one), as does an operator, and a slot of the last window
 before the loss may then run a second time. An instance that notices later than another waits
-longer, never shorter; whichever makes it first, the others find it (``stream_found``).
+longer, never shorter; whichever makes it first, the others find it (``stream_found``: a
+WARNING when it came back too soon to be a running instance's doing).
 """
 
 from __future__ import annotations
@@ -169,15 +170,30 @@ class Guard:
         )
 
     def _found(self, info: dict[str, Any], missing_s: float) -> None:
-        """The stream exists again, made by someone else while this instance waited."""
+        """The stream exists again, made by someone else while this instance waited: at INFO
+        when a running instance's guard may have made it (they find a loss within about
+        :data:`GUARD_EVERY_S` of each other; twice that is allowed), else at WARNING: an
+        instance that started, or an operator, made it before one window had passed."""
         self._missing_since = None
         self._window.learn(info)
-        logger.info(
-            "stream %s exists again (made by another instance or by hand), %.0f s after this "
-            "instance found it missing",
-            self._connection.stream,
+        stream = self._connection.stream
+        if missing_s >= self._wait_s - 2 * GUARD_EVERY_S:
+            logger.info(
+                "stream %s exists again (made by another instance), %.0f s after this instance "
+                "found it missing",
+                stream,
+                missing_s,
+                extra={"action": "stream_found", "stream": stream},
+            )
+            return
+        logger.warning(
+            "stream %s exists again %.0f s after this instance found it missing, before one "
+            "duplicate window (%.0f s) had passed: an instance that started, or an operator, "
+            "made it, and a slot claimed just before the loss may run a second time",
+            stream,
             missing_s,
-            extra={"action": "stream_found", "stream": self._connection.stream},
+            self._wait_s,
+            extra={"action": "stream_found", "stream": stream},
         )
 
 
