@@ -192,3 +192,32 @@ async def test_a_claim_the_feed_delivered_already_is_taken_without_waiting(make:
     [lost] = await loser.claim([request(slot=SLOT + 1000, instance="i2")])
     assert lost.status is ClaimStatus.LOST and lost.run.run_id == won.run.run_id
     assert waited == []
+
+
+async def test_the_feed_does_not_keep_this_instances_own_first_ack_wins(make: Make) -> None:
+    """Only duplicate acks are read back, so the feed keeps other instances' claims for them,
+    not this instance's own wins on their ack: those once filled its places in a burst (then
+    4 096, under a second at 3 x 5 000 every-second jobs) and sent most reads by sequence."""
+    other: NatsBackend = await make()
+    mine: NatsBackend = await make()
+    first = await _lose_one(other, mine, SLOT)  # a duplicate: this instance's feed starts
+    assert first.status is ClaimStatus.LOST
+    await _feeding(mine)
+    slots = [SLOT + n * 1000 for n in range(1, 101)]
+    won = await mine.claim([request(slot=s, instance="i2") for s in slots])
+    fences = {o.ticket.fence for o in won if o.ticket is not None and o.ticket.fence is not None}
+    assert len(fences) == len(slots)
+    feed = mine._claims._readback
+    for _ in range(100):
+        if feed._last >= max(fences):
+            break
+        await asyncio.sleep(0.05)
+    assert feed._last >= max(fences), "the feed did not deliver the wins"
+    assert not fences & set(feed._kept), "own wins kept"
+    [theirs] = await other.claim([request(slot=SLOT + 200_000)])
+    assert theirs.ticket is not None and theirs.ticket.fence is not None
+    for _ in range(100):
+        if theirs.ticket.fence in feed._kept:
+            break
+        await asyncio.sleep(0.05)
+    assert theirs.ticket.fence in feed._kept, "another instance's claim is kept for a read"

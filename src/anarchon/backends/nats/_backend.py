@@ -31,7 +31,7 @@ from ...backend import (
 from ...control import RunRequest
 from ...errors import BackendError, BackendUnavailable
 from ...kit import Run, RunStatus, Trigger, check_keywords, check_name, redact_url
-from ...kit.feed import ChangeFeed, decode_notices, encode_notice, won_notices
+from ...kit.feed import ChangeFeed, decode_notices, encode_notice
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
@@ -186,6 +186,7 @@ class NatsBackend(Backend):
             history_size=self.history_size,
             control=self._control,
         )
+        self._claims.announce = self._announce
         self._upkeep: asyncio.Future[None] | None = None
         self._feed = ChangeFeed(self.name)
         self._claimed: Any = None  # the subscription to claim notices, once subscribed
@@ -233,6 +234,7 @@ class NatsBackend(Backend):
         if self._conn.started:
             return
         await self._conn.open()
+        self._claims.open()
         try:
             self._window.learn(await self._conn.prepare_stream(self._wanted, read_only=read_only))
             if not read_only:
@@ -275,12 +277,13 @@ class NatsBackend(Backend):
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         """Publish each request's claim (concurrently) and tell who won; see :mod:`._claims`.
-        Won claims are then announced (:meth:`subscribe_claims`)."""
-        outcomes = await self._claims.claim(requests)
-        notices = won_notices(outcomes)
-        if notices:
-            await self._announce(notices)
-        return outcomes
+        Won claims are announced (:meth:`subscribe_claims`), a batch's while it goes on; a
+        claim of a slot another instance was heard winning is answered lost, unpublished.
+
+        A batch that fails raises, but keeps the answers it decided for the scheduler's retry
+        of the same requests (same tokens); a win it kept that the scheduler never asks for
+        again is closed as skipped, never left ``running``."""
+        return await self._claims.claim(requests)
 
     async def _announce(self, notices: Sequence[ClaimNotice]) -> None:
         """Publish claim notices on core NATS (after the acks: only decided wins), in messages
@@ -307,8 +310,12 @@ class NatsBackend(Backend):
             nc, _ = self._conn.require()
             feed = self._feed
 
+            claims = self._claims
+
             def heard(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-                feed.dispatch_claims(decode_notices(data, feed.logger))
+                notices = decode_notices(data, feed.logger)
+                claims.hear(notices)
+                feed.dispatch_claims(notices)
 
             self._claimed = await subscribe_raw(nc, self._claimed_subject, heard)
             with contextlib.suppress(Exception):  # the subscription reaches the server first

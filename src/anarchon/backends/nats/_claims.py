@@ -15,6 +15,12 @@ de-duplicates like any claim. That check is not atomic with the claim (see :mod:
 A publish that went out unanswered may have been stored; when the scheduler gives up on such a
 claim, it is settled in the background (:meth:`ClaimPath.settle`) so that history never shows it
 ``running`` with no runner. Results go to ``<prefix><job>.results`` once, by message id.
+
+A batch (the claims of one moment, up to 2 000) sends when its turn comes, one batch at a time;
+each claim's retries count from its own turn at the in-flight gate. The wins of a batch are
+announced as they are decided, and a claim of a slot another instance was heard winning is
+answered lost, unpublished. A batch that fails keeps the answers it decided for the
+scheduler's retry; a kept win never taken is settled like an unanswered publish.
 """
 
 from __future__ import annotations
@@ -26,10 +32,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from ...backend import ClaimOutcome, ClaimRequest, ClaimStatus, FinishRequest, Ticket
+from ...backend import (
+    ClaimNotice,
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimStatus,
+    FinishRequest,
+    Ticket,
+)
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable, LeaseLost
 from ...kit import Action, Run, RunStatus, SystemClock, Trigger, log_fields, maker
+from ...kit.feed import won_notices
 from ...kit.lease import ticket_of
 from . import _connection
 from . import _errors as errors
@@ -60,6 +74,28 @@ MAX_UNSURE: Final = 100_000
 #: The local clock: the start of a claim won on its ack, and the end finish() answers with.
 CLOCK: Final = SystemClock()
 
+# Batches (claim() calls of more than one request) that send their claims at once; the others
+# wait for their turn, in order, one waiter each, instead of 256 workers each at the in-flight
+# gate. At 3 x 5 000 every-second jobs, overlapping bursts and their retries once queued
+# 17 000 to 25 000 workers there, and a claim waited so long behind them that it was refused
+# unsent. One: a backup's batch (a rank delay after the slot) then goes out after this
+# instance's preferred batch of the same moment, by when the other instances' preferred
+# batches, as long, have announced most of their wins, so its claims of those slots are not
+# published (see hear). The pipe idles for one round trip between two batches.
+BATCHES_AT_ONCE: Final = 1
+# A batch announces its wins as they are decided (so that the other instances' backup claims
+# of the same slots, a rank delay later, hear of them before they publish), a chunk at a time:
+# this many, or what it holds once a win comes NOTICE_HOLD_S after the first one held.
+NOTICE_CHUNK: Final = 64
+NOTICE_HOLD_S: Final = 0.02
+# Slots another instance was heard winning (claim notices), remembered by claim id: a claim
+# that reaches the gate after such a notice is not published (it could only lose). About 20 s
+# of a fleet that wins 5 000 slots a second; the oldest go first.
+MAX_HEARD: Final = 100_000
+# At stop(), wins kept from a failed batch (never handed to the scheduler) are closed as
+# skipped within this long.
+CLOSE_SETTLE_S: Final = 2.0
+
 # Results published at once by finish_many. Far fewer than a batch's claims: a result is not
 # due at an instant, and the stream stores one publish at a time, so results in flight (one
 # instance's burst, recorded) queue ahead of the other instances' claims of the same burst
@@ -80,10 +116,50 @@ Answer = TypeVar("Answer")
 
 @dataclass(frozen=True, slots=True)
 class _Unsure:
-    """A claim one of whose publishes may have been stored without our hearing of it."""
+    """A claim one of whose publishes may have been stored without our hearing of it, or (with
+    a ticket) a claim won in a batch that failed, not handed to the scheduler yet."""
 
     request: ClaimRequest
     since_ms: int
+    ticket: Ticket | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """An answer decided in a batch that failed as a whole, kept for the scheduler's retry of
+    the same request (same token): it is handed back without publishing again."""
+
+    outcome: ClaimOutcome
+    request: ClaimRequest
+    since_ms: int
+
+
+class _Notices:
+    """The wins of one batch, announced while the batch goes on, a chunk at a time (see
+    NOTICE_CHUNK)."""
+
+    __slots__ = ("_announce", "_pending", "_since")
+
+    def __init__(self, announce: Callable[[Sequence[ClaimNotice]], Awaitable[None]] | None):
+        self._announce = announce
+        self._pending: list[ClaimOutcome] = []
+        self._since = 0.0
+
+    async def won(self, outcome: ClaimOutcome) -> None:
+        if self._announce is None:
+            return
+        pending = self._pending
+        pending.append(outcome)
+        now = asyncio.get_running_loop().time()
+        if len(pending) == 1:
+            self._since = now
+        if len(pending) >= NOTICE_CHUNK or now - self._since >= NOTICE_HOLD_S:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self._pending and self._announce is not None:
+            pending, self._pending = self._pending, []
+            await self._announce(won_notices(pending))
 
 
 class ClaimPath:
@@ -110,30 +186,134 @@ class ClaimPath:
         self._readback = ReadBack(connection, prefix)
         # Results in flight at once, a gate of their own: see RESULTS_IN_FLIGHT.
         self._results_gate = asyncio.Semaphore(RESULTS_IN_FLIGHT)
+        # Answers of batches that failed as a whole, by token (see claim).
+        self._kept: dict[str, _Kept] = {}
+        # Claim id -> the instance heard winning it (see hear).
+        self._heard: dict[str, str] = {}
+        self._turns = asyncio.Semaphore(BATCHES_AT_ONCE)
+        self._closing = False
+        self.announce: Callable[[Sequence[ClaimNotice]], Awaitable[None]] | None = None
+        """Sends claim notices of won claims (the backend's); None: none are sent."""
 
     # -- claims -----------------------------------------------------------------------------
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
-        """Publish each request's claim (concurrently) and tell who won."""
+        """Publish each request's claim (concurrently) and tell who won; announce the wins.
+
+        A batch that fails (BackendUnavailable for some of its requests, or a permanent error)
+        raises, but the answers it decided are kept by token: the scheduler retries the
+        request with the same token and gets the kept answer, with no publish. A kept win is
+        also remembered to be settled (see :meth:`settle`): if the scheduler never asks again
+        (the slot became too late, or it stopped), nobody runs it, and it is closed as skipped
+        instead of staying ``running``.
+        """
         self._connection.require()
         gate = self._connection.in_flight
         assert gate is not None
-        # Every publish of this call starts within CLAIM_RETRY_S of now (CLAIM_MARGIN_MS),
-        # however long a request waits for the in-flight gate.
-        deadline = self._connection.retry_deadline()
+        called = asyncio.get_running_loop().time()
         requests = await self._paused(requests)
-        if len(requests) == 1:
+        answers: dict[int, ClaimOutcome | Exception] = {}
+        if self._kept:
+            self._take_kept(requests, answers)
+        if len(requests) == 1 and not answers:
             # The usual firing of one slot: its outcome or its error, with nothing to gather.
             async with gate:
-                return [await self._claim_one(requests[0], deadline)]
-        answers = await _in_flight(
-            gate, MAX_IN_FLIGHT, requests, lambda req: self._claim_one(req, deadline)
-        )
-        problems = [a for a in answers if isinstance(a, Exception)]
+                outcome = await self._claim_one(requests[0], called)
+            if outcome.status is _WON and self.announce is not None:
+                try:
+                    await self.announce(won_notices([outcome]))
+                except BaseException:  # cancelled: the win is kept, as a batch's (_keep)
+                    answers[0] = outcome
+                    self._keep(requests, answers)
+                    raise
+            return [outcome]
+        todo = [n for n in range(len(requests)) if n not in answers]
+        if todo:
+            await self._claim_batch(requests, todo, called, answers)
+        problems = [a for a in answers.values() if isinstance(a, Exception)]
         if problems:
+            self._keep(requests, answers)
             permanent = [p for p in problems if not isinstance(p, BackendUnavailable)]
             raise (permanent or problems)[0]
-        return [a for a in answers if isinstance(a, ClaimOutcome)]
+        return [a for n in range(len(requests)) if isinstance(a := answers[n], ClaimOutcome)]
+
+    async def _claim_batch(
+        self,
+        requests: Sequence[ClaimRequest],
+        todo: list[int],
+        called: float,
+        answers: dict[int, ClaimOutcome | Exception],
+    ) -> None:
+        """Claim ``requests[n]`` for each n of ``todo``, answers into ``answers``, when the
+        batch's turn comes (BATCHES_AT_ONCE); wins are announced as they are decided. If
+        cancelled, the answers decided so far are kept (see :meth:`claim`)."""
+        gate = self._connection.in_flight
+        assert gate is not None
+        notices = _Notices(self.announce)
+
+        async def one(n: int) -> ClaimOutcome:
+            outcome = await self._claim_one(requests[n], called)
+            if outcome.status is _WON:
+                await notices.won(outcome)
+            return outcome
+
+        decided: dict[int, ClaimOutcome | Exception] = {}
+        try:
+            async with self._turns:
+                await _in_flight(gate, MAX_IN_FLIGHT, todo, one, decided)
+        except BaseException:
+            answers.update({todo[i]: a for i, a in decided.items()})
+            self._keep(requests, answers)
+            raise
+        answers.update({todo[i]: a for i, a in decided.items()})
+        await notices.flush()
+
+    def _take_kept(
+        self, requests: Sequence[ClaimRequest], answers: dict[int, ClaimOutcome | Exception]
+    ) -> None:
+        """Into ``answers``, the kept answer of each request that has one (taken out)."""
+        kept, unsure = self._kept, self._unsure
+        for n, req in enumerate(requests):
+            entry = kept.pop(req.token, None)
+            if entry is not None:
+                answers[n] = entry.outcome
+                if entry.outcome.status is _WON:
+                    unsure.pop(req.token, None)  # handed to the scheduler: it runs it
+
+    def _keep(
+        self, requests: Sequence[ClaimRequest], answers: dict[int, ClaimOutcome | Exception]
+    ) -> None:
+        """Keep the decided answers of a batch that raises (see :meth:`claim`)."""
+        now = CLOCK.now_ms()
+        kept = self._kept
+        for n, answer in answers.items():
+            if not isinstance(answer, ClaimOutcome):
+                continue
+            req = requests[n]
+            if len(kept) >= MAX_UNSURE:
+                # The oldest goes; a win among them stays remembered to be settled.
+                del kept[next(iter(kept))]
+            kept[req.token] = _Kept(answer, req, now)
+            if answer.status is _WON:
+                self._remember_unsure(req, answer.ticket)
+
+    def hear(self, notices: Sequence[ClaimNotice]) -> None:
+        """Remember which instance won each slot in ``notices`` (claim notices, every
+        instance's): a claim of that slot by another instance that has not been published yet
+        is then answered lost without publishing (see :meth:`_claim_one`). Called in the
+        client's read loop; the oldest :data:`MAX_HEARD` go first."""
+        heard = self._heard
+        for notice in notices:
+            heard[f"{notice.job}:{notice.slot_key}"] = notice.instance  # subjects.CLAIM_ID
+        excess = len(heard) - MAX_HEARD
+        if excess > 0:
+            for key in [k for _, k in zip(range(excess), heard, strict=False)]:
+                del heard[key]
+
+    def open(self) -> None:
+        """The backend started (again), on the running event loop: claims are sent."""
+        self._closing = False
+        self._turns = asyncio.Semaphore(BATCHES_AT_ONCE)
 
     async def _paused(self, requests: Sequence[ClaimRequest]) -> Sequence[ClaimRequest]:
         """The requests, each one a pause holds turned into a skip record with the pause's
@@ -158,28 +338,68 @@ class ClaimPath:
         window = self._window.ms
         return slot + window - min(margin_ms, window // 4)
 
-    async def _claim_one(self, req: ClaimRequest, deadline: float) -> ClaimOutcome:
-        now = CLOCK.now_ms()
-        loop = asyncio.get_running_loop()
-        at = loop.time()
-        slot_key = req.slot_key
-        slot = req.slot if req.slot is not None and slot_key == str(req.slot) else None
+    def _at_gate(
+        self, req: ClaimRequest, msg_id: str, slot: int | None, now: int, at: float, called: float
+    ) -> ClaimOutcome | float:
+        """A claim that has passed the in-flight gate: its answer without a publish, or the
+        deadline (event-loop time) of its publishes; BackendUnavailable if it is not sent."""
+        if self._closing:
+            raise BackendUnavailable(f"NATS: claim {msg_id} not sent: the backend is stopping")
+        if self._heard:
+            holder = self._heard.get(msg_id)
+            if holder is not None and holder != req.instance:
+                # Another instance announced its win (a notice follows a decided win only):
+                # this claim could only be a duplicate, so it is not published.
+                if self._unsure:
+                    self._unsure.pop(req.token, None)
+                return _new_outcome(status=_LOST, run=records.heard_run(req, holder, now))
         if slot is not None:  # _own_slot(req)
             # Never publish a claim whose id JetStream may have forgotten: it would be stored.
             margin = SKIP_SAFETY_MS if req.skip_reason is not None else 0
             safe_ms = self._safe_until_ms(slot, margin)
             if req.skip_reason is not None and now >= safe_ms:
                 return self._unrecorded_skip(req, now)
-            deadline = min(deadline, at + (safe_ms - now) / 1000)
-        msg_id = f"{req.job}:{slot_key}"  # subjects.CLAIM_ID
+            max_late = self._window.max_late_ms(req.job)
+            if req.skip_reason is None and now - slot > max_late:
+                # Its turn at the gate came too late (a backlog on a slow server): not sent,
+                # and nothing recorded (under such a load a skip record would only add to it).
+                # CLAIM_MARGIN_MS counts from here. Answered, not raised: the others of the
+                # batch, wins among them, go to the scheduler now.
+                reason = (
+                    f"too late: {req.instance} could send its claim only {now - slot} ms after "
+                    f"the slot (max_late_ms={max_late}), behind earlier claims on a slow server; "
+                    "not recorded"
+                )
+                return _new_outcome(
+                    status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason)
+                )
+            # Every publish of the claim starts within CLAIM_RETRY_S of its turn at the gate,
+            # which came while the slot was at most max_late_ms old (CLAIM_MARGIN_MS).
+            deadline = min(at + _connection.CLAIM_RETRY_S, at + (safe_ms - now) / 1000)
+        else:
+            # A manual run or a retry: within CLAIM_RETRY_S of the call (MANUAL_SETTLE_AFTER_MS).
+            deadline = called + _connection.CLAIM_RETRY_S
         if at >= deadline:
-            # Waited behind earlier claims of a large batch on a slow server: sending now could
-            # store the claim later than CLAIM_MARGIN_MS allows. The core retries, if in time.
-            waited = _connection.CLAIM_RETRY_S
+            # Waited behind earlier claims on a slow server: the core retries, if in time.
             raise BackendUnavailable(
-                f"NATS: claim {msg_id} not sent: {waited:.0f} s passed while it waited for "
-                "earlier claims of its batch (the server answers slowly)"
+                f"NATS: claim {msg_id} not sent: {at - called:.1f} s passed while it waited for "
+                "earlier claims (the server answers slowly)"
             )
+        return deadline
+
+    async def _claim_one(self, req: ClaimRequest, called: float) -> ClaimOutcome:
+        """One request's claim, once it has passed the in-flight gate; ``called``: when its
+        claim() call began (event-loop time)."""
+        now = CLOCK.now_ms()
+        loop = asyncio.get_running_loop()
+        at = loop.time()
+        slot_key = req.slot_key
+        slot = req.slot if req.slot is not None and slot_key == str(req.slot) else None
+        msg_id = f"{req.job}:{slot_key}"  # subjects.CLAIM_ID
+        passed = self._at_gate(req, msg_id, slot, now, at, called)
+        if not isinstance(passed, float):
+            return passed
+        deadline = passed
         subject = f"{self._prefix}{req.job}.claims"  # subjects.CLAIMS
         payload = records.encode_claim(req, slot_key)
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
@@ -199,6 +419,7 @@ class ClaimPath:
             # the stored claim's timestamp.
             if self._unsure:
                 self._unsure.pop(req.token, None)
+            self._readback.mine(ack.seq)
             if req.skip_reason is None:
                 return _won(req, ack.seq, now)
             return _answer(req, records.claim_of_request(req, ack.seq, now), exact=False)
@@ -412,15 +633,59 @@ class ClaimPath:
         return stored.time_ms
 
     async def close(self) -> None:
-        """Stop the claims feed (see :mod:`._readback`)."""
+        """Refuse claims from now on, close the wins kept from failed batches (nobody runs
+        them now, see :meth:`claim`) within :data:`CLOSE_SETTLE_S`, and stop the claims feed
+        (see :mod:`._readback`)."""
+        self._closing = True
+        self._kept.clear()
+        won = [(t, e.ticket) for t, e in self._unsure.items() if e.ticket is not None]
+        if won and self._connection.started:
+            for token, _ in won:
+                del self._unsure[token]
+
+            async def close_all() -> None:
+                await _in_flight(
+                    self._results_gate,
+                    RESULTS_IN_FLIGHT,
+                    [ticket for _, ticket in won],
+                    lambda ticket: self._close_won(ticket, "before it stopped"),
+                )
+
+            try:
+                await asyncio.wait_for(close_all(), CLOSE_SETTLE_S)
+            except TimeoutError:
+                logger.warning(
+                    "%d won claims of failed batches not closed at stop within %.0f s; if not, "
+                    "history shows them running",
+                    len(won),
+                    CLOSE_SETTLE_S,
+                    extra={"action": "settle_failed"},
+                )
         await self._readback.close()
+
+    async def _close_won(self, ticket: Ticket, until: str) -> None:
+        """Close a claim won in a batch that failed, never handed to the scheduler: nobody
+        ran it. Recorded ``skipped``, saying why."""
+        reason = (
+            f"not run: {ticket.instance} won the claim in a batch that failed while NATS was "
+            f"unavailable, and could not hand it to its scheduler {until}"
+        )
+        await self.finish(ticket, RunStatus.SKIPPED, None, reason)
+        logger.info(
+            "claim %s:%s settled: won in a failed batch, never run; closed as skipped",
+            ticket.job,
+            ticket.slot_key,
+            extra=log_fields(Action.CLAIM_SETTLED, ticket.job, ticket.slot),
+        )
 
     # -- settling claims the scheduler gave up on --------------------------------------------
 
-    def _remember_unsure(self, req: ClaimRequest) -> None:
-        if req.token in self._unsure:
+    def _remember_unsure(self, req: ClaimRequest, ticket: Ticket | None = None) -> None:
+        """Remember ``req`` to be settled; ``ticket``: it is known won (a kept answer)."""
+        known = self._unsure.get(req.token)
+        if known is not None and (ticket is None or known.ticket is not None):
             return
-        if len(self._unsure) >= MAX_UNSURE:
+        if known is None and len(self._unsure) >= MAX_UNSURE:
             oldest = next(iter(self._unsure))
             dropped = self._unsure.pop(oldest).request
             logger.warning(
@@ -431,15 +696,14 @@ class ClaimPath:
                 dropped.slot_key,
                 extra=log_fields(Action.SETTLE_DROPPED, dropped.job, dropped.slot),
             )
-        self._unsure[req.token] = _Unsure(req, CLOCK.now_ms())
+        self._unsure[req.token] = _Unsure(req, CLOCK.now_ms(), ticket)
 
-    def _settle_due(self, entry: _Unsure, now: int) -> bool:
+    def _settle_due(self, req: ClaimRequest, since_ms: int, now: int) -> bool:
         """True once the scheduler has surely stopped retrying the claim: its slot is later than
         max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
-        req = entry.request
         slot = _own_slot(req)
         if slot is None:
-            return now >= entry.since_ms + MANUAL_SETTLE_AFTER_MS
+            return now >= since_ms + MANUAL_SETTLE_AFTER_MS
         return now > slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
 
     async def upkeep(self) -> None:
@@ -455,7 +719,7 @@ class ClaimPath:
                 if loop.time() >= next_check:
                     next_check = loop.time() + WINDOW_CHECK_S
                     await self._window.check()
-                if self._unsure:
+                if self._unsure or self._kept:
                     await self.settle()
                 await self._readback.upkeep()
             except asyncio.CancelledError:
@@ -471,28 +735,41 @@ class ClaimPath:
 
     async def settle(self) -> None:
         """Settle each claim the scheduler gave up on whose publish may have been stored
-        unanswered, so that history never shows it ``running`` with no runner:
+        unanswered, or that was won in a batch that failed and never handed to the scheduler,
+        so that history never shows it ``running`` with no runner:
 
         * stored, ours: a result closes it, ``skipped`` with the reason below;
         * not stored: a skip record with that reason is stored under the slot's id (the same
           record a too-late instance leaves), unless the slot is too close to the end of the
           duplicate window for that to be safe;
         * another instance's claim, or a skip record: nothing to do.
+
+        Kept answers the scheduler no longer asks for are dropped. Settled a few at a time
+        (:data:`RESULTS_IN_FLIGHT`): a failed burst can leave thousands.
         """
         now = CLOCK.now_ms()
-        for token, entry in list(self._unsure.items()):
-            if not self._settle_due(entry, now):
-                continue
-            try:
-                await self._settle_one(entry)
-            except BackendUnavailable:
+        for token, kept in list(self._kept.items()):
+            if self._settle_due(kept.request, kept.since_ms, now):
+                del self._kept[token]
+        due = [
+            (token, entry)
+            for token, entry in self._unsure.items()
+            if self._settle_due(entry.request, entry.since_ms, now)
+        ]
+        if not due:
+            return
+        answers = await _in_flight(
+            self._results_gate, RESULTS_IN_FLIGHT, due, lambda item: self._settle_one(item[1])
+        )
+        for (token, entry), answer in zip(due, answers, strict=True):
+            if isinstance(answer, BackendUnavailable):
                 continue  # next round; _settle_one gives up once the slot leaves the window
-            except BackendError as exc:
+            if isinstance(answer, Exception):
                 logger.warning(
                     "cannot settle claim %s:%s: %s",
                     entry.request.job,
                     entry.request.slot_key,
-                    exc,
+                    answer,
                     extra={"job": entry.request.job, "action": "settle_failed"},
                 )
             self._unsure.pop(token, None)
@@ -500,6 +777,9 @@ class ClaimPath:
     async def _settle_one(self, entry: _Unsure) -> None:
         req = entry.request
         msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
+        if entry.ticket is not None:
+            await self._close_won(entry.ticket, "until the slot was too late")
+            return
         reason = (
             f"not run: {req.instance} could not confirm its claim while NATS was unavailable, "
             "until the slot was too late"
@@ -554,17 +834,20 @@ async def _in_flight(
     limit: int,
     items: Sequence[Item],
     call: Callable[[Item], Awaitable[Answer]],
+    answers: dict[int, Answer | Exception] | None = None,
 ) -> list[Answer | Exception]:
     """``call(item)`` for each item, by at most ``limit`` workers, as many at once as ``gate``
     (shared with other calls, at most ``limit`` wide) lets through, in order: each
     answer, or the exception it raised, in its item's place. Once one raised
     :class:`BackendUnavailable` (the backend is down), the items not started yet get that
-    error at once.
+    error at once. ``answers``: filled (by item index) as answers
+    come, so that a caller cancelled meanwhile still has those decided.
 
     A few workers take the items in order, rather than a task per item: a burst of 10 000
     claims is then 256 tasks, not 10 000 tasks and their waits at the gate (fewer objects for
     the garbage collector to walk, too)."""
-    answers: dict[int, Answer | Exception] = {}
+    if answers is None:
+        answers = {}
     order = iter(range(len(items)))
     failed: list[BackendUnavailable] = []
 

@@ -69,6 +69,26 @@ def unrecorded(req: ClaimRequest, at_ms: int, reason: str) -> Run:
     )
 
 
+def heard_run(req: ClaimRequest, holder: str, at_ms: int) -> Run:
+    """The run another instance announced winning ``req``'s slot with (a claim notice): the
+    slot's, ``running`` on ``holder``. The notice names no run id, so the run has none."""
+    return _new_run(
+        job=req.job,
+        slot=ms_to_datetime(req.slot),
+        run_id="",
+        instance=holder,
+        trigger=req.trigger,
+        attempt=1,
+        status=RunStatus.RUNNING,
+        started_at=_datetime(at_ms),
+        finished_at=None,
+        error=None,
+        fence=None,
+        reason=None,
+        requested_by=None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     """One message as JetStream keeps it."""

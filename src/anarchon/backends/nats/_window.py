@@ -22,11 +22,13 @@ logger = logging.getLogger("anarchon.backends.nats")
 
 # How late past max_late_ms a claim can reach the stream. The core sends a scheduled claim only
 # while the slot is at most max_late_ms old (it checks at the slot and again after every pause
-# of its retry loop), and every publish attempt of one claim() call starts within CLAIM_RETRY_S
-# of the call; the last attempt's message is on the wire before its request times out
-# (REQUEST_TIMEOUT_S). anarchon's own connection does not buffer publishes while it reconnects,
-# so nothing is sent later. So a claim is stored (if at all) at most max_late_ms +
-# CLAIM_MARGIN_MS after its slot, by the claiming instance's clock.
+# of its retry loop), the claim path publishes it only if its turn at the in-flight gate comes
+# while the slot is at most max_late_ms old, and every publish attempt of the claim starts
+# within CLAIM_RETRY_S of that turn (a manual run's, of the call); the last attempt's message
+# is on the wire before its request times out (REQUEST_TIMEOUT_S). anarchon's own connection
+# does not buffer publishes while it reconnects, so nothing is sent later. So a claim is
+# stored (if at all) at most max_late_ms + CLAIM_MARGIN_MS after its slot, by the claiming
+# instance's clock.
 CLAIM_MARGIN_MS: Final = int((CLAIM_RETRY_S + REQUEST_TIMEOUT_S) * 1000)
 
 
