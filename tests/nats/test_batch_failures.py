@@ -17,6 +17,7 @@ of a slot another instance was heard winning is answered lost without being publ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -139,6 +140,33 @@ async def test_wins_of_a_failed_batch_are_closed_skipped_when_the_backend_stops(
     await backend.stop()  # the scheduler stopped instead of retrying
     reader: NatsBackend = await make()
     for n in range(5):
+        [run] = await reader.history(f"j{n}")
+        assert run.status is RunStatus.SKIPPED, run
+        assert (run.reason or "").endswith("before it stopped"), run
+
+
+async def test_a_batch_cancelled_with_claims_in_flight_leaves_none_running(make: Make) -> None:
+    """The scheduler stopping cancels the claims it still waits for. Claims already published
+    were stored; their answers were forgotten with the call, so nobody ran them and history
+    showed them ``running``. Now the call lets them be answered first, and the wins are closed
+    when the backend stops."""
+    backend: NatsBackend = await make()
+    publish = backend._conn.publish
+
+    async def stored_then_answered_late(*args: Any) -> Any:
+        ack = await publish(*args)
+        await asyncio.sleep(0.5)
+        return ack
+
+    backend._conn.publish = stored_then_answered_late  # type: ignore[method-assign,assignment]
+    call = asyncio.ensure_future(backend.claim([request(f"j{n}") for n in range(20)]))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    await backend.stop()
+    reader: NatsBackend = await make()
+    for n in range(20):
         [run] = await reader.history(f"j{n}")
         assert run.status is RunStatus.SKIPPED, run
         assert (run.reason or "").endswith("before it stopped"), run

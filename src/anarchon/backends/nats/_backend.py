@@ -342,7 +342,7 @@ class NatsBackend(Backend):
 
     async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
         """See :meth:`anarchon.backend.Backend.finish_many`: each result published as
-        :meth:`finish` does, up to 8 in flight at once.
+        :meth:`finish` does, up to 64 in flight at once.
 
         The result goes to the stream and its retry to the control bucket: JetStream cannot
         write both in one step. So each retry is stored first (a ``create``, once per id) and
