@@ -138,7 +138,7 @@ chaos: install-test services
 	$(BIN)/python -m tests.chaos.run $(CHAOS_ARGS)
 	ANARCHON_DIFF_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/conformance/test_differential.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q tests/unit/test_cron_oracle.py tests/unit/test_dst_oracle.py
-	ANARCHON_CHAOS=1 $(BIN)/pytest -q -rP tests/chaos/test_burst.py
+	ANARCHON_CHAOS=1 $(BIN)/pytest -q -rP tests/chaos/test_burst.py tests/nats/test_scale.py
 	ANARCHON_CHAOS=1 $(BIN)/pytest -q -n 2 tests/sqlite/test_clock_steps.py \
 		tests/conformance/test_lost_runs.py tests/conformance/test_skewed_start.py
 

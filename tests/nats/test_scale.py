@@ -78,7 +78,7 @@ def _spawn(tmp: Path, url: str, spec: list[dict[str, Any]], n: int) -> subproces
     name = f"i{n}"
     args = [sys.executable, "-m", "bench.worker", "--url", url, "--spec", json.dumps(spec)]
     args += ["--instance", name, "--out", str(tmp / f"{name}.jsonl")]
-    args += ["--ready", str(tmp / f"{name}.ready"), "--seconds", "900", "--grace-ms", "10000"]
+    args += ["--ready", str(tmp / f"{name}.ready"), "--seconds", "900", "--grace-ms", "30000"]
     with (tmp / f"{name}.log").open("wb") as log:
         return subprocess.Popen(
             args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

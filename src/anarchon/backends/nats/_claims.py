@@ -94,8 +94,8 @@ NOTICE_HOLD_S: Final = 0.02
 # of a fleet that wins 5 000 slots a second; the oldest go first.
 MAX_HEARD: Final = 100_000
 # At stop(), wins kept from a failed batch (never handed to the scheduler) are closed as
-# skipped within this long.
-CLOSE_SETTLE_S: Final = 2.0
+# skipped within this long, MAX_IN_FLIGHT at once (not behind the results still queued).
+CLOSE_SETTLE_S: Final = 5.0
 
 # Results published at once by finish_many. Far fewer than a batch's claims: a result is not
 # due at an instant, and the stream stores one publish at a time, so results in flight (one
@@ -659,8 +659,8 @@ class ClaimPath:
 
             async def close_all() -> None:
                 await _in_flight(
-                    self._results_gate,
-                    RESULTS_IN_FLIGHT,
+                    asyncio.Semaphore(MAX_IN_FLIGHT),
+                    MAX_IN_FLIGHT,
                     [ticket for _, ticket in won],
                     lambda ticket: self._close_won(ticket, "before it stopped"),
                 )
