@@ -21,34 +21,35 @@ import contextlib
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from anarchon import BackendUnavailable, RunStatus, Scheduler, Trigger
+from anarchon import BackendUnavailable, RunStatus, Scheduler
 from anarchon.backend import ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.nats import NatsBackend
 from tests.nats.servers import NatsServer, unique_names
+from tests.records import claim_request
 
 SLOT = 1_800_000_000_000
 Make = Callable[..., Any]
 
 
 def request(job: str, slot: int = SLOT, instance: str = "i1") -> ClaimRequest:
-    return ClaimRequest(
-        job=job,
-        slot=slot,
-        run_id=uuid.uuid4().hex,
-        token=uuid.uuid4().hex,
-        instance=instance,
-        trigger=Trigger.SCHEDULE,
-    )
+    return claim_request(job, slot, instance)
 
 
 async def _noop(ctx: Any) -> None:
     pass
+
+
+async def _closed_at_stop(reader: NatsBackend, jobs: int) -> None:
+    """Jobs j0 to j<jobs - 1> each have one run, closed skipped when its backend stopped."""
+    for n in range(jobs):
+        [run] = await reader.history(f"j{n}")
+        assert run.status is RunStatus.SKIPPED, run
+        assert (run.reason or "").endswith("before it stopped"), run
 
 
 class HalfDown:
@@ -77,9 +78,8 @@ def _failing_batch(backend: NatsBackend, slot: int) -> tuple[list[ClaimRequest],
     return requests, HalfDown(backend, {f"j{n}" for n in range(5, 10)})
 
 
-async def test_the_retry_of_a_failed_batch_gets_the_answers_it_decided(
-    make: Make, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _failed(make: Make, monkeypatch: pytest.MonkeyPatch) -> tuple[NatsBackend, Any, Any]:
+    """A backend whose claim() of :func:`_failing_batch` (at SLOT) just failed."""
     from anarchon.backends.nats import _connection
 
     monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.5)
@@ -87,6 +87,13 @@ async def test_the_retry_of_a_failed_batch_gets_the_answers_it_decided(
     requests, publishes = _failing_batch(backend, SLOT)
     with pytest.raises(BackendUnavailable):
         await backend.claim(requests)
+    return backend, requests, publishes
+
+
+async def test_the_retry_of_a_failed_batch_gets_the_answers_it_decided(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, requests, publishes = await _failed(make, monkeypatch)
     publishes.down.clear()
     publishes.sent.clear()
     outcomes = await backend.claim(requests)  # the scheduler's retry: the same tokens
@@ -130,19 +137,9 @@ async def test_wins_of_a_failed_batch_the_scheduler_gives_up_on_are_closed_skipp
 async def test_wins_of_a_failed_batch_are_closed_skipped_when_the_backend_stops(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from anarchon.backends.nats import _connection
-
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.5)
-    backend: NatsBackend = await make()
-    requests, _ = _failing_batch(backend, SLOT)
-    with pytest.raises(BackendUnavailable):
-        await backend.claim(requests)
+    backend, _, _ = await _failed(make, monkeypatch)
     await backend.stop()  # the scheduler stopped instead of retrying
-    reader: NatsBackend = await make()
-    for n in range(5):
-        [run] = await reader.history(f"j{n}")
-        assert run.status is RunStatus.SKIPPED, run
-        assert (run.reason or "").endswith("before it stopped"), run
+    await _closed_at_stop(await make(), 5)
 
 
 async def test_a_batch_cancelled_with_claims_in_flight_leaves_none_running(make: Make) -> None:
@@ -165,11 +162,7 @@ async def test_a_batch_cancelled_with_claims_in_flight_leaves_none_running(make:
     with contextlib.suppress(asyncio.CancelledError):
         await call
     await backend.stop()
-    reader: NatsBackend = await make()
-    for n in range(20):
-        [run] = await reader.history(f"j{n}")
-        assert run.status is RunStatus.SKIPPED, run
-        assert (run.reason or "").endswith("before it stopped"), run
+    await _closed_at_stop(await make(), 20)
 
 
 async def test_a_slot_heard_won_by_another_instance_is_not_published(make: Make) -> None:

@@ -24,7 +24,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import pytest
 
 from anarchon.backends.nats import NatsBackend
 from anarchon.backends.nats._records import decode_claim, decode_result
-from tests.chaos.fleet import ROOT
+from tests.chaos.test_burst import _logs, _spawn
 from tests.harness import in_chaos_only
 from tests.nats.servers import (
     DEBIAN_BINARY,
@@ -74,34 +73,18 @@ class Figures:
         )
 
 
-def _spawn(tmp: Path, url: str, spec: list[dict[str, Any]], n: int) -> subprocess.Popen[bytes]:
-    name = f"i{n}"
-    args = [sys.executable, "-m", "bench.worker", "--url", url, "--spec", json.dumps(spec)]
-    args += ["--instance", name, "--out", str(tmp / f"{name}.jsonl")]
-    args += ["--ready", str(tmp / f"{name}.ready"), "--seconds", "900", "--grace-ms", "30000"]
-    with (tmp / f"{name}.log").open("wb") as log:
-        return subprocess.Popen(
-            args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+def _json(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:  # a line being written
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _records(tmp: Path) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    for n in range(INSTANCES):
-        path = tmp / f"i{n}.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):  # a line being written
-                    found.append(json.loads(line))
-    return found
-
-
-def _logs(tmp: Path) -> str:
-    return "\n".join(
-        f"--- i{n}:\n" + (tmp / f"i{n}.log").read_text(errors="replace")[-3000:]
-        for n in range(INSTANCES)
-        if (tmp / f"i{n}.log").exists()
-    )
+    """Every record the instances wrote (handler starts, exits)."""
+    lines = [line for path in sorted(tmp.glob("i*.jsonl")) for line in path.read_text().split("\n")]
+    return [record for line in lines if line and (record := _json(line)) is not None]
 
 
 def _wait_ready(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> None:
