@@ -45,3 +45,21 @@ def test_a_job_or_all_but_not_both_nor_neither() -> None:
 def test_usage_errors_exit_2_before_touching_a_backend(argv: tuple[str, ...]) -> None:
     out = cli(*argv, "--backend", "sqlite:////nonexistent/x.db")
     one_line_error(out, 2)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("explain", "a.b", "2026-01-01T00:00:00Z"),
+        ("trigger", "a.b"),
+        ("trigger", "*"),
+        ("pause", "a.b"),
+    ],
+)
+def test_a_bad_job_name_exits_2_naming_the_rule_before_touching_a_backend(
+    argv: tuple[str, ...],
+) -> None:
+    # explain said "no live instance carries job 'a.b'" (exit 3) and trigger "no anarchon
+    # data" (exit 3) before the name was ever checked.
+    out = cli(*argv, "--backend", "sqlite:////nonexistent/x.db")
+    one_line_error(out, 2, f"anarchon {argv[0]}: job name", "may contain only letters")

@@ -44,6 +44,7 @@ async def _carried_or_warn(backend: Backend, job: str, action: str) -> None:
 
 async def explain(args: argparse.Namespace) -> int:
     """``anarchon explain JOB SLOT [--json]``."""
+    _check_job(args.job, "explain")
     async with opened(args.backend, registry=True) as backend:
         now_ms = await steering.backend_now_ms(backend)
         view = await _view(backend, now_ms)
@@ -151,6 +152,7 @@ async def resume(args: argparse.Namespace) -> int:
 
 async def trigger(args: argparse.Namespace) -> int:
     """``anarchon trigger JOB [--by WHO]``: print the request id (the run's id)."""
+    _check_job(args.job, "trigger")
     by = _by(args, "trigger")
     async with opened(args.backend, registry=True) as backend:
         request: RunRequest = await steering.trigger(backend, args.job, by=by)
@@ -182,8 +184,14 @@ def _job_or_all(args: argparse.Namespace, command: str) -> str:
     job: str = args.job
     if job == ALL_JOBS:
         raise Exit(EXIT_USAGE, f"anarchon {command}: use --all, not '*', for every job")
+    _check_job(job, command)
+    return job
+
+
+def _check_job(job: str, command: str) -> None:
+    """A bad job name is a bad command line (exit 2, naming the rule), told before the backend
+    is opened: not "no live instance carries it" (exit 3) nor "no anarchon data"."""
     try:
         check_name(job)
     except ConfigurationError as exc:
         raise Exit(EXIT_USAGE, f"anarchon {command}: {exc}") from None
-    return job
