@@ -708,6 +708,26 @@ async def test_resume_all_names_each_job_still_paused_on_its_own(guarded: Served
     assert await guarded.backend.control().pauses() == []
 
 
+async def test_resuming_a_job_says_when_the_whole_cluster_pause_still_holds_it(
+    guarded: Served,
+) -> None:
+    """ "Resume" of a job under a whole-cluster pause said "resumed daily" (or "daily was not
+    paused") while its slots stayed skipped; 'anarchon resume daily' notes the cluster's."""
+    client = guarded.client
+    asks = {**BEARER, **JSON}
+    await client.call("/jobs/daily/pause", {}, headers=asks, cookies=False)
+    await client.call("/all/pause", {}, headers=asks, cookies=False)
+    still = "it is still paused with every job by token@dashboard ('Resume all' ends it)"
+    resumed = await client.call("/jobs/daily/resume", {}, headers=asks, cookies=False)
+    assert resumed.json()["done"] == f"resumed daily; {still}", resumed.body
+    again = await client.call("/jobs/daily/resume", {}, headers=asks, cookies=False)
+    assert again.json()["done"] == f"daily was not paused on its own; {still}", again.body
+    await client.call("/all/resume", {}, headers=asks, cookies=False)
+    alone = await client.call("/jobs/daily/resume", {}, headers=asks, cookies=False)
+    assert alone.json()["done"] == "daily was not paused", alone.body
+    assert await guarded.backend.control().pauses() == []
+
+
 class _DownBackend(MemoryBackend):
     async def server_time_ms(self) -> int | None:
         from anarchon.errors import BackendUnavailable

@@ -455,10 +455,17 @@ async def _resumed(backend: Backend, job: str) -> str:
     """Resume ``job`` (or the whole cluster) and say so; after the whole-cluster pause ends,
     each job paused on its own (still paused) is named."""
     ended = await steering.resume(backend, job)
+    held = await steering.pauses(backend)
     if job != ALL_JOBS:
-        return f"resumed {job}" if ended else f"{job} was not paused"
+        done = f"resumed {job}" if ended else f"{job} was not paused on its own"
+        cluster = next((p for p in held if p.job == ALL_JOBS), None)
+        if cluster is None:
+            return done if ended else f"{job} was not paused"
+        # As 'anarchon resume JOB' notes: the job's slots stay skipped until the whole-cluster
+        # pause ends too; saying only "resumed" would read as if it ran again.
+        return f"{done}; it is still paused with every job by {cluster.by} ('Resume all' ends it)"
     done = "ended the whole-cluster pause" if ended else "the whole cluster was not paused"
-    own = [p.job for p in await steering.pauses(backend) if p.job != ALL_JOBS]
+    own = [p.job for p in held if p.job != ALL_JOBS]
     return done + (f"; still paused on their own: {', '.join(own)}" if own else "")
 
 
