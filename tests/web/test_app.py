@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import os
 import re
 import time
 import urllib.error
@@ -485,6 +486,35 @@ def test_cli_parts(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "holds 3 characters" in refused.stderr
     port = command("--port", "70000")
     assert port.returncode == 2 and "port number from 1 to 65535" in port.stderr
+
+
+def test_a_port_the_dashboard_cannot_listen_on_exits_2_not_3(tmp_path: Path) -> None:
+    """A port already taken ended the command with uvicorn's exit code 3, which means "no
+    anarchon data" here; it is a bad option, 2, as 'anarchon run --metrics-port' says."""
+    import socket
+    import subprocess
+    import sys
+
+    db = tmp_path / "cron.db"
+    asyncio.run(_one_run_in(db))
+    env = {**os.environ, "ANARCHON_BACKEND": f"sqlite:///{db}"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "anarchon", "dashboard", "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"anarchon dashboard: cannot listen on 127.0.0.1:{port}"), out.stderr
+    assert "Traceback" not in out.stderr
 
 
 async def _one_run_in(db: Path) -> None:

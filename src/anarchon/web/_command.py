@@ -3,8 +3,9 @@
     anarchon dashboard --backend URL [--host 127.0.0.1] [--port 8080] [--token-file F]
 
 Exit codes follow the other commands (README, "Command line"): 0 once stopped by SIGTERM (as
-``anarchon run``), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read
-or a missing ``web`` extra, 3 when the backend holds no anarchon data, as the other commands find
+``anarchon run``), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read,
+an address it cannot listen on (a port taken) or a missing ``web`` extra, 3 when the backend
+holds no anarchon data, as the other commands find
 it (no SQLite file or PostgreSQL tables of anarchon's, no NATS stream; on Redis, where only a
 record can tell, no scheduler ever recorded itself under the prefix): a mistyped URL, schema,
 prefix or stream is told at once rather than served as failing pages. A backend that does not
@@ -171,7 +172,19 @@ def run_dashboard(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
     )
-    _serve_until_stopped(uvicorn.Server(config))
+    server = uvicorn.Server(config)
+    try:
+        _serve_until_stopped(server)
+    except SystemExit as exc:
+        if server.started:
+            raise
+        # uvicorn exits with its own code 3 when it cannot listen (the port is taken, the
+        # address is not this host's): 3 here means "no anarchon data", so say what it is.
+        return _fail(
+            EXIT_USAGE,
+            f"cannot listen on {args.host}:{args.port} (exit {exc.code} from uvicorn; its error "
+            "above says why): pick another --port or --host",
+        )
     return EXIT_OK
 
 
