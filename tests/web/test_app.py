@@ -758,6 +758,21 @@ async def test_resuming_a_job_says_when_the_whole_cluster_pause_still_holds_it(
     assert await guarded.backend.control().pauses() == []
 
 
+async def test_an_action_does_not_carry_an_earlier_actions_warning_along(guarded: Served) -> None:
+    """A form returns to the page it was on, whose address held the last action's message: the
+    warning of a trigger of a job no instance carries came back under every later action."""
+    client = guarded.client
+    page = await client.call("/jobs/daily?range=6h&flash=old&warn=stale-warning", headers=BEARER)
+    assert 'name="next" value="/jobs/daily?range=6h"' in page.body, page.body[-2000:]
+    assert "stale-warning" in page.body  # shown once, on the page it was meant for
+    done = await client.call(
+        "/jobs/daily/pause", {"next": "/jobs/daily?flash=old&range=6h&warn=stale"}, headers=BEARER
+    )
+    assert done.status == 303
+    assert done.headers["location"] == "/jobs/daily?range=6h&flash=paused+daily", done.headers
+    await client.call("/jobs/daily/resume", {}, headers=BEARER)
+
+
 class _DownBackend(MemoryBackend):
     async def server_time_ms(self) -> int | None:
         from anarchon.errors import BackendUnavailable

@@ -202,7 +202,7 @@ class Dashboard:
             refresh_ms=self.refresh_ms,
             flash=request.query_params.get("flash", "")[:200],
             warn=request.query_params.get("warn", "")[:400],
-            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            here=_without_messages(request.url.path, request.url.query),
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -431,9 +431,23 @@ class Dashboard:
         base = self._base(request)
         if not back.startswith(base + "/") or back.startswith("//"):
             back = base + "/"
+        path, _, query = back.partition("?")
+        back = _without_messages(path, query)
         joiner = "&" if "?" in back else "?"
         shown = {"flash": done} if warning is None else {"flash": done, "warn": warning}
         return RedirectResponse(back + joiner + urlencode(shown), status_code=303)
+
+
+#: The query parameters that carry an action's message to the page it returns to.
+MESSAGES: Final = ("flash", "warn")
+
+
+def _without_messages(path: str, query: str) -> str:
+    """``path?query`` without an earlier action's message: a form returns to the page it was
+    on, and the page's address kept the last action's ``flash`` and ``warn``, so a warning
+    (``no live instance carries job 'x'``) came back under every later action's message."""
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in MESSAGES]
+    return path + (f"?{urlencode(kept)}" if kept else "")
 
 
 async def _form(request: Request) -> dict[str, str]:
