@@ -311,6 +311,9 @@ async def test_bad_requests_are_clear(readonly: Served) -> None:
         ("/?per=3", "per=&#39;3&#39; must be a whole number from 10 to 500"),
         ("/jobs/daily?range=2y", "range=&#39;2y&#39; must be one of"),
         ("/jobs/daily/slots/abc", "slot &#39;abc&#39; is not an ISO 8601 time"),
+        # Both answered 200 with an empty history ("No runs match the filters").
+        ("/jobs/daily?status=ok", "status=&#39;ok&#39; must be one of succeeded, failed,"),
+        ("/jobs/daily?trigger=cron", "trigger=&#39;cron&#39; must be one of schedule, manual,"),
     ):
         reply = await client.call(path)
         assert reply.status == 400 and text in reply.body, (path, reply.body[-400:])

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import steering
 from .._job import check_name
+from .._models import Trigger
 from .._options import HISTORY_LIMIT
 from .._readable import iso, ms_of
 from .._redact import redact_url
@@ -58,6 +59,11 @@ RANGES: Final = {
 #: "Pause for" choices on the forms, in minutes (0: until resumed).
 PAUSE_FOR: Final = (0, 15, 60, 240, 1440)
 HISTORY_ROWS: Final = 200
+#: The history filters a job page takes, with the values each allows (``instance`` takes any).
+FILTERS: Final = {
+    "status": ("succeeded", "failed", "running", "skipped", "missed", "paused", "late"),
+    "trigger": tuple(t.value for t in Trigger),
+}
 JOBS_PER_PAGE: Final = 50
 
 
@@ -122,6 +128,7 @@ def _templates() -> Environment:
     env.globals.update(
         FATES=_data.FATES,
         RANGES=RANGES,
+        FILTERS=FILTERS,
         PAUSE_FOR=PAUSE_FOR,
         ALL_JOBS=ALL_JOBS,
         SILENT_HEARTBEATS=SILENT_HEARTBEATS,
@@ -306,6 +313,10 @@ class Dashboard:
         line = None
         if definition is not None:
             line = _data.timeline(definition, runs, start, end, now, complete=len(runs) < limit)
+        for key, allowed in FILTERS.items():
+            given = params.get(key, "")
+            if given and given not in allowed:
+                raise _BadRequest(f"{key}={given!r} must be one of {', '.join(allowed)}")
         table = _filter(runs, params)[:HISTORY_ROWS]
         row = (await _data.job_rows(backend, snapshot, [name]))[0] if definitions else None
         response = await self._render(
