@@ -203,6 +203,25 @@ async def test_json_shapes(readonly: Served) -> None:
     assert panel.body.lstrip().startswith("<section") and 'data-kind="failed"' in panel.body
 
 
+async def test_every_page_answers_json_clients_in_json(readonly: Served) -> None:
+    """docs/dashboard.md: a client that asks for JSON gets every reply in JSON. A job's page and
+    the instances page answered it with their HTML (200), the jobs page ignored Accept."""
+    client = readonly.client
+    for asks in ({"path": "?format=json"}, {"headers": JSON}):
+        query, headers = asks.get("path", ""), asks.get("headers")
+        jobs = await client.call("/" + query, headers=headers)
+        assert jobs.json()["total"] == 3, jobs.body[:200]
+        job = (await client.call("/jobs/failing" + query, headers=headers)).json()
+        assert job["job"] == "failing" and job["definition"]["expression"] == "* * * * * *"
+        assert job["row"]["last_run"]["status"] == "failed" and job["runs"], job
+        assert job["timeline"]["counts"].get("failed", 0) >= 1, job["timeline"]
+        assert "hunter2pw" not in json.dumps(job)
+        seen = (await client.call("/instances" + query, headers=headers)).json()
+        [w0] = seen["instances"]
+        assert w0["id"] == "w0" and w0["heartbeat_age_ms"] >= 0 and w0["warn_ms"] >= 250, w0
+        assert seen["silent"] == [] and seen["drift"] == []
+
+
 async def test_read_only_refuses_every_action(readonly: Served) -> None:
     client = readonly.client
     await client.call("/")

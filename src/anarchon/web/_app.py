@@ -252,7 +252,7 @@ class Dashboard:
         page = min(_int(params.get("page"), "page", 1, 1_000_000, 1), pages)
         shown = names[(page - 1) * per : page * per]
         rows = await _data.job_rows(backend, snapshot, shown)
-        if params.get("format") == "json":
+        if _wants_json(request):
             return JSONResponse(
                 {
                     "now_ms": snapshot.now_ms,
@@ -319,6 +319,18 @@ class Dashboard:
                 raise _BadRequest(f"{key}={given!r} must be one of {', '.join(allowed)}")
         table = _filter(runs, params)[:HISTORY_ROWS]
         row = (await _data.job_rows(backend, snapshot, [name]))[0] if definitions else None
+        if _wants_json(request):
+            return JSONResponse(
+                {
+                    "now_ms": now,
+                    "job": name,
+                    "definition": None if definition is None else definition.to_dict(),
+                    "row": None if row is None else _row_dict(row),
+                    "timeline": None if line is None else _timeline_dict(line),
+                    "runs_read": len(runs),
+                    "runs": [_data.run_dict(r) for r in table],
+                }
+            )
         response = await self._render(
             request,
             "job.html",
@@ -347,7 +359,7 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         story = await explain(backend, snapshot, name, slot_ms)
-        if request.query_params.get("format") == "json":
+        if _wants_json(request):
             return JSONResponse(story.to_dict())
         return await self._render(request, "slot.html", story=story, name=name)
 
@@ -356,6 +368,22 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         rows = [(i, _data.clock_threshold_ms(backend, i.jobs)) for i in snapshot.view.instances]
+        if _wants_json(request):
+            now = snapshot.now_ms
+            return JSONResponse(
+                {
+                    "now_ms": now,
+                    "instances": [
+                        {**i.to_dict(), "heartbeat_age_ms": now - i.heartbeat_ms, "warn_ms": warn}
+                        for i, warn in rows
+                    ],
+                    "silent": [
+                        {**i.to_dict(), "heartbeat_age_ms": now - i.heartbeat_ms}
+                        for i in snapshot.view.silent
+                    ],
+                    "drift": [d.describe() for d in snapshot.view.drift],
+                }
+            )
         return await self._render(request, "instances.html", snapshot=snapshot, rows=rows)
 
     async def login(self, request: Request) -> Response:
@@ -578,6 +606,18 @@ def _row_dict(row: _data.JobRow) -> dict[str, Any]:
         else {"by": row.pause.by, "until_ms": row.pause.until_ms},
         "drift": None if row.drift is None else row.drift.describe(),
         "strip": [{"slot_ms": c.slot_ms, "fate": c.fate} for c in row.strip],
+    }
+
+
+def _timeline_dict(line: _data.Timeline) -> dict[str, Any]:
+    return {
+        "start_ms": line.start_ms,
+        "end_ms": line.end_ms,
+        "slots": line.slots,
+        "counts": line.counts,
+        "capped": line.capped,
+        "walked_from_ms": line.walked_from_ms,
+        "read_from_ms": line.read_from_ms,
     }
 
 
