@@ -304,6 +304,17 @@ async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
     assert ended.status == 200 and ended.json()["done"] == "daily was not paused", ended.body
     unknown = await client.call("/jobs/failing/explode", {"csrf": client.csrf()})
     assert unknown.status == 400
+    # The message named the class that carried it, and no action that exists.
+    asks = {**BEARER, **JSON}
+    unknown = await client.call("/jobs/failing/explode", {}, headers=asks, cookies=False)
+    assert unknown.json()["error"] == (
+        "unknown action 'explode' for failing: a job takes pause, resume and trigger; /all "
+        "(every job) takes pause and resume"
+    ), unknown.body
+    every = await client.call("/all/trigger", {}, headers=asks, cookies=False)
+    assert every.status == 400 and every.json()["error"].startswith(
+        "unknown action 'trigger' for every job: a job takes pause, resume and trigger"
+    ), every.body
 
 
 async def test_host_callable_decides_who_acts() -> None:

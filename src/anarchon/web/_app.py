@@ -460,7 +460,10 @@ class Dashboard:
             request_ = await steering.trigger(backend, job, by=by)
             done = f"asked the cluster to run {job} now (request {request_.id[:8]})"
         else:
-            raise _BadRequest(f"unknown action {what!r}")
+            raise _BadRequest(
+                f"unknown action {what!r} for {_what(job)}: a job takes pause, resume and "
+                "trigger; /all (every job) takes pause and resume"
+            )
         logger.info("dashboard: %s by %s from %s", done, by, _client(request))
         if warning is not None:
             logger.warning("dashboard: %s (%s by %s)", warning, what, by)
@@ -638,8 +641,10 @@ def build_app(
         try:
             response: Response = await handler(request)
             return response
-        except (_BadRequest, ConfigurationError) as exc:
-            return await board._failure(request, exc, 400)  # a bad value: names the rule
+        except _BadRequest as exc:
+            return await board._error(request, 400, str(exc))  # names the value and the rule
+        except ConfigurationError as exc:
+            return await board._failure(request, exc, 400)
         except JobNotFound as exc:
             return await board._failure(request, exc, 404)
         except BackendError as exc:
