@@ -207,8 +207,8 @@ async def test_every_page_answers_json_clients_in_json(readonly: Served) -> None
     """docs/dashboard.md: a client that asks for JSON gets every reply in JSON. A job's page and
     the instances page answered it with their HTML (200), the jobs page ignored Accept."""
     client = readonly.client
-    for asks in ({"path": "?format=json"}, {"headers": JSON}):
-        query, headers = asks.get("path", ""), asks.get("headers")
+    asks: list[tuple[str, dict[str, str] | None]] = [("?format=json", None), ("", JSON)]
+    for query, headers in asks:
         jobs = await client.call("/" + query, headers=headers)
         assert jobs.json()["total"] == 3, jobs.body[:200]
         job = (await client.call("/jobs/failing" + query, headers=headers)).json()
