@@ -47,6 +47,7 @@ class Action(StrEnum):
 
     # life cycle
     STARTED = "started"
+    START_FAILED = "start_failed"
     STOPPED = "stopped"
     STOP = "stop"
     SIGNAL = "signal"

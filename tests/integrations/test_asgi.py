@@ -5,6 +5,7 @@ SIGTERM to the server stops every scheduler once, draining or handing over what 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import urllib.request
@@ -69,8 +70,11 @@ async def ns(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Na
 def environment(
     url: str, port: int, tmp: Path, grace_ms: int = GRACE_MS, **extra: str
 ) -> dict[str, str]:
+    # The caller's PYTHONPATH is kept after ours: PYTHONPATH=<checkout>/src runs the servers on
+    # that checkout's anarchon, as it does the test (a new test is run on the old code so).
+    inherited = os.environ.get("PYTHONPATH")
     return {
-        "PYTHONPATH": f"{EXAMPLES}:{ROOT}",
+        "PYTHONPATH": ":".join(filter(None, (str(EXAMPLES), str(ROOT), inherited))),
         "ANARCHON_BACKEND": url,
         "GRACE_MS": str(grace_ms),
         "BIND": f"127.0.0.1:{port}",

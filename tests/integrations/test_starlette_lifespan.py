@@ -7,8 +7,10 @@ mounted applications. The real servers are in test_asgi.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from anarchon import InvalidOption, RunContext, Scheduler, SchedulerStateError
 from anarchon.integrations.starlette import lifespan
 from anarchon.testing import MemoryBackend
 from tests.docs.blocks import block
+from tests.redis.servers import RedisServer
 
 APP = object()  # the application object Starlette passes; the lifespan only hands it on
 
@@ -140,3 +143,28 @@ async def test_the_lifespan_goes_on_the_served_app_not_a_mounted_one() -> None:
         assert scheduler.running
         assert (await scheduler.run_now("report")).status == "succeeded"
     assert not scheduler.running
+
+
+async def test_a_backend_out_of_reach_at_start_is_tried_again(tmp_path: Path) -> None:
+    """The application starts without the scheduler while its backend (a private Redis) does
+    not answer, and the scheduler starts once it does; an application that stops meanwhile
+    stops the retries (test_backend_down.py runs this under real servers)."""
+    redis = RedisServer(tmp_path / "redis")  # not started yet
+    idle = Scheduler(redis.url)
+    began = time.monotonic()
+    async with lifespan(idle)(APP):
+        assert not idle.running
+    assert not idle.running and time.monotonic() - began < 5  # no wait for a retry
+    scheduler = Scheduler(redis.url)  # every option at its default
+    try:
+        async with lifespan(scheduler)(APP):
+            assert not scheduler.running
+            redis.start()
+            for _ in range(200):  # the retry after the start failed, within 20 s
+                if scheduler.running:
+                    break
+                await asyncio.sleep(0.1)
+            assert scheduler.running
+        assert not scheduler.running
+    finally:
+        redis.stop()

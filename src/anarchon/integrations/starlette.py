@@ -15,20 +15,39 @@ worker is an instance; the backend picks one of them for each slot. The schedule
 the application's own lifespan has entered (its database pools are ready when the first handler
 runs) and stops, draining running handlers for up to ``grace_ms``, before that lifespan exits.
 
+A backend that cannot be reached when the application starts does not stop the application:
+the web workers serve, the scheduler's start is retried in the background (logged
+``start_failed``, then ``started``), and ``scheduler.running`` stays false until it starts. A
+failing start of a web worker would end the whole server (uvicorn exits; gunicorn's master halts
+on a worker that fails to boot), so a blip of the cron store during a deploy or a worker
+recycled by ``max_requests`` would take the site down.
+
 Starlette is not imported here: the lifespan is the plain ASGI shape that Starlette, FastAPI and
 any framework taking ``lifespan=`` accept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Final
 
-from anarchon import InvalidOption, Scheduler
+from anarchon import BackendUnavailable, InvalidOption, Scheduler
+from anarchon._redact import redact_url
+from anarchon.logs import Action, log_fields
 
-__all__ = ["lifespan"]
+__all__ = ["RETRY_MAX_S", "RETRY_MIN_S", "lifespan"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+RETRY_MIN_S: Final = 1.0
+"""The first wait before the start of a scheduler whose backend could not be reached is tried
+again (s); each failure doubles it, up to :data:`RETRY_MAX_S`."""
+RETRY_MAX_S: Final = 30.0
+"""The longest wait between two tries of the start (s)."""
 
 
 def lifespan(
@@ -36,6 +55,12 @@ def lifespan(
     app_lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
 ) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
     """A lifespan that runs ``scheduler`` while the application runs.
+
+    If the backend cannot be reached when the application starts
+    (:class:`~anarchon.BackendUnavailable`), the application starts anyway and the scheduler's
+    start is retried in the background, every :data:`RETRY_MIN_S` doubling to
+    :data:`RETRY_MAX_S`, until it starts or the application stops. Any other error of the start
+    (a bad option, a backend that refuses) stops the application's start, as before.
 
     :param scheduler: the :class:`~anarchon.Scheduler` to run, or a function that makes one.
         A scheduler starts only once, so pass a function when the application's lifespan may
@@ -64,11 +89,69 @@ def lifespan(
             state = None
             if app_lifespan is not None:
                 state = await stack.enter_async_context(app_lifespan(app))
-            await instance.start()
-            stack.push_async_callback(instance.stop)
+            try:
+                await instance.start()
+            except BackendUnavailable as exc:
+                _log_failed(instance, exc, RETRY_MIN_S)
+                stack.push_async_callback(_Retrying(instance).close)
+            else:
+                stack.push_async_callback(instance.stop)
             yield state
 
     return run
+
+
+class _Retrying:
+    """Tries the start of a scheduler whose backend could not be reached again, in a task of
+    its own, until it starts or :meth:`close` (the application stops), which then stops it."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._closing = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._retry(), name=f"anarchon start of {scheduler.instance_id}"
+        )
+
+    async def _retry(self) -> None:
+        wait = RETRY_MIN_S
+        while True:
+            # Woken at once by close(): a start already under way is let finish, then stopped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), wait)
+            if self._closing.is_set():
+                return
+            try:
+                await self.scheduler.start()
+            except BackendUnavailable as exc:
+                wait = min(wait * 2, RETRY_MAX_S)
+                _log_failed(self.scheduler, exc, wait)
+                continue
+            except Exception:
+                # Not a backend out of reach (the start got further, then failed): a scheduler
+                # starts once, so nothing is left to try; the application goes on without it.
+                logger.exception(
+                    "scheduler %s could not start; the application goes on without it",
+                    self.scheduler.instance_id,
+                    extra=log_fields(Action.START_FAILED),
+                )
+            return
+
+    async def close(self) -> None:
+        """Stop retrying, and stop the scheduler if it started (draining as ``stop()`` does)."""
+        self._closing.set()
+        await asyncio.wait([self._task])
+        await self.scheduler.stop()
+
+
+def _log_failed(scheduler: Scheduler, exc: BaseException, retry_s: float) -> None:
+    logger.error(
+        "scheduler %s could not start: %s; the application starts without it and the start "
+        "is tried again in %g s",
+        scheduler.instance_id,
+        redact_url(str(exc)),
+        retry_s,
+        extra=log_fields(Action.START_FAILED, retry_s=retry_s),
+    )
 
 
 def _scheduler_of(given: Scheduler | Callable[[], Scheduler]) -> Scheduler:
