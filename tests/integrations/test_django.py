@@ -6,12 +6,14 @@ settings hold is printed nowhere."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from anarchon import RunStatus
 from tests.backends.postgres import DSN, url_of
 from tests.integrations.procs import EXAMPLES, STARTED, STOPPED, contiguous_seconds, processes
 from tests.integrations.test_asgi import history
+from tests.ports import any_free
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +180,33 @@ def test_settings_mistakes_stop_django_with_the_rule(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "lease_ms=1" in done.stderr and "'tick'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("project", ["sqlite"], indirect=True)
+def test_manage_py_anarchon_run_serves_the_kubernetes_probes(
+    project: Project, tmp_path: Path
+) -> None:
+    """The Kubernetes guide's probes for a Django project: ``manage.py anarchon run
+    --metrics-port`` serves ``/healthz`` and ``/healthz?live=1`` (before, ``run`` took no
+    option, so a Django scheduler could not be probed); a target or ``--backend`` is still
+    refused, naming what it takes."""
+    project.manage("migrate", "-v", "0")
+    port = any_free()
+    command = [sys.executable, "manage.py", "anarchon", "run", "--metrics-port", str(port)]
+    with processes(tmp_path) as procs:
+        run = procs.start(command, project.env, project.root)
+        run.wait_for(STARTED)
+        answers = {path: get(port, path) for path in ("/healthz", "/healthz?live=1")}
+        code, _ = run.stop(signal.SIGTERM)
+    assert code == 0, run.text()
+    for path, (status, body) in answers.items():
+        assert status == 200 and json.loads(body)["state"] == "running", (path, body)
+    for refused in (["--backend", "memory://"], ["mysite:scheduler"]):
+        done = project.manage("anarchon", "run", *refused, check=False)
+        assert done.returncode != 0, done.stderr
+        assert "takes only the options --log-format, --metrics-port" in done.stderr, done.stderr
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return int(response.status), response.read()

@@ -1,6 +1,8 @@
 """``python manage.py anarchon COMMAND``: the ``anarchon`` command with Django's settings.
 
-``run`` runs the scheduler built by :func:`anarchon.integrations.django.build_scheduler`.
+``run`` runs the scheduler built by :func:`anarchon.integrations.django.build_scheduler`, with
+the options of ``anarchon run`` in :data:`RUN_OPTIONS` (``--metrics-port 9100`` serves
+``/healthz`` and ``/metrics``).
 Every other command (``history``, ``jobs``, ``instances``, ``explain``, ``pause``,
 ``resume``, ``trigger``) is the ``anarchon`` command of the same name, run with the backend the
 settings name (through ``$ANARCHON_BACKEND``, so a password never sits on a command line and is
@@ -38,20 +40,47 @@ def _backend_env(url: str | None) -> Iterator[None]:
             os.environ["ANARCHON_BACKEND"] = before
 
 
+RUN_OPTIONS: Final = (
+    "--log-format",
+    "--metrics-port",
+    "--metrics-host",
+    "--metrics-linger",
+    "--metrics-job-histograms",
+)
+"""The options of ``anarchon run`` that ``manage.py anarchon run`` passes on (the metrics
+server, whose ``/healthz`` the Kubernetes probes ask, and the log format); not a target or
+``--backend``: the jobs come from each app's ``cron.py``, the backend from the settings."""
+
+
+def _check_run_options(args: Sequence[str]) -> None:
+    """Refuse what ``manage.py anarchon run`` does not pass on; the values themselves are
+    checked by ``anarchon run``, with its messages."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name in RUN_OPTIONS[:-1]:
+        parser.add_argument(name)
+    parser.add_argument(RUN_OPTIONS[-1], action="store_true")
+    try:
+        _, rest = parser.parse_known_args(list(args))
+    except argparse.ArgumentError as exc:
+        raise CommandError(f"manage.py anarchon run: {exc}") from None
+    if rest:
+        raise CommandError(
+            f"'anarchon run' here takes only the options {', '.join(RUN_OPTIONS)} (got "
+            f"{' '.join(rest)!r}): the jobs come from each app's cron.py and the backend from "
+            "settings.ANARCHON"
+        )
+
+
 def cli_argv(command: str, args: Sequence[str], log_level: str) -> list[str]:
     """The ``anarchon`` command line that ``manage.py anarchon COMMAND ARGS`` runs."""
     if command == "run":
-        if args:
-            raise CommandError(
-                f"'anarchon run' takes no arguments here (got {' '.join(args)!r}): the jobs "
-                "come from each app's cron.py and the backend from settings.ANARCHON"
-            )
-        return ["--log-level", log_level, "run", TARGET]
+        _check_run_options(args)
+        return ["--log-level", log_level, "run", TARGET, *args]
     return ["--log-level", log_level, command, *args]
 
 
 class Command(BaseCommand):
-    """``manage.py anarchon run | history JOB [-n N] | ...``"""
+    """``manage.py anarchon run [--metrics-port PORT ...] | history JOB [-n N] | ...``"""
 
     help = (
         "Run the scheduler with every app's cron.py jobs ('run'), or any command of the "
