@@ -1,5 +1,6 @@
 """The FastAPI guide's application (docs/examples/fastapi_app.py) plus a job whose run lasts
-``SLOW_S`` seconds, for the tests of a stop during a run. ``anarchon run asgi_app:scheduler``
+``SLOW_S`` seconds, for the tests of a stop during a run, and an endpoint that answers after
+``seconds``, for a stop during a request. ``anarchon run asgi_app:scheduler``
 runs the same jobs outside the web server (a backup instance)."""
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ async def slow(ctx: RunContext) -> None:
     ctx.logger.info("slow began %s", where)
     await asyncio.sleep(SLOW_S)
     ctx.logger.info("slow ended %s", where)
+
+
+@app.get("/slow-request")
+async def slow_request(seconds: float = 6) -> dict[str, float]:
+    """Answers after ``seconds``."""
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
 
 
 __all__ = ["app", "scheduler"]

@@ -22,6 +22,12 @@ failing start of a web worker would end the whole server (uvicorn exits; gunicor
 on a worker that fails to boot), so a blip of the cron store during a deploy or a worker
 recycled by ``max_requests`` would take the site down.
 
+The scheduler's stop begins when the server is told to stop (SIGINT or SIGTERM, as uvicorn and
+gunicorn's UvicornWorker take them), not when the server has finished its open requests and
+runs the lifespan's shutdown: a worker waiting for a slow request (or a long-lived connection)
+claims no more slots, and its running handlers drain meanwhile, within ``grace_ms`` of the
+signal, as the server's own stop timeout counts.
+
 Starlette is not imported here: the lifespan is the plain ASGI shape that Starlette, FastAPI and
 any framework taking ``lifespan=`` accept.
 """
@@ -31,8 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from types import FrameType
 from typing import Any, Final
 
 from anarchon import BackendUnavailable, InvalidOption, Scheduler
@@ -96,6 +105,7 @@ def lifespan(
                 stack.push_async_callback(_Retrying(instance).close)
             else:
                 stack.push_async_callback(instance.stop)
+            stack.callback(_EarlyStop(instance).restore)
             yield state
 
     return run
@@ -141,6 +151,57 @@ class _Retrying:
         self._closing.set()
         await asyncio.wait([self._task])
         await self.scheduler.stop()
+
+
+class _EarlyStop:
+    """Begins the scheduler's stop at the server's stop signal (SIGINT, SIGTERM) by chaining
+    the handler the server installed (uvicorn's, in the main thread, before the lifespan starts);
+    the lifespan's shutdown then waits for that same stop. Nothing is taken where the server
+    installed no handler of its own, nor outside the main thread (a test client's)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._loop = asyncio.get_running_loop()
+        self._taken: dict[signal.Signals, Any] = {}
+        self._mine: dict[signal.Signals, Any] = {}
+        self._stopping: asyncio.Task[None] | None = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+            if not callable(previous) or previous is signal.default_int_handler:
+                continue  # the server stops on it in no graceful way of its own: leave it
+            self._taken[sig] = previous
+            self._mine[sig] = self._chained(previous)
+            signal.signal(sig, self._mine[sig])
+
+    def _chained(self, previous: Callable[[int, FrameType | None], Any]) -> Any:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            # On the main thread, between two steps of the event loop it runs: the stop is
+            # begun by the loop, the server's handler called as before.
+            self._loop.call_soon_threadsafe(self._begin, signal.Signals(signum).name)
+            previous(signum, frame)
+
+        return handle
+
+    def _begin(self, name: str) -> None:
+        if self._stopping is not None or not self.scheduler.running:
+            return
+        logger.info(
+            "%s: the server stops; the scheduler stops claiming and drains now (grace_ms=%d)",
+            name,
+            self.scheduler.grace_ms,
+            extra=log_fields(Action.SIGNAL, signal=name),
+        )
+        self._stopping = self._loop.create_task(self.scheduler.stop())
+        # Its failure is raised to the lifespan's own stop() call and logged there.
+        self._stopping.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    def restore(self) -> None:
+        """Give each signal back the server's handler (unless someone replaced ours since)."""
+        for sig, previous in self._taken.items():
+            if signal.getsignal(sig) is self._mine[sig]:
+                signal.signal(sig, previous)
 
 
 def _log_failed(scheduler: Scheduler, exc: BaseException, retry_s: float) -> None:
