@@ -39,7 +39,7 @@ def test_the_app_serves_while_the_backend_is_down_and_the_scheduler_starts_later
 ) -> None:
     redis = RedisServer(tmp_path / "redis")  # its port chosen; the server not started yet
     port = any_free()
-    env = environment(redis.url, port, tmp_path)  # every other option at its default
+    env = environment(redis.url, port, tmp_path, 30_000)  # every option at its default
     with processes(tmp_path) as procs:
         server = procs.start(server_command(kind, port), env)
         failed = server.wait_for(START_FAILED, WORKERS, timeout=30)
