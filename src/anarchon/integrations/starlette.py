@@ -179,7 +179,8 @@ class _EarlyStop:
         def handle(signum: int, frame: FrameType | None) -> None:
             # On the main thread, between two steps of the event loop it runs: the stop is
             # begun by the loop, the server's handler called as before.
-            self._loop.call_soon_threadsafe(self._begin, signal.Signals(signum).name)
+            with contextlib.suppress(RuntimeError):  # the loop closed (a shutdown skipped)
+                self._loop.call_soon_threadsafe(self._begin, signal.Signals(signum).name)
             previous(signum, frame)
 
         return handle
