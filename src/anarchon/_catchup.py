@@ -1,6 +1,7 @@
 """Catching up on start: which slots were missed while no instance ran, and claiming them, one
 at a time and oldest first; the missed slots catch-up does not run are recorded ``missed``
-(:mod:`._missed`)."""
+(:mod:`._missed`). A backlog this instance fell behind on while it ran (:mod:`._backlog`) is
+caught up the same way with ``catch_up="all"``."""
 
 from __future__ import annotations
 
@@ -116,6 +117,12 @@ class CatchingUp:
                 self._spawn(self._catch_up_slots(job, slots))
         if self._missed is not None:
             await self._missed.record(jobs, last_slots, now, planned)
+
+    def backlog(self, job: Job, slots: list[int]) -> None:
+        """Run ``slots`` of ``job``, due at once because this instance fell behind (a frozen
+        process, a clock step: :mod:`._backlog`, ``catch_up="all"``), one at a time, oldest
+        first, as missed slots are caught up on start."""
+        self._spawn(self._catch_up_slots(job, slots))
 
     async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
         policy = job.policy

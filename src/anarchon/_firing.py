@@ -6,7 +6,9 @@ The timer (:mod:`._timer`) holds every job's next slot, due after its rank delay
 the backend's clock (:mod:`._clock`), drops those another instance was heard winning, sets a
 thread aside for each claim of a plain handler (none free: the slot is starved and others run
 it) and hands the requests to :mod:`._claims` in one task; then it puts each fired job's next
-slot on the timer.
+slot on the timer. A slot reached so late that the job's next slot is due too (the process was
+frozen, the clock stepped) starts a backlog, decided by the job's ``catch_up``
+(:mod:`._backlog`); the job's next slot is then the first after now.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._backlog import BEHIND_MS, Backlogs, is_behind
 from ._claims import Claims, share_first
 from ._clock import BackendClock, Clock
 from ._job import Job
@@ -55,6 +58,7 @@ class Firing:
     _threads: HandlerThreads
     _counters: Counters
     _spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    _backlogs: Backlogs
     _generation: dict[str, int] = field(default_factory=dict, init=False)
     timer: SlotTimer = field(init=False)
     """The one timer: every job's next slot (the scheduler runs and stops it)."""
@@ -90,16 +94,12 @@ class Firing:
         # "Too late" is a decision shared with other instances: judged on the backend's clock
         # as measured, not on this host's wall clock (which may have been stepped).
         now = self._backend_clock.time.now_ms()
-        # Handed over before their slot (the timer's lead_ms): claimed at it, not before, and
-        # judged early or not by the backend's clock then.
-        at: int | None = batch[-1].due_ms if batch else None
-        sent_at = now
-        if at is not None:
-            ahead = at - self._clock.now_ms()
-            if ahead > 0:
-                sent_at += ahead
-            else:
-                at = None
+        wall = self._clock.now_ms()
+        at, sent_at = _sent(batch, now, wall)
+        # Behind (a backlog) by both clocks: a process frozen, or one host's clock stepped. By
+        # one alone, this clock is off: ahead, its slots wait for the backend's time (early);
+        # behind, each slot is claimed late, as any late slot.
+        until = min(now, wall)
         # The jobs fired and their slots, as two lists rather than a pair each: a burst's
         # thousands wait for _reschedule, and each pair would be one more object to walk.
         fired: list[Job] = []
@@ -122,6 +122,9 @@ class Firing:
                     early.append(due)
                     continue
                 fired.append(job)
+                if self._fell_behind(job, due, until, now, running):
+                    slots.append(until)  # the job's next slot on the timer: the first after it
+                    continue
                 slots.append(due.slot)
                 if not running or self._heard(job, due.slot):
                     continue
@@ -145,6 +148,18 @@ class Firing:
             if fired:
                 # After the claim is on its way: a batch of thousands would otherwise hold it.
                 self._spawn(self._reschedule(fired, slots, now))
+
+    def _fell_behind(self, job: Job, due: Due, until: int, now: int, running: bool) -> bool:
+        """If ``due`` came so late that the job's next slot is due too (up to ``until``),
+        decide its due slots at once, by its ``catch_up`` (:mod:`._backlog`), and return True.
+        ``now``: the backend's clock."""
+        # due_ms is at most slot + jitter_ms: a slot on time costs one comparison.
+        if until - due.due_ms <= BEHIND_MS or not is_behind(job, due.slot, until):
+            return False
+        if running:
+            head_won = self._heard(job, due.slot)
+            self._spawn(self._backlogs.decide(job, due.slot, until, now, head_won))
+        return True
 
     def _heard(self, job: Job, slot: int) -> bool:
         """Count how this slot came to be claimed; True if another instance's win was heard
@@ -174,11 +189,22 @@ class Firing:
         self.timer.push(due.job, due.slot, wall_ms, due.generation)
 
     async def _reschedule(self, fired: list[Job], slots: list[int], now: int) -> None:
-        """Put each fired job's next slot (after its fired one in ``slots``) on the timer.
-        Slots that are already too late (on the backend's clock) are passed over without a
-        claim (the process was frozen)."""
+        """Put each fired job's next slot (after its fired one in ``slots``, or after now for
+        a backlog) on the timer. Slots that are already too late (on the backend's clock) are
+        passed over without a claim."""
         for n, (job, slot) in enumerate(zip(fired, slots, strict=True)):
             if self._jobs.get(job.name) is job:
                 self.schedule_next(job, max(slot, now - job.policy.max_late_ms))
             if n % 512 == 511:
                 await asyncio.sleep(0)
+
+
+def _sent(batch: list[Due], now: int, wall: int) -> tuple[int | None, int]:
+    """When the claims of ``batch`` go out: ``(at, sent_at)``, ``at`` the wall time to wait for
+    (None: at once) and ``sent_at`` the backend's time then (``now`` plus the wait). A batch
+    handed over before its slot (the timer's lead_ms) is claimed at it, not before, and judged
+    early or not by the backend's clock then."""
+    at = batch[-1].due_ms if batch else None
+    if at is None or at - wall <= 0:
+        return None, now
+    return at, now + (at - wall)

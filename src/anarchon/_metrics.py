@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeAlias, ge
 from ._members import SCHEDULE, WON
 from ._models import RunStatus, Trigger
 from ._schedule import CronSchedule
-from .backend import OVERLAP, TOO_LATE, ClaimStatus
+from .backend import BEHIND, OVERLAP, TOO_LATE, ClaimStatus
 from .control import PAUSED
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
     "missed": ("missed", ""),
     "skipped_overlap": ("skipped", "overlap"),
     "skipped_too_late": ("skipped", "too_late"),
+    "skipped_behind": ("skipped", "behind"),
     "skipped_paused": ("skipped", "paused"),
     "skipped_other": ("skipped", "other"),
     "unclaimed_error": ("unclaimed", "error"),
@@ -68,6 +69,7 @@ _NOT_RUN: Final = ("too old", "unknown")
 _SKIP_CLASSES: Final = (
     (OVERLAP, "skipped_overlap"),
     (TOO_LATE, "skipped_too_late"),
+    (BEHIND, "skipped_behind"),
     (PAUSED, "skipped_paused"),
 )
 _SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
@@ -127,7 +129,8 @@ class JobMetrics:
     :ivar slots: slots by outcome (:data:`SLOT_OUTCOMES`): ``ran`` (scheduled or caught-up slots
         this instance won and started), ``missed`` (recorded missed when this instance started),
         and skipped slots whose skip record this instance wrote, by reason class:
-        ``skipped_overlap``, ``skipped_too_late``, ``skipped_paused``, ``skipped_other``. Added
+        ``skipped_overlap``, ``skipped_too_late``, ``skipped_behind`` (passed over in a backlog:
+        the instance fell behind, see ``catch_up``), ``skipped_paused``, ``skipped_other``. Added
         over every instance, each equals what history records. And slots this instance could
         not claim, of which history records nothing (nobody runs them, unless another instance
         claimed them): ``unclaimed_error`` (the backend stayed unavailable until they were too
@@ -355,6 +358,7 @@ class _Tallies:
     claims_heard: int = 0
     skipped: int = 0
     too_late: int = 0
+    behind: int = 0
     no_thread: int = 0
     early_slots_deferred: int = 0
     runs_succeeded: int = 0
@@ -497,6 +501,9 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         previous run held its lease, too late, paused): slots and run requests, each counted
         once over every instance.
     :ivar too_late: slots this instance reached after ``max_late_ms`` (claimed as skipped).
+    :ivar behind: slots this instance passed over because it fell behind the job (its process
+        frozen, its clock stepped: newer slots due too) and claimed as skipped (``behind``), by
+        the job's ``catch_up`` (at most 100 per backlog, the newest).
     :ivar no_thread: slots of plain handlers not claimed because every handler thread was busy.
     :ivar early_slots_deferred: slots due by this host's clock but early by the backend's, put
         back to wait for the backend's time (this clock is ahead).

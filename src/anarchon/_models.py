@@ -19,7 +19,9 @@ class Trigger(StrEnum):
     MANUAL = "manual"
     """``Scheduler.run_now()``."""
     CATCH_UP = "catch-up"
-    """A slot missed while no instance ran, claimed when an instance started."""
+    """A slot missed while no instance ran, claimed when an instance started; or, with
+    ``catch_up="all"``, a slot of a backlog an instance fell behind on (a frozen process, a
+    clock step), claimed when it came back."""
     RETRY = "retry"
     """A slot run again after its handler raised (the job's ``retries``)."""
 
@@ -31,7 +33,8 @@ class RunStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
-    """Recorded without running: overlap, too late or paused (see the run's ``reason``)."""
+    """Recorded without running: overlap, too late, behind or paused (see the run's
+    ``reason``)."""
     MISSED = "missed"
     """Recorded after the fact: no instance carried the job at its time and catch-up did not
     run it (see the run's ``reason`` for the gap)."""
@@ -52,12 +55,18 @@ class Overlap(StrEnum):
 
 
 class CatchUp(StrEnum):
-    """Which slots, missed while no instance ran, an instance runs when it starts.
+    """Which slots, missed while no instance ran, an instance runs when it starts; and which
+    slots of a backlog it runs when it fell behind while running (its process frozen, its clock
+    stepped forward: several slots of the job due at once).
 
     Missed means after the job's last recorded slot and not after the instance's start on the
     backend's clock (the timer fires the later ones). Catch-up runs count for ``overlap="skip"``:
     a live slot that comes while one still holds its lease is recorded skipped (overlap), so
     ``ALL`` with a long backlog pushes out the live slots meanwhile; ``LATEST`` runs one.
+
+    A backlog: ``NONE`` and ``LATEST`` claim only the newest due slot (as any slot: it runs
+    within ``max_late_ms``) and record the older ones skipped, ``behind: ...``; ``ALL`` runs
+    those inside ``catch_up_window_ms`` one at a time, oldest first (trigger ``catch-up``).
     """
 
     NONE = "none"

@@ -43,6 +43,7 @@ from types import FrameType, TracebackType
 from typing import Any, Final, TypeVar, Unpack
 
 from . import _process, otel
+from ._backlog import Backlogs
 from ._catchup import CatchingUp
 from ._claims import Claims
 from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
@@ -221,6 +222,24 @@ class Scheduler(Operations):
             lambda: self.running,
             self._spawn,
         )
+        self._catching_up = CatchingUp(
+            backend,
+            self._clock,
+            self._claims,
+            self._threads,
+            lambda: self.running,
+            self._spawn,
+            MissedSlots(backend, self._claims, self._counters, self._clock),
+        )
+        # A backlog (the process was frozen) is decided as catch-up decides missed slots.
+        backlogs = Backlogs(
+            backend,
+            self._clock,
+            self._claims,
+            self._threads,
+            self._counters,
+            self._catching_up.backlog,
+        )
         self._firing = Firing(
             self._jobs,
             lambda: self.running,
@@ -232,15 +251,7 @@ class Scheduler(Operations):
             self._threads,
             self._counters,
             self._spawn,
-        )
-        self._catching_up = CatchingUp(
-            backend,
-            self._clock,
-            self._claims,
-            self._threads,
-            lambda: self.running,
-            self._spawn,
-            MissedSlots(backend, self._claims, self._counters, self._clock),
+            backlogs,
         )
         self._failures = Failures(backend.control(), self._backend_clock.time, self._counters)
         self._executor.failures = self._failures
@@ -301,7 +312,7 @@ class Scheduler(Operations):
           period and ``max_late_ms``): how long after the slot an instance may wait before
           claiming; the instance ranked first for the slot claims at once.
         - ``max_late_ms`` (60 000; 1 s to 7 days): an instance later than this after the slot
-          does not claim it, and records it ``skipped`` if nobody ran it.
+          does not claim it, and records it ``skipped`` (``too late``) if nobody ran it.
         - ``timeout_ms`` (none; 1 ms to 30 days): cancel the handler after this long; the run is
           ``failed``.
         - ``history_ttl_ms`` (7 days; 2 s to 10 years, above ``jitter_ms + max_late_ms``;
@@ -310,10 +321,15 @@ class Scheduler(Operations):
         - ``max_attempts`` (3, on NATS 1; 1 to 100): attempts per slot, takeovers of a crashed
           run included.
         - ``overlap`` (``"skip"``, on NATS ``"allow"``): with ``"skip"`` a slot that comes while
-          the previous run holds its lease is recorded ``skipped``.
+          the previous run holds its lease is recorded ``skipped`` (``overlap``); slots due at
+          once after a freeze are decided by ``catch_up`` instead.
         - ``catch_up`` (``"latest"``, on NATS ``"none"``): on start, run the slots missed while
           no instance ran: ``"none"``, one run for them (``"latest"``) or each, oldest first
-          (``"all"``).
+          (``"all"``). It decides a backlog too, several slots due at once because this
+          instance fell behind (its process frozen, its clock stepped forward): ``"none"`` and
+          ``"latest"`` claim only the newest (it runs within ``max_late_ms``) and record the
+          older ones ``skipped`` (``behind: ...``); ``"all"`` runs those inside
+          ``catch_up_window_ms``, oldest first.
         - ``catch_up_window_ms`` (1 hour; 1 ms to 10 years): only slots this recent are caught
           up.
         - ``handover`` (True, on NATS False): on stop, release an unfinished run's lease so

@@ -55,6 +55,7 @@ from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
 
 __all__ = [
+    "BEHIND",
     "HANDED_OVER",
     "LEASE_LOST",
     "OPEN_RUNS_LOOKBACK",
@@ -102,6 +103,12 @@ OVERLAP: Final = "overlap: "
 TOO_LATE: Final = "too late: "
 """Prefix of the reason of a slot skipped because the instance reached it after ``max_late_ms``
 (the core's ``skip_reason``)."""
+BEHIND: Final = "behind: "
+"""Prefix of the reason of a slot passed over because the instance fell behind the job (its
+process frozen, its clock stepped) and found newer slots due too, decided by the job's
+``catch_up`` (the core's ``skip_reason``): ``behind: <instance> reached the slot <ms> ms after
+it, with <n> slots of the job due at once (<first> to <newest>); catch_up='latest' runs only
+the newest``."""
 PRUNED_REASON: Final = "too old: the job's history is pruned past this slot"
 """Reason of the LOST answer to a claim of a slot the job's history was pruned past."""
 OPEN_RUNS_LOOKBACK: Final = 20
@@ -205,7 +212,8 @@ class ClaimStatus(StrEnum):
     ...`` (:data:`PRUNED_REASON`) or ``unknown: ...`` (a store that cannot vouch for the
     slot): nobody runs those slots (metrics ``unclaimed``, span outcome ``refused``)."""
     SKIPPED = "skipped"
-    """The slot is recorded as ``skipped`` (overlap, too late), by this caller or another."""
+    """The slot is recorded as ``skipped`` (overlap, too late, behind), by this caller or
+    another."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

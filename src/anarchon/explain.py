@@ -9,7 +9,7 @@ moment, one :class:`Fate`:
 * ``ran``: it ran, ``succeeded`` or ``failed`` in the end; every attempt is listed (backup
   takeovers, hand-overs, retries of the slot with trigger ``retry``) with its instance, fence,
   duration and result or error;
-* ``skipped``: recorded without running (overlap, too late, paused by …);
+* ``skipped``: recorded without running (overlap, too late, behind, paused by …);
 * ``missed``: recorded after the fact because no instance carried the job then (the gap);
 * ``no-record``: in the past and nothing recorded: either history was pruned (the slot is older
   than the oldest record) or nobody claimed it.

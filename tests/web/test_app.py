@@ -432,6 +432,7 @@ def test_fates() -> None:
     assert fate_of(_run(0, RunStatus.SUCCEEDED)) == "succeeded"
     assert fate_of(_run(0, RunStatus.SKIPPED, reason="paused by a@b")) == "paused"
     assert fate_of(_run(0, RunStatus.SKIPPED, reason="too late: w0 reached")) == "late"
+    assert fate_of(_run(0, RunStatus.SKIPPED, reason="behind: w0 reached the slot")) == "late"
     assert fate_of(_run(0, RunStatus.SKIPPED, reason="overlap: held")) == "skipped"
     assert fate_of(_run(0, RunStatus.MISSED, reason="no instance")) == "missed"
 

@@ -32,6 +32,7 @@ from ..registry import (
 
 __all__ = [
     "FATES",
+    "LATE_REASONS",
     "JobRow",
     "Snapshot",
     "Timeline",
@@ -42,13 +43,15 @@ __all__ = [
     "timeline",
 ]
 
+#: The reasons of the fate ``late``: reached too late, passed over in a backlog (behind), pruned.
+LATE_REASONS: Final = ("too late", "behind", "too old")
 #: Each fate a slot can have, with the words the legend shows.
 FATES: Final = {
     "succeeded": "succeeded",
     "failed": "failed",
     "running": "running",
     "skipped": "skipped (overlap)",
-    "late": "skipped: too late",
+    "late": "skipped: too late or behind",
     "paused": "skipped: paused",
     "missed": "missed",
     "none": "no record",
@@ -80,7 +83,7 @@ def fate_of(run: Run) -> str:
     reason = run.reason or ""
     if reason.startswith(PAUSED):
         return "paused"
-    if reason.startswith(("too late", "too old")):
+    if reason.startswith(LATE_REASONS):
         return "late"
     return "skipped"
 

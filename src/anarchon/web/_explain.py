@@ -20,7 +20,7 @@ from ..errors import JobNotFound
 from ..explain import Fate, SlotFate, nearest_slots
 from ..explain import explain as official_explain
 from ..registry import JobDefinition
-from ._data import Snapshot, fate_of, run_dict
+from ._data import LATE_REASONS, Snapshot, fate_of, run_dict
 
 __all__ = ["EXPLAIN_RUNS", "SlotStory", "explain", "unknown_job"]
 
@@ -103,7 +103,7 @@ def _kind(fate: SlotFate) -> str:
         reason = fate.reason or ""
         if reason.startswith(PAUSED):
             return "paused"
-        return "late" if reason.startswith(("too late", "too old")) else "skipped"
+        return "late" if reason.startswith(LATE_REASONS) else "skipped"
     return fate.fate.value
 
 

@@ -1,0 +1,227 @@
+"""Backlogs: the slots of one job that an instance finds due at once because it fell behind (its
+process frozen: SIGSTOP, an event loop blocked, a laptop asleep; or its wall clock stepped
+forward), decided at once by the job's ``catch_up``, as the slots missed while no instance ran
+are decided on start (:mod:`._catchup`).
+
+The timer holds one slot per job, the next; a process that did not run for a while is handed it
+late. That slot is *behind* (:func:`is_behind`) when the instance reaches it more than
+``jitter_ms`` + :data:`BEHIND_MS` after it and the job's next slot is due too, by this host's
+clock and by the backend's as the instance measured it (by one alone, a clock is off: ahead, its
+slots wait for the backend's time; behind, each is claimed late, as any late slot). The due
+slots, from it to the newest, are the job's backlog:
+
+- ``catch_up="latest"`` (the lease backends' default) and ``"none"`` (NATS's): the newest due
+  slot is claimed as the live slot (it runs if it is within ``max_late_ms``, else it is skipped
+  ``too late``, as any slot); the older ones do not run and are recorded ``skipped`` with the
+  reason ``behind: <instance> reached the slot <ms> ms after it, with <n> slots of the job due
+  at once (<first> to <newest>); catch_up='latest' runs only the newest``.
+- ``catch_up="all"`` (lease backends): the due slots inside ``catch_up_window_ms`` run one at a
+  time, oldest first, trigger ``catch-up``, as missed slots are caught up on start (the newest
+  last); older ones are recorded ``behind``.
+
+At most :data:`MAX_BEHIND` ``behind`` records per backlog, the newest (the reason then says how
+many were passed over in all); a slot younger than ``jitter_ms`` + :data:`BEHIND_MS` is recorded
+once it is that old, after the claims of instances on time. On a broker only slots inside
+``max_late_ms + jitter_ms`` are recorded: inside the duplicate window, so a record never doubles
+one that another instance wrote. Each record is a claim: a slot another instance ran keeps its
+run, so in a cluster a frozen instance that comes back only records what nobody did.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from ._claims import Claims
+from ._clock import Clock
+from ._job import Job
+from ._metrics import Counters
+from ._missed import gap_slots
+from ._models import CatchUp, Trigger
+from ._threads import HandlerThreads
+from .backend import BEHIND, Backend, ClaimRequest, LeaseBackend
+from .logs import Action, log_fields, slot_iso
+
+__all__ = ["BEHIND_MS", "MAX_BEHIND", "Backlogs", "behind_reason", "is_behind"]
+
+logger = logging.getLogger("anarchon.scheduler")
+
+BEHIND_MS: Final = 1_000
+"""How much later than its ``jitter_ms`` an instance must reach a slot, the job's next slot due
+too, for the slot to be behind: an event loop a few hundred milliseconds late under load still
+claims its slots late, as before; a process that stopped for seconds passes over the older ones."""
+MAX_BEHIND: Final = 100
+"""At most this many slots passed over are recorded ``behind`` per backlog: the newest."""
+
+
+def is_behind(job: Job, slot: int, now: int) -> bool:
+    """Whether this instance, reaching ``slot`` of ``job`` at ``now`` (the earlier of this
+    host's clock and the backend's), fell behind the job: more than ``jitter_ms`` +
+    :data:`BEHIND_MS` after the slot, with the job's next slot due too. Cheap when it is not (no
+    schedule walk for a slot on time)."""
+    if now - slot <= job.policy.jitter_ms + BEHIND_MS:
+        return False
+    try:
+        return job.schedule.next_slot(slot) <= now
+    except (StopIteration, OverflowError):  # no later slot before the end of the calendar
+        return False
+
+
+def behind_reason(
+    instance: str,
+    slot: int,
+    now: int,
+    due: tuple[int, int, int],
+    mode: CatchUp,
+    outcome: str,
+) -> str:
+    """The reason of a slot passed over: ``behind: <instance> reached the slot <ms> ms after it,
+    with <n> slots of the job due at once (<first> to <newest>); catch_up=<mode> <outcome>``.
+    ``due``: the first and newest due slots and how many were due."""
+    first, newest, count = due
+    return (
+        f"{BEHIND}{instance} reached the slot {now - slot} ms after it, with {count} slots of the "
+        f"job due at once ({slot_iso(first)} to {slot_iso(newest)}); catch_up={mode.value!r} "
+        f"{outcome}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A backlog decided: the job's ``catch_up``, the slots caught up (``all``), the first and
+    the newest due slots, how many were due, the slots passed over to record (the newest, at most
+    :data:`MAX_BEHIND`) and how many in all, and what the reason says catch_up does."""
+
+    mode: CatchUp
+    caught: list[int]
+    first: int
+    newest: int
+    count: int
+    passed: list[int]
+    passed_total: int
+    outcome: str
+
+
+@dataclass(eq=False)
+class Backlogs:
+    """Decides the backlogs of one scheduler's jobs (see the module doc).
+
+    ``_catch_up``: runs a job's slots one at a time, oldest first, trigger ``catch-up``
+    (:meth:`._catchup.CatchingUp.backlog`).
+    """
+
+    _backend: Backend
+    _clock: Clock
+    _claims: Claims
+    _threads: HandlerThreads
+    _counters: Counters
+    _catch_up: Callable[[Job, list[int]], None]
+
+    async def decide(self, job: Job, head: int, until: int, now: int, head_won: bool) -> None:
+        """Decide the backlog of ``job``, its slots from ``head`` (the timer's slot, behind) up
+        to ``until`` (due by this host's clock and the backend's): claim its live slot or catch
+        it up, and record the slots passed over. ``now``: the backend's clock, which judges the
+        live slot too late or not. ``head_won``: another instance was heard winning ``head``
+        (not recorded here)."""
+        policy = job.policy
+        plan = await self._plan(job, head, until)
+        passed = plan.passed
+        if not isinstance(self._backend, LeaseBackend):  # inside the duplicate window
+            passed = [s for s in passed if s >= now - policy.max_late_ms - policy.jitter_ms]
+        if head_won:
+            passed = [s for s in passed if s != head]
+        self._warn(job, now, plan)
+        # An instance on time claims a slot within its jitter: a slot younger than that (and a
+        # claim's latency) is recorded once those claims are in, so a record made here never
+        # takes a slot that another instance was about to run.
+        ripe = now - policy.jitter_ms - BEHIND_MS
+        requests = self._behind(job, [s for s in passed if s <= ripe], now, plan)
+        young = [s for s in passed if s > ripe]
+        reserved: set[str] = set()
+        if not plan.caught:  # the newest is the live slot, claimed as any
+            live = self._claims.request(job, plan.newest, Trigger.SCHEDULE, now)
+            if live.skip_reason is not None or job.is_async:
+                requests.append(live)
+            elif self._threads.reserve():  # a plain handler's thread, as for any slot
+                reserved.add(live.run_id)
+                requests.append(live)
+            else:
+                self._claims.starved([live])
+        if requests:
+            await self._claims.fire(requests, reserved, keep=False)
+        if plan.caught:
+            self._catch_up(job, plan.caught)
+        if young:
+            await self._clock.sleep((young[-1] - ripe) / 1000)
+            await self._claims.fire(self._behind(job, young, now, plan), set(), keep=False)
+
+    def _behind(self, job: Job, slots: list[int], now: int, plan: _Plan) -> list[ClaimRequest]:
+        """The claims that record ``slots`` of ``job`` skipped, ``behind: ...`` (counted)."""
+        shown = (plan.first, plan.newest, plan.count)
+        requests = [
+            replace(
+                self._claims.request(job, slot, Trigger.SCHEDULE),
+                skip_reason=behind_reason(
+                    self._claims.instance, slot, now, shown, plan.mode, plan.outcome
+                ),
+            )
+            for slot in slots
+        ]
+        self._counters.behind += len(requests)
+        return requests
+
+    async def _plan(self, job: Job, head: int, until: int) -> _Plan:
+        """What becomes of the due slots of ``job`` from ``head`` to ``until``."""
+        policy = job.policy
+        mode = CatchUp(policy.catch_up)
+        caught: list[int] = []
+        start = head
+        if mode is CatchUp.ALL and isinstance(self._backend, LeaseBackend):
+            start = max(head, until - policy.catch_up_window_ms)
+            caught = job.schedule.slots(start - 1, until)
+        if caught:
+            gap = await gap_slots(job.schedule, head - 1, start - 1, keep=MAX_BEHIND)
+            newest, count, passed = caught[-1], len(caught) + gap.total, gap.newest
+            outcome = f"runs the {len(caught)} inside catch_up_window_ms, oldest first"
+            passed_total = gap.total
+        else:  # none, latest; all with no due slot inside its window
+            gap = await gap_slots(job.schedule, head - 1, until, keep=MAX_BEHIND + 1)
+            newest, count, passed = gap.newest[-1], gap.total, gap.newest[:-1]
+            outcome = "runs only the newest"
+            passed_total = gap.total - 1
+        if passed_total > len(passed):
+            many = str(passed_total) if gap.exact else f"more than {passed_total}"
+            outcome += f"; {many} passed over, the newest {len(passed)} recorded"
+        return _Plan(mode, caught, head, newest, count, passed, passed_total, outcome)
+
+    def _warn(self, job: Job, now: int, plan: _Plan) -> None:
+        """One WARNING per backlog: how far behind, how many due, what catch_up does."""
+        then = (
+            f"{len(plan.caught)} caught up, oldest first"
+            if plan.caught
+            else "the newest claimed as the live slot"
+        )
+        first = plan.first
+        logger.warning(
+            "job %s: this instance fell %d ms behind (its process was frozen or its clock "
+            "stepped): %d slot(s) due at once, %s to %s; catch_up=%s: %s, %d passed over "
+            "(recorded skipped, behind)",
+            job.name,
+            now - first,
+            plan.count,
+            slot_iso(first),
+            slot_iso(plan.newest),
+            plan.mode.value,
+            then,
+            plan.passed_total,
+            extra=log_fields(
+                Action.BEHIND,
+                job.name,
+                first,
+                count=plan.count,
+                behind_ms=now - first,
+                passed=plan.passed_total,
+            ),
+        )

@@ -1,0 +1,79 @@
+"""A real scheduler process frozen (SIGSTOP) past several slots of an every-second job, then
+resumed (SIGCONT), on SQLite with every option at its default: the slots it passed over are
+recorded ``behind`` (catch_up="latest": only the newest due slot runs), not ``overlap`` with the
+first, each slot has one record, and the counters it exits with add up to history."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon import RunStatus, Scheduler, SQLiteBackend
+from anarchon._metrics import skip_class
+from tests.conformance.procs import Fleet, wait_for
+
+pytestmark = pytest.mark.slow
+
+FROZEN_S = 6.0
+
+
+async def _history(path: Path) -> list[Any]:
+    async with Scheduler(SQLiteBackend(path)) as scheduler:
+        return await scheduler.history("tick", limit=200)
+
+
+async def test_a_frozen_instance_records_the_slots_it_passed_over_behind(tmp_path: Path) -> None:
+    db = tmp_path / "anarchon.db"
+    fleet = Fleet(f"sqlite:///{db}", tmp_path)
+    try:
+        [worker] = fleet.spawn(1, schedule="* * * * * *", seconds=60)
+        fleet.wait_ready([worker])
+        wait_for(lambda: len(fleet.records("start")) >= 2, "two runs before the freeze", 20)
+        worker.kill(signal.SIGSTOP)
+        stopped_ms = time.time() * 1000
+        try:
+            time.sleep(FROZEN_S)  # noqa: ASYNC251 - the process is stopped; nothing to await
+        finally:
+            worker.kill(signal.SIGCONT)
+        resumed_ms = time.time() * 1000
+        wait_for(
+            lambda: [r for r in fleet.records("start") if r["t"] * 1000 > resumed_ms + 2_500],
+            "runs after the freeze",
+            20,
+        )
+        fleet.stop_all()
+    finally:
+        fleet.stop_all()
+    history = await _history(db)
+    by_slot: dict[int, list[Any]] = {}
+    for run in history:
+        by_slot.setdefault(run.slot_ms, []).append(run)
+    assert all(len(runs) == 1 for runs in by_slot.values()), fleet.logs()
+    starts = [r["slot"] for r in fleet.records("start")]
+    assert len(starts) == len(set(starts)), "a slot ran twice"
+    # The slots due while it was stopped (a margin at each end for the jitter and the signals).
+    frozen = [s for s in by_slot if stopped_ms + 1_500 <= s <= resumed_ms - 1_500]
+    assert len(frozen) >= 3, (sorted(by_slot), stopped_ms, resumed_ms)
+    reasons = {s: by_slot[s][0].reason or "" for s in frozen}
+    behind = [s for s, reason in reasons.items() if reason.startswith("behind: ")]
+    assert len(behind) >= 3, reasons
+    assert not [r for r in history if (r.reason or "").startswith("overlap")], reasons
+    for slot in behind:
+        assert "catch_up='latest' runs only the newest" in reasons[slot], reasons[slot]
+    ran_frozen = [s for s in frozen if by_slot[s][0].status is RunStatus.SUCCEEDED]
+    assert len(ran_frozen) <= 1, reasons  # at most the newest due slot, if it was in the span
+    # Every slot from the first to the last recorded has its record: no slot without a fate.
+    assert sorted(by_slot) == list(range(min(by_slot), max(by_slot) + 1, 1_000)), sorted(by_slot)
+    # The counters the process exited with add up to history.
+    [exit_record] = fleet.records("exit")
+    slots = exit_record["by_job"]["tick"]["slots"]
+    recorded: dict[str, int] = {}
+    for run in history:
+        key = "ran" if run.status is not RunStatus.SKIPPED else skip_class(run.reason)
+        recorded[key] = recorded.get(key, 0) + 1
+    assert {k: v for k, v in slots.items() if v} == recorded, (slots, recorded)
+    assert exit_record["metrics"]["behind"] == recorded["skipped_behind"]
