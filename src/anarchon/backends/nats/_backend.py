@@ -190,7 +190,13 @@ class NatsBackend(Backend):
         self._upkeep: asyncio.Future[None] | None = None
         self._feed = ChangeFeed(self.name)
         self._claimed: Any = None  # the subscription to claim notices, once subscribed
-        self._claimed_subject = subjects.CLAIMED.format(stream=self.stream)
+        # The default prefix keeps the subject older versions use; another prefix has its own,
+        # so that a prefix sharing the stream never hears another's wins (see _subjects).
+        self._claimed_subject = (
+            subjects.CLAIMED.format(stream=self.stream)
+            if self.prefix == "cron."
+            else subjects.PREFIX_CLAIMED.format(stream=self.stream, prefix=self.prefix)
+        )
 
     def __repr__(self) -> str:
         where = "connection=<yours>" if self._yours else repr([redact_url(s) for s in self.servers])
@@ -302,7 +308,8 @@ class NatsBackend(Backend):
 
     async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
         """Call ``on_claims`` with the notices every instance publishes on
-        ``_anarchon.<stream>.claimed`` after its claims are acked (core NATS; the client
+        ``_anarchon.<stream>.claimed`` (``_anarchon.<stream>.<prefix>claimed`` under a prefix
+        other than ``cron.``) after its claims are acked (core NATS; the client
         subscribes again by itself after a reconnect). Each message is handed over as nats-py's
         parser reads it (:func:`._wire.subscribe_raw`): listeners must not block."""
         self._feed.add_claims(on_claims)

@@ -416,6 +416,31 @@ class ClaimPath:
         deadline = passed
         subject = f"{self._prefix}{req.job}.claims"  # subjects.CLAIMS
         payload = records.encode_claim(req, slot_key)
+        outcome = await self._publish_claim(req, subject, payload, msg_id, deadline, at, now)
+        if outcome is not None:
+            return outcome
+        # The id is another prefix's claim (a stream shared by two prefixes): every instance of
+        # this prefix that reads it so races again under the prefix's own id (see _subjects).
+        own_id = subjects.OWN_CLAIM_ID.format(prefix=self._prefix, job=req.job, slot_key=slot_key)
+        outcome = await self._publish_claim(
+            req, subject, payload, own_id, deadline, loop.time(), now
+        )
+        if outcome is None:
+            return _lost(req, f"lost: the claim id {own_id} is held by another subject's message")
+        return outcome
+
+    async def _publish_claim(
+        self,
+        req: ClaimRequest,
+        subject: str,
+        payload: bytes,
+        msg_id: str,
+        deadline: float,
+        at: float,
+        now: int,
+    ) -> ClaimOutcome | None:
+        """Publish the claim under ``msg_id`` and tell who won; None if the id is held by a
+        message on another subject (another prefix's claim on a shared stream)."""
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
         connection = self._connection
         try:
@@ -438,7 +463,7 @@ class ClaimPath:
                 return _won(req, ack.seq, now)
             return _answer(req, records.claim_of_request(req, ack.seq, now), exact=False)
         stored_claim = await self._read_duplicate(req, msg_id, ack.seq, bool(unsure))
-        if isinstance(stored_claim, ClaimOutcome):
+        if stored_claim is None or isinstance(stored_claim, ClaimOutcome):
             return stored_claim
         if logger.isEnabledFor(logging.DEBUG):  # two of three claims of a race: no arguments
             logger.debug(
@@ -488,8 +513,9 @@ class ClaimPath:
 
     async def _read_duplicate(
         self, req: ClaimRequest, msg_id: str, seq: int, unsure: bool
-    ) -> Claim | ClaimOutcome:
-        """The stored claim a duplicate ack points at, or the outcome when it cannot be read.
+    ) -> Claim | ClaimOutcome | None:
+        """The stored claim a duplicate ack points at, or the outcome when it cannot be read;
+        None when it is a message on another subject (another prefix's, on a shared stream).
 
         * gone (trimmed by the per-subject limit): lost, nobody to ask;
         * unreadable, and none of our publishes with this token can have been stored (this is
@@ -536,6 +562,8 @@ class ClaimPath:
                 f"lost: the winning claim (seq {seq}) was already trimmed from stream "
                 f"{self._connection.stream!r} (history_size={self._history_size})",
             )
+        if stored.subject != subjects.CLAIMS.format(prefix=self._prefix, job=req.job):
+            return None
         decoded = records.decode_claim(stored)
         if decoded is None:
             raise BackendError(
@@ -571,13 +599,22 @@ class ClaimPath:
         self._connection.require()
         outcome = RunStatus(status)
         msg_id = subjects.RESULT_ID.format(job=ticket.job, slot_key=ticket.slot_key)
+        subject = subjects.RESULTS.format(prefix=self._prefix, job=ticket.job)
+        payload = records.encode_result(ticket, outcome, error, reason)
+        deadline = self._connection.retry_deadline()
         ack = await self._connection.publish_retrying(
-            subjects.RESULTS.format(prefix=self._prefix, job=ticket.job),
-            records.encode_result(ticket, outcome, error, reason),
-            msg_id,
-            f"recording {msg_id}",
-            self._connection.retry_deadline(),
+            subject, payload, msg_id, f"recording {msg_id}", deadline
         )
+        if ack.duplicate:
+            held = await self._connection.get_retrying({"seq": ack.seq}, f"reading {msg_id}")
+            if held is not None and held.subject != subject:
+                # Another prefix's result on a shared stream: recorded under the prefix's own id.
+                msg_id = subjects.OWN_RESULT_ID.format(
+                    prefix=self._prefix, job=ticket.job, slot_key=ticket.slot_key
+                )
+                ack = await self._connection.publish_retrying(
+                    subject, payload, msg_id, f"recording {msg_id}", deadline
+                )
         if not ack.duplicate and ticket.trigger is not Trigger.MANUAL:
             return records.run_of(
                 ticket,
@@ -814,8 +851,9 @@ class ClaimPath:
                 return
             deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
         record = replace(req, token=uuid.uuid4().hex, skip_reason=reason)
+        subject = subjects.CLAIMS.format(prefix=self._prefix, job=req.job)
         ack = await self._connection.publish_retrying(
-            subjects.CLAIMS.format(prefix=self._prefix, job=req.job),
+            subject,
             records.encode_claim(record),
             msg_id,
             f"settling {msg_id}",
@@ -830,6 +868,17 @@ class ClaimPath:
             )
             return
         stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading claim {msg_id}")
+        if stored is not None and stored.subject != subject:
+            # Another prefix's claim on a shared stream: this prefix's is under its own id.
+            msg_id = subjects.OWN_CLAIM_ID.format(
+                prefix=self._prefix, job=req.job, slot_key=req.slot_key
+            )
+            ack = await self._connection.publish_retrying(
+                subject, records.encode_claim(record), msg_id, f"settling {msg_id}", deadline
+            )
+            if not ack.duplicate:
+                return
+            stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading {msg_id}")
         claim = records.decode_claim(stored) if stored is not None else None
         if claim is None or claim.skipped or claim.token != req.token:
             return  # another instance's claim or a skip record, or trimmed: nothing to close

@@ -15,6 +15,15 @@ claim notices (``Backend.subscribe_claims``): JSON lists ``[job, slot_key, insta
 A claim's ``Nats-Msg-Id`` is ``<job>:<slot>`` (``<job>:manual-<run_id>`` for a manual run), the
 same on every instance, so JetStream's de-duplication picks the first. A result's id is
 ``<job>:<slot_key>:result``, so a retried publish is stored once.
+
+JetStream de-duplicates across the whole stream, so two prefixes sharing a stream, each with a
+job of the same name, would share those ids. An instance whose claim is a duplicate of a message
+stored on *another* prefix's subject publishes it again under ``<prefix><job>:<slot>``
+(:data:`OWN_CLAIM_ID`), and so does every other instance of its prefix: the first id still
+decides for its own prefix (an older instance, which knows only the first id, and a newer one
+race on it as before), and the second decides only when the first is another prefix's. Results
+do the same (:data:`OWN_RESULT_ID`). Claim notices of a prefix other than the default go to
+``_anarchon.<stream>.<prefix>claimed``, so that one prefix's wins are not heard by another.
 """
 
 from __future__ import annotations
@@ -44,6 +53,13 @@ CLAIM_ID: Final = "{job}:{slot_key}"
 """A claim's ``Nats-Msg-Id``: ``<job>:<slot>`` or ``<job>:manual-<run_id>``."""
 RESULT_ID: Final = "{job}:{slot_key}:result"
 """A result's ``Nats-Msg-Id``."""
+OWN_CLAIM_ID: Final = "{prefix}{job}:{slot_key}"
+"""A claim's second id, used only when the stream holds another prefix's claim under
+:data:`CLAIM_ID` (a stream shared by two prefixes with a job of the same name)."""
+OWN_RESULT_ID: Final = "{prefix}{job}:{slot_key}:result"
+"""A result's second id, used only when another prefix's result holds :data:`RESULT_ID`."""
+PREFIX_CLAIMED: Final = "_anarchon.{stream}.{prefix}claimed"
+"""Where won claims are announced under a prefix other than the default (see :data:`CLAIMED`)."""
 API: Final = "$JS.API.{verb}.{stream}"
 """A JetStream API subject, e.g. ``$JS.API.STREAM.INFO.CRON``."""
 CONSUMER_DELETE: Final = "$JS.API.CONSUMER.DELETE.{stream}.{consumer}"
