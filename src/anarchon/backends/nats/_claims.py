@@ -605,30 +605,30 @@ class ClaimPath:
         ack = await self._connection.publish_retrying(
             subject, payload, msg_id, f"recording {msg_id}", deadline
         )
-        if ack.duplicate:
-            held = await self._connection.get_retrying({"seq": ack.seq}, f"reading {msg_id}")
-            if held is not None and held.subject != subject:
-                # Another prefix's result on a shared stream: recorded under the prefix's own id.
-                msg_id = subjects.OWN_RESULT_ID.format(
-                    prefix=self._prefix, job=ticket.job, slot_key=ticket.slot_key
+        for held_elsewhere in (False, True):
+            if not ack.duplicate and ticket.trigger is not Trigger.MANUAL:
+                return records.run_of(
+                    ticket,
+                    outcome,
+                    ticket.started_at_ms,
+                    max(CLOCK.now_ms(), ticket.started_at_ms),
+                    fence=ticket.fence,
+                    error=error,
+                    reason=reason,
                 )
-                ack = await self._connection.publish_retrying(
-                    subject, payload, msg_id, f"recording {msg_id}", deadline
-                )
-        if not ack.duplicate and ticket.trigger is not Trigger.MANUAL:
-            return records.run_of(
-                ticket,
-                outcome,
-                ticket.started_at_ms,
-                max(CLOCK.now_ms(), ticket.started_at_ms),
-                fence=ticket.fence,
-                error=error,
-                reason=reason,
+            stored, claimed = await asyncio.gather(
+                self._connection.get_retrying({"seq": ack.seq}, f"reading result {msg_id}"),
+                self._claim_time(ticket),
             )
-        stored, claimed = await asyncio.gather(
-            self._connection.get_retrying({"seq": ack.seq}, f"reading result {msg_id}"),
-            self._claim_time(ticket),
-        )
+            if held_elsewhere or not ack.duplicate or stored is None or stored.subject == subject:
+                break
+            # Another prefix's result on a shared stream: recorded under the prefix's own id.
+            msg_id = subjects.OWN_RESULT_ID.format(
+                prefix=self._prefix, job=ticket.job, slot_key=ticket.slot_key
+            )
+            ack = await self._connection.publish_retrying(
+                subject, payload, msg_id, f"recording {msg_id}", deadline
+            )
         result = records.decode_result(stored) if stored is not None else None
         if ack.duplicate and result is not None and result.run.run_id != ticket.run_id:
             raise LeaseLost(
