@@ -48,13 +48,17 @@ async def listen(backend: NatsBackend) -> list[ClaimNotice]:
     return heard
 
 
+async def two_apps(make: Make, prefix: str) -> tuple[NatsBackend, NatsBackend, str]:
+    """A backend under ``prefix`` and one under another prefix, on the same stream."""
+    other = f"o{prefix}"
+    return await make(), await make(prefix=other), other
+
+
 async def test_two_prefixes_on_one_stream_both_run_their_slot(
     make: Make, server_url: str, names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    other = f"o{prefix}"
-    a: NatsBackend = await make()
-    b: NatsBackend = await make(prefix=other)
+    a, b, other = await two_apps(make, prefix)
     b2: NatsBackend = await make(prefix=other)
     heard_a, heard_b = await listen(a), await listen(b2)
     [won_a] = await a.claim([request(instance="a1")])
@@ -84,9 +88,7 @@ async def test_an_older_instance_holding_the_slot_wins_it_alone(
     make: Make, server_url: str, names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    other = f"o{prefix}"
-    a: NatsBackend = await make()
-    b: NatsBackend = await make(prefix=other)
+    a, b, other = await two_apps(make, prefix)
     # An older instance of prefix `other` wins the slot first, under `sync:<slot>`.
     old_run, duplicate = await old_claim(server_url, stream, other, "b-old")
     assert not duplicate
@@ -106,8 +108,7 @@ async def test_a_newer_winner_is_a_duplicate_for_an_older_instance(
     make: Make, server_url: str, names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    a: NatsBackend = await make()
-    b: NatsBackend = await make(prefix=f"o{prefix}")
+    a, b, _ = await two_apps(make, prefix)
     await b.claim([request(instance="b1")])  # another prefix holds `sync:<slot>`
     [won] = await a.claim([request(instance="a1")])
     assert won.status is ClaimStatus.WON
