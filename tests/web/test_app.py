@@ -265,7 +265,8 @@ async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
         headers={"Origin": client.base},
     )
     assert paused.status == 303
-    assert paused.headers["location"].startswith("/jobs/every-second?flash=paused")
+    assert paused.headers["location"].startswith("/jobs/every-second?msg=")
+    assert "paused every-second for 15 min" in (await client.call(paused.headers["location"])).body
     [held] = await control.pauses()
     assert held.job == "every-second" and held.by == "alice@dashboard" and held.until_ms
     # Paused slots are recorded skipped, 'paused by alice@dashboard'.
@@ -283,7 +284,7 @@ async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
     assert request.trigger is Trigger.MANUAL and request.requested_by == "alice@dashboard"
     # The next page link never leaves the dashboard.
     away = await client.call("/all/pause", {"csrf": client.csrf(), "next": "//evil.example/"})
-    assert away.headers["location"].startswith("/?flash=")
+    assert away.headers["location"].startswith("/?msg=")
     await client.call("/all/resume", {"csrf": client.csrf()})
     # A script with the token as a bearer needs no cookie and no CSRF token.
     bearer = await client.call(
@@ -745,8 +746,8 @@ async def test_steering_a_job_no_live_instance_carries_warns(guarded: Served) ->
     )
     assert page.status == 303
     location = page.headers["location"]
-    assert "warn=no+live+instance+carries+job" in location, location
-    shown = await client.call(location)
+    assert location.startswith("/jobs/daily?msg="), location
+    shown = await client.call(location)  # the browser keeps the cookie the redirect set
     assert "data-warning>no live instance carries job &#39;nosuchjob2&#39;" in shown.body
 
 
@@ -796,15 +797,149 @@ async def test_an_action_does_not_carry_an_earlier_actions_warning_along(guarded
     """A form returns to the page it was on, whose address held the last action's message: the
     warning of a trigger of a job no instance carries came back under every later action."""
     client = guarded.client
-    page = await client.call("/jobs/daily?range=6h&flash=old&warn=stale-warning", headers=BEARER)
+    await client.call("/")
+    warned = await client.call("/jobs/nosuchjob3/trigger", {}, headers=BEARER)
+    old = warned.headers["location"].partition("?msg=")[2]
+    page = await client.call(f"/jobs/daily?range=6h&msg={old}", headers=BEARER)
     assert 'name="next" value="/jobs/daily?range=6h"' in page.body, page.body[-2000:]
-    assert "stale-warning" in page.body  # shown once, on the page it was meant for
+    assert "no live instance carries" in page.body  # shown on the page it was meant for
     done = await client.call(
-        "/jobs/daily/pause", {"next": "/jobs/daily?flash=old&range=6h&warn=stale"}, headers=BEARER
+        "/jobs/daily/pause", {"next": f"/jobs/daily?msg={old}&range=6h&warn=stale"}, headers=BEARER
     )
     assert done.status == 303
-    assert done.headers["location"] == "/jobs/daily?range=6h&flash=paused+daily", done.headers
+    location = done.headers["location"]
+    assert location.startswith("/jobs/daily?range=6h&msg=") and old not in location, location
+    shown = await client.call(location)
+    assert "paused daily" in shown.body and "no live instance carries" not in shown.body
     await client.call("/jobs/daily/resume", {}, headers=BEARER)
+
+
+async def test_a_link_cannot_put_a_message_on_the_dashboard(guarded: Served) -> None:
+    """``/?flash=...&warn=...`` showed any text in the status and alert banners, so a crafted
+    link showed "Cluster compromised" on the real dashboard. An action's message now travels
+    sealed for the browser that acted, for a few minutes."""
+    client = guarded.client
+    forged = "/?flash=Cluster+compromised&warn=run+curl+evil.example"
+    for path in (forged, "/jobs/daily" + forged[1:], "/?msg=e30.0000", "/?msg=junk"):
+        page = await client.call(path)
+        assert page.status == 200, (path, page.body[:300])
+        assert "compromised" not in page.body and "evil.example" not in page.body, path
+        assert 'class="flash"' not in page.body and "data-warning" not in page.body, path
+    signed = await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
+    assert signed.status == 303
+    done = await client.call("/jobs/nosuchjob4/trigger", {"csrf": client.csrf(), "next": "/"})
+    location = done.headers["location"]
+    assert location.startswith("/?msg=") and "nosuchjob4" not in location, location
+    mine = await client.call(location)
+    assert '<p class="flash" role="status">asked the cluster to run nosuchjob4' in mine.body
+    assert "data-warning>no live instance carries job &#39;nosuchjob4&#39;" in mine.body
+    # The same address in another browser (another CSRF cookie): nothing.
+    other = Client(client.base)
+    theirs = await other.call(location)
+    assert theirs.status == 200 and "nosuchjob4" not in theirs.body
+    # A tampered seal: nothing.
+    body, _, mac = location.partition("=")[2].rpartition(".")
+    tampered = await client.call(f"/?msg={body}.{mac[::-1]}")
+    assert "nosuchjob4" not in tampered.body
+
+
+def test_a_sealed_message_is_for_one_browser_and_a_few_minutes() -> None:
+    from anarchon.web._auth import MESSAGE_TTL_S, Guard
+
+    now = [1_000_000.0]
+    for token in (TOKEN, lambda request: "alice", None):
+        guard = Guard(token)
+        guard.clock = lambda: now[0]
+        sealed = guard.seal_message("cookie-a", "paused daily", None)
+        assert guard.open_message("cookie-a", sealed) == ("paused daily", "")
+        assert guard.open_message("cookie-b", sealed) == ("", "")
+        assert guard.open_message(None, sealed) == ("", "")
+        another = Guard(TOKEN)  # another process with the same token
+        another.clock = guard.clock
+        assert another.open_message("cookie-a", sealed) == (
+            ("paused daily", "") if token == TOKEN else ("", "")  # another key: nothing
+        )
+        now[0] += MESSAGE_TTL_S
+        assert guard.open_message("cookie-a", sealed) == ("", "")
+
+
+async def test_failed_sign_ins_are_limited_per_address(guarded: Served) -> None:
+    """/login took any number of guesses. Past 5 failures in 5 minutes from one address, it
+    answers 429 with Retry-After, even to the right token."""
+    client = guarded.client
+    await client.call("/")
+    for _ in range(5):
+        wrong = await client.call("/login", {"csrf": client.csrf(), "token": "guess-123"})
+        assert wrong.status == 403, wrong.body[:300]
+    for token in ("guess-456", TOKEN):
+        held = await client.call("/login", {"csrf": client.csrf(), "token": token, "name": "a"})
+        assert held.status == 429, held.body[:300]
+        assert 1 <= int(held.headers["retry-after"]) <= 300, held.headers
+        assert "too many failed sign-ins from 127.0.0.1: at most 5 in 300 s" in held.body
+    assert "anarchon_operator" not in client.cookies
+    asks = await client.call("/login", {"csrf": client.csrf(), "token": TOKEN}, headers=JSON)
+    assert asks.status == 429 and asks.json()["ok"] is False, asks.body
+    assert "try again in" in asks.json()["error"]
+
+
+def test_sign_in_limit_forgets_failures_after_its_window() -> None:
+    from anarchon.web._auth import SignInLimit
+
+    now = [100.0]
+    limit = SignInLimit(clock=lambda: now[0])
+    assert (limit.failures, limit.window_s) == (5, 300)
+    for _ in range(5):
+        assert limit.wait_s("10.0.0.1") == 0
+        limit.failed("10.0.0.1")
+    assert limit.wait_s("10.0.0.1") == 301 and limit.wait_s("10.0.0.2") == 0
+    now[0] += 299.5
+    assert limit.wait_s("10.0.0.1") == 1
+    now[0] += 1
+    assert limit.wait_s("10.0.0.1") == 0
+    small = SignInLimit(1, 60, addresses=2, clock=lambda: now[0])
+    for address in ("a", "b", "c"):
+        small.failed(address)
+    assert [small.wait_s(a) > 0 for a in ("a", "b", "c")] == [False, True, True]
+
+
+async def test_sign_out_revokes_the_session(guarded: Served) -> None:
+    """A copy of the session cookie kept acting after "sign out" (until the token changed)."""
+    client, control = guarded.client, guarded.backend.control()
+    await client.call("/")
+    await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
+    kept = client.cookies["anarchon_operator"]
+    other = Client(client.base)
+    await other.call("/")
+    await other.call("/login", {"csrf": other.csrf(), "token": TOKEN, "name": "bob"})
+    assert "data-operator>alice" in (await client.call("/")).body
+    out = await client.call("/logout", {"csrf": client.csrf()})
+    assert out.status == 303 and "anarchon_operator" in out.headers.get("set-cookie", "")
+    client.cookies["anarchon_operator"] = kept  # the copy an attacker kept
+    assert "data-operator" not in (await client.call("/")).body
+    refused = await client.call("/jobs/daily/pause", {"csrf": client.csrf()})
+    assert refused.status == 403 and await control.pauses() == []
+    # Bob's session is his own: it still acts.
+    assert (await other.call("/jobs/daily/pause", {"csrf": other.csrf()})).status == 303
+    [held] = await control.pauses()
+    assert held.by == "bob@dashboard"
+    await other.call("/jobs/daily/resume", {"csrf": other.csrf()})
+
+
+def test_a_session_ends_after_its_lifetime() -> None:
+    from anarchon.web._auth import SESSION_TTL_S, Guard
+
+    now = [1_000_000.0]
+    guard = Guard(TOKEN)
+    guard.clock = lambda: now[0]
+    value = guard.session_value("alice")
+    assert guard.revoke(value + "x") is None and guard.revoke(value) == "alice"
+    assert guard.revoke(value) is None  # already signed out
+    fresh = guard.session_value("alice")
+    now[0] += SESSION_TTL_S
+    assert guard.revoke(fresh) is None  # ended
+    guard.revoke(guard.session_value("bob"))
+    # A revoked session is forgotten once it would have ended: only bob's is remembered.
+    assert len(guard._revoked) == 1
 
 
 class _DownBackend(MemoryBackend):

@@ -39,7 +39,16 @@ from ..control import ALL_JOBS
 from ..errors import AnarchonError, BackendError, ConfigurationError, JobNotFound
 from ..registry import SILENT_HEARTBEATS, carrier_warning
 from . import _data
-from ._auth import CSRF_COOKIE, SESSION_COOKIE, Guard, TokenCheck, clean_name, csrf_ok, new_csrf
+from ._auth import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    Guard,
+    SignInLimit,
+    TokenCheck,
+    clean_name,
+    csrf_ok,
+    new_csrf,
+)
 from ._explain import explain, unknown_job
 
 __all__ = ["build_app"]
@@ -174,6 +183,7 @@ class Dashboard:
     ) -> None:
         self.source = Source(target)
         self.guard = Guard(token)
+        self.sign_ins = SignInLimit()
         self.title = title
         if not 0 <= refresh_ms <= 3_600_000:
             raise ValueError(f"refresh_ms={refresh_ms!r} must be from 0 (off) to 3600000")
@@ -196,6 +206,9 @@ class Dashboard:
         operator = await self.guard.operator(request)
         partial = request.headers.get(PARTIAL_HEADER) == "1"
         base = self._base(request)
+        flash, warn = self.guard.open_message(
+            request.cookies.get(CSRF_COOKIE), request.query_params.get(MESSAGE)
+        )
         html = self.env.get_template(template).render(
             request=request,
             base=base,
@@ -207,8 +220,8 @@ class Dashboard:
             csrf=csrf,
             partial=partial,
             refresh_ms=self.refresh_ms,
-            flash=request.query_params.get("flash", "")[:200],
-            warn=request.query_params.get("warn", "")[:400],
+            flash=flash,
+            warn=warn,
             here=_without_messages(request.url.path, request.url.query),
             **context,
         )
@@ -397,8 +410,21 @@ class Dashboard:
         form = await _form(request)
         if not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        client = _client(request)
+        wait = self.sign_ins.wait_s(client)
+        if wait:
+            # Checked before the token: a locked-out address learns nothing, right or wrong.
+            logger.warning("dashboard: sign-in refused from %s: too many failures", client)
+            message = (
+                f"too many failed sign-ins from {client}: at most {self.sign_ins.failures} in "
+                f"{self.sign_ins.window_s:g} s; try again in {wait} s"
+            )
+            response = await self._error(request, 429, message)
+            response.headers["retry-after"] = str(wait)
+            return response
         if not self.guard.check_token(_str(form.get("token")) or ""):
-            logger.warning("dashboard: wrong operator token from %s", _client(request))
+            self.sign_ins.failed(client)
+            logger.warning("dashboard: wrong operator token from %s", client)
             return await self._render(request, "login.html", status=403, failed=True)
         name = clean_name(_str(form.get("name")) or "operator")
         logger.info("dashboard: %s signed in from %s", name, _client(request))
@@ -414,10 +440,14 @@ class Dashboard:
         return response
 
     async def logout(self, request: Request) -> Response:
-        """Forget the operator's session cookie."""
+        """Sign out: the session is revoked (a copy of its cookie no longer acts) and the
+        browser forgets it."""
         form = await _form(request)
         if not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        name = self.guard.revoke(request.cookies.get(SESSION_COOKIE))
+        if name is not None:
+            logger.info("dashboard: %s signed out from %s", name, _client(request))
         base = self._base(request)
         response = RedirectResponse(base + "/", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path=base + "/")
@@ -469,25 +499,40 @@ class Dashboard:
             logger.warning("dashboard: %s (%s by %s)", warning, what, by)
         if _wants_json(request):
             return JSONResponse({"ok": True, "done": done, "by": by, "warning": warning})
-        back = _str(form.get("next")) or ""
+        return self._back(request, _str(form.get("next")) or "", done, warning)
+
+    def _back(self, request: Request, back: str, done: str, warning: str | None) -> Response:
+        """The redirect to the page an action came from (``back``, kept on the dashboard), with
+        its message sealed for this browser."""
         base = self._base(request)
         if not back.startswith(base + "/") or back.startswith("//"):
             back = base + "/"
         path, _, query = back.partition("?")
         back = _without_messages(path, query)
         joiner = "&" if "?" in back else "?"
-        shown = {"flash": done} if warning is None else {"flash": done, "warn": warning}
-        return RedirectResponse(back + joiner + urlencode(shown), status_code=303)
+        # The message travels sealed for this browser (its CSRF cookie): a link that names a
+        # message ("?flash=Cluster compromised") shows nothing.
+        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
+        sealed = self.guard.seal_message(csrf, done, warning)
+        response = RedirectResponse(back + joiner + urlencode({MESSAGE: sealed}), status_code=303)
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(
+                CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base + "/"
+            )
+        return response
 
 
-#: The query parameters that carry an action's message to the page it returns to.
-MESSAGES: Final = ("flash", "warn")
+#: The query parameter that carries an action's sealed message to the page it returns to.
+MESSAGE: Final = "msg"
+#: Dropped from a page's address when an action returns to it: the sealed message, and the
+#: plain ``flash`` and ``warn`` of earlier versions.
+MESSAGES: Final = (MESSAGE, "flash", "warn")
 
 
 def _without_messages(path: str, query: str) -> str:
     """``path?query`` without an earlier action's message: a form returns to the page it was
-    on, and the page's address kept the last action's ``flash`` and ``warn``, so a warning
-    (``no live instance carries job 'x'``) came back under every later action's message."""
+    on, and the page's address kept the last action's message, so a warning (``no live
+    instance carries job 'x'``) came back under every later action's message."""
     kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in MESSAGES]
     return path + (f"?{urlencode(kept)}" if kept else "")
 

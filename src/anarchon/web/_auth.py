@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import inspect
+import json
 import secrets
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, TypeAlias
 from urllib.parse import urlsplit
@@ -13,13 +17,20 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-__all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "Guard", "TokenCheck"]
+__all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "Guard", "SignInLimit", "TokenCheck"]
 
 TokenCheck: TypeAlias = "Callable[[Request], Awaitable[str | None] | str | None]"
 """The host app's check: given the request, the operator's name, or None to refuse."""
 
 CSRF_COOKIE: Final = "anarchon_csrf"
 SESSION_COOKIE: Final = "anarchon_operator"
+#: How long an action's message, sealed into the address the action returns to, is shown (s).
+MESSAGE_TTL_S: Final = 600
+#: Failed sign-ins allowed per client address within :data:`SIGN_IN_WINDOW_S`; more are 429.
+SIGN_IN_FAILURES: Final = 5
+SIGN_IN_WINDOW_S: Final = 300
+#: How long a signed-in session lasts (s); a revoked session is remembered this long.
+SESSION_TTL_S: Final = 12 * 3600
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@")
 
 
@@ -47,6 +58,15 @@ class Guard:
             if isinstance(token, str)
             else b""
         )
+        # Messages are sealed under the token when there is one (so every dashboard process
+        # sharing it reads them), else under a key of this process.
+        self._message_key = (
+            hashlib.sha256(b"anarchon-dashboard-message\0" + token.encode()).digest()
+            if isinstance(token, str)
+            else secrets.token_bytes(32)
+        )
+        self._revoked: dict[str, float] = {}
+        self.clock: Callable[[], float] = time.time
 
     @property
     def writable(self) -> bool:
@@ -64,15 +84,68 @@ class Guard:
         return isinstance(token, str) and hmac.compare_digest(given.encode(), token.encode())
 
     def session_value(self, name: str) -> str:
-        """The session cookie of operator ``name``: the name and its MAC under the token."""
-        mac = hmac.new(self._key, name.encode(), hashlib.sha256).hexdigest()
-        return f"{name}|{mac}"
+        """A new session cookie of operator ``name``: the name, a random session id, when it
+        ends (epoch s), and their MAC under the token."""
+        ends = int(self.clock()) + SESSION_TTL_S
+        return self._sealed_session(f"{name}|{secrets.token_hex(8)}|{ends}")
 
-    def _from_session(self, value: str) -> str | None:
-        name, _, _ = value.partition("|")
-        if name and hmac.compare_digest(value, self.session_value(name)):
-            return name
-        return None
+    def _sealed_session(self, body: str) -> str:
+        mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+        return f"{body}|{mac}"
+
+    def _session(self, value: str) -> tuple[str, str, int] | None:
+        """The name, id and end of a genuine session cookie that has not ended, else None."""
+        body, _, _ = value.rpartition("|")
+        parts = body.split("|")
+        if len(parts) != 3 or not parts[0] or not parts[2].isdigit():
+            return None
+        if not hmac.compare_digest(value, self._sealed_session(body)):
+            return None
+        name, sid, ends = parts[0], parts[1], int(parts[2])
+        if ends <= self.clock() or sid in self._revoked:
+            return None
+        return name, sid, ends
+
+    def revoke(self, value: str | None) -> str | None:
+        """Sign out the session of cookie ``value``: it is refused from now on, in this
+        process, until it would have ended anyway. The operator's name, or None if the
+        cookie was no live session."""
+        session = None if value is None else self._session(value)
+        if session is None:
+            return None
+        name, sid, ends = session
+        now = self.clock()
+        self._revoked = {k: v for k, v in self._revoked.items() if v > now}
+        self._revoked[sid] = ends
+        return name
+
+    def seal_message(self, csrf: str, flash: str, warn: str | None) -> str:
+        """An action's message for the address it returns to (``?msg=``): readable only by
+        the browser holding CSRF cookie ``csrf``, for :data:`MESSAGE_TTL_S` seconds, so a
+        link cannot put a message on the dashboard."""
+        ends = int(self.clock()) + MESSAGE_TTL_S
+        body = base64.urlsafe_b64encode(json.dumps([ends, flash, warn or ""]).encode())
+        return body.decode().rstrip("=") + "." + self._message_mac(csrf, body.rstrip(b"="))
+
+    def open_message(self, csrf: str | None, sealed: str | None) -> tuple[str, str]:
+        """The ``(flash, warn)`` of :meth:`seal_message`'s ``sealed`` for this browser, or
+        empty strings when it is missing, forged, another browser's or too old."""
+        if not csrf or not sealed or "." not in sealed:
+            return "", ""
+        body, _, mac = sealed.rpartition(".")
+        if not hmac.compare_digest(mac, self._message_mac(csrf, body.encode())):
+            return "", ""
+        try:
+            ends, flash, warn = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        except ValueError:
+            return "", ""
+        if not isinstance(ends, int) or ends <= self.clock():
+            return "", ""
+        return str(flash), str(warn)
+
+    def _message_mac(self, csrf: str, body: bytes) -> str:
+        signed = csrf.encode() + b"\0" + body
+        return hmac.new(self._message_key, signed, hashlib.sha256).hexdigest()[:32]
 
     def bearer(self, request: Request) -> bool:
         """True if the request carries ``Authorization: Bearer <token>`` with the token."""
@@ -89,11 +162,56 @@ class Guard:
             if self.bearer(request):
                 return "token"
             value = request.cookies.get(SESSION_COOKIE)
-            return None if value is None else self._from_session(value)
+            session = None if value is None else self._session(value)
+            return None if session is None else session[0]
         found = token(request)
         if inspect.isawaitable(found):
             found = await found
         return None if found is None else clean_name(str(found))
+
+
+class SignInLimit:
+    """Failed sign-ins per client address: past ``failures`` within ``window_s`` seconds, the
+    address must wait (a guessed token a few times a minute at most). Kept in this process;
+    at most ``addresses`` addresses are remembered (the oldest forgotten first)."""
+
+    def __init__(
+        self,
+        failures: int = SIGN_IN_FAILURES,
+        window_s: float = SIGN_IN_WINDOW_S,
+        *,
+        addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.failures = failures
+        self.window_s = window_s
+        self.addresses = addresses
+        self.clock = clock
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait_s(self, address: str) -> int:
+        """Seconds ``address`` must wait before it may try again (0: it may now)."""
+        times = self._recent(address)
+        if len(times) < self.failures:
+            return 0
+        return max(1, int(times[0] + self.window_s - self.clock()) + 1)
+
+    def failed(self, address: str) -> None:
+        """Count a failed sign-in from ``address``."""
+        times = self._recent(address)
+        times.append(self.clock())
+        self._seen[address] = times
+        self._seen.move_to_end(address)
+        while len(self._seen) > self.addresses:
+            self._seen.popitem(last=False)
+
+    def _recent(self, address: str) -> deque[float]:
+        times = self._seen.get(address, deque())
+        while times and times[0] <= self.clock() - self.window_s:
+            times.popleft()
+        if not times:
+            self._seen.pop(address, None)
+        return times
 
 
 def new_csrf() -> str:
