@@ -606,10 +606,35 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
 }
 
 
+#: Options whose value may start with '-' (``--until -5m``).
+_SIGNED_VALUES: Final = ("--until",)
+
+
+def _joined_values(argv: Sequence[str]) -> list[str]:
+    """``--until -5m`` read as ``--until=-5m``: argparse takes a word starting with '-' for an
+    option (only a plain negative number passes), and said ``--until: expected one argument``
+    where the command can say what is wrong with the value."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            out += [word, *words]
+            break
+        if word in _SIGNED_VALUES:
+            value = next(words, None)
+            if value is not None and value[:1] == "-" and value[1:2].isdigit():
+                out.append(f"{word}={value}")
+                continue
+            out += [word] if value is None else [word, value]
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
     _tolerant_output()
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_joined_values(sys.argv[1:] if argv is None else argv))
     early = _EarlySignals()
     if args.command == "run":
         early.install()  # first: importing the app can take seconds

@@ -291,6 +291,17 @@ def test_history_without_data_creates_nothing(tmp_path: Path) -> None:
         (("history", "x", "--backend", "ftp://host/"), ("unknown scheme 'ftp'",)),
         (("next", "61 * * * *"), ("minute field '61'",)),
         (("next", "* * * * *", "--tz", "localtime"), ("time zone 'localtime'", "not an IANA")),
+        # argparse took '-5m' for an option: "--until: expected one argument".
+        *(
+            (("pause", "tick", *until, "--backend", "memory://"), (said, "without a sign"))
+            for until, said in (
+                (("--until", "-5m"), "--until '-5m' is in the past"),
+                (("--until=-5m",), "--until '-5m' is in the past"),
+                (("--until", "-1h30m"), "--until '-1h30m' is in the past"),
+                (("--until", "-1"), "--until '-1' is in the past"),
+            )
+        ),
+        (("pause", "tick", "--until", "--by", "x"), ("--until: expected one argument",)),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: tuple[str, ...], texts: tuple[str]) -> None:

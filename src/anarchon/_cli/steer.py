@@ -99,6 +99,14 @@ async def pause(args: argparse.Namespace) -> int:
     """``anarchon pause JOB|--all [--until TIME] [--by WHO]``."""
     job = _job_or_all(args, "pause")
     by = _by(args, "pause")
+    if args.until is not None and args.until.strip().startswith("-"):
+        # Checked before the backend is opened: no end before now is a pause's end.
+        raise Exit(
+            EXIT_USAGE,
+            f"anarchon pause: --until {args.until!r} is in the past: a pause ends at a later "
+            "time, a duration counts from now without a sign (30m, 2h, 1d, 1h30m), or leave "
+            "--until out to pause until resumed",
+        )
     async with opened(args.backend, registry=True) as backend:
         until_ms = None
         if args.until is not None:
