@@ -692,9 +692,33 @@ class JobView:
     """The pause that holds the job: its own, else the whole cluster's (``job == "*"``)."""
 
 
+#: History reads :func:`describe_jobs` keeps in flight at once: enough to hide each read's round
+#: trip (one after another, 3 000 jobs took 2 to 6 s on SQLite), few enough that a backend's
+#: connection pool is not handed thousands of calls at once.
+DESCRIBE_READS: Final = 32
+
+
+async def _histories(backend: Backend, names: Sequence[str], runs: int) -> list[list[Run]]:
+    """Up to ``runs`` recent attempts of each of ``names``, in their order, read
+    :data:`DESCRIBE_READS` at a time; the first error ends the others and is raised."""
+    gate = asyncio.Semaphore(DESCRIBE_READS)
+
+    async def read(name: str) -> list[Run]:
+        async with gate:
+            return await backend.history(name, limit=runs)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(read(name)) for name in names]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # the backend's error, as one read raised it
+    return [task.result() for task in tasks]
+
+
 async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> list[JobView]:
     """One :class:`JobView` per job the view's instances carry, reading up to ``runs`` recent
-    attempts of each from ``backend`` (started), and the pauses once."""
+    attempts of each from ``backend`` (started; :data:`DESCRIBE_READS` reads at a time), and
+    the pauses once."""
     from ._models import Trigger
     from ._schedule import CronSchedule
     from .control import active_pause
@@ -702,8 +726,9 @@ async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> 
     drifts = {d.job: d for d in view.drift}
     control = backend.control()
     pauses = None if control is None else await control.pauses()
+    histories = await _histories(backend, list(view.definitions), runs)
     out = []
-    for name, definitions in view.definitions.items():
+    for (name, definitions), history in zip(view.definitions.items(), histories, strict=True):
         definition = definitions[0]
         try:
             next_slot: int | None = CronSchedule(definition.expression, definition.zone).next_slot(
@@ -711,7 +736,6 @@ async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> 
             )
         except (ValueError, LookupError):  # a definition this version cannot read
             next_slot = None
-        history = await backend.history(name, limit=runs)
         running = tuple(r for r in history if not r.status.finished)
         last = next((r for r in history if r.status.finished), None)
         pause = (

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 
-from anarchon import InvalidOption, RunContext, Scheduler
+from anarchon import InvalidOption, RunContext, Scheduler, Trigger
 from anarchon._heartbeat import Heartbeat
+from anarchon.backend import ClaimRequest
 from anarchon.backends.memory import MemoryRegistry
 from anarchon.errors import BackendUnavailable
 from anarchon.registry import (
@@ -19,6 +22,7 @@ from anarchon.registry import (
     RegistryStore,
     build_view,
     decode_definitions,
+    describe_jobs,
     encode_definitions,
     read_instances,
     record_instance,
@@ -316,3 +320,64 @@ async def test_a_heartbeat_removes_a_record_only_once_it_is_silent_by_its_own_in
     view = await beat.beat()
     assert view is not None and [i.id for i in view.instances] == ["fast"]
     assert {r.id for r in await store.instances()} == {"fast"}
+
+
+class _SlowHistory(MemoryBackend):
+    """Each history read takes 20 ms of the event loop's time; counts the reads in flight."""
+
+    def __init__(self, failing: str | None = None) -> None:
+        super().__init__()
+        self.failing = failing
+        self.in_flight = self.most = 0
+
+    async def history(self, job: str, limit: int = 100) -> list[Any]:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(0.02)
+            if job == self.failing:
+                raise BackendUnavailable(f"history of {job}: connection lost (test)")
+            return await super().history(job, limit)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_describe_jobs_reads_histories_a_few_dozen_at_a_time() -> None:
+    """'anarchon jobs' read each job's history one after another: 5.8 s at 3 006 jobs on
+    SQLite. It reads DESCRIBE_READS at a time, each job keeping its own runs."""
+    backend = _SlowHistory()
+    jobs = [JobDefinition(name=f"job{i}", expression="* * * * *", zone="UTC") for i in range(200)]
+    for i in (0, 7, 199):
+        [won] = await backend.claim(
+            [
+                ClaimRequest(
+                    job=f"job{i}",
+                    slot=60_000 * (i + 1),
+                    run_id=f"run{i}",
+                    token=f"token{i}",
+                    instance="w0",
+                    trigger=Trigger.SCHEDULE,
+                )
+            ]
+        )
+        assert won.ticket is not None
+        await backend.finish(won.ticket, "succeeded", None)
+    view = build_view([record("w0", *jobs, beat=1_000)], 1_000)
+    started = time.perf_counter()
+    found = await describe_jobs(backend, view)  # every option at its default
+    took = time.perf_counter() - started
+    assert backend.most == 32, backend.most  # DESCRIBE_READS
+    assert took < 200 * 0.02 / 2, took  # one after another: 4 s
+    assert [j.name for j in found] == sorted(f"job{i}" for i in range(200))
+    ran = {j.name: j.last_run.slot_ms for j in found if j.last_run is not None}
+    assert ran == {"job0": 60_000, "job7": 480_000, "job199": 12_000_000}, ran
+
+
+async def test_describe_jobs_raises_the_error_of_a_failed_read() -> None:
+    """Not an ExceptionGroup: the commands turn a BackendError into their exit code."""
+    backend = _SlowHistory(failing="job3")
+    jobs = [JobDefinition(name=f"job{i}", expression="* * * * *", zone="UTC") for i in range(50)]
+    view = build_view([record("w0", *jobs, beat=1_000)], 1_000)
+    with pytest.raises(BackendUnavailable, match="history of job3: connection lost"):
+        await describe_jobs(backend, view)
+    assert backend.in_flight == 0  # the other reads ended too
