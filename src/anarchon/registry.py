@@ -692,8 +692,8 @@ class JobView:
     """The pause that holds the job: its own, else the whole cluster's (``job == "*"``)."""
 
 
-#: History reads :func:`describe_jobs` keeps in flight at once: enough to hide each read's round
-#: trip (one after another, 3 000 jobs took 2 to 6 s on SQLite), few enough that a backend's
+#: History reads :func:`describe_jobs` keeps in flight at once: enough that the reads' round trips
+#: overlap (one after another, 3 000 jobs waited for 3 000 in turn), few enough that a backend's
 #: connection pool is not handed thousands of calls at once.
 DESCRIBE_READS: Final = 32
 

@@ -67,6 +67,7 @@ class Guard:
         )
         self._revoked: dict[str, float] = {}
         self.clock: Callable[[], float] = time.time
+        """Epoch seconds, for sessions' and messages' ends (tests replace it)."""
 
     @property
     def writable(self) -> bool:
