@@ -413,9 +413,13 @@ class Scheduler(Operations):
             starting.set_result(None)
 
     async def _start(self) -> None:
-        # The default id is computed now, in the process that runs the scheduler: workers
-        # forked from one parent (gunicorn --preload) each get their own, with their pid.
-        if self._explicit_id is None:
+        # The default id is fixed now, in the process that runs the scheduler: workers forked
+        # from one parent (gunicorn --preload) each get their own, with their pid. A start tried
+        # again in the same process (the backend was out of reach) keeps the id it had, so the
+        # process's log lines name one instance.
+        if self._explicit_id is None and (
+            self._default_id is None or self._default_id[0] != os.getpid()
+        ):
             self._default_id = (os.getpid(), default_instance_id())
         await asyncio.to_thread(otel.preload)
         await self.backend.start()

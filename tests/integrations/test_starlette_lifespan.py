@@ -168,3 +168,34 @@ async def test_a_backend_out_of_reach_at_start_is_tried_again(tmp_path: Path) ->
         assert not scheduler.running
     finally:
         redis.stop()
+
+
+async def test_a_start_tried_again_keeps_one_instance_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry of the start names the same default instance id, and so does the start that
+    succeeds: one worker's log lines name one instance (each retry used to draw a new suffix)."""
+    redis = RedisServer(tmp_path / "redis")  # not started yet
+    scheduler = Scheduler(redis.url)  # every option at its default
+    caplog.set_level("INFO", logger="anarchon.scheduler")
+
+    def named(action: str) -> list[str]:
+        return [str(r.args[0]) for r in caplog.records if getattr(r, "action", "") == action]  # type: ignore[index]
+
+    try:
+        async with lifespan(scheduler)(APP):
+            for _ in range(100):  # failed at once, then 1 s and 2 s later: within 10 s
+                if len(named("start_failed")) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            redis.start()
+            for _ in range(400):
+                if scheduler.running:
+                    break
+                await asyncio.sleep(0.1)
+            assert scheduler.running
+            ids = {*named("start_failed"), *named("started"), scheduler.instance_id}
+            assert len(named("start_failed")) >= 3
+            assert ids == {scheduler.instance_id}, ids
+    finally:
+        redis.stop()
