@@ -9,6 +9,17 @@ definition drift (every :data:`PRUNE_EVERY` beats it also removes the definition
 sets no live record names): one WARNING (action ``definition_drift``) per distinct drift,
 naming the instances and the definitions.
 
+Each heartbeat draws a random token when it starts and writes it in its record. A beat reads the
+registry before it writes: a record of this instance's id that carries another token was
+written since this instance's last write by another process under the same id (two processes
+given one ``instance_id``). That is logged as an ERROR (action ``instance_id_shared``, naming
+the id and the other process's host and pid), written in the record (``shared_with``, which
+``anarchon instances`` and ``anarchon health`` show) and made a problem of
+:meth:`Scheduler.health() <anarchon.Scheduler.health>`, until
+:data:`~anarchon.registry.SILENT_HEARTBEATS` beats in a row find no other token. Only a write
+after this instance's own counts: the record that a process killed moments ago left under the
+same id (a restart) is overwritten at the first beat, and never reported.
+
 It runs as a task of its own and nothing waits on it: the claim path never reads the registry,
 so a slow or failing registry delays no slot. A failing write is logged once per outage (action
 ``registry_unavailable``) and retried at the next beat; recovery is logged once too.
@@ -22,6 +33,7 @@ import logging
 import operator
 import os
 import socket
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -193,6 +205,12 @@ class Heartbeat:
         self._warned: set[tuple[str, frozenset[str]]] = set()
         self._saved: dict[str, float] = {}  # the set this instance saved: see record_instance
         self._beats = 0
+        self._token = uuid.uuid4().hex[:16]
+        self._wrote = False  # whether a record of this heartbeat is in the store
+        self._alone = 0  # beats in a row that found no other process under this id
+        self.shared_with: str | None = None
+        """Another process recording itself under this instance's id, as ``host pid N``, while
+        one is found (see the module's docstring); None otherwise."""
         self.last_beat_ms: int | None = None
         """When this instance last recorded itself (monotonic ms)."""
 
@@ -214,6 +232,8 @@ class Heartbeat:
             interval_ms=self.interval_ms,
             clock_offset_ms=self._offset(),
             jobs=self._definitions(),
+            token=self._token,
+            shared_with=self.shared_with,
         )
 
     def _definitions(self) -> tuple[JobDefinition, ...]:
@@ -273,10 +293,16 @@ class Heartbeat:
         """Record, clean up, look for drift; None when the registry could not be reached."""
         try:
             await self._refresh()
-            await record_instance(self.store, self.record(), self._saved)
             now = self.backend_now_ms()
-            # Read first, then remove: the cutoff depends on the live records' intervals.
-            records = await read_instances(self.store, now)
+            # Read before writing: a record of this id written since this instance's last
+            # write is another process's (see the module's docstring). Then remove: the cutoff
+            # depends on the live records' intervals.
+            read = await read_instances(self.store, now)
+            self._check_shared(read)
+            mine = self.record()
+            await record_instance(self.store, mine, self._saved)
+            self._wrote = True
+            records = [r for r in read if r.id != self._id] + [mine]
             cutoff = silent_cutoff(records, now, self.interval_ms)
             removed = await self.store.remove_silent(cutoff)
             dropped = frozenset(removed)
@@ -320,6 +346,47 @@ class Heartbeat:
         if self.on_view is not None:
             self.on_view(view)
         return view
+
+    def _check_shared(self, records: Iterable[InstanceRecord]) -> None:
+        """Look for another process's write under this instance's id since its own last one."""
+        found = next((r for r in records if r.id == self._id), None)
+        other = (
+            found
+            if self._wrote
+            and found is not None
+            and found.token is not None
+            and found.token != self._token
+            else None
+        )
+        if other is None:
+            self._alone += 1
+            if self.shared_with is not None and self._alone >= SILENT_HEARTBEATS:
+                logger.info(
+                    "instance %s: no other process records itself under this id any more",
+                    self._id,
+                    extra={"action": Action.INSTANCE_ID_SHARED_ENDED, "instance": self._id},
+                )
+                self.shared_with = None
+            return
+        self._alone = 0
+        process = f"{other.host} pid {other.pid}"
+        if process != self.shared_with:
+            logger.error(
+                "instance id %r is used by two processes: this one (%s pid %d) and %s; they "
+                "mix the ownership of their runs: give each process its own instance_id (or "
+                "leave it unset: <host>-<pid>-<random>)",
+                self._id,
+                self._host,
+                self._pid,
+                process,
+                extra={
+                    "action": Action.INSTANCE_ID_SHARED,
+                    "instance": self._id,
+                    "other_host": other.host,
+                    "other_pid": other.pid,
+                },
+            )
+        self.shared_with = process
 
     def _warn_drift(self, view: ClusterView) -> None:
         for drift in view.drift:

@@ -200,6 +200,13 @@ def snapshot(
             f"this instance last recorded itself in the registry {age} ms ago "
             f"(heartbeat_ms={scheduler.heartbeat_ms})"
         )
+    beat = scheduler._heartbeat
+    shared = None if beat is None else beat.shared_with
+    if shared is not None and running:
+        problems.append(
+            f"instance id {scheduler.instance_id!r} is used by another process too ({shared}): "
+            "they mix the ownership of their runs; give each process its own instance_id"
+        )
     live = running and not dead and not any("event loop" in p for p in problems)
     active = _active(scheduler)
     return Health(

@@ -120,6 +120,8 @@ class Action(StrEnum):
     # the registry (anarchon.registry)
     DEFINITION_DRIFT = "definition_drift"
     INSTANCE_REMOVED = "instance_removed"
+    INSTANCE_ID_SHARED = "instance_id_shared"
+    INSTANCE_ID_SHARED_ENDED = "instance_id_shared_ended"
     REGISTRY_UNAVAILABLE = "registry_unavailable"
     REGISTRY_RECOVERED = "registry_recovered"
     DEFINITIONS_MISSING = "definitions_missing"

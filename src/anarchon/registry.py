@@ -12,7 +12,7 @@ so an instance killed with ``kill -9`` stops counting as live at the same moment
 reader, even when no live instance is left to remove its record; the next live instance's
 heartbeat removes it from the store.
 
-A record is small (version 2, about 275 bytes): the instance's own fields, the number of jobs it
+A record is small (version 2, about 320 bytes): the instance's own fields, the number of jobs it
 carries and the sha256 ``definitions`` digest of the set of their :class:`JobDefinition`. Each
 set is saved once per digest, compressed, beside the records (:func:`record_instance`), and
 read back once per digest by each reader (:func:`read_instances`), so a heartbeat of 100 000
@@ -158,6 +158,15 @@ class InstanceRecord:
     built in memory; :meth:`to_json` computes it from :attr:`jobs`)."""
     job_count: int | None = None
     """How many jobs it carries, as recorded (None in a record built in memory: ``len(jobs)``)."""
+    token: str | None = None
+    """A random token drawn by the scheduler's heartbeat when it starts (None in a record of an
+    older anarchon): a record that comes back with another token than the one its instance
+    wrote was written by another process under the same id."""
+    shared_with: str | None = None
+    """Set while the instance finds another process recording itself under its id: that
+    process, as ``host pid N``. Two processes with one ``instance_id`` mix their runs'
+    ownership (see ``docs/operations.md``); ``anarchon instances`` and ``anarchon health``
+    show it."""
 
     @property
     def carried(self) -> int:
@@ -180,6 +189,8 @@ class InstanceRecord:
             "clock_offset_ms": self.clock_offset_ms,
             "definitions": digest,
             "job_count": len(self.jobs) if self.jobs else self.carried,
+            "token": self.token,
+            "shared_with": self.shared_with,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +214,7 @@ class InstanceRecord:
                 return None
             offset = data.get("clock_offset_ms")
             digest, count = data.get("definitions"), data.get("job_count")
+            token, shared = data.get("token"), data.get("shared_with")
             if data["record_version"] == 2 and not isinstance(digest, str):
                 return None
             return cls(
@@ -217,6 +229,8 @@ class InstanceRecord:
                 jobs=jobs,
                 definitions=None if digest is None else str(digest),
                 job_count=None if count is None else int(count),
+                token=None if token is None else str(token),
+                shared_with=None if shared is None else str(shared),
             )
         except (ValueError, KeyError, TypeError):
             return None

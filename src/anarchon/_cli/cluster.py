@@ -82,6 +82,13 @@ async def instances(args: argparse.Namespace) -> int:
         for i in view.instances
     ]
     say("\n".join(table(header, rows, INSTANCE_FLOORS)))
+    for i in view.instances:
+        if i.shared_with is not None:
+            line = (
+                f"instance id {shown(i.id)} is used by two processes: {shown(i.host)} pid "
+                f"{i.pid} and {shown(i.shared_with)} (give each its own instance_id)"
+            )
+            say(textwrap.fill(line, WIDTH, initial_indent="\n", subsequent_indent="  "))
     _print_silent(view)
     return EXIT_OK
 

@@ -119,6 +119,11 @@ def _instance(backend: Backend, record: InstanceRecord, now_ms: int) -> dict[str
             f"instance {record.id} last recorded itself {heartbeat_age} ms ago (every "
             f"{record.interval_ms} ms): its event loop is blocked or the process is gone"
         )
+    if record.shared_with is not None:
+        problems.append(
+            f"instance id {record.id!r} is used by two processes ({record.host} pid "
+            f"{record.pid} and {record.shared_with}): give each its own instance_id"
+        )
     budgets = [b for j in record.jobs if (b := _budget(backend, j)) is not None]
     budget = min(budgets) if budgets else None
     offset = record.clock_offset_ms

@@ -1,0 +1,120 @@
+"""Who is who in the registry, with real ``anarchon run`` processes and every option at its
+default, on SQLite and Redis: two processes given one ``instance_id`` are found and reported
+(logs, ``anarchon instances``, ``anarchon health``), while a process restarted under the id of
+one just killed is not; and ``anarchon health`` on a host where a sibling was killed with
+SIGKILL reports the survivors' health, not the dead record's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integrations.procs import STARTED, Proc, Procs, processes
+
+pytestmark = pytest.mark.slow
+
+APP = """
+import os
+
+from anarchon import RunContext, Scheduler
+
+scheduler = Scheduler(os.environ["APP_BACKEND"], instance_id=os.environ.get("APP_ID") or None)
+
+
+@scheduler.job("tick", "* * * * * *")
+async def tick(ctx: RunContext) -> None:
+    ctx.logger.info("tick slot=%s instance=%s", ctx.slot.isoformat(), ctx.instance)
+"""
+
+SHARED = re.compile(r"ERROR .*instance id 'pod-1' is used by two processes")
+BEAT_S = 5  # the default heartbeat_ms
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'anarchon.db'}"
+        return
+    import redis
+
+    prefix = f"test-identity-{uuid.uuid4().hex[:8]}:"
+    yield f"redis://127.0.0.1:6379/0?prefix={prefix}"
+    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    keys = list(client.scan_iter(f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def run(procs: Procs, tmp: Path, url: str, instance_id: str | None) -> Proc:
+    (tmp / "app.py").write_text(APP)
+    path = os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p)
+    env = {"APP_BACKEND": url, "APP_ID": instance_id or "", "PYTHONPATH": path}
+    return procs.start([sys.executable, "-m", "anarchon", "run", "app:scheduler"], env)
+
+
+def anarchon(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", *args, "--backend", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_two_processes_with_one_instance_id_are_reported(tmp_path: Path, backend_url: str) -> None:
+    with processes(tmp_path) as procs:
+        first = run(procs, tmp_path, backend_url, "pod-1")
+        first.wait_for(STARTED, timeout=30)
+        second = run(procs, tmp_path, backend_url, "pod-1")
+        second.wait_for(STARTED, timeout=30)
+        # Each finds the other's write at its next beat after the other wrote (within 2).
+        first.wait_for(SHARED, timeout=4 * BEAT_S)
+        second.wait_for(SHARED, timeout=4 * BEAT_S)
+        time.sleep(BEAT_S + 1)  # both records written since carry what they found
+        health = anarchon(backend_url, "health", "--instance", "pod-1", "--json")
+        listed = anarchon(backend_url, "instances")
+        listed_json = anarchon(backend_url, "instances", "--json")
+        for proc in (first, second):
+            code, _ = proc.stop(signal.SIGTERM)
+            assert code == 0, proc.text()
+    pids = {first.proc.pid, second.proc.pid}
+    for proc, other in ((first, second), (second, first)):
+        lines = SHARED.findall(proc.text())
+        assert len(lines) == 1, proc.text()  # once per other process
+        assert f"pid {other.proc.pid}" in proc.text().split("is used by two processes")[1]
+    assert health.returncode == 1, (health.stdout, health.stderr)
+    report = json.loads(health.stdout)
+    assert any("used by two processes" in p for p in report["problems"]), report
+    assert "is used by two processes" in listed.stdout, listed.stdout
+    (record,) = json.loads(listed_json.stdout)["instances"]
+    assert record["shared_with"] is not None and record["pid"] in pids
+    assert int(record["shared_with"].rsplit(" ", 1)[1]) in pids - {record["pid"]}
+
+
+def test_a_restart_under_the_id_of_a_process_just_killed_is_not_reported(
+    tmp_path: Path, backend_url: str
+) -> None:
+    with processes(tmp_path) as procs:
+        killed = run(procs, tmp_path, backend_url, "pod-1")
+        killed.wait_for(STARTED, timeout=30)
+        time.sleep(1)
+        killed.stop(signal.SIGKILL)  # its record stays, fresh, under the id
+        restarted = run(procs, tmp_path, backend_url, "pod-1")
+        restarted.wait_for(STARTED, timeout=30)
+        time.sleep(3 * BEAT_S)
+        health = anarchon(backend_url, "health", "--instance", "pod-1")
+        code, _ = restarted.stop(signal.SIGTERM)
+    assert code == 0, restarted.text()
+    assert "used by two processes" not in restarted.text(), restarted.text()
+    assert health.returncode == 0, (health.stdout, health.stderr)
