@@ -118,3 +118,41 @@ def test_a_restart_under_the_id_of_a_process_just_killed_is_not_reported(
     assert code == 0, restarted.text()
     assert "used by two processes" not in restarted.text(), restarted.text()
     assert health.returncode == 0, (health.stdout, health.stderr)
+
+
+def health_of_host(url: str) -> tuple[int, dict[str, object]]:
+    done = anarchon(url, "health", "--json")
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
+    tmp_path: Path, backend_url: str
+) -> None:
+    """Two schedulers on this host (workers of one pod); one is killed with SIGKILL. Its record
+    stays until the survivor's heartbeat removes it (6 heartbeats), stale from 3: the host's
+    health stays the survivor's all along, and fails once no scheduler runs here."""
+    with processes(tmp_path) as procs:
+        killed = run(procs, tmp_path, backend_url, None)
+        survivor = run(procs, tmp_path, backend_url, None)
+        killed.wait_for(STARTED, timeout=30)
+        survivor.wait_for(STARTED, timeout=30)
+        time.sleep(BEAT_S + 1)  # both recorded
+        assert health_of_host(backend_url)[0] == 0
+        killed.stop(signal.SIGKILL)
+        began = time.monotonic()
+        readings = []
+        while time.monotonic() - began < 7 * BEAT_S + 3:  # until the record is removed
+            readings.append((round(time.monotonic() - began), *health_of_host(backend_url)))
+            time.sleep(2)
+        assert all(code == 0 for _, code, _ in readings), readings
+        gone = [
+            r
+            for _, _, report in readings
+            for r in report["instances"]  # type: ignore[attr-defined]
+            if r["gone"]
+        ]
+        assert gone and {r["pid"] for r in gone} == {killed.proc.pid}, readings
+        survivor.stop(signal.SIGKILL)
+        time.sleep(3 * BEAT_S + 2)  # its record stale, no scheduler left here
+        code, report = health_of_host(backend_url)
+    assert code == 1, report

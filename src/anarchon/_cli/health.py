@@ -1,6 +1,8 @@
 """``anarchon health``: from outside the process, is this host's scheduler well? For a
 Kubernetes exec probe: the backend answers, and each instance on this host (or the one named)
-recorded itself in the registry recently with its clock within the jobs' skew budget.
+recorded itself in the registry recently with its clock within the jobs' skew budget. A stale
+record of this host whose process no longer runs (a worker killed with SIGKILL, its record not
+yet removed) is shown ``gone`` and does not fail the host (see :func:`_leave_out_the_gone`).
 
 Exit codes: 0 healthy; 1 unhealthy (no live instance here, a stale heartbeat, a clock past
 its budget); 3 no anarchon data where the backend points; 4 the backend cannot be reached. With
@@ -13,8 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Final
 
 from .._models import Overlap
@@ -64,9 +68,10 @@ async def health(args: argparse.Namespace) -> int:
         say(f"{report['status']}: {report['backend']} answered in {latency:g} ms")
         for instance in report["instances"]:
             offset = instance["clock_offset_ms"]
+            gone = f" (gone: pid {instance['pid']} no longer runs)" if instance["gone"] else ""
             say(
                 f"  {shown(instance['id'])}: heartbeat {span(instance['heartbeat_age_ms'])} ago, "
-                f"clock offset {'-' if offset is None else f'{offset:+d}ms'}"
+                f"clock offset {'-' if offset is None else f'{offset:+d}ms'}{gone}"
             )
         for problem in report["problems"]:
             say(f"  problem: {shown(problem)}")
@@ -98,7 +103,10 @@ async def _check(url: str | None, instance_id: str | None, host: str) -> dict[st
             mine = [r for r in records if r.host == host]
             missing = f"no live instance on host {host!r} in the registry"
         instances = [_instance(backend, r, now) for r in mine]
-    problems = [p for i in instances for p in i["problems"]] or ([] if mine else [missing])
+    if instance_id is None:
+        _leave_out_the_gone(instances)
+    live = [i for i in instances if not i["gone"]]
+    problems = [p for i in live for p in i["problems"]] or ([] if live else [missing])
     return {
         "healthy": not problems,
         "status": "ok" if not problems else "failing",
@@ -141,7 +149,46 @@ def _instance(backend: Backend, record: InstanceRecord, now_ms: int) -> dict[str
         "clock_budget_ms": budget,
         "healthy": not problems,
         "problems": problems,
+        "gone": False,
     }
+
+
+def _leave_out_the_gone(instances: list[dict[str, Any]]) -> None:
+    """Mark ``gone`` the stale records of this host whose process no longer runs (a worker
+    killed with SIGKILL, which its master replaced): their records wait for the next live
+    heartbeat to remove them, and the host's health is its live schedulers'.
+
+    Judged by process id only where this probe sees the processes of the fresh records (the
+    same PID namespace: an exec probe in the scheduler's container); otherwise, or with no fresh
+    record at all, every stale record stays a problem. A blocked event loop leaves its process
+    running, so its stale record stays a problem too."""
+    fresh = [i for i in instances if not _stale(i)]
+    if os.name != "posix" or not fresh or not all(_running(i["pid"]) for i in fresh):
+        return
+    for instance in instances:
+        if _stale(instance) and not _running(instance["pid"]):
+            instance["gone"] = True
+
+
+def _stale(instance: dict[str, Any]) -> bool:
+    return bool(instance["heartbeat_age_ms"] > STALE_HEARTBEATS * instance["interval_ms"])
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs here (a zombie, killed and not yet reaped, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it runs, as another user's process
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _budget(backend: Backend, job: JobDefinition) -> int | None:
