@@ -7,15 +7,18 @@ to boot)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.integrations.procs import STARTED, STOPPED, TICK, per_slot, processes
-from tests.integrations.test_asgi import WORKERS, environment, server_command
+from tests.integrations.procs import BIN, EXAMPLES, STARTED, STOPPED, TICK, per_slot, processes
+from tests.integrations.test_asgi import WORKERS, environment, get_json, server_command
 from tests.ports import any_free
 from tests.redis.servers import RedisServer
 
@@ -59,4 +62,46 @@ def test_the_app_serves_while_the_backend_is_down_and_the_scheduler_starts_later
     assert {pid_of(m.group(1)) for m in failed} == {pid_of(i) for i in ids}, logs
     assert sorted(m.group(1) for m in STOPPED.finditer(logs)) == ids, logs
     assert set(per_slot(list(TICK.finditer(logs))).values()) == {1}, logs
+    assert "Traceback" not in logs, logs
+
+
+REQUEST_S = 8
+
+
+def test_a_stop_signal_while_the_start_is_retried_keeps_the_scheduler_from_starting(
+    tmp_path: Path,
+) -> None:
+    # gunicorn (the guide's configuration, every anarchon option at its default) whose backend is
+    # down at start; SIGTERM while a worker serves a request, and the backend comes back at once.
+    # The scheduler must not start to claim after the signal: it would run slots until the
+    # request ends (or gunicorn's SIGKILL), which a scheduler started in time no longer does.
+    redis = RedisServer(tmp_path / "redis")
+    port = any_free()
+    env = environment(redis.url, port, tmp_path, 30_000, SLOW_S="1")
+    env["PYTHONPATH"] = f"{Path(__file__).parent}:{env['PYTHONPATH']}"
+    command = [str(BIN / "gunicorn"), "asgi_app:app", "-c", str(EXAMPLES / "gunicorn.conf.py")]
+    answers: list[object] = []
+    with processes(tmp_path) as procs:
+        server = procs.start(command, env)
+        server.wait_for(START_FAILED, WORKERS, timeout=30)
+        path = f"/slow-request?seconds={REQUEST_S}"
+        asking = threading.Thread(target=lambda: answers.append(get_json(port, path)))
+        asking.start()
+        time.sleep(1)  # the request reaches a worker
+        os.kill(server.proc.pid, signal.SIGTERM)
+        redis.start()
+        try:
+            code, _ = server.stop(signal.SIGTERM)  # waits for the exit (the signal is sent)
+            asking.join(30)
+        finally:
+            redis.stop()
+    logs = server.text()
+    assert code == 0, logs
+    assert answers == [{"slept": REQUEST_S}], logs  # the request was served to its end
+    # A start under way at the signal may end; that scheduler is stopped at once, claiming
+    # nothing. Before, the workers' schedulers started and ran ticks until the request ended.
+    started = sorted(m.group(1) for m in server.found(STARTED))
+    assert sorted(m.group(1) for m in STOPPED.finditer(logs)) == started, logs
+    assert not server.found(TICK), logs
+    assert "slow began" not in logs, logs
     assert "Traceback" not in logs, logs

@@ -26,7 +26,8 @@ The scheduler's stop begins when the server is told to stop (SIGINT or SIGTERM, 
 gunicorn's UvicornWorker take them), not when the server has finished its open requests and
 runs the lifespan's shutdown: a worker waiting for a slow request (or a long-lived connection)
 claims no more slots, and its running handlers drain meanwhile, within ``grace_ms`` of the
-signal, as the server's own stop timeout counts.
+signal, as the server's own stop timeout counts. A start still being retried then is tried no
+more (one under way is stopped as soon as it ends).
 
 Starlette is not imported here: the lifespan is the plain ASGI shape that Starlette, FastAPI and
 any framework taking ``lifespan=`` accept.
@@ -68,8 +69,9 @@ def lifespan(
     If the backend cannot be reached when the application starts
     (:class:`~anarchon.BackendUnavailable`), the application starts anyway and the scheduler's
     start is retried in the background, every :data:`RETRY_MIN_S` doubling to
-    :data:`RETRY_MAX_S`, until it starts or the application stops. Any other error of the start
-    (a bad option, a backend that refuses) stops the application's start, as before.
+    :data:`RETRY_MAX_S`, until it starts, the server's stop signal (SIGINT, SIGTERM) or the
+    application stops. Any other error of the start (a bad option, a backend that refuses)
+    stops the application's start, as before.
 
     :param scheduler: the :class:`~anarchon.Scheduler` to run, or a function that makes one.
         A scheduler starts only once, so pass a function when the application's lifespan may
@@ -98,14 +100,16 @@ def lifespan(
             state = None
             if app_lifespan is not None:
                 state = await stack.enter_async_context(app_lifespan(app))
+            retrying = None
             try:
                 await instance.start()
             except BackendUnavailable as exc:
                 _log_failed(instance, exc, RETRY_MIN_S)
-                stack.push_async_callback(_Retrying(instance).close)
+                retrying = _Retrying(instance)
+                stack.push_async_callback(retrying.close)
             else:
                 stack.push_async_callback(instance.stop)
-            stack.callback(_EarlyStop(instance).restore)
+            stack.callback(_EarlyStop(instance, retrying).restore)
             yield state
 
     return run
@@ -122,10 +126,21 @@ class _Retrying:
             self._retry(), name=f"anarchon start of {scheduler.instance_id}"
         )
 
+    @property
+    def given_up(self) -> bool:
+        """Whether the start is tried no more (the application stops, or its server does)."""
+        return self._closing.is_set()
+
+    def give_up(self) -> None:
+        """Try no more (the server's stop signal): a start under way is let finish, then
+        stopped at once rather than claiming until the application's shutdown."""
+        self._closing.set()
+
     async def _retry(self) -> None:
         wait = RETRY_MIN_S
         while True:
-            # Woken at once by close(): a start already under way is let finish, then stopped.
+            # Woken at once by close() or give_up(): a start already under way is let finish,
+            # then stopped.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), wait)
             if self._closing.is_set():
@@ -144,6 +159,9 @@ class _Retrying:
                     self.scheduler.instance_id,
                     extra=log_fields(Action.START_FAILED),
                 )
+            else:
+                if self._closing.is_set():  # the server's stop signal came during the start
+                    await self.scheduler.stop()
             return
 
     async def close(self) -> None:
@@ -156,11 +174,13 @@ class _Retrying:
 class _EarlyStop:
     """Begins the scheduler's stop at the server's stop signal (SIGINT, SIGTERM) by chaining
     the handler the server installed (uvicorn's, in the main thread, before the lifespan starts);
-    the lifespan's shutdown then waits for that same stop. Nothing is taken where the server
-    installed no handler of its own, nor outside the main thread (a test client's)."""
+    the lifespan's shutdown then waits for that same stop. A scheduler whose start is still
+    being retried (``retrying``) is not started after the signal. Nothing is taken where the
+    server installed no handler of its own, nor outside the main thread (a test client's)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, retrying: _Retrying | None = None) -> None:
         self.scheduler = scheduler
+        self._retrying = retrying
         self._loop = asyncio.get_running_loop()
         self._taken: dict[signal.Signals, Any] = {}
         self._mine: dict[signal.Signals, Any] = {}
@@ -186,7 +206,18 @@ class _EarlyStop:
         return handle
 
     def _begin(self, name: str) -> None:
-        if self._stopping is not None or not self.scheduler.running:
+        if self._stopping is not None:
+            return
+        if not self.scheduler.running:
+            if self._retrying is not None and not self._retrying.given_up:
+                logger.info(
+                    "%s: the server stops; scheduler %s, whose start was being retried, "
+                    "is not started",
+                    name,
+                    self.scheduler.instance_id,
+                    extra=log_fields(Action.SIGNAL, signal=name),
+                )
+                self._retrying.give_up()
             return
         logger.info(
             "%s: the server stops; the scheduler stops claiming and drains now (grace_ms=%d)",
