@@ -19,7 +19,7 @@ from ._collector import Pause, pause
 from ._frozen import maker
 from ._job import Job
 from ._members import SCHEDULE, WON
-from ._metrics import Counters, refused
+from ._metrics import Counters, refused, unrecorded
 from ._models import RunStatus, Trigger
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
@@ -479,6 +479,8 @@ class Claims:
             error = "the job was removed before its claimed slot could run"
             self._spawn(self._backend.finish(outcome.ticket, RunStatus.FAILED, error))
         elif outcome.status is ClaimStatus.SKIPPED:
+            if unrecorded(outcome):  # answered skipped, nothing stored: no record counts it
+                self._counters.unclaimed(run.job, run.trigger, "unclaimed_error")
             logger.info(
                 "job %s slot %s skipped: %s",
                 run.job,

@@ -65,6 +65,9 @@ SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
 # the slot (pruned past it; Redis: a data set that lost it): nobody runs it. A broker's "lost: "
 # answer (another's claim it could not read) is a real loss.
 _NOT_RUN: Final = ("too old", "unknown")
+# What a broker's SKIPPED answer says when it stored nothing (NATS: a claim whose turn to be sent
+# came after max_late_ms, a skip too close to the end of the duplicate window): no record.
+_NOT_RECORDED: Final = "; not recorded"
 # The reason prefixes the backends record (anarchon.backend, anarchon.control), to their class.
 _SKIP_CLASSES: Final = (
     (OVERLAP, "skipped_overlap"),
@@ -320,6 +323,15 @@ def refused(outcome: ClaimOutcome) -> bool:
     return run.status is RunStatus.SKIPPED and (run.reason or "").startswith(_NOT_RUN)
 
 
+def unrecorded(outcome: ClaimOutcome) -> bool:
+    """The claim was answered skipped, but the backend stored no record of it (``...; not
+    recorded``): nobody runs the slot, and history holds nothing of it (``unclaimed``)."""
+    reason = outcome.run.reason or ""
+    return outcome.status is ClaimStatus.SKIPPED and (
+        reason.endswith(_NOT_RECORDED) or f"{_NOT_RECORDED}:" in reason
+    )
+
+
 def jobs_now(rows: Iterable[JobRow]) -> dict[str, JobMetrics]:
     """The per-job figures of a snapshot: one :class:`JobMetrics` per row of
     :func:`job_rows`."""
@@ -423,14 +435,15 @@ class Counters(_Tallies):
         """Count what a claim's answer recorded: a slot won (``ran``), or a skip record when it
         is this instance's, the one whose claim wrote it (each is then counted once over every
         instance, as history holds it once): a slot's by reason class (with ``skipped`` and,
-        paused, ``slots_paused``), a run request's (manual, retry) as a run ``skipped``."""
+        paused, ``slots_paused``), a run request's (manual, retry) as a run ``skipped``. A skip
+        the backend answered but did not store (:func:`unrecorded`) is no record: not counted."""
         run = outcome.run
         status = outcome.status
         if status is WON:
             if run.trigger in _SLOT_TRIGGERS:
                 self.job(run.job)[_RAN] += 1
             return
-        if status is not ClaimStatus.SKIPPED or run.instance != instance:
+        if status is not ClaimStatus.SKIPPED or run.instance != instance or unrecorded(outcome):
             return
         self.skipped += 1
         if run.trigger in _SLOT_TRIGGERS:
@@ -525,7 +538,8 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
     :ivar slots_paused: slots whose ``paused`` skip record this instance's claim wrote (also
         counted in ``skipped``), each counted once over every instance.
     :ivar slots_unclaimed: slots this instance could not claim, nothing recorded: the backend
-        stayed unavailable until they were too late, or refused the claim (see
+        stayed unavailable (or, on NATS, too slow: ``...; not recorded``) until they were too
+        late, or refused the claim (see
         :attr:`JobMetrics.slots`, ``unclaimed_*``).
     :ivar retries_scheduled: retries stored after a handler failed (the job's ``retries``).
     :ivar requests_run: run requests (``anarchon trigger``, ``Scheduler.trigger``, retries)

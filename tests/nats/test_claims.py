@@ -555,3 +555,53 @@ def test_a_claims_payload_is_the_json_of_its_fields(changes: dict[str, Any]) -> 
         body["status"] = str(req.skip_status)
         body["reason"] = req.skip_reason
     assert _records.encode_claim(req) == json.dumps(body, separators=(",", ":")).encode()
+
+
+async def test_a_claim_not_sent_at_its_turn_is_counted_unclaimed_not_skipped(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduled claim whose turn at the in-flight gate comes after max_late_ms is answered
+    skipped with nothing stored (``...; not recorded``): history holds no record of it, so the
+    scheduler counts it ``unclaimed`` (reason ``error``), not as a skip record. It was counted
+    ``skipped`` and ``skipped_too_late``: summed, the counters exceeded history."""
+    from anarchon import Scheduler
+    from anarchon._metrics import skip_class
+    from anarchon.backends.nats import _connection
+
+    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.3)
+    backend: NatsBackend = await make()
+    scheduler = Scheduler(backend)
+    jobs = [f"j{n}" for n in range(6)]
+    for job in jobs:
+        scheduler.add(job, "* * * * * *", _noop, jitter_ms=0, max_late_ms=1_500)
+    publish = backend._conn.publish
+
+    async def slow(*args: Any) -> Any:
+        await asyncio.sleep(0.4)  # a slow server: six claims a second take 2.4 s
+        return await publish(*args)
+
+    await scheduler.start()
+    try:
+        backend._conn.in_flight = asyncio.Semaphore(1)
+        backend._conn.publish = slow  # type: ignore[method-assign,assignment]
+        await asyncio.sleep(5)
+    finally:
+        backend._conn.publish = publish  # type: ignore[method-assign]
+        await scheduler.stop()
+    metrics = scheduler.metrics()
+    await backend.start_reader()  # the scheduler stopped its backend
+    try:
+        history = [run for job in jobs for run in await backend.history(job, 100)]
+    finally:
+        await backend.stop()
+    skips = [run for run in history if run.status is RunStatus.SKIPPED]
+    assert metrics.skipped == len(skips), (metrics.skipped, skips)
+    assert metrics.slots_unclaimed >= 1, metrics  # the set-up left claims behind
+    for job in jobs:
+        slots = metrics.by_job[job].slots
+        mine = [run for run in history if run.job == job]
+        assert slots["ran"] == sum(run.status is not RunStatus.SKIPPED for run in mine)
+        for key in ("skipped_too_late", "skipped_other"):
+            assert slots[key] == sum(
+                run.status is RunStatus.SKIPPED and skip_class(run.reason) == key for run in mine
+            ), (job, slots, mine)
