@@ -107,10 +107,10 @@ async def test_the_retry_of_a_failed_batch_gets_the_answers_it_decided(
 async def test_wins_of_a_failed_batch_the_scheduler_gives_up_on_are_closed_skipped(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from anarchon.backends.nats import _claims, _connection
+    from anarchon.backends.nats import _connection, _settle
 
-    monkeypatch.setattr(_claims, "SETTLE_EVERY_S", 0.1)
-    monkeypatch.setattr(_claims, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
+    monkeypatch.setattr(_settle, "SETTLE_EVERY_S", 0.1)
+    monkeypatch.setattr(_settle, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
     monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.5)
     backend: NatsBackend = await make()
     scheduler = Scheduler(backend)

@@ -445,10 +445,10 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
     import nats.errors
 
     from anarchon import BackendUnavailable, Scheduler
-    from anarchon.backends.nats import _claims, _connection
+    from anarchon.backends.nats import _connection, _settle
 
-    monkeypatch.setattr(_claims, "SETTLE_EVERY_S", 0.1)
-    monkeypatch.setattr(_claims, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
+    monkeypatch.setattr(_settle, "SETTLE_EVERY_S", 0.1)
+    monkeypatch.setattr(_settle, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
     monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
     backend: NatsBackend = await make()
     Scheduler(backend).add("sync", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_000)

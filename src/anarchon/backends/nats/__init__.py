@@ -1,11 +1,11 @@
 """NATS JetStream: a broker backend; JetStream's message de-duplication picks each slot's runner.
 
 See :class:`NatsBackend` and docs/backends/nats.md. The claim path (publish under the slot's
-message id, resolve a duplicate ack, settle unanswered claims) is in ``_claims.py``; the
-contract methods are in ``_backend.py``; the client, its calls and their retries in
-``_connection.py``; the raw wire paths a claim's publish and ack take past nats-py's own (on
-its internals, for speed) in ``_wire.py``. nats-py is imported only when the backend is
-constructed (``pip install 'anarchon[nats]'``).
+message id, resolve a duplicate ack) is in ``_claims.py``, the settling of unanswered claims in
+``_settle.py`` and the results in ``_results.py``; the contract methods are in ``_backend.py``;
+the client, its calls and their retries in ``_connection.py``; the raw wire paths a claim's
+publish and ack take past nats-py's own (on its internals, for speed) in ``_wire.py``. nats-py
+is imported only when the backend is constructed (``pip install 'anarchon[nats]'``).
 """
 
 from __future__ import annotations

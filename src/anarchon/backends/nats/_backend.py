@@ -1,7 +1,8 @@
 """NatsBackend: the contract methods, in the order of :mod:`anarchon.backend`.
 
-Each method is a thin call into the package: :mod:`._claims` (the claim path, results and
-settling), :mod:`._window` (the duplicate window jobs are checked against), :mod:`._connection`
+Each method is a thin call into the package: :mod:`._claims` (the claim path),
+:mod:`._results` (results), :mod:`._settle` (settling claims nobody runs, and the upkeep),
+:mod:`._window` (the duplicate window jobs are checked against), :mod:`._connection`
 (every NATS call, bounded and translated), :mod:`._wire` (publishes and subscriptions on
 nats-py's internals, for speed), :mod:`._stream` (creating or evolving the stream),
 :mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where) and
@@ -247,7 +248,7 @@ class NatsBackend(Backend):
                 await stream_setup.align_buckets(
                     self._conn.api, self.stream, bucket_streams(self.stream), self._conn.replicas
                 )
-                self._upkeep = asyncio.ensure_future(self._claims.upkeep())
+                self._upkeep = asyncio.ensure_future(self._claims.settler.upkeep())
                 # A stream or bucket lost from now on is made again (a reader makes nothing).
                 self._guarding = asyncio.ensure_future(self._guard.run())
         except BaseException:
@@ -374,7 +375,7 @@ class NatsBackend(Backend):
             for n, item in enumerate(items)
             if n not in refused
         ]
-        answers = iter(await self._claims.finish_many(sent) if sent else [])
+        answers = iter(await self._claims.results.finish_many(sent) if sent else [])
         return [refused[n] if n in refused else next(answers) for n in range(len(items))]
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:

@@ -13,8 +13,8 @@ paused slot is published as a skip record with the pause's reason instead, which
 de-duplicates like any claim. That check is not atomic with the claim (see :mod:`._control`).
 
 A publish that went out unanswered may have been stored; when the scheduler gives up on such a
-claim, it is settled in the background (:meth:`ClaimPath.settle`) so that history never shows it
-``running`` with no runner. Results go to ``<prefix><job>.results`` once, by message id.
+claim, it is settled in the background (:mod:`._settle`). Results are published by
+:mod:`._results`.
 
 A batch (the claims of one moment, up to 2 000) sends when its turn comes, one batch at a time;
 each claim's retries count from its own turn at the in-flight gate. The wins of a batch are
@@ -28,22 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
 
-from ...backend import (
-    ClaimNotice,
-    ClaimOutcome,
-    ClaimRequest,
-    ClaimStatus,
-    FinishRequest,
-    Ticket,
-)
+from ...backend import ClaimNotice, ClaimOutcome, ClaimRequest, ClaimStatus
 from ...control import PAUSED_TRIGGERS, paused_reason
-from ...errors import BackendError, BackendUnavailable, LeaseLost
-from ...kit import Action, Run, RunStatus, SystemClock, Trigger, log_fields, maker
+from ...errors import BackendError, BackendUnavailable
+from ...kit import Action, RunStatus, log_fields, maker
 from ...kit.feed import won_notices
 from ...kit.lease import ticket_of
 from . import _connection
@@ -51,29 +43,18 @@ from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
 from ._connection import MAX_IN_FLIGHT, Connection
+from ._connection import in_flight as _in_flight  # the name the claim core calls it by
 from ._readback import ReadBack
 from ._records import Claim
-from ._window import CLAIM_MARGIN_MS, Window
+from ._results import CLOCK, Results
+from ._settle import MAX_UNSURE, Kept, Settler, Unsure
+from ._window import SKIP_SAFETY_MS, Window
 from ._wire import Ack
 
 if TYPE_CHECKING:
     from ._control import NatsControl
 
 logger = logging.getLogger("anarchon.backends.nats")
-
-# A skip record is published only while its slot's claim id is surely still remembered.
-SKIP_SAFETY_MS: Final = 30_000
-# How often a running backend reads the stream's duplicate window (another instance may have
-# grown it, or shrunk it with shrink_window=True).
-WINDOW_CHECK_S: Final = 60.0
-# Claims whose publish may have been stored unanswered and that the scheduler gave up on are
-# settled this often (see ClaimPath.settle); a manual run's claim once the core's 10 s
-# deadline for it is surely over; at most MAX_UNSURE are remembered.
-SETTLE_EVERY_S: Final = 5.0
-MANUAL_SETTLE_AFTER_MS: Final = 60_000
-MAX_UNSURE: Final = 100_000
-#: The local clock: the start of a claim won on its ack, and the end finish() answers with.
-CLOCK: Final = SystemClock()
 
 # Batches (claim() calls of more than one request) that send their claims at once; the others
 # wait for their turn, in order, one waiter each, instead of 256 workers each at the in-flight
@@ -93,19 +74,6 @@ NOTICE_HOLD_S: Final = 0.02
 # that reaches the gate after such a notice is not published (it could only lose). About 20 s
 # of a fleet that wins 5 000 slots a second; the oldest go first.
 MAX_HEARD: Final = 100_000
-# At stop(), wins kept from a failed batch (never handed to the scheduler) are closed as
-# skipped within this long, MAX_IN_FLIGHT at once (not behind the results still queued).
-CLOSE_SETTLE_S: Final = 5.0
-
-# Results published at once by finish_many. Far fewer than a batch's claims: a result is not
-# due at an instant, and the stream stores one publish at a time, so results in flight (one
-# instance's burst, recorded) queue ahead of the other instances' claims of the same burst
-# (256 of them made their last claims later). One after another, 2 000 results took 0.4 s of
-# round trips and 130 us of client CPU each; 8 at once, 0.16 s and 50 us. But under a load that
-# goes on (3 x 5 000 every-second jobs) a batch's 256 claims are always in flight ahead of
-# them: 8 at once recorded one result of twenty runs, and the rest were still unrecorded
-# (``running``) when the instances stopped. A quarter of the claims' share keeps up.
-RESULTS_IN_FLIGHT: Final = 64
 
 # Every claim's answer: built by a maker (see anarchon._frozen), with the members it reads as
 # constants (on Python 3.11 ``ClaimStatus.WON`` goes through EnumType's ``__getattr__``).
@@ -113,29 +81,6 @@ _new_outcome: Final = maker(ClaimOutcome)
 _WON: Final = ClaimStatus.WON
 _LOST: Final = ClaimStatus.LOST
 _RUNNING: Final = RunStatus.RUNNING
-
-Item = TypeVar("Item")
-Answer = TypeVar("Answer")
-
-
-@dataclass(frozen=True, slots=True)
-class _Unsure:
-    """A claim one of whose publishes may have been stored without our hearing of it, or (with
-    a ticket) a claim won in a batch that failed, not handed to the scheduler yet."""
-
-    request: ClaimRequest
-    since_ms: int
-    ticket: Ticket | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Kept:
-    """An answer decided in a batch that failed as a whole, kept for the scheduler's retry of
-    the same request (same token): it is handed back without publishing again."""
-
-    outcome: ClaimOutcome
-    request: ClaimRequest
-    since_ms: int
 
 
 class _Notices:
@@ -167,7 +112,8 @@ class _Notices:
 
 
 class ClaimPath:
-    """Claims and results of one backend on its stream."""
+    """Claims of one backend on its stream; owns its :class:`~._results.Results` and the
+    :class:`~._settle.Settler` of claims nobody will run."""
 
     def __init__(
         self,
@@ -185,13 +131,24 @@ class ClaimPath:
         self._history_size = history_size
         # Claims (by token) whose publish may have been stored without our hearing of it: a
         # duplicate ack for one of them may be our own claim, and one the scheduler gives up on
-        # is settled in the background (settle).
-        self._unsure: dict[str, _Unsure] = {}
+        # is settled in the background (see :mod:`._settle`).
+        self._unsure: dict[str, Unsure] = {}
         self._readback = ReadBack(connection, prefix)
-        # Results in flight at once, a gate of their own: see RESULTS_IN_FLIGHT.
-        self._results_gate = asyncio.Semaphore(RESULTS_IN_FLIGHT)
         # Answers of batches that failed as a whole, by token (see claim).
-        self._kept: dict[str, _Kept] = {}
+        self._kept: dict[str, Kept] = {}
+        self.results = Results(connection, prefix=prefix)
+        """Publishes the results of runs (see :mod:`._results`)."""
+        self.settler = Settler(
+            connection,
+            window,
+            self.results,
+            self._readback,
+            prefix=prefix,
+            unsure=self._unsure,
+            kept=self._kept,
+        )
+        """Settles the claims nobody will run, and runs the upkeep (see :mod:`._settle`)."""
+        self._remember_unsure = self.settler.remember  # the claim core's name for it
         # Claim id -> the instance heard winning it (see hear).
         self._heard: dict[str, str] = {}
         self._turns = asyncio.Semaphore(BATCHES_AT_ONCE)
@@ -307,7 +264,7 @@ class ClaimPath:
             if len(kept) >= MAX_UNSURE:
                 # The oldest goes; a win among them stays remembered to be settled.
                 del kept[next(iter(kept))]
-            kept[req.token] = _Kept(answer, req, now)
+            kept[req.token] = Kept(answer, req, now)
             if answer.status is _WON:
                 self._remember_unsure(req, answer.ticket)
 
@@ -349,8 +306,7 @@ class ClaimPath:
 
     def _safe_until_ms(self, slot: int, margin_ms: int) -> int:
         """Until when a message under the slot's claim id is surely still de-duplicated."""
-        window = self._window.ms
-        return slot + window - min(margin_ms, window // 4)
+        return self._window.safe_until_ms(slot, margin_ms)
 
     def _at_gate(
         self, req: ClaimRequest, msg_id: str, slot: int | None, now: int, at: float, called: float
@@ -581,315 +537,13 @@ class ClaimPath:
         )
         return _new_outcome(status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason))
 
-    # -- results ----------------------------------------------------------------------------
-
-    async def finish(
-        self, ticket: Ticket, status: str, error: str | None, reason: str | None = None
-    ) -> Run:
-        """Publish the run's result (once, by message id) and return the run.
-
-        A non-duplicate ack of a scheduled run's result (schedule, catch-up, retry) is answered
-        from what was published, with no further call (the seed reads back only on a
-        duplicate): the run starts at the ticket's start and ends on the local clock, at least
-        at its start; history shows the stream's timestamps. A manual run's result (run_now()
-        returns it, as on the other backends: the stored run) and a duplicate ack (a retried
-        publish, or another run's result for the slot) read the stored result and the claim
-        back together: the stored run, or LeaseLost if the result is another run's.
-        """
-        self._connection.require()
-        outcome = RunStatus(status)
-        msg_id = subjects.RESULT_ID.format(job=ticket.job, slot_key=ticket.slot_key)
-        subject = subjects.RESULTS.format(prefix=self._prefix, job=ticket.job)
-        payload = records.encode_result(ticket, outcome, error, reason)
-        deadline = self._connection.retry_deadline()
-        ack = await self._connection.publish_retrying(
-            subject, payload, msg_id, f"recording {msg_id}", deadline
-        )
-        for held_elsewhere in (False, True):
-            if not ack.duplicate and ticket.trigger is not Trigger.MANUAL:
-                return records.run_of(
-                    ticket,
-                    outcome,
-                    ticket.started_at_ms,
-                    max(CLOCK.now_ms(), ticket.started_at_ms),
-                    fence=ticket.fence,
-                    error=error,
-                    reason=reason,
-                )
-            stored, claimed = await asyncio.gather(
-                self._connection.get_retrying({"seq": ack.seq}, f"reading result {msg_id}"),
-                self._claim_time(ticket),
-            )
-            if held_elsewhere or not ack.duplicate or stored is None or stored.subject == subject:
-                break
-            # Another prefix's result on a shared stream: recorded under the prefix's own id.
-            msg_id = subjects.OWN_RESULT_ID.format(
-                prefix=self._prefix, job=ticket.job, slot_key=ticket.slot_key
-            )
-            ack = await self._connection.publish_retrying(
-                subject, payload, msg_id, f"recording {msg_id}", deadline
-            )
-        result = records.decode_result(stored) if stored is not None else None
-        if ack.duplicate and result is not None and result.run.run_id != ticket.run_id:
-            raise LeaseLost(
-                f"run {ticket.run_id} of job {ticket.job!r}: slot {ticket.slot_key} already has "
-                f"a result from run {result.run.run_id}; this one is refused"
-            )
-        return records.run_of(
-            ticket,
-            outcome,
-            claimed if claimed is not None else ticket.started_at_ms,
-            stored.time_ms if stored is not None else CLOCK.now_ms(),
-            fence=ticket.fence,
-            error=error,
-            reason=reason,
-        )
-
-    async def finish_many(self, items: Sequence[FinishRequest]) -> list[Run | BackendError]:
-        """:meth:`finish` for each item, published concurrently (at most
-        :data:`RESULTS_IN_FLIGHT` at once, all calls together): each item's run, or its
-        :class:`BackendError` (LeaseLost, a value the stream refuses) in its place;
-        :class:`BackendUnavailable` for the whole call."""
-        if len(items) == 1:
-            try:
-                [(ticket, status, error, _)] = items  # a retry is the caller's (_backend.py)
-                return [await self.finish(ticket, status, error)]
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                return [exc]
-        answers = await _in_flight(
-            self._results_gate,
-            RESULTS_IN_FLIGHT,
-            items,
-            lambda item: self.finish(item.ticket, item.status, item.error),
-        )
-        out: list[Run | BackendError] = []
-        for answer in answers:
-            if isinstance(answer, BackendUnavailable) or not isinstance(answer, Run | BackendError):
-                raise answer
-            out.append(answer)
-        return out
-
-    async def _claim_time(self, ticket: Ticket) -> int | None:
-        """The stream timestamp of the ticket's claim (None if it was trimmed)."""
-        if ticket.fence is None:
-            return None
-        stored = await self._connection.get_retrying(
-            {"seq": ticket.fence}, f"reading claim {ticket.job}:{ticket.slot_key}"
-        )
-        claims = subjects.CLAIMS.format(prefix=self._prefix, job=ticket.job)
-        if stored is None or stored.subject != claims:
-            return None
-        return stored.time_ms
-
     async def close(self) -> None:
         """Refuse claims from now on, close the wins kept from failed batches (nobody runs
-        them now, see :meth:`claim`) within :data:`CLOSE_SETTLE_S`, and stop the claims feed
+        them now, see :meth:`claim`; :meth:`._settle.Settler.close`), and stop the claims feed
         (see :mod:`._readback`)."""
         self._closing = True
-        self._kept.clear()
-        won = [(t, e.ticket) for t, e in self._unsure.items() if e.ticket is not None]
-        if won and self._connection.started:
-            for token, _ in won:
-                del self._unsure[token]
-
-            async def close_all() -> None:
-                await _in_flight(
-                    asyncio.Semaphore(MAX_IN_FLIGHT),
-                    MAX_IN_FLIGHT,
-                    [ticket for _, ticket in won],
-                    lambda ticket: self._close_won(ticket, "before it stopped"),
-                )
-
-            try:
-                await asyncio.wait_for(close_all(), CLOSE_SETTLE_S)
-            except TimeoutError:
-                logger.warning(
-                    "%d won claims of failed batches not closed at stop within %.0f s; if not, "
-                    "history shows them running",
-                    len(won),
-                    CLOSE_SETTLE_S,
-                    extra={"action": "settle_failed"},
-                )
+        await self.settler.close()
         await self._readback.close()
-
-    async def _close_won(self, ticket: Ticket, until: str) -> None:
-        """Close a claim won in a batch that failed, never handed to the scheduler: nobody
-        ran it. Recorded ``skipped``, saying why."""
-        reason = (
-            f"not run: {ticket.instance} won the claim in a batch that failed while NATS was "
-            f"unavailable, and could not hand it to its scheduler {until}"
-        )
-        await self.finish(ticket, RunStatus.SKIPPED, None, reason)
-        logger.info(
-            "claim %s:%s settled: won in a failed batch, never run; closed as skipped",
-            ticket.job,
-            ticket.slot_key,
-            extra=log_fields(Action.CLAIM_SETTLED, ticket.job, ticket.slot),
-        )
-
-    # -- settling claims the scheduler gave up on --------------------------------------------
-
-    def _remember_unsure(self, req: ClaimRequest, ticket: Ticket | None = None) -> None:
-        """Remember ``req`` to be settled; ``ticket``: it is known won (a kept answer)."""
-        known = self._unsure.get(req.token)
-        if known is not None and (ticket is None or known.ticket is not None):
-            return
-        if known is None and len(self._unsure) >= MAX_UNSURE:
-            oldest = next(iter(self._unsure))
-            dropped = self._unsure.pop(oldest).request
-            logger.warning(
-                "more than %d unconfirmed claims; %s:%s will not be settled (if stored, history "
-                "shows it running)",
-                MAX_UNSURE,
-                dropped.job,
-                dropped.slot_key,
-                extra=log_fields(Action.SETTLE_DROPPED, dropped.job, dropped.slot),
-            )
-        self._unsure[req.token] = _Unsure(req, CLOCK.now_ms(), ticket)
-
-    def _settle_due(self, req: ClaimRequest, since_ms: int, now: int) -> bool:
-        """True once the scheduler has surely stopped retrying the claim: its slot is later than
-        max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
-        slot = _own_slot(req)
-        if slot is None:
-            return now >= since_ms + MANUAL_SETTLE_AFTER_MS
-        return now > slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
-
-    async def upkeep(self) -> None:
-        """While started: every WINDOW_CHECK_S read the stream's window and raise it again if it
-        fell below what this instance keeps (another instance shrank it with
-        ``shrink_window=True``); every SETTLE_EVERY_S settle the claims the scheduler gave up
-        on whose publish may have been stored."""
-        loop = asyncio.get_running_loop()
-        next_check = loop.time() + WINDOW_CHECK_S
-        while True:
-            await asyncio.sleep(max(0.05, min(SETTLE_EVERY_S, next_check - loop.time())))
-            try:
-                if loop.time() >= next_check:
-                    next_check = loop.time() + WINDOW_CHECK_S
-                    await self._window.check()
-                if self._unsure or self._kept:
-                    await self.settle()
-                await self._readback.upkeep()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                stream = self._connection.stream
-                logger.debug(
-                    "NATS upkeep of stream %s failed: %s",
-                    stream,
-                    self._connection.scrub(str(exc) or type(exc).__name__),
-                    extra={"action": "upkeep_failed", "stream": stream},
-                )
-
-    async def settle(self) -> None:
-        """Settle each claim the scheduler gave up on whose publish may have been stored
-        unanswered, or that was won in a batch that failed and never handed to the scheduler,
-        so that history never shows it ``running`` with no runner:
-
-        * stored, ours: a result closes it, ``skipped`` with the reason below;
-        * not stored: a skip record with that reason is stored under the slot's id (the same
-          record a too-late instance leaves), unless the slot is too close to the end of the
-          duplicate window for that to be safe;
-        * another instance's claim, or a skip record: nothing to do.
-
-        Kept answers the scheduler no longer asks for are dropped. Settled a few at a time
-        (:data:`RESULTS_IN_FLIGHT`): a failed burst can leave thousands.
-        """
-        now = CLOCK.now_ms()
-        for token, kept in list(self._kept.items()):
-            if self._settle_due(kept.request, kept.since_ms, now):
-                del self._kept[token]
-        due = [
-            (token, entry)
-            for token, entry in self._unsure.items()
-            if self._settle_due(entry.request, entry.since_ms, now)
-        ]
-        if not due:
-            return
-        answers = await _in_flight(
-            self._results_gate, RESULTS_IN_FLIGHT, due, lambda item: self._settle_one(item[1])
-        )
-        for (token, entry), answer in zip(due, answers, strict=True):
-            if isinstance(answer, BackendUnavailable):
-                continue  # next round; _settle_one gives up once the slot leaves the window
-            if isinstance(answer, Exception):
-                logger.warning(
-                    "cannot settle claim %s:%s: %s",
-                    entry.request.job,
-                    entry.request.slot_key,
-                    answer,
-                    extra={"job": entry.request.job, "action": "settle_failed"},
-                )
-            self._unsure.pop(token, None)
-
-    async def _settle_one(self, entry: _Unsure) -> None:
-        req = entry.request
-        msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
-        if entry.ticket is not None:
-            await self._close_won(entry.ticket, "until the slot was too late")
-            return
-        reason = (
-            f"not run: {req.instance} could not confirm its claim while NATS was unavailable, "
-            "until the slot was too late"
-        )
-        loop = asyncio.get_running_loop()
-        deadline = self._connection.retry_deadline()
-        now = CLOCK.now_ms()
-        slot = _own_slot(req)
-        if slot is not None:
-            safe_ms = self._safe_until_ms(slot, SKIP_SAFETY_MS)
-            if now >= safe_ms:
-                logger.info(
-                    "claim %s not settled: the slot is too close to the end of the duplicate "
-                    "window to look it up by its id; if it was stored, history shows it running",
-                    msg_id,
-                    extra=log_fields(Action.SETTLE_TOO_LATE, req.job, req.slot),
-                )
-                return
-            deadline = min(deadline, loop.time() + (safe_ms - now) / 1000)
-        record = replace(req, token=uuid.uuid4().hex, skip_reason=reason)
-        subject = subjects.CLAIMS.format(prefix=self._prefix, job=req.job)
-        ack = await self._connection.publish_retrying(
-            subject,
-            records.encode_claim(record),
-            msg_id,
-            f"settling {msg_id}",
-            deadline,
-        )
-        if not ack.duplicate:
-            logger.info(
-                "claim %s settled: it was never stored; the slot is recorded skipped (%s)",
-                msg_id,
-                reason,
-                extra=log_fields(Action.CLAIM_SETTLED, req.job, req.slot),
-            )
-            return
-        stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading claim {msg_id}")
-        if stored is not None and stored.subject != subject:
-            # Another prefix's claim on a shared stream: this prefix's is under its own id.
-            msg_id = subjects.OWN_CLAIM_ID.format(
-                prefix=self._prefix, job=req.job, slot_key=req.slot_key
-            )
-            ack = await self._connection.publish_retrying(
-                subject, records.encode_claim(record), msg_id, f"settling {msg_id}", deadline
-            )
-            if not ack.duplicate:
-                return
-            stored = await self._connection.get_retrying({"seq": ack.seq}, f"reading {msg_id}")
-        claim = records.decode_claim(stored) if stored is not None else None
-        if claim is None or claim.skipped or claim.token != req.token:
-            return  # another instance's claim or a skip record, or trimmed: nothing to close
-        await self.finish(claim.ticket(), RunStatus.SKIPPED, None, reason)
-        logger.info(
-            "claim %s settled: it was stored but never confirmed, so nobody ran it; closed as "
-            "skipped (%s)",
-            msg_id,
-            reason,
-            extra=log_fields(Action.CLAIM_SETTLED, req.job, req.slot),
-        )
 
 
 async def _answered(batch: asyncio.Future[Any], failed: list[BackendUnavailable]) -> None:
@@ -905,58 +559,6 @@ async def _answered(batch: asyncio.Future[Any], failed: list[BackendUnavailable]
         batch.cancel()
         with contextlib.suppress(BaseException):
             await batch
-
-
-async def _in_flight(
-    gate: asyncio.Semaphore,
-    limit: int,
-    items: Sequence[Item],
-    call: Callable[[Item], Awaitable[Answer]],
-    answers: dict[int, Answer | Exception] | None = None,
-    failed: list[BackendUnavailable] | None = None,
-) -> list[Answer | Exception]:
-    """``call(item)`` for each item, by at most ``limit`` workers, as many at once as ``gate``
-    (shared with other calls, at most ``limit`` wide) lets through, in order: each
-    answer, or the exception it raised, in its item's place. Once one raised
-    :class:`BackendUnavailable` (the backend is down), the items not started yet get that
-    error at once. ``answers``: filled (by item index) as answers come, so that a caller
-    cancelled meanwhile still has those decided; ``failed``: the caller's, to stop the items
-    not started yet (see :func:`_answered`).
-
-    A few workers take the items in order, rather than a task per item: a burst of 10 000
-    claims is then 256 tasks, not 10 000 tasks and their waits at the gate (fewer objects for
-    the garbage collector to walk, too)."""
-    if answers is None:
-        answers = {}
-    if failed is None:
-        failed = []
-    order = iter(range(len(items)))
-
-    async def work() -> None:
-        for n in order:
-            async with gate:
-                if failed:
-                    answers[n] = failed[0]
-                    continue
-                try:
-                    answers[n] = await call(items[n])
-                except BackendUnavailable as exc:
-                    failed.append(exc)
-                    answers[n] = exc
-                except Exception as exc:
-                    answers[n] = exc
-
-    await asyncio.gather(*(work() for _ in range(min(len(items), limit))))
-    return [answers[n] for n in range(len(items))]
-
-
-def _own_slot(req: ClaimRequest) -> int | None:
-    """The slot whose time bounds the claim id's life in the duplicate window: the request's
-    slot when it is claimed under the slot's own key. A retry (``<slot>-retry-<n>``) or a
-    triggered run is first claimed when its request falls due, not at its slot: None."""
-    if req.slot is not None and req.slot_key == str(req.slot):
-        return req.slot
-    return None
 
 
 def _won(req: ClaimRequest, seq: int, now_ms: int) -> ClaimOutcome:

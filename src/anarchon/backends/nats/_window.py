@@ -30,6 +30,8 @@ logger = logging.getLogger("anarchon.backends.nats")
 # stored (if at all) at most max_late_ms + CLAIM_MARGIN_MS after its slot, by the claiming
 # instance's clock.
 CLAIM_MARGIN_MS: Final = int((CLAIM_RETRY_S + REQUEST_TIMEOUT_S) * 1000)
+# A skip record is published only while its slot's claim id is surely still remembered.
+SKIP_SAFETY_MS: Final = 30_000
 
 
 class Window:
@@ -58,6 +60,11 @@ class Window:
     def max_late_ms(self, job: str) -> int:
         """``max_late_ms`` of ``job`` as added (half the window for a job not added here)."""
         return self._max_late.get(job, self.ms // 2)
+
+    def safe_until_ms(self, slot: int, margin_ms: int) -> int:
+        """Until when a message under the slot's claim id is surely still de-duplicated."""
+        window = self.ms
+        return slot + window - min(margin_ms, window // 4)
 
     def learn(self, info: dict[str, Any]) -> None:
         """Take the window from a stream info answer."""
