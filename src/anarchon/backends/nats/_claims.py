@@ -42,8 +42,7 @@ from . import _connection
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
-from ._connection import MAX_IN_FLIGHT, Connection
-from ._connection import in_flight as _in_flight  # the name the claim core calls it by
+from ._connection import MAX_IN_FLIGHT, Connection, in_flight
 from ._readback import ReadBack
 from ._records import Claim
 from ._results import CLOCK, Results
@@ -148,7 +147,6 @@ class ClaimPath:
             kept=self._kept,
         )
         """Settles the claims nobody will run, and runs the upkeep (see :mod:`._settle`)."""
-        self._remember_unsure = self.settler.remember  # the claim core's name for it
         # Claim id -> the instance heard winning it (see hear).
         self._heard: dict[str, str] = {}
         self._turns = asyncio.Semaphore(BATCHES_AT_ONCE)
@@ -225,7 +223,7 @@ class ClaimPath:
                 # A task of its own, so that a cancelled call (the scheduler stopping) lets the
                 # publishes in flight be answered, rather than forget claims perhaps stored.
                 batch = asyncio.ensure_future(
-                    _in_flight(gate, MAX_IN_FLIGHT, todo, one, decided, failed)
+                    in_flight(gate, MAX_IN_FLIGHT, todo, one, decided, failed)
                 )
                 try:
                     await asyncio.shield(batch)
@@ -266,7 +264,7 @@ class ClaimPath:
                 del kept[next(iter(kept))]
             kept[req.token] = Kept(answer, req, now)
             if answer.status is _WON:
-                self._remember_unsure(req, answer.ticket)
+                self.settler.remember(req, answer.ticket)
 
     def hear(self, notices: Sequence[ClaimNotice]) -> None:
         """Remember which instance won each slot in ``notices`` (claim notices, every
@@ -464,7 +462,7 @@ class ClaimPath:
             )
         except BackendUnavailable:
             if unsure:
-                self._remember_unsure(req)
+                self.settler.remember(req)
             raise
 
     async def _read_duplicate(
@@ -496,7 +494,7 @@ class ClaimPath:
             stored = await self._connection.get_retrying({"seq": seq}, f"reading claim {msg_id}")
         except BackendUnavailable as exc:
             if maybe_ours:
-                self._remember_unsure(req)
+                self.settler.remember(req)
                 raise
             logger.warning(
                 "claim %s lost: the slot's claim (seq %d) is another instance's, and reading it "
