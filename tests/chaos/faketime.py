@@ -15,7 +15,17 @@ from typing import Final
 
 from tests.debian import ensure_packages
 
-LIBRARY: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+# The build whose faked calls hold one mutex (Debian's `faketime -m`). The plain one,
+# libfaketime.so.1, is not safe for threads under FAKETIME_NO_CACHE: every faked call re-reads
+# the offset file, first writing the file's name into a static buffer with snprintf, which zeroes
+# the first byte before it writes the name; a thread that opens the name meanwhile opens "",
+# finds no file (nor ~/.faketimerc, /etc/faketimerc) and applies "+0": the real time, for that
+# reading and until the next call re-reads. Two threads reading the clock at full speed got the
+# real time once in 7 000 to 33 000 readings (never once ~/.faketimerc held the same offset, so
+# the failed open is the cause; never with this build). Our workers read it from several
+# threads (the event loop, SQLite's, the lease keeper's): after a +2 h step, one claim recorded
+# a start 2 h before its slot (tests/sqlite/test_clock_steps.py, CI of 325b105).
+LIBRARY: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 SITE_DIR: Final = Path(__file__).resolve().parent / "faketime_site"
 
 

@@ -28,11 +28,11 @@ from anarchon.backend import (
 )
 from anarchon.backends.sqlite._connection import Connection
 from anarchon.control import Pause
+from tests.chaos.faketime import LIBRARY
 from tests.records import instance_record
 from tests.sqlite.test_control import run_request
 
 SLOT = 1_800_000_000_000
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
 def request(slot: int = SLOT, **kw: object) -> ClaimRequest:
@@ -157,7 +157,7 @@ async def test_a_step_moves_durations_and_leaves_instants(
     await backend.stop()
 
 
-@pytest.mark.skipif(not LIBFAKETIME.exists(), reason="Debian package faketime is not installed")
+@pytest.mark.skipif(not LIBRARY.exists(), reason="Debian package faketime is not installed")
 def test_a_process_whose_wall_clock_steps_keeps_its_lease(tmp_path: Path) -> None:
     """The same under libfaketime: the wall clock of the process jumps 10 minutes forward while
     the monotonic and boot clocks go on; the lease it holds is still live."""
@@ -192,7 +192,7 @@ def test_a_process_whose_wall_clock_steps_keeps_its_lease(tmp_path: Path) -> Non
     )
     env = {
         **os.environ,
-        "LD_PRELOAD": str(LIBFAKETIME),
+        "LD_PRELOAD": str(LIBRARY),
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
         "FAKETIME_TIMESTAMP_FILE": str(offset),
