@@ -30,7 +30,8 @@ class Recorder(logging.Handler):
     def emit(self, r: logging.LogRecord) -> None:
         action = getattr(r, "action", None)
         if r.levelno >= logging.WARNING or action == "started":
-            record("log", level=r.levelname, action=action, msg=r.getMessage())
+            step = getattr(r, "step_ms", None)
+            record("log", level=r.levelname, action=action, step_ms=step, msg=r.getMessage())
 
 
 logging.basicConfig(level=logging.INFO, handlers=[Recorder()])
