@@ -19,6 +19,12 @@ slots, from it to the newest, are the job's backlog:
   time, oldest first, trigger ``catch-up``, as missed slots are caught up on start (the newest
   last); older ones are recorded ``behind``.
 
+The instance logs one WARNING per backlog, saying why it fell behind as far as it can tell
+(:func:`why_behind`): its wall clock stepped forward (the timer saw it), its event loop was
+blocked (the loop watchdog saw a block end: a handler's blocking code), or its whole process
+did not run (SIGSTOP, a paused VM: the watchdog's own thread did not run either). Without the
+watchdog (a clock of the caller's own) it cannot tell a block from a freeze and says so.
+
 At most :data:`MAX_BEHIND` ``behind`` records per backlog, the newest (the reason then says how
 many were passed over in all); a slot younger than ``jitter_ms`` + :data:`BEHIND_MS` is recorded
 once it is that old, after the claims of instances on time. On a broker only slots inside
@@ -37,14 +43,15 @@ from typing import Final
 from ._claims import Claims
 from ._clock import Clock
 from ._job import Job
-from ._metrics import Counters
 from ._missed import gap_slots
 from ._models import CatchUp, Trigger
 from ._threads import HandlerThreads
+from ._timer import Late
+from ._watchdog import Block, LoopWatchdog
 from .backend import BEHIND, Backend, ClaimRequest, LeaseBackend
 from .logs import Action, log_fields, slot_iso
 
-__all__ = ["BEHIND_MS", "MAX_BEHIND", "Backlogs", "behind_reason", "is_behind"]
+__all__ = ["BEHIND_MS", "MAX_BEHIND", "Backlogs", "behind_reason", "is_behind", "why_behind"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -67,6 +74,32 @@ def is_behind(job: Job, slot: int, now: int) -> bool:
         return job.schedule.next_slot(slot) <= now
     except (StopIteration, OverflowError):  # no later slot before the end of the calendar
         return False
+
+
+def why_behind(late: Late, block: Block | None, watched: bool) -> tuple[str, str]:
+    """Why this instance fell behind, as far as it can tell: ``(cause, words)``, the cause one
+    of ``clock_step``, ``loop_blocked``, ``frozen`` or ``unknown``. ``late``: the timer's look
+    that handed the slot over; ``block``: the last block of the event loop the watchdog saw
+    end; ``watched``: the watchdog runs (without it a block and a freeze look alike)."""
+    if late.step_ms > 0:
+        return "clock_step", (
+            f"its wall clock stepped forward {late.step_ms} ms (set by hand or NTP, or the "
+            "host was asleep)"
+        )
+    # The block that kept the timer from looking: ended since its look before, most of the gap.
+    if (
+        block is not None
+        and block.ended_ms >= late.monotonic_ms - late.gap_ms
+        and block.blocked_ms * 2 >= late.gap_ms
+    ):
+        by = block.blocker or "code on the event loop (too short for the watchdog to name it)"
+        return "loop_blocked", f"its event loop was blocked for {block.blocked_ms} ms by {by}"
+    if watched and late.gap_ms > BEHIND_MS:
+        return "frozen", (
+            f"its process did not run for {late.gap_ms} ms, its watchdog thread neither: "
+            "stopped (SIGSTOP), a paused VM or container, or the GIL held that long"
+        )
+    return "unknown", "its process was frozen, its event loop blocked or its clock stepped"
 
 
 def behind_reason(
@@ -109,30 +142,36 @@ class Backlogs:
     """Decides the backlogs of one scheduler's jobs (see the module doc).
 
     ``_catch_up``: runs a job's slots one at a time, oldest first, trigger ``catch-up``
-    (:meth:`._catchup.CatchingUp.backlog`).
+    (:meth:`._catchup.CatchingUp.backlog`); ``_watchdog``: the loop watchdog, if it runs.
     """
 
     _backend: Backend
     _clock: Clock
     _claims: Claims
     _threads: HandlerThreads
-    _counters: Counters
     _catch_up: Callable[[Job, list[int]], None]
+    _watchdog: Callable[[], LoopWatchdog | None]
 
-    async def decide(self, job: Job, head: int, until: int, now: int, head_won: bool) -> None:
+    async def decide(
+        self, job: Job, head: int, until: int, now: int, head_won: bool, late: Late
+    ) -> None:
         """Decide the backlog of ``job``, its slots from ``head`` (the timer's slot, behind) up
         to ``until`` (due by this host's clock and the backend's): claim its live slot or catch
         it up, and record the slots passed over. ``now``: the backend's clock, which judges the
         live slot too late or not. ``head_won``: another instance was heard winning ``head``
-        (not recorded here)."""
+        (not recorded here). ``late``: the timer's look that handed ``head`` over (why the
+        instance fell behind: :func:`why_behind`)."""
         policy = job.policy
+        watchdog = self._watchdog()
+        # Read now, before the awaits below: a block that ends later is not this one.
+        cause = why_behind(late, watchdog.last_block if watchdog else None, watchdog is not None)
         plan = await self._plan(job, head, until)
         passed = plan.passed
         if not isinstance(self._backend, LeaseBackend):  # inside the duplicate window
             passed = [s for s in passed if s >= now - policy.max_late_ms - policy.jitter_ms]
         if head_won:
             passed = [s for s in passed if s != head]
-        self._warn(job, now, plan)
+        self._warn(job, now, plan, cause)
         # An instance on time claims a slot within its jitter: a slot younger than that (and a
         # claim's latency) is recorded once those claims are in, so a record made here never
         # takes a slot that another instance was about to run.
@@ -158,9 +197,10 @@ class Backlogs:
             await self._claims.fire(self._behind(job, young, now, plan), set(), keep=False)
 
     def _behind(self, job: Job, slots: list[int], now: int, plan: _Plan) -> list[ClaimRequest]:
-        """The claims that record ``slots`` of ``job`` skipped, ``behind: ...`` (counted)."""
+        """The claims that record ``slots`` of ``job`` skipped, ``behind: ...`` (counted in
+        ``behind`` when the record is written: a slot another instance ran keeps its run)."""
         shown = (plan.first, plan.newest, plan.count)
-        requests = [
+        return [
             replace(
                 self._claims.request(job, slot, Trigger.SCHEDULE),
                 skip_reason=behind_reason(
@@ -169,8 +209,6 @@ class Backlogs:
             )
             for slot in slots
         ]
-        self._counters.behind += len(requests)
-        return requests
 
     async def _plan(self, job: Job, head: int, until: int) -> _Plan:
         """What becomes of the due slots of ``job`` from ``head`` to ``until``."""
@@ -196,8 +234,8 @@ class Backlogs:
             outcome += f"; {many} passed over, the newest {len(passed)} recorded"
         return _Plan(mode, caught, head, newest, count, passed, passed_total, outcome)
 
-    def _warn(self, job: Job, now: int, plan: _Plan) -> None:
-        """One WARNING per backlog: how far behind, how many due, what catch_up does."""
+    def _warn(self, job: Job, now: int, plan: _Plan, cause: tuple[str, str]) -> None:
+        """One WARNING per backlog: how far behind and why, how many due, what catch_up does."""
         then = (
             f"{len(plan.caught)} caught up, oldest first"
             if plan.caught
@@ -205,11 +243,12 @@ class Backlogs:
         )
         first = plan.first
         logger.warning(
-            "job %s: this instance fell %d ms behind (its process was frozen or its clock "
-            "stepped): %d slot(s) due at once, %s to %s; catch_up=%s: %s, %d passed over "
-            "(recorded skipped, behind)",
+            "job %s: this instance fell %d ms behind (%s): %d slot(s) due at once, %s to %s; "
+            "catch_up=%s: %s, %d passed over (recorded skipped, behind, unless another "
+            "instance ran them)",
             job.name,
             now - first,
+            cause[1],
             plan.count,
             slot_iso(first),
             slot_iso(plan.newest),
@@ -223,5 +262,6 @@ class Backlogs:
                 count=plan.count,
                 behind_ms=now - first,
                 passed=plan.passed_total,
+                cause=cause[0],
             ),
         )

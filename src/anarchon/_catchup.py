@@ -1,7 +1,11 @@
 """Catching up on start: which slots were missed while no instance ran, and claiming them, one
 at a time and oldest first; the missed slots catch-up does not run are recorded ``missed``
 (:mod:`._missed`). A backlog this instance fell behind on while it ran (:mod:`._backlog`) is
-caught up the same way with ``catch_up="all"``."""
+caught up the same way with ``catch_up="all"``.
+
+One catch-up per job at a time on an instance: slots of a job whose catch-up is under way (the
+instance fell behind again while it ran, or on start) join it, in slot order, rather than
+running beside it."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from ._claims import CLAIM_PART, Claims
@@ -53,6 +57,15 @@ def _mode(value: CatchUp | str) -> CatchUp:
     return value if isinstance(value, CatchUp) else CatchUp(value)
 
 
+@dataclass(eq=False, slots=True)
+class _Queue:
+    """A job's catch-up under way: the slots it has still to claim, oldest first, and the job
+    (the newest definition given: a job added again under its name decides the rest)."""
+
+    job: Job
+    slots: list[int]
+
+
 @dataclass(eq=False)
 class CatchingUp:
     """Starts a catch-up for each job that missed slots (``catch_up`` other than ``none``)."""
@@ -64,6 +77,8 @@ class CatchingUp:
     _running: Callable[[], bool]
     _spawn: Callable[[Coroutine[Any, Any, Any]], None]
     _missed: MissedSlots | None = None
+    _queues: dict[str, _Queue] = field(default_factory=dict, init=False)
+    """The catch-ups under way, by job name (see :meth:`_enqueue`)."""
 
     async def start(self, jobs: list[Job], now: int) -> None:
         """Look up the last recorded slot of every job, in backend calls of at most
@@ -114,36 +129,67 @@ class CatchingUp:
                     policy.catch_up,
                     extra=log_fields(Action.CATCH_UP, job.name),
                 )
-                self._spawn(self._catch_up_slots(job, slots))
+                self._enqueue(job, slots)
         if self._missed is not None:
             await self._missed.record(jobs, last_slots, now, planned)
 
     def backlog(self, job: Job, slots: list[int]) -> None:
         """Run ``slots`` of ``job``, due at once because this instance fell behind (a frozen
         process, a clock step: :mod:`._backlog`, ``catch_up="all"``), one at a time, oldest
-        first, as missed slots are caught up on start."""
-        self._spawn(self._catch_up_slots(job, slots))
+        first, as missed slots are caught up on start. A catch-up of the job under way (a
+        backlog before, still running) takes them on: they never run beside it."""
+        self._enqueue(job, slots)
 
-    async def _catch_up_slots(self, job: Job, slots: list[int]) -> None:
-        policy = job.policy
-        # One slot at a time, oldest first. Before each claim an instance waits until no run of
-        # the job is going (instances that start together may have read different last slots),
-        # so catch-up runs do not overlap; the claim itself allows overlap, because a missed
-        # slot must not be recorded skipped for overlapping another missed slot.
-        idle_limit_s = policy.lease_ms * 2 / 1000
-        for slot in slots:
-            if not self._running() or not await self._until_idle(job, idle_limit_s):
-                return
-            active = await self._catch_up_slot(job, slot)
-            if active is False:
-                return
-            if isinstance(active, ActiveRun):
-                # Shielded: cancelling this catch-up (on stop) must not cancel the run's result.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(active.result)
+    def _enqueue(self, job: Job, slots: list[int]) -> None:
+        """Catch ``slots`` of ``job`` up: in the job's catch-up under way if there is one (the
+        slots it has still to claim and these, oldest first), else in a new one."""
+        queue = self._queues.get(job.name)
+        if queue is None:
+            self._queues[job.name] = queue = _Queue(job, sorted(set(slots)))
+            self._spawn(self._catch_up_slots(queue))
+            return
+        queue.job = job
+        queue.slots = sorted({*queue.slots, *slots})
+        logger.info(
+            "job %s: %d more slot(s) to catch up join the catch-up under way (%d left in it); "
+            "a job's catch-up runs one slot at a time",
+            job.name,
+            len(slots),
+            len(queue.slots),
+            extra=log_fields(Action.CATCH_UP, job.name),
+        )
 
-    async def _catch_up_slot(self, job: Job, slot: int) -> ActiveRun | bool:
-        """Claim one missed slot; the run started, True to go on, False to give up."""
+    async def _catch_up_slots(self, queue: _Queue) -> None:
+        # One slot at a time, oldest first, the slots that join meanwhile too. Before each
+        # claim an instance waits until no run of the job is going (instances that start
+        # together may have read different last slots), so catch-up runs do not overlap; the
+        # claim itself then allows overlap, because a missed slot must not be recorded skipped
+        # for overlapping another missed slot. A run still going after the wait (longer than
+        # two leases) is not run beside: the claim then follows the job's ``overlap``.
+        name = queue.job.name
+        try:
+            while queue.slots and self._running():
+                job, slot = queue.job, queue.slots.pop(0)
+                idle = await self._until_idle(job, job.policy.lease_ms * 2 / 1000)
+                if idle is None:
+                    return
+                active = await self._catch_up_slot(job, slot, idle)
+                if active is False:
+                    return
+                if isinstance(active, ActiveRun):
+                    # Shielded: cancelling this catch-up (on stop) must not cancel the run's
+                    # result.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(active.result)
+        finally:
+            # No await between the last look at the slots and this: a slot that joins after
+            # it starts a catch-up of its own.
+            if self._queues.get(name) is queue:
+                del self._queues[name]
+
+    async def _catch_up_slot(self, job: Job, slot: int, idle: bool) -> ActiveRun | bool:
+        """Claim one missed slot (``idle``: no run of the job was seen going); the run started,
+        True to go on, False to give up."""
         policy = job.policy
         reserved = False
         if not job.is_async:
@@ -152,9 +198,9 @@ class CatchingUp:
                 self._claims.starved([self._claims.request(job, slot, Trigger.CATCH_UP)])
                 return False
         try:
-            request = replace(
-                self._claims.request(job, slot, Trigger.CATCH_UP), overlap=Overlap.ALLOW
-            )
+            request = self._claims.request(job, slot, Trigger.CATCH_UP)
+            if idle:
+                request = replace(request, overlap=Overlap.ALLOW)
             claimed = await self._claims.claim([request], deadline_s=policy.max_late_ms / 1000)
             if not claimed:
                 return False
@@ -170,16 +216,18 @@ class CatchingUp:
             if reserved:
                 self._threads.unreserve()
 
-    async def _until_idle(self, job: Job, limit_s: float) -> bool:
-        """Wait up to ``limit_s`` until the job's newest run has ended; False if stopping."""
+    async def _until_idle(self, job: Job, limit_s: float) -> bool | None:
+        """Wait up to ``limit_s`` until the job's newest run has ended: True when it has (or
+        none is known), False when it still runs after ``limit_s``, None if stopping."""
         began = self._clock.monotonic_ms()
         while self._running():
             try:
                 last = await self._backend.last_run(job.name)
             except BackendUnavailable:
                 last = None
-            waited = (self._clock.monotonic_ms() - began) / 1000
-            if last is None or last.status.finished or waited >= limit_s:
+            if last is None or last.status.finished:
                 return True
+            if (self._clock.monotonic_ms() - began) / 1000 >= limit_s:
+                return False
             await self._clock.sleep(CATCH_UP_POLL_S)
-        return False
+        return None

@@ -158,7 +158,8 @@ class Firing:
             return False
         if running:
             head_won = self._heard(job, due.slot)
-            self._spawn(self._backlogs.decide(job, due.slot, until, now, head_won))
+            late = self.timer.late
+            self._spawn(self._backlogs.decide(job, due.slot, until, now, head_won, late))
         return True
 
     def _heard(self, job: Job, slot: int) -> bool:

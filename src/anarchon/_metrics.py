@@ -450,6 +450,8 @@ class Counters(_Tallies):
             key = skip_class(run.reason)
             if key == "skipped_paused":
                 self.slots_paused += 1
+            elif key == "skipped_behind":
+                self.behind += 1
             self.job(run.job)[_SLOTS_AT[key]] += 1
         else:
             self.job(run.job)[_RUNS_AT[RunStatus.SKIPPED.value]] += 1
@@ -514,9 +516,12 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
         previous run held its lease, too late, paused): slots and run requests, each counted
         once over every instance.
     :ivar too_late: slots this instance reached after ``max_late_ms`` (claimed as skipped).
-    :ivar behind: slots this instance passed over because it fell behind the job (its process
-        frozen, its clock stepped: newer slots due too) and claimed as skipped (``behind``), by
-        the job's ``catch_up`` (at most 100 per backlog, the newest).
+    :ivar behind: slots whose ``behind`` skip record this instance's claim wrote: slots it
+        passed over because it fell behind the job (its process frozen, its event loop blocked,
+        its clock stepped: newer slots due too), by the job's ``catch_up`` (at most 100 per
+        backlog, the newest). A slot another instance had run (or recorded) meanwhile keeps
+        that record and is not counted; so, as ``skipped_behind`` in :attr:`by_job`, each is
+        counted once over every instance, as history holds it.
     :ivar no_thread: slots of plain handlers not claimed because every handler thread was busy.
     :ivar early_slots_deferred: slots due by this host's clock but early by the backend's, put
         back to wait for the backend's time (this clock is ahead).

@@ -237,8 +237,8 @@ class Scheduler(Operations):
             self._clock,
             self._claims,
             self._threads,
-            self._counters,
             self._catching_up.backlog,
+            lambda: self._watchdog,
         )
         self._firing = Firing(
             self._jobs,

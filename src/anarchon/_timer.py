@@ -11,7 +11,7 @@ from typing import Final, NamedTuple
 from ._clock import Clock, sleep_or_wake
 from .logs import Action, log_fields
 
-__all__ = ["Due", "SlotTimer"]
+__all__ = ["Due", "Late", "SlotTimer"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -53,6 +53,17 @@ class Due(NamedTuple):
     generation: int
 
 
+class Late(NamedTuple):
+    """The timer's latest look at the clocks, which hands over the slots due then: at
+    ``monotonic_ms``, ``gap_ms`` after the look before it (the timer looks at least every
+    :data:`STEP_CHECK_MS` while the event loop runs: a longer gap is a loop that did not run),
+    and the wall clock's step between the two (0: none of :data:`STEP_MIN_MS` or more)."""
+
+    monotonic_ms: int
+    gap_ms: int
+    step_ms: int
+
+
 class SlotTimer:
     """Keeps every job's next slot in a heap and hands due slots over in batches.
 
@@ -72,6 +83,8 @@ class SlotTimer:
         self._seq = 0
         self._wake = asyncio.Event()
         self._last: tuple[int, int] | None = None  # (wall, monotonic) at the last look
+        self.late = Late(0, 0, 0)
+        """The latest look at the clocks: when, how long since the one before, the step."""
         # How many entries are due at their very slot, by due time: how early to hand over.
         self._instants: dict[int, int] = {}
 
@@ -114,7 +127,9 @@ class SlotTimer:
         wall, mono = self._clock.now_ms(), self._clock.monotonic_ms()
         if self._last is not None:
             step = (wall - self._last[0]) - (mono - self._last[1])
-            if abs(step) >= STEP_MIN_MS:
+            stepped = abs(step) >= STEP_MIN_MS
+            self.late = Late(mono, mono - self._last[1], step if stepped else 0)
+            if stepped:
                 logger.warning(
                     "the wall clock stepped %+d ms; slots fire by the new wall time, leases and "
                     "timeouts are unaffected (they run on the monotonic clock)",

@@ -1,7 +1,9 @@
 """A real scheduler process frozen (SIGSTOP) past several slots of an every-second job, then
 resumed (SIGCONT), on SQLite with every option at its default: the slots it passed over are
 recorded ``behind`` (catch_up="latest": only the newest due slot runs), not ``overlap`` with the
-first, each slot has one record, and the counters it exits with add up to history."""
+first, each slot has one record, the counters it exits with add up to history, and its WARNING
+says the process did not run. And a handler that blocks the event loop: the WARNING names it.
+And two instances, one frozen: the slots the other ran are not counted ``behind``."""
 
 from __future__ import annotations
 
@@ -77,3 +79,72 @@ async def test_a_frozen_instance_records_the_slots_it_passed_over_behind(tmp_pat
         recorded[key] = recorded.get(key, 0) + 1
     assert {k: v for k, v in slots.items() if v} == recorded, (slots, recorded)
     assert exit_record["metrics"]["behind"] == recorded["skipped_behind"]
+    # The WARNING says why: the whole process stopped (its watchdog thread too), not a block.
+    warnings = [line for line in worker.log.read_text().splitlines() if " behind (" in line]
+    assert warnings, fleet.logs()
+    assert all("its process did not run for" in line for line in warnings), warnings
+
+
+async def test_a_handler_that_blocks_the_loop_is_named_as_the_cause_of_its_backlog(
+    tmp_path: Path,
+) -> None:
+    # An async handler that blocks the event loop for 4 s (time.sleep) on an every-second job,
+    # every option at its default: each run leaves a backlog, and its WARNING names the loop
+    # blocked by that job, as the watchdog saw it, not a frozen process or a clock step.
+    fleet = Fleet(f"sqlite:///{tmp_path / 'anarchon.db'}", tmp_path)
+    try:
+        [worker] = fleet.spawn(
+            1, schedule="* * * * * *", seconds=60, handler_mode="block", sleep_ms=4_000
+        )
+        fleet.wait_ready([worker])
+
+        def backlogs() -> list[str]:
+            lines = worker.log.read_text().splitlines()
+            return [line for line in lines if " behind (" in line]
+
+        wait_for(lambda: len(backlogs()) >= 2, "two backlogs", 40)
+        fleet.stop_all()
+    finally:
+        fleet.stop_all()
+    warnings = backlogs()
+    assert all("its event loop was blocked for" in line for line in warnings), warnings
+    assert all("by job 'tick'" in line for line in warnings), warnings
+
+
+async def test_behind_counts_only_what_the_frozen_instance_recorded(tmp_path: Path) -> None:
+    # Two instances, every option at its default; one is stopped 6 s while the other runs every
+    # slot. The one that comes back finds those slots run: it records and counts none behind
+    # (0.1.0 counted each slot it tried to record).
+    db = tmp_path / "anarchon.db"
+    fleet = Fleet(f"sqlite:///{db}", tmp_path)
+    try:
+        frozen, other = fleet.spawn(2, schedule="* * * * * *", seconds=60)
+        fleet.wait_ready([frozen, other])
+        wait_for(lambda: len(fleet.records("start")) >= 3, "runs before the freeze", 20)
+        frozen.kill(signal.SIGSTOP)
+        try:
+            time.sleep(FROZEN_S)  # noqa: ASYNC251 - the process is stopped; nothing to await
+        finally:
+            frozen.kill(signal.SIGCONT)
+        resumed_ms = time.time() * 1000
+        wait_for(
+            lambda: " behind (" in frozen.log.read_text(), "the resumed instance's backlog", 20
+        )
+        wait_for(
+            lambda: [r for r in fleet.records("start") if r["t"] * 1000 > resumed_ms + 2_500],
+            "runs after the freeze",
+            20,
+        )
+        fleet.stop_all()
+    finally:
+        fleet.stop_all()
+    history = await _history(db)
+    starts = [r["slot"] for r in fleet.records("start")]
+    assert len(starts) == len(set(starts)), "a slot ran twice"
+    recorded = dict.fromkeys(("w0", "w1"), 0)
+    for run in history:
+        if (run.reason or "").startswith("behind: "):
+            recorded[run.instance] += 1
+    exits = {r["pid"]: r for r in fleet.records("exit")}
+    counted = {w: exits[p.pid]["metrics"]["behind"] for w, p in (("w0", frozen), ("w1", other))}
+    assert counted == recorded, (counted, recorded, frozen.log.read_text())

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
-from anarchon import RunContext, RunStatus, Scheduler, Trigger
+from anarchon import Overlap, RunContext, RunStatus, Scheduler, Trigger
 from anarchon._job import build_job, job_options
+from anarchon.backend import ClaimRequest
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import START
 
@@ -151,3 +153,98 @@ def test_a_slot_claimed_a_little_late_is_not_behind() -> None:
     every_ten = build_job("b", "*/10 * * * * *", lambda ctx: None, job_options("t", {}), backend)
     assert not is_behind(every_ten, START + 10 * SECOND, START + 19_999)
     assert is_behind(every_ten, START + 10 * SECOND, START + 20_000)
+
+
+async def test_a_second_backlog_of_catch_up_all_joins_the_first_never_beside_it() -> None:
+    # catch_up="all", each run 3 s: the first backlog's six runs take 18 s; frozen again 4 s
+    # in, the second backlog's slots join the catch-up under way instead of running beside it.
+    clock = FakeClock(START)
+    ran: list[tuple[int, Trigger]] = []
+    running: set[int] = set()
+    most = 0
+
+    async def slow(ctx: RunContext) -> None:
+        nonlocal most
+        assert ctx.slot is not None
+        slot = int(ctx.slot.timestamp() * 1000)
+        ran.append((slot, ctx.trigger))
+        running.add(slot)
+        most = max(most, len(running))
+        try:
+            await clock.sleep(3)
+        finally:
+            running.discard(slot)
+
+    scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
+    scheduler.add("tick", EVERY_SECOND, slow, catch_up="all", jitter_ms=0)
+    async with scheduler:
+        await clock.advance(2_500)
+        await clock.advance(FROZEN_MS, step_ms=FROZEN_MS)  # woken at 8 s: 3 s to 8 s due
+        await clock.advance(4_000)
+        await clock.advance(FROZEN_MS, step_ms=FROZEN_MS)  # again: 13 s to 17.5 s due
+        await clock.advance(60_000)
+        history = _by_slot(await scheduler.history("tick", limit=200))
+    caught = [slot for slot, trigger in ran if trigger is Trigger.CATCH_UP]
+    assert most == 1, f"{most} runs of the job at once: {ran}"
+    assert caught == sorted(caught), caught  # one catch-up, oldest first
+    assert set(DUE) <= set(caught), caught
+    second = [START + n * SECOND for n in range(13, 18)]
+    assert set(second) <= set(caught), caught
+    for slot in DUE + second:
+        assert history[slot].status is RunStatus.SUCCEEDED, history[slot]
+
+
+async def test_behind_counts_only_the_records_this_instance_wrote() -> None:
+    # Another instance ran the slots this one passes over while frozen: its claims find those
+    # runs and record nothing, so nothing is counted behind (before: every slot tried was).
+    clock = FakeClock(START)
+    backend = MemoryBackend(clock=clock)
+    ran, tick = _recorder()
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", EVERY_SECOND, tick, jitter_ms=0)
+    async with scheduler:
+        await clock.advance(2_500)
+        for slot in DUE:  # the other instance's runs, won and finished
+            request = ClaimRequest(
+                job="tick",
+                slot=slot,
+                run_id=uuid4().hex,
+                token=uuid4().hex,
+                instance="other",
+                trigger=Trigger.SCHEDULE,
+                lease_ms=15_000,
+                overlap=Overlap.ALLOW,
+            )
+            [outcome] = await backend.claim([request])
+            assert outcome.ticket is not None
+            await backend.finish(outcome.ticket, "succeeded", None)
+        await clock.advance(FROZEN_MS, step_ms=FROZEN_MS)
+        await clock.advance(3_000)
+        history = _by_slot(await scheduler.history("tick", limit=100))
+    assert all(history[slot].instance == "other" for slot in DUE), history
+    assert not [r for r in history.values() if (r.reason or "").startswith("behind")]
+    assert not set(DUE) & {slot for slot, _ in ran}
+    metrics = scheduler.metrics()
+    assert metrics.by_job["tick"].slots["skipped_behind"] == 0
+    assert metrics["behind"] == 0, "slots another instance ran were counted behind"
+
+
+def test_why_behind_names_the_cause_it_can_tell() -> None:
+    from anarchon._backlog import why_behind
+    from anarchon._timer import Late
+    from anarchon._watchdog import Block
+
+    stepped = Late(10_000, 900, 5_000)
+    assert why_behind(stepped, None, True)[0] == "clock_step"
+    assert "stepped forward 5000 ms" in why_behind(stepped, None, True)[1]
+    blocked = Block(9_990, 5_200, "job 'slow' (handler app.slow; in slow at app.py:3)")
+    late = Late(10_000, 6_000, 0)
+    cause, words = why_behind(late, blocked, True)
+    assert cause == "loop_blocked" and "blocked for 5200 ms by job 'slow'" in words, words
+    # A block that ended before the timer's look before, or too short to explain the gap.
+    assert why_behind(late, Block(3_000, 5_200, None), True)[0] == "frozen"
+    assert why_behind(late, Block(9_990, 600, None), True)[0] == "frozen"
+    assert "did not run for 6000 ms" in why_behind(late, None, True)[1]
+    # Without the watchdog a block and a freeze look alike: it says so.
+    cause, words = why_behind(late, None, False)
+    assert cause == "unknown" and "frozen, its event loop blocked or its clock stepped" in words
