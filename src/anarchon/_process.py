@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
@@ -15,7 +16,7 @@ from ._supervisor import cancel_and_wait
 from .errors import SchedulerStateError
 from .logs import Action, log_fields
 
-__all__ = ["EXIT_WAIT_S", "run", "serve"]
+__all__ = ["EXIT_WAIT_S", "check_main_thread", "run", "serve"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -43,6 +44,7 @@ def run(
             "Scheduler.run() blocks and cannot be called inside a running event loop; "
             "in async code use 'async with scheduler: ...' or 'await scheduler.serve()'"
         )
+    check_main_thread()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     main = loop.create_task(serve())
@@ -91,6 +93,21 @@ def run(
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def check_main_thread() -> None:
+    """Raise :class:`SchedulerStateError` outside the main thread: ``run()`` stops on SIGINT
+    and SIGTERM, whose handlers only the main thread can install; elsewhere nothing could stop
+    it (before, it ran on, deaf to both, and the process could not exit)."""
+    thread = threading.current_thread()
+    if thread is not threading.main_thread():
+        raise SchedulerStateError(
+            f"Scheduler.run() was called from thread {thread.name!r}: it stops on SIGINT and "
+            "SIGTERM, whose handlers only the main thread can install, so nothing could stop "
+            "it there. Call run() from the main thread, or in this thread run "
+            "'asyncio.run(scheduler.serve(stop))' with an asyncio.Event 'stop' made in that "
+            "loop, and stop it from another thread with 'loop.call_soon_threadsafe(stop.set)'"
+        )
 
 
 async def serve(

@@ -159,6 +159,10 @@ class RunExecutor:
     (see :mod:`._retrying`); awaited in the run's task, so a drain waits for it too."""
     results: ResultRecorder = field(init=False)
     """Records the runs' results (:class:`Claims` holds them back while a burst starts)."""
+    abandoned: list[ActiveRun] = field(default_factory=list, init=False)
+    """Runs whose task was cancelled from outside while their handler ran (the event loop
+    ending under a running scheduler: ``asyncio.run()`` cancels every task): no result, the
+    lease held and no longer renewed. :meth:`drain` hands them over."""
     _hurried: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _monotonic_ms: Callable[[], int] = field(init=False)
     _callbacks: contextvars.Context = field(init=False)
@@ -361,7 +365,12 @@ class RunExecutor:
                     task.uncancel()
                 return None
             if task is not None and task.cancelling() > 0:
-                raise  # not ours: the scheduler is abandoning the run
+                # Not ours: the loop ends under the scheduler (see abandoned), or the scheduler
+                # abandons the run. A stop hands it over, unless its thread still works (then
+                # its lease is left to expire, as on a stop).
+                if not active.thread_running:
+                    self.abandoned.append(active)
+                raise
             return RunStatus.FAILED, _describe_base(exc), exc
         except Exception as exc:
             spare = active.ticket.attempt < active.job.policy.max_attempts
@@ -552,6 +561,8 @@ class RunExecutor:
         leftover = [a for a in self.active.values() if a.task is not None and not a.task.done()]
         for active in leftover:
             self._cancel(active, HANDED_OVER)
+        if self.abandoned:
+            await self._hand_over_abandoned()
         if not leftover:
             return
         # Give the cancelled handlers and the release/finish calls a bounded time; a call
@@ -577,6 +588,23 @@ class RunExecutor:
         for active in leftover:
             if active.task is not None and not active.task.done() and not active.in_handler:
                 active.task.cancel()  # stuck in a release or finish call: abandoned
+
+    async def _hand_over_abandoned(self) -> None:
+        """Hand over (or record failed) the runs cancelled from outside (:attr:`abandoned`),
+        bounded as the cancelled handlers' hand-over is."""
+        abandoned, self.abandoned = self.abandoned, []
+        releases = [asyncio.ensure_future(self._release(active)) for active in abandoned]
+        done, pending = await asyncio.wait(releases, timeout=CANCEL_GRACE_S)
+        for release in pending:
+            release.cancel()  # an unreachable backend: the lease expires
+        for release in done:
+            failed = release.exception()
+            if failed is not None:
+                logger.error(
+                    "handing over a run cancelled from outside failed",
+                    exc_info=failed,
+                    extra=log_fields(Action.INTERNAL_ERROR),
+                )
 
     def stubborn(self) -> list[asyncio.Task[Any]]:
         """Runs whose handlers ignored their cancellation and still work (after :meth:`drain`)."""

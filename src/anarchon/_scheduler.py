@@ -273,6 +273,7 @@ class Scheduler(Operations):
         self._watchdog: LoopWatchdog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_mailbox: Mailbox | None = None
+        self._loop_ended = False  # the event loop ended under the running scheduler (_guard)
 
     @property
     def instance_id(self) -> str:
@@ -534,6 +535,40 @@ class Scheduler(Operations):
             self._heartbeat = beat
             beat.start()
             stack.push_async_callback(beat.stop)
+        # Last, so a stop ends it first (it then does nothing), unless the stop is its own.
+        guard = loop.create_task(self._guard(), name=f"anarchon guard of {self.instance_id}")
+        stack.push_async_callback(self._end_guard, guard)
+
+    async def _guard(self) -> None:
+        """Wait, doing nothing, until cancelled. Cancelled while the scheduler runs (no stop
+        begun), the event loop is ending under it: ``asyncio.run()`` returned or raised with the
+        scheduler still running, and cancels every task left, handlers' and the scheduler's
+        own. Then stop now, the grace cut short (the handlers are cancelled already): their
+        runs are handed over, this instance leaves the registry and the backend is closed,
+        instead of leases and the instance's record left to expire. ``asyncio.run()`` waits
+        for this task, so for the stop."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._state is not _State.RUNNING or task is None:
+                raise  # stop() ends it
+            task.uncancel()
+            self._loop_ended = True  # the stop must not cancel this task: asyncio.run() awaits it
+            logger.warning(
+                "scheduler %s: the event loop is ending while it runs (asyncio.run() returned "
+                "or raised before 'await scheduler.stop()'), cancelling its handlers: stopping "
+                "now, their runs handed over. Stop the scheduler before the loop ends: 'async "
+                "with scheduler:' or 'await scheduler.stop()'",
+                self.instance_id,
+                extra=log_fields(Action.LOOP_ENDED),
+            )
+            self._executor.hurry()
+            await self.stop()
+
+    async def _end_guard(self, guard: asyncio.Task[None]) -> None:
+        if not self._loop_ended:
+            await cancel_and_wait([guard])
 
     async def _subscribe_claims(self) -> None:
         """Hear the claims other instances win (rank delays: see :mod:`._rendezvous`)."""
@@ -773,8 +808,10 @@ class Scheduler(Operations):
         so its result is recorded), then logged and left behind, its lease left to expire.
 
         Raises :class:`~anarchon.errors.SchedulerStateError` inside a running event loop (use
-        ``async with scheduler`` or ``await scheduler.serve()`` there), and if the scheduler
-        was started before (it is left as it is).
+        ``async with scheduler`` or ``await scheduler.serve()`` there), outside the main thread
+        (only it can take the signals: in another thread, ``asyncio.run(scheduler.serve(stop))``
+        with an :class:`asyncio.Event` set through ``loop.call_soon_threadsafe``), and if the
+        scheduler was started before (it is left as it is).
         """
         self._run_until(None)
 

@@ -52,6 +52,7 @@ class Action(StrEnum):
     STOP = "stop"
     SIGNAL = "signal"
     GRACE_CUT_SHORT = "grace_cut_short"
+    LOOP_ENDED = "loop_ended"
     INTERNAL_ERROR = "internal_error"
     LOOP_FAILED = "loop_failed"
     KEEPER = "keeper"

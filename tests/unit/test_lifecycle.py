@@ -234,3 +234,79 @@ async def test_a_cancelled_keeper_stop_lets_its_thread_end_without_a_traceback(
     await asyncio.to_thread(thread.join, 5)
     assert not thread.is_alive()
     assert failures == []
+
+
+async def test_the_end_of_asyncio_run_with_the_scheduler_running_stops_it_and_hands_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # main() returns with the scheduler started and a handler running: asyncio.run() cancels
+    # every task. The scheduler stops there and then, its run handed over (before: its lease
+    # was left to expire, its instance record left to fall silent). Every option at its default.
+    caplog.set_level(logging.INFO, "anarchon")
+    scheduler = Scheduler(MemoryBackend(), instance_id="one")
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def work(ctx: RunContext) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        scheduler.add("work", "* * * * * *", work)
+        await scheduler.start()
+        await asyncio.wait_for(started.wait(), 10)
+
+    began = time.monotonic()
+    await asyncio.to_thread(asyncio.run, main())
+    assert time.monotonic() - began < 20
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert "loop_ended" in actions and "handed_over" in actions, actions
+    assert "stopped" in actions and not scheduler.running
+    assert scheduler.metrics()["handed_over"] == 1
+    bad = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert bad == [], bad
+
+
+def test_run_outside_the_main_thread_says_so_at_once() -> None:
+    # Only the main thread can install the signal handlers run() stops on: elsewhere it ran on,
+    # deaf to SIGINT and SIGTERM, and nothing could stop it.
+    scheduler = Scheduler(MemoryBackend())
+    caught: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            scheduler.run()
+        except BaseException as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=target, name="jobs", daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "run() ran on in a thread, deaf to the signals"
+    [error] = caught
+    assert isinstance(error, SchedulerStateError), error
+    assert "thread 'jobs'" in str(error) and "main thread" in str(error), error
+    assert "call_soon_threadsafe(stop.set)" in str(error), error
+    assert not scheduler.running
+
+
+def test_serve_in_a_thread_stops_when_its_event_is_set() -> None:
+    # What the error of run() in a thread says to do instead.
+    scheduler = Scheduler(MemoryBackend())
+    ready = threading.Event()
+    held: dict[str, Any] = {}
+
+    async def main() -> None:
+        held["loop"], held["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        serving = asyncio.ensure_future(scheduler.serve(held["stop"]))
+        while not scheduler.running:  # noqa: ASYNC110 - the scheduler's state has no event
+            await asyncio.sleep(0.01)
+        ready.set()
+        await serving
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    held["loop"].call_soon_threadsafe(held["stop"].set)
+    thread.join(10)
+    assert not thread.is_alive() and not scheduler.running
