@@ -16,7 +16,7 @@ import pytest
 
 from anarchon import RunStatus, Scheduler, SQLiteBackend
 from anarchon._metrics import skip_class
-from tests.conformance.procs import Fleet, wait_for
+from tests.conformance.procs import Fleet, Worker, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,24 @@ async def _history(path: Path) -> list[Any]:
         return await scheduler.history("tick", limit=200)
 
 
+def _freeze(fleet: Fleet, worker: Worker) -> tuple[float, float]:
+    """Stop ``worker`` (SIGSTOP) for :data:`FROZEN_S`, resume it, and wait for runs 2.5 s after;
+    return when it was stopped and resumed (epoch ms)."""
+    worker.kill(signal.SIGSTOP)
+    stopped_ms = time.time() * 1000
+    try:
+        time.sleep(FROZEN_S)
+    finally:
+        worker.kill(signal.SIGCONT)
+    resumed_ms = time.time() * 1000
+    wait_for(
+        lambda: [r for r in fleet.records("start") if r["t"] * 1000 > resumed_ms + 2_500],
+        "runs after the freeze",
+        20,
+    )
+    return stopped_ms, resumed_ms
+
+
 async def test_a_frozen_instance_records_the_slots_it_passed_over_behind(tmp_path: Path) -> None:
     db = tmp_path / "anarchon.db"
     fleet = Fleet(f"sqlite:///{db}", tmp_path)
@@ -35,18 +53,7 @@ async def test_a_frozen_instance_records_the_slots_it_passed_over_behind(tmp_pat
         [worker] = fleet.spawn(1, schedule="* * * * * *", seconds=60)
         fleet.wait_ready([worker])
         wait_for(lambda: len(fleet.records("start")) >= 2, "two runs before the freeze", 20)
-        worker.kill(signal.SIGSTOP)
-        stopped_ms = time.time() * 1000
-        try:
-            time.sleep(FROZEN_S)  # noqa: ASYNC251 - the process is stopped; nothing to await
-        finally:
-            worker.kill(signal.SIGCONT)
-        resumed_ms = time.time() * 1000
-        wait_for(
-            lambda: [r for r in fleet.records("start") if r["t"] * 1000 > resumed_ms + 2_500],
-            "runs after the freeze",
-            20,
-        )
+        stopped_ms, resumed_ms = _freeze(fleet, worker)
         fleet.stop_all()
     finally:
         fleet.stop_all()
@@ -121,19 +128,9 @@ async def test_behind_counts_only_what_the_frozen_instance_recorded(tmp_path: Pa
         frozen, other = fleet.spawn(2, schedule="* * * * * *", seconds=60)
         fleet.wait_ready([frozen, other])
         wait_for(lambda: len(fleet.records("start")) >= 3, "runs before the freeze", 20)
-        frozen.kill(signal.SIGSTOP)
-        try:
-            time.sleep(FROZEN_S)  # noqa: ASYNC251 - the process is stopped; nothing to await
-        finally:
-            frozen.kill(signal.SIGCONT)
-        resumed_ms = time.time() * 1000
+        _freeze(fleet, frozen)
         wait_for(
             lambda: " behind (" in frozen.log.read_text(), "the resumed instance's backlog", 20
-        )
-        wait_for(
-            lambda: [r for r in fleet.records("start") if r["t"] * 1000 > resumed_ms + 2_500],
-            "runs after the freeze",
-            20,
         )
         fleet.stop_all()
     finally:
