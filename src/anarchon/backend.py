@@ -589,6 +589,43 @@ class Backend(abc.ABC):
         """
         return None
 
+    # -- many jobs' history in one call: the views of many jobs ------------------------------
+
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """Return :meth:`history` ``(job, limit)`` of each of ``jobs``, keyed by job: the same
+        runs in the same order (newest first), one key per distinct name, ``[]`` for a job that
+        has no records (and for every job when ``limit`` is 0 or less).
+
+        For the views of many jobs at once (``anarchon jobs`` through
+        :func:`~anarchon.registry.describe_jobs`, the dashboard's jobs page), which ask for at
+        most :data:`~anarchon.registry.DESCRIBE_BATCH` jobs a call. Override to answer in one
+        round trip (one statement, one pipeline or script) the runs the per-job reads would
+        answer: each job's list as one :meth:`history` would read it, with no atomicity across
+        jobs. The answer is whole or an error: raise what :meth:`history` would raise
+        (:class:`~anarchon.errors.BackendUnavailable` if the backend cannot be reached).
+
+        Optional. Default: :meth:`history` per job, :data:`~anarchon.registry.DESCRIBE_READS`
+        at a time, the first error ending the other reads and raised; so a backend written
+        before this method existed keeps working, at one call per job.
+        """
+        from .registry import DESCRIBE_READS
+
+        names = list(dict.fromkeys(jobs))
+        if limit <= 0:
+            return {job: [] for job in names}
+        gate = asyncio.Semaphore(DESCRIBE_READS)
+
+        async def read(job: str) -> list[Run]:
+            async with gate:
+                return await self.history(job, limit)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(read(job)) for job in names]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # the backend's error, as one read raised it
+        return {job: task.result() for job, task in zip(names, tasks, strict=True)}
+
     async def server_time_ms(self) -> int | None:
         """Return the backend's clock (epoch ms) now, or None if it cannot tell at the moment.
 

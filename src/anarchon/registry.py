@@ -706,33 +706,32 @@ class JobView:
     """The pause that holds the job: its own, else the whole cluster's (``job == "*"``)."""
 
 
-#: History reads :func:`describe_jobs` keeps in flight at once: enough that the reads' round trips
+#: History reads in flight at once in the default ``Backend.histories`` (one job a call, for a
+#: backend that has no batch read of its own): enough that the reads' round trips
 #: overlap (one after another, 3 000 jobs waited for 3 000 in turn), few enough that a backend's
 #: connection pool is not handed thousands of calls at once.
 DESCRIBE_READS: Final = 32
 
+#: Jobs per :meth:`~anarchon.backend.Backend.histories` call of :func:`describe_jobs`: a whole
+#: cluster of thousands of jobs in one call (a statement, a pipeline, a read of the stream), and
+#: no call's answer growing without bound with the cluster.
+DESCRIBE_BATCH: Final = 10_000
+
 
 async def _histories(backend: Backend, names: Sequence[str], runs: int) -> list[list[Run]]:
-    """Up to ``runs`` recent attempts of each of ``names``, in their order, read
-    :data:`DESCRIBE_READS` at a time; the first error ends the others and is raised."""
-    gate = asyncio.Semaphore(DESCRIBE_READS)
-
-    async def read(name: str) -> list[Run]:
-        async with gate:
-            return await backend.history(name, limit=runs)
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(read(name)) for name in names]
-    except BaseExceptionGroup as failed:
-        raise failed.exceptions[0] from None  # the backend's error, as one read raised it
-    return [task.result() for task in tasks]
+    """Up to ``runs`` recent attempts of each of ``names``, in their order: one
+    :meth:`~anarchon.backend.Backend.histories` call per :data:`DESCRIBE_BATCH` jobs; its
+    error is raised."""
+    found: dict[str, list[Run]] = {}
+    for at in range(0, len(names), DESCRIBE_BATCH):
+        found.update(await backend.histories(names[at : at + DESCRIBE_BATCH], runs))
+    return [found.get(name, []) for name in names]
 
 
 async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> list[JobView]:
     """One :class:`JobView` per job the view's instances carry, reading up to ``runs`` recent
-    attempts of each from ``backend`` (started; :data:`DESCRIBE_READS` reads at a time), and
-    the pauses once."""
+    attempts of each from ``backend`` (started; :meth:`~anarchon.backend.Backend.histories`,
+    :data:`DESCRIBE_BATCH` jobs a call), and the pauses once."""
     from ._models import Trigger
     from ._schedule import CronSchedule
     from .control import active_pause

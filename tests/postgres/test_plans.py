@@ -156,6 +156,7 @@ async def _check(filled: PostgresBackend, job: str) -> None:
     statements: dict[str, tuple[bytes, dict[str, Any]]] = {
         "history": (q["history"], {"job": job, "limit": 50}),
         "last_run": (q["history"], {"job": job, "limit": 1}),
+        "histories": (q["histories"], {"jobs": [job, "job1", "nobody"], "limit": 20}),
         "last_slot": (q["last_slot"], {"job": job}),
         "claim_lookup": (
             q["claim_decide"],

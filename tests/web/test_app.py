@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,13 +23,17 @@ import uvicorn
 
 from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, Trigger
 from anarchon._times import LATEST_MS
+from anarchon.backend import ClaimRequest
 from anarchon.control import Pause
-from anarchon.registry import JobDefinition
+from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.registry import JobDefinition, build_view
 from anarchon.web import dashboard
 from anarchon.web._data import (
     FATES,
     MAX_WALK,
+    Snapshot,
     fate_of,
+    job_rows,
     recent_slots,
     schedule_in_words,
     timeline,
@@ -1044,3 +1048,68 @@ def test_the_dashboard_command_serves_while_the_backend_does_not_answer(tmp_path
         assert "warning: the backend cannot be reached" in log.read_text()
     finally:
         stop_processes([proc])
+
+
+class _Reads(MemoryBackend):
+    """The in-memory backend, counting its history reads; ``refused`` makes the reads of that
+    job fail (a permanent error), ``down`` every read (an outage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.refused: str | None = None
+        self.down = False
+
+    def _check(self, jobs: Sequence[str]) -> None:
+        if self.down:
+            raise BackendUnavailable("no answer within 5 s (test)")
+        if self.refused is not None and self.refused in jobs:
+            raise BackendError(f"job {self.refused!r} refused (test)")
+
+    async def history(self, job: str, limit: int = 100) -> list[Run]:
+        self.calls.append("history")
+        self._check([job])
+        return await super().history(job, limit)
+
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        self.calls.append(f"histories of {len(jobs)}")
+        self._check(jobs)
+        return await super().histories(jobs, limit)
+
+
+async def test_the_jobs_page_reads_its_rows_histories_in_one_call() -> None:
+    """The jobs page read each row's history in a call of its own (50 a page). It reads them
+    in one; a job the backend refuses still shows its error in its own row only, and an outage
+    in every row."""
+    backend = _Reads()
+    [won] = await backend.claim(
+        [
+            ClaimRequest(
+                job="a", slot=None, run_id="r1", token="t1", instance="w0", trigger=Trigger.MANUAL
+            )
+        ]
+    )
+    assert won.ticket is not None
+    await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+    names = ["a", "b", "c"]
+    jobs = [JobDefinition(name=name, expression="0 0 1 1 *", zone="UTC") for name in names]
+    now = int(time.time() * 1000)
+    snapshot = Snapshot(
+        now_ms=now,
+        view=build_view([instance_record("w0", *jobs, beat=now)], now),
+        pauses=(),
+        has_registry=True,
+        has_control=True,
+    )
+    rows = await job_rows(backend, snapshot, names)
+    assert backend.calls == ["histories of 3"]
+    assert [r.last_run is not None for r in rows] == [True, False, False]
+    assert [r.error for r in rows] == [None, None, None]
+    backend.refused = "b"
+    rows = await job_rows(backend, snapshot, names)
+    assert [r.error for r in rows] == [None, "BackendError: job 'b' refused (test)", None]
+    assert rows[0].last_run is not None
+    backend.down = True
+    rows = await job_rows(backend, snapshot, names)
+    errors = {r.error for r in rows}
+    assert errors == {"BackendUnavailable: no answer within 5 s (test)"}, errors

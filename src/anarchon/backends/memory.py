@@ -294,8 +294,18 @@ class MemoryBackend(LeaseBackend):
     @_serialised
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`."""
+        return self._newest(job, limit)
+
+    def _newest(self, job: str, limit: int) -> list[Run]:
+        """Up to ``limit`` runs of ``job``, newest first (under the lock)."""
         rows = self._rows.rows(job)
         return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
+
+    @_serialised
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: every job's under one hold of the
+        lock."""
+        return {job: self._newest(job, limit) for job in dict.fromkeys(jobs)}
 
     @_serialised
     async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:

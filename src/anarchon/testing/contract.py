@@ -14,9 +14,9 @@ new, *unstarted* backend on a fresh, empty store (one store per test)::
 
 The tests are async: they need pytest-asyncio (``asyncio_mode = "auto"``, or the classes' own
 ``asyncio`` mark, which they carry). They check every call of :mod:`anarchon.backend` as its
-docstrings specify: one winner per slot, idempotent claims, rising fences, history order,
-pruning, takeovers, release, overlap, batches, pauses, run requests and missed records
-(:mod:`anarchon.control`), the registry's records and definitions sets
+docstrings specify: one winner per slot, idempotent claims, rising fences, history order (one
+job's, and many jobs' at once), pruning, takeovers, release, overlap, batches, pauses, run
+requests and missed records (:mod:`anarchon.control`), the registry's records and definitions sets
 (:mod:`anarchon.registry`, one of 100 000 jobs), and claim notices (``subscribe_claims``;
 skipped for a backend that announces none). A few wait for short leases (0.6 s) to expire.
 anarchon's own backends run the same classes (``tests/conformance/test_contract.py``).
@@ -128,6 +128,45 @@ class BackendContract(ControlContract, RegistryContract, NoticesContract):
         assert await backend.last_run("job") == history[0]
         assert len(await backend.history("job", limit=2)) == 2
         assert await backend.history("nobody", limit=5) == []
+
+    async def test_histories_answer_each_jobs_history(self, backend: Backend) -> None:
+        """histories answers, for several jobs at once, what history answers for each: the
+        same runs in the same order (newest first), ``limit`` per job, ``[]`` for a job with no
+        records, one key per distinct name."""
+        ended = {"a": [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.SUCCEEDED], "b": []}
+        for job, statuses in ended.items():
+            for n, status in enumerate(statuses):
+                [won] = await backend.claim([request(job, SLOT + n * 1000, **lease(backend))])
+                assert won.ticket is not None
+                error = "boom" if status is RunStatus.FAILED else None
+                await backend.finish(won.ticket, status, error)
+        skip = request("a", SLOT + 5000, skip_reason="too late: test", **lease(backend))
+        running = request("b", SLOT, **lease(backend))
+        manual = request("b", None, trigger=Trigger.MANUAL, **lease(backend))
+        await backend.claim([skip, running, manual])
+        jobs = ["a", "nobody", "b", "a"]
+        for limit in (100, 3, 1):
+            found = await backend.histories(jobs, limit)
+            assert sorted(found) == ["a", "b", "nobody"]
+            for job in found:
+                assert found[job] == await backend.history(job, limit), (job, limit)
+        newest = await backend.histories(jobs)  # the default limit
+        assert [(r.slot_ms, r.status) for r in newest["a"]] == [
+            (SLOT + 5000, RunStatus.SKIPPED),
+            (SLOT + 2000, RunStatus.SUCCEEDED),
+            (SLOT + 1000, RunStatus.FAILED),
+            (SLOT, RunStatus.SUCCEEDED),
+        ]
+        assert newest["a"][2].error == "boom" and newest["nobody"] == []
+        assert {(r.slot_ms, r.trigger) for r in newest["b"]} == {
+            (SLOT, Trigger.SCHEDULE),
+            (None, Trigger.MANUAL),
+        }
+        assert all(r.status is RunStatus.RUNNING for r in newest["b"])
+        two = await backend.histories(jobs, 2)
+        assert {job: len(runs) for job, runs in two.items()} == {"a": 2, "b": 2, "nobody": 0}
+        assert await backend.histories(jobs, 0) == {"a": [], "nobody": [], "b": []}
+        assert await backend.histories([]) == {}
 
     async def test_runs_recorded_in_one_millisecond_keep_their_order(
         self, backend: Backend

@@ -20,6 +20,7 @@ from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
 from ..control import ALL_JOBS, PAUSED, Pause, active_pause
+from ..errors import BackendUnavailable
 from ..registry import (
     ClusterView,
     Drift,
@@ -355,17 +356,31 @@ def select_jobs(snapshot: Snapshot, query: str = "") -> list[str]:
     return sorted(n for n in names if not needle or _matches(n, needle))
 
 
+async def _row_histories(backend: Backend, names: Sequence[str]) -> list[list[Run] | BaseException]:
+    """The recent history of each of ``names``, in one
+    :meth:`~anarchon.backend.Backend.histories` call; each row's own error instead of its runs
+    when the call fails (an outage: every row shows it; any other error: each job's history is
+    read on its own, so one job the backend refuses does not blank the others)."""
+    try:
+        found = await backend.histories(names, ROW_RUNS)
+    except BackendUnavailable as exc:
+        return [exc for _ in names]
+    except Exception:  # shown per row below, as each read on its own raises it
+        return await asyncio.gather(
+            *(backend.history(name, ROW_RUNS) for name in names), return_exceptions=True
+        )
+    return [found.get(name, []) for name in names]
+
+
 async def job_rows(backend: Backend, snapshot: Snapshot, names: Sequence[str]) -> list[JobRow]:
-    """The rows of ``names`` (jobs of ``snapshot``): their recent history read concurrently."""
+    """The rows of ``names`` (jobs of ``snapshot``): their recent history read in one call."""
     view = snapshot.view
     drifts = {d.job: d for d in view.drift}
     carriers: dict[str, list[str]] = {}
     for instance in view.instances:
         for job in instance.jobs:
             carriers.setdefault(job.name, []).append(instance.id)
-    histories = await asyncio.gather(
-        *(backend.history(name, ROW_RUNS) for name in names), return_exceptions=True
-    )
+    histories = await _row_histories(backend, names)
     rows = []
     walked: dict[tuple[str, str], list[int]] = {}  # jobs that share a schedule walk it once
     for name, history in zip(names, histories, strict=True):

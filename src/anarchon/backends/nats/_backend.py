@@ -40,6 +40,7 @@ from ._claims import ClaimPath
 from ._connection import Connection, cancel_unfinished, import_nats
 from ._control import NatsControl
 from ._guard import Guard
+from ._histories import read_histories
 from ._options import (
     DEFAULT_SERVERS,
     Access,
@@ -389,6 +390,22 @@ class NatsBackend(Backend):
             subjects.JOB.format(prefix=self.prefix, job=job), f"reading history of {job}"
         )
         return records.merge(messages, self.prefix, job)[:limit]
+
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: the jobs' subjects read with one
+        consumer when that reads few messages more than a consumer per job would (the stream's
+        info tells); else a consumer per job that holds messages (see ``_histories``)."""
+        self._conn.require()
+        names = list(dict.fromkeys(jobs))
+        for job in names:
+            check_name(job)
+        if limit <= 0 or not names:
+            return {job: [] for job in names}
+
+        async def each(asked: Sequence[str]) -> dict[str, list[Run]]:
+            return await Backend.histories(self, asked, limit)
+
+        return await read_histories(self._conn, self.stream, self.prefix, names, limit, each)
 
     async def last_run(self, job: str) -> Run | None:
         """The newest claim of ``job`` with its result, in a few reads by subject."""

@@ -389,6 +389,18 @@ class PostgresBackend(contract.LeaseBackend):
         found = await self._db.read(self._queries["slot_records"], {"job": job, "slot": slot})
         return rows.slot_records(found)
 
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: one statement (the ``history`` index
+        range of each job, in a ``LATERAL`` subquery), one round trip."""
+        names = list(dict.fromkeys(jobs))
+        found: dict[str, list[Run]] = {job: [] for job in names}
+        if limit <= 0 or not names:
+            return found
+        params = {"jobs": names, "limit": limit}
+        for run in rows.runs(await self._db.read(self._queries["histories"], params)):
+            found[run.job].append(run)
+        return found
+
     async def server_time_ms(self) -> int | None:
         """The database clock, ``clock_timestamp()``, in epoch ms."""
         [row] = await self._db.read(self._queries["now"])

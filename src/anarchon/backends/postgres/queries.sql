@@ -1031,6 +1031,20 @@ WHERE x.job = %(job)s
 ORDER BY x.started_at DESC, x.seq DESC
 LIMIT %(limit)s;
 
+-- name: histories
+-- history of each job of an array, in one statement (Backend.histories: anarchon jobs, the
+-- dashboard): per job the same backward range of the index runs_recorded as history, LIMIT
+-- rows, in a LATERAL subquery; jobs in the array's order, each newest first.
+SELECT {run_columns}
+FROM unnest(%(jobs)s::text[]) WITH ORDINALITY AS j(job, n)
+CROSS JOIN LATERAL (
+    SELECT * FROM {runs} r
+    WHERE r.job = j.job
+    ORDER BY r.started_at DESC, r.seq DESC
+    LIMIT %(limit)s
+) x
+ORDER BY j.n, x.started_at DESC, x.seq DESC;
+
 -- name: slot_records
 -- Every attempt of one slot, its retries' too, oldest first (index runs_slot), with the earliest
 -- recorded slot (runs_slot) and start (runs_recorded) of the job: index lookups only.

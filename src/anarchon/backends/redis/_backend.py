@@ -329,6 +329,17 @@ class RedisBackend(contract.LeaseBackend):
             return []
         return rows.runs(await self._connection.script("history", keys, self._args(limit=limit)))
 
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: the history script of each job, all
+        in one pipeline (one round trip to each server of a cluster)."""
+        names = list(dict.fromkeys(jobs))
+        if limit <= 0 or not names:
+            return {job: [] for job in names}
+        args = self._args(limit=limit)
+        calls: list[Call] = [(self._keys.job(job).all(), args) for job in names]
+        answers = await self._connection.script_raw_many("history", calls)
+        return {job: rows.runs(answer) for job, answer in zip(names, answers, strict=True)}
+
     async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
         """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's index of its open
         attempts (``:leases``, kept by the scripts: running, live, expired or released), read by

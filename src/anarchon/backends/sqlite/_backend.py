@@ -23,7 +23,7 @@ from ._control import SQLiteControl
 from ._options import DEFAULT_PATH, ENV_PATH, EVENTS_POLL_MS, Options, parse_url
 from ._queries import Q
 from ._registry import SQLiteRegistry
-from ._rows import SQLiteRows, row_of
+from ._rows import SQLiteRows, newest_runs, row_of
 
 __all__ = ["SQLiteBackend"]
 
@@ -155,12 +155,7 @@ class SQLiteBackend(contract.LeaseBackend):
 
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`."""
-
-        def read(conn: sqlite3.Connection) -> list[Run]:
-            rows = conn.execute(Q["history"], (job, limit)).fetchall()
-            return [r.to_run() for r in map(row_of, rows) if r is not None]
-
-        return await self._db.call(read)
+        return await self._db.call(lambda conn: newest_runs(conn, job, limit))
 
     async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
         """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one query per 400 jobs, through
@@ -189,6 +184,20 @@ class SQLiteBackend(contract.LeaseBackend):
                 [r.to_run() for r in map(row_of, rows) if r is not None],
                 None if oldest is None else int(oldest),
             )
+
+        return await self._db.call(read)
+
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: the history statement of each job
+        (an index range of ``limit`` rows), all in one call on the database's thread. That
+        call, not the statement, is what a read costs here: 3 000 jobs read one call each
+        waited for 3 000 turns of the thread and of the event loop."""
+        names = list(dict.fromkeys(jobs))
+        if limit <= 0 or not names:
+            return {job: [] for job in names}
+
+        def read(conn: sqlite3.Connection) -> dict[str, list[Run]]:
+            return {job: newest_runs(conn, job, limit) for job in names}
 
         return await self._db.call(read)
 

@@ -7,10 +7,11 @@ from dataclasses import fields
 from typing import Any, Final
 
 from ...control import ALL_JOBS, Pause, RunRequest
+from ...kit import Run
 from ...kit.lease import PRUNE_BATCH, RunRow
 from ._queries import Q
 
-__all__ = ["SQLiteRows", "pause_of", "request_of", "row_of"]
+__all__ = ["SQLiteRows", "newest_runs", "pause_of", "request_of", "row_of"]
 
 # The columns of anarchon_pauses and anarchon_requests, in the order the queries select them.
 _PAUSE_FIELDS: Final = tuple(f.name for f in fields(Pause))
@@ -112,6 +113,12 @@ def request_of(values: tuple[Any, ...]) -> RunRequest:
     """The request a row of ``anarchon_requests`` holds (the fields of
     :class:`~anarchon.control.RunRequest` in order)."""
     return RunRequest.from_dict(dict(zip(_REQUEST_FIELDS, values, strict=True)))
+
+
+def newest_runs(conn: sqlite3.Connection, job: str, limit: int) -> list[Run]:
+    """Up to ``limit`` runs of ``job``, newest first (the ``history`` statement)."""
+    rows = conn.execute(Q["history"], (job, limit)).fetchall()
+    return [r.to_run() for r in map(row_of, rows) if r is not None]
 
 
 def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
