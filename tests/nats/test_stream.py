@@ -194,7 +194,14 @@ async def test_subjects_taken_by_another_stream_are_explained(
         ({"prefix": "cron"}, "prefix='cron' is not a NATS subject prefix.*followed by '.'"),
         ({"prefix": "cron.*."}, "without spaces, '\\*' or '>'"),
         ({"prefix": "_INBOX."}, "reserves"),
-        ({"duplicate_window_ms": 50}, "duplicate_window_ms=50 must be an integer >= 100"),
+        ({"duplicate_window_ms": 50}, "duplicate_window_ms=50 for NatsBackend is out of range"),
+        (
+            {"duplicate_window_ms": 2**63},
+            "duplicate_window_ms=9223372036854775808 for NatsBackend is out of range: it must be "
+            "an integer from 100 to 315360000000",
+        ),
+        ({"duplicate_window_ms": 1.5e6}, "duplicate_window_ms=1500000.0 .* not a float"),
+        ({"history_size": 2**63}, "history_size=9223372036854775808 .* from 1 to 1000000"),
         ({"history_size": 0}, "history_size=0"),
         ({"replicas": 7}, "between 1 and 5"),
         ({"servers": []}, "servers="),

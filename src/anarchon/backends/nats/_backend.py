@@ -46,11 +46,12 @@ from ._options import (
     Access,
     AccessKwargs,
     check_access,
-    check_at_least,
     check_connection,
+    check_history_size,
     check_replicas,
     check_servers,
     check_shrink_window,
+    check_window,
     merge_credentials,
     parse_url,
     split_credentials,
@@ -107,9 +108,9 @@ class NatsBackend(Backend):
     :param duplicate_window_ms: the least duplicate window this instance keeps on the stream:
         a new stream gets it, a smaller window is grown to it, a larger one is kept. Every
         job's ``jitter_ms + max_late_ms`` plus the claim retry margin (10 s) must be less than
-        the window.
+        the window; 100 ms to 10 years.
     :param history_size: roughly how many runs are kept per job, at least (the stream's
-        per-subject limit).
+        per-subject limit); 1 to 1 000 000.
     :param replicas: replicas of the stream in a NATS cluster; 1 for a new stream when not
         given, and an existing stream keeps its own unless given.
     :param shrink_window: set the stream's window to ``duplicate_window_ms`` even when it is
@@ -154,8 +155,8 @@ class NatsBackend(Backend):
         connect_options = access.connect_options()
         self.stream = check_stream(stream)
         self.prefix = check_prefix(prefix)
-        self.duplicate_window_ms = check_at_least("duplicate_window_ms", duplicate_window_ms, 100)
-        self.history_size = check_at_least("history_size", history_size, 1)
+        self.duplicate_window_ms = check_window(duplicate_window_ms)
+        self.history_size = check_history_size(history_size)
         self.replicas = check_replicas(replicas)
         self._yours = connection is not None
         self._conn = Connection(

@@ -25,7 +25,7 @@ from typing import Any, Final, TypedDict
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ...errors import InvalidOption, MissingDependency
-from ...kit import redact_url
+from ...kit import HISTORY_SIZE, Bound, check_int, redact_url
 from ...kit.urls import bool_option
 
 DEFAULT_SERVERS: Final = "nats://localhost:4222"
@@ -70,6 +70,23 @@ def check_shrink_window(value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidOption(f"shrink_window={value!r} must be True or False")
     return value
+
+
+DUPLICATE_WINDOW: Final = Bound(100, 10 * 365 * 24 * 3600 * 1000, ms=True)
+"""The range of ``duplicate_window_ms``: up to 10 years (a job's ``jitter_ms + max_late_ms``
+is at most 7 days and 1 hour), far inside JetStream's window, 64-bit nanoseconds."""
+
+
+def check_window(value: object) -> int:
+    """``duplicate_window_ms`` if it is an integer in :data:`DUPLICATE_WINDOW`."""
+    return check_int("duplicate_window_ms", value, DUPLICATE_WINDOW, "NatsBackend")
+
+
+def check_history_size(value: object) -> int:
+    """``history_size`` if it is an integer in :data:`~anarchon.kit.HISTORY_SIZE`, every
+    backend's range (JetStream would refuse a per-subject limit past 64 bits only as invalid
+    JSON when the stream is created)."""
+    return check_int("history_size", value, HISTORY_SIZE, "NatsBackend")
 
 
 def check_at_least(option: str, value: object, minimum: int) -> int:

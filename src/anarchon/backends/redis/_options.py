@@ -8,6 +8,7 @@ never silently ignored): :func:`split_url` is what ``RedisBackend.from_url`` use
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
@@ -89,6 +90,32 @@ def check_url(url: object) -> None:
             f"Redis URL {shown!r} has option(s) that redis-py's "
             f"{pool.connection_class.__name__} does not take: {', '.join(unknown)}; the "
             f"backend's own options are {' and '.join(URL_OPTIONS)} (RedisBackend.from_url)"
+        )
+    _check_durations(shown, pool.connection_kwargs)
+
+
+SECONDS_OPTIONS: Final = ("socket_timeout", "socket_connect_timeout", "timeout")
+"""redis-py's query options in seconds (it reads them with ``float()``, which takes ``nan``,
+``inf`` and ``-1``): each must be a finite number above 0."""
+
+
+def _check_durations(shown: str, options: dict[str, Any]) -> None:
+    """Refuse a duration redis-py would take from a URL but cannot use: with
+    ``socket_timeout=nan`` the scheduler hung at start without a word, ``0`` or ``-1`` failed
+    every command as a timeout (reported as the server out of reach), ``inf`` never times out;
+    a negative ``health_check_interval``."""
+    for key in SECONDS_OPTIONS:
+        value = options.get(key)
+        if value is not None and not 0 < value < math.inf:
+            raise InvalidOption(
+                f"Redis URL {shown!r} has {key}={value!r}: it must be a number of seconds, "
+                "above 0 and finite"
+            )
+    interval = options.get("health_check_interval")
+    if interval is not None and interval < 0:
+        raise InvalidOption(
+            f"Redis URL {shown!r} has health_check_interval={interval!r}: it must be a "
+            "number of seconds, 0 (no checks) or more"
         )
 
 
