@@ -14,10 +14,13 @@ lease until it really returns (a thread cannot be stopped from outside).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -345,14 +348,18 @@ class RunExecutor:
         active.in_handler = True
         self.counters.handler_started(active.ticket, self.clock.now_ms())
         began = self.clock.monotonic_ms()
+        pid = os.getpid()
         try:
             job = active.job
             if job.is_async and job.timeout_ms is None:
                 # The common case, without a coroutine of its own (see _run_async).
                 await job.handler(active.ctx)
+                _leave_if_forked(pid, None)
                 return _SUCCEEDED
             if job.is_async:
-                return await self._run_async(active)
+                outcome = await self._run_async(active)
+                _leave_if_forked(pid, None)
+                return outcome
             return await self._run_thread(active)
         except asyncio.CancelledError as exc:
             # Told apart by the scheduler's own marks, not by the exception's type: a
@@ -373,6 +380,7 @@ class RunExecutor:
                 raise
             return RunStatus.FAILED, _describe_base(exc), exc
         except Exception as exc:
+            _leave_if_forked(pid, exc)
             spare = active.ticket.attempt < active.job.policy.max_attempts
             if spare and isinstance(exc, LeaseLost):
                 # The handler's own check_lease() saw its lease run out: the run is left to a
@@ -383,6 +391,7 @@ class RunExecutor:
         except BaseException as exc:
             # SystemExit, KeyboardInterrupt, GeneratorExit, a class of its own: the handler's
             # run fails, never the scheduler.
+            _leave_if_forked(pid, exc)
             return RunStatus.FAILED, _describe_base(exc), exc
         finally:
             active.in_handler = False
@@ -649,6 +658,24 @@ def _lease_left(ticket: Ticket) -> int:
     return ticket.lease_expires_at_ms - ticket.backend_now_ms
 
 
+def _leave_if_forked(pid: int, exc: BaseException | None) -> None:
+    """End this process if it is not ``pid``, the scheduler's: a child the handler forked
+    (``os.fork()``) that came back out of the handler, returning (status 0) or raising (the
+    status ``sys.exit()`` gave, else 1). It would otherwise run on as a copy of the scheduler:
+    a plain handler's child waiting for ever on the handler thread's queue, deaf to SIGTERM;
+    an async handler's child running the event loop on its parent's backend connections.
+    ``os._exit``: the parent's clean-up (atexit, the backend's ``stop()``) is not the child's."""
+    if os.getpid() == pid:
+        return
+    code = 0 if exc is None else 1
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _call_plain(handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
     """Call a plain handler on its thread; fail its run if it returned work it did not do.
 
@@ -659,7 +686,13 @@ def _call_plain(handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
     is cancelled: docs/guarantees.md), so the run fails, saying what to write. A coroutine or
     generator is closed here, so no "never awaited" warning follows.
     """
-    result = handler(ctx)
+    pid = os.getpid()
+    try:
+        result = handler(ctx)
+    except BaseException as exc:
+        _leave_if_forked(pid, exc)
+        raise
+    _leave_if_forked(pid, None)
     if result is not None and (inspect.isawaitable(result) or _is_generator(result)):
         if inspect.iscoroutine(result) or inspect.isgenerator(result):
             result.close()
