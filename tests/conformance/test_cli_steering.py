@@ -478,3 +478,31 @@ async def test_a_pause_stored_with_an_end_no_time_holds_holds_until_resumed(
         if n == 0:
             _pages_answer(ns.url, tmp_path, "/", f"/jobs/{JOB}", "/?format=json")
         assert ok(ns.url, "resume", JOB).startswith("resumed job 'sync' (paused by old@ops")
+
+
+@pytest.mark.parametrize("harness", ["nats"], indirect=True)
+async def test_a_mistyped_nats_prefix_exits_3(harness: Harness, ns: Namespace) -> None:
+    """The stream exists, but no scheduler ran under the URL's prefix (mistyped, or the default
+    'cron.' where the schedulers use another): every command, the dashboard too, says "no
+    anarchon data" with exit code 3 and names the prefix and the stream's subjects. It said
+    "cannot be reached" (exit 4) after a server error, and the dashboard served 503 pages."""
+    from tests.ports import any_free
+
+    assert ns.url is not None
+    backend = ns.make()
+    await backend.start()  # the stream, with the namespace's own prefix
+    try:
+        await populate(backend)  # a scheduler's record and runs: the registry exists
+    finally:
+        await backend.stop()
+    prefix = str(ns.extra["prefix"])
+    url = ns.url.replace(f"prefix={prefix}", "prefix=typo.")
+    assert url != ns.url
+    dashboard = ("dashboard", "--port", str(any_free()))
+    for argv in (("jobs",), ("history", JOB), ("pause", JOB), ("trigger", JOB), dashboard):
+        out = anarchon(url, *argv)
+        assert out.returncode == 3, (argv, out.returncode, out.stdout, out.stderr)
+        assert "no anarchon data at " in out.stderr, out.stderr
+        assert "holds no subject under prefix 'typo.'" in out.stderr, out.stderr
+        assert f"its subjects: {prefix}>" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -229,3 +229,23 @@ async def test_reading_history_leaves_the_stream_as_it_is(
     missing = NatsBackend(server_url, stream=f"{stream}_NONE", prefix=f"{prefix}none.")
     with pytest.raises(BackendError, match="does not exist"):
         await missing.start_reader()
+
+
+async def test_a_reader_with_another_prefix_is_told_the_stream_holds_none_of_it(
+    make: Make, server_url: str, names: tuple[str, str]
+) -> None:
+    # A mistyped ?prefix= (or the default 'cron.' where the schedulers use another) on a stream
+    # that exists: start_reader said nothing, then the first read failed with the server's
+    # words (no stream answered the clock probe, "consumer filter subject is not a valid
+    # subset"), which the commands reported as an unreachable backend (exit 4).
+    stream, prefix = names
+    await make()  # a scheduler's backend: the stream holds <prefix>>
+    reader = NatsBackend(server_url, stream=stream, prefix=f"{prefix}x.")  # covered: fine
+    await reader.start_reader()
+    await reader.stop()
+    typo = NatsBackend(server_url, stream=stream, prefix="typo.")
+    with pytest.raises(BackendError) as caught:
+        await typo.start_reader()
+    text = str(caught.value)
+    assert f"stream {stream!r} holds no subject under prefix 'typo.'" in text, text
+    assert f"its subjects: {prefix}>" in text and "?prefix=" in text, text

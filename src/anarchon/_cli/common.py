@@ -128,8 +128,13 @@ def storage_checked(backend: Backend) -> bool:
 
 
 def _missing_stream(backend: Backend, exc: BackendError) -> bool:
-    # NatsBackend.start_reader raises a plain BackendError when the stream does not exist.
-    return backend.name == "nats" and "does not exist" in str(exc)
+    # NatsBackend.start_reader raises a plain BackendError when the stream does not exist, or
+    # holds no subject under the backend's prefix (no scheduler with that prefix ran on it).
+    if backend.name != "nats":
+        return False
+    from ..backends.nats._stream import PREFIX_MISSING
+
+    return "does not exist" in str(exc) or PREFIX_MISSING in str(exc)
 
 
 @asynccontextmanager

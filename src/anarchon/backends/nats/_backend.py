@@ -245,7 +245,10 @@ class NatsBackend(Backend):
         await self._conn.open()
         self._claims.open()
         try:
-            self._window.learn(await self._conn.prepare_stream(self._wanted, read_only=read_only))
+            info = await self._conn.prepare_stream(self._wanted, read_only=read_only)
+            if read_only:
+                stream_setup.require_prefix(info, self._wanted)
+            self._window.learn(info)
             if not read_only:
                 await stream_setup.align_buckets(
                     self._conn.api, self.stream, bucket_streams(self.stream), self._conn.replicas

@@ -184,6 +184,26 @@ async def require(api: Api, stream: str) -> dict[str, Any]:
     return info
 
 
+PREFIX_MISSING: Final = "holds no subject under prefix"
+"""Words of the error :func:`require_prefix` raises (the commands answer it as "no anarchon
+data")."""
+
+
+def require_prefix(info: dict[str, Any], wanted: Wanted) -> None:
+    """Raise (read-only opening) unless the stream's subjects cover the prefix's: a scheduler
+    adds its prefix's subject when it starts, so a stream without it holds nothing of that
+    prefix (a mistyped ``?prefix=``, or the default ``cron.`` where schedulers use another)."""
+    mine = subjects.ALL.format(prefix=wanted.prefix)
+    current = [str(s) for s in (info.get("config") or {}).get("subjects") or []]
+    if any(subjects.covers(s, mine) for s in current):
+        return
+    raise BackendError(
+        f"JetStream stream {wanted.stream!r} {PREFIX_MISSING} {wanted.prefix!r} (its subjects: "
+        f"{', '.join(current) or 'none'}), so no scheduler with this prefix ever ran on it; "
+        "check the prefix (the backend URL's ?prefix=..., 'cron.' when left out)"
+    )
+
+
 async def find(api: Api, stream: str) -> dict[str, Any] | None:
     """The info of stream ``stream`` (a key-value bucket's is ``KV_<bucket>``); None if it does
     not exist. Any other failure is raised."""
