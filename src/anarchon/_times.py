@@ -220,7 +220,8 @@ def check_until_ms(until_ms: object, now_ms: int, *, what: str | None = None) ->
         if _PLAUSIBLE_MS // 1000 <= until_ms < _PLAUSIBLE_MS // 100:
             hint = " (epoch seconds? multiply by 1000 for milliseconds)"
         raise InvalidOption(
-            f"{label} is not in the future (the backend's clock reads {now_ms}){hint}: a pause "
+            f"{label} is not in the future (the backend's clock reads {iso(now_ms)}, {now_ms} ms)"
+            f"{hint}: a pause "
             "ends at a later time, or leave it out to pause until resumed"
         )
     if until_ms - now_ms > PAUSE_HORIZON_MS:

@@ -133,6 +133,8 @@ def test_check_time_ms() -> None:
     ("until", "said"),
     [
         (NOW, "until=1796571690000 ms is not in the future"),
+        # The clock as a time an operator reads (anarchon pause --until 0s said only the ms).
+        (NOW - 1, "(the backend's clock reads 2026-12-06T15:41:30Z, 1796571690000 ms)"),
         (NOW // 1000 + 3600, "(epoch seconds? multiply by 1000 for milliseconds)"),
         (NOW + PAUSE_HORIZON_MS + 1, "is more than 10 years after the backend's clock"),
         (datetime(2100, 1, 1, tzinfo=UTC).timestamp() * 1000, "must be epoch milliseconds"),
