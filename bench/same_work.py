@@ -419,7 +419,7 @@ class NatsSameWork(SameWork):
     async def open(self) -> None:
         import nats
 
-        from anarchon.backends.nats._connection import set_read_size
+        from anarchon.backends.nats._client import set_read_size
         from anarchon.backends.nats._wire import OPENED, Writer, subscribe_raw
 
         self._nc = await nats.connect(servers=[self.servers], connect_timeout=5)

@@ -216,7 +216,7 @@ async def test_a_first_attempt_made_by_the_caller_counts_in_the_retries(make: Ma
 async def test_each_read_of_the_socket_asks_for_read_size_bytes(make: Make) -> None:
     """asyncio reads 256 KiB at a time, which glibc maps and unmaps for every read; the
     backend's own connection asks for READ_SIZE, again after a reconnect (a new socket)."""
-    from anarchon.backends.nats._connection import READ_SIZE
+    from anarchon.backends.nats._client import READ_SIZE
 
     backend: NatsBackend = await make()
     nc = backend._conn.nc

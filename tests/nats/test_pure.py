@@ -77,8 +77,8 @@ async def test_an_outage_logs_once_with_the_shared_actions(
     caplog.set_level(logging.DEBUG, logger="anarchon.backends.nats")
     for _ in range(2):  # two outages
         for _ in range(3):  # three failed reconnect attempts each
-            await connection._on_disconnected()
-        await connection._on_reconnected()
+            await connection._opener._on_disconnected()
+        await connection._opener._on_reconnected()
     mine = [r for r in caplog.records if r.name == "anarchon.backends.nats"]
     actions = [getattr(r, "action", None) for r in mine if r.levelno >= logging.WARNING]
     assert actions == ["backend_unavailable", "backend_recovered"] * 2

@@ -38,26 +38,28 @@ def _record(instance: str, heartbeat_ms: int) -> InstanceRecord:
 async def _set_keys(store: NatsRegistry, digest: str) -> set[str]:
     """The definitions keys of ``digest`` that hold a message (a delete marker counts), without
     the store's prefix token."""
-    listed = await store._backend._conn.bucket_keys(store._sets_bucket, f"{store._space}.{digest}.")
+    listed = await store._backend._buckets.bucket_keys(
+        store._sets_bucket, f"{store._space}.{digest}."
+    )
     return {key.split(".", 1)[1] for key in listed}
 
 
 async def _instance_keys(store: NatsRegistry) -> set[str]:
     """The registry's keys that hold a message (a delete marker counts)."""
-    return set(await store._backend._conn.bucket_keys(store._bucket, f"{store._space}."))
+    return set(await store._backend._buckets.bucket_keys(store._bucket, f"{store._space}."))
 
 
 def _count_reads(store: NatsRegistry) -> list[int]:
     """Count the store's reads of the registry's records."""
     reads = [0]
-    conn: Any = store._backend._conn
-    read_bucket = conn.read_bucket
+    buckets: Any = store._backend._buckets
+    read_bucket = buckets.read_bucket
 
     async def counting(bucket: str, start: str) -> list[tuple[str, Any]]:
         reads[0] += 1
         return list(await read_bucket(bucket, start))
 
-    conn.read_bucket = counting
+    buckets.read_bucket = counting
     return reads
 
 
@@ -130,15 +132,15 @@ async def test_a_set_saved_again_while_a_prune_removes_it_keeps_its_chunks(
     pruner, saver = (await make()).registry(), (await make()).registry()
     data = bytes(range(256)) * 64
     await pruner.save_definitions("d1", data, 1_000)
-    conn: Any = pruner._backend._conn
-    delete_key = conn.delete_key
+    buckets: Any = pruner._backend._buckets
+    delete_key = buckets.delete_key
 
     async def delete_then_save(bucket: str, key: str, last: int) -> int | None:
         marker = await delete_key(bucket, key, last)  # the manifest's delete: the gap
         await saver.save_definitions("d1", data, 9_000)
         return marker  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(conn, "delete_key", delete_then_save)
+    monkeypatch.setattr(buckets, "delete_key", delete_then_save)
     assert await pruner.prune_definitions(set(), 2_000) == ["d1"]
     assert await saver.definitions("d1") == data
     assert await pruner.definitions("d1") == data
@@ -159,15 +161,15 @@ async def test_a_set_touched_while_a_prune_reads_it_is_kept(
     data = b"definitions" * 100
     await pruner.save_definitions("d1", data, 1_000)
     await pruner.save_definitions("d2", data, 1_000)
-    conn: Any = pruner._backend._conn
-    delete_key = conn.delete_key
+    buckets: Any = pruner._backend._buckets
+    delete_key = buckets.delete_key
 
     async def touch_then_delete(bucket: str, key: str, last: int) -> int | None:
         if ".d1." in key:
             assert await toucher.touch_definitions("d1", 9_000)
         return await delete_key(bucket, key, last)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(conn, "delete_key", touch_then_delete)
+    monkeypatch.setattr(buckets, "delete_key", touch_then_delete)
     assert await pruner.prune_definitions(set(), 2_000) == ["d2"]
     assert await pruner.definitions("d1") == data
     assert await pruner.definitions("d2") is None

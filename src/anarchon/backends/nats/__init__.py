@@ -3,9 +3,11 @@
 See :class:`NatsBackend` and docs/backends/nats.md. The claim path (publish under the slot's
 message id, resolve a duplicate ack) is in ``_claims.py``, the settling of unanswered claims in
 ``_settle.py`` and the results in ``_results.py``; the contract methods are in ``_backend.py``;
-the client, its calls and their retries in ``_connection.py``; the raw wire paths a claim's
-publish and ack take past nats-py's own (on its internals, for speed) in ``_wire.py``. nats-py
-is imported only when the backend is constructed (``pip install 'anarchon[nats]'``).
+the calls to NATS and their retries in ``_connection.py``, opening the client and hearing of its
+outages in ``_client.py``, the key-value buckets in ``_buckets.py`` and reads of many messages
+through a consumer in ``_reads.py``; the raw wire paths a claim's publish and ack take past
+nats-py's own (on its internals, for speed) in ``_wire.py``. nats-py is imported only when the
+backend is constructed (``pip install 'anarchon[nats]'``).
 """
 
 from __future__ import annotations

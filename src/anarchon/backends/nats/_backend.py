@@ -3,7 +3,8 @@
 Each method is a thin call into the package: :mod:`._claims` (the claim path),
 :mod:`._results` (results), :mod:`._settle` (settling claims nobody runs, and the upkeep),
 :mod:`._window` (the duplicate window jobs are checked against), :mod:`._connection`
-(every NATS call, bounded and translated), :mod:`._wire` (publishes and subscriptions on
+(every NATS call, bounded and translated; the client opened by :mod:`._client`),
+:mod:`._buckets` (the key-value buckets), :mod:`._wire` (publishes and subscriptions on
 nats-py's internals, for speed), :mod:`._stream` (creating or evolving the stream),
 :mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where) and
 :mod:`._options` (option checks and the URL form).
@@ -36,8 +37,10 @@ from ...kit.feed import ChangeFeed, decode_notices, encode_notice
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
+from ._buckets import Buckets
 from ._claims import ClaimPath
-from ._connection import Connection, cancel_unfinished, import_nats
+from ._client import import_nats
+from ._connection import Connection, cancel_unfinished
 from ._control import NatsControl
 from ._guard import Guard
 from ._histories import read_histories
@@ -168,6 +171,7 @@ class NatsBackend(Backend):
             stream=self.stream,
             owner=repr(self),
         )
+        self._buckets = Buckets(self._conn)
         self._window = Window(
             self._conn, stream=self.stream, duplicate_window_ms=self.duplicate_window_ms
         )
@@ -179,7 +183,7 @@ class NatsBackend(Backend):
             replicas=self.replicas,
             shrink_window=self.shrink_window,
         )
-        self._guard = Guard(self._conn, self._window, self._wanted)
+        self._guard = Guard(self._conn, self._buckets, self._window, self._wanted)
         self._guarding: asyncio.Future[None] | None = None
         self._control = NatsControl(self)
         self._claims = ClaimPath(

@@ -1,12 +1,13 @@
-"""The NATS client calls: connecting, liveness and reconnects, and every request bounded,
-retried on transient failures and translated into anarchon's errors.
+"""The NATS client calls: every request bounded, retried on transient failures and translated
+into anarchon's errors.
 
 Everything that talks to nats-py goes through :class:`Connection`: JetStream API requests (the
-server's own JSON), publishes with a message id, reads of one stored message, reads of a job's
-subjects through a short-lived consumer, and the server's clock. The rest of the package decides
-what to ask; this module decides how long to wait, when to retry and what a failure means. How a
-publish and its ack travel, past nats-py's own publish and subscription paths, is in
-:mod:`._wire`.
+server's own JSON), publishes with a message id, reads of one stored message, reads of many
+through a short-lived consumer (:mod:`._reads`), preparing the stream, and the server's clock.
+The rest of the package decides what to ask; this module decides how long to wait, when to retry
+and what a failure means. Opening the client and hearing of its outages is :mod:`._client`; the
+key-value buckets are :mod:`._buckets`; how a publish and its ack travel, past nats-py's own
+publish and subscription paths, is in :mod:`._wire`.
 """
 
 from __future__ import annotations
@@ -15,28 +16,28 @@ import asyncio
 import base64
 import json
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ...errors import BackendError, BackendUnavailable, MissingDependency
+from ...errors import BackendError, BackendUnavailable
 from ...kit import backoff
 from ...kit.calls import bounded_call
 from . import _errors as errors
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
+from ._client import Opener, server_at_least, where
 from ._errors import InFlight, JetStreamError
-from ._options import scrub, servers_shown
+from ._options import scrub
+from ._reads import read_through_consumer
 from ._records import Stored
-from ._wire import OPENED, Ack, Acks, Writer
+from ._wire import Ack, Acks, Writer
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.js import JetStreamContext
-    from nats.js.kv import KeyValue
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -44,14 +45,6 @@ T = TypeVar("T")
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
-# Connecting: a few quick tries per server so start() fails within seconds; once connected the
-# client reconnects forever, every half second, and pings every 10 s so a dead TCP connection
-# is noticed in about 30 s instead of nats-py's default of several minutes.
-CONNECT_TIMEOUT_S: Final = 2.0
-CONNECT_ATTEMPTS: Final = 2
-RECONNECT_WAIT_S: Final = 0.5
-PING_INTERVAL_S: Final = 10
-MAX_OUTSTANDING_PINGS: Final = 3
 # One request (publish, get, API call) waits this long for its answer; a failover takes a few
 # seconds of "no responders", so a call is retried (a claim with the same id and token) for up
 # to CLAIM_RETRY_S, with short pauses (an in-flight duplicate is settled in tens of ms).
@@ -61,119 +54,9 @@ START_RETRY_S: Final = 10.0
 RETRY_FIRST_S: Final = 0.025
 RETRY_CAP_S: Final = 0.5
 MAX_ATTEMPTS: Final = 12
-# A key-value bucket's write or lookup is made again for up to this long while nobody answers
-# it (until_answered): a bucket just created, an election. Under the buckets' call timeout.
-BUCKET_RETRY_S: Final = 3.0
 # Claims of one batch in flight at once: enough to fill the pipe, bounded so a batch of
 # thousands does not overflow nats-py's reconnect buffer.
 MAX_IN_FLIGHT: Final = 256
-FETCH_BATCH: Final = 500
-# Bytes each read of the socket asks for, on the connections this backend opens. asyncio asks
-# for 256 KiB, above glibc's mmap threshold, so every read mapped a fresh buffer, faulted it in
-# and unmapped it again: about 12 us a read here, where an ack or a claim of the feed is a few
-# hundred bytes and nats-py parses at most 32 KiB at a time.
-READ_SIZE: Final = 64 * 1024
-CONSUMER_INACTIVE_S: Final = 30.0
-
-
-#: What each kind of key-value bucket beside the stream holds (``_registry.BUCKET_KINDS``),
-#: and what losing it costs.
-BUCKET_LOSS: Final = {
-    "registry": (
-        "the instances' records; each running instance writes its own again at its next heartbeat"
-    ),
-    "definitions": (
-        "the job definitions the instances saved; each running instance saves its own again "
-        "within a minute (until then readers may not find the jobs of some instances)"
-    ),
-    "control": (
-        "the pauses and run requests; paused jobs run again until they are paused anew, and "
-        "pending run requests (triggers and retries) are dropped"
-    ),
-}
-
-
-def bucket_loss(bucket: str) -> str:
-    """What losing key-value bucket ``bucket`` cost (:data:`BUCKET_LOSS`, by its name)."""
-    for kind, text in BUCKET_LOSS.items():
-        if bucket.endswith(f"_{kind}") or bucket.startswith(f"anarchon_{kind}_"):
-            return text
-    return "its keys"
-
-
-def import_nats() -> Any:
-    """The nats package, or :class:`MissingDependency` saying how to install it."""
-    try:
-        import nats
-        import nats.errors
-        import nats.js.api
-    except ImportError as exc:
-        raise MissingDependency(
-            "NatsBackend needs the nats-py client: pip install 'anarchon[nats]'"
-        ) from exc
-    return nats
-
-
-def _where(nc: NATS) -> str:
-    """host:port of the server a client is connected to (never its credentials)."""
-    url = nc.connected_url
-    return f"{url.hostname}:{url.port}" if url is not None else "?"
-
-
-def set_read_size(nc: NATS) -> None:
-    """Make each read of the client's socket ask for :data:`READ_SIZE` bytes (a plain TCP
-    connection's asyncio transport; a TLS one reads through its own buffer, uvloop's into one
-    buffer per loop, and both are left alone)."""
-    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
-    transport = getattr(writer, "transport", None)
-    if transport is not None and isinstance(getattr(transport, "max_size", None), int):
-        transport.max_size = READ_SIZE
-
-
-def _server_at_least(nc: NATS, major: int, minor: int) -> bool:
-    """True if the server this client is connected to is at least ``major.minor``."""
-    info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
-    try:
-        numbers = [int(x) for x in str(info.get("version", "0.0")).split("-")[0].split(".")[:2]]
-    except ValueError:
-        return False
-    return tuple(numbers) >= (major, minor)
-
-
-def plain_text_refused(where: str) -> Exception:
-    """The error for a server at ``where`` that offers no TLS to a client that asked for it:
-    a :class:`nats.errors.SecureConnWantedError` (a refusal, not retried), saying why."""
-    import nats.errors
-
-    class PlainTextRefused(nats.errors.SecureConnWantedError):
-        def __str__(self) -> str:
-            return (
-                f"the server at {where} offers no TLS, but TLS was asked for (a tls:// URL, "
-                "ca_file or cert_file): refusing to connect in plain text (credentials and "
-                "claims would travel unencrypted). Enable TLS on the server (a 'tls {...}' "
-                "block), or use a nats:// URL without TLS files if plain text is intended"
-            )
-
-    return PlainTextRefused()
-
-
-def require_tls(client: NATS, *, given_context: bool) -> None:
-    """Make ``client`` refuse, before it sends its CONNECT (credentials included), a server
-    that does not use TLS when TLS was asked for: a ``tls://`` server URL, or a TLS context
-    (``ca_file`` / ``cert_file``). nats-py itself upgrades only when the server requires TLS,
-    and otherwise connects in plain text, password and all."""
-    original = client._connect_command
-
-    def guarded() -> bytes:
-        server = client._current_server
-        wanted = given_context or (server is not None and server.uri.scheme == "tls")
-        if wanted and not (client._server_info or {}).get("tls_required"):
-            uri = server.uri if server is not None else None
-            where = f"{uri.hostname}:{uri.port}" if uri is not None else "?"
-            raise plain_text_refused(where)
-        return original()
-
-    client._connect_command = guarded  # type: ignore[method-assign]
 
 
 async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
@@ -183,40 +66,6 @@ async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     if task is not None:
         task.cancel()  # nothing, if it has ended
         await asyncio.gather(task, return_exceptions=True)
-
-
-async def until_answered(call: Callable[[], Awaitable[T]], doing: str, within_s: float) -> T:
-    """``call()`` (a key-value bucket's write or lookup), made again for up to ``within_s``
-    while JetStream's answer is that nobody took it (:func:`._errors.is_transient` and not
-    :func:`._errors.maybe_sent`): no responders for a bucket just created (its stream's
-    interest not yet known to the server this client talks to, in a cluster), a leader being
-    elected. Nothing was stored then, so a retry cannot write twice; a timeout is never
-    retried here. The last failure is raised as it is: the caller's bounded call translates
-    it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await call()
-        except Exception as exc:
-            delay = next(delays)
-            if (
-                not errors.is_transient(exc)
-                or errors.maybe_sent(exc)
-                or loop.time() + delay >= deadline
-            ):
-                raise
-            logger.debug(
-                "NATS: %s: %s; retrying (attempt %d)",
-                doing,
-                errors.describe(exc),
-                attempt,
-                extra={"action": "nats_retry"},
-            )
-        await asyncio.sleep(delay)
 
 
 async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
@@ -276,8 +125,8 @@ async def in_flight(
 
 
 class Connection:
-    """One backend's link to NATS: the client (opened here, or the caller's), its JetStream
-    context, and every call the backend makes through it.
+    """One backend's link to NATS: the client (the caller's, or one its :class:`._client.Opener`
+    connects), its JetStream context, and every call the backend makes through it.
 
     :param owner: how the backend shows itself in messages (its ``repr``).
     :param shown: the server URLs as the caller gave them (credentials included), for messages
@@ -296,13 +145,17 @@ class Connection:
         shown: Sequence[str] | None = None,
     ) -> None:
         self.servers = list(servers)
-        self._shown = list(shown) if shown is not None else self.servers
-        """The server URLs as given, for messages (redacted there)."""
         self.given = given
         self.stream = stream
-        self._connect_options = connect_options
         self._secrets = list(secrets)
         self._owner = owner
+        self._opener = Opener(
+            servers=self.servers,
+            shown=list(shown) if shown is not None else self.servers,
+            connect_options=connect_options,
+            scrub=self.scrub,
+            current=lambda: self.nc,
+        )
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.in_flight: asyncio.Semaphore | None = None
@@ -316,13 +169,6 @@ class Connection:
         self.failures = 0
         """How many calls failed for good (retries spent, or refused): the guard
         (:mod:`._guard`) looks at the stream and buckets soon after it grows."""
-        self.buckets_seen: set[str] = set()
-        """The key-value buckets this connection found or made: the guard makes them again
-        if they are lost."""
-        self._down = False
-        self._connecting = False
-        self._connect_error: Exception | None = None
-        self._connect_fatal = asyncio.Event()
 
     @property
     def started(self) -> bool:
@@ -337,7 +183,7 @@ class Connection:
 
     async def open(self) -> NATS:
         """Connect (unless given a client) and get the JetStream context."""
-        nc = self.given if self.given is not None else await self._connect()
+        nc = self.given if self.given is not None else await self._opener.connect()
         self.nc = nc
         self.js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
         self.in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -352,110 +198,6 @@ class Connection:
             await acks.close()
         if nc is not None and nc is not self.given and not nc.is_closed:
             await nc.close()
-
-    async def _connect(self) -> NATS:
-        nats = import_nats()
-        from nats.aio.client import Client
-
-        self._connecting = True
-        self._connect_error = None
-        self._connect_fatal = asyncio.Event()
-        client = Client()  # as nats.connect() makes it, to guard its CONNECT first
-        require_tls(client, given_context=self._connect_options.get("tls") is not None)
-        connect: Any = client.connect  # nats.connect's loose typing (float timeouts)
-        attempt = asyncio.ensure_future(
-            connect(
-                servers=self.servers,
-                name="anarchon",
-                connect_timeout=CONNECT_TIMEOUT_S,
-                reconnect_time_wait=RECONNECT_WAIT_S,
-                max_reconnect_attempts=CONNECT_ATTEMPTS,
-                ping_interval=PING_INTERVAL_S,
-                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                # No reconnect buffer: a claim published while disconnected fails at once
-                # (retried, fail closed) instead of being sent whenever the connection is back,
-                # possibly after its slot left the duplicate window (CLAIM_MARGIN_MS).
-                pending_size=-1,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                **self._connect_options,
-            )
-        )
-        fatal = asyncio.ensure_future(self._connect_fatal.wait())
-        # nats-py can hang after a TLS verification failure (it never gives up on closing the
-        # half-open connection): stop at once on such an error, and bound the whole attempt.
-        limit = (CONNECT_TIMEOUT_S + RECONNECT_WAIT_S) * (CONNECT_ATTEMPTS + 1) * len(self.servers)
-        try:
-            await asyncio.wait({attempt, fatal}, timeout=limit, return_when="FIRST_COMPLETED")
-            if not attempt.done():
-                attempt.cancel()
-                await asyncio.gather(attempt, return_exceptions=True)
-                raise TimeoutError(f"no connection within {limit:.0f} s")
-            attempt.result()
-            nc: NATS = client
-        except (OSError, TimeoutError, nats.errors.Error) as exc:
-            cause = self._connect_error if self._connect_error is not None else exc
-            raise errors.connect_error(
-                cause,
-                self.scrub(
-                    f"cannot connect to NATS at {servers_shown(self._shown)}: "
-                    f"{errors.describe(cause)}. Check that nats-server runs there, with "
-                    "JetStream enabled (nats-server -js), and that the URL, credentials and "
-                    "TLS files are right"
-                ),
-            ) from None
-        finally:
-            fatal.cancel()
-            self._connecting = False
-        # The first connection fails fast; from now on a lost connection is retried forever.
-        nc.options["max_reconnect_attempts"] = -1
-        set_read_size(nc)
-        OPENED.add(nc)
-        return nc
-
-    # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
-
-    async def _on_error(self, exc: Exception) -> None:
-        # nats-py calls this for every failed (re)connect attempt and for the loss that starts
-        # an outage; _on_disconnected says it once per outage, so those stay at debug level.
-        import nats.errors
-
-        if self._connecting:
-            # Keep the telling cause (refused credentials, a certificate that does not verify)
-            # over the reset that follows it, and over another server's refused connection.
-            before = self._connect_error
-            if before is None or (
-                not errors.is_refused(before)
-                and (errors.is_refused(exc) or not isinstance(exc, OSError))
-            ):
-                self._connect_error = exc
-            if errors.is_refused(exc):
-                self._connect_fatal.set()  # retrying cannot help
-        lost = isinstance(exc, OSError | nats.errors.StaleConnectionError)
-        text = self.scrub(errors.describe(exc))
-        if self._connecting or self._down or lost:
-            logger.debug("NATS: %s", text, extra={"action": "nats_error"})
-        else:
-            logger.warning("NATS: %s", text, extra={"action": "nats_error"})
-
-    async def _on_disconnected(self) -> None:
-        if self._down or self._connecting or self.nc is None:
-            return
-        self._down = True
-        logger.warning(
-            "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
-            RECONNECT_WAIT_S,
-            extra={"action": "backend_unavailable"},
-        )
-
-    async def _on_reconnected(self) -> None:
-        self._down = False
-        nc = self.nc
-        if nc is not None:
-            set_read_size(nc)  # a new socket
-        url = _where(nc) if nc is not None else "?"
-        logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
 
     # -- the stream -------------------------------------------------------------------------
 
@@ -486,7 +228,7 @@ class Connection:
         """``wanted``, with a first sequence only where the server takes one: servers before
         2.10 do not (see :func:`._stream.fence_floor`)."""
         nc, _ = self.require()
-        return replace(wanted, fence_floor=_server_at_least(nc, 2, 10))
+        return replace(wanted, fence_floor=server_at_least(nc, 2, 10))
 
     def _learn(self, info: dict[str, Any]) -> None:
         self._stream_has_ts = "ts" in info
@@ -533,7 +275,7 @@ class Connection:
         )
         server_info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
         if disabled or (no_answer and not server_info.get("jetstream")):
-            url = _where(nc)
+            url = where(nc)
             raise BackendError(
                 f"JetStream is not enabled on the NATS server at {url}: NatsBackend needs it. "
                 "Start the server with JetStream enabled (nats-server -js, or a 'jetstream {}' "
@@ -543,102 +285,6 @@ class Connection:
     async def stream_info(self) -> dict[str, Any]:
         """The stream's info as the server reports it now (JetStreamError if none)."""
         return await self.api(subjects.API.format(verb="STREAM.INFO", stream=self.stream), None)
-
-    async def bucket_keys(self, bucket: str, start: str) -> list[str]:
-        """The keys of key-value bucket ``bucket`` that begin with ``start`` (which ends with a
-        dot), read from the bucket's stream info rather than nats-py's ``keys()``: its watcher
-        can report an empty bucket before the entries it already holds arrive (nats.py #842).
-        A key whose last entry is a delete marker is listed; reading it finds it deleted."""
-        prefix = f"$KV.{bucket}."
-        found = await self.subjects(f"KV_{bucket}", f"{prefix}{start}>")
-        return [subject[len(prefix) :] for subject in found]
-
-    async def purge_keys(self, bucket: str, keys: str, before_seq: int | None = None) -> None:
-        """Remove the messages of the keys of key-value bucket ``bucket`` that match ``keys``
-        (one key, or a filter ending in ``*`` or ``>``); with ``before_seq``, only those stored
-        before that sequence. Unlike a delete, a purge leaves no marker behind."""
-        _, js = self.require()
-        await js.purge_stream(f"KV_{bucket}", seq=before_seq, subject=f"$KV.{bucket}.{keys}")
-
-    async def delete_key(self, bucket: str, key: str, last: int) -> int | None:
-        """Put a delete marker on key ``key`` of key-value bucket ``bucket`` if its last revision
-        is still ``last`` (a compare-and-set delete); the marker's sequence, or None when the key
-        was written or removed since. nats-py's ``KeyValue.delete`` answers neither: its
-        publish's ack is dropped, and a lost compare-and-set raises a generic 400."""
-        from nats.js.errors import APIError
-
-        _, js = self.require()
-        headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(last)}
-        try:
-            ack = await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
-        except APIError as exc:
-            if exc.err_code in errors.WRONG_LAST_SEQUENCE:
-                return None
-            raise
-        return int(ack.seq)
-
-    async def open_bucket(
-        self,
-        bucket: str,
-        *,
-        create: bool,
-        doing: str,
-        bounded: Callable[[Awaitable[Any], str], Awaitable[Any]],
-    ) -> KeyValue | None:
-        """Key-value bucket ``bucket``; None if it does not exist, unless ``create``: then it
-        is made (one revision per key, the stream's replicas; creating one that another instance
-        just made is idempotent, and one it made with other settings is used). Each request goes
-        through ``bounded(request, what it does)``, the caller's bounded and translated call, and
-        is made again while nobody answers it (:func:`until_answered`); ``doing`` says what the
-        lookup is for."""
-        from nats.js.api import KeyValueConfig
-        from nats.js.errors import APIError, BucketNotFoundError
-
-        _, js = self.require()
-        within = BUCKET_RETRY_S
-
-        try:
-            kv: KeyValue = await bounded(
-                until_answered(lambda: js.key_value(bucket), doing, within), doing
-            )
-            self.buckets_seen.add(bucket)
-            return kv
-        except BackendError as exc:
-            if not isinstance(exc.__cause__, BucketNotFoundError):
-                raise
-            if not create:
-                return None
-        config = KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas)
-        creating = f"creating key-value bucket {bucket!r}"
-        made_here = False
-
-        async def make() -> KeyValue:
-            nonlocal made_here
-            try:
-                created = await until_answered(
-                    lambda: js.create_key_value(config), creating, within
-                )
-                made_here = True
-                return created
-            except (APIError, JetStreamError) as exc:
-                if exc.err_code != errors.STREAM_NAME_IN_USE:
-                    raise
-            # Made by another instance meanwhile, with other settings (its replicas): use it.
-            return await until_answered(lambda: js.key_value(bucket), creating, within)
-
-        made: KeyValue = await bounded(make(), creating)
-        if made_here and bucket in self.buckets_seen:
-            logger.warning(
-                "re-created key-value bucket %s (one revision per key, R%d): it was lost under "
-                "this running instance (deleted, or its server lost its store), and what it held "
-                "is gone: %s",
-                bucket,
-                self.replicas,
-                bucket_loss(bucket),
-                extra={"action": "bucket_recreated", "stream": f"KV_{bucket}"},
-            )
-        self.buckets_seen.add(bucket)
-        return made
 
     async def subjects(self, stream: str, subjects_filter: str) -> list[str]:
         """The subjects of ``stream`` that match ``subjects_filter`` and hold a message, from
@@ -803,76 +449,16 @@ class Connection:
     async def read_all(self, filter_subject: str, doing: str) -> list[Stored]:
         """Every message on ``filter_subject``, retried for up to :data:`CLAIM_RETRY_S`."""
         return await self.retry(
-            lambda t: self._read_once(self.stream, filter_subject, last_per_subject=False),
+            lambda t: read_through_consumer(
+                self,
+                self.stream,
+                filter_subject,
+                last_per_subject=False,
+                fetch_wait_s=REQUEST_TIMEOUT_S,
+            ),
             doing,
             self.retry_deadline(),
         )
-
-    async def read_bucket(self, bucket: str, start: str) -> list[tuple[str, Stored]]:
-        """The last message of each key of key-value bucket ``bucket`` that begins with
-        ``start`` (which ends with a dot), as ``(key, message)``; the message's ``seq`` is the
-        key's revision, and a delete marker comes with empty data. One consumer reads them
-        all, where nats-py's ``get`` is one request per key."""
-        prefix = f"$KV.{bucket}."
-        found = await self._read_once(f"KV_{bucket}", f"{prefix}{start}>", last_per_subject=True)
-        return [(message.subject[len(prefix) :], message) for message in found]
-
-    async def _read_once(
-        self, stream: str, filter_subject: str, *, last_per_subject: bool
-    ) -> list[Stored]:
-        """Through a short-lived ephemeral pull consumer (one filter: nats-server 2.9 ignores
-        multi-subject filters); every message, or only each subject's last."""
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        _, js = self.require()
-        name = f"anarchon_{uuid.uuid4().hex}"
-        config = ConsumerConfig(
-            name=name,
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=(
-                DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL
-            ),
-            filter_subject=filter_subject,
-            inactive_threshold=CONSUMER_INACTIVE_S,
-            mem_storage=True,
-        )
-        info = await js.add_consumer(stream, config=config)
-        try:
-            pending = info.num_pending or 0
-            if pending == 0:
-                return []
-            sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-            try:
-                return await self._drain(sub, pending)
-            finally:
-                await sub.unsubscribe()
-        finally:
-            await self._forget_consumer(stream, name)
-
-    @staticmethod
-    async def _drain(sub: JetStreamContext.PullSubscription, pending: int) -> list[Stored]:
-        out: list[Stored] = []
-        left = pending
-        while left > 0 and len(out) < pending:
-            batch = await sub.fetch(min(FETCH_BATCH, pending - len(out)), timeout=REQUEST_TIMEOUT_S)
-            if not batch:
-                break
-            for msg in batch:
-                fields = records.ack_fields(msg.reply or "")
-                if fields is None:
-                    continue
-                seq, time_ms, left = fields
-                out.append(Stored(seq=seq, subject=msg.subject, time_ms=time_ms, data=msg.data))
-        return out
-
-    async def _forget_consumer(self, stream: str, name: str) -> None:
-        js = self.js
-        if js is None:
-            return
-        try:
-            await js.delete_consumer(stream, name)
-        except Exception as exc:  # it expires by itself after CONSUMER_INACTIVE_S
-            logger.debug("could not delete consumer %s: %s", name, errors.describe(exc))
 
     # -- the server's clock -----------------------------------------------------------------
 

@@ -44,7 +44,8 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._connection import BUCKET_RETRY_S, bounded, cancel_unfinished, until_answered
+from ._buckets import BUCKET_RETRY_S, until_answered
+from ._connection import bounded, cancel_unfinished
 from ._registry import CALL_TIMEOUT_S, bucket_name, token
 from ._wire import subscribe_sink
 
@@ -138,7 +139,7 @@ class NatsControl:
         async with self._opening[1]:
             if self._kv is not None and self._js is js:
                 return self._kv
-            kv = await self._backend._conn.open_bucket(
+            kv = await self._backend._buckets.open_bucket(
                 self.bucket,
                 create=create,
                 doing="opening the control bucket",
@@ -198,7 +199,7 @@ class NatsControl:
                 self._remember(job, None)
                 return None
             deleted = await self._bounded(
-                self._backend._conn.delete_key(self.bucket, self._pause_key(job), revision),
+                self._backend._buckets.delete_key(self.bucket, self._pause_key(job), revision),
                 f"resuming {job!r}",
             )
             if deleted is None:
@@ -507,7 +508,7 @@ class NatsControl:
         if kv is None:
             return
         await self._bounded(
-            self._backend._conn.purge_keys(self.bucket, self._request_key(request_id)),
+            self._backend._buckets.purge_keys(self.bucket, self._request_key(request_id)),
             f"removing run request {request_id}",
         )
 
@@ -516,7 +517,7 @@ class NatsControl:
     async def _keys(self, kv: KeyValue, kind: str) -> list[str]:
         start = f"{self._space}.{kind}."
         return await self._bounded(
-            self._backend._conn.bucket_keys(self.bucket, start), "listing the control bucket"
+            self._backend._buckets.bucket_keys(self.bucket, start), "listing the control bucket"
         )
 
     async def _get(self, kv: KeyValue, key: str, doing: str) -> bytes | None:

@@ -8,11 +8,11 @@ commands create nothing) looks every :data:`GUARD_EVERY_S`, and soon after a cal
 good or the client reconnected (at most every :data:`LOOK_GAP_S`), whether the stream and each
 bucket this backend has used still exist (one stream info request each), and creates what is
 missing again with the settings ``start()`` gives it (:func:`._stream.recreate`,
-:meth:`._connection.Connection.open_bucket`), each with a WARNING naming it.
+:meth:`._buckets.Buckets.open_bucket`), each with a WARNING naming it.
 
 **Buckets** (registry, definitions, control) are created again at once (``bucket_recreated``).
 What they held is gone: records and definitions are written again by the running instances;
-pauses and run requests are lost (:data:`._connection.BUCKET_LOSS`).
+pauses and run requests are lost (:data:`._buckets.BUCKET_LOSS`).
 
 **The stream** is created again only once it has been missing, as this instance sees it, for
 one whole duplicate window (the stream's as last read, at least ``duplicate_window_ms``):
@@ -46,6 +46,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from . import _stream as stream_setup
+from ._buckets import Buckets
 from ._connection import Connection, bounded
 from ._registry import CALL_TIMEOUT_S
 from ._window import Window
@@ -65,8 +66,15 @@ TICK_S: Final = 0.5
 class Guard:
     """Notices a lost stream or bucket under a running backend and creates it again."""
 
-    def __init__(self, connection: Connection, window: Window, wanted: stream_setup.Wanted) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        buckets: Buckets,
+        window: Window,
+        wanted: stream_setup.Wanted,
+    ) -> None:
         self._connection = connection
+        self._buckets = buckets
         self._window = window
         self._wanted = wanted
         # Loop time when this instance found the stream missing (None: it exists), and how long
@@ -111,9 +119,9 @@ class Guard:
         backend has used (made again at once)."""
         await self._look_stream()
         conn = self._connection
-        for bucket in sorted(conn.buckets_seen):
+        for bucket in sorted(self._buckets.seen):
             if await stream_setup.find(conn.api, f"KV_{bucket}") is None:
-                await conn.open_bucket(
+                await self._buckets.open_bucket(
                     bucket,
                     create=True,
                     doing=f"re-creating key-value bucket {bucket!r}",

@@ -57,7 +57,7 @@ from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.registry import InstanceRecord
 
 from . import _errors as errors
-from ._connection import BUCKET_RETRY_S, until_answered
+from ._buckets import BUCKET_RETRY_S, until_answered
 
 if TYPE_CHECKING:
     from nats.js.errors import KeyNotFoundError
@@ -135,14 +135,14 @@ class NatsRegistry:
 
     async def _open(self, create: bool) -> KeyValue | None:
         if self._kv is None:
-            self._kv = await self._backend._conn.open_bucket(
+            self._kv = await self._backend._buckets.open_bucket(
                 self._bucket, create=create, doing="opening the registry", bounded=self._bounded
             )
         return self._kv
 
     async def _open_sets(self, create: bool) -> KeyValue | None:
         if self._sets_kv is None:
-            self._sets_kv = await self._backend._conn.open_bucket(
+            self._sets_kv = await self._backend._buckets.open_bucket(
                 self._sets_bucket,
                 create=create,
                 doing="opening the registry",
@@ -168,7 +168,7 @@ class NatsRegistry:
 
         async def read() -> list[tuple[str, int, InstanceRecord | None]]:
             found: list[tuple[str, int, InstanceRecord | None]] = []
-            for key, message in await self._backend._conn.read_bucket(
+            for key, message in await self._backend._buckets.read_bucket(
                 self._bucket, self._space + "."
             ):
                 if not message.data:  # a record is never empty: a delete or purge marker
@@ -210,7 +210,7 @@ class NatsRegistry:
         kv = await self._open(create=False)
         if kv is not None:
             await self._bounded(
-                self._backend._conn.purge_keys(self._bucket, self._key(instance_id)),
+                self._backend._buckets.purge_keys(self._bucket, self._key(instance_id)),
                 "removing an instance",
             )
 
@@ -237,7 +237,7 @@ class NatsRegistry:
         else:
             entries = await self._entries()
         removed = []
-        conn = self._backend._conn
+        buckets = self._backend._buckets
         for key, revision, record in entries:
             if record is None:
                 marker = revision  # left by a removal that did not purge it
@@ -245,7 +245,7 @@ class NatsRegistry:
                 continue
             else:
                 deleted = await self._bounded(
-                    conn.delete_key(self._bucket, key, revision), "removing an instance"
+                    buckets.delete_key(self._bucket, key, revision), "removing an instance"
                 )
                 if deleted is None:
                     continue  # refreshed since it was read: the revision no longer matches
@@ -388,10 +388,10 @@ class NatsRegistry:
         if kv is None:
             return []
         kept = set(keep)
-        conn = self._backend._conn
+        buckets = self._backend._buckets
 
         async def prune() -> list[str]:
-            keys = await conn.bucket_keys(self._sets_bucket, self._space + ".")
+            keys = await buckets.bucket_keys(self._sets_bucket, self._space + ".")
             gone = []
             for key in keys:
                 digest, _, part = key[len(self._space) + 1 :].rpartition(".")
@@ -409,7 +409,7 @@ class NatsRegistry:
                 manifest = _manifest_of(entry.value)
                 if manifest is None or int(manifest.get("saved_ms", 0)) >= cutoff_ms:
                     continue
-                marker = await conn.delete_key(self._sets_bucket, key, entry.revision or 0)
+                marker = await buckets.delete_key(self._sets_bucket, key, entry.revision or 0)
                 if marker is None:
                     continue  # touched or saved again since it was read: in use
                 # A save of the digest since then wrote after the marker, and is kept.
@@ -423,7 +423,7 @@ class NatsRegistry:
         """Remove the messages of ``keys`` (a key or a filter) in ``bucket`` stored up to the
         delete marker at sequence ``marker``, the marker included; what was written after it
         stays."""
-        await self._backend._conn.purge_keys(bucket, keys, before_seq=marker + 1)
+        await self._backend._buckets.purge_keys(bucket, keys, before_seq=marker + 1)
 
 
 def _manifest_of(value: bytes | None) -> dict[str, Any] | None:

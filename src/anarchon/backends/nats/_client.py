@@ -1,0 +1,251 @@
+"""Opening the nats-py client a backend connects itself, and watching it: its connect options
+(a few quick tries per server, then reconnects forever), the guard that refuses plain text when
+TLS was asked for, the size of each socket read, and nats-py's liveness callbacks (one WARNING
+per outage).
+
+A client the caller passes in is used as it is: none of this applies to it. :class:`Opener` is
+the one :class:`._connection.Connection` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ...errors import MissingDependency
+from . import _errors as errors
+from ._options import servers_shown
+from ._wire import OPENED
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+logger = logging.getLogger("anarchon.backends.nats")
+
+# Connecting: a few quick tries per server so start() fails within seconds; once connected the
+# client reconnects forever, every half second, and pings every 10 s so a dead TCP connection
+# is noticed in about 30 s instead of nats-py's default of several minutes.
+CONNECT_TIMEOUT_S: Final = 2.0
+CONNECT_ATTEMPTS: Final = 2
+RECONNECT_WAIT_S: Final = 0.5
+PING_INTERVAL_S: Final = 10
+MAX_OUTSTANDING_PINGS: Final = 3
+# Bytes each read of the socket asks for, on the connections this backend opens. asyncio asks
+# for 256 KiB, above glibc's mmap threshold, so every read mapped a fresh buffer, faulted it in
+# and unmapped it again: about 12 us a read here, where an ack or a claim of the feed is a few
+# hundred bytes and nats-py parses at most 32 KiB at a time.
+READ_SIZE: Final = 64 * 1024
+
+
+def import_nats() -> Any:
+    """The nats package, or :class:`MissingDependency` saying how to install it."""
+    try:
+        import nats
+        import nats.errors
+        import nats.js.api
+    except ImportError as exc:
+        raise MissingDependency(
+            "NatsBackend needs the nats-py client: pip install 'anarchon[nats]'"
+        ) from exc
+    return nats
+
+
+def where(nc: NATS) -> str:
+    """host:port of the server a client is connected to (never its credentials)."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "?"
+
+
+def set_read_size(nc: NATS) -> None:
+    """Make each read of the client's socket ask for :data:`READ_SIZE` bytes (a plain TCP
+    connection's asyncio transport; a TLS one reads through its own buffer, uvloop's into one
+    buffer per loop, and both are left alone)."""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None and isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = READ_SIZE
+
+
+def server_at_least(nc: NATS, major: int, minor: int) -> bool:
+    """True if the server this client is connected to is at least ``major.minor``."""
+    info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
+    try:
+        numbers = [int(x) for x in str(info.get("version", "0.0")).split("-")[0].split(".")[:2]]
+    except ValueError:
+        return False
+    return tuple(numbers) >= (major, minor)
+
+
+def plain_text_refused(where: str) -> Exception:
+    """The error for a server at ``where`` that offers no TLS to a client that asked for it:
+    a :class:`nats.errors.SecureConnWantedError` (a refusal, not retried), saying why."""
+    import nats.errors
+
+    class PlainTextRefused(nats.errors.SecureConnWantedError):
+        def __str__(self) -> str:
+            return (
+                f"the server at {where} offers no TLS, but TLS was asked for (a tls:// URL, "
+                "ca_file or cert_file): refusing to connect in plain text (credentials and "
+                "claims would travel unencrypted). Enable TLS on the server (a 'tls {...}' "
+                "block), or use a nats:// URL without TLS files if plain text is intended"
+            )
+
+    return PlainTextRefused()
+
+
+def require_tls(client: NATS, *, given_context: bool) -> None:
+    """Make ``client`` refuse, before it sends its CONNECT (credentials included), a server
+    that does not use TLS when TLS was asked for: a ``tls://`` server URL, or a TLS context
+    (``ca_file`` / ``cert_file``). nats-py itself upgrades only when the server requires TLS,
+    and otherwise connects in plain text, password and all."""
+    original = client._connect_command
+
+    def guarded() -> bytes:
+        server = client._current_server
+        wanted = given_context or (server is not None and server.uri.scheme == "tls")
+        if wanted and not (client._server_info or {}).get("tls_required"):
+            uri = server.uri if server is not None else None
+            where = f"{uri.hostname}:{uri.port}" if uri is not None else "?"
+            raise plain_text_refused(where)
+        return original()
+
+    client._connect_command = guarded  # type: ignore[method-assign]
+
+
+class Opener:
+    """Connects the client of a :class:`._connection.Connection` that was given none, and
+    hears nats-py's callbacks on it: a failed connect says its telling cause, an outage is
+    one WARNING when it starts and one when it ends.
+
+    :param shown: the server URLs as the caller gave them, for messages (redacted there).
+    :param scrub: what removes the passwords and tokens the backend was given from a text.
+    :param current: the client the connection holds now (None before it is opened and once
+        it is closed: nats-py's close calls the disconnected callback too).
+    """
+
+    def __init__(
+        self,
+        *,
+        servers: Sequence[str],
+        shown: Sequence[str],
+        connect_options: dict[str, Any],
+        scrub: Callable[[str], str],
+        current: Callable[[], NATS | None],
+    ) -> None:
+        self.servers = list(servers)
+        self._shown = list(shown)
+        self._connect_options = connect_options
+        self.scrub = scrub
+        self._current = current
+        self._down = False
+        self._connecting = False
+        self._connect_error: Exception | None = None
+        self._connect_fatal = asyncio.Event()
+
+    async def connect(self) -> NATS:
+        """A new client, connected to one of the servers within a few tries; else
+        BackendUnavailable (no server reached) or BackendError (refused), saying why."""
+        nats = import_nats()
+        from nats.aio.client import Client
+
+        self._connecting = True
+        self._connect_error = None
+        self._connect_fatal = asyncio.Event()
+        client = Client()  # as nats.connect() makes it, to guard its CONNECT first
+        require_tls(client, given_context=self._connect_options.get("tls") is not None)
+        connect: Any = client.connect  # nats.connect's loose typing (float timeouts)
+        attempt = asyncio.ensure_future(
+            connect(
+                servers=self.servers,
+                name="anarchon",
+                connect_timeout=CONNECT_TIMEOUT_S,
+                reconnect_time_wait=RECONNECT_WAIT_S,
+                max_reconnect_attempts=CONNECT_ATTEMPTS,
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                # No reconnect buffer: a claim published while disconnected fails at once
+                # (retried, fail closed) instead of being sent whenever the connection is back,
+                # possibly after its slot left the duplicate window (CLAIM_MARGIN_MS).
+                pending_size=-1,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                **self._connect_options,
+            )
+        )
+        fatal = asyncio.ensure_future(self._connect_fatal.wait())
+        # nats-py can hang after a TLS verification failure (it never gives up on closing the
+        # half-open connection): stop at once on such an error, and bound the whole attempt.
+        limit = (CONNECT_TIMEOUT_S + RECONNECT_WAIT_S) * (CONNECT_ATTEMPTS + 1) * len(self.servers)
+        try:
+            await asyncio.wait({attempt, fatal}, timeout=limit, return_when="FIRST_COMPLETED")
+            if not attempt.done():
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                raise TimeoutError(f"no connection within {limit:.0f} s")
+            attempt.result()
+            nc: NATS = client
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            cause = self._connect_error if self._connect_error is not None else exc
+            raise errors.connect_error(
+                cause,
+                self.scrub(
+                    f"cannot connect to NATS at {servers_shown(self._shown)}: "
+                    f"{errors.describe(cause)}. Check that nats-server runs there, with "
+                    "JetStream enabled (nats-server -js), and that the URL, credentials and "
+                    "TLS files are right"
+                ),
+            ) from None
+        finally:
+            fatal.cancel()
+            self._connecting = False
+        # The first connection fails fast; from now on a lost connection is retried forever.
+        nc.options["max_reconnect_attempts"] = -1
+        set_read_size(nc)
+        OPENED.add(nc)
+        return nc
+
+    # -- liveness: nats-py's callbacks, one WARNING per outage -------------------------------
+
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py calls this for every failed (re)connect attempt and for the loss that starts
+        # an outage; _on_disconnected says it once per outage, so those stay at debug level.
+        import nats.errors
+
+        if self._connecting:
+            # Keep the telling cause (refused credentials, a certificate that does not verify)
+            # over the reset that follows it, and over another server's refused connection.
+            before = self._connect_error
+            if before is None or (
+                not errors.is_refused(before)
+                and (errors.is_refused(exc) or not isinstance(exc, OSError))
+            ):
+                self._connect_error = exc
+            if errors.is_refused(exc):
+                self._connect_fatal.set()  # retrying cannot help
+        lost = isinstance(exc, OSError | nats.errors.StaleConnectionError)
+        text = self.scrub(errors.describe(exc))
+        if self._connecting or self._down or lost:
+            logger.debug("NATS: %s", text, extra={"action": "nats_error"})
+        else:
+            logger.warning("NATS: %s", text, extra={"action": "nats_error"})
+
+    async def _on_disconnected(self) -> None:
+        if self._down or self._connecting or self._current() is None:
+            return
+        self._down = True
+        logger.warning(
+            "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
+            RECONNECT_WAIT_S,
+            extra={"action": "backend_unavailable"},
+        )
+
+    async def _on_reconnected(self) -> None:
+        self._down = False
+        nc = self._current()
+        if nc is not None:
+            set_read_size(nc)  # a new socket
+        url = where(nc) if nc is not None else "?"
+        logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
