@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import errors
 from ._context import RunContext
 from ._metrics import Metrics
-from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
+from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
 from ._urls import backend_from_url
@@ -52,6 +52,7 @@ __all__ = [
     "RunStatus",
     "SQLiteBackend",
     "Scheduler",
+    "SkipCause",
     "Trigger",
     "__version__",
     "backend_from_url",

@@ -44,7 +44,7 @@ from ._claims import Claims
 from ._clock import Clock
 from ._job import Job
 from ._missed import gap_slots
-from ._models import CatchUp, Trigger
+from ._models import CatchUp, SkipCause, Trigger
 from ._threads import HandlerThreads
 from ._timer import Late
 from ._watchdog import Block, LoopWatchdog
@@ -206,6 +206,7 @@ class Backlogs:
                 skip_reason=behind_reason(
                     self._claims.instance, slot, now, shown, plan.mode, plan.outcome
                 ),
+                skip_cause=SkipCause.BEHIND,
             )
             for slot in slots
         ]

@@ -20,7 +20,7 @@ from ._frozen import maker
 from ._job import Job
 from ._members import SCHEDULE, WON
 from ._metrics import Counters, refused, unrecorded
-from ._models import RunStatus, Trigger
+from ._models import RunStatus, SkipCause, Trigger
 from ._retry import backoff
 from ._runner import ActiveRun, RunExecutor
 from ._threads import HandlerThreads
@@ -159,11 +159,12 @@ class Claims:
         """A claim of ``job``'s ``slot`` (None for a manual run). A scheduled slot reached more
         than ``max_late_ms`` after it (``now``, on the backend's clock) is claimed as skipped."""
         policy = job.policy
-        skip_reason = None
+        skip_reason = skip_cause = None
         if slot is not None and now is not None and trigger is SCHEDULE:
             late = now - slot
             if late > policy.max_late_ms:
                 self._counters.too_late += 1
+                skip_cause = SkipCause.TOO_LATE
                 skip_reason = (
                     f"too late: {self.instance} reached the slot {late} ms after "
                     f"it (max_late_ms={policy.max_late_ms})"
@@ -187,6 +188,7 @@ class Claims:
             overlap=policy.overlap,
             history_ttl_ms=policy.history_ttl_ms,
             skip_reason=skip_reason,
+            skip_cause=skip_cause,
         )
 
     def starved(self, requests: list[ClaimRequest]) -> None:

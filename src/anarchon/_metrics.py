@@ -21,10 +21,9 @@ from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeAlias, get_args
 
 from ._members import SCHEDULE, WON
-from ._models import RunStatus, Trigger
+from ._models import RunStatus, SkipCause, Trigger
 from ._schedule import CronSchedule
-from .backend import BEHIND, OVERLAP, TOO_LATE, ClaimStatus
-from .control import PAUSED
+from .backend import ClaimStatus
 
 if TYPE_CHECKING:
     from ._job import Job
@@ -61,20 +60,20 @@ SLOT_OUTCOMES: Final[Mapping[str, tuple[str, str]]] = {
     "unclaimed_refused": ("unclaimed", "refused"),
 }
 """The keys of :attr:`JobMetrics.slots`, each to its ``(outcome, reason)`` labels."""
-# The reasons of a LOST answer whose record was not stored because the backend cannot vouch for
-# the slot (pruned past it; Redis: a data set that lost it): nobody runs it. A broker's "lost: "
-# answer (another's claim it could not read) is a real loss.
-_NOT_RUN: Final = ("too old", "unknown")
-# What a broker's SKIPPED answer says when it stored nothing (NATS: a claim whose turn to be sent
+# The causes of a LOST answer whose record was not stored because the backend cannot vouch for
+# the slot (pruned past it; Redis: a data set that lost it): nobody runs it. A broker's LOST
+# answer with no cause (another's claim it could not read) is a real loss.
+_NOT_RUN: Final = frozenset({SkipCause.PRUNED, SkipCause.UNKNOWN})
+# The cause of a broker's SKIPPED answer that stored nothing (NATS: a claim whose turn to be sent
 # came after max_late_ms, a skip too close to the end of the duplicate window): no record.
-_NOT_RECORDED: Final = "; not recorded"
-# The reason prefixes the backends record (anarchon.backend, anarchon.control), to their class.
-_SKIP_CLASSES: Final = (
-    (OVERLAP, "skipped_overlap"),
-    (TOO_LATE, "skipped_too_late"),
-    (BEHIND, "skipped_behind"),
-    (PAUSED, "skipped_paused"),
-)
+_NOT_RECORDED: Final = SkipCause.NOT_RECORDED
+# The causes of the skip records the backends store, to their class (others: skipped_other).
+_SKIP_CLASSES: Final[Mapping[SkipCause | None, str]] = {
+    SkipCause.OVERLAP: "skipped_overlap",
+    SkipCause.TOO_LATE: "skipped_too_late",
+    SkipCause.BEHIND: "skipped_behind",
+    SkipCause.PAUSED: "skipped_paused",
+}
 _SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
 RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.SKIPPED.value)
 """The keys of :attr:`JobMetrics.runs`: a run's result, or ``skipped`` (a run request's)."""
@@ -313,23 +312,21 @@ def job_rows(
 
 def refused(outcome: ClaimOutcome) -> bool:
     """The claim was refused and nothing recorded, so nobody runs the slot: refused for good
-    (:attr:`ClaimOutcome.error`), or a slot the backend cannot vouch for (``too old: ...``,
-    ``unknown: ...``). Such an answer is LOST, but no other instance won."""
+    (:attr:`ClaimOutcome.error`), or a slot the backend cannot vouch for (skip cause
+    ``PRUNED``, ``UNKNOWN``). Such an answer is LOST, but no other instance won."""
     if outcome.status is not ClaimStatus.LOST:
         return False
     if outcome.error is not None:
         return True
     run = outcome.run
-    return run.status is RunStatus.SKIPPED and (run.reason or "").startswith(_NOT_RUN)
+    return run.status is RunStatus.SKIPPED and run.skip_cause in _NOT_RUN
 
 
 def unrecorded(outcome: ClaimOutcome) -> bool:
-    """The claim was answered skipped, but the backend stored no record of it (``...; not
-    recorded``): nobody runs the slot, and history holds nothing of it (``unclaimed``)."""
-    reason = outcome.run.reason or ""
-    return outcome.status is ClaimStatus.SKIPPED and (
-        reason.endswith(_NOT_RECORDED) or f"{_NOT_RECORDED}:" in reason
-    )
+    """The claim was answered skipped, but the backend stored no record of it (skip cause
+    ``NOT_RECORDED``): nobody runs the slot, and history holds nothing of it
+    (``unclaimed``)."""
+    return outcome.status is ClaimStatus.SKIPPED and outcome.run.skip_cause is _NOT_RECORDED
 
 
 def jobs_now(rows: Iterable[JobRow]) -> dict[str, JobMetrics]:
@@ -347,12 +344,9 @@ def jobs_now(rows: Iterable[JobRow]) -> dict[str, JobMetrics]:
     }
 
 
-def skip_class(reason: str | None) -> str:
-    """The :data:`SLOT_OUTCOMES` key of a skip record's reason."""
-    for prefix, key in _SKIP_CLASSES:
-        if reason is not None and reason.startswith(prefix):
-            return key
-    return "skipped_other"
+def skip_class(cause: SkipCause | None) -> str:
+    """The :data:`SLOT_OUTCOMES` key of a skip record's :attr:`~anarchon.Run.skip_cause`."""
+    return _SKIP_CLASSES.get(cause, "skipped_other")
 
 
 @dataclass(slots=True)
@@ -447,7 +441,7 @@ class Counters(_Tallies):
             return
         self.skipped += 1
         if run.trigger in _SLOT_TRIGGERS:
-            key = skip_class(run.reason)
+            key = skip_class(run.skip_cause)
             if key == "skipped_paused":
                 self.slots_paused += 1
             elif key == "skipped_behind":

@@ -8,7 +8,16 @@ from enum import StrEnum
 
 from ._schedule import slot_to_datetime
 
-__all__ = ["CatchUp", "Kind", "Overlap", "Run", "RunStatus", "Trigger", "ms_to_datetime"]
+__all__ = [
+    "CatchUp",
+    "Kind",
+    "Overlap",
+    "Run",
+    "RunStatus",
+    "SkipCause",
+    "Trigger",
+    "ms_to_datetime",
+]
 
 
 class Trigger(StrEnum):
@@ -43,6 +52,33 @@ class RunStatus(StrEnum):
     def finished(self) -> bool:
         """True for every status but ``running``."""
         return self is not RunStatus.RUNNING
+
+
+class SkipCause(StrEnum):
+    """Why a run is ``skipped``: a slot recorded, or only answered, without running. The kind
+    of the run's :attr:`~Run.reason` that the core, the metrics and the dashboard read instead
+    of its words (those are for people and may change). The backend sets it
+    (:attr:`Run.skip_cause`) on every record and claim answer that has one."""
+
+    OVERLAP = "overlap"
+    """Skipped: another run of the job still held a live lease (``overlap="skip"``)."""
+    TOO_LATE = "too_late"
+    """Skipped: the instance reached the slot more than ``max_late_ms`` after it."""
+    BEHIND = "behind"
+    """Skipped: the instance fell behind the job (a frozen process, a stepped clock) and passed
+    the slot over for newer ones, as the job's ``catch_up`` says."""
+    PAUSED = "paused"
+    """Skipped: the job or the whole cluster was paused."""
+    PRUNED = "pruned"
+    """Refused, nothing stored (a LOST answer): the job's history is pruned past the slot, so
+    the backend cannot tell whether it ran. Nobody runs it."""
+    UNKNOWN = "unknown"
+    """Refused, nothing stored (a LOST answer): the store cannot vouch for the slot (Redis that
+    restarted without its data); it may have run already. Nobody runs it."""
+    NOT_RECORDED = "not_recorded"
+    """Answered skipped, but nothing stored (NATS: a claim whose turn to be sent came after
+    ``max_late_ms``, a skip too close to the end of the duplicate window). Nobody runs it and
+    history holds nothing of it; the reason says what the skip would have been."""
 
 
 class Overlap(StrEnum):
@@ -113,7 +149,13 @@ class Run:
     fence: int | None = None
     """The fencing token this attempt ran under; it only rises per job."""
     reason: str | None = None
-    """Why a run was skipped or superseded (``overlap``, ``too late``, ``lease lost`` ...)."""
+    """Why a run was skipped or superseded (``overlap``, ``too late``, ``lease lost`` ...), in
+    words for people; code reads :attr:`skip_cause`."""
+    skip_cause: SkipCause | None = None
+    """Why a ``skipped`` run was not run, as the core reads it (overlap, too late, refused as
+    pruned ...); None for any other run, and for a skip whose cause none of these is. Backends
+    set it; a record stored without one is read through
+    :func:`anarchon.backend.legacy_skip_cause`."""
     requested_by: str | None = None
     """Who asked for a manual run (``anarchon trigger``, ``Scheduler.trigger``), if recorded."""
     slot_key: str | None = field(default=None, compare=False)

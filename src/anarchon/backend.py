@@ -29,8 +29,14 @@ differential test holds SQLite, PostgreSQL and Redis to its answers):
   ago; by count, while the job holds more than the backend's ``history_size`` slots, the oldest
   ended ones (by the start of their first attempt); at most 100 slots per result. The newest
   pruned slot raises the job's *pruned-through* mark; a claim of a slot at or below it that has
-  no record is refused (LOST, reason ``too old: ...``); a slot that has a record is always
-  answered by its record.
+  no record is refused (LOST, skip cause :attr:`~anarchon.SkipCause.PRUNED`, reason
+  :data:`PRUNED_REASON`); a slot that has a record is always answered by its record.
+* **skip causes**: every record and answer made instead of a run carries its kind in
+  :attr:`Run.skip_cause <anarchon.Run.skip_cause>` (a :class:`~anarchon.SkipCause`), and its
+  words for people in ``reason``. The core reads only the cause, so a backend words its
+  reasons as it likes; a backend stores the cause with the record, and reads a record
+  stored without one (by an older anarchon, or a store with no place for it) through
+  :func:`legacy_skip_cause`, the one place where a reason's words still count.
 * **numbers**: times and durations are epoch milliseconds up to 2**52; a request outside that is
   refused on its own, never failing the other requests of its batch.
 
@@ -49,8 +55,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
 
-from ._models import CatchUp, Overlap, Run, RunStatus, Trigger
-from .control import ControlStore, RunRequest
+from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
+from .control import PAUSED, ControlStore, RunRequest
 from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
 
@@ -75,11 +81,13 @@ __all__ = [
     "JobPolicy",
     "LeaseBackend",
     "RunIdentity",
+    "SkipCause",
     "SlotRecords",
     "TakeoverOutcome",
     "TakeoverRequest",
     "TakeoverStatus",
     "Ticket",
+    "legacy_skip_cause",
     "slot_key_of",
     "still_open",
 ]
@@ -88,8 +96,10 @@ LEASE_BACKENDS: Final = "Redis, PostgreSQL or SQLite"
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
-# -- the verdict vocabulary: the reasons a record carries, the same on every backend ----------
+# -- the reasons a record carries, the same on every backend ----------------------------------
 # (Lua and SQL backends spell them in their own files; tests/conformance holds them to these.)
+# They are words for people: the kind the core reads is the record's SkipCause (legacy_skip_cause
+# reads the words of a record stored without one).
 
 LEASE_LOST: Final = "lease lost"
 """Reason of an attempt whose lease expired and that a backup took over (or that ran out of
@@ -110,7 +120,20 @@ process frozen, its clock stepped) and found newer slots due too, decided by the
 it, with <n> slots of the job due at once (<first> to <newest>); catch_up='latest' runs only
 the newest``."""
 PRUNED_REASON: Final = "too old: the job's history is pruned past this slot"
-"""Reason of the LOST answer to a claim of a slot the job's history was pruned past."""
+"""Reason of the LOST answer to a claim of a slot the job's history was pruned past (cause
+:attr:`~anarchon.SkipCause.PRUNED`)."""
+# What the words of a record stored without a cause meant (legacy_skip_cause): prefixes, first
+# match wins; and the mark of a broker's skip it did not store (NATS), at the end of its reason
+# or before the explanation that follows it.
+_LEGACY_PREFIXES: Final = (
+    ("too old", SkipCause.PRUNED),
+    ("unknown", SkipCause.UNKNOWN),
+    (OVERLAP, SkipCause.OVERLAP),
+    (TOO_LATE, SkipCause.TOO_LATE),
+    (BEHIND, SkipCause.BEHIND),
+    (PAUSED, SkipCause.PAUSED),
+)
+_LEGACY_NOT_RECORDED: Final = "; not recorded"
 OPEN_RUNS_LOOKBACK: Final = 20
 """How many of a job's newest attempts :meth:`LeaseBackend.open_runs`'s default reads: open
 attempts are the newest, but for a job with ``overlap="allow"`` and more running at once."""
@@ -124,6 +147,26 @@ class Capability(StrEnum):
     CATCH_UP = "catch-up (catch_up='latest' or 'all')"
     HANDOVER = "hand-over on graceful stop (handover=True)"
     HISTORY_TTL = "history trimmed by age (history_ttl_ms)"
+
+
+def legacy_skip_cause(reason: str | None) -> SkipCause | None:
+    """The skip cause of a record stored without one, read from the words of its ``reason``: the
+    compatibility path, and the only place where anarchon reads a reason's words.
+
+    Records written before runs carried a :attr:`~anarchon.Run.skip_cause` (and those of a store
+    that keeps no cause of its own: SQLite's and PostgreSQL's tables) said their kind only in
+    words: ``too old: ...`` (pruned), ``unknown: ...``, ``overlap: ...``, ``too late: ...``,
+    ``behind: ...``, ``paused by ...``, and a broker's ``...; not recorded[: ...]``. A backend
+    calls this when it reads a record whose stored cause is absent; anything else gives None.
+    """
+    if not reason:
+        return None
+    if reason.endswith(_LEGACY_NOT_RECORDED) or f"{_LEGACY_NOT_RECORDED}:" in reason:
+        return SkipCause.NOT_RECORDED
+    for prefix, cause in _LEGACY_PREFIXES:
+        if reason.startswith(prefix):
+            return cause
+    return None
 
 
 def still_open(runs: Iterable[Run], since_ms: int) -> list[Run]:
@@ -183,6 +226,10 @@ class ClaimRequest:
     skip_reason: str | None = None
     """If set, record the slot with status :attr:`skip_status` and this reason instead of
     running it (a slot that became too late, or one nobody ran), unless it has a record."""
+    skip_cause: SkipCause | None = None
+    """The cause to record with :attr:`skip_reason` (:attr:`~anarchon.SkipCause.TOO_LATE`,
+    :attr:`~anarchon.SkipCause.BEHIND`); None for a slot nobody ran (its status, ``missed``,
+    says it)."""
     skip_status: RunStatus = RunStatus.SKIPPED
     """The status a ``skip_reason`` records: ``skipped``, or ``missed`` for a slot nobody ran
     while no instance carried the job."""
@@ -208,12 +255,14 @@ class ClaimStatus(StrEnum):
     """Another request got there first, the slot was pruned, attempt 1 of this very token has
     already ended, or (with :attr:`ClaimOutcome.error`) the request could not be decided: the
     caller does not run. The core counts as refused, not lost to another instance, an answer
-    with an error, or whose run is a ``skipped`` record not stored with a reason ``too old:
-    ...`` (:data:`PRUNED_REASON`) or ``unknown: ...`` (a store that cannot vouch for the
-    slot): nobody runs those slots (metrics ``unclaimed``, span outcome ``refused``)."""
+    with an error, or whose run is a ``skipped`` record not stored with the skip cause
+    :attr:`~anarchon.SkipCause.PRUNED` (reason :data:`PRUNED_REASON`) or
+    :attr:`~anarchon.SkipCause.UNKNOWN` (a store that cannot vouch for the slot): nobody runs
+    those slots (metrics ``unclaimed``, span outcome ``refused``)."""
     SKIPPED = "skipped"
     """The slot is recorded as ``skipped`` (overlap, too late, behind), by this caller or
-    another."""
+    another; its run's :attr:`~anarchon.Run.skip_cause` says which. A skip the backend answers
+    but does not store (a broker's) has the cause :attr:`~anarchon.SkipCause.NOT_RECORDED`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -473,15 +522,19 @@ class Backend(abc.ABC):
 
         * if ``(job, slot_key)`` has no record and the slot has not been pruned: when
           ``skip_reason`` is set, record a run with status ``skip_status`` (``skipped`` or
-          ``missed``) and that reason and answer SKIPPED; when the job (or the whole cluster)
-          is paused and the trigger is not ``manual``
+          ``missed``), that reason and the cause ``skip_cause`` and answer SKIPPED; when
+          the job (or the whole cluster) is paused and the trigger is not ``manual``
           (:func:`anarchon.control.active_pause`, on the backend's clock), record it
-          ``skipped`` with :func:`anarchon.control.paused_reason` and answer SKIPPED; when
-          ``overlap`` is SKIP and another run of the job is ``running`` with a live lease,
-          record this slot ``skipped`` with a reason naming that run and answer SKIPPED;
+          ``skipped`` with :func:`anarchon.control.paused_reason` (cause ``PAUSED``) and
+          answer SKIPPED; when ``overlap`` is SKIP and another run of the job is ``running``
+          with a live lease, record this slot ``skipped`` with a reason naming that run
+          (cause ``OVERLAP``) and answer SKIPPED;
           otherwise record attempt 1 ``running`` (lease ``lease_ms`` from the backend's now, a
           new fence above every earlier fence of the job) and answer WON with a :class:`Ticket`.
           Every record keeps the request's ``requested_by``.
+        * if the slot was pruned (module docstring), answer LOST with an unstored ``skipped``
+          run of cause ``PRUNED``; a store that cannot vouch for a slot it has no record of
+          answers the same with cause ``UNKNOWN``.
         * if a record exists and its token is this request's token (a retried claim), answer WON
           with the stored ticket again while attempt 1 is still ``running`` and not released:
           claims must be idempotent per token. Once that attempt has ended, answer LOST.

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from ._models import Run, RunStatus, Trigger
+from ._models import Run, RunStatus, SkipCause, Trigger
 from ._readable import ms_of, span
 from ._schedule import CronSchedule, load_timezone
 from ._times import RANGE_RULE, check_time_ms, in_range
@@ -152,6 +152,9 @@ class SlotFate:
     reason: str | None = None
     """For ``skipped`` and ``missed``: the recorded reason; for ``no-record``: what anarchon can
     tell about why (pruned, beyond the records read, or nobody claimed it)."""
+    skip_cause: SkipCause | None = None
+    """For ``skipped``: the recorded :attr:`~anarchon.Run.skip_cause` (the kind of
+    :attr:`reason`)."""
     attempts: tuple[Attempt, ...] = ()
     """Every recorded attempt at the slot, retries included, oldest first."""
     previous_slot_ms: int | None = None
@@ -390,7 +393,9 @@ def _retry_numbers(runs: Sequence[Run]) -> list[int]:
     return out
 
 
-def _from_records(runs: Sequence[Run]) -> tuple[Fate, RunStatus | None, str | None]:
+def _from_records(runs: Sequence[Run]) -> tuple[Fate, RunStatus | None, Run | None]:
+    """The fate the records of a slot give, the outcome of one that ran, and the record that
+    says why one did not run."""
     if any(not r.status.finished for r in runs):
         return Fate.RUNNING, None, None
     ran = [r for r in runs if r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)]
@@ -398,7 +403,7 @@ def _from_records(runs: Sequence[Run]) -> tuple[Fate, RunStatus | None, str | No
         return Fate.RAN, ran[-1].status, None
     first = runs[0]
     fate = Fate.MISSED if first.status is RunStatus.MISSED else Fate.SKIPPED
-    return fate, None, first.reason
+    return fate, None, first
 
 
 async def explain(
@@ -458,9 +463,16 @@ async def explain(
         notes=tuple(notes),
     )
     if runs:
-        fate, outcome, reason = _from_records(runs)
+        fate, outcome, why = _from_records(runs)
         attempts = tuple(Attempt.of(r, n) for r, n in zip(runs, _retry_numbers(runs), strict=True))
-        return replace(base, fate=fate, outcome=outcome, reason=reason, attempts=attempts)
+        return replace(
+            base,
+            fate=fate,
+            outcome=outcome,
+            reason=None if why is None else why.reason,
+            skip_cause=None if why is None else why.skip_cause,
+            attempts=attempts,
+        )
     if matching is None:
         before, after = nearest_slots(schedules[0], slot_ms)
         return replace(base, fate=Fate.NOT_A_SLOT, previous_slot_ms=before, next_slot_ms=after)

@@ -142,8 +142,8 @@ async def test_over_real_instances_the_counters_add_up_to_history(
             recorded["skipped"] += 1
         if run.trigger in (Trigger.SCHEDULE, Trigger.CATCH_UP) and run.attempt == 1:
             if run.status is RunStatus.SKIPPED:
-                recorded[f"slots.{skip_class(run.reason)}"] += 1
-                recorded["slots_paused"] += skip_class(run.reason) == "skipped_paused"
+                recorded[f"slots.{skip_class(run.skip_cause)}"] += 1
+                recorded["slots_paused"] += skip_class(run.skip_cause) == "skipped_paused"
             elif run.status is RunStatus.MISSED:
                 recorded["slots.missed"] += 1
             else:

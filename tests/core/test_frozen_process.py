@@ -82,7 +82,7 @@ async def test_a_frozen_instance_records_the_slots_it_passed_over_behind(tmp_pat
     slots = exit_record["by_job"]["tick"]["slots"]
     recorded: dict[str, int] = {}
     for run in history:
-        key = "ran" if run.status is not RunStatus.SKIPPED else skip_class(run.reason)
+        key = "ran" if run.status is not RunStatus.SKIPPED else skip_class(run.skip_cause)
         recorded[key] = recorded.get(key, 0) + 1
     assert {k: v for k, v in slots.items() if v} == recorded, (slots, recorded)
     assert exit_record["metrics"]["behind"] == recorded["skipped_behind"]

@@ -603,5 +603,6 @@ async def test_a_claim_not_sent_at_its_turn_is_counted_unclaimed_not_skipped(
         assert slots["ran"] == sum(run.status is not RunStatus.SKIPPED for run in mine)
         for key in ("skipped_too_late", "skipped_other"):
             assert slots[key] == sum(
-                run.status is RunStatus.SKIPPED and skip_class(run.reason) == key for run in mine
+                run.status is RunStatus.SKIPPED and skip_class(run.skip_cause) == key
+                for run in mine
             ), (job, slots, mine)

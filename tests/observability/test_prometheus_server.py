@@ -120,7 +120,7 @@ def _history_counts(
         if run.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP) or run.attempt != 1:
             continue
         if run.status is RunStatus.SKIPPED:
-            key = skip_class(run.reason)
+            key = skip_class(run.skip_cause)
         elif run.status is RunStatus.MISSED:
             key = "missed"
         else:

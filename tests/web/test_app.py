@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, Trigger
+from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, SkipCause, Trigger
 from anarchon._times import LATEST_MS
 from anarchon.backend import ClaimRequest
 from anarchon.control import Pause
@@ -417,7 +417,13 @@ def test_schedule_in_words(expression: str, words: str | None) -> None:
     assert schedule_in_words(expression) == words
 
 
-def _run(slot: int, status: RunStatus, attempt: int = 1, reason: str | None = None) -> Run:
+def _run(
+    slot: int,
+    status: RunStatus,
+    attempt: int = 1,
+    reason: str | None = None,
+    cause: SkipCause | None = None,
+) -> Run:
     moment = datetime.fromtimestamp(slot / 1000, UTC)
     return Run(
         job="j",
@@ -430,15 +436,18 @@ def _run(slot: int, status: RunStatus, attempt: int = 1, reason: str | None = No
         started_at=moment,
         finished_at=None if status is RunStatus.RUNNING else moment,
         reason=reason,
+        skip_cause=cause,
     )
 
 
 def test_fates() -> None:
+    """A skip's fate is its skip cause (the reason's words are for people)."""
+    skipped = RunStatus.SKIPPED
     assert fate_of(_run(0, RunStatus.SUCCEEDED)) == "succeeded"
-    assert fate_of(_run(0, RunStatus.SKIPPED, reason="paused by a@b")) == "paused"
-    assert fate_of(_run(0, RunStatus.SKIPPED, reason="too late: w0 reached")) == "late"
-    assert fate_of(_run(0, RunStatus.SKIPPED, reason="behind: w0 reached the slot")) == "late"
-    assert fate_of(_run(0, RunStatus.SKIPPED, reason="overlap: held")) == "skipped"
+    assert fate_of(_run(0, skipped, reason="paused by a@b", cause=SkipCause.PAUSED)) == "paused"
+    assert fate_of(_run(0, skipped, reason="too late: w0", cause=SkipCause.TOO_LATE)) == "late"
+    assert fate_of(_run(0, skipped, reason="behind: w0", cause=SkipCause.BEHIND)) == "late"
+    assert fate_of(_run(0, skipped, reason="overlap: held", cause=SkipCause.OVERLAP)) == "skipped"
     assert fate_of(_run(0, RunStatus.MISSED, reason="no instance")) == "missed"
 
 

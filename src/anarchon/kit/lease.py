@@ -32,6 +32,10 @@ the same):
 * **Pause**: a claim that would run (no ``skip_reason``) of a paused job, by any trigger but
   ``manual``, is recorded ``skipped`` with :func:`anarchon.control.paused_reason`; the pause is
   read in the same atomic step (:meth:`RowStore.pauses`) on the backend's clock.
+* **Skip causes**: each record made instead of a run keeps its :class:`~anarchon.SkipCause`
+  (:attr:`RunRow.skip_cause`): the request's ``skip_cause``, ``PAUSED``, ``OVERLAP``; a refused
+  pruned slot answers ``PRUNED``. A row read without one (stored by an older anarchon, or by a
+  store that keeps none) gets :func:`~anarchon.backend.legacy_skip_cause` of its reason.
 * **Overlap**: the holder named in an overlap reason is the first recorded attempt of the job
   that is running under a live lease.
 * **Numbers**: every time a backend stores is epoch milliseconds, and the durations a request
@@ -48,7 +52,7 @@ from typing import Any, Final, Protocol
 from .._frozen import maker
 from .._members import RUNNING as _RUNNING
 from .._members import WON as _WON
-from .._models import Overlap, Run, RunStatus, Trigger, ms_to_datetime
+from .._models import Overlap, Run, RunStatus, SkipCause, Trigger, ms_to_datetime
 from .._schedule import slot_to_datetime
 from ..backend import (
     HANDED_OVER,
@@ -64,6 +68,7 @@ from ..backend import (
     TakeoverRequest,
     TakeoverStatus,
     Ticket,
+    legacy_skip_cause,
 )
 from ..control import Pause, RunRequest, active_pause, paused_reason
 from ..errors import BackendError, LeaseLost
@@ -97,6 +102,7 @@ __all__ = [
     "refused_outcome",
     "release",
     "renew",
+    "skip_cause_of",
     "stored_run",
     "take_over",
     "takeover_answer",
@@ -119,6 +125,7 @@ MAX_ATTEMPTS: Final = 2**31 - 1
 # call costs eight times as much, and each claim and finish converts three.
 _TRIGGERS: Final = {trigger.value: trigger for trigger in Trigger}
 _STATUSES: Final = {status.value: status for status in RunStatus}
+_CAUSES: Final = {cause.value: cause for cause in SkipCause}
 # Every claim's answer builds these records (a won claim all three): see anarchon._frozen.
 _new_run: Final = maker(Run)
 _new_ticket: Final = maker(Ticket)
@@ -129,6 +136,8 @@ _SKIPPED: Final = RunStatus.SKIPPED
 _OVERLAP_SKIP: Final = Overlap.SKIP
 _LOST: Final = ClaimStatus.LOST
 _SKIPPED_CLAIM: Final = ClaimStatus.SKIPPED
+_PAUSED_CAUSE: Final = SkipCause.PAUSED
+_OVERLAP_CAUSE: Final = SkipCause.OVERLAP
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,6 +161,9 @@ class RunRow:
     error: str | None = None
     reason: str | None = None
     requested_by: str | None = None
+    skip_cause: str | None = None
+    """A :class:`~anarchon.SkipCause` or its stored text; None: none stored (see
+    :func:`skip_cause_of`)."""
 
     def to_run(self) -> Run:
         """Return the public, immutable record."""
@@ -168,6 +180,7 @@ class RunRow:
             error=self.error,
             fence=self.fence or None,
             reason=self.reason,
+            skip_cause=skip_cause_of(self.skip_cause, self.reason),
             requested_by=self.requested_by,
             slot_key=self.slot_key,
         )
@@ -217,9 +230,21 @@ def stored_run(data: Mapping[str, Any]) -> Run:
         error=data.get("error"),
         fence=int(data.get("fence") or 0) or None,
         reason=data.get("reason"),
+        skip_cause=skip_cause_of(data.get("skip_cause"), data.get("reason")),
         requested_by=data.get("requested_by"),
         slot_key=data.get("slot_key"),
     )
+
+
+def skip_cause_of(stored: str | None, reason: str | None) -> SkipCause | None:
+    """The :class:`~anarchon.SkipCause` of a record stored with ``stored`` (its text, or None)
+    and ``reason``: the stored one; for a record stored without one, or with one this version
+    does not know (written by a newer one), what its reason's words say
+    (:func:`~anarchon.backend.legacy_skip_cause`, the compatibility path)."""
+    cause = None if stored is None else _CAUSES.get(stored)
+    if cause is None and reason:
+        return legacy_skip_cause(reason)
+    return cause
 
 
 def ticket_of(
@@ -352,10 +377,11 @@ def first_attempt(
     fence: int = 0,
     lease_expires_at: int | None = None,
     slot_key: str | None = None,
+    skip_cause: SkipCause | None = None,
 ) -> RunRow:
     """The record of attempt 1 of ``req``'s slot, started at ``now``; by default it holds no
     token, fence or lease (a refused or pruned claim). ``slot_key``: ``req.slot_key``, when the
-    caller has it already."""
+    caller has it already; ``skip_cause``: why it is not run, if so."""
     return RunRow(
         job=req.job,
         slot_key=req.slot_key if slot_key is None else slot_key,
@@ -371,6 +397,7 @@ def first_attempt(
         lease_expires_at=lease_expires_at,
         reason=reason,
         requested_by=req.requested_by,
+        skip_cause=skip_cause,
     )
 
 
@@ -388,17 +415,21 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         return pruned_outcome(req, now)
     reason = req.skip_reason
     status = req.skip_status if reason is not None else _SKIPPED
+    cause = req.skip_cause
     if reason is None:
         pauses = store.pauses(req.job)  # the usual answer: none
         pause = active_pause(pauses, req.job, req.trigger, now) if pauses else None
         if pause is not None:
-            reason = paused_reason(pause)
+            reason, cause = paused_reason(pause), _PAUSED_CAUSE
     if reason is None and req.overlap is _OVERLAP_SKIP:
         holder = store.live_holder(req.job, now)
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
+            cause = _OVERLAP_CAUSE
     if reason is not None:
-        row = first_attempt(req, now, status, reason, slot=req.slot, token=req.token, slot_key=key)
+        row = first_attempt(
+            req, now, status, reason, slot=req.slot, token=req.token, slot_key=key, skip_cause=cause
+        )
         row.finished_at = now
         store.insert(row)
         return _new_outcome(status=ClaimStatus.SKIPPED, run=row.to_run(), backend_now_ms=now)
@@ -466,7 +497,10 @@ def won_outcome(
 
 def pruned_outcome(req: ClaimRequest, now: int) -> ClaimOutcome:
     """The answer to a claim of a slot older than what the job's history was pruned to."""
-    return not_run(first_attempt(req, now, RunStatus.SKIPPED, PRUNED_REASON, slot=req.slot), now)
+    row = first_attempt(
+        req, now, RunStatus.SKIPPED, PRUNED_REASON, slot=req.slot, skip_cause=SkipCause.PRUNED
+    )
+    return not_run(row, now)
 
 
 def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
@@ -578,6 +612,7 @@ def take_over(store: RowStore, req: TakeoverRequest, now: int) -> TakeoverOutcom
         released=False,
         error=None,
         reason=None,
+        skip_cause=None,
     )
     store.insert(new)
     return _taken(new, req, now)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ..backend import Backend, ClaimRequest, ClaimStatus, FinishRequest, Ticket
+from ..backend import Backend, ClaimRequest, ClaimStatus, FinishRequest, SkipCause, Ticket
 from ..control import ALL_JOBS, PAUSED, ControlStore, Pause, RunRequest, retry_key
 from ..errors import LeaseLost
 from ..kit import Run, RunStatus, Trigger
@@ -93,6 +93,7 @@ class ControlContract:
         assert paused.status is ClaimStatus.SKIPPED
         assert paused.run.status is RunStatus.SKIPPED
         assert paused.run.reason == f"{PAUSED}alice@ops"
+        assert paused.run.skip_cause is SkipCause.PAUSED
         [again] = await backend.claim([_claim(backend, instance="i2")])
         assert again.status is ClaimStatus.SKIPPED
         [manual] = await backend.claim([_claim(backend, slot=None, trigger=Trigger.MANUAL)])
@@ -101,6 +102,7 @@ class ControlContract:
         assert other.status is ClaimStatus.WON
         slots = [r for r in await backend.history("job") if r.slot_ms == SLOT]
         assert [(r.status, r.reason) for r in slots] == [(RunStatus.SKIPPED, f"{PAUSED}alice@ops")]
+        assert [r.skip_cause for r in slots] == [SkipCause.PAUSED]
         await store.resume("job")
         [after] = await backend.claim([_claim(backend, slot=SLOT + 1000)])
         assert after.status is ClaimStatus.WON

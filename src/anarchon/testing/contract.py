@@ -31,10 +31,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ..backend import (
+    TOO_LATE,
     Backend,
     ClaimStatus,
     FinishRequest,
     LeaseBackend,
+    SkipCause,
     TakeoverStatus,
 )
 from ..errors import BackendError, LeaseLost
@@ -202,6 +204,35 @@ class BackendContract(ControlContract, RegistryContract, NoticesContract):
         assert after.status is ClaimStatus.SKIPPED
         runs = {r.slot_ms: r for r in await backend.history("job")}
         assert runs[other].status is RunStatus.SKIPPED
+
+    async def test_a_skip_carries_its_cause_whatever_its_words(self, backend: Backend) -> None:
+        """A skip record carries the request's ``skip_cause``, however its reason is worded (the
+        core reads the cause, never the words): in the answer of the claim that records it, in
+        another instance's answer and in history. A run has none."""
+        kw = lease(backend)
+        reworded = [
+            request(skip_reason="worded 0", skip_cause=SkipCause.TOO_LATE, **kw),
+            request(slot=SLOT + 1000, skip_reason="worded 1", skip_cause=SkipCause.BEHIND, **kw),
+        ]
+        answers = await backend.claim(reworded)
+        assert [(a.status, a.run.skip_cause) for a in answers] == [
+            (ClaimStatus.SKIPPED, SkipCause.TOO_LATE),
+            (ClaimStatus.SKIPPED, SkipCause.BEHIND),
+        ]
+        assert [a.run.reason for a in answers] == ["worded 0", "worded 1"]
+        # anarchon's own words (a store that keeps no cause reads them back by these).
+        words = f"{TOO_LATE}i1 reached the slot 70000 ms after it (max_late_ms=60000)"
+        slot = SLOT + 2000
+        [first] = await backend.claim(
+            [request(slot=slot, skip_reason=words, skip_cause=SkipCause.TOO_LATE, **kw)]
+        )
+        [other] = await backend.claim([request(slot=slot, instance="i2", **kw)])
+        assert first.status is other.status is ClaimStatus.SKIPPED
+        assert first.run.skip_cause is other.run.skip_cause is SkipCause.TOO_LATE
+        [stored] = [r for r in await backend.history("job") if r.slot_ms == slot]
+        assert (stored.reason, stored.skip_cause) == (words, SkipCause.TOO_LATE)
+        [won] = await backend.claim([request(slot=SLOT + 3000, **kw)])
+        assert won.status is ClaimStatus.WON and won.run.skip_cause is None
 
     async def test_slot_records_answer_one_slot_oldest_first(self, backend: Backend) -> None:
         """slot_records, where a backend has it: the slot's attempts and its retries' (never
@@ -414,6 +445,7 @@ class LeaseBackendContract(BackendContract):
         assert skip_a.status is skip_b.status is ClaimStatus.SKIPPED
         assert skip_a.run.run_id == skip_b.run.run_id
         assert skip_a.run.reason and "overlap" in skip_a.run.reason
+        assert skip_a.run.skip_cause is skip_b.run.skip_cause is SkipCause.OVERLAP
         assert first.run.run_id in skip_a.run.reason
         allowed = request(slot=SLOT + 2000, lease_ms=5_000)
         [won] = await lease_backend.claim([allowed])
@@ -448,9 +480,14 @@ class LeaseBackendContract(BackendContract):
         assert fresh.ticket is not None
         await lease_backend.finish(fresh.ticket, RunStatus.SUCCEEDED, None)
         assert [r.slot_ms for r in await lease_backend.history("job")] == [SLOT + 10_000]
-        # A very late instance claiming a slot whose record was pruned must not run it again.
+        # A very late instance claiming a slot whose record was pruned must not run it again:
+        # refused, nothing recorded, with the skip cause PRUNED (the core reads no words).
         [late] = await lease_backend.claim([request(slot=SLOT + 1000, lease_ms=LEASE_MS)])
-        assert late.status is not ClaimStatus.WON
+        assert (late.status, late.run.skip_cause, late.error) == (
+            ClaimStatus.LOST,
+            SkipCause.PRUNED,
+            None,
+        )
 
     async def test_last_slots_answers_for_many_jobs(self, lease_backend: LeaseBackend) -> None:
         """Last slots answers for many jobs."""

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .. import _readable as readable
-from .._models import CatchUp, Run, RunStatus
+from .._models import CatchUp, Run, RunStatus, SkipCause
 from .._readable import DAY_MS, ms_of
 from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
-from ..control import ALL_JOBS, PAUSED, Pause, active_pause
+from ..control import ALL_JOBS, Pause, active_pause
 from ..errors import BackendUnavailable
 from ..registry import (
     ClusterView,
@@ -33,7 +33,7 @@ from ..registry import (
 
 __all__ = [
     "FATES",
-    "LATE_REASONS",
+    "LATE_CAUSES",
     "JobRow",
     "Snapshot",
     "Timeline",
@@ -41,11 +41,13 @@ __all__ = [
     "job_rows",
     "read_snapshot",
     "schedule_in_words",
+    "skip_fate",
     "timeline",
 ]
 
-#: The reasons of the fate ``late``: reached too late, passed over in a backlog (behind), pruned.
-LATE_REASONS: Final = ("too late", "behind", "too old")
+#: The skip causes of the fate ``late``: reached too late, passed over in a backlog (behind),
+#: pruned.
+LATE_CAUSES: Final = frozenset({SkipCause.TOO_LATE, SkipCause.BEHIND, SkipCause.PRUNED})
 #: Each fate a slot can have, with the words the legend shows.
 FATES: Final = {
     "succeeded": "succeeded",
@@ -81,12 +83,14 @@ def fate_of(run: Run) -> str:
         return "running"
     if status is RunStatus.MISSED:
         return "missed"
-    reason = run.reason or ""
-    if reason.startswith(PAUSED):
+    return skip_fate(run.skip_cause)
+
+
+def skip_fate(cause: SkipCause | None) -> str:
+    """The fate (a key of :data:`FATES`) of a skip record with the skip cause ``cause``."""
+    if cause is SkipCause.PAUSED:
         return "paused"
-    if reason.startswith(LATE_REASONS):
-        return "late"
-    return "skipped"
+    return "late" if cause in LATE_CAUSES else "skipped"
 
 
 @dataclass(frozen=True, slots=True)

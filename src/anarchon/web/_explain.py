@@ -15,12 +15,11 @@ from .._readable import iso
 from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend
-from ..control import PAUSED
 from ..errors import JobNotFound
 from ..explain import Fate, SlotFate, nearest_slots
 from ..explain import explain as official_explain
 from ..registry import JobDefinition
-from ._data import LATE_REASONS, Snapshot, fate_of, run_dict
+from ._data import Snapshot, fate_of, run_dict, skip_fate
 
 __all__ = ["EXPLAIN_RUNS", "SlotStory", "explain", "unknown_job"]
 
@@ -100,10 +99,7 @@ def _kind(fate: SlotFate) -> str:
     if fate.fate is Fate.RAN:
         return fate.outcome.value if fate.outcome is not None else "succeeded"
     if fate.fate is Fate.SKIPPED:
-        reason = fate.reason or ""
-        if reason.startswith(PAUSED):
-            return "paused"
-        return "late" if reason.startswith(LATE_REASONS) else "skipped"
+        return skip_fate(fate.skip_cause)
     return fate.fate.value
 
 

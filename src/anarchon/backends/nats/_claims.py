@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from ...backend import ClaimNotice, ClaimOutcome, ClaimRequest, ClaimStatus
+from ...backend import ClaimNotice, ClaimOutcome, ClaimRequest, ClaimStatus, SkipCause
 from ...control import PAUSED_TRIGGERS, paused_reason
 from ...errors import BackendError, BackendUnavailable
 from ...kit import Action, RunStatus, log_fields, maker
@@ -296,7 +296,12 @@ class ClaimPath:
         if not held:
             return requests
         return [
-            replace(r, skip_reason=paused_reason(held[r.job]), skip_status=RunStatus.SKIPPED)
+            replace(
+                r,
+                skip_reason=paused_reason(held[r.job]),
+                skip_status=RunStatus.SKIPPED,
+                skip_cause=SkipCause.PAUSED,
+            )
             if r.job in held and r.skip_reason is None and r.trigger in PAUSED_TRIGGERS
             else r
             for r in requests
@@ -338,9 +343,8 @@ class ClaimPath:
                     f"the slot (max_late_ms={max_late}), behind earlier claims on a slow server; "
                     "not recorded"
                 )
-                return _new_outcome(
-                    status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason)
-                )
+                run = records.unrecorded(req, now, reason, SkipCause.NOT_RECORDED)
+                return _new_outcome(status=ClaimStatus.SKIPPED, run=run)
             # Every publish of the claim starts within CLAIM_RETRY_S of its turn at the gate,
             # which came while the slot was at most max_late_ms old (CLAIM_MARGIN_MS).
             deadline = min(at + _connection.CLAIM_RETRY_S, at + (safe_ms - now) / 1000)
@@ -533,7 +537,8 @@ class ClaimPath:
             f"duplicate window ({self._window.ms} ms), where a "
             "record could no longer be told apart from the slot's claim"
         )
-        return _new_outcome(status=ClaimStatus.SKIPPED, run=records.unrecorded(req, now, reason))
+        run = records.unrecorded(req, now, reason, SkipCause.NOT_RECORDED)
+        return _new_outcome(status=ClaimStatus.SKIPPED, run=run)
 
     async def close(self) -> None:
         """Refuse claims from now on, close the wins kept from failed batches (nobody runs
@@ -580,5 +585,5 @@ def _answer(req: ClaimRequest, claim: Claim, *, exact: bool) -> ClaimOutcome:
 
 def _lost(req: ClaimRequest, reason: str) -> ClaimOutcome:
     """Lost, with no stored claim to show (trimmed, or unreadable)."""
-    run = records.unrecorded(req, CLOCK.now_ms(), reason)
+    run = records.unrecorded(req, CLOCK.now_ms(), reason, None)
     return _new_outcome(status=_LOST, run=run)

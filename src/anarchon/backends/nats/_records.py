@@ -1,8 +1,10 @@
 """What the NATS backend stores in a message, and how stored messages become runs.
 
 A claim's payload carries the claim request (job, slot, slot key, run id, token, instance,
-trigger, and ``requested_by`` when set; plus ``status``, ``skipped`` or ``missed``, and ``reason``
-for a skip record). A result's payload repeats the run's identity, fence
+trigger, and ``requested_by`` when set; plus ``status``, ``skipped`` or ``missed``, ``reason``
+and, when it has one, ``skip_cause`` (an :class:`~anarchon.SkipCause` value) for a skip record;
+a skip record stored without ``skip_cause`` reads its cause from its reason's words,
+:func:`~anarchon.kit.lease.skip_cause_of`). A result's payload repeats the run's identity, fence
 and start, so a result whose claim was already trimmed still shows in history. Times are never in
 payloads: a run starts at its claim's stream timestamp and ends at its result's, both stamped by
 the stream leader (the backend's clock).
@@ -17,9 +19,9 @@ from datetime import datetime
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Final
 
-from ...backend import ClaimRequest, RunIdentity, Ticket
+from ...backend import ClaimRequest, RunIdentity, SkipCause, Ticket
 from ...kit import Run, RunStatus, Trigger, maker, ms_to_datetime
-from ...kit.lease import SKIP_STATUSES, ticket_of
+from ...kit.lease import SKIP_STATUSES, skip_cause_of, ticket_of
 from . import _subjects as subjects
 
 VERSION: Final = 1
@@ -43,6 +45,7 @@ def run_of(
     error: str | None = None,
     reason: str | None = None,
     requested_by: str | None = None,
+    skip_cause: SkipCause | None = None,
 ) -> Run:
     """The run ``source`` names, with this status and these stream (or local) times."""
     return _new_run(
@@ -58,14 +61,23 @@ def run_of(
         error=error,
         fence=fence,
         reason=reason,
+        skip_cause=skip_cause,
         requested_by=requested_by,
     )
 
 
-def unrecorded(req: ClaimRequest, at_ms: int, reason: str) -> Run:
-    """A skipped run that only an answer carries: nothing of it is stored."""
+def unrecorded(req: ClaimRequest, at_ms: int, reason: str, skip_cause: SkipCause | None) -> Run:
+    """A skipped run that only an answer carries: nothing of it is stored. ``skip_cause``:
+    :attr:`~anarchon.SkipCause.NOT_RECORDED` for a skip the answer reports but nothing stored,
+    None for a lost claim whose winner cannot be shown."""
     return run_of(
-        req, RunStatus.SKIPPED, at_ms, at_ms, reason=reason, requested_by=req.requested_by
+        req,
+        RunStatus.SKIPPED,
+        at_ms,
+        at_ms,
+        reason=reason,
+        requested_by=req.requested_by,
+        skip_cause=skip_cause,
     )
 
 
@@ -110,6 +122,8 @@ class Claim(RunIdentity):
     status: RunStatus = RunStatus.SKIPPED
     """A skip record's status: ``skipped`` or ``missed``."""
     requested_by: str | None = None
+    skip_cause: SkipCause | None = None
+    """A skip record's cause, stored or read from its reason (:func:`decode_claim`)."""
 
     @property
     def skipped(self) -> bool:
@@ -128,6 +142,7 @@ class Claim(RunIdentity):
                 self.time_ms,
                 reason=self.reason,
                 requested_by=self.requested_by,
+                skip_cause=self.skip_cause,
             )
         return run_of(self, _RUNNING, self.time_ms, fence=self.seq, requested_by=self.requested_by)
 
@@ -154,8 +169,8 @@ _new_claim: Final = maker(Claim)
 
 def encode_claim(req: ClaimRequest, slot_key: str | None = None) -> bytes:
     """The payload of a claim message: the JSON of ``{"v": VERSION, **identity(req)}``, then
-    ``requested_by`` when set, and a skip record's ``status`` and ``reason`` (``slot_key``:
-    ``req.slot_key``, when the caller has it)."""
+    ``requested_by`` when set, and a skip record's ``status``, ``reason`` and ``skip_cause``
+    (``slot_key``: ``req.slot_key``, when the caller has it)."""
     # Written out rather than encoded as a dict (the same bytes as _dump's): every claim
     # sends one, and json.dumps of a dict costs three times as much.
     slot = "null" if req.slot is None else f"{req.slot:d}"
@@ -170,6 +185,8 @@ def encode_claim(req: ClaimRequest, slot_key: str | None = None) -> bytes:
         out += f',"requested_by":{_quote(req.requested_by)}'
     if req.skip_reason is not None:
         out += f',"status":{_quote(str(req.skip_status))},"reason":{_quote(req.skip_reason)}'
+        if req.skip_cause is not None:
+            out += f',"skip_cause":{_quote(req.skip_cause)}'
     return (out + "}").encode()
 
 
@@ -180,13 +197,16 @@ def decode_claim(msg: Stored) -> Claim | None:
         status = body.get("status")
         skip = status in SKIP_STATUSES
         requested_by = body.get("requested_by")
+        reason = str(body["reason"]) if skip else None
+        cause = body.get("skip_cause") if skip else None
         return _new_claim(
             **_identity_of(body),
             seq=msg.seq,
             time_ms=msg.time_ms,
-            reason=str(body["reason"]) if skip else None,
+            reason=reason,
             status=RunStatus(str(status)) if skip else _SKIPPED,
             requested_by=None if requested_by is None else str(requested_by),
+            skip_cause=skip_cause_of(None if cause is None else str(cause), reason),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -201,6 +221,7 @@ def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
         reason=req.skip_reason,
         status=req.skip_status,
         requested_by=req.requested_by,
+        skip_cause=skip_cause_of(req.skip_cause, req.skip_reason),
     )
 
 

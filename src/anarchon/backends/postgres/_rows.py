@@ -18,6 +18,7 @@ from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
     FinishRequest,
+    SkipCause,
     SlotRecords,
     TakeoverOutcome,
     TakeoverRequest,
@@ -60,8 +61,17 @@ __all__ = [
     "won_any",
 ]
 
-# What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field.
-_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
+# What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field, but for
+# its skip cause: the tables keep none (yet), so a record read gets the one its reason's words
+# say (kit.lease.skip_cause_of, the compatibility path), and a claim's answer the one decided.
+_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow) if f.name != "skip_cause")
+# The skip cause of a skip record the claim statement just made, by its verdict ("skip": the
+# request's own).
+_FRESH_CAUSES: Final = {
+    "paused": SkipCause.PAUSED,
+    "overlap": SkipCause.OVERLAP,
+    "overlap_batch": SkipCause.OVERLAP,
+}
 # A retry's fields (RunRequest.to_dict) and the finish statement's parameters that carry them.
 _RETRY_FIELDS: Final = tuple(f.name for f in fields(RunRequest))
 _RETRY_PARAMS: Final = {
@@ -248,12 +258,17 @@ def slot_records(rows: Sequence[dict[str, Any]]) -> SlotRecords:
 def claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:
     """The answer to ``req`` from its row of the ``claim`` statement."""
     now = int(row["now"])
-    if row["verdict"] == "pruned":
+    verdict = row["verdict"]
+    if verdict == "pruned":
         return pruned_outcome(req, now)
     stored = _run_row(row)
     if stored is None:
         # Only if the job lock was bypassed; the transaction is rolled back, the core retries.
         raise BackendUnavailable(f"claim of {req.job} {req.slot_key} raced; retry it")
+    if verdict == "skip":
+        stored.skip_cause = req.skip_cause
+    elif verdict in _FRESH_CAUSES:
+        stored.skip_cause = _FRESH_CAUSES[verdict]
     return answer_existing(stored, req, now)
 
 

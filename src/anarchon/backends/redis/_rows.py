@@ -20,6 +20,7 @@ from ...backend import (
     ClaimOutcome,
     ClaimRequest,
     ClaimStatus,
+    SkipCause,
     TakeoverOutcome,
     TakeoverRequest,
     Ticket,
@@ -36,6 +37,7 @@ from ...kit.lease import (
     lease_lost,
     lost_outcome,
     not_run,
+    skip_cause_of,
     stored_run,
     takeover_answer,
     won_outcome,
@@ -118,9 +120,9 @@ def claim_arguments(
     """The claim script's arguments for ``req`` (see ``claim.lua``), absent values left out.
 
     1. What it decides by, under the request's names (enums go as their values):
-       ``skip_status`` only with a ``skip_reason``, ``pausable`` when a pause holds its trigger
-       back, and ``pauses`` (the stored pauses of its job and of every job) where the script
-       cannot read them itself: a Redis Cluster (see ``_control``).
+       ``skip_status`` and ``skip_cause`` only with a ``skip_reason``, ``pausable`` when a
+       pause holds its trigger back, and ``pauses`` (the stored pauses of its job and of every
+       job) where the script cannot read them itself: a Redis Cluster (see ``_control``).
     2. The fields of the record it may store that the caller knows, as a JSON object left
        open for the script to complete, so that it encodes nothing.
     3. With ``claims_channel``: the claim notice it publishes if it wins, left open for the
@@ -148,6 +150,8 @@ def claim_arguments(
     if req.skip_reason is not None:
         status = RunStatus(req.skip_status).value
         decide += f',"skip_reason":{_quote(req.skip_reason)},"skip_status":{_quote(status)}'
+        if req.skip_cause is not None:
+            decide += f',"skip_cause":{_quote(req.skip_cause)}'
     elif req.trigger in PAUSED_TRIGGERS:
         decide += ',"pausable":true'
         if pauses is not None:
@@ -198,6 +202,7 @@ def run_row(data: dict[str, Any]) -> RunRow:
         error=data.get("error"),
         reason=data.get("reason"),
         requested_by=data.get("requested_by"),
+        skip_cause=data.get("skip_cause"),
     )
 
 
@@ -246,7 +251,7 @@ def claim_outcome(req: ClaimRequest, answer: ClaimAnswer) -> ClaimOutcome:
 
 
 def _refused(req: ClaimRequest, row: RunRow, now: int) -> ClaimOutcome:
-    if row.reason and row.reason.startswith("unknown"):
+    if skip_cause_of(row.skip_cause, row.reason) is SkipCause.UNKNOWN:
         logger.warning(
             "job %s slot %s not run: %s",
             req.job,

@@ -5,14 +5,14 @@
 --    JSON with its rendered reason, read here so a stored pause holds every later claim.
 -- ARGV: two arguments per claim (three when it publishes its notice), claim after claim:
 --  1. A: job, slot_key, slot (absent for a manual run), lease_ms, overlap ('skip' or 'allow'),
---     skip_reason and skip_status (optional), pausable (true unless the trigger is manual),
---     restart_margin_ms, claims_channel (optional: where a won claim is announced; the claims
---     of a call of several are announced by the caller instead, in one message), and on a Redis
---     Cluster pauses (the stored pauses of the job and of '*', read just before).
+--     skip_reason, skip_status and skip_cause (optional), pausable (true unless the trigger is
+--     manual), restart_margin_ms, claims_channel (optional: where a won claim is announced; the
+--     claims of a call of several are announced by the caller instead, in one message), and on
+--     a Redis Cluster pauses (the stored pauses of the job and of '*', read just before).
 --  2. The record's fields that the caller knows (job, slot_key, slot, attempt, run_id, token,
 --     instance, trigger, requested_by) as a JSON object without its closing brace; the script
---     adds its own (id, status, started_at, fence, lease or reason) and closes it, so a claim
---     encodes no record (see _rows.claim_arguments).
+--     adds its own (id, status, started_at, fence, lease or reason and skip_cause) and closes it,
+--     so a claim encodes no record (see _rows.claim_arguments).
 --  3. (with claims_channel) the claim notice without its lease expiry and closing bracket.
 -- Answers a JSON list of each claim's answer, in order: [now, fence] for a claim that recorded
 -- attempt 1 running (the caller sent the rest of that record: its run and ticket are made from
@@ -114,14 +114,16 @@ local function server_started_ms()
   return STARTED_MS + offset
 end
 
--- An answer for a slot this data set cannot vouch for; nothing is stored.
-local function refuse(reason)
+-- An answer for a slot this data set cannot vouch for; nothing is stored. cause: the
+-- anarchon.SkipCause value ('pruned', 'unknown') the caller reads instead of the words.
+local function refuse(reason, cause)
   local run = cjson.decode(KNOWN .. '}')
   run.token = ''
   run.status = 'skipped'
   run.fence = 0
   run.started_at = NOW
   run.reason = reason
+  run.skip_cause = cause
   return reply({status = 'lost', refused = true, run = run})
 end
 
@@ -130,7 +132,11 @@ local function record(row)
   local out = KNOWN .. ',"id":"' .. row.id .. '","status":"' .. row.status
     .. '","started_at":' .. int(NOW) .. ',"fence":' .. int(row.fence)
   if row.reason then
-    return out .. ',"reason":' .. cjson.encode(row.reason) .. ',"finished_at":' .. int(NOW) .. '}'
+    out = out .. ',"reason":' .. cjson.encode(row.reason) .. ',"finished_at":' .. int(NOW)
+    if row.skip_cause then
+      out = out .. ',"skip_cause":' .. cjson.encode(row.skip_cause)
+    end
+    return out .. '}'
   end
   return out .. ',"lease_expires_at":' .. int(row.lease_expires_at) .. '}'
 end
@@ -210,23 +216,25 @@ local function claim()
 
   if A.slot then
     if meta.pruned_through and A.slot <= meta.pruned_through then
-      return refuse("too old: the job's history is pruned past this slot")
+      return refuse("too old: the job's history is pruned past this slot", 'pruned')
     end
     if meta.known_from and A.slot < meta.known_from then
       if meta.known_from_new then
         redis.call('HSET', META, 'known_from', int(meta.known_from))
       end
       return refuse('unknown: Redis holds no record of this job before ' .. iso(meta.known_from)
-        .. ' (it restarted without its data), so the slot may have run already; not run again')
+        .. ' (it restarted without its data), so the slot may have run already; not run again',
+        'unknown')
     end
   end
 
   local reason = A.skip_reason
   local status = reason and (A.skip_status or 'skipped') or 'skipped'
+  local cause = A.skip_cause -- an anarchon.SkipCause value, or nil
   if not reason and A.pausable then
     local pause = active_pause()
     if pause then
-      reason = paused_reason(pause)
+      reason, cause = paused_reason(pause), 'paused'
     end
   end
   local stale = {}
@@ -236,6 +244,7 @@ local function claim()
     if holder then
       reason = 'overlap: run ' .. holder.run_id .. ' (' .. describe(holder)
         .. ') still holds its lease'
+      cause = 'overlap'
     end
   end
 
@@ -244,6 +253,7 @@ local function claim()
     row.status = status
     row.fence = 0
     row.reason = reason
+    row.skip_cause = cause
   else
     row.status = 'running'
     row.lease_expires_at = NOW + A.lease_ms

@@ -99,8 +99,11 @@ class SQLiteRows:
         self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
 
 
-# The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
-_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
+# The columns the row queries answer, in this order: the lease rules' RunRow, field by field,
+# but for its skip cause: the table keeps none (yet), so a record read gets the one its reason's
+# words say (kit.lease.skip_cause_of, the compatibility path); a claim's answer, made by the
+# lease rules, has the one decided.
+_COLUMNS: Final = tuple(field.name for field in fields(RunRow) if field.name != "skip_cause")
 
 
 def pause_of(values: tuple[Any, ...]) -> Pause:
