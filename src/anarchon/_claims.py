@@ -235,13 +235,12 @@ class Claims:
             # later (the early runs' results compete with the rest), and "all started" is
             # what counts. Its runs then start while the next part is claimed.
             sent_requests, answers, sent = answered
-            with otel.pinned():
-                for request, outcome in zip(sent_requests, answers, strict=True):
-                    if not isinstance(outcome, ClaimOutcome):
-                        continue  # refused for good; logged with its job
-                    ours = request.run_id in reserved
-                    if self.handle(outcome, ours, sent, request) is not None and ours:
-                        reserved.discard(request.run_id)
+            for request, outcome in zip(sent_requests, answers, strict=True):
+                if not isinstance(outcome, ClaimOutcome):
+                    continue  # refused for good; logged with its job
+                ours = request.run_id in reserved
+                if self.handle(outcome, ours, sent, request) is not None and ours:
+                    reserved.discard(request.run_id)
 
         try:
             if not_before_ms is not None:
@@ -306,12 +305,11 @@ class Claims:
                     # the part before start now, not after the last part. A backend that waits
                     # for its answer has run them meanwhile, the next part already sent.
                     await asyncio.sleep(0)
-                otel.claimed(*answers, self._backend.name, self._clock.monotonic_ms())
+                self._answered(answers, answered)
                 if keep:
                     sent = answers[2]
                     claimed += [(r, a, sent) for r, a in zip(answers[0], answers[1], strict=True)]
                 if answered is not None:
-                    answered(answers)
                     loop_ran = asyncio.get_running_loop().create_future()
                     asyncio.get_running_loop().call_soon(_set_done, loop_ran)
             if collecting is not None:
@@ -327,6 +325,14 @@ class Claims:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    def _answered(self, answers: Answered, answered: Callable[[Answered], None] | None) -> None:
+        """Give the part's claims their spans and its answers to ``answered``, with the tracer
+        looked up once for both (each look-up asks the OpenTelemetry API for its provider)."""
+        with otel.pinned():
+            otel.claimed(*answers, self._backend.name, self._clock.monotonic_ms())
+            if answered is not None:
+                answered(answers)
 
     def _not_sent(self, part: Sequence[ClaimRequest]) -> None:
         """Log a part not sent because the scheduler is stopping."""

@@ -7,12 +7,12 @@ import logging
 from collections.abc import Callable, MutableMapping
 from dataclasses import InitVar, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from ._models import Trigger
 from .errors import LeaseLost
 
-__all__ = ["RunContext"]
+__all__ = ["RunContext", "new_context"]
 
 
 class _RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -152,3 +152,40 @@ class RunContext:
             f"RunContext(job={self.job!r}, slot={self.slot}, run_id={self.run_id!r}, "
             f"attempt={self.attempt}, fence={self.fence}, retry={self.retry})"
         )
+
+
+_blank: Final = object.__new__
+
+
+def new_context(
+    job: str,
+    slot: datetime | None,
+    run_id: str,
+    attempt: int,
+    fence: int | None,
+    trigger: Trigger,
+    instance: str,
+    monotonic_ms: Callable[[], int] | None,
+    retry: int,
+) -> RunContext:
+    """``RunContext(job=job, slot=slot, ...)``, the same object, built by plain stores of every
+    slot: the executor makes one per run, thousands at once when many jobs share a slot, and
+    the dataclass's keyword call and ``__post_init__`` took about twice as long
+    (tests/unit/test_run_context.py checks every slot against the constructor's)."""
+    ctx: RunContext = _blank(RunContext)
+    ctx.job = job
+    ctx.slot = slot
+    ctx.run_id = run_id
+    ctx.attempt = attempt
+    ctx.fence = fence
+    ctx.trigger = trigger
+    ctx.instance = instance
+    ctx.retry = retry
+    ctx._logger = None
+    ctx._lost = False
+    ctx._lost_async = None
+    ctx._lost_reason = None
+    ctx._timed_out = False
+    ctx._deadline = None
+    ctx._monotonic = monotonic_ms
+    return ctx
