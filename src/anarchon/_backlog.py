@@ -19,7 +19,12 @@ slots, from it to the newest, are the job's backlog:
   time, oldest first, trigger ``catch-up``, as missed slots are caught up on start (the newest
   last); older ones are recorded ``behind``.
 
-The instance logs one WARNING per backlog, saying why it fell behind as far as it can tell
+The instance logs one WARNING ``behind`` per :data:`WARN_WINDOW_MS` at most, for all the
+backlogs of its jobs in that window (an overloaded instance with thousands of every-second jobs
+once logged one per job per backlog: thousands a minute, adding to the load): one backlog alone
+is told as before (its job, how far behind, the slots due, what catch_up does); several are
+counted (how many jobs, slots due and passed over, the worst lag, the first few job names). It
+says why the instance fell behind as far as it can tell
 (:func:`why_behind`): its wall clock stepped forward (the timer saw it), its event loop was
 blocked (the loop watchdog saw a block end: a handler's blocking code), or its whole process
 did not run (SIGSTOP, a paused VM: the watchdog's own thread did not run either). Without the
@@ -37,8 +42,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Final
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from ._claims import Claims
 from ._clock import Clock
@@ -51,7 +56,16 @@ from ._watchdog import Block, LoopWatchdog
 from .backend import BEHIND, Backend, ClaimRequest, LeaseBackend
 from .logs import Action, log_fields, slot_iso
 
-__all__ = ["BEHIND_MS", "MAX_BEHIND", "Backlogs", "behind_reason", "is_behind", "why_behind"]
+__all__ = [
+    "BEHIND_MS",
+    "MAX_BEHIND",
+    "WARN_JOBS",
+    "WARN_WINDOW_MS",
+    "Backlogs",
+    "behind_reason",
+    "is_behind",
+    "why_behind",
+]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -61,6 +75,11 @@ too, for the slot to be behind: an event loop a few hundred milliseconds late un
 claims its slots late, as before; a process that stopped for seconds passes over the older ones."""
 MAX_BEHIND: Final = 100
 """At most this many slots passed over are recorded ``behind`` per backlog: the newest."""
+WARN_WINDOW_MS: Final = 1_000
+"""The backlogs of one instance's jobs that begin within this long of the first are told in one
+WARNING ``behind``, logged at the window's end (or when the scheduler stops)."""
+WARN_JOBS: Final = 5
+"""A WARNING ``behind`` for several jobs names at most this many of them (the worst first)."""
 
 
 def is_behind(job: Job, slot: int, now: int) -> bool:
@@ -137,12 +156,24 @@ class _Plan:
     outcome: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """One backlog, to be told in its window's WARNING: its job, how far behind (ms), its plan
+    and the cause (:func:`why_behind`)."""
+
+    job: str
+    lag_ms: int
+    plan: _Plan
+    cause: tuple[str, str]
+
+
 @dataclass(eq=False)
 class Backlogs:
     """Decides the backlogs of one scheduler's jobs (see the module doc).
 
     ``_catch_up``: runs a job's slots one at a time, oldest first, trigger ``catch-up``
-    (:meth:`._catchup.CatchingUp.backlog`); ``_watchdog``: the loop watchdog, if it runs.
+    (:meth:`._catchup.CatchingUp.backlog`); ``_watchdog``: the loop watchdog, if it runs;
+    ``_spawn``: runs a coroutine as one of the scheduler's tasks (the window's WARNING).
     """
 
     _backend: Backend
@@ -151,6 +182,8 @@ class Backlogs:
     _threads: HandlerThreads
     _catch_up: Callable[[Job, list[int]], None]
     _watchdog: Callable[[], LoopWatchdog | None]
+    _spawn: Callable[[Any], None]
+    _told: list[_Told] = field(default_factory=list, init=False)
 
     async def decide(
         self, job: Job, head: int, until: int, now: int, head_won: bool, late: Late
@@ -236,33 +269,89 @@ class Backlogs:
         return _Plan(mode, caught, head, newest, count, passed, passed_total, outcome)
 
     def _warn(self, job: Job, now: int, plan: _Plan, cause: tuple[str, str]) -> None:
-        """One WARNING per backlog: how far behind and why, how many due, what catch_up does."""
-        then = (
-            f"{len(plan.caught)} caught up, oldest first"
-            if plan.caught
-            else "the newest claimed as the live slot"
+        """Tell the backlog in its window's WARNING (the first backlog opens the window)."""
+        self._told.append(_Told(job.name, now - plan.first, plan, cause))
+        if len(self._told) == 1:
+            self._spawn(self._warn_later())
+
+    async def _warn_later(self) -> None:
+        """At the window's end, or if the scheduler stops first, its one WARNING."""
+        try:
+            await self._clock.sleep(WARN_WINDOW_MS / 1000)
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        """Log the WARNING ``behind`` of the backlogs told since the last one, if any: one
+        backlog as it is, several counted."""
+        told, self._told = self._told, []
+        if not told:
+            return
+        if len(told) == 1:
+            _warn_one(told[0])
+            return
+        worst = max(told, key=lambda t: t.lag_ms)
+        names = list(dict.fromkeys(t.job for t in sorted(told, key=lambda t: -t.lag_ms)))
+        shown = ", ".join(names[:WARN_JOBS]) + (
+            f" and {len(names) - WARN_JOBS} more" if len(names) > WARN_JOBS else ""
         )
-        first = plan.first
+        count = sum(t.plan.count for t in told)
+        passed = sum(t.plan.passed_total for t in told)
         logger.warning(
-            "job %s: this instance fell %d ms behind (%s): %d slot(s) due at once, %s to %s; "
-            "catch_up=%s: %s, %d passed over (recorded skipped, behind, unless another "
-            "instance ran them)",
-            job.name,
-            now - first,
-            cause[1],
-            plan.count,
-            slot_iso(first),
-            slot_iso(plan.newest),
-            plan.mode.value,
-            then,
-            plan.passed_total,
+            "%d jobs: this instance fell up to %d ms behind (%s): %d slot(s) due at once in "
+            "all, decided by each job's catch_up, %d passed over (recorded skipped, behind, "
+            "unless another instance ran them); jobs %s (one such WARNING a second at most)",
+            len(names),
+            worst.lag_ms,
+            worst.cause[1],
+            count,
+            passed,
+            shown,
             extra=log_fields(
                 Action.BEHIND,
-                job.name,
-                first,
-                count=plan.count,
-                behind_ms=now - first,
-                passed=plan.passed_total,
-                cause=cause[0],
+                worst.job,
+                worst.plan.first,
+                count=count,
+                behind_ms=worst.lag_ms,
+                passed=passed,
+                cause=worst.cause[0],
+                jobs=len(names),
+                job_names=names[:WARN_JOBS],
             ),
         )
+
+
+def _warn_one(told: _Told) -> None:
+    """The WARNING of one backlog: how far behind and why, how many due, what catch_up does."""
+    plan = told.plan
+    then = (
+        f"{len(plan.caught)} caught up, oldest first"
+        if plan.caught
+        else "the newest claimed as the live slot"
+    )
+    first = plan.first
+    logger.warning(
+        "job %s: this instance fell %d ms behind (%s): %d slot(s) due at once, %s to %s; "
+        "catch_up=%s: %s, %d passed over (recorded skipped, behind, unless another "
+        "instance ran them)",
+        told.job,
+        told.lag_ms,
+        told.cause[1],
+        plan.count,
+        slot_iso(first),
+        slot_iso(plan.newest),
+        plan.mode.value,
+        then,
+        plan.passed_total,
+        extra=log_fields(
+            Action.BEHIND,
+            told.job,
+            first,
+            count=plan.count,
+            behind_ms=told.lag_ms,
+            passed=plan.passed_total,
+            cause=told.cause[0],
+            jobs=1,
+            job_names=[told.job],
+        ),
+    )

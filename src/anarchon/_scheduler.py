@@ -239,6 +239,7 @@ class Scheduler(Operations):
             self._threads,
             self._catching_up.backlog,
             lambda: self._watchdog,
+            self._spawn,
         )
         self._firing = Firing(
             self._jobs,
