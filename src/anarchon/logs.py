@@ -67,6 +67,7 @@ class Action(StrEnum):
     CLAIM_HEARD = "claim_heard"
     CLAIM_FAILED = "claim_failed"
     TOO_LATE = "too_late"
+    CLAIMS_TOO_LATE = "claims_too_late"
     BEHIND = "behind"
     NO_THREAD = "no_thread"
     SLOT_EARLY = "slot_early"

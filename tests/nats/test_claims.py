@@ -606,3 +606,62 @@ async def test_a_claim_not_sent_at_its_turn_is_counted_unclaimed_not_skipped(
                 run.status is RunStatus.SKIPPED and skip_class(run.skip_cause) == key
                 for run in mine
             ), (job, slots, mine)
+
+
+async def test_claims_too_late_at_their_turn_are_told_in_one_warning(
+    make: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claims not sent because their turn came after max_late_ms (the cluster beyond its
+    capacity) are each logged at INFO, and counted in one WARNING per TOO_LATE_WARN_S at most.
+    (Before, only the INFO lines said it.)"""
+    from anarchon import Scheduler
+    from anarchon.backends.nats import _claims
+
+    backend: NatsBackend = await make()
+    scheduler = Scheduler(backend)
+    for n in range(10):
+        scheduler.add(f"j{n}", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_500)
+    caplog.set_level(logging.INFO, "anarchon")
+    slot = int(time.time() * 1000) - 5_000  # too late already at its turn
+
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "action", None) == "claims_too_late"]
+
+    outcomes = await backend.claim([request(job=f"j{n}", slot=slot) for n in range(10)])
+    assert [o.status for o in outcomes] == [ClaimStatus.SKIPPED] * 10
+    await backend.claim([request(job=f"j{n}", slot=slot) for n in range(3)])
+    told = warnings()
+    assert len(told) == 1, [r.getMessage() for r in told]
+    assert told[0].levelno == logging.WARNING and getattr(told[0], "slots", None) == 10
+    assert told[0].getMessage().startswith("10 slot(s) not claimed: their claim's turn came")
+    assert "docs/backends/nats.md" in told[0].getMessage()
+    assert getattr(told[0], "late_ms", 0) >= 5_000
+    monkeypatch.setattr(_claims, "TOO_LATE_WARN_S", 0.0)  # the next one is due: counts the 3
+    await backend.claim([request(job="j0", slot=slot + 60_000)])  # in time: none added
+    told = warnings()
+    assert len(told) == 2 and getattr(told[1], "slots", None) == 3, told
+    assert " in the last " in told[1].getMessage()
+
+
+def test_too_late_warns_at_once_then_once_per_period_counting_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from anarchon.backends.nats._claims import TOO_LATE_WARN_S, TooLate
+
+    caplog.set_level(logging.WARNING, "anarchon")
+    too_late = TooLate()
+    too_late.warn(100.0)  # nothing counted: nothing said
+    for n in range(5):
+        too_late.add(61_000 + n)
+    too_late.warn(100.0)
+    for second in range(1, int(TOO_LATE_WARN_S)):  # 7 000 more inside the period: silent
+        for _ in range(1_000):
+            too_late.add(62_000)
+        too_late.warn(100.0 + second)
+    too_late.warn(100.0 + TOO_LATE_WARN_S)
+    told = [
+        (getattr(r, "slots", None), getattr(r, "late_ms", None))
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    ]
+    assert told == [(5, 61_004), ((int(TOO_LATE_WARN_S) - 1) * 1_000, 62_000)], told

@@ -73,6 +73,9 @@ NOTICE_HOLD_S: Final = 0.02
 # that reaches the gate after such a notice is not published (it could only lose). About 20 s
 # of a fleet that wins 5 000 slots a second; the oldest go first.
 MAX_HEARD: Final = 100_000
+# Claims not sent because their turn at the gate came after max_late_ms (the cluster is beyond
+# its capacity) are logged per slot at INFO, and counted in one WARNING this often at most.
+TOO_LATE_WARN_S: Final = 10.0
 
 # Every claim's answer: built by a maker (see anarchon._frozen), with the members it reads as
 # constants (on Python 3.11 ``ClaimStatus.WON`` goes through EnumType's ``__getattr__``).
@@ -108,6 +111,48 @@ class _Notices:
         if self._pending and self._announce is not None:
             pending, self._pending = self._pending, []
             await self._announce(won_notices(pending))
+
+
+class TooLate:
+    """Counts the claims not sent because their turn at the in-flight gate came more than
+    ``max_late_ms`` after their slot, and tells them in one WARNING ``claims_too_late`` per
+    :data:`TOO_LATE_WARN_S` at most (the first at once; each later one counts those since the
+    one before). Each slot is also logged at INFO, as any skip, by the scheduler."""
+
+    __slots__ = ("_count", "_warned", "_worst_ms")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._worst_ms = 0
+        self._warned: float | None = None
+
+    def add(self, late_ms: int) -> None:
+        """One claim not sent, its turn ``late_ms`` after its slot."""
+        self._count += 1
+        self._worst_ms = max(self._worst_ms, late_ms)
+
+    def warn(self, now: float) -> None:
+        """Log the WARNING if claims were counted and the last one is :data:`TOO_LATE_WARN_S`
+        old or more; ``now``: event-loop time (s)."""
+        warned = self._warned
+        if not self._count or (warned is not None and now - warned < TOO_LATE_WARN_S):
+            return
+        count, worst = self._count, self._worst_ms
+        self._count = self._worst_ms = 0
+        self._warned = now
+        since = "" if warned is None else f" in the last {now - warned:.0f} s"
+        logger.warning(
+            "%d slot(s) not claimed%s: their claim's turn came more than max_late_ms after the "
+            "slot (the latest %d ms after), behind earlier claims: this cluster has more "
+            "every-second slots due than it can claim; nothing recorded, counted "
+            "slots_unclaimed (see docs/backends/nats.md, Limits to know, every-second jobs; "
+            "one such WARNING per %.0f s at most)",
+            count,
+            since,
+            worst,
+            TOO_LATE_WARN_S,
+            extra=log_fields(Action.CLAIMS_TOO_LATE, slots=count, late_ms=worst),
+        )
 
 
 class ClaimPath:
@@ -151,6 +196,8 @@ class ClaimPath:
         self._heard: dict[str, str] = {}
         self._turns = asyncio.Semaphore(BATCHES_AT_ONCE)
         self._closing = False
+        self.too_late = TooLate()
+        """The claims not sent because their turn came too late, told in a WARNING."""
         self.announce: Callable[[Sequence[ClaimNotice]], Awaitable[None]] | None = None
         """Sends claim notices of won claims (the backend's); None: none are sent."""
 
@@ -166,6 +213,13 @@ class ClaimPath:
         (the slot became too late, or it stopped), nobody runs it, and it is closed as skipped
         instead of staying ``running``.
         """
+        try:
+            return await self._claim(requests)
+        finally:
+            self.too_late.warn(asyncio.get_running_loop().time())
+
+    async def _claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
+        """:meth:`claim`, but for the WARNING of the claims sent too late."""
         self._connection.require()
         gate = self._connection.in_flight
         assert gate is not None
@@ -338,6 +392,7 @@ class ClaimPath:
                 # and nothing recorded (under such a load a skip record would only add to it).
                 # CLAIM_MARGIN_MS counts from here. Answered, not raised: the others of the
                 # batch, wins among them, go to the scheduler now.
+                self.too_late.add(now - slot)
                 reason = (
                     f"too late: {req.instance} could send its claim only {now - slot} ms after "
                     f"the slot (max_late_ms={max_late}), behind earlier claims on a slow server; "
