@@ -250,20 +250,32 @@ def test_why_behind_names_the_cause_it_can_tell() -> None:
     assert cause == "unknown" and "frozen, its event loop blocked or its clock stepped" in words
 
 
-async def test_one_job_behind_logs_one_warning_naming_it(caplog: pytest.LogCaptureFixture) -> None:
-    # Every option at its default: one backlog is told in full, once, when its window ends.
+async def _behind_warnings(
+    caplog: pytest.LogCaptureFixture, names: list[str]
+) -> tuple[Scheduler, list[logging.LogRecord]]:
+    """Jobs ``names``, every second with the defaults, frozen together as :func:`_frozen`
+    does; the scheduler and its WARNINGs ``behind``."""
     clock = FakeClock(START)
     _, tick = _recorder()
     scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
-    scheduler.add("tick", EVERY_SECOND, tick)
+    for name in names:
+        scheduler.add(name, EVERY_SECOND, tick)
     caplog.set_level(logging.WARNING, "anarchon")
-    await _frozen(scheduler, clock)
-    logged = [r for r in caplog.records if getattr(r, "action", None) == "behind"]
+    async with scheduler:
+        await clock.advance(2_500)
+        await clock.advance(FROZEN_MS, step_ms=FROZEN_MS)
+        await clock.advance(3_000)
+    return scheduler, [r for r in caplog.records if getattr(r, "action", None) == "behind"]
+
+
+async def test_one_job_behind_logs_one_warning_naming_it(caplog: pytest.LogCaptureFixture) -> None:
+    # Every option at its default: one backlog is told in full, once, when its window ends.
+    _, logged = await _behind_warnings(caplog, ["tick"])
     assert len(logged) == 1, [r.getMessage() for r in logged]
     record = logged[0]
     assert record.levelno == logging.WARNING
     message = record.getMessage()
-    assert message.startswith("job tick: this instance fell "), message
+    assert message.startswith("job tick: this instance fell 5000 ms behind ("), message
     assert "6 slot(s) due at once" in message and "catch_up=latest" in message, message
     assert getattr(record, "job", None) == "tick" and getattr(record, "count", None) == 6
     assert getattr(record, "passed", None) == 5 and getattr(record, "behind_ms", 0) == 5_000
@@ -274,24 +286,14 @@ async def test_many_jobs_behind_at_once_log_one_warning_counting_them(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # 200 jobs fall behind in one freeze: one WARNING counts them (there was one per job).
-    clock = FakeClock(START)
-    _, tick = _recorder()
-    scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
-    for n in range(200):
-        scheduler.add(f"j{n:03}", EVERY_SECOND, tick)
-    caplog.set_level(logging.WARNING, "anarchon")
-    async with scheduler:
-        await clock.advance(2_500)
-        await clock.advance(FROZEN_MS, step_ms=FROZEN_MS)
-        await clock.advance(3_000)
-    logged = [r for r in caplog.records if getattr(r, "action", None) == "behind"]
+    scheduler, logged = await _behind_warnings(caplog, [f"j{n:03}" for n in range(200)])
     assert len(logged) == 1, f"{len(logged)} WARNINGs behind"
     record = logged[0]
     message = record.getMessage()
-    assert message.startswith("200 jobs: this instance fell up to "), message
+    assert message.startswith("200 jobs: this instance fell up to 5000 ms behind ("), message
     assert "1200 slot(s) due at once in all" in message and "1000 passed over" in message
     assert "and 195 more" in message, message
     assert getattr(record, "jobs", None) == 200 and getattr(record, "count", None) == 1_200
     assert len(getattr(record, "job_names", [])) == 5
-    assert getattr(record, "cause", None) == "unknown"  # no watchdog on a FakeClock
+    assert getattr(record, "cause", None) == "unknown"
     assert scheduler.metrics()["behind"] == 1_000
