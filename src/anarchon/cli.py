@@ -38,6 +38,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -343,6 +345,48 @@ def _linger(server: HttpServer, seconds: int) -> None:
 
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+#: ``anarchon run``: once the scheduler stopped, how long (s) the threads still running that are
+#: not daemon threads (started by a handler) get to end before the process exits without them.
+THREADS_WAIT_S: Final = 3.0
+
+
+def _leave_threads(code: int) -> None:
+    """``anarchon run`` is over: wait up to :data:`THREADS_WAIT_S` for the non-daemon threads
+    still running (a handler started them; Python's own exit would wait for them for ever),
+    then, if some still run, log ``threads_left`` naming them and end the process now with
+    ``code`` (``os._exit``, after flushing the logs and output: no atexit hooks run). Returns
+    when none is left. Only the command does this: a Scheduler used as a library leaves the
+    process to its owner."""
+    deadline = time.monotonic() + THREADS_WAIT_S
+    for thread in _running_threads():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = _running_threads()
+    if not left:
+        return
+    logging.getLogger("anarchon.scheduler").warning(
+        "the scheduler stopped, but %d thread(s) that are not daemon threads still run after "
+        "%g s: %s; exiting without them (code %d)",
+        len(left),
+        THREADS_WAIT_S,
+        ", ".join(repr(t.name) for t in left),
+        code,
+        extra=log_fields(Action.THREADS_LEFT, threads=len(left)),
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _running_threads() -> list[threading.Thread]:
+    """The threads other than this one that Python's exit would wait for."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and not t.daemon and t.is_alive()
+    ]
 
 
 def _row(run: Run) -> list[str]:
@@ -671,4 +715,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = EXIT_PIPE_CLOSED
+    if args.command == "run":
+        _leave_threads(code)
     sys.exit(code)

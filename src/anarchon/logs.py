@@ -100,6 +100,7 @@ class Action(StrEnum):
     HANDOVER_FAILED = "handover_failed"
     LEFT_TO_BACKUP = "left_to_backup"
     LEFT_TO_EXPIRE = "left_to_expire"
+    THREADS_LEFT = "threads_left"
     TAKEN_OVER = "taken_over"
     TAKEOVER_RETRY = "takeover_retry"
     RUNS_ADOPTED = "runs_adopted"

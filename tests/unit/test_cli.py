@@ -570,3 +570,55 @@ def populated_sqlite(tmp_path: Path) -> tuple[str, int]:
         return now
 
     return f"sqlite:///{tmp_path / 'a.db'}", asyncio.run(populate())
+
+
+THREAD_APP = (
+    "import threading\n"
+    "from anarchon import Scheduler\n"
+    "scheduler = Scheduler()\n"
+    "@scheduler.job('spawner', '* * * * * *', jitter_ms=0)\n"
+    "async def spawner(ctx):\n"
+    "    if not any(t.name == 'never-ends' for t in threading.enumerate()):\n"
+    "        threading.Thread(target=threading.Event().wait, name='never-ends').start()\n"
+    "        print('spawned', flush=True)\n"
+)
+
+
+def test_run_exits_after_sigterm_though_a_handler_left_a_non_daemon_thread(
+    tmp_path: Path,
+) -> None:
+    # Every option at its default (SQLite ./anarchon.db). Python's own exit waited for the
+    # thread for ever: the process never ended after SIGTERM.
+    (tmp_path / "threadapp.py").write_text(THREAD_APP)
+    env = {k: v for k, v in os.environ.items() if k not in ("ANARCHON_DB", "ANARCHON_BACKEND")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "run", "threadapp:scheduler"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("spawned") for line in seen) and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+        proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        rest, _ = proc.communicate(timeout=45)
+        took = time.monotonic() - began
+    finally:
+        proc.kill()  # nothing once it exited
+    output = "".join(seen) + rest
+    assert proc.returncode == 0, output
+    assert took < 40, (took, output)
+    warning = [line for line in output.splitlines() if "WARNING" in line and "'never-ends'" in line]
+    assert len(warning) == 1 and "exiting without them" in warning[0], output
+    out = cli("history", "spawner", "-n", "50", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "succeeded" in out.stdout, out.stdout
