@@ -63,3 +63,26 @@ def test_a_bad_job_name_exits_2_naming_the_rule_before_touching_a_backend(
     # data" (exit 3) before the name was ever checked.
     out = cli(*argv, "--backend", "sqlite:////nonexistent/x.db")
     one_line_error(out, 2, f"anarchon {argv[0]}: job name", "may contain only letters")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("explain", "sync", "notatime"), "SLOT 'notatime' is not an ISO 8601 time"),
+        (("explain", "sync", "2026-02-30T00:00:00"), "SLOT '2026-02-30T00:00:00'"),
+        (("explain", "sync", "9" * 23), "is out of range: a time is from 1970"),
+        (("pause", "sync", "--until", "soon"), "--until 'soon' is not an ISO 8601 time"),
+        (("pause", "--all", "--until", "1000000w"), "out of range: a time is from 1970"),
+    ],
+)
+@pytest.mark.parametrize(
+    "backend",
+    ["sqlite:////nonexistent/x.db", "postgresql://127.0.0.1:1/none", "redis://127.0.0.1:1"],
+)
+def test_a_bad_time_exits_2_naming_it_whatever_the_cluster(
+    argv: tuple[str, ...], said: str, backend: str
+) -> None:
+    # explain said "no live instance carries job" or "no anarchon data" (exit 3), or that the
+    # backend cannot be reached (exit 4), before it read the time at all.
+    out = cli(*argv, "--backend", backend)
+    one_line_error(out, 2, f"anarchon {argv[0]}: ", said)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
+from typing import Final
 
 from .. import steering
 from .._job import check_name
@@ -45,6 +47,7 @@ async def _carried_or_warn(backend: Backend, job: str, action: str) -> None:
 async def explain(args: argparse.Namespace) -> int:
     """``anarchon explain JOB SLOT [--json]``."""
     _check_job(args.job, "explain")
+    _check_time(args.slot, "explain", what="SLOT")
     async with opened(args.backend, registry=True) as backend:
         now_ms = await steering.backend_now_ms(backend)
         view = await _view(backend, now_ms)
@@ -107,6 +110,8 @@ async def pause(args: argparse.Namespace) -> int:
             "time, a duration counts from now without a sign (30m, 2h, 1d, 1h30m), or leave "
             "--until out to pause until resumed",
         )
+    if args.until is not None:
+        _check_time(args.until, "pause", what="--until", durations=True)
     async with opened(args.backend, registry=True) as backend:
         until_ms = None
         if args.until is not None:
@@ -194,6 +199,28 @@ def _job_or_all(args: argparse.Namespace, command: str) -> str:
         raise Exit(EXIT_USAGE, f"anarchon {command}: use --all, not '*', for every job")
     _check_job(job, command)
     return job
+
+
+#: The time zones at the ends of the offsets from UTC: a time read in neither is in no zone.
+_EXTREME_ZONES: Final = ("Etc/GMT+12", "Etc/GMT-14")
+
+
+def _check_time(text: str, command: str, *, what: str, durations: bool = False) -> None:
+    """A time the command could read in no zone (``notatime``, a date the calendar lacks, one
+    out of range whatever the zone) is a bad command line (exit 2, naming the value and the
+    rule), told before the backend is opened: not "no live instance carries the job" (exit 3)
+    nor an unreachable backend (exit 4). The zone of the job and the backend's clock are read
+    later; what only they decide is checked then."""
+    now_ms = int(time.time() * 1000) if durations else None
+    errors: list[ConfigurationError] = []
+    for zone in ("UTC", *_EXTREME_ZONES):
+        try:
+            parse_time_ms(text, zone, what=what, now_ms=now_ms)
+        except ConfigurationError as exc:
+            errors.append(exc)
+        else:
+            return
+    raise Exit(EXIT_USAGE, f"anarchon {command}: {errors[0]}") from None
 
 
 def _check_job(job: str, command: str) -> None:
