@@ -5,7 +5,8 @@ Every failure is one line on stderr and a documented exit code (README, "Command
 docs/operations.md):
 
 ====  ==========================================================================================
-0     done; ``run`` stopped by SIGINT or SIGTERM, ``dashboard`` by SIGTERM
+0     done; ``run`` stopped by SIGINT or SIGTERM (also one that came while its start still
+      waited on the backend, which then failed), ``dashboard`` by SIGTERM
 1     ``demo`` saw a duplicate or a missed slot; ``health`` found a scheduler unhealthy; any
       other anarchon error
 2     bad command line or configuration: an unknown option, a bad number, a malformed or
@@ -295,6 +296,17 @@ def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
         scheduler._run_until(early.stop)
         if server is not None and options.metrics_linger:
             _linger(server, options.metrics_linger)
+    except BackendError as exc:
+        if not early.stop.is_set():
+            raise
+        # SIGINT or SIGTERM came while start() still waited on the backend (serve() set the
+        # event): the operator stopped a scheduler that never started, not a failed start.
+        logging.getLogger("anarchon.scheduler").warning(
+            "stopped before the backend answered: the scheduler never started (%s)",
+            _one_line(str(exc)),
+            extra=log_fields(Action.START_FAILED),
+        )
+        return EXIT_OK
     except SchedulerStateError:
         raise _Exit(
             EXIT_USAGE,

@@ -8,8 +8,10 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -622,3 +624,44 @@ def test_run_exits_after_sigterm_though_a_handler_left_a_non_daemon_thread(
     out = cli("history", "spawner", "-n", "50", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "succeeded" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "redis"])
+def test_a_stop_while_the_backend_does_not_answer_exits_0(tmp_path: Path, scheme: str) -> None:
+    # A listener that accepts and never answers: the start waits on it (up to its timeout, 5 s),
+    # and SIGTERM comes meanwhile. Before: exit 4, "cannot connect", as a failed start.
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+                accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    (tmp_path / "cronapp.py").write_text(APP)
+    url = f"{scheme}://127.0.0.1:{listener.getsockname()[1]}" + ("/x" if scheme != "redis" else "")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "run", "cronapp:scheduler", "--backend", url],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # The loop's signal handlers are installed before the start connects.
+        assert accepted.wait(60), "the start never reached the backend"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # nothing once it exited
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert proc.returncode == 0, output
+    assert "stopped before the backend answered: the scheduler never started" in output, output
+    assert "WARNING" in output and "Traceback" not in output, output
+    assert " started with " not in output, output
