@@ -142,3 +142,36 @@ async def test_the_listeners_listen_record_has_its_action(
     [record] = [r for r in caplog.records if r.getMessage().startswith("listening on")]
     assert record.action == "listen"  # type: ignore[attr-defined]
     assert record.channel  # type: ignore[attr-defined]
+
+
+async def test_a_quiet_listener_does_not_wake_the_loop_ten_times_a_second(
+    make: Callable[..., PostgresBackend],
+) -> None:
+    # Waiting for notifications through psycopg's notifies(timeout=...) woke the event loop
+    # every 0.1 s (its polling interval), each time registering and unregistering the socket:
+    # most of what an idle instance on PostgreSQL did. The listener now waits for the socket
+    # to be readable, and a notification still comes at once.
+    claimer, listener = make(), make()
+    await claimer.start()
+    await listener.start()
+    heard: list[ClaimNotice] = []
+    assert await listener.subscribe_claims(heard.extend)
+    await asyncio.sleep(0.5)  # LISTEN done
+    loop = asyncio.get_running_loop()
+    selector = loop._selector  # type: ignore[attr-defined]
+    select, wakeups = selector.select, [0]
+
+    def counted(timeout: float | None = None) -> object:
+        wakeups[0] += 1
+        return select(timeout)
+
+    selector.select = counted
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        selector.select = select
+    assert wakeups[0] <= 8, f"{wakeups[0]} wake-ups of a quiet loop in 2 s"
+    [outcome] = await claimer.claim([_request("job")])
+    assert outcome.status is ClaimStatus.WON
+    await _heard_within(heard, 1)
+    assert [n.job for n in heard] == ["job"]

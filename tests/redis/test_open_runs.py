@@ -116,6 +116,43 @@ async def test_a_run_released_by_an_earlier_version_is_found_when_an_instance_st
     assert await _open(started, ["job"]) == {ticket.run_id}
 
 
+async def test_the_first_pass_reads_newest_attempts_in_a_few_calls_not_one_per_job(
+    make: Make,
+) -> None:
+    # The first pass since start read each job's newest attempts by a history call per job:
+    # 100 000 calls (seconds of an instance's start-up). The open_runs script reads them
+    # too, several jobs a call, and still finds the run an earlier version released.
+    backend = await make()
+    ticket = await _won(backend, "job-7", SLOT)
+    await backend.release(ticket, "handed over")
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(SERVER)
+    try:
+        keys = Namespace(backend.prefix).job("job-7")
+        await client.zremrangebyrank(keys.leases, 0, -1)  # the earlier release.lua's ZREM
+    finally:
+        await client.aclose()
+    started = await make()
+    sent: list[tuple[str, int]] = []
+    connection = started._connection
+    many = connection.script_raw_many
+
+    async def counted(name: str, calls: Any) -> list[Any]:
+        sent.append((name, len(calls)))
+        return await many(name, calls)
+
+    connection.script_raw_many = counted  # type: ignore[method-assign]
+    jobs = [f"job-{n}" for n in range(1_200)]
+    assert await _open(started, jobs) == {ticket.run_id}
+    assert sum(n for _, n in sent) <= 10, sent
+    assert {name for name, _ in sent} == {"open_runs"}
+    sent.clear()
+    assert await _open(started, jobs) == set(), "released: the index alone, it has no such run"
+    assert await _open(started, [*jobs, "job-new"]) == set()
+    assert sum(n for _, n in sent) <= 10, sent
+
+
 async def test_a_released_run_holds_no_overlap_and_stays_open_when_the_clock_goes_back(
     make: Make,
 ) -> None:

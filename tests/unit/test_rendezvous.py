@@ -123,6 +123,24 @@ def test_the_jobs_of_a_definitions_set_are_remembered_once_read() -> None:
     assert rendezvous.carriers("sync") == []
 
 
+def test_a_record_without_a_digest_is_read_once_while_its_jobs_stay_the_same() -> None:
+    # This instance's own record comes into each view as its heartbeat built it: no digest,
+    # the same tuple of definitions beat after beat. Its job names were gathered again at every
+    # beat (100 000 jobs: a pass over them all every 5 s of an idle instance).
+    rendezvous, _ = _rendezvous()
+    mine = _record("a", 10_000, jobs=("sync", "report"))
+    assert mine.definitions is None
+    rendezvous.see(build_view([mine], now_ms=10_000))
+    [first] = rendezvous._groups
+    rendezvous.see(build_view([dataclasses.replace(mine, heartbeat_ms=11_000)], now_ms=11_000))
+    [again] = rendezvous._groups
+    assert again.jobs is first.jobs, "the names of the same tuple were gathered again"
+    changed = _record("a", 12_000, jobs=("sync",))  # its jobs changed: a new tuple
+    rendezvous.see(build_view([changed], now_ms=12_000))
+    assert rendezvous.carriers("report") == []
+    assert rendezvous.carriers("sync") == ["a"]
+
+
 def test_it_falls_back_to_random_jitter() -> None:
     rendezvous, now = _rendezvous()
     # No view yet.

@@ -52,14 +52,14 @@ class Listener:
         self._conn: AsyncConnection[Any] | None = None
 
     async def next_changes(self) -> list[ChangeEvent | ClaimNotice]:
-        """Connect and LISTEN if not listening (no events then), else wait for the next
-        notifications (at most :data:`PING_EVERY_S`, then check the connection). Raises
+        """Connect and LISTEN if not listening (then only the notifications that came with the
+        LISTEN's answer, usually none), else wait for the next notifications (at most
+        :data:`PING_EVERY_S`, then check the connection). Raises
         :class:`~anarchon.errors.BackendUnavailable` when the connection fails, after closing
         it."""
         try:
             if self._conn is None:
-                await self._listen()
-                return []
+                return await self._listen()
             return await self._next(self._conn)
         except BaseException as exc:
             await self._close()
@@ -69,29 +69,34 @@ class Listener:
                 ) from exc
             raise
 
-    async def _listen(self) -> None:
+    async def _listen(self) -> list[ChangeEvent | ClaimNotice]:
         from psycopg import sql
 
-        self._conn = await self._connect()
-        await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        self._conn = conn = await self._connect()
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         logger.debug(
             "listening on %s at %s",
             self._channel,
             self._where,
             extra=log_fields(Action.LISTEN, channel=self._channel),
         )
+        return await self._kept(conn)
 
     async def _next(self, conn: AsyncConnection[Any]) -> list[ChangeEvent | ClaimNotice]:
-        notes = [note async for note in conn.notifies(timeout=PING_EVERY_S, stop_after=1)]
-        if not notes:  # quiet for a while: make sure the connection still works
+        # Wait for the socket ourselves: psycopg's notifies(timeout=...) polls the loop every
+        # 0.1 s while it waits (ten wake-ups a second of an idle instance, each an fd
+        # register/unregister), whereas readiness wakes it once, when a notification comes.
+        if await _readable(conn.fileno(), PING_EVERY_S):
+            notes = [note async for note in conn.notifies(timeout=PING_EVERY_S, stop_after=1)]
+        else:  # quiet for a while: make sure the connection still works
             await asyncio.wait_for(conn.execute("SELECT 1"), PING_TIMEOUT_S)
-        out: list[ChangeEvent | ClaimNotice] = []
-        for note in notes:
-            if note.payload.startswith("["):  # claim notices (a job name never starts so)
-                out.extend(decode_notices(note.payload, logger))
-            else:
-                out.append(_event(note))
-        return out
+            return await self._kept(conn)
+        return _decode(notes)
+
+    async def _kept(self, conn: AsyncConnection[Any]) -> list[ChangeEvent | ClaimNotice]:
+        """The notifications that came with a statement's answer, which psycopg keeps aside
+        (the socket has nothing more to read for them)."""
+        return _decode([note async for note in conn.notifies(timeout=0)])
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -100,8 +105,37 @@ class Listener:
                 await conn.close()
 
 
+def _decode(notes: list[Notify]) -> list[ChangeEvent | ClaimNotice]:
+    out: list[ChangeEvent | ClaimNotice] = []
+    for note in notes:
+        if note.payload.startswith("["):  # claim notices (a job name never starts so)
+            out.extend(decode_notices(note.payload, logger))
+        else:
+            out.append(_event(note))
+    return out
+
+
 def _event(note: Notify) -> ChangeEvent:
     # "<job> <slot_key> released|finished"; neither name contains a space.
     job, _, rest = note.payload.partition(" ")
     slot_key, _, kind = rest.partition(" ")
     return ChangeEvent(job, slot_key, kind != "finished")
+
+
+async def _readable(fd: int, timeout_s: float) -> bool:
+    """Wait until ``fd`` has data to read (True) or ``timeout_s`` passed (False)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[bool] = loop.create_future()
+
+    loop.add_reader(fd, _settle, ready, True)
+    timer = loop.call_later(timeout_s, _settle, ready, False)
+    try:
+        return bool(await ready)
+    finally:
+        timer.cancel()
+        loop.remove_reader(fd)
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
