@@ -99,21 +99,26 @@ async def test_a_run_released_by_an_earlier_version_is_found_when_an_instance_st
     # Before the index kept released attempts, a release took its attempt out of it. Such a
     # run (an instance of the earlier version handed it over as it stopped) is found by the
     # first pass of an instance that starts: it reads each job's newest attempts too.
-    backend = await make()
-    ticket = await _won(backend, "job", SLOT)
+    ticket = await _released_by_an_earlier_version(await make(), "job")
+    started = await make()
+    assert await _open(started, ["job"]) == {ticket.run_id}
+
+
+async def _released_by_an_earlier_version(backend: RedisBackend, job: str) -> Ticket:
+    """Claim ``job`` and release it as an earlier version did: out of the job's index."""
+    ticket = await _won(backend, job, SLOT)
     await backend.release(ticket, "handed over")
     from redis.asyncio import Redis
 
     client = Redis.from_url(SERVER)
     try:
-        keys = Namespace(backend.prefix).job("job")
+        keys = Namespace(backend.prefix).job(job)
         members = await client.zrange(keys.leases, 0, -1)
         if members:  # what the earlier release.lua did: ZREM
             await client.zrem(keys.leases, *members)
     finally:
         await client.aclose()
-    started = await make()
-    assert await _open(started, ["job"]) == {ticket.run_id}
+    return ticket
 
 
 async def test_the_first_pass_reads_newest_attempts_in_a_few_calls_not_one_per_job(
@@ -122,17 +127,7 @@ async def test_the_first_pass_reads_newest_attempts_in_a_few_calls_not_one_per_j
     # The first pass since start read each job's newest attempts by a history call per job:
     # 100 000 calls (seconds of an instance's start-up). The open_runs script reads them
     # too, several jobs a call, and still finds the run an earlier version released.
-    backend = await make()
-    ticket = await _won(backend, "job-7", SLOT)
-    await backend.release(ticket, "handed over")
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(SERVER)
-    try:
-        keys = Namespace(backend.prefix).job("job-7")
-        await client.zremrangebyrank(keys.leases, 0, -1)  # the earlier release.lua's ZREM
-    finally:
-        await client.aclose()
+    ticket = await _released_by_an_earlier_version(await make(), "job-7")
     started = await make()
     sent: list[tuple[str, int]] = []
     connection = started._connection
