@@ -95,6 +95,12 @@ class Attempt:
         """Milliseconds from start to finish; None while running."""
         return None if self.finished_ms is None else self.finished_ms - self.started_ms
 
+    @property
+    def skip_cause(self) -> SkipCause | None:
+        """For a ``skipped`` attempt: the kind of its :attr:`reason` (its record's
+        :attr:`~anarchon.Run.skip_cause`); None otherwise."""
+        return self.record.skip_cause
+
     @classmethod
     def of(cls, run: Run, retry: int) -> Attempt:
         """The attempt a recorded :class:`~anarchon.Run` is."""
@@ -131,6 +137,7 @@ class Attempt:
             "error": self.error,
             "reason": self.reason,
             "requested_by": self.requested_by,
+            "skip_cause": None if self.skip_cause is None else self.skip_cause.value,
         }
 
 
@@ -194,6 +201,7 @@ class SlotFate:
             "fate": self.fate.value,
             "outcome": None if self.outcome is None else self.outcome.value,
             "reason": self.reason,
+            "skip_cause": None if self.skip_cause is None else self.skip_cause.value,
             "definition": self.definition.to_dict(),
             "is_slot": self.is_slot,
             "now_ms": self.now_ms,

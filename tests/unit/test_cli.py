@@ -665,3 +665,41 @@ def test_a_stop_while_the_backend_does_not_answer_exits_0(tmp_path: Path, scheme
     assert "stopped before the backend answered: the scheduler never started" in output, output
     assert "WARNING" in output and "Traceback" not in output, output
     assert " started with " not in output, output
+
+
+def test_the_json_of_a_run_gives_its_skip_cause(tmp_path: Path) -> None:
+    # history --json and explain --json gave a skipped run's reason (words for people) but not
+    # its SkipCause, the kind a script can read; every option at its default (SQLite).
+    import asyncio
+
+    from anarchon import SkipCause, SQLiteBackend
+    from anarchon.backend import TOO_LATE
+    from anarchon.testing._requests import request
+
+    url, now = populated_sqlite(tmp_path)
+    slot = now - now % 60_000 - 60_000
+
+    async def skip() -> None:
+        backend = SQLiteBackend(tmp_path / "a.db")
+        await backend.start()
+        words = f"{TOO_LATE}w0 reached it late"
+        late = request("sync", slot, skip_reason=words, skip_cause=SkipCause.TOO_LATE)
+        await backend.claim([late])
+        await backend.stop()
+
+    asyncio.run(skip())
+    out = cli("history", "sync", "--json", "--backend", url)
+    assert out.returncode == 0, out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert (run["status"], run["reason"], run["skip_cause"]) == (
+        "skipped",
+        "too late: w0 reached it late",
+        "too_late",
+    )
+    out = cli("explain", "sync", datetime_text(slot), "--json", "--backend", url)
+    assert out.returncode == 0, out.stderr
+    fate = json.loads(out.stdout)
+    assert (fate["fate"], fate["skip_cause"]) == ("skipped", "too_late"), fate
+    assert [a["skip_cause"] for a in fate["attempts"]] == ["too_late"], fate
+    out = cli("explain", "sync", datetime_text(slot + 3_600_000), "--json", "--backend", url)
+    assert json.loads(out.stdout)["skip_cause"] is None, out.stdout

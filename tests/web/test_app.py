@@ -23,7 +23,7 @@ import uvicorn
 
 from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, SkipCause, Trigger
 from anarchon._times import LATEST_MS
-from anarchon.backend import ClaimRequest
+from anarchon.backend import TOO_LATE, Backend, ClaimRequest
 from anarchon.control import Pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.registry import JobDefinition, build_view
@@ -962,7 +962,7 @@ class _DownBackend(MemoryBackend):
         raise BackendUnavailable("no answer from postgresql://app:hunter2pw@db/x")
 
 
-async def _serve_backend(backend: MemoryBackend) -> AsyncIterator[Client]:
+async def _serve_backend(backend: Backend) -> AsyncIterator[Client]:
     port = any_free()
     app = dashboard(backend, refresh_ms=0)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -1122,3 +1122,34 @@ async def test_the_jobs_page_reads_its_rows_histories_in_one_call() -> None:
     rows = await job_rows(backend, snapshot, names)
     errors = {r.error for r in rows}
     assert errors == {"BackendUnavailable: no answer within 5 s (test)"}, errors
+
+
+async def test_the_json_of_a_run_and_a_pause_is_the_clis(tmp_path: Path) -> None:
+    # A run's JSON had no skip_cause, and a job's "paused" was {by, until_ms}: a whole-cluster
+    # pause read as the job's own. Now both as the CLI's --json gives them; SQLite, defaults.
+    from anarchon import SQLiteBackend, steering
+    from anarchon.control import ALL_JOBS
+    from anarchon.registry import record_instance
+    from anarchon.testing._requests import request
+
+    db = tmp_path / "anarchon.db"
+    writer = SQLiteBackend(db)
+    await writer.start()
+    now = await writer.server_time_ms()
+    assert now is not None
+    job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
+    await record_instance(writer.registry(), instance_record("w0", job, beat=now))
+    slot = now - now % 60_000 - 60_000
+    words = f"{TOO_LATE}w0 reached it late"
+    await writer.claim([request("sync", slot, skip_reason=words, skip_cause=SkipCause.TOO_LATE)])
+    await steering.pause(writer, ALL_JOBS, by="alice@ops")
+    await writer.stop()
+    async for client in _serve_backend(SQLiteBackend(db)):
+        (row,) = (await client.call("/?format=json")).json()["jobs"]
+        assert row["last_run"]["skip_cause"] == "too_late", row
+        paused = row["paused"]
+        assert (paused["job"], paused["by"], paused["until_ms"]) == ("*", "alice@ops", None)
+        assert isinstance(paused["at_ms"], int) and abs(paused["at_ms"] - now) < 600_000, paused
+        page = (await client.call("/jobs/sync?format=json")).json()
+        assert [r["skip_cause"] for r in page["runs"]] == ["too_late"], page["runs"]
+        assert page["row"]["paused"] == paused

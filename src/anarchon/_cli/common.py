@@ -199,6 +199,7 @@ def run_json(run: Run | None, now_ms: int | None = None) -> dict[str, Any] | Non
         "error": run.error,
         "reason": run.reason,
         "requested_by": run.requested_by,
+        "skip_cause": None if run.skip_cause is None else run.skip_cause.value,
     }
     if now_ms is not None and not run.status.finished:
         out["running_ms"] = now_ms - ms_of(run.started_at)

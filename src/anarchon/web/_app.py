@@ -649,9 +649,7 @@ def _row_dict(row: _data.JobRow) -> dict[str, Any]:
         "next_slot_ms": row.next_slot_ms,
         "last_run": None if row.last_run is None else _data.run_dict(row.last_run),
         "running": [_data.run_dict(r) for r in row.running],
-        "paused": None
-        if row.pause is None
-        else {"by": row.pause.by, "until_ms": row.pause.until_ms},
+        "paused": None if row.pause is None else row.pause.to_dict(),
         "drift": None if row.drift is None else row.drift.describe(),
         "strip": [{"slot_ms": c.slot_ms, "fate": c.fate} for c in row.strip],
     }

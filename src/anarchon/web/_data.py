@@ -594,4 +594,5 @@ def run_dict(run: Run) -> dict[str, Any]:
         "error": None if run.error is None else redact_url(run.error),
         "reason": None if run.reason is None else redact_url(run.reason),
         "requested_by": run.requested_by,
+        "skip_cause": None if run.skip_cause is None else run.skip_cause.value,
     }
