@@ -718,6 +718,24 @@ DESCRIBE_READS: Final = 32
 DESCRIBE_BATCH: Final = 10_000
 
 
+#: How many of a job's newest records ``anarchon jobs`` and the dashboard's jobs page read its
+#: last run and the attempts running now from (:func:`latest_runs`): an attempt recorded
+#: ``running`` further back (one a stopped instance left, until its lease is taken over) shows in
+#: neither.
+RECENT_RUNS: Final = 20
+
+
+def latest_runs(
+    history: Sequence[Run], window: int = RECENT_RUNS
+) -> tuple[Run | None, tuple[Run, ...]]:
+    """The newest finished attempt (None if none) and the attempts running now, newest first,
+    among the ``window`` newest of ``history`` (newest first, as
+    :meth:`~anarchon.backend.Backend.history` gives it)."""
+    recent = history[:window]
+    last = next((r for r in recent if r.status.finished), None)
+    return last, tuple(r for r in recent if not r.status.finished)
+
+
 async def _histories(backend: Backend, names: Sequence[str], runs: int) -> list[list[Run]]:
     """Up to ``runs`` recent attempts of each of ``names``, in their order: one
     :meth:`~anarchon.backend.Backend.histories` call per :data:`DESCRIBE_BATCH` jobs; its
@@ -728,7 +746,9 @@ async def _histories(backend: Backend, names: Sequence[str], runs: int) -> list[
     return [found.get(name, []) for name in names]
 
 
-async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> list[JobView]:
+async def describe_jobs(
+    backend: Backend, view: ClusterView, runs: int = RECENT_RUNS
+) -> list[JobView]:
     """One :class:`JobView` per job the view's instances carry, reading up to ``runs`` recent
     attempts of each from ``backend`` (started; :meth:`~anarchon.backend.Backend.histories`,
     :data:`DESCRIBE_BATCH` jobs a call), and the pauses once."""
@@ -749,8 +769,7 @@ async def describe_jobs(backend: Backend, view: ClusterView, runs: int = 20) -> 
             )
         except (ValueError, LookupError):  # a definition this version cannot read
             next_slot = None
-        running = tuple(r for r in history if not r.status.finished)
-        last = next((r for r in history if r.status.finished), None)
+        last, running = latest_runs(history, runs)
         pause = (
             None if pauses is None else active_pause(pauses, name, Trigger.SCHEDULE, view.now_ms)
         )

@@ -1153,3 +1153,33 @@ async def test_the_json_of_a_run_and_a_pause_is_the_clis(tmp_path: Path) -> None
         page = (await client.call("/jobs/sync?format=json")).json()
         assert [r["skip_cause"] for r in page["runs"]] == ["too_late"], page["runs"]
         assert page["row"]["paused"] == paused
+
+
+async def test_the_dashboard_and_anarchon_jobs_read_running_from_one_window(tmp_path: Path) -> None:
+    # An attempt left running behind 25 newer records: `anarchon jobs` read the 20 newest and
+    # did not show it running, the dashboard's jobs page read 120 and did. SQLite, defaults.
+    from anarchon import SQLiteBackend
+    from anarchon.registry import RECENT_RUNS, describe_jobs, read_instances, record_instance
+    from anarchon.testing._requests import request
+
+    db = tmp_path / "anarchon.db"
+    writer = SQLiteBackend(db)
+    await writer.start()
+    now = await writer.server_time_ms()
+    assert now is not None
+    job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
+    await record_instance(writer.registry(), instance_record("w0", job, beat=now))
+    first = now - now % 60_000 - 60 * 60_000
+    (stuck,) = await writer.claim([request("sync", first, lease_ms=3_600_000)])
+    assert stuck.run.status is RunStatus.RUNNING, stuck
+    words = f"{TOO_LATE}w0 reached it late"
+    later = [first + n * 60_000 for n in range(1, RECENT_RUNS + 6)]
+    await writer.claim([request("sync", s, skip_reason=words) for s in later])
+    view = build_view(await read_instances(writer.registry()), now)
+    (cli_view,) = await describe_jobs(writer, view)
+    await writer.stop()
+    assert cli_view.running == () and cli_view.last_run is not None
+    async for client in _serve_backend(SQLiteBackend(db)):
+        (row,) = (await client.call("/?format=json")).json()["jobs"]
+        assert row["running"] == [], row["running"]
+        assert row["last_run"]["run_id"] == cli_view.last_run.run_id

@@ -27,6 +27,7 @@ from ..registry import (
     InstanceRecord,
     JobDefinition,
     build_view,
+    latest_runs,
     read_instances,
     split_live,
 )
@@ -392,14 +393,15 @@ async def job_rows(backend: Backend, snapshot: Snapshot, names: Sequence[str]) -
         schedule = _schedule(definition)
         runs: list[Run] = [] if isinstance(history, BaseException) else history
         now = snapshot.now_ms
+        last, running = latest_runs(runs)
         row = JobRow(
             name=name,
             definition=definition,
             words=schedule_in_words(definition.expression),
             instances=tuple(carriers.get(name, ())),
             next_slot_ms=None if schedule is None else schedule.next_slot(now),
-            last_run=next((r for r in runs if r.status.finished), None),
-            running=tuple(r for r in runs if not r.status.finished),
+            last_run=last,
+            running=running,
             pause=snapshot.pause_of(name),
             drift=drifts.get(name),
             strip=[] if schedule is None else strip_of(schedule, runs, now, walked),
