@@ -21,7 +21,16 @@ from typing import Any
 import pytest
 import uvicorn
 
-from anarchon import MemoryBackend, Run, RunContext, RunStatus, Scheduler, SkipCause, Trigger
+from anarchon import (
+    MemoryBackend,
+    Run,
+    RunContext,
+    RunStatus,
+    Scheduler,
+    SkipCause,
+    SQLiteBackend,
+    Trigger,
+)
 from anarchon._times import LATEST_MS
 from anarchon.backend import TOO_LATE, Backend, ClaimRequest
 from anarchon.control import Pause
@@ -566,8 +575,6 @@ def test_a_port_the_dashboard_cannot_listen_on_exits_2_not_3(tmp_path: Path) -> 
 
 
 async def _one_run_in(db: Path) -> None:
-    from anarchon import SQLiteBackend
-
     async with Scheduler(SQLiteBackend(db)) as scheduler:
         scheduler.add("noop", "@daily", lambda ctx: None)
         await scheduler.run_now("noop")
@@ -1124,24 +1131,36 @@ async def test_the_jobs_page_reads_its_rows_histories_in_one_call() -> None:
     assert errors == {"BackendUnavailable: no answer within 5 s (test)"}, errors
 
 
-async def test_the_json_of_a_run_and_a_pause_is_the_clis(tmp_path: Path) -> None:
-    # A run's JSON had no skip_cause, and a job's "paused" was {by, until_ms}: a whole-cluster
-    # pause read as the job's own. Now both as the CLI's --json gives them; SQLite, defaults.
-    from anarchon import SQLiteBackend, steering
-    from anarchon.control import ALL_JOBS
-    from anarchon.registry import record_instance
-    from anarchon.testing._requests import request
+#: The words of a too-late skip record (SQLite keeps no cause: it reads it from them).
+LATE_WORDS = f"{TOO_LATE}w0 reached it late"
 
-    db = tmp_path / "anarchon.db"
+
+async def _sqlite_carrying_sync(db: Path) -> tuple[SQLiteBackend, int]:
+    """A started SQLite backend on ``db`` whose registry has ``w0`` carrying ``sync`` (every
+    minute), and its time then."""
+    from anarchon.registry import record_instance
+
     writer = SQLiteBackend(db)
     await writer.start()
     now = await writer.server_time_ms()
     assert now is not None
     job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
     await record_instance(writer.registry(), instance_record("w0", job, beat=now))
+    return writer, now
+
+
+async def test_the_json_of_a_run_and_a_pause_is_the_clis(tmp_path: Path) -> None:
+    # A run's JSON had no skip_cause, and a job's "paused" was {by, until_ms}: a whole-cluster
+    # pause read as the job's own. Now both as the CLI's --json gives them; SQLite, defaults.
+    from anarchon import steering
+    from anarchon.control import ALL_JOBS
+    from anarchon.testing._requests import request
+
+    db = tmp_path / "anarchon.db"
+    writer, now = await _sqlite_carrying_sync(db)
     slot = now - now % 60_000 - 60_000
-    words = f"{TOO_LATE}w0 reached it late"
-    await writer.claim([request("sync", slot, skip_reason=words, skip_cause=SkipCause.TOO_LATE)])
+    late = request("sync", slot, skip_reason=LATE_WORDS, skip_cause=SkipCause.TOO_LATE)
+    await writer.claim([late])
     await steering.pause(writer, ALL_JOBS, by="alice@ops")
     await writer.stop()
     async for client in _serve_backend(SQLiteBackend(db)):
@@ -1158,23 +1177,16 @@ async def test_the_json_of_a_run_and_a_pause_is_the_clis(tmp_path: Path) -> None
 async def test_the_dashboard_and_anarchon_jobs_read_running_from_one_window(tmp_path: Path) -> None:
     # An attempt left running behind 25 newer records: `anarchon jobs` read the 20 newest and
     # did not show it running, the dashboard's jobs page read 120 and did. SQLite, defaults.
-    from anarchon import SQLiteBackend
-    from anarchon.registry import RECENT_RUNS, describe_jobs, read_instances, record_instance
+    from anarchon.registry import RECENT_RUNS, describe_jobs, read_instances
     from anarchon.testing._requests import request
 
     db = tmp_path / "anarchon.db"
-    writer = SQLiteBackend(db)
-    await writer.start()
-    now = await writer.server_time_ms()
-    assert now is not None
-    job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
-    await record_instance(writer.registry(), instance_record("w0", job, beat=now))
+    writer, now = await _sqlite_carrying_sync(db)
     first = now - now % 60_000 - 60 * 60_000
     (stuck,) = await writer.claim([request("sync", first, lease_ms=3_600_000)])
     assert stuck.run.status is RunStatus.RUNNING, stuck
-    words = f"{TOO_LATE}w0 reached it late"
     later = [first + n * 60_000 for n in range(1, RECENT_RUNS + 6)]
-    await writer.claim([request("sync", s, skip_reason=words) for s in later])
+    await writer.claim([request("sync", s, skip_reason=LATE_WORDS) for s in later])
     view = build_view(await read_instances(writer.registry()), now)
     (cli_view,) = await describe_jobs(writer, view)
     await writer.stop()
