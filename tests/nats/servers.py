@@ -256,15 +256,29 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
     """Delete a test's stream and its key-value buckets (registry, definitions, control), those
     that exist: a fleet's instances record themselves, so a stream deleted alone leaves two or
     three buckets on the shared server for good."""
+    import nats.errors
     import nats.js.errors
 
     from anarchon.backends.nats._registry import bucket_streams
 
     nc = await connect(url)
     try:
+        # A generous limit and two more tries: on a three-node test cluster sharing two busy
+        # cores a deletion's answer can take over nats-py's 5 s (it failed CI of 69a098c in
+        # this clean-up, after the test's own checks). A deletion that went through before its
+        # answer was lost is answered "not found" the next time.
+        js = nc.jetstream(timeout=20)
         for name in (stream, *bucket_streams(stream)):
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await nc.jetstream().delete_stream(name)
+            for attempt in range(3):
+                try:
+                    await js.delete_stream(name)
+                except nats.js.errors.NotFoundError:
+                    pass
+                except nats.errors.TimeoutError:
+                    if attempt == 2:
+                        raise
+                    continue
+                break
     finally:
         await nc.close()
 
