@@ -209,7 +209,7 @@ class SlotFate:
             "previous_slot_ms": self.previous_slot_ms,
             "next_slot_ms": self.next_slot_ms,
             "instances": list(self.instances),
-            "pause": None if self.pause is None else _pause_dict(self.pause),
+            "pause": None if self.pause is None else self.pause.to_dict(),
             "history_pruned": self.history_pruned,
             "oldest_record_ms": self.oldest_record_ms,
             "records_read": self.records_read,
@@ -279,10 +279,6 @@ def _iso(ms: int) -> str:
     moment = datetime.fromtimestamp(ms / 1000, UTC)
     spec = "milliseconds" if ms % 1000 else "seconds"
     return moment.isoformat(timespec=spec).replace("+00:00", "Z")
-
-
-def _pause_dict(pause: Pause) -> dict[str, Any]:
-    return {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms, "until_ms": pause.until_ms}
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:

@@ -109,9 +109,7 @@ def _print_silent(view: ClusterView) -> None:
 
 def pause_json(pause: Pause | None) -> dict[str, Any] | None:
     """The documented JSON shape of a pause."""
-    if pause is None:
-        return None
-    return {"job": pause.job, "by": pause.by, "at_ms": pause.at_ms, "until_ms": pause.until_ms}
+    return None if pause is None else pause.to_dict()
 
 
 def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
