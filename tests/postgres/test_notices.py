@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
 
@@ -17,18 +17,20 @@ from tests.records import claim_request
 SLOT = 1_800_000_000_000
 
 
+async def _listening(claimer: PostgresBackend, listener: PostgresBackend) -> list[ClaimNotice]:
+    """Start both; the list ``listener`` puts the claim notices it hears in."""
+    await claimer.start()
+    await listener.start()
+    heard: list[ClaimNotice] = []
+    assert await listener.subscribe_claims(heard.extend)
+    return heard
+
+
 async def test_a_large_batch_is_announced_in_notifications_under_the_limit(
     make: Callable[..., PostgresBackend],
 ) -> None:
     claimer, listener = make(), make()
-    await claimer.start()
-    await listener.start()
-    heard: list[ClaimNotice] = []
-
-    def on_claims(notices: Sequence[ClaimNotice]) -> None:
-        heard.extend(notices)
-
-    assert await listener.subscribe_claims(on_claims)
+    heard = await _listening(claimer, listener)
     # 300 claims with long names: about 60 kB of notices, so several notifications.
     reqs = [
         claim_request(f"job-{n:03d}-{'x' * 100}", SLOT, f"instance-{'y' * 50}") for n in range(300)
@@ -62,11 +64,8 @@ async def test_claims_and_results_are_announced_with_notifications_on_or_off(
     # On: kept in the transaction and sent right after its COMMIT (send_notices). Off: sent at
     # commit by the claim's own transaction (PgBouncer's transaction mode keeps no session).
     claimer, listener = make(notifications=notifications), make()
-    await claimer.start()
-    await listener.start()
-    heard: list[ClaimNotice] = []
+    heard = await _listening(claimer, listener)
     changes: list[tuple[str, str, bool]] = []
-    assert await listener.subscribe_claims(heard.extend)
     await listener.subscribe(lambda job, key, released: changes.append((job, key, released)))
     [won] = await claimer.claim([_request("a")])
     assert won.ticket is not None
@@ -109,10 +108,7 @@ async def test_a_one_request_claim_keeps_no_notice_and_its_notice_is_the_won_run
     # from the answer: the run's job, slot key, instance and lease expiry, as the server wrote
     # them. A lost claim sends nothing.
     claimer, listener = make(max_connections=1), make()
-    await claimer.start()
-    await listener.start()
-    heard: list[ClaimNotice] = []
-    assert await listener.subscribe_claims(heard.extend)
+    heard = await _listening(claimer, listener)
     [won] = await claimer.claim([_request("a")])
     assert won.ticket is not None and won.run is not None
     [row] = await claimer._db.read(b"SELECT current_setting('anarchon.notices', true) AS kept")
@@ -152,10 +148,7 @@ async def test_a_quiet_listener_does_not_wake_the_loop_ten_times_a_second(
     # most of what an idle instance on PostgreSQL did. The listener now waits for the socket
     # to be readable, and a notification still comes at once.
     claimer, listener = make(), make()
-    await claimer.start()
-    await listener.start()
-    heard: list[ClaimNotice] = []
-    assert await listener.subscribe_claims(heard.extend)
+    heard = await _listening(claimer, listener)
     await asyncio.sleep(0.5)  # LISTEN done
     loop = asyncio.get_running_loop()
     selector = loop._selector  # type: ignore[attr-defined]
