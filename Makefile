@@ -37,12 +37,17 @@ docs: install-test
 ## Everything CI runs: install, services, lint, types, the whole suite, compat-quick and
 ## uvloop-quick (below).
 ## Four pytest workers: most tests wait on slots and processes, not on the CPU, so the suite
-## runs in about a third of the time on two cores. PYTEST_WORKERS=0 runs it in one process.
+## runs in about a third of the time on two cores. The workers take the tests one at a time, the
+## longest first (tests/conftest.py). PYTEST_WORKERS=0 runs it in one process.
+## compat-quick's and uvloop-quick's runs are recipe lines here, not `$(MAKE) compat-quick
+## uvloop-quick`: those targets' prerequisites would install `.[all,test]` into .venv a second
+## time (install-test) and check the services twice more.
 PYTEST_WORKERS ?= 4
 test: install-test services lint typecheck
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=25
-	$(MAKE) compat-quick
-	$(MAKE) uvloop-quick
+	$(MAKE) compat-venv
+	$(COMPAT_QUICK_RUN)
+	$(UVLOOP_QUICK_RUN)
 
 ## The same tests on uvloop, the event loop uvicorn and gunicorn's UvicornWorker pick whenever it
 ## is installed (tests/on_uvloop.py). uvloop-quick, in `make test` (about 35 s): every backend's
@@ -52,8 +57,9 @@ UVLOOP_QUICK := tests/unit/test_event_loop.py tests/conformance/test_contract.py
 	tests/nats/test_publish.py tests/nats/test_claims.py tests/nats/test_claim_parts.py \
 	tests/nats/test_readback.py
 .PHONY: uvloop-quick test-uvloop
+UVLOOP_QUICK_RUN = $(BIN)/python -m pytest -p tests.on_uvloop -n $(PYTEST_WORKERS) $(UVLOOP_QUICK)
 uvloop-quick: install-test services
-	$(BIN)/python -m pytest -p tests.on_uvloop -n $(PYTEST_WORKERS) $(UVLOOP_QUICK)
+	$(UVLOOP_QUICK_RUN)
 
 test-uvloop: install-test services
 	$(BIN)/python -m pytest -p tests.on_uvloop -n $(PYTEST_WORKERS) tests/unit/test_event_loop.py \
@@ -93,8 +99,9 @@ compat-venv:
 compat: services compat-venv
 	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_TESTS)
 
+COMPAT_QUICK_RUN = $(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_QUICK)
 compat-quick: services compat-venv
-	$(COMPAT_VENV)/bin/pytest -n $(PYTEST_WORKERS) $(COMPAT_QUICK)
+	$(COMPAT_QUICK_RUN)
 
 ## Benchmarks: bench/results.md, bench/lag.png and the tables on stdout, about 40 min on 2 cores.
 ## The peers (arq needs redis-py < 6) live in their own venv; the main .venv only gains the

@@ -1,5 +1,5 @@
 # ruff: noqa: RUF001 - the tables use typographic dashes and multiplication signs
-"""Curves, not points (issue 17): how cost grows with the number of jobs and instances.
+"""Curves, not points: how cost grows with the number of jobs and instances.
 
 Three measurements of the bench, each repeated at several sizes (``Settings.curve_*``), per
 backend, reusing the bench's own modules rather than copies of them:

@@ -1,4 +1,4 @@
-"""7. Dashboard: its server time (issue 15, item 5): the jobs page with 10 000 jobs and the
+"""7. Dashboard: its server time: the jobs page with 10 000 jobs and the
 timeline of a year of a per-minute job, on SQLite.
 
     python -m bench.dashboard [--jobs 10000] [--runs 12000] [--repeat 7] [--out f.json]

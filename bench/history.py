@@ -1,4 +1,4 @@
-"""History at size (issue 17): ``history(limit=100)``, ``last_run`` and ``explain`` of a job with
+"""History at size: ``history(limit=100)``, ``last_run`` and ``explain`` of a job with
 10 000, 100 000 and 1 000 000 recorded runs on SQLite and PostgreSQL, and the longest pause of
 a per-second job's claim and finish while pruning removes the excess.
 

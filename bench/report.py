@@ -369,7 +369,7 @@ def rate_section(results: dict[str, Any]) -> list[str]:
         "table below). Rate: a step's calls answered in all rounds over their time, three "
         "processes together; the ratios are those rates' (so every figure of the table comes "
         "from the same rounds, interleaved, rather than from one loop per step at different "
-        f"moments). Target (issue 17): claims ≥ {RATE_TARGET:.0%} of the primitive's rate. "
+        f"moments). Target: claims ≥ {RATE_TARGET:.0%} of the primitive's rate. "
         "Same-work / primitive is what the claim's storage work leaves of the primitive; "
         "claim / same-work is what anarchon's Python leaves of the storage work. Keys won twice "
         "or by nobody: over all rounds.",
@@ -733,7 +733,7 @@ def dashboard_section(results: dict[str, Any]) -> list[str]:
         f"templates compiled, connections opened), then {board['repeat']} times. Wall time "
         "(median, max) and the process's CPU time (median) per call. Registry TTL 0: every "
         "page reads the registry; 1000 ms (the default): pages within a second share one read. "
-        f"Target (issue 15): jobs page < {JOBS_PAGE_TARGET_MS:.0f} ms, a year's timeline "
+        f"Target: jobs page < {JOBS_PAGE_TARGET_MS:.0f} ms, a year's timeline "
         f"< {TIMELINE_YEAR_TARGET_MS:.0f} ms, by the median. Measured on {board['date']}, load "
         f"average {board['load_start']} at start and {board['load_end']} at the end.",
         "",
@@ -785,7 +785,7 @@ def history_section(results: dict[str, Any]) -> list[str]:
         f"One per-second job with {sizes} recorded runs (generated in the store, grown in turn); "
         f"each read called {found['samples']} times in turn after 10 warm-ups, through the "
         "backend's public calls (`explain` of a slot a minute old and of the oldest slot but "
-        f"one). Target (issue 17): p99 < {HISTORY_TARGET_MS:.0f} ms at 1,000,000 runs. "
+        f"one). Target: p99 < {HISTORY_TARGET_MS:.0f} ms at 1,000,000 runs. "
         f"Measured on {found['date']}, load average {found['load_start']} at start and "
         f"{found['load_end']} at the end. Curve: [history.png](history.png).",
         "",

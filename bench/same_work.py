@@ -179,6 +179,7 @@ class SQLiteSameWork(SameWork):
             "error": None,
             "reason": None,
             "requested_by": None,
+            "skip_cause": None,
         }
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:
@@ -206,8 +207,8 @@ class RedisSameWork(SameWork):
     def __init__(self, backend: Any, instance: str) -> None:
         super().__init__(backend, instance)
         from anarchon.backends.redis._keys import Namespace
-        from anarchon.backends.redis._rows import RESTART_MARGIN_MS
         from anarchon.backends.redis._scripts import SCRIPTS, pack
+        from anarchon.backends.redis._timings import RESTART_MARGIN_MS
 
         self.script = SCRIPTS["claim"]
         self.pack = pack
@@ -347,6 +348,7 @@ class PostgresSameWork(PostgresClient, SameWork):
             "skip_status": "skipped",
             "pausable": True,
             "requested_by": None,
+            "skip_cause": None,
         }
 
     async def claim(self, job: str, slot: int, run_id: str, token: str) -> bool:

@@ -1,5 +1,5 @@
 # ruff: noqa: RUF001, RUF002 - the report uses typographic dashes, minus and multiplication signs
-"""The soak (issue 17): three real instances × 1 000 jobs per backend, for an hour, watched.
+"""The soak: three real instances × 1 000 jobs per backend, for an hour, watched.
 
     python -m bench.soak                        # 60 minutes, every backend at once
     python -m bench.soak --minutes 15 --backends redis,postgres

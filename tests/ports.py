@@ -7,8 +7,10 @@ fixed range of its own kind, so that pytest's workers and the short fault run ``
 starts beside them never hand out the same port:
 
 =============  =====================================================================
-14200-14299    private nats-server processes (tests/nats/servers.py)
-15500-15599    TCP proxies in front of the shared PostgreSQL (tests/postgres/proxy.py)
+14200-14299    private nats-server processes, a share per pytest worker in each of its three
+               parts (tests/nats/servers.py; a cluster takes 6 ports: up to 6 workers)
+15500-15599    TCP proxies in front of the shared PostgreSQL, a share per pytest worker
+               (tests/postgres/proxy.py)
 15600-15615    the PostgreSQL TLS server, one per pytest worker (tests/postgres/test_tls.py)
 16400-16799    private redis-server processes, a share per pytest worker (tests/redis/servers.py)
 17300-17399    the fault runner's servers and proxies (tests/chaos/servers.py)
@@ -19,10 +21,11 @@ starts beside them never hand out the same port:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 def any_free() -> int:
@@ -105,3 +108,26 @@ class PortRange:
     def _order(self) -> Iterable[int]:
         start = os.getpid() % len(self.ports) if self._spread else 0
         return [*self.ports[start:], *self.ports[:start]]
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[tuple[int, threading.Event]]:
+    """A loopback server that accepts connections and never answers (a backend that hangs):
+    its port, and an event set once it accepted one. Closed, with its connections, on exit."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+                accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], accepted
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

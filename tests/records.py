@@ -1,5 +1,6 @@
 """Records made by hand: registry records, for tests that build a cluster view without
-instances, and claim requests, for tests that call a backend without a scheduler."""
+instances; claim requests, for tests that call a backend without a scheduler; and run requests
+waiting in a control store."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import uuid
 
 from anarchon import Trigger
 from anarchon.backend import ClaimRequest
+from anarchon.control import RunRequest, retry_key
 from anarchon.registry import InstanceRecord, JobDefinition
 
 
@@ -42,4 +44,22 @@ def claim_request(job: str, slot: int, instance: str, lease_ms: int = 5_000) -> 
         instance=instance,
         trigger=Trigger.SCHEDULE,
         lease_ms=lease_ms,
+    )
+
+
+def waiting_retry(
+    job: str, slot: int, now_ms: int, *, due_in_ms: int = 3_600_000, request_id: str = "b" * 32
+) -> RunRequest:
+    """The first retry of the run of ``job``'s ``slot``, requested at ``now_ms`` (backend ms)
+    and due ``due_in_ms`` later: a pending request that no instance claims before then."""
+    return RunRequest(
+        id=request_id,
+        job=job,
+        trigger=Trigger.RETRY,
+        key=retry_key(str(slot), 1),
+        slot=slot,
+        due_ms=now_ms + due_in_ms,
+        requested_by=f"retry 1 of 2 after run run{slot}",
+        requested_at_ms=now_ms,
+        retry=1,
     )

@@ -16,7 +16,9 @@ Example::
 
 from __future__ import annotations
 
-from . import errors
+# _early first: in the `anarchon` command it catches SIGINT and SIGTERM before the imports below,
+# which take seconds on a loaded host (see its docstring).
+from . import _early, errors  # noqa: F401
 from ._context import RunContext
 from ._metrics import Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger

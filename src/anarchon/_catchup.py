@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ._claims import CLAIM_PART, Claims
 from ._clock import Clock
 from ._job import Job
 from ._missed import MissedSlots
-from ._models import CatchUp, Overlap, Trigger
+from ._models import CatchUp, Trigger
 from ._runner import ActiveRun
 from ._schedule import CronSchedule
 from ._threads import HandlerThreads
@@ -162,18 +162,20 @@ class CatchingUp:
     async def _catch_up_slots(self, queue: _Queue) -> None:
         # One slot at a time, oldest first, the slots that join meanwhile too. Before each
         # claim an instance waits until no run of the job is going (instances that start
-        # together may have read different last slots), so catch-up runs do not overlap; the
-        # claim itself then allows overlap, because a missed slot must not be recorded skipped
-        # for overlapping another missed slot. A run still going after the wait (longer than
-        # two leases) is not run beside: the claim then follows the job's ``overlap``.
+        # together may have read different last slots), so that a missed slot is rarely
+        # recorded skipped for overlapping another missed slot. Rarely, not never: another
+        # instance's live slot (or catch-up) may win between the wait's last look and this
+        # claim. So the claim follows the job's ``overlap``, which the backend checks in the
+        # claim's own atomic step: with "skip" such a slot is recorded skipped (overlap), never
+        # run beside the other run. (It once allowed overlap after the wait: the two ran at
+        # once.) A run still going after the wait (longer than two leases) is the same case.
         name = queue.job.name
         try:
             while queue.slots and self._running():
                 job, slot = queue.job, queue.slots.pop(0)
-                idle = await self._until_idle(job, job.policy.lease_ms * 2 / 1000)
-                if idle is None:
+                if not await self._until_idle(job, job.policy.lease_ms * 2 / 1000):
                     return
-                active = await self._catch_up_slot(job, slot, idle)
+                active = await self._catch_up_slot(job, slot)
                 if active is False:
                     return
                 if isinstance(active, ActiveRun):
@@ -187,9 +189,9 @@ class CatchingUp:
             if self._queues.get(name) is queue:
                 del self._queues[name]
 
-    async def _catch_up_slot(self, job: Job, slot: int, idle: bool) -> ActiveRun | bool:
-        """Claim one missed slot (``idle``: no run of the job was seen going); the run started,
-        True to go on, False to give up."""
+    async def _catch_up_slot(self, job: Job, slot: int) -> ActiveRun | bool:
+        """Claim one missed slot (overlap as the job says); the run started, True to go on,
+        False to give up."""
         policy = job.policy
         reserved = False
         if not job.is_async:
@@ -199,8 +201,6 @@ class CatchingUp:
                 return False
         try:
             request = self._claims.request(job, slot, Trigger.CATCH_UP)
-            if idle:
-                request = replace(request, overlap=Overlap.ALLOW)
             claimed = await self._claims.claim([request], deadline_s=policy.max_late_ms / 1000)
             if not claimed:
                 return False
@@ -216,18 +216,27 @@ class CatchingUp:
             if reserved:
                 self._threads.unreserve()
 
-    async def _until_idle(self, job: Job, limit_s: float) -> bool | None:
-        """Wait up to ``limit_s`` until the job's newest run has ended: True when it has (or
-        none is known), False when it still runs after ``limit_s``, None if stopping."""
+    async def _until_idle(self, job: Job, limit_s: float) -> bool:
+        """Wait up to ``limit_s`` until no run of the job is going (:meth:`_going`), or one
+        still goes after ``limit_s``: True; False if stopping."""
         began = self._clock.monotonic_ms()
         while self._running():
-            try:
-                last = await self._backend.last_run(job.name)
-            except BackendUnavailable:
-                last = None
-            if last is None or last.status.finished:
+            if not await self._going(job):
                 return True
             if (self._clock.monotonic_ms() - began) / 1000 >= limit_s:
-                return False
+                return True  # the claim decides, by the job's overlap
             await self._clock.sleep(CATCH_UP_POLL_S)
-        return None
+        return False
+
+    async def _going(self, job: Job) -> bool:
+        """A run of ``job`` is recorded ``running``: on a lease backend any open attempt, not
+        only the newest record (a live slot skipped for overlap is newer than the run it
+        overlapped, and ended); elsewhere the newest. False if the backend cannot tell."""
+        backend = self._backend
+        try:
+            if isinstance(backend, LeaseBackend):
+                return bool(await backend.open_runs([job.name], 0))
+            last = await backend.last_run(job.name)
+        except BackendUnavailable:
+            return False
+        return last is not None and not last.status.finished

@@ -34,7 +34,7 @@ import operator
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 from ._clock import Clock
@@ -264,9 +264,12 @@ class Heartbeat:
         # Jobs changed meanwhile: the counter moved on, and the next beat builds them again.
         self._jobs_seen, self._defined, self._version_seen = jobs, defined, version
 
-    def start(self) -> None:
-        """Begin beating on the running event loop."""
-        self._task = asyncio.ensure_future(self._run())
+    def start(
+        self, spawn: Callable[[str, Callable[[], Awaitable[None]]], asyncio.Task[None]]
+    ) -> None:
+        """Begin beating in the task ``spawn(name, loop)`` starts (the scheduler's
+        :meth:`Loops.start <._loops.Loops.start>`)."""
+        self._task = spawn("heartbeat", self._run)
 
     async def stop(self) -> None:
         """Stop beating and remove this instance's record (bounded: on failure the record is
@@ -299,8 +302,9 @@ class Heartbeat:
             # depends on the live records' intervals.
             read = await read_instances(self.store, now)
             self._check_shared(read)
-            mine = self.record()
-            await record_instance(self.store, mine, self._saved)
+            # As stored: with its definitions digest, so the prune below keeps this
+            # instance's own set and the view's ranking reads its jobs by digest.
+            mine = await record_instance(self.store, self.record(), self._saved)
             self._wrote = True
             records = [r for r in read if r.id != self._id] + [mine]
             cutoff = silent_cutoff(records, now, self.interval_ms)

@@ -33,6 +33,7 @@ __all__ = [
     "DURATION_BUCKETS",
     "LAG_BUCKETS",
     "SLOT_OUTCOMES",
+    "SLOT_TRIGGERS",
     "Counters",
     "Histogram",
     "JobMetrics",
@@ -74,7 +75,8 @@ _SKIP_CLASSES: Final[Mapping[SkipCause | None, str]] = {
     SkipCause.BEHIND: "skipped_behind",
     SkipCause.PAUSED: "skipped_paused",
 }
-_SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
+SLOT_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP})
+"""The triggers of a slot's claims (a run request, manual or retry, is no slot)."""
 RUN_STATUSES: Final = (RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.SKIPPED.value)
 """The keys of :attr:`JobMetrics.runs`: a run's result, or ``skipped`` (a run request's)."""
 JobCounter = Literal["taken_over", "handed_over", "lease_lost", "result_refused"]
@@ -399,6 +401,10 @@ class Counters(_Tallies):
     claim_latency: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     fire_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     handler_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    pending_requests: dict[tuple[str, str], int] | None = None
+    """The run requests stored and not claimed yet, by (job, kind), as the request poller last
+    read them, with 0 for each pair seen pending before (replaced whole at each read; None
+    before one, or when it failed)."""
 
     def job(self, name: str) -> array[float]:
         """The live figures of job ``name``, made at zero on first use (event loop only)."""
@@ -434,13 +440,13 @@ class Counters(_Tallies):
         run = outcome.run
         status = outcome.status
         if status is WON:
-            if run.trigger in _SLOT_TRIGGERS:
+            if run.trigger in SLOT_TRIGGERS:
                 self.job(run.job)[_RAN] += 1
             return
         if status is not ClaimStatus.SKIPPED or run.instance != instance or unrecorded(outcome):
             return
         self.skipped += 1
-        if run.trigger in _SLOT_TRIGGERS:
+        if run.trigger in SLOT_TRIGGERS:
             key = skip_class(run.skip_cause)
             if key == "skipped_paused":
                 self.slots_paused += 1
@@ -453,7 +459,7 @@ class Counters(_Tallies):
     def unclaimed(self, job: str, trigger: Trigger, key: str) -> None:
         """Count a slot of ``job`` this instance could not claim (``key``: ``unclaimed_error``,
         ``unclaimed_refused``); a run request (manual, retry) is no slot and is not counted."""
-        if trigger in _SLOT_TRIGGERS:
+        if trigger in SLOT_TRIGGERS:
             self.slots_unclaimed += 1
             self.job(job)[_SLOTS_AT[key]] += 1
 
@@ -571,12 +577,20 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
     :ivar clock_skew_budget_ms: how far this clock may drift from the backend's before a slot
         could run twice: the tightest budget of the registered jobs (None: unbounded).
     :ivar started_ms: when the scheduler started (epoch ms; None before).
+    :ivar requests_pending: run requests (triggers, retries) stored and not claimed yet, of
+        every job in the backend (not only those carried here), as this instance last read them
+        (about every ``control_poll_ms``); None before a read, after a failed one, or without a
+        control store. Every instance reports the same figure.
+    :ivar pending_requests: the same, by ``(job, kind)`` (kind ``trigger`` or ``retry``):
+        every pair this instance has seen pending, at 0 once none is (a Prometheus series
+        drops to 0 rather than vanish); empty before a read and after a failed one.
     """
 
     by_job: dict[str, JobMetrics] = field(default_factory=dict)
     claim_latency: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     fire_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     handler_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    pending_requests: dict[tuple[str, str], int] = field(default_factory=dict)
     jobs: int = 0
     running: int = 0
     watched: int = 0
@@ -588,6 +602,7 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
     instances_seen: int | None = None
     clock_skew_budget_ms: int | None = None
     started_ms: int | None = None
+    requests_pending: int | None = None
 
     @classmethod
     def of(cls, counters: Counters, **gauges: Any) -> Metrics:
@@ -631,6 +646,6 @@ class Metrics(_Tallies, Mapping[str, "int | None"]):
 
 
 _HISTOGRAMS: Final = ("claim_latency", "fire_lag", "handler_duration")
-_STRUCTURED: Final = frozenset({"by_job", *_HISTOGRAMS})
+_STRUCTURED: Final = frozenset({"by_job", "pending_requests", *_HISTOGRAMS})
 _COUNTED: tuple[str, ...] = tuple(f.name for f in fields(Counters) if f.name not in _STRUCTURED)
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics) if f.name not in _STRUCTURED)

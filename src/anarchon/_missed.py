@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Final
 
+from . import otel
 from ._batch import isolate
 from ._claims import CLAIM_PART, Claims
 from ._clock import Clock
@@ -192,6 +193,7 @@ class MissedSlots:
                 )
                 break
             answered += zip(part, answers, strict=True)
+            otel.missed(part, answers, self._backend.name)
         recorded: collections.Counter[str] = collections.Counter()
         for request, outcome in answered:
             if (

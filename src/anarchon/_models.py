@@ -79,6 +79,10 @@ class SkipCause(StrEnum):
     """Answered skipped, but nothing stored (NATS: a claim whose turn to be sent came after
     ``max_late_ms``, a skip too close to the end of the duplicate window). Nobody runs it and
     history holds nothing of it; the reason says what the skip would have been."""
+    CANCELLED = "cancelled"
+    """Skipped: an operator cancelled the run request (a trigger or a retry) before any
+    instance claimed it (``anarchon cancel``, :func:`anarchon.steering.cancel_requests`); the
+    record takes the request's key, so no claim of it runs."""
 
 
 class Overlap(StrEnum):
@@ -98,7 +102,9 @@ class CatchUp(StrEnum):
     Missed means after the job's last recorded slot and not after the instance's start on the
     backend's clock (the timer fires the later ones). Catch-up runs count for ``overlap="skip"``:
     a live slot that comes while one still holds its lease is recorded skipped (overlap), so
-    ``ALL`` with a long backlog pushes out the live slots meanwhile; ``LATEST`` runs one.
+    ``ALL`` with a long backlog pushes out the live slots meanwhile; ``LATEST`` runs one. And
+    the other way round: a catch-up slot claimed while a live run holds its lease is recorded
+    skipped (overlap) too.
 
     A backlog: ``NONE`` and ``LATEST`` claim only the newest due slot (as any slot: it runs
     within ``max_late_ms``) and record the older ones skipped, ``behind: ...``; ``ALL`` runs

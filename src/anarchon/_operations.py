@@ -252,6 +252,7 @@ class Operations:
         jobs = list(self._jobs.values())
         budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
         watchdog = self._watchdog
+        pending = self._counters.pending_requests
         return Metrics.of(
             self._counters,
             by_job=by_job,
@@ -266,6 +267,8 @@ class Operations:
             loop_lag_ms=watchdog.lag_ms if watchdog is not None else None,
             loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
             loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
+            requests_pending=None if pending is None else sum(pending.values()),
+            pending_requests={} if pending is None else dict(pending),
         )
 
     def metrics(self) -> Metrics:

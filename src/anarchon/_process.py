@@ -162,10 +162,21 @@ async def serve(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
     try:
-        await start()
+        started = await _start_unless_stopped(start, event)
     except BaseException:
         release()  # not started (or refused): nothing to stop
         raise
+    if not started:
+        try:
+            await stop()  # a scheduler whose start was cancelled stops as one never started
+        finally:
+            release()
+        logger.warning(
+            "stopped while starting: the start was cancelled and the scheduler never started "
+            "(nothing claimed; what the start had opened is closed)",
+            extra=log_fields(Action.START_CANCELLED),
+        )
+        return
     try:
         await event.wait()
     finally:
@@ -175,3 +186,28 @@ async def serve(
             await stop()
         finally:
             release()
+
+
+async def _start_unless_stopped(
+    start: Callable[[], Awaitable[None]], stopped: asyncio.Event
+) -> bool:
+    """``start()``, cancelled if ``stopped`` is set first (a signal while the start waits on a
+    backend that does not answer: before, the stop waited for the start to end, up to the
+    backend's connect timeout). True once it started; False if the cancellation took (the
+    start undid what it had begun: nothing left claiming, registered or open). The start's
+    own error is raised."""
+    starting = asyncio.ensure_future(start())
+    signalled = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signalled.cancel()
+        if not starting.done():
+            starting.cancel()
+            # Its clean-up runs now (bounded: see Scheduler.stop's steps). A cancellation of
+            # this wait itself (a third signal) leaves it to run.loop's end.
+            await asyncio.wait({starting})
+    if starting.cancelled():
+        return False
+    starting.result()  # the start's own error
+    return True

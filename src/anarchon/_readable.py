@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Final
+
+from ._schedule import load_timezone
+from .errors import ConfigurationError
 
 DAY_MS: Final = 86_400_000
 _LADDER: Final = (
@@ -55,3 +58,27 @@ def iso(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_in(ms: int, zone: tzinfo) -> str:
+    """Epoch ms as ISO 8601 in ``zone`` with its offset (``2026-03-29T03:30:00+03:00``; the
+    milliseconds only when there are some): a time that reads back as the same instant."""
+    spec = "milliseconds" if ms % 1000 else "seconds"
+    return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec=spec)
+
+
+def iso_exact(ms: int) -> str:
+    """Epoch ms as ISO 8601 in UTC (``2026-03-29T00:30:00Z``, ``…00:30:00.250Z``): what
+    :func:`iso_in` gives, ``Z`` for ``+00:00``."""
+    return iso_in(ms, UTC).replace("+00:00", "Z")
+
+
+def iso_local(ms: int, zone: str) -> str | None:
+    """Epoch ms in the job's ``zone`` with its offset (:func:`iso_in`), shown beside the UTC
+    time; None for UTC itself, or a zone this host does not know."""
+    if zone == "UTC":
+        return None
+    try:
+        return iso_in(ms, load_timezone(zone))
+    except ConfigurationError:
+        return None

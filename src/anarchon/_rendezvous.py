@@ -23,7 +23,7 @@ from typing import Final, NamedTuple
 from ._members import BACKUP, PREFERRED, UNRANKED
 from ._models import Kind
 from .backend import ClaimNotice
-from .registry import SILENT_HEARTBEATS, ClusterView, JobDefinition
+from .registry import SILENT_HEARTBEATS, ClusterView
 
 __all__ = ["Kind", "Plan", "Rendezvous", "delay_for_rank", "rank", "score"]
 
@@ -121,10 +121,6 @@ class Rendezvous:
         # The job names of each definitions set (by digest) in the last view: a fleet of 100 000
         # jobs per instance would otherwise build them again at every view (80 ms each).
         self._job_sets: dict[str, frozenset[str]] = {}
-        # The same by the identity of a record's jobs tuple, for a record that names no digest:
-        # this instance's own, which its heartbeat adds to each view as it is, keeping one
-        # tuple while its jobs do not change.
-        self._tuple_sets: dict[int, tuple[tuple[JobDefinition, ...], frozenset[str]]] = {}
         self._seen_at: int | None = None
         self._max_age_ms = 0
         # job -> the slot this instance waits to claim; job -> the notice heard for it.
@@ -136,7 +132,6 @@ class Rendezvous:
         :data:`FRESH_HEARTBEATS` of their heartbeats before it was read."""
         groups: dict[frozenset[str], list[str]] = {}
         known, self._job_sets = self._job_sets, {}
-        known_tuples, self._tuple_sets = self._tuple_sets, {}
         max_interval = 0
         for record in view.instances:
             if view.now_ms - record.heartbeat_ms > FRESH_HEARTBEATS * record.interval_ms:
@@ -147,14 +142,8 @@ class Rendezvous:
             names = None
             if digest is not None:
                 names = self._job_sets.get(digest) or known.get(digest)
-            if names is None and digest is None:
-                cached = known_tuples.get(id(record.jobs))
-                if cached is not None and cached[0] is record.jobs:
-                    names = cached[1]
             if names is None:
                 names = frozenset(d.name for d in record.jobs)
-            if digest is None:
-                self._tuple_sets[id(record.jobs)] = (record.jobs, names)
             if digest is not None and (names or not record.job_count):
                 self._job_sets[digest] = names  # not a set whose definitions were missing
             groups.setdefault(names, []).append(record.id)
@@ -168,7 +157,6 @@ class Rendezvous:
         """Drop the view and what was heard (the scheduler stopped)."""
         self._groups = ()
         self._job_sets = {}
-        self._tuple_sets = {}
         self._seen_at = None
         self._pending.clear()
         self._heard.clear()

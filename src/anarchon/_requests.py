@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
@@ -63,6 +64,8 @@ class RequestPoller:
     _pending: dict[str, ClaimRequest] = field(default_factory=dict, init=False)
     # Requests whose claim was decided but whose removal failed: removed again, not claimed.
     _decided: set[str] = field(default_factory=set, init=False)
+    # The (job, kind) pairs ever seen pending: each stays in the gauge, at 0 once none is.
+    _seen: set[tuple[str, str]] = field(default_factory=set, init=False)
 
     async def run(self) -> None:
         """Poll until :meth:`stop` (or cancelled)."""
@@ -93,9 +96,17 @@ class RequestPoller:
             # carried jobs in the query every second would cost more than the answer.
             requests = await self.store.requests()
         except AnarchonError as exc:
+            self.counters.pending_requests = None
             self._outage(exc)
             return
         self._recovered()
+        # The gauge of pending requests (metrics, Prometheus): what this read found, so a
+        # scrape costs what the requests are, and never reads the store. A (job, kind) seen
+        # pending once keeps its series at 0 afterwards: a series that vanished instead of
+        # dropping to 0 would break rate() and the alerts on it (Prometheus's practice).
+        counts = Counter((r.job, r.kind) for r in requests)
+        self._seen.update(counts)
+        self.counters.pending_requests = {pair: counts[pair] for pair in self._seen}
         table = self.jobs()
         # The requested jobs only (a poll costs what the requests are, not what the jobs are),
         # kept: the claims below await, and jobs may change meanwhile.

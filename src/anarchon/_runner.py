@@ -14,6 +14,7 @@ lease until it really returns (a thread cannot be stopped from outside).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -21,7 +22,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -75,6 +76,10 @@ class ActiveRun:
     """A handler thread is reserved for this run (plain handlers) and not yet used."""
     thread_running: bool = False
     """The run stopped waiting for its handler's thread, which still runs (plain handlers)."""
+    thread: concurrent.futures.Future[Any] | None = None
+    """The call on its handler's thread (plain handlers), once submitted: waited for by the
+    stop when the run's task was cancelled from outside while it ran (see
+    :attr:`RunExecutor.abandoned`)."""
     fate: str | None = None
     """What became of a run that recorded no result on stop: ``handed_over``,
     ``handover_failed`` or ``left_to_expire`` (what its span says)."""
@@ -142,6 +147,7 @@ def new_active(
     active.cancel_reason = None
     active.reserved = reserved
     active.thread_running = False
+    active.thread = None
     active.fate = None
     active.renew_at = 0
     active.deadline = 0
@@ -193,7 +199,12 @@ class RunExecutor:
     abandoned: list[ActiveRun] = field(default_factory=list, init=False)
     """Runs whose task was cancelled from outside while their handler ran (the event loop
     ending under a running scheduler: ``asyncio.run()`` cancels every task): no result, the
-    lease held and no longer renewed. :meth:`drain` hands them over."""
+    lease held and no longer renewed. :meth:`drain` hands them over; a plain handler's thread
+    that still works keeps its lease renewed and is waited for first, within the grace. One
+    whose thread returns before the stop has its result recorded then (:meth:`_settle_orphan`),
+    not its lease renewed until the stop."""
+    _settling: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    """The recordings of orphaned threads' results (:meth:`_settle_orphan`) under way."""
     _hurried: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _monotonic_ms: Callable[[], int] = field(init=False)
     _callbacks: contextvars.Context = field(init=False)
@@ -275,30 +286,19 @@ class RunExecutor:
         try:
             outcome = await self._run_handler(active)
         finally:
-            if leased:
-                assert self.keeper is not None
-                self.keeper.discard(active)
-            active.ctx._deadline = None  # the handler is over: only a real loss counts now
-        otel.handler_done(outcome)
-        ticket = active.ticket  # renewed by the keeper meanwhile
-        if outcome is not None:
-            status, error, exc = outcome
-            # The first try here rather than in finish: one coroutine fewer per waiting run.
-            results, failures = self.results, self.failures
-            # A failed run's retry goes with its result, stored in the same step.
-            retry = None
-            if failures is not None and status is RunStatus.FAILED:
-                retry = failures.retry_for(job, ticket)
-            run: Run | None
-            try:
-                run = await results.submit(active, ticket, status, error, retry)
-            except BackendError as failed:
-                run = await results.finish(active, status, error, exc, failed, retry)
+            if _orphaned(active):
+                # Its lease stays kept while the thread works: its result is recorded when it
+                # returns, or the stop waits for it (drain).
+                self._watch_orphan(active)
             else:
-                results.recorded(ticket, status, error, exc)
-            if run is not None and status is RunStatus.FAILED and failures is not None:
-                await failures.failed(job, active.ticket, run, retry)
-            return run
+                if leased:
+                    assert self.keeper is not None
+                    self.keeper.discard(active)
+                active.ctx._deadline = None  # the handler is over: only a real loss counts now
+        otel.handler_done(outcome)
+        if outcome is not None:
+            return await self._record(active, outcome)
+        ticket = active.ticket  # renewed by the keeper meanwhile
         if active.cancel_reason == HANDED_OVER and active.thread_running:
             # A thread cannot be stopped: releasing now would let a backup start the slot while
             # it still works. The lease is left to expire (the process exits meanwhile).
@@ -326,6 +326,28 @@ class RunExecutor:
                 ticket.attempt,
             )
         return None
+
+    async def _record(self, active: ActiveRun, outcome: Outcome) -> Run | None:
+        """Record the handler's ``outcome`` (with a failed run's retry) and call the failure
+        hook; the run recorded, or None if the backend refused it (logged)."""
+        job, ticket = active.job, active.ticket  # the ticket renewed by the keeper meanwhile
+        status, error, exc = outcome
+        # The first try here rather than in finish: one coroutine fewer per waiting run.
+        results, failures = self.results, self.failures
+        # A failed run's retry goes with its result, stored in the same step.
+        retry = None
+        if failures is not None and status is RunStatus.FAILED:
+            retry = failures.retry_for(job, ticket)
+        run: Run | None
+        try:
+            run = await results.submit(active, ticket, status, error, retry)
+        except BackendError as failed:
+            run = await results.finish(active, status, error, exc, failed, retry)
+        else:
+            results.recorded(ticket, status, error, exc)
+        if run is not None and status is RunStatus.FAILED and failures is not None:
+            await failures.failed(job, active.ticket, run, retry)
+        return run
 
     async def _renew_stale_lease(self, active: ActiveRun) -> bool:
         """Renew a lease with less than a third left (not :func:`_fresh`) before the handler
@@ -401,10 +423,9 @@ class RunExecutor:
                 return None
             if task is not None and task.cancelling() > 0:
                 # Not ours: the loop ends under the scheduler (see abandoned), or the scheduler
-                # abandons the run. A stop hands it over, unless its thread still works (then
-                # its lease is left to expire, as on a stop).
-                if not active.thread_running:
-                    self.abandoned.append(active)
+                # abandons the run. A stop hands it over; a plain handler's thread that still
+                # works is waited for first, within the grace, its lease kept (see drain).
+                self.abandoned.append(active)
                 raise
             return RunStatus.FAILED, _describe_base(exc), exc
         except Exception as exc:
@@ -472,6 +493,7 @@ class RunExecutor:
             call = self.threads.submit(handler, label, reserved=reserved)
         except NoThreadFree as exc:
             return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
+        active.thread = call
         waiting = asyncio.wrap_future(call)
         waiting.add_done_callback(_consume)  # a thread abandoned (lease lost) may still fail
         try:
@@ -599,7 +621,10 @@ class RunExecutor:
         for active in leftover:
             self._cancel(active, HANDED_OVER)
         if self.abandoned:
-            await self._hand_over_abandoned()
+            await self._settle_abandoned(deadline_ms)
+        if self._settling:  # orphaned threads that returned: their results being recorded
+            settling = list(self._settling)
+            await _all_or_sleep(settling, self.clock.sleep(CANCEL_GRACE_S), CANCEL_GRACE_S)
         if not leftover:
             return
         # Give the cancelled handlers and the release/finish calls a bounded time; a call
@@ -626,10 +651,21 @@ class RunExecutor:
             if active.task is not None and not active.task.done() and not active.in_handler:
                 active.task.cancel()  # stuck in a release or finish call: abandoned
 
-    async def _hand_over_abandoned(self) -> None:
-        """Hand over (or record failed) the runs cancelled from outside (:attr:`abandoned`),
-        bounded as the cancelled handlers' hand-over is."""
+    async def _settle_abandoned(self, deadline_ms: int) -> None:
+        """Settle the runs cancelled from outside (:attr:`abandoned`): wait for the plain
+        handlers' threads that still work (:meth:`_await_threads`), and hand the others over
+        (or record them failed), bounded as the cancelled handlers' hand-over is."""
         abandoned, self.abandoned = self.abandoned, []
+        working = [a for a in abandoned if a.thread is not None and not a.thread.cancelled()]
+        gone = [a for a in abandoned if a not in working]
+        if gone:
+            await self._hand_over_abandoned(gone)
+        if working:
+            await self._await_threads(working, deadline_ms)
+
+    async def _hand_over_abandoned(self, abandoned: list[ActiveRun]) -> None:
+        """Hand over (or record failed) runs cancelled from outside, bounded as the cancelled
+        handlers' hand-over is."""
         releases = [asyncio.ensure_future(self._release(active)) for active in abandoned]
         done, pending = await asyncio.wait(releases, timeout=CANCEL_GRACE_S)
         for release in pending:
@@ -643,9 +679,105 @@ class RunExecutor:
                     extra=log_fields(Action.INTERNAL_ERROR),
                 )
 
+    async def _await_threads(self, working: list[ActiveRun], deadline_ms: int) -> None:
+        """Wait for the threads of plain handlers whose runs were cancelled from outside (the
+        event loop ending under the scheduler) until ``deadline_ms`` (monotonic: the grace),
+        their leases still renewed, and record each result, as a stop does for a thread that
+        ends within the grace. A thread cannot be stopped, so handing its run over at once
+        would let a backup run the slot beside it. A thread still working after the grace
+        keeps the stop's rule: not handed over, its lease left to expire."""
+        calls = [a.thread for a in working if a.thread is not None]
+        left_s = (deadline_ms - self.clock.monotonic_ms()) / 1000
+        if left_s > 0 and not all(call.done() for call in calls):
+            # Never cancelled from here (that would cancel a call not begun): left to settle.
+            waits = [asyncio.wrap_future(call) for call in calls]
+            for wait in waits:
+                wait.add_done_callback(_consume)
+            await _all_or_sleep(waits, self.clock.sleep(left_s), left_s)
+        for active in working:
+            call = active.thread
+            assert call is not None
+            self._stop_keeping(active)
+            if not call.done():
+                active.fate = LEFT_TO_EXPIRE
+                _log(
+                    logging.WARNING,
+                    Action.LEFT_TO_EXPIRE,
+                    active.ticket,
+                    "job %s attempt %d: its thread still runs after the grace period (the event "
+                    "loop ended under the scheduler); not handed over: a backup takes the run "
+                    "over when its lease expires",
+                    active.job.name,
+                    active.ticket.attempt,
+                )
+                continue
+            outcome = _thread_outcome(active, call)
+            if outcome is None:
+                continue  # the handler saw its lease lost: left to a backup
+            try:
+                await self._record(active, outcome)
+            except Exception:
+                logger.exception(
+                    "recording the result of a run cancelled from outside failed",
+                    extra=log_fields(Action.INTERNAL_ERROR),
+                )
+
+    def _watch_orphan(self, active: ActiveRun) -> None:
+        """When the thread of ``active`` (a run whose task was cancelled from outside while its
+        plain handler worked) returns, settle it on the event loop (:meth:`_settle_orphan`).
+        Before, its lease was renewed, and its slot held, until the scheduler stopped."""
+        call = active.thread
+        assert call is not None
+        loop = asyncio.get_running_loop()
+
+        def returned(_: concurrent.futures.Future[Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the stop settled it
+                loop.call_soon_threadsafe(self._settle_orphan, active)
+
+        call.add_done_callback(returned)
+
+    def _settle_orphan(self, active: ActiveRun) -> None:
+        """The thread of an orphaned run returned: record its result now (:meth:`drain`
+        waits for the recording), unless a stop has taken the run over already."""
+        if active not in self.abandoned:
+            return  # drain() waits for it and records it
+        self.abandoned.remove(active)
+        task = asyncio.ensure_future(self._await_threads([active], self.clock.monotonic_ms()))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    def _stop_keeping(self, active: ActiveRun) -> None:
+        """Stop renewing ``active``'s lease (an orphaned thread's, kept until now)."""
+        if self.keeper is not None and active.kept:
+            self.keeper.discard(active)
+        active.ctx._deadline = None
+
     def stubborn(self) -> list[asyncio.Task[Any]]:
         """Runs whose handlers ignored their cancellation and still work (after :meth:`drain`)."""
         return [a.task for a in self.active.values() if _still_in_handler(a) and a.task]
+
+
+def _orphaned(active: ActiveRun) -> bool:
+    """The run's task was cancelled from outside (not by the scheduler) while its plain
+    handler's thread still works: the stop waits for that thread (:meth:`RunExecutor.drain`)."""
+    return active.thread_running and active.cancel_reason is None
+
+
+def _thread_outcome(active: ActiveRun, call: concurrent.futures.Future[Any]) -> Outcome | None:
+    """The outcome of a plain handler's ``call`` (done) that its run's task no longer waited
+    for, as :meth:`RunExecutor._run_handler` would have made it; None: the handler saw its
+    lease lost (the run is left to a backup)."""
+    exc = call.exception()
+    job = active.job
+    if exc is None:
+        if active.ctx._timed_out:
+            return RunStatus.FAILED, f"timed out after timeout_ms={job.timeout_ms}", None
+        return _SUCCEEDED
+    if isinstance(exc, LeaseLost) and active.ticket.attempt < job.policy.max_attempts:
+        return None
+    if isinstance(exc, Exception):
+        return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", exc
+    return RunStatus.FAILED, _describe_base(exc), exc
 
 
 def _still_in_handler(active: ActiveRun) -> bool:
@@ -654,7 +786,7 @@ def _still_in_handler(active: ActiveRun) -> bool:
 
 
 async def _all_or_sleep(
-    tasks: list[asyncio.Task[Run | None]],
+    tasks: Sequence[asyncio.Future[Any]],
     sleep: Coroutine[Any, Any, None],
     limit_s: float,
     until: asyncio.Event | None = None,

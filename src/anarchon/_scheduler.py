@@ -18,15 +18,18 @@ is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
-clean-up as it starts, so :meth:`Scheduler.stop` undoes them in reverse order:
+clean-up as it starts, so :meth:`Scheduler.stop` undoes them in reverse order. The long-lived
+loops run in one :class:`asyncio.TaskGroup`, held by a task of its own (:mod:`._loops`: start
+and stop may run in different tasks), entered before the first loop and left after the last:
 
 1. stop firing (the timer) and measuring the clock; stop backup takeovers (the watcher), letting
    a takeover in flight settle;
 2. let claims in flight settle (bounded), so a won slot is run or handed over;
 3. let handlers run up to ``grace_ms`` while the lease keeper still renews their leases; cancel
    what is left and hand it over (release);
-4. stop the lease keeper (and its thread and connection), abandon handler threads still running
-   (daemon threads: the process can exit), stop the backend.
+4. stop the lease keeper (and its thread and connection), leave the loops' group (empty by
+   then), abandon handler threads still running (daemon threads: the process can exit), stop
+   the backend.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from types import FrameType, TracebackType
-from typing import Any, Final, TypeVar, Unpack
+from typing import Any, Final, Literal, TypeAlias, TypeVar, Unpack
 
 from . import _process, otel
 from ._backlog import Backlogs
@@ -51,6 +54,7 @@ from ._firing import Firing
 from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
 from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
+from ._loops import Loops
 from ._metrics import Counters, NextSlots
 from ._missed import MissedSlots
 from ._models import Run
@@ -61,7 +65,7 @@ from ._rendezvous import Rendezvous
 from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
 from ._retrying import Failures
 from ._runner import ActiveRun, RunExecutor
-from ._supervisor import cancel_and_wait, supervised
+from ._supervisor import cancel_and_wait
 from ._threads import HandlerThreads
 from ._urls import backend_from_url
 from ._watchdog import LoopWatchdog, describe_blocker
@@ -78,6 +82,15 @@ __all__ = ["Scheduler"]
 logger = logging.getLogger("anarchon.scheduler")
 
 H = TypeVar("H", bound=Handler)
+
+LifeCycle: TypeAlias = Literal["new", "starting", "running", "stopping", "stopped"]
+"""Where a scheduler is in its life (:attr:`Scheduler.state`)."""
+_LIFE_CYCLE: Final[dict[_State, LifeCycle]] = {
+    _State.NEW: "new",
+    _State.RUNNING: "running",
+    _State.STOPPING: "stopping",
+    _State.STOPPED: "stopped",
+}
 
 DEFAULT_GRACE_MS: Final = 30_000
 GRACE: Final = Bound(0, 24 * 3600 * 1000, ms=True)
@@ -261,7 +274,7 @@ class Scheduler(Operations):
             follow = self._watcher.follow
             self._executor.results.on_refused = lambda ticket: follow(ticket.job, ticket.slot_key)
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._loops: list[asyncio.Future[Any]] = []
+        self._loops = Loops(self._clock.sleep)  # the long-lived loops' task group
         self._stack: AsyncExitStack | None = None
         self._base: AsyncExitStack | None = None
         self._lingering: asyncio.Future[None] | None = None
@@ -425,10 +438,6 @@ class Scheduler(Operations):
             self._default_id = (os.getpid(), default_instance_id())
         await asyncio.to_thread(otel.preload)
         await self.backend.start()
-        self._state = _State.RUNNING
-        self._started_ms = self._clock.now_ms()
-        self._stop_began = 0
-        self._backend_clock.time.assume_local()
         base, stack = AsyncExitStack(), AsyncExitStack()
         try:
             await self._start_services(base, stack)
@@ -471,6 +480,13 @@ class Scheduler(Operations):
         self._loop = loop
         self._main_mailbox = Mailbox.here()
         base.callback(self._abandon_threads)
+        # The loops' task group, left once every loop has stopped (see _loops). Entering waits for
+        # its owner task: done before running, so no start is seen running for that wait.
+        await base.enter_async_context(self._loops)
+        self._state = _State.RUNNING
+        self._started_ms = self._clock.now_ms()
+        self._stop_began = 0
+        self._backend_clock.time.assume_local()
         await self._start_keeper(base, loop)
         # Runs drain (grace, then hand-over) while the keeper still renews their leases.
         stack.push_async_callback(self._drain)
@@ -490,8 +506,8 @@ class Scheduler(Operations):
                     mailbox.post(watcher.poke, job, slot_key, released)
 
             await backend.subscribe(poke)
-            stack.push_async_callback(self._stop_watcher, self._loop_task("watcher", watcher.run))
-            adopting = self._loop_task("adopt", self._adopt_again)
+            stack.push_async_callback(self._stop_watcher, self._loops.start("watcher", watcher.run))
+            adopting = self._loops.start("adopt", self._adopt_again)
             stack.push_async_callback(cancel_and_wait, [adopting])
         await self._subscribe_claims()
         stack.callback(self._rendezvous.forget)
@@ -502,8 +518,8 @@ class Scheduler(Operations):
         await self._backend_clock.measure_at_start()
         now = self._backend_clock.time.now_ms()
         self._firing.schedule_all(list(self._jobs.values()), now)
-        timer = self._loop_task("timer", self._firing.timer.run)
-        skew = self._loop_task("clock", self._backend_clock.watch)
+        timer = self._loops.start("timer", self._firing.timer.run)
+        skew = self._loops.start("clock", self._backend_clock.watch)
         stack.push_async_callback(cancel_and_wait, [timer, skew])
         self._carry(list(self._jobs.values()), now)
         control = backend.control()
@@ -518,7 +534,7 @@ class Scheduler(Operations):
                 self._counters,
                 self.control_poll_ms,
             )
-            polling = self._loop_task("requests", poller.run)
+            polling = self._loops.start("requests", poller.run)
             stack.push_async_callback(self._stop_poller, poller, polling)
         store = backend.registry()
         if store is not None:  # the registry: see _heartbeat
@@ -534,7 +550,7 @@ class Scheduler(Operations):
             )
             beat.on_view = self._rendezvous.see
             self._heartbeat = beat
-            beat.start()
+            beat.start(self._loops.start)
             stack.push_async_callback(beat.stop)
         # Last, so a stop ends it first (it then does nothing), unless the stop is its own.
         guard = loop.create_task(self._guard(), name=f"anarchon guard of {self.instance_id}")
@@ -546,8 +562,10 @@ class Scheduler(Operations):
         scheduler still running, and cancels every task left, handlers' and the scheduler's
         own. Then stop now, the grace cut short (the handlers are cancelled already): their
         runs are handed over, this instance leaves the registry and the backend is closed,
-        instead of leases and the instance's record left to expire. ``asyncio.run()`` waits
-        for this task, so for the stop."""
+        instead of leases and the instance's record left to expire. A plain handler's thread,
+        which no cancellation stops, is waited for within the grace, its lease renewed and its
+        result recorded (as a stop does). ``asyncio.run()`` waits for this task, so for the
+        stop."""
         try:
             await asyncio.get_running_loop().create_future()
         except asyncio.CancelledError:
@@ -559,8 +577,9 @@ class Scheduler(Operations):
             logger.warning(
                 "scheduler %s: the event loop is ending while it runs (asyncio.run() returned "
                 "or raised before 'await scheduler.stop()'), cancelling its handlers: stopping "
-                "now, their runs handed over. Stop the scheduler before the loop ends: 'async "
-                "with scheduler:' or 'await scheduler.stop()'",
+                "now, their runs handed over (plain handlers' threads still working are waited "
+                "for up to grace_ms). Stop the scheduler before the loop ends: 'async with "
+                "scheduler:' or 'await scheduler.stop()'",
                 self.instance_id,
                 extra=log_fields(Action.LOOP_ENDED),
             )
@@ -611,7 +630,7 @@ class Scheduler(Operations):
                 loop, threading.get_ident(), self._clock.monotonic_ms, self._describe_blocker
             )
         keeper, self._keeper_thread = await start_keeper(
-            stack, self.backend, self._clock, self._watchdog, self._make_keeper, self._loop_task
+            stack, self.backend, self._clock, self._watchdog, self._make_keeper, self._loops.start
         )
         self._executor.keeper = keeper
         self._executor.closed = False
@@ -628,13 +647,6 @@ class Scheduler(Operations):
             if self._watcher is not None:  # watch the slot: its newer attempt, or this one's end
                 ticket = active.ticket
                 self._main_mailbox.post(self._watcher.follow, ticket.job, ticket.slot_key)
-
-    def _loop_task(self, name: str, loop: Callable[[], Any]) -> asyncio.Future[None]:
-        task = asyncio.get_running_loop().create_task(
-            supervised(name, loop, self._clock.sleep), name=f"anarchon {name}"
-        )
-        self._loops.append(task)
-        return task
 
     async def _stop_poller(self, poller: RequestPoller, task: asyncio.Future[None]) -> None:
         await poller.stop(task, SETTLE_S)
@@ -830,6 +842,10 @@ class Scheduler(Operations):
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
         """Start, wait for SIGINT/SIGTERM (or ``stop_event``), stop: :meth:`run` for async code.
 
+        A signal (or ``stop_event``) while the start is still under way cancels it: what it had
+        begun is undone, nothing is claimed, and ``serve()`` returns (logged
+        ``start_cancelled``) instead of waiting for the backend to answer.
+
         A second SIGINT or SIGTERM while it stops ends the grace period at once: running
         handlers are cancelled and handed over (logged ``grace_cut_short``); a third one is
         not caught (SIGTERM then ends the process, SIGINT raises ``KeyboardInterrupt``).
@@ -842,8 +858,20 @@ class Scheduler(Operations):
 
     @property
     def running(self) -> bool:
-        """True between :meth:`start` and :meth:`stop`."""
+        """True between :meth:`start` and :meth:`stop`: from the moment its services run, in
+        the last part of :meth:`start` (catching up missed slots) too; :attr:`state` tells a
+        start under way from one that has ended."""
         return self._state is _State.RUNNING
+
+    @property
+    def state(self) -> LifeCycle:
+        """Where the scheduler is in its life, read-only: ``"new"`` (not started, or a start
+        that failed before anything ran: it may be tried again), ``"starting"`` (:meth:`start`
+        under way), ``"running"`` (started, :meth:`stop` not called), ``"stopping"`` (the stop
+        under way, or the clean-up of a start that failed), ``"stopped"``."""
+        if self._starting is not None and self._state in (_State.NEW, _State.RUNNING):
+            return "starting"
+        return _LIFE_CYCLE[self._state]
 
     # -- takeovers --------------------------------------------------------------------------
 

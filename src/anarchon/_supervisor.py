@@ -26,7 +26,8 @@ async def supervised(
     loop: Callable[[], Awaitable[None]],
     sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
-    """Run ``loop()`` until it returns or the task is cancelled; restart it after an error.
+    """Run ``loop()`` until it returns or the task is cancelled; restart it after an error, or
+    after a ``CancelledError`` while the task was not cancelled (``Task.cancelling()``).
 
     The pause before a restart doubles from :data:`FIRST_PAUSE_S` up to :data:`MAX_PAUSE_S` and
     starts over once the loop has run for longer than that without failing. ``sleep`` waits
@@ -42,6 +43,18 @@ async def supervised(
         except Exception:
             logger.exception(
                 "background loop %r failed; restarting it",
+                name,
+                extra=log_fields(Action.LOOP_FAILED, loop=name),
+            )
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this task was cancelled: the loop ends
+            # Nobody cancelled this task (a driver turned its own timeout into one): before, it
+            # ended the loop, unlogged, for the rest of the process.
+            logger.exception(
+                "background loop %r ended by a CancelledError its task was not asked for; "
+                "restarting it",
                 name,
                 extra=log_fields(Action.LOOP_FAILED, loop=name),
             )

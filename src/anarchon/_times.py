@@ -1,13 +1,22 @@
 """Times people give anarchon: one parser, one range, one rule for a pause's end.
 
 Every time a person types or passes goes through here before anything is computed or stored:
-``anarchon pause --until`` and ``anarchon explain``'s SLOT (:func:`parse_time_ms`), the
-dashboard's ``from``, ``to``, ``end`` and slot addresses (:func:`parse_time_ms`),
+``anarchon pause --until``, ``anarchon explain``'s SLOT and the dashboard's slot addresses
+(:func:`parse_time`, once, then :meth:`Written.read` in the job's zone once it is known), the
+dashboard's ``from``, ``to`` and ``end`` (:func:`parse_time_ms`),
 :func:`anarchon.explain.explain`'s slot (:func:`check_time_ms`), and the end of a pause from the
 command line, the dashboard, ``Scheduler.pause``/``pause_all`` and
 :func:`anarchon.steering.pause` (:func:`check_until_ms`). Each refuses a value that breaks the
 rule with :class:`~anarchon.errors.InvalidOption` naming the value and the rule: exit code 2 on
 the command line, 400 on the dashboard.
+
+A time written without an offset (no ``Z``, no ``+02:00``) is a wall-clock time in the zone of
+the job it is about (:data:`NAIVE_RULE`), on the command line and the dashboard alike: a job in
+Europe/Athens whose slot shows as ``03:30:00+03:00`` is found by typing ``03:30``. Where no
+single zone applies (``pause --all``, a job no live instance carries) such a time is refused:
+it would be a guess. A local time the zone skips (spring forward) is refused naming the gap; one
+it has twice (fall back) is the first of the two, where a job at that fixed time fires (Debian
+cron's rule), and :func:`read_time` says so in a note naming the second with its offset.
 
 The times anarchon handles run from 1970-01-01T00:00:00Z (epoch ms 0) to
 9998-12-31T23:59:59.999Z (:data:`LATEST_MS`): a year short of the last moment Python's
@@ -20,6 +29,7 @@ nanoseconds), and "until resumed" says the same without one.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -28,15 +38,24 @@ from ._schedule import load_timezone
 from .errors import InvalidOption
 
 __all__ = [
+    "ANY_ZONE",
     "EARLIEST_MS",
+    "EVERY_ZONE",
     "LATEST_MS",
+    "NAIVE_RULE",
     "PAUSE_HORIZON_MS",
     "RANGE_RULE",
+    "Reading",
+    "Written",
+    "check_readable",
     "check_time_ms",
     "check_until_ms",
     "in_range",
+    "no_carrier",
     "parse_duration_ms",
+    "parse_time",
     "parse_time_ms",
+    "read_time",
 ]
 
 EARLIEST_MS: Final = 0
@@ -50,6 +69,14 @@ RANGE_RULE: Final = (
     f"(epoch milliseconds {EARLIEST_MS} to {LATEST_MS})"
 )
 """The range as messages state it."""
+NAIVE_RULE: Final = (
+    "a time without an offset (no Z, no +02:00) is read in the time zone of the job it is about"
+)
+"""How a time without an offset is read, as messages state it."""
+ANY_ZONE: Final = ("UTC", "Etc/GMT+12", "Etc/GMT-14")
+"""UTC and the zones at the ends of the offsets from UTC: a time none reads is in no zone."""
+EVERY_ZONE: Final = "--all is about every job, whatever their time zones"
+"""Why a time without an offset is refused for every job at once."""
 UNITS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 DURATION: Final = re.compile(r"(?:(\d+)([smhdw]))+")
 _DIGITS: Final = re.compile(r"[0-9]+")
@@ -61,7 +88,7 @@ _LONGEST: Final = 64
 # mean; a number that reads as one of them in another unit was likely given in that unit.
 _PLAUSIBLE_MS: Final = 10**12
 _NOT_A_TIME: Final = (
-    "is not an ISO 8601 time (2026-01-15T10:33:00, with or without a zone such as +02:00 or Z) "
+    "is not an ISO 8601 time (2026-01-15T10:33:00, with or without an offset such as +02:00 or Z) "
     "nor epoch milliseconds"
 )
 
@@ -106,47 +133,182 @@ def parse_duration_ms(text: str) -> int | None:
     return sum(int(n) * UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text))
 
 
-def parse_time_ms(text: str, zone: str = "UTC", *, what: str, now_ms: int | None = None) -> int:
-    """Epoch ms of ``text``: an ISO 8601 time (without a zone: in ``zone``) or epoch ms digits,
-    and with ``now_ms`` also a duration from then (:func:`parse_duration_ms`). The time must
-    be in the range (:data:`RANGE_RULE`); :class:`~anarchon.errors.InvalidOption` naming
-    ``what``, the text and the rule otherwise."""
-    text = text.strip()
-    if now_ms is not None:
-        span = parse_duration_ms(text)
-        if span is not None:
-            at_ms = now_ms + span
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """A time as :func:`read_time` read it: epoch ms, and a note when the text named a local
+    time its zone has twice (read as the first)."""
+
+    ms: int
+    note: str | None = None
+
+
+def parse_time_ms(
+    text: str,
+    zone: str | None = None,
+    *,
+    what: str,
+    now_ms: int | None = None,
+    no_zone: str = "",
+) -> int:
+    """Epoch ms of ``text``, as :func:`read_time` reads it."""
+    return read_time(text, zone, what=what, now_ms=now_ms, no_zone=no_zone).ms
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A time as a person wrote it, parsed once (:func:`parse_time`) and read later, once the
+    zone of the job it is about and the clock are known (:meth:`read`): a duration from now,
+    epoch ms or an ISO 8601 time with its offset (``ms``), or a wall-clock time without one
+    (``local``, naive)."""
+
+    text: str
+    """The text, stripped: what messages quote."""
+    what: str
+    """What the time is (``--until``, ``SLOT``), as messages name it."""
+    span_ms: int | None = None
+    """A duration from now (``30m``), in ms."""
+    ms: int | None = None
+    """Epoch ms of a time that needs no zone (epoch ms digits, an offset), in the range."""
+    local: datetime | None = None
+    """A time without an offset: a wall-clock time in the zone of the job it is about."""
+
+    def read(self, zone: str | None, *, now_ms: int | None = None, no_zone: str = "") -> Reading:
+        """The time in epoch ms, as :func:`read_time` documents it: a duration counts from
+        ``now_ms``, a time without an offset is read in ``zone`` (None: refused, ``no_zone``
+        saying why); :class:`~anarchon.errors.InvalidOption` naming :attr:`what`, the text and
+        the rule for a time out of range or one ``zone`` skips."""
+        if self.span_ms is not None:
+            if now_ms is None:
+                raise ValueError(f"{self.what} {_shown(self.text)} is a duration: give now_ms")
+            at_ms = now_ms + self.span_ms
             if not in_range(at_ms):
                 raise InvalidOption(
-                    f"{what} {_shown(text)} from now ends out of range: {RANGE_RULE}"
+                    f"{self.what} {_shown(self.text)} from now ends out of range: {RANGE_RULE}"
                 )
-            return at_ms
+            return Reading(at_ms)
+        if self.ms is not None:
+            return Reading(self.ms)
+        assert self.local is not None
+        if zone is None:
+            example = self.local.isoformat(timespec="seconds") + "Z"
+            raise InvalidOption(
+                f"{self.what} {_shown(self.text)} has no offset, and no job's time zone applies"
+                f"{f' ({no_zone})' if no_zone else ''}: {NAIVE_RULE}; write the offset "
+                f"({example} for UTC, or +02:00 and the like) or give epoch milliseconds"
+            )
+        at = self.local.replace(tzinfo=load_timezone(zone))
+        value = _ms_in_range(at, self.text, self.what)
+        _check_exists(at, self.text, zone, self.what)
+        return Reading(value, _repeated(at, self.text, zone))
+
+
+def parse_time(text: str, *, what: str, durations: bool = False) -> Written:
+    """Parse ``text`` once, before the zone of the job it is about or the clock is known: an
+    ISO 8601 time, epoch ms digits, and with ``durations`` a duration from now
+    (:func:`parse_duration_ms`). :class:`~anarchon.errors.InvalidOption` naming ``what``, the
+    text and the rule for what no zone reads (not a time, no such date, a fraction finer than a
+    millisecond, epoch ms or a time with its offset out of range); :meth:`Written.read` tells
+    the rest."""
+    text = text.strip()
+    if durations:
+        span = parse_duration_ms(text)
+        if span is not None:
+            return Written(text, what, span_ms=span)
     if len(text) <= _LONGEST and _DIGITS.fullmatch(text):
         value = int(text)
         if not in_range(value):
             raise InvalidOption(
                 f"{what} {_shown(text)} is out of range: {RANGE_RULE}{_unit_hint(value)}"
             )
-        return value
-    also = " nor a duration such as 30m, 2h, 1d or 1h30m" if now_ms is not None else ""
+        return Written(text, what, ms=value)
+    also = " nor a duration such as 30m, 2h, 1d or 1h30m" if durations else ""
     at = _read_iso(text, what, also)
     if at.microsecond % 1000:
         raise InvalidOption(
             f"{what} {_shown(text)} has a fraction of a second finer than a millisecond: "
             "anarchon's times are whole milliseconds (at most 3 decimals, such as .250)"
         )
-    local = at.tzinfo is None
-    if local:
-        at = at.replace(tzinfo=load_timezone(zone))
+    if at.tzinfo is None:
+        return Written(text, what, local=at)
+    return Written(text, what, ms=_ms_in_range(at, text, what))
+
+
+def _ms_in_range(at: datetime, text: str, what: str) -> int:
+    """Epoch ms of the aware ``at``, in the range; InvalidOption naming ``text`` otherwise."""
     try:
         value = ms_of(at)
     except (OverflowError, ValueError):  # a date that is no date in UTC (year 0, year 10000)
         value = LATEST_MS + 1
     if not in_range(value):
         raise InvalidOption(f"{what} {_shown(text)} is out of range: {RANGE_RULE}")
-    if local:
-        _check_exists(at, text, zone, what)
     return value
+
+
+def read_time(
+    text: str,
+    zone: str | None,
+    *,
+    what: str,
+    now_ms: int | None = None,
+    no_zone: str = "",
+) -> Reading:
+    """``text`` read as a time: an ISO 8601 time (without an offset: a wall-clock time in
+    ``zone``, the zone of the job it is about, by :data:`NAIVE_RULE`) or epoch ms digits, and
+    with ``now_ms`` also a duration from then (:func:`parse_duration_ms`). ``zone`` None means
+    no job's zone applies (``no_zone`` says why): a time without an offset is refused. The
+    time must be in the range (:data:`RANGE_RULE`) and, without an offset, exist in ``zone``;
+    :class:`~anarchon.errors.InvalidOption` naming ``what``, the text and the rule
+    otherwise. :func:`parse_time` and :meth:`Written.read` in one."""
+    written = parse_time(text, what=what, durations=now_ms is not None)
+    return written.read(zone, now_ms=now_ms, no_zone=no_zone)
+
+
+def no_carrier(job: str) -> str:
+    """Why no zone applies to a time about ``job`` (for ``no_zone``): no live instance
+    carries it, so its definition, zone included, is unknown."""
+    return f"no live instance carries job {job!r}, so its time zone is unknown"
+
+
+def check_readable(
+    text: str | Written,
+    *,
+    what: str,
+    now_ms: int | None = None,
+    zones: tuple[str | None, ...] = ANY_ZONE,
+) -> None:
+    """Refuse, before the job's zone is known, a ``text`` (or a time parsed already by
+    :func:`parse_time`) that no zone of ``zones`` reads (``notatime``, a date the calendar
+    lacks, a time out of range whatever the zone): the first zone's
+    :class:`~anarchon.errors.InvalidOption`. What only the job's zone decides (a gap) is
+    checked when it is read."""
+    written = (
+        text
+        if isinstance(text, Written)
+        else parse_time(text, what=what, durations=now_ms is not None)
+    )
+    first: InvalidOption | None = None
+    for zone in zones:
+        try:
+            written.read(zone, now_ms=now_ms, no_zone=EVERY_ZONE)
+        except InvalidOption as exc:
+            first = first or exc
+        else:
+            return
+    if first is not None:
+        raise first
+
+
+def _repeated(at: datetime, text: str, zone: str) -> str | None:
+    """A note for a local time ``at`` (in ``zone``, known to exist) that the clocks there show
+    twice (put back): it is read as the first, and the second has another offset."""
+    first, second = at.replace(fold=0), at.replace(fold=1)
+    if first.utcoffset() == second.utcoffset():
+        return None
+    return (
+        f"{_shown(text)} occurs twice in {zone} (the clocks are put back there): read as the "
+        f"first, {first.isoformat()}, where a job at that fixed time fires; give "
+        f"{second.isoformat()} for the second"
+    )
 
 
 def _read_iso(text: str, what: str, also: str) -> datetime:
@@ -190,7 +352,8 @@ def _check_exists(at: datetime, text: str, zone: str, what: str) -> None:
         else f"from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}"
     )
     raise InvalidOption(
-        f"{what} {_shown(text)} does not exist in {zone}: the clocks there skip {span} (put "
+        f"{what} {_shown(text)} does not exist in {zone}: {NAIVE_RULE}, and the clocks "
+        f"there skip {span} (put "
         f"forward, as at the start of daylight saving time); give a time outside the gap, or "
         f"one with its offset such as {end.isoformat()}{_offset(after)}"
     )
@@ -203,12 +366,14 @@ def _offset(delta: timedelta) -> str:
     return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
-def check_until_ms(until_ms: object, now_ms: int, *, what: str | None = None) -> int:
+def check_until_ms(
+    until_ms: object, now_ms: int, *, what: str | None = None, clock: str = "the backend's clock"
+) -> int:
     """``until_ms``, the end of a pause stored at ``now_ms`` (backend clock): epoch ms after
     ``now_ms`` and at most :data:`PAUSE_HORIZON_MS` later. :class:`~anarchon.errors.
     InvalidOption` naming the value (``what``, default ``until=<ms> ms``) and the rule
     otherwise: checked before anything is stored, so no instance, command or page ever reads
-    such an end."""
+    such an end. ``clock``: whose clock ``now_ms`` read, as the message names it."""
     if isinstance(until_ms, bool) or not isinstance(until_ms, int):
         raise InvalidOption(
             f"until={until_ms!r} must be epoch milliseconds (an int), or None to pause until "
@@ -220,14 +385,14 @@ def check_until_ms(until_ms: object, now_ms: int, *, what: str | None = None) ->
         if _PLAUSIBLE_MS // 1000 <= until_ms < _PLAUSIBLE_MS // 100:
             hint = " (epoch seconds? multiply by 1000 for milliseconds)"
         raise InvalidOption(
-            f"{label} is not in the future (the backend's clock reads {iso(now_ms)}, {now_ms} ms)"
+            f"{label} is not in the future ({clock} reads {iso(now_ms)}, {now_ms} ms)"
             f"{hint}: a pause "
             "ends at a later time, or leave it out to pause until resumed"
         )
     if until_ms - now_ms > PAUSE_HORIZON_MS:
         when = iso(until_ms) if in_range(until_ms) else "after 9998"
         raise InvalidOption(
-            f"{label} ({when}) is more than 10 years after the backend's clock "
+            f"{label} ({when}) is more than 10 years after {clock} "
             f"({iso(now_ms)}){_unit_hint(until_ms)}: a pause ends within 10 years "
             f"({PAUSE_HORIZON_MS} ms); leave the end out to pause until resumed"
         )

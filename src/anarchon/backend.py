@@ -56,7 +56,7 @@ from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
 
 from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
-from .control import PAUSED, ControlStore, RunRequest
+from .control import CANCELLED_BY, PAUSED, ControlStore, RunRequest
 from .errors import BackendError, BackendUnavailable
 from .registry import RegistryStore
 
@@ -132,6 +132,7 @@ _LEGACY_PREFIXES: Final = (
     (TOO_LATE, SkipCause.TOO_LATE),
     (BEHIND, SkipCause.BEHIND),
     (PAUSED, SkipCause.PAUSED),
+    (CANCELLED_BY, SkipCause.CANCELLED),
 )
 _LEGACY_NOT_RECORDED: Final = "; not recorded"
 OPEN_RUNS_LOOKBACK: Final = 20
@@ -153,11 +154,12 @@ def legacy_skip_cause(reason: str | None) -> SkipCause | None:
     """The skip cause of a record stored without one, read from the words of its ``reason``: the
     compatibility path, and the only place where anarchon reads a reason's words.
 
-    Records written before runs carried a :attr:`~anarchon.Run.skip_cause` (and those of a store
-    that keeps no cause of its own: SQLite's and PostgreSQL's tables) said their kind only in
-    words: ``too old: ...`` (pruned), ``unknown: ...``, ``overlap: ...``, ``too late: ...``,
-    ``behind: ...``, ``paused by ...``, and a broker's ``...; not recorded[: ...]``. A backend
-    calls this when it reads a record whose stored cause is absent; anything else gives None.
+    Records written before runs carried a :attr:`~anarchon.Run.skip_cause` (SQLite's before its
+    schema version 7, PostgreSQL's before version 5, and those an instance of an older version
+    writes beside a newer one) said their kind only in words: ``too old: ...`` (pruned),
+    ``unknown: ...``, ``overlap: ...``, ``too late: ...``, ``behind: ...``, ``paused by ...``,
+    ``cancelled by ...``, and a broker's ``...; not recorded[: ...]``. A backend calls this when
+    it reads a record whose stored cause is absent; anything else gives None.
     """
     if not reason:
         return None

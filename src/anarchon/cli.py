@@ -1,22 +1,28 @@
 """The ``anarchon`` command: run a scheduler; list jobs and instances; read history; explain a
-slot; pause, resume and trigger jobs; preview a schedule; run the demo.
+slot; pause, resume and trigger jobs; list and cancel run requests; preview a schedule; run
+the demo.
 
 Every failure is one line on stderr and a documented exit code (README, "Command line";
 docs/operations.md):
 
 ====  ==========================================================================================
-0     done; ``run`` stopped by SIGINT or SIGTERM (also one that came while its start still
-      waited on the backend, which then failed), ``dashboard`` by SIGTERM
-1     ``demo`` saw a duplicate or a missed slot; ``health`` found a scheduler unhealthy; any
-      other anarchon error
-2     bad command line or configuration: an unknown option, a bad number, a malformed or
-      unknown backend URL, a bad cron expression, a bad time or duration, a ``run`` target
-      that is not a Scheduler or that was already run (a module that calls
-      ``scheduler.run()`` when imported), a backend with no registry or control store
+0     done; ``run`` stopped by SIGINT or SIGTERM at any moment from its process's start: while
+      anarchon or the app is imported (the scheduler is then not started), while the
+      scheduler starts (the start is cancelled), or while it runs; ``dashboard`` by SIGTERM
+1     ``demo`` saw a duplicate or a missed slot; ``health`` found a scheduler unhealthy;
+      ``cancel`` found a request an instance had claimed first (it runs); any other anarchon
+      error
+2     bad command line or configuration: an unknown option, a bad number, a malformed,
+      unknown or empty backend URL, a bad cron expression, a bad time or duration, a bad
+      instance id, an address it cannot listen on, a ``run`` target that is not a Scheduler
+      or that was already run (a module that calls ``scheduler.run()`` when imported), a
+      backend with no registry or control store, ``trigger`` of a job no instance in the
+      registry carries (without ``--force``); a bad command line is told before the backend
+      is opened
 3     no anarchon data where the backend points (no SQLite file, a file anarchon never wrote, no
       PostgreSQL tables, no NATS stream, no registry: no scheduler ever ran there), or
-      (``explain``) no live instance carries the job; read and write commands alike create
-      nothing then
+      (``explain``) no live instance carries the job, or (``cancel``) no pending request has
+      the ID; read and write commands alike create nothing then
 4     the backend cannot be reached or refused the request
 ====  ==========================================================================================
 
@@ -47,8 +53,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final, NoReturn
 
-from . import __version__
-from ._cli import cluster, health, steer
+from . import __version__, _early
+from ._cli import cluster, health, requests, steer
 from ._cli.common import (
     ENV_BACKEND,
     EXIT_BACKEND,
@@ -60,12 +66,13 @@ from ._cli.common import (
     Exit,
     no_data,
     opened,
-    run_json,
     storage_checked,
 )
 from ._cli.output import say, shown, table
+from ._early import EarlySignals
 from ._http import ROUTES, HttpServer, RouteFactory, metrics_route
 from ._job import check_name
+from ._json import run_json
 from ._models import Run
 from ._options import HISTORY_LIMIT, NEXT_TIMES
 from ._readable import iso, ms_of
@@ -192,34 +199,6 @@ def _load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-class _EarlySignals:
-    """SIGINT and SIGTERM caught while ``anarchon run`` imports the app and builds its
-    scheduler, before the event loop's own handlers are installed: the scheduler is then not
-    started (or, if one lands while it starts, stops at once), and the process exits 0 as for
-    any stop by signal, not killed by the signal (-15) or with a traceback. A second signal
-    before the loop takes over gets its default action (an import stuck for ever can still be
-    ended)."""
-
-    def __init__(self) -> None:
-        self.caught: list[str] = []
-        self.stop = asyncio.Event()  # set from the signal handler: binds no loop until waited
-
-    def install(self) -> None:
-        """Catch both signals from now on (main thread only; the loop later takes them over)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread
-                signal.signal(sig, self._caught)
-
-    def _caught(self, signum: int, frame: object) -> None:
-        if self.caught:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.raise_signal(signum)
-            return
-        self.caught.append(signal.Signals(signum).name)
-        self.stop.set()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     """What ``anarchon run`` was asked to do: which Scheduler to run, with which backend, and
@@ -252,11 +231,21 @@ class RunOptions:
         )
 
 
-def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
+def _run(options: RunOptions, early: EarlySignals | None = None) -> int:
     """``anarchon run``: run the Scheduler ``options`` name until a signal stops it.
-    ``early``: the signals caught while the app was imported (state, not an option)."""
-    early = early or _EarlySignals()
+    ``early``: the signals caught since the process began (state, not an option): one that
+    came before the scheduler started means it is not started, or (during its start) that the
+    start is cancelled."""
+    early = early or EarlySignals()
+    stop = _Stop()  # set from the signal handler: binds no loop until waited
+    early.on_signal(stop.set)
     target, backend_url = options.target, options.backend_url
+    if backend_url is not None and not backend_url.strip():
+        raise _Exit(
+            EXIT_USAGE,
+            f"anarchon run: --backend {backend_url!r} is empty: give a backend URL such as "
+            "sqlite:///anarchon.db, or leave --backend out",
+        )
     if backend_url is not None:
         os.environ[ENV_BACKEND] = backend_url  # Scheduler() made without a backend reads it
     scheduler = _load_scheduler(target)
@@ -282,6 +271,7 @@ def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
             "%s before the scheduler started: not starting it", early.caught[0]
         )
         return EXIT_OK
+    stop.scheduler = scheduler
     server = (
         None
         if options.metrics_port is None
@@ -293,14 +283,22 @@ def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
         )
     )
     try:
-        scheduler._run_until(early.stop)
+        scheduler._run_until(stop)
         if server is not None and options.metrics_linger:
-            _linger(server, options.metrics_linger)
+            if stop.while_starting:
+                # Nothing ran, so there are no final counts to wait for a scrape of: the
+                # operator's stop is not held back by up to --metrics-linger seconds.
+                logging.getLogger("anarchon.http").info(
+                    "the start was cancelled: no final metrics to serve, not lingering",
+                    extra=log_fields(Action.HTTP_LINGER, scraped=False),
+                )
+            else:
+                _linger(server, options.metrics_linger)
     except BackendError as exc:
-        if not early.stop.is_set():
+        if not stop.is_set():
             raise
-        # SIGINT or SIGTERM came while start() still waited on the backend (serve() set the
-        # event): the operator stopped a scheduler that never started, not a failed start.
+        # The backend failed the start just as SIGINT or SIGTERM came (one that comes before
+        # cancels the start: serve()): the operator stopped a scheduler that never started.
         logging.getLogger("anarchon.scheduler").warning(
             "stopped before the backend answered: the scheduler never started (%s)",
             _one_line(str(exc)),
@@ -317,6 +315,23 @@ def _run(options: RunOptions, early: _EarlySignals | None = None) -> int:
         if server is not None:
             server.stop()
     return EXIT_OK
+
+
+class _Stop(asyncio.Event):
+    """The stop of ``anarchon run`` (a signal: early, or the loop's handler), noting whether it
+    came while the scheduler was still starting (its start is then cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduler: Scheduler | None = None
+        self.while_starting = False
+
+    def set(self) -> None:
+        """Set the event; the first time, note whether the scheduler's start had ended."""
+        if not self.is_set() and self.scheduler is not None:
+            # A stop before the start has ended cancels it (serve()), and nothing has run.
+            self.while_starting = self.scheduler.state in ("new", "starting")
+        super().set()
 
 
 def _serve(scheduler: Scheduler, port: int, host: str, job_histograms: bool) -> HttpServer:
@@ -403,9 +418,15 @@ def _running_threads() -> list[threading.Thread]:
 
 def _row(run: Run) -> list[str]:
     def when(moment: datetime | None) -> str:
-        return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if moment else "-"
+        if moment is None:
+            return "-"
+        # With its offset (Z), as one word: a slot copied from here into explain reads back
+        # as the same instant (a time without an offset would be read in the job's zone).
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
-    note = run.error or run.reason or ""
+    # Masked as --json masks it: a secret in a URL (stored by an earlier version or another
+    # writer: the scheduler masks its own) is not printed.
+    note = redact_url(run.error or run.reason or "")
     if run.requested_by:
         note = f"{note} (asked by {run.requested_by})".lstrip()
     duration = f"{run.duration:.3f}s" if run.duration is not None else "-"
@@ -561,7 +582,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("job")
     explain.add_argument(
         "slot",
-        help="ISO 8601 time (without a zone: the job's zone) or epoch milliseconds",
+        help="ISO 8601 time (without an offset: in the job's zone; a repeated local time is "
+        "the first) or epoch milliseconds",
     )
     for name, about, every in (
         (
@@ -583,7 +605,8 @@ def _parser() -> argparse.ArgumentParser:
             steering.add_argument(
                 "--until",
                 metavar="TIME",
-                help="end the pause by itself: ISO 8601 (without a zone: UTC), epoch ms, or "
+                help="end the pause by itself: ISO 8601 (without an offset: in the job's zone; "
+                "with --all, give the offset), epoch ms, or "
                 "a duration from now such as 30m, 2h, 1d, 1h30m (units s, m, h, d, w); at most "
                 "10 years ahead",
             )
@@ -593,6 +616,20 @@ def _parser() -> argparse.ArgumentParser:
     trigger = command("trigger", "run a job once now on an instance that carries it; print the id")
     trigger.add_argument("job")
     trigger.add_argument("--by", help="who asks (default $ANARCHON_REQUESTER or user@host)")
+    trigger.add_argument(
+        "--force",
+        action="store_true",
+        help="store the request even if no instance in the registry carries the job (it waits "
+        "until one does)",
+    )
+    pending = command("requests", "list the run requests (triggers, retries) not claimed yet")
+    pending.add_argument("--job", help="only this job's")
+    cancel = command(
+        "cancel", "cancel a pending run request (a trigger or a retry), or every one of a job"
+    )
+    cancel.add_argument("request", nargs="?", metavar="ID", help="the request's id")
+    cancel.add_argument("--job", help="cancel every pending request of this job")
+    cancel.add_argument("--by", help="who cancels (default $ANARCHON_REQUESTER or user@host)")
 
     text = "print the next fire times of a cron expression"
     nxt = sub.add_parser("next", help=text, description=text)
@@ -658,6 +695,8 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
     "pause": steer.pause,
     "resume": steer.resume,
     "trigger": steer.trigger,
+    "requests": requests.requests,
+    "cancel": requests.cancel,
     "health": health.health,
 }
 
@@ -691,11 +730,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anarchon`` console script; exits with a code from the table above."""
     _tolerant_output()
     args = _parser().parse_args(_joined_values(sys.argv[1:] if argv is None else argv))
-    early = _EarlySignals()
-    if args.command == "run":
-        early.install()  # first: importing the app can take seconds
+    # Caught since the package was imported, in the command's process (anarchon._early).
+    held, _early.EARLY = _early.EARLY, None
+    early = held or EarlySignals()
+    # `run` and `dashboard` stop by SIGTERM with exit 0: they keep the signals caught through
+    # their imports (the app's; uvicorn, Starlette and Jinja2), the others take them now.
+    keeps = args.command in ("run", "dashboard")
+    if keeps:
+        early.install()  # first (if not yet): importing the app can take seconds
     _configure_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
+        if held is not None and not keeps:
+            held.release()  # a signal held meanwhile is taken now, as it would have been
         if args.command == "run":
             code = _run(RunOptions.of(args), early)
         elif args.command in COMMANDS:
@@ -705,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "dashboard":
             from .web._command import run_dashboard
 
-            code = run_dashboard(args)
+            code = run_dashboard(args, early)
         else:
             from ._demo import run_demo
 

@@ -14,6 +14,16 @@ job reads the requests that are due about once a second and claims each under it
 :attr:`RunRequest.key`; the claim decides, as for any slot, that exactly one instance runs it.
 The request is then removed.
 
+A run request is **cancelled** (``anarchon cancel``, :func:`anarchon.steering.cancel_requests`)
+through the same claim: the canceller claims the request's key with a skip reason
+(:func:`cancelled_reason`, cause :attr:`~anarchon.SkipCause.CANCELLED`), then removes the
+request. The backend decides the race with an instance that read the request just before, as it
+decides any two claims of one key: if the cancellation is recorded first, every claim of the key
+is answered ``skipped`` and nobody runs it; if an instance's claim won first, the run goes ahead
+and the cancellation answers that run (it was too late). A backend needs nothing more than its
+claim for this (a broker that de-duplicates claims for a window, NATS, keeps the cancellation
+for its whole duplicate window: far longer than an instance takes to claim a request it read).
+
 A backend offers both through :meth:`anarchon.backend.Backend.control`, which returns a
 :class:`ControlStore`. Times are epoch milliseconds on the backend's clock.
 """
@@ -30,12 +40,14 @@ from ._times import LATEST_MS
 
 __all__ = [
     "ALL_JOBS",
+    "CANCELLED_BY",
     "MAX_UNTIL_MS",
     "PAUSED",
     "ControlStore",
     "Pause",
     "RunRequest",
     "active_pause",
+    "cancelled_reason",
     "paused_reason",
     "retry_key",
 ]
@@ -48,6 +60,8 @@ end past it (earlier versions took any) reads as none: the pause holds until res
 that reads pauses in a language of its own (SQL, Lua) treats such an end the same."""
 PAUSED: Final = "paused by "
 """Prefix of the reason of a slot skipped because its job was paused."""
+CANCELLED_BY: Final = "cancelled by "
+"""Prefix of the reason of a run request cancelled before any instance claimed it."""
 PAUSED_TRIGGERS: Final = frozenset({Trigger.SCHEDULE, Trigger.CATCH_UP, Trigger.RETRY})
 """The triggers a pause holds back; manual runs still run."""
 
@@ -135,6 +149,12 @@ def paused_reason(pause: Pause) -> str:
     return text
 
 
+def cancelled_reason(by: str) -> str:
+    """The reason of the skip record a cancelled run request leaves under its key:
+    ``cancelled by alice@web-1``."""
+    return f"{CANCELLED_BY}{by}"
+
+
 def active_pause(pauses: Sequence[Pause], job: str, trigger: str, now_ms: int) -> Pause | None:
     """The pause that holds a claim of ``job`` by ``trigger`` at ``now_ms``: the job's own pause,
     else a whole-cluster one; None if none holds or the trigger is not paused (manual runs)."""
@@ -174,6 +194,11 @@ class RunRequest(_Stored):
     requested_at_ms: int
     retry: int = 0
     """The retry's number (1 for the first retry); 0 for a manual run."""
+
+    @property
+    def kind(self) -> str:
+        """What operators call it: ``trigger`` (a manual run) or ``retry``."""
+        return "retry" if self.trigger is Trigger.RETRY else "trigger"
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name as plain values (the trigger as its text)."""

@@ -35,14 +35,18 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from ._json import run_json
 from ._models import Run, RunStatus, SkipCause, Trigger
-from ._readable import ms_of, span
-from ._schedule import CronSchedule, load_timezone
+from ._readable import iso_exact as _iso
+from ._readable import iso_local, ms_of, span
+from ._redact import redact_url
+from ._schedule import CronSchedule
 from ._times import RANGE_RULE, check_time_ms, in_range
 from .backend import Backend
 from .control import Pause, active_pause, paused_reason
-from .errors import ConfigurationError, InvalidOption, JobNotFound
+from .errors import InvalidOption, JobNotFound
 from .registry import ClusterView, JobDefinition, build_view, read_instances
+from .steering import backend_now_ms
 
 __all__ = ["HISTORY_LIMIT", "Attempt", "Fate", "SlotFate", "explain", "nearest_slots"]
 
@@ -122,23 +126,10 @@ class Attempt:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape of one attempt in ``anarchon explain --json``."""
-        return {
-            "run_id": self.run_id,
-            "instance": self.instance,
-            "trigger": self.trigger.value,
-            "retry": self.retry,
-            "attempt": self.attempt,
-            "fence": self.fence,
-            "status": self.status.value,
-            "started_ms": self.started_ms,
-            "finished_ms": self.finished_ms,
-            "took_ms": self.took_ms,
-            "error": self.error,
-            "reason": self.reason,
-            "requested_by": self.requested_by,
-            "skip_cause": None if self.skip_cause is None else self.skip_cause.value,
-        }
+        """The JSON shape of one attempt in ``anarchon explain --json``: its :attr:`record` as
+        ``anarchon history --json`` shows a run (:func:`anarchon._json.run_json`), and
+        :attr:`retry`."""
+        return {**run_json(self.record), "retry": self.retry}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,14 +184,15 @@ class SlotFate:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``anarchon explain --json`` (docs/operations.md); stable:
-        fields are only ever added."""
+        fields are only ever added. The reason, as each attempt's error and reason, has every
+        secret in a URL masked."""
         return {
             "job": self.job,
             "slot_ms": self.slot_ms,
             "slot": _iso(self.slot_ms),
             "fate": self.fate.value,
             "outcome": None if self.outcome is None else self.outcome.value,
-            "reason": self.reason,
+            "reason": None if self.reason is None else redact_url(self.reason),
             "skip_cause": None if self.skip_cause is None else self.skip_cause.value,
             "definition": self.definition.to_dict(),
             "is_slot": self.is_slot,
@@ -265,20 +257,8 @@ class SlotFate:
     def _when(self, ms: int | None) -> str:
         if ms is None:
             return "none"
-        text = _iso(ms)
-        if self.definition.zone != "UTC":
-            try:
-                local = datetime.fromtimestamp(ms / 1000, load_timezone(self.definition.zone))
-                text += f" ({local.isoformat(timespec='seconds')} {self.definition.zone})"
-            except ConfigurationError:
-                pass
-        return text
-
-
-def _iso(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    spec = "milliseconds" if ms % 1000 else "seconds"
-    return moment.isoformat(timespec=spec).replace("+00:00", "Z")
+        local = iso_local(ms, self.definition.zone)
+        return _iso(ms) if local is None else f"{_iso(ms)} ({local} {self.definition.zone})"
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
@@ -436,8 +416,7 @@ async def explain(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit={limit!r} must be a whole number of records, at least 1")
     if now_ms is None:
-        server = await backend.server_time_ms()
-        now_ms = server if server is not None else ms_of(datetime.now(UTC))
+        now_ms = await backend_now_ms(backend)
     variants, view = await _definitions(backend, job, definition, view, now_ms)
     if not variants:
         raise JobNotFound(

@@ -256,12 +256,8 @@ def _by(blocker: str | None) -> str:
 
 def _loops(scheduler: Scheduler) -> dict[str, bool]:
     loops: dict[str, bool] = {}
-    for task in list(scheduler._loops):
-        name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
-        loops[name.removeprefix("anarchon ")] = not task.done()
-    beat = scheduler._heartbeat
-    if beat is not None:
-        loops["heartbeat"] = beat._task is not None and not beat._task.done()
+    for task in list(scheduler._loops.tasks):  # the heartbeat's among them
+        loops[task.get_name().removeprefix("anarchon ")] = not task.done()
     host = scheduler._keeper_thread
     if host is not None:
         thread = host._thread

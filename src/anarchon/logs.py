@@ -48,6 +48,7 @@ class Action(StrEnum):
     # life cycle
     STARTED = "started"
     START_FAILED = "start_failed"
+    START_CANCELLED = "start_cancelled"
     STOPPED = "stopped"
     STOP = "stop"
     SIGNAL = "signal"

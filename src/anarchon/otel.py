@@ -15,7 +15,11 @@ Spans (``docs/observability.md`` lists every attribute):
   handler's own spans nest under it (plain handlers too: their thread gets the context). The
   result in ``anarchon.outcome`` (on stop without one, the run's fate: ``handed_over``,
   ``handover_failed``, ``left_to_expire``); a failure sets the status to ERROR and records the
-  exception, secrets in URLs masked.
+  exception, secrets in URLs masked;
+* ``slot <job>`` (kind INTERNAL), one per slot nobody runs, fleet-wide: emitted by the one
+  instance whose claim wrote the slot's ``skipped`` or ``missed`` record, when it was written
+  (``anarchon.outcome`` ``skipped`` or ``missed``, ``anarchon.skip_cause``, ``anarchon.reason``),
+  so that with the ``run`` spans every recorded slot has a span.
 
 **One trace per slot.** The trace id is derived from ``(job, slot key)`` (:func:`trace_id`), so
 every instance puts its spans about one slot in the same trace without talking to the others:
@@ -38,7 +42,7 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
-from ._metrics import refused
+from ._metrics import SLOT_TRIGGERS, refused, unrecorded
 from ._models import Run, RunStatus
 from ._redact import redact_url
 from .backend import ClaimOutcome, ClaimRequest, ClaimStatus
@@ -220,17 +224,41 @@ def claimed(
         else:  # not claimed: the backend stayed unavailable until the slot was too late
             attributes["anarchon.outcome"] = "error"
             status = f"{type(outcome).__name__}: {outcome}"
-        parent = attempt_parent(request.job, request.slot_key, 1)
-        span = tracer.start_span(
-            f"claim {request.job}",
-            context=api.set_span_in_context(api.NonRecordingSpan(parent)),
-            kind=api.SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=end - max(0, now_ms - sent) * 1_000_000,
-        )
+        start = end - max(0, now_ms - sent) * 1_000_000
+        span = _beside_claims(tracer, api, "claim", request, api.SpanKind.CLIENT, attributes, start)
         if status is not None:
             span.set_status(api.Status(api.StatusCode.ERROR, redact_url(status)))
         span.end(end_time=end)
+        if isinstance(outcome, ClaimOutcome) and recorded_not_run(request, outcome):
+            _not_run_span(tracer, api, request, outcome.run, backend, end)
+
+
+def missed(
+    requests: Sequence[ClaimRequest], answers: Sequence[ClaimOutcome | Exception], backend: str
+) -> None:
+    """Missed slots were claimed (:mod:`anarchon._missed`): one ``slot`` span, outcome
+    ``missed``, per slot whose record this instance's claim wrote."""
+    tracer = _tracer()
+    if tracer is None:
+        return
+    api = _api()
+    end = time.time_ns()
+    for request, outcome in zip(requests, answers, strict=True):
+        if isinstance(outcome, ClaimOutcome) and recorded_not_run(request, outcome):
+            _not_run_span(tracer, api, request, outcome.run, backend, end)
+
+
+def recorded_not_run(request: ClaimRequest, outcome: ClaimOutcome) -> bool:
+    """``request``'s claim wrote the record of a slot nobody runs (``skipped`` or ``missed``):
+    the backend answered SKIPPED with this request's own run, and stored it. Exactly one claim
+    writes a slot's record, so on exactly one instance of the fleet; a scheduled or caught-up
+    slot only (a run request is no slot)."""
+    return (
+        outcome.status is ClaimStatus.SKIPPED
+        and outcome.run.run_id == request.run_id
+        and request.trigger in SLOT_TRIGGERS
+        and not unrecorded(outcome)
+    )
 
 
 # -- inside -------------------------------------------------------------------------------------
@@ -276,6 +304,49 @@ def _slot_attributes(job: str, slot: int | None, slot_key: str) -> _Attributes:
         attributes["anarchon.slot"] = slot
         attributes["anarchon.slot_iso"] = slot_iso(slot) or ""
     return attributes
+
+
+def _not_run_span(
+    tracer: Tracer, api: Any, request: ClaimRequest, run: Run, backend: str, end: int
+) -> None:
+    """The ``slot <job>`` span of a slot nobody runs, at the moment its record was written: in
+    the slot's trace, beside its claims (the same parent as their spans)."""
+    attributes: _Attributes = {
+        **_slot_attributes(request.job, request.slot, request.slot_key),
+        "anarchon.instance": request.instance,
+        "anarchon.trigger": request.trigger.value,
+        "anarchon.backend": backend,
+        "anarchon.outcome": run.status.value,
+        "anarchon.run_id": run.run_id,
+    }
+    if run.skip_cause is not None:
+        attributes["anarchon.skip_cause"] = run.skip_cause.value
+    if run.reason:
+        attributes["anarchon.reason"] = redact_url(run.reason)
+    _beside_claims(tracer, api, "slot", request, api.SpanKind.INTERNAL, attributes, end).end(
+        end_time=end
+    )
+
+
+def _beside_claims(
+    tracer: Tracer,
+    api: Any,
+    verb: str,
+    request: ClaimRequest,
+    kind: Any,
+    attributes: _Attributes,
+    start: int,
+) -> Span:
+    """A span ``<verb> <job>`` started at ``start`` (ns) under the parent of the slot's first
+    attempt, the one every instance's claim of it has."""
+    parent = attempt_parent(request.job, request.slot_key, 1)
+    return tracer.start_span(
+        f"{verb} {request.job}",
+        context=api.set_span_in_context(api.NonRecordingSpan(parent)),
+        kind=kind,
+        attributes=attributes,
+        start_time=start,
+    )
 
 
 def _attempt_attributes(active: ActiveRun) -> Mapping[str, str | int | bool]:

@@ -406,6 +406,7 @@ def _instance_families(scheduler: Scheduler, m: Metrics | None) -> list[_Family]
             one("histogram", "anarchon_claim_latency_seconds", _LATENCY_HELP, []),
             *(one(s.kind, s.name, s.help, []) for s in _INSTANCE_SERIES),
             one("gauge", "anarchon_scheduler_running", _RUNNING_HELP, []),
+            one("gauge", "anarchon_requests_pending", _PENDING_HELP, []),
             one("info", "anarchon_instance", _INFO_HELP, []),
         ]
     from . import __version__
@@ -464,6 +465,11 @@ def _instance_families(scheduler: Scheduler, m: Metrics | None) -> list[_Family]
             [("", (), 1.0 if scheduler.running else 0.0)],
         )
     )
+    pending: list[tuple[str, Labels, float]] = [
+        ("", (("anarchon_job", job), ("kind", kind)), float(count))
+        for (job, kind), count in sorted(m.pending_requests.items())
+    ]
+    out.append(one("gauge", "anarchon_requests_pending", _PENDING_HELP, pending))
     info = (("backend", backend), ("instance_id", scheduler.instance_id), ("version", __version__))
     out.append(one("info", "anarchon_instance", _INFO_HELP, [("_info", info, 1.0)]))
     return out
@@ -483,6 +489,10 @@ _LATENCY_HELP: Final = (
 )
 _RUNNING_HELP: Final = "1 while the scheduler runs (started, not stopping)."
 _INFO_HELP: Final = "This instance: its id, backend and anarchon's version."
+_PENDING_HELP: Final = (
+    "Run requests (triggers, retries) stored and not claimed yet, by job and kind, of every job "
+    "in the backend as this instance last read them (the same on every instance; none: no series)."
+)
 
 
 def _scrape(scheduler: Scheduler) -> tuple[Metrics, list[JobRow]]:
@@ -692,7 +702,7 @@ class _Rendered:
     body: bytes
     began: float  # time.monotonic() when the render began
     took: float  # s
-    state: object  # the scheduler's state it was made in
+    state: str  # the scheduler's state (Scheduler.state) it was made in
 
 
 class Exposition:
@@ -735,8 +745,8 @@ class Exposition:
         """The exposition now (or as of a render at most a few moments old, see above)."""
         with self._lock:
             last = self._last
-            state = self.scheduler._state
-            if last is not None and last.state is state:
+            state = self.scheduler.state
+            if last is not None and last.state == state:
                 age = time.monotonic() - last.began
                 if age <= min(REUSE_MAX_S, REUSE_FACTOR * last.took):
                     return last.body

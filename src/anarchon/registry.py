@@ -29,6 +29,7 @@ measured it (its wall clock plus its measured clock offset).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import json
 import logging
@@ -63,6 +64,7 @@ __all__ = [
     "read_instances",
     "record_instance",
     "split_live",
+    "trigger_refusal",
 ]
 
 logger = logging.getLogger("anarchon.scheduler")
@@ -328,9 +330,11 @@ def _remember(digest: str, jobs: tuple[JobDefinition, ...]) -> None:
 
 async def record_instance(
     store: RegistryStore, instance: InstanceRecord, saved: dict[str, float] | None = None
-) -> None:
+) -> InstanceRecord:
     """Record ``instance`` in ``store``: its definitions set first, then the record naming it,
-    so a reader never finds a digest before its set.
+    so a reader never finds a digest before its set. Returns the record as stored: ``instance``
+    with its ``definitions`` digest and ``job_count`` stamped (its ``jobs`` kept), which is what
+    a reader of the store sees, its definitions resolved.
 
     ``saved`` remembers, digest to :func:`time.monotonic`, when this caller last saved or found
     its set in the store: a heartbeat passes the same dict each beat. The first record of a
@@ -367,6 +371,7 @@ async def record_instance(
     if instance.definitions != digest or instance.job_count != len(instance.jobs):
         instance = replace(instance, definitions=digest, job_count=len(instance.jobs))
     await store.record(instance)
+    return instance
 
 
 async def read_instances(store: RegistryStore, now_ms: int | None = None) -> list[InstanceRecord]:
@@ -509,6 +514,24 @@ def carrier_warning(view: ClusterView, job: str, action: str) -> str | None:
     if job == ALL_JOBS or view.carriers(job):
         return None
     return f"no live instance carries job {job!r}: {_UNCARRIED[action]}"
+
+
+async def trigger_refusal(store: RegistryStore, job: str) -> str | None:
+    """Why a manual run of ``job`` is refused: no instance recorded in ``store`` (live, or
+    silent but not yet removed) carries it, so a request would wait for ever, and run if a job
+    of that name is ever deployed; None when one does. ``anarchon trigger`` and the
+    dashboard's Trigger refuse with these words unless forced (``--force``; the dashboard's
+    ``force=1``, its "Trigger anyway")."""
+    names = {j.name for record in await read_instances(store) for j in record.jobs}
+    if job in names:
+        return None
+    close = difflib.get_close_matches(job, names, n=3)
+    hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    return (
+        f"no instance in the registry carries job {job!r}{hint}: a request is stored only for "
+        "a job that a live or recently stopped instance defines (else it waits until one is "
+        "deployed)"
+    )
 
 
 _names: dict[int, tuple[tuple[JobDefinition, ...], frozenset[str]]] = {}

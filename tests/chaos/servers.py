@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from tests.nats.servers import DEBIAN_BINARY, NatsServer
-from tests.ports import PortRange
+from tests.ports import PortRange, worker_share
 from tests.redis.servers import RedisServer, ping
 
 #: The fault runner's range (see tests/ports.py): each port handed out once, until given back.
-PORTS: Final = PortRange(range(17300, 17400))
+# Each pytest worker its own share: tests/postgres/test_tls.py and tests/sqlite/test_faults.py
+# start these servers on other workers while the chaos tests run (CI of fd71391: two workers'
+# postgres took port 17301 at once, 'Address already in use').
+PORTS: Final = PortRange(worker_share(range(17300, 17400)))
 
 
 class Restartable(Protocol):

@@ -5,18 +5,38 @@ A backend joins by adding ``tests/backends/<name>.py`` with a ``HARNESS`` and it
 
 from __future__ import annotations
 
+import asyncio
 import importlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from anarchon import Backend, Scheduler
+from tests.conformance.cli import Shell, populate
 from tests.conformance.procs import Fleet
 from tests.harness import Harness, Namespace
 
 BACKENDS = ["memory", "sqlite", "redis", "postgres", "nats", "nats_current"]
+
+#: The bounds of the fixtures' teardown steps: a step past its bound fails the test, naming the
+#: step, long before pytest-timeout's bound (300 s) would end the worker with no word of where.
+STOP_BOUND_S = 60.0
+CLEAN_UP_BOUND_S = 150.0
+
+
+async def bounded_step(step: Awaitable[object], bound_s: float, what: str) -> None:
+    """Await a teardown step for at most ``bound_s``; past it fail with "``what`` did not return
+    within N s". The step runs in a task of its own, so one that swallows its cancellation
+    cannot hold the teardown (it is cancelled and left behind)."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=bound_s)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        pytest.fail(f"{what} did not return within {bound_s:.0f} s", pytrace=False)
+    task.result()
 
 
 def _load(name: str) -> Harness:
@@ -45,8 +65,16 @@ def lease_harness(harness: Harness) -> Harness:
 
 @pytest.fixture
 async def ns(harness: Harness, tmp_path: Path) -> AsyncIterator[Namespace]:
-    async with harness.namespace(tmp_path) as namespace:
+    manager = harness.namespace(tmp_path)
+    namespace = await manager.__aenter__()
+    try:
         yield namespace
+    finally:
+        await bounded_step(
+            manager.__aexit__(None, None, None),
+            CLEAN_UP_BOUND_S,
+            f"the {harness.name} namespace's clean-up (deleting what the test stored)",
+        )
 
 
 @pytest.fixture
@@ -69,7 +97,16 @@ async def backend(ns: Namespace) -> AsyncIterator[Backend]:
     try:
         yield instance
     finally:
-        await instance.stop()
+        await bounded_step(instance.stop(), STOP_BOUND_S, f"{instance!r}.stop()")
+
+
+@pytest.fixture
+async def shell(ns: Namespace, backend: Backend) -> Shell:
+    """For tests of the ``anarchon`` commands: the namespace's URL and its started backend,
+    holding an instance record that carries the job ``sync`` and the records of three of its
+    slots (:func:`tests.conformance.cli.populate`)."""
+    assert ns.url is not None
+    return Shell(ns.url, backend, await populate(backend))
 
 
 @pytest.fixture
@@ -88,4 +125,9 @@ async def schedulers(ns: Namespace) -> AsyncIterator[Callable[..., list[Schedule
         yield make
     finally:
         for scheduler in made:
-            await scheduler.stop()
+            # Its running handlers may take grace_ms, then its backend stops.
+            await bounded_step(
+                scheduler.stop(),
+                scheduler.grace_ms / 1000 + STOP_BOUND_S,
+                f"the scheduler {scheduler.instance_id}'s stop()",
+            )

@@ -8,132 +8,38 @@ record in the registry; the commands then read and write them through the backen
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
-from anarchon import Backend, RunStatus, Trigger, steering
-from anarchon.backend import ClaimRequest, ClaimStatus
+from anarchon import Trigger, steering
+from anarchon._readable import iso_exact
+from anarchon.backend import ClaimStatus
 from anarchon.control import ALL_JOBS, Pause
-from anarchon.registry import InstanceRecord, JobDefinition, record_instance
+from anarchon.registry import record_instance
+from tests.conformance.cli import (
+    BACKENDS,
+    DEFINITION,
+    JOB,
+    ROOT,
+    Shell,
+    anarchon,
+    as_json,
+    claim,
+    ok,
+)
 from tests.harness import Harness, Namespace
+from tests.records import instance_record
 from tests.web.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
-
-ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = ["sqlite", "postgres", "redis", "nats"]
-MINUTE = 60_000
-JOB = "sync"
-DEFINITION = JobDefinition(
-    name=JOB,
-    expression="* * * * * *",
-    zone="UTC",
-    options={"jitter_ms": 0, "max_late_ms": 5000, "lease_ms": 15000},
-)
-
-
-def anarchon(url: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """``anarchon ARGV --backend URL`` as a process."""
-    return subprocess.run(
-        [sys.executable, "-m", "anarchon", "--log-level", "WARNING", *argv, "--backend", url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def ok(url: str, *argv: str) -> str:
-    out = anarchon(url, *argv)
-    assert out.returncode == 0, (argv, out.returncode, out.stdout, out.stderr)
-    return out.stdout
-
-
-def as_json(url: str, *argv: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(ok(url, *argv, "--json"))
-    return data
-
-
-@pytest.fixture
-async def started(ns: Namespace) -> AsyncIterator[Backend]:
-    backend = ns.make()
-    await backend.start()
-    try:
-        yield backend
-    finally:
-        await backend.stop()
-
-
-class Slots:
-    """Slots (every second) just before the backend's now: one ran, one skipped, one missed,
-    one unclaimed; one ten minutes ahead; a moment between two slots."""
-
-    def __init__(self, now_ms: int) -> None:
-        second = now_ms - now_ms % 1000
-        self.ran = second - 9000
-        self.skipped = second - 8000
-        self.missed = second - 7000
-        self.unclaimed = second - 6000
-        self.future = second + 10 * MINUTE
-        self.not_a_slot = second - 9000 + 500
-
-
-def _claim(slot: int, **kw: Any) -> ClaimRequest:
-    return ClaimRequest(
-        job=JOB,
-        slot=slot,
-        run_id=f"run{slot}",
-        token=f"token{slot}",
-        instance="w0",
-        trigger=Trigger.SCHEDULE,
-        **kw,
-    )
-
-
-async def populate(backend: Backend) -> Slots:
-    """An instance record carrying the job, and the records of three slots."""
-    now = await backend.server_time_ms()
-    assert now is not None
-    slots = Slots(now)
-    registry = backend.registry()
-    assert registry is not None
-    await record_instance(
-        registry,
-        InstanceRecord(
-            id="w0",
-            host="vm",
-            pid=1,
-            version="0.1.0",
-            started_ms=now,
-            heartbeat_ms=now,
-            interval_ms=5000,
-            clock_offset_ms=0,
-            jobs=(DEFINITION,),
-        ),
-    )
-    lease = 15000 if backend.is_lease_backend else 0
-    [won] = await backend.claim([_claim(slots.ran, lease_ms=lease)])
-    assert won.status is ClaimStatus.WON and won.ticket is not None
-    await backend.finish(won.ticket, "succeeded", None)
-    [skip] = await backend.claim([_claim(slots.skipped, skip_reason="too late: test")])
-    assert skip.status is ClaimStatus.SKIPPED
-    gap = "no instance carried the job from 10:00 to 10:05 (test)"
-    [miss] = await backend.claim(
-        [_claim(slots.missed, skip_reason=gap, skip_status=RunStatus.MISSED)]
-    )
-    assert miss.status is ClaimStatus.SKIPPED
-    return slots
 
 
 def _iso(ms: int) -> str:
@@ -152,6 +58,9 @@ def test_no_data_exits_3_and_creates_nothing(harness: Harness, ns: Namespace) ->
         ("pause", "--all", "--until", "30m"),
         ("resume", JOB),
         ("trigger", JOB),
+        ("requests",),
+        ("cancel", "--job", JOB),
+        ("cancel", "0" * 32),
     ):
         out = anarchon(ns.url, *argv)
         assert out.returncode == 3, (argv, out.returncode, out.stdout, out.stderr)
@@ -223,76 +132,77 @@ def _assert_nothing_created(harness: Harness, ns: Namespace) -> None:
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_explain_says_each_fate(
-    harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
+    harness: Harness, shell: Shell, request: pytest.FixtureRequest
 ) -> None:
-    assert ns.url is not None
-    slots = await populate(started)
-    ran = ok(ns.url, "explain", JOB, _iso(slots.ran))
+    slots = shell.slots
+    ran = ok(shell.url, "explain", JOB, _iso(slots.ran))
     assert f"{JOB} @ " in ran and "ran, succeeded" in ran and "w0" in ran, ran
-    skipped = ok(ns.url, "explain", JOB, str(slots.skipped))
+    skipped = ok(shell.url, "explain", JOB, str(slots.skipped))
     assert "skipped" in skipped and "too late: test" in skipped, skipped
-    missed = as_json(ns.url, "explain", JOB, str(slots.missed))
+    missed = as_json(shell.url, "explain", JOB, str(slots.missed))
     assert missed["fate"] == "missed" and "no instance carried" in missed["reason"], missed
     naive = datetime.fromtimestamp(slots.future / 1000, UTC).replace(tzinfo=None).isoformat()
     assert "+" not in naive and "Z" not in naive  # no zone: the job's (UTC)
-    future = ok(ns.url, "explain", JOB, naive)
+    future = ok(shell.url, "explain", JOB, naive)
     assert "in the future" in future and "carried by: w0" in future, future
-    unclaimed = as_json(ns.url, "explain", JOB, str(slots.unclaimed))
+    unclaimed = as_json(shell.url, "explain", JOB, str(slots.unclaimed))
     assert unclaimed["fate"] == "no-record" and unclaimed["history_pruned"] is False, unclaimed
-    not_a_slot = as_json(ns.url, "explain", JOB, str(slots.not_a_slot))
+    not_a_slot = as_json(shell.url, "explain", JOB, str(slots.not_a_slot))
     assert not_a_slot["fate"] == "not-a-slot", not_a_slot
     assert not_a_slot["previous_slot_ms"] == slots.ran
     assert not_a_slot["next_slot_ms"] == slots.ran + 1000
-    out = anarchon(ns.url, "explain", "other", str(slots.ran))
+    out = anarchon(shell.url, "explain", "other", str(slots.ran))
     assert out.returncode == 3 and "no live instance carries job 'other'" in out.stderr
-    out = anarchon(ns.url, "explain", JOB, "yesterday")
+    out = anarchon(shell.url, "explain", JOB, "yesterday")
     assert out.returncode == 2 and "'yesterday' is not an ISO 8601 time" in out.stderr
 
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_pause_resume_and_trigger(
-    harness: Harness, ns: Namespace, started: Backend, request: pytest.FixtureRequest
+    harness: Harness, shell: Shell, request: pytest.FixtureRequest
 ) -> None:
-    assert ns.url is not None
-    await populate(started)
-    [job] = as_json(ns.url, "jobs")["jobs"]
+    [job] = as_json(shell.url, "jobs")["jobs"]
     assert job["paused"] is False and job["last_run"]["status"] == "missed", job
 
-    said = ok(ns.url, "pause", JOB, "--by", "alice@ops")
+    said = ok(shell.url, "pause", JOB, "--by", "alice@ops")
     assert said.strip() == f"paused job {JOB!r} on every instance, until resumed (by alice@ops)"
-    [job] = as_json(ns.url, "jobs")["jobs"]
+    [job] = as_json(shell.url, "jobs")["jobs"]
     assert job["paused"] is True and job["pause"]["by"] == "alice@ops", job
-    table = ok(ns.url, "jobs")
+    table = ok(shell.url, "jobs")
     assert "paused" in table and "alice@ops" in table, table
     assert all(len(line) <= 100 for line in table.splitlines()), table
 
-    assert "resumed job 'sync'" in ok(ns.url, "resume", JOB)
-    assert as_json(ns.url, "jobs")["jobs"][0]["paused"] is False
-    assert "was not paused" in ok(ns.url, "resume", JOB)
+    assert "resumed job 'sync'" in ok(shell.url, "resume", JOB)
+    assert as_json(shell.url, "jobs")["jobs"][0]["paused"] is False
+    assert "was not paused" in ok(shell.url, "resume", JOB)
 
-    until = as_json(ns.url, "pause", "--all", "--until", "2h", "--by", "bob@ops")
-    now = await started.server_time_ms()
+    until = as_json(shell.url, "pause", "--all", "--until", "2h", "--by", "bob@ops")
+    now = await shell.backend.server_time_ms()
     assert now is not None and until["job"] == "*"
     assert abs(until["until_ms"] - (now + 7_200_000)) < 60_000, until
-    [job] = as_json(ns.url, "jobs")["jobs"]
+    [job] = as_json(shell.url, "jobs")["jobs"]
     assert job["paused"] is True and job["pause"]["job"] == "*"
-    assert "every job (the whole cluster)" in ok(ns.url, "jobs")
-    assert ok(ns.url, "resume", "--all").startswith("ended the whole-cluster pause (paused by bob")
+    assert "every job (the whole cluster)" in ok(shell.url, "jobs")
+    assert ok(shell.url, "resume", "--all").startswith(
+        "ended the whole-cluster pause (paused by bob"
+    )
 
-    printed = ok(ns.url, "trigger", JOB, "--by", "carol@ops").strip()
+    printed = ok(shell.url, "trigger", JOB, "--by", "carol@ops").strip()
     assert re.fullmatch(r"[0-9a-f]{32}", printed), printed
-    control = started.control()
+    control = shell.backend.control()
     assert control is not None
     [stored] = [r for r in await control.requests([JOB]) if r.id == printed]
     assert stored.trigger is Trigger.MANUAL and stored.requested_by == "carol@ops"
 
-    out = anarchon(ns.url, "pause")
+    out = anarchon(shell.url, "pause")
     assert out.returncode == 2 and "give a JOB, or --all" in out.stderr
-    out = anarchon(ns.url, "pause", JOB, "--until", "soon")
+    out = anarchon(shell.url, "pause", JOB, "--until", "soon")
     assert out.returncode == 2 and "'soon'" in out.stderr
-    out = anarchon(ns.url, "pause", JOB, "--until", "2001-01-01T00:00:00")
+    out = anarchon(shell.url, "pause", JOB, "--until", "2001-01-01T00:00:00")
     assert out.returncode == 2 and "not in the future" in out.stderr
-    out = anarchon(ns.url, "trigger", "unknown-job")
+    out = anarchon(shell.url, "trigger", "unknown-job")
+    assert out.returncode == 2 and "carries job 'unknown-job'" in out.stderr, out.stderr
+    out = anarchon(shell.url, "trigger", "unknown-job", "--force")
     assert out.returncode == 0 and "no live instance carries job 'unknown-job'" in out.stderr
 
 
@@ -306,16 +216,15 @@ def _refused(url: str, said: str, *argv: str) -> None:
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_times_out_of_range_exit_2_and_store_nothing(
-    harness: Harness, ns: Namespace, started: Backend
+    harness: Harness,
+    shell: Shell,
 ) -> None:
     # Each was a traceback (exit 1, or 4 on PostgreSQL); the pauses were stored on SQLite and
     # NATS, and broke the instances, the commands and the dashboard that read them.
-    assert ns.url is not None
-    await populate(started)
-    now = await steering.backend_now_ms(started)
+    now = await steering.backend_now_ms(shell.backend)
     rule = "a time is from 1970-01-01T00:00:00Z to 9998-12-31T23:59:59.999Z"
     micro, nano = str(now * 1000), str(now * 1_000_000)
-    far = "is more than 10 years after the backend's clock"
+    far = "is more than 10 years after"  # this host's clock: told before the backend opens
     for said, argv in (
         (f"--until '{micro}' is out of range: {rule}", ("pause", JOB, "--until", micro)),
         ("(epoch nanoseconds? divide by 1,000,000", ("pause", "--all", "--until", nano)),
@@ -326,93 +235,181 @@ async def test_times_out_of_range_exit_2_and_store_nothing(
         (f"'0001-01-01T00:00:00' is out of range: {rule}", ("explain", JOB, "0001-01-01T00:00:00")),
         (f"SLOT '253402300800000' is out of range: {rule}", ("explain", JOB, "253402300800000")),
     ):
-        _refused(ns.url, said, *argv)
-    control = started.control()
+        _refused(shell.url, said, *argv)
+    control = shell.backend.control()
     assert control is not None and await control.pauses() == []
-    [job] = as_json(ns.url, "jobs")["jobs"]
+    [job] = as_json(shell.url, "jobs")["jobs"]
     assert job["paused"] is False, job
-    last = ok(ns.url, "explain", JOB, "9998-12-31T23:59:59Z")
+    last = ok(shell.url, "explain", JOB, "9998-12-31T23:59:59Z")
     assert "in the future" in last, last
+
+
+ATHENS = replace(DEFINITION, name="athens", expression="30 2 * * *", zone="Europe/Athens")
+#: 2026-03-29T02:30 in Athens (+02:00): a slot of ATHENS; the clocks skip 03:00 to 04:00 then.
+ATHENS_SLOT = 1_774_744_200_000
+#: How a time without an offset is read, as the messages state the rule.
+NAIVE_WORDS = "a time without an offset (no Z, no +02:00) is read in the time zone of the job"
+
+
+@pytest.mark.parametrize("harness", ["sqlite", "postgres"], indirect=True)
+async def test_a_time_without_an_offset_is_in_the_jobs_zone(
+    harness: Harness,
+    shell: Shell,
+) -> None:
+    """docs/operations.md, "Times on the command line": explain and pause --until read a time
+    without an offset in the job's zone (pause --until read it in UTC), --all and a job no
+    one carries refuse it, and every time printed reads back as the same instant."""
+    now = await steering.backend_now_ms(shell.backend)
+    registry, control = shell.backend.registry(), shell.backend.control()
+    assert registry is not None and control is not None
+    await record_instance(registry, instance_record("w1", ATHENS, beat=now))
+    late = replace(claim(ATHENS_SLOT, skip_reason="too late: test"), job="athens")
+    assert (await shell.backend.claim([late]))[0].status is ClaimStatus.SKIPPED
+    # The slot as history prints it (with Z, one word) reads back as the same slot; it was
+    # "2026-03-29 00:30:00.000", without an offset, so read in Athens: 22:30Z the day before.
+    [row] = ok(shell.url, "history", "athens").splitlines()[1:]
+    copied = row.split()[1]
+    assert copied == "2026-03-29T00:30:00.000Z", row
+    assert as_json(shell.url, "explain", "athens", copied)["slot_ms"] == ATHENS_SLOT
+    # 02:30 as Athens shows it finds the slot; so does the local time explain prints.
+    said = ok(shell.url, "explain", "athens", "2026-03-29T02:30")
+    assert "athens @ 2026-03-29T00:30:00Z (2026-03-29T02:30:00+02:00 Europe/Athens)" in said
+    fate = as_json(shell.url, "explain", "athens", "2026-03-29T02:30:00+02:00")
+    assert (fate["slot_ms"], fate["fate"]) == (ATHENS_SLOT, "skipped"), fate
+    # Twice on 2026-10-25 (04:00 back to 03:00): the first, and a note names the second.
+    twice = as_json(shell.url, "explain", "athens", "2026-10-25T03:30")
+    assert twice["slot_ms"] == 1_792_888_200_000, twice  # 00:30Z, +03:00
+    assert "occurs twice in Europe/Athens" in twice["notes"][0], twice["notes"]
+    assert "give 2026-10-25T03:30:00+02:00 for the second" in twice["notes"][0]
+    # Skipped by the clocks: refused naming the value, the gap and the rule.
+    gap = anarchon(shell.url, "explain", "athens", "2026-03-29T03:30")
+    assert gap.returncode == 2 and NAIVE_WORDS in gap.stderr, gap.stderr
+    assert "SLOT '2026-03-29T03:30' does not exist in Europe/Athens" in gap.stderr
+    # pause --until: in the job's zone (it was UTC: two or three hours off).
+    athens = ZoneInfo("Europe/Athens")
+    noon = (datetime.now(athens) + timedelta(days=1)).replace(
+        hour=12, minute=0, second=0, microsecond=0
+    )
+    text = noon.replace(tzinfo=None).isoformat()
+    until = as_json(shell.url, "pause", "athens", "--until", text)["until_ms"]
+    assert until == int(noon.timestamp()) * 1000, (text, until)
+    ok(shell.url, "resume", "athens")
+    # No one zone: every job, or a job no live instance carries. Nothing is stored.
+    for why, argv in (
+        ("--all is about every job, whatever their time zones", ("--all",)),
+        ("no live instance carries job 'gone', so its time zone is unknown", ("gone",)),
+    ):
+        out = anarchon(shell.url, "pause", *argv, "--until", text)
+        assert out.returncode == 2 and why in out.stderr, out.stderr
+        assert f"--until {text!r} has no offset, and no job's time zone applies" in out.stderr
+    assert await control.pauses() == []
+    with_offset = as_json(shell.url, "pause", "--all", "--until", f"{text}Z")
+    assert with_offset["until_ms"] == int(noon.replace(tzinfo=UTC).timestamp()) * 1000
+    ok(shell.url, "resume", "--all")
 
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_a_bad_by_exits_2_and_stores_nothing(
-    harness: Harness, ns: Namespace, started: Backend
+    harness: Harness,
+    shell: Shell,
 ) -> None:
     """``--by ''`` became user@host and ``--by $'x\\ny'`` was stored; ``by`` follows the
     rule of ``instance_id``: a non-empty, printable string of at most 256 characters."""
-    assert ns.url is not None
-    await populate(started)
     rule = "must be a non-empty string of at most 256 characters"
     for said, argv in (
         (f"anarchon pause: --by='' {rule}", ("pause", JOB, "--by", "")),
         ("anarchon pause: --by='x\\ny' must be printable", ("pause", "--all", "--by", "x\ny")),
         (f"... (257 characters) {rule}", ("trigger", JOB, "--by", "x" * 257)),
     ):
-        _refused(ns.url, said, *argv)
-    control = started.control()
+        _refused(shell.url, said, *argv)
+    control = shell.backend.control()
     assert control is not None
     assert await control.pauses() == [] and await control.requests([JOB]) == []
 
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_resuming_a_pause_that_ended_by_itself_says_it_was_not_paused(
-    harness: Harness, ns: Namespace, started: Backend
+    harness: Harness,
+    shell: Shell,
 ) -> None:
-    assert ns.url is not None
-    await populate(started)
-    now = await steering.backend_now_ms(started)
-    control = started.control()
+    now = await steering.backend_now_ms(shell.backend)
+    control = shell.backend.control()
     assert control is not None
     ended = Pause(job=JOB, by="alice@ops", at_ms=now - 2000, until_ms=now - 1000)
     await control.pause(ended)
-    said = ok(ns.url, "resume", JOB).strip()
-    until = datetime.fromtimestamp((now - 1000) // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    said = ok(shell.url, "resume", JOB).strip()
+    until = iso_exact(now - 1000)  # to the millisecond, as `anarchon jobs` prints a slot
     assert said == f"job 'sync' was not paused: its pause by alice@ops ended at {until}", said
     assert await control.pauses() == []  # removed all the same
     await control.pause(ended)
-    assert as_json(ns.url, "resume", JOB) == {"resumed": None, "still_paused": []}
+    assert as_json(shell.url, "resume", JOB) == {"resumed": None, "still_paused": []}
     await control.pause(replace(ended, job=ALL_JOBS))
-    said = ok(ns.url, "resume", "--all").strip()
+    said = ok(shell.url, "resume", "--all").strip()
     assert said.startswith("the whole cluster was not paused: its pause"), said
+
+
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3})?Z")
+
+
+def _ms(printed: str) -> int:
+    return round(datetime.fromisoformat(printed).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+async def test_the_moments_pause_resume_and_jobs_print_paste_back_exactly(
+    harness: Harness, shell: Shell
+) -> None:
+    # They were printed to the second: an `until` pasted back was up to 999 ms off the stored
+    # one. Now as `anarchon jobs` prints a slot: milliseconds when there are some.
+    said = ok(shell.url, "pause", JOB, "--until", "2h", "--by", "alice@ops").strip()
+    [until] = ISO_UTC.findall(said)
+    [job] = as_json(shell.url, "jobs")["jobs"]
+    stored = job["pause"]
+    assert _ms(until) == stored["until_ms"], (said, stored)
+    pause_line = f"  {JOB}: by alice@ops since {iso_exact(stored['at_ms'])}, until {until}"
+    assert pause_line in ok(shell.url, "jobs").splitlines()
+    again = as_json(shell.url, "pause", JOB, "--until", until, "--by", "alice@ops")
+    assert again["until_ms"] == stored["until_ms"], (again, stored)
+    said = ok(shell.url, "resume", JOB).strip()
+    [since] = ISO_UTC.findall(said)
+    assert _ms(since) == again["at_ms"], (said, again)
 
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_resume_all_names_every_job_still_paused_on_its_own(
-    harness: Harness, ns: Namespace, started: Backend
+    harness: Harness,
+    shell: Shell,
 ) -> None:
     """``pause sync; pause --all; resume --all``: the whole-cluster pause ends and sync's own
     stays (docs/operations.md), and the output says so; it printed "resumed every job" and
     ``"still_paused": []`` while sync stayed paused. The pauses are read from the control
     store, so a loaded machine that lets the test's instance record age out changes nothing."""
-    assert ns.url is not None
-    await populate(started)
-    control = started.control()
+    control = shell.backend.control()
     assert control is not None
 
     async def held() -> list[tuple[str, str]]:
         return [(p.job, p.by) for p in await control.pauses()]
 
-    ok(ns.url, "pause", JOB, "--by", "alice@ops")
-    ok(ns.url, "pause", "--all", "--by", "bob@ops")
-    said = ok(ns.url, "resume", "--all").splitlines()
+    ok(shell.url, "pause", JOB, "--by", "alice@ops")
+    ok(shell.url, "pause", "--all", "--by", "bob@ops")
+    said = ok(shell.url, "resume", "--all").splitlines()
     assert said[0].startswith("ended the whole-cluster pause (paused by bob@ops since "), said
     assert said[1:] == [
         f"note: job {JOB!r} is still paused by alice@ops ('anarchon resume {JOB}' ends it)"
     ], said
     assert await held() == [(JOB, "alice@ops")]
 
-    ok(ns.url, "pause", "--all", "--by", "bob@ops")
-    answer = as_json(ns.url, "resume", "--all")
+    ok(shell.url, "pause", "--all", "--by", "bob@ops")
+    answer = as_json(shell.url, "resume", "--all")
     assert answer["resumed"]["job"] == ALL_JOBS, answer
     assert [(p["job"], p["by"]) for p in answer["still_paused"]] == [(JOB, "alice@ops")], answer
     # Nothing left of the cluster's: it says so, and still names the job's own pause.
-    said = ok(ns.url, "resume", "--all").splitlines()
+    said = ok(shell.url, "resume", "--all").splitlines()
     assert said[0] == "the whole cluster was not paused" and len(said) == 2, said
-    assert "resumed job 'sync' (paused by alice@ops" in ok(ns.url, "resume", JOB)
-    assert as_json(ns.url, "resume", "--all") == {"resumed": None, "still_paused": []}
+    assert "resumed job 'sync' (paused by alice@ops" in ok(shell.url, "resume", JOB)
+    assert as_json(shell.url, "resume", "--all") == {"resumed": None, "still_paused": []}
     assert await held() == []
-    help_text = ok(ns.url, "resume", "--help")
+    help_text = ok(shell.url, "resume", "--help")
     assert "a job paused on its own stays paused" in " ".join(help_text.split()), help_text
 
 
@@ -439,13 +436,12 @@ def _as_an_earlier_version_stored_it(until_ms: int, now_ms: int) -> Pause:
 
 @pytest.mark.parametrize("harness", BACKENDS, indirect=True)
 async def test_a_pause_stored_with_an_end_no_time_holds_holds_until_resumed(
-    harness: Harness, ns: Namespace, started: Backend, tmp_path: Path
+    harness: Harness, ns: Namespace, shell: Shell, tmp_path: Path
 ) -> None:
     """docs/operations.md: such an end reads as "until resumed" everywhere: instances claim
     (and skip) the job's slots, ``jobs``, ``explain`` and the dashboard answer."""
-    assert ns.url is not None
-    slots = await populate(started)
-    now = await steering.backend_now_ms(started)
+    slots = shell.slots
+    now = await steering.backend_now_ms(shell.backend)
     # What an earlier version could store: epoch ns (SQLite and PostgreSQL keep 64 bits, the
     # NATS bucket any JSON number); on Redis, whose write named the end in the reason (so
     # failed past 9999), at most the last moment of 9999.
@@ -453,7 +449,7 @@ async def test_a_pause_stored_with_an_end_no_time_holds_holds_until_resumed(
         "redis": [253_402_300_799_999],
         "nats": [now * 1_000_000, 10**20],
     }.get(harness.name, [now * 1_000_000])
-    control = started.control()
+    control = shell.backend.control()
     assert control is not None
     for n, end in enumerate(ends):
         await control.pause(_as_an_earlier_version_stored_it(end, now))
@@ -463,41 +459,38 @@ async def test_a_pause_stored_with_an_end_no_time_holds_holds_until_resumed(
         await fresh.start()
         try:
             lease = 15000 if fresh.is_lease_backend else 0
-            [held] = await fresh.claim([_claim(slots.unclaimed + n * 1000, lease_ms=lease)])
+            [held] = await fresh.claim([claim(slots.unclaimed + n * 1000, lease_ms=lease)])
             assert held.status is ClaimStatus.SKIPPED, held
             assert held.run.reason is not None and held.run.reason.startswith("paused by old@ops")
             [read] = await fresh.control().pauses()  # type: ignore[union-attr]
             assert read.until_ms is None and read.by == "old@ops", read
         finally:
             await fresh.stop()
-        [job] = as_json(ns.url, "jobs")["jobs"]
+        [job] = as_json(shell.url, "jobs")["jobs"]
         assert job["paused"] is True and job["pause"]["until_ms"] is None, job
-        assert "sync: by old@ops since" in ok(ns.url, "jobs")
-        future = ok(ns.url, "explain", JOB, str(slots.future))
+        assert "sync: by old@ops since" in ok(shell.url, "jobs")
+        future = ok(shell.url, "explain", JOB, str(slots.future))
         assert "the job is paused by old@ops: this slot is skipped" in future, future
         if n == 0:
-            _pages_answer(ns.url, tmp_path, "/", f"/jobs/{JOB}", "/?format=json")
-        assert ok(ns.url, "resume", JOB).startswith("resumed job 'sync' (paused by old@ops")
+            _pages_answer(shell.url, tmp_path, "/", f"/jobs/{JOB}", "/?format=json")
+        assert ok(shell.url, "resume", JOB).startswith("resumed job 'sync' (paused by old@ops")
 
 
 @pytest.mark.parametrize("harness", ["nats"], indirect=True)
-async def test_a_mistyped_nats_prefix_exits_3(harness: Harness, ns: Namespace) -> None:
+async def test_a_mistyped_nats_prefix_exits_3(
+    harness: Harness, ns: Namespace, shell: Shell
+) -> None:
     """The stream exists, but no scheduler ran under the URL's prefix (mistyped, or the default
     'cron.' where the schedulers use another): every command, the dashboard too, says "no
     anarchon data" with exit code 3 and names the prefix and the stream's subjects. It said
     "cannot be reached" (exit 4) after a server error, and the dashboard served 503 pages."""
     from tests.ports import any_free
 
-    assert ns.url is not None
-    backend = ns.make()
-    await backend.start()  # the stream, with the namespace's own prefix
-    try:
-        await populate(backend)  # a scheduler's record and runs: the registry exists
-    finally:
-        await backend.stop()
+    # shell: the stream, with the namespace's own prefix, a scheduler's record and runs (the
+    # registry exists).
     prefix = str(ns.extra["prefix"])
-    url = ns.url.replace(f"prefix={prefix}", "prefix=typo.")
-    assert url != ns.url
+    url = shell.url.replace(f"prefix={prefix}", "prefix=typo.")
+    assert url != shell.url
     dashboard = ("dashboard", "--port", str(any_free()))
     for argv in (("jobs",), ("history", JOB), ("pause", JOB), ("trigger", JOB), dashboard):
         out = anarchon(url, *argv)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from typing import Any
 
 import pytest
 
 from anarchon import RunStatus
 from tests.conformance.procs import Fleet, Worker
-from tests.conformance.test_failover import history_of, one_slot, runner_of, wait_for
+from tests.conformance.test_failover import history_of, plan_one_slot, runner_of, wait_for
 from tests.harness import Harness, Namespace, in_chaos_only
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -33,7 +32,7 @@ def start_of(slot: int, attempt: int) -> Any:
 
 def stopped_until(fleet: Fleet, worker: Worker, predicate: Any, timeout: float, what: str) -> Any:
     """SIGSTOP ``worker`` until a record matches ``predicate`` (SIGCONT after, whatever)."""
-    worker.kill(signal.SIGSTOP)
+    fleet.freeze(worker)
     try:
         return wait_for(fleet, predicate, timeout, what)
     finally:
@@ -55,10 +54,9 @@ async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
     # Attempt 1's runner is stopped past its lease: the other instance takes attempt 2. Then
     # attempt 2's runner is stopped past its lease: only attempt 1's instance is left to take
     # attempt 3, which it can only do if it watches the slot since it lost its own attempt.
-    schedule, slot = one_slot(20.0)
-    workers = fleet.spawn(2, schedule=schedule, seconds=240, sleep_ms=200_000)
-    fleet.wait_ready(workers)
-    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    plan = fleet.tmp / "plan"
+    workers = fleet.spawn(2, schedule_from=plan, seconds=240, sleep_ms=200_000)
+    slot = plan_one_slot(fleet, workers, plan)
     first = wait_for(fleet, start_of(slot, 1), 60, "attempt 1's start")
     stale = runner_of(fleet, first)
     second = stopped_until(fleet, stale, start_of(slot, 2), LEASE_S + 30, "attempt 2's start")
@@ -67,6 +65,8 @@ async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
     other = runner_of(fleet, second)
     third = stopped_until(fleet, other, start_of(slot, 3), STOPPED_S + 30, "attempt 3's start")
     assert third["pid"] == stale.pid and third["fence"] > second["fence"]
+    # Attempt 3's handler sleeps on (200 s): a graceful stop would wait out the 30 s grace.
+    fleet.kill_all()
 
 
 async def test_a_handler_that_sees_its_lease_lost_leaves_the_slot_to_run_again(
@@ -75,10 +75,11 @@ async def test_a_handler_that_sees_its_lease_lost_leaves_the_slot_to_run_again(
     # One instance, no other to take over: its handler calls ctx.check_lease() in steps. Stopped
     # past its lease, it raises LeaseLost when it resumes; the slot must not end failed with
     # attempts left: the instance itself takes the run over (its periodic adoption at worst).
-    schedule, slot = one_slot(20.0)
-    [worker] = fleet.spawn(1, schedule=schedule, seconds=240, sleep_ms=30_000, handler_mode="check")
-    fleet.wait_ready([worker])
-    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    plan = fleet.tmp / "plan"
+    [worker] = fleet.spawn(
+        1, schedule_from=plan, seconds=240, sleep_ms=30_000, handler_mode="check"
+    )
+    slot = plan_one_slot(fleet, [worker], plan)
     wait_for(fleet, start_of(slot, 1), 60, "attempt 1's start")
     await asyncio.sleep(2)
     worker.kill(signal.SIGSTOP)
@@ -88,7 +89,9 @@ async def test_a_handler_that_sees_its_lease_lost_leaves_the_slot_to_run_again(
     # renewed on resuming), with a generous margin.
     second = wait_for(fleet, start_of(slot, 2), 60 + LEASE_S + 45, "attempt 2's start")
     assert second["pid"] == worker.pid
-    fleet.stop_all()
+    # Attempt 2's handler has 30 s to go: a graceful stop would wait out the 30 s grace for it.
+    # Attempt 1's record, asked about below, was written when attempt 2 took the slot over.
+    fleet.kill_all()
     runs = [r for r in await history_of(ns) if r.slot_ms == slot]
     assert runs[-1].attempt == 1 and runs[-1].status is RunStatus.FAILED, runs
     assert "LeaseLost" not in (runs[-1].reason or "") + (runs[-1].error or ""), runs

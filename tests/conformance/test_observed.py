@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anarchon import RunContext, RunStatus, Scheduler, Trigger, steering
+from anarchon import Backend, RunContext, RunStatus, Scheduler, Trigger, steering
 from anarchon._metrics import RUN_STATUSES, SLOT_OUTCOMES, skip_class
-from tests.conformance.procs import Fleet, Worker
+from tests.conformance.procs import Fleet, Worker, busy_then_paused
 from tests.conformance.test_scheduling import until
 from tests.harness import Harness, Namespace
 
@@ -95,7 +95,7 @@ def _wait_for_start(fleet: Fleet, workers: list[Worker], timeout: float = 30) ->
 
 @pytest.mark.slow
 async def test_over_real_instances_the_counters_add_up_to_history(
-    harness: Harness, fleet: Fleet, ns: Namespace
+    harness: Harness, fleet: Fleet, backend: Backend
 ) -> None:
     # Two instances, options at their defaults but a short grace: an every-second job whose
     # handler takes 2.5 s (on a lease backend the slots meanwhile are skipped for overlap), a
@@ -103,27 +103,17 @@ async def test_over_real_instances_the_counters_add_up_to_history(
     # and a stop while a run is in its handler (handed over to the other instance, or recorded
     # failed on a broker). Added over the instances, the per-job slots and runs, skipped and
     # slots_paused equal history.
-    workers = fleet.spawn(2, seconds=90, sleep_ms=2_500, grace_ms=300)
-    fleet.wait_ready(workers)
-    backend = ns.make()
-    await backend.start()
-    try:
-        await asyncio.sleep(4)
-        now = await steering.backend_now_ms(backend)
-        await steering.pause(backend, "tick", until_ms=now + 3_500, by="test")
-        await asyncio.sleep(6)
-        _wait_for_start(fleet, workers)
-        await steering.trigger(backend, "tick", by="test")  # while that run holds its lease
-        await asyncio.sleep(3)
-        _wait_for_start(fleet, workers[:1])
-        await asyncio.sleep(0.2)
-        workers[0].kill(signal.SIGTERM)  # in its handler: past the grace, handed over
-        workers[0].wait(30)
-        await asyncio.sleep(6)
-        fleet.stop_all()
-        history = await backend.history("tick", limit=1_000)
-    finally:
-        await backend.stop()
+    workers = await busy_then_paused(fleet, backend, "tick", 4, seconds=90, grace_ms=300)
+    _wait_for_start(fleet, workers)
+    await steering.trigger(backend, "tick", by="test")  # while that run holds its lease
+    await asyncio.sleep(3)
+    _wait_for_start(fleet, workers[:1])
+    await asyncio.sleep(0.2)
+    workers[0].kill(signal.SIGTERM)  # in its handler: past the grace, handed over
+    workers[0].wait(30)
+    await asyncio.sleep(6)
+    fleet.stop_all()
+    history = await backend.history("tick", limit=1_000)
     exits = fleet.records("exit")
     assert len(exits) == 2, fleet.logs()
 

@@ -429,3 +429,35 @@ def test_retries_and_missed_slots_on_three_instances(harness: Harness, retry: In
     assert "missed" in said and "no instance carried the job from" in said, said
     fate = as_json(url, "explain", "beat", str(slot))
     assert fate["fate"] == "missed" and fate["reason"].startswith(MISSED_PREFIX), fate
+
+
+@pytest.mark.parametrize("harness", BACKENDS, indirect=True)
+def test_a_cancelled_trigger_never_runs_on_three_instances(
+    harness: Harness, steer: Instances
+) -> None:
+    """Two triggers wait while every instance is killed; ``anarchon cancel`` cancels one. Once
+    the instances are back, the other is claimed (run, or skipped for overlap) and the cancelled
+    one never starts: history holds it once, skipped, ``cancelled by ops``."""
+    url = steer.url
+    steer.spawn("w0", "w1", "w2")
+    wait_for(lambda: len(steer.slots("tick")) >= 2, "tick to run")
+    steer.kill_all()
+    # The killed instances' records still name tick: the trigger is stored, with a warning.
+    cancelled = anarchon(url, "trigger", "tick").stdout.strip()
+    kept = anarchon(url, "trigger", "tick").stdout.strip()
+    listed = {r["id"] for r in as_json(url, "requests")["requests"]}
+    assert listed == {cancelled, kept}, listed
+    said = anarchon(url, "cancel", cancelled, "--by", "ops").stdout
+    assert said.strip().startswith(f"cancelled trigger {cancelled} of job 'tick'"), said
+    steer.spawn("r0", "r1", "r2")
+
+    def decided() -> bool:
+        return any(r["run_id"] == kept for r in history(url, "tick"))
+
+    wait_for(decided, "the kept trigger to be claimed", timeout=TRIGGER_BOUND_S + 20)
+    time.sleep(3)  # every instance has polled its requests a few times since
+    assert not _manual(steer, cancelled), steer.logs()
+    [record] = [r for r in history(url, "tick") if r["run_id"] == cancelled]
+    assert (record["status"], record["reason"]) == ("skipped", "cancelled by ops"), record
+    assert record["skip_cause"] == "cancelled", record
+    assert as_json(url, "requests")["requests"] == []

@@ -5,6 +5,11 @@ the test can count runs per slot after the processes are gone, including process
 
     python -m tests.conformance.worker --url sqlite:////tmp/x.db --out /tmp/a.jsonl \
         --job tick --schedule "* * * * * *" --seconds 10
+
+With ``--schedule-from PLAN`` the process loads (imports, makes its backend and scheduler),
+creates ``--loaded`` and waits for the file ``PLAN`` to hold the job's schedule; the test writes
+it once every instance is loaded, so start-up cost does not eat into a slot planned a few
+seconds ahead (:func:`tests.conformance.test_failover.plan_one_slot`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,35 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
+def _record_spans() -> Any:
+    """anarchon's spans into the OpenTelemetry SDK's in-memory exporter (its exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from anarchon import otel
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.configure(provider)
+    return exporter
+
+
+def _spans(exporter: Any) -> list[dict[str, Any]]:
+    """The ``slot <job>`` spans recorded: name, attributes, trace id and parent span id."""
+    return [
+        {
+            "name": span.name,
+            "attributes": dict(span.attributes or {}),
+            "trace_id": span.context.trace_id,
+            "parent": span.parent.span_id if span.parent else None,
+        }
+        for span in exporter.get_finished_spans()
+        if span.name.startswith("slot ")
+    ]
+
+
 async def main(args: argparse.Namespace) -> None:
     backend = backend_from_url(args.url)
     given = {} if args.grace_ms is None else {"grace_ms": args.grace_ms}  # else the default
@@ -80,7 +114,11 @@ async def main(args: argparse.Namespace) -> None:
             raise
         _write(args.out, {"event": "end", "t": time.time(), "lost": ctx.lease_lost, **base})
 
-    scheduler.add(args.job, args.schedule, handler, **_options(args))
+    exporter = _record_spans() if args.spans else None
+    schedule = args.schedule
+    if args.schedule_from is not None:
+        schedule = _planned_schedule(args.schedule_from, args.loaded)  # the loop runs nothing yet
+    scheduler.add(args.job, schedule, handler, **_options(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -105,6 +143,19 @@ async def main(args: argparse.Namespace) -> None:
             },
         },
     )
+    if exporter is not None:
+        _write(args.out, {"event": "spans", "pid": os.getpid(), "spans": _spans(exporter)})
+
+
+def _planned_schedule(plan: str, loaded: str | None) -> str:
+    """Create ``loaded`` (if given), then wait for the file ``plan`` and return the schedule
+    it holds (the test writes it whole: a rename)."""
+    if loaded:
+        _write(loaded, {"pid": os.getpid(), "t": time.time()})
+    while not os.path.exists(plan):
+        time.sleep(0.02)
+    with open(plan) as handle:
+        return handle.read().strip()
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,6 +165,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ready")
     p.add_argument("--job", default="tick")
     p.add_argument("--schedule", default="* * * * * *")
+    p.add_argument("--schedule-from", help="wait, loaded, for the schedule in this file")
+    p.add_argument("--loaded", help="created once loaded (with --schedule-from)")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--sleep-ms", type=int, default=0)
     p.add_argument("--grace-ms", type=int, help="default: the Scheduler's")
@@ -138,6 +191,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overlap")
     p.add_argument("--catch-up")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument(
+        "--spans",
+        type=int,
+        default=0,
+        help="1: record anarchon's spans (OpenTelemetry SDK, in memory) and write its slot "
+        "spans on exit",
+    )
     return p.parse_args(argv)
 
 

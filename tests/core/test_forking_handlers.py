@@ -13,7 +13,6 @@ handler's child ran the event loop on the parent's backend connections.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends.redis import SERVER, delete_prefix, reachable, unique_prefix
+from tests.reaping import is_same, kill_if_same
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -65,12 +65,10 @@ else:
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _alive(pid: int, cwd: Path) -> bool:
+    """Whether the child ``pid`` still runs: a process with that pid in the test's folder (a pid
+    that was freed may be another process's by now)."""
+    return is_same(pid, cwd=cwd)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
@@ -110,7 +108,7 @@ def test_a_child_forked_by_a_handler_ends_with_its_sys_exit(
         tail = log.read_text()[-3000:]
         assert len(ran) >= 3, f"the parent's runs did not end: {ran}, children {pids}\n{tail}"
         time.sleep(1)  # a child that exited is gone (reaped by its parent) by now
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if _alive(p, tmp_path)]
         assert not alive, f"forked children still running: {alive}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-3000:]
@@ -129,8 +127,7 @@ def test_a_child_forked_by_a_handler_ends_with_its_sys_exit(
             proc.wait()
         if children.exists():
             for pid in map(int, children.read_text().split()):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)  # the old code's children: by their pid
+                kill_if_same(pid, cwd=tmp_path)  # the old code's children, by pid and folder
         if prefix is not None:
             asyncio.run(delete_prefix(SERVER, prefix))
     runs = json.loads(history.stdout)["runs"]

@@ -2,7 +2,8 @@
 still running, never stopped, on SQLite and Redis with every option at its default: the loop's
 end stops the scheduler (grace cut short, a WARNING ``loop_ended``), so its run is handed over
 and another instance takes it over at once, not after its lease (15 s); and its instance record
-leaves the registry instead of staying "alive" until it falls silent."""
+leaves the registry instead of staying "alive" until it falls silent. A plain handler's thread,
+which no cancellation stops, is waited for (within the grace) and its result recorded."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from anarchon import Scheduler
+from anarchon import RunStatus, Scheduler
 from tests.conformance.procs import ROOT, Fleet, wait_for
 from tests.conformance.test_failover import one_slot
 from tests.harness import Harness, Namespace
@@ -76,10 +77,7 @@ async def test_main_ending_with_the_scheduler_running_hands_its_run_over(
         after_s = taken["t"] - float(ended["t"])  # type: ignore[arg-type]
         left = await _instances(ns)
     finally:
-        if ending.poll() is None:
-            ending.kill()
-            ending.wait(10)
-        fleet.stop_all()
+        _stop(ending, fleet)
     text = log.read_text()
     print(f"{end}: taken over {after_s:.2f} s after main() ended; instances left: {left}")
     assert taken["slot"] == slot
@@ -90,11 +88,73 @@ async def test_main_ending_with_the_scheduler_running_hands_its_run_over(
     assert left == ["w0"], f"instances still recorded alive: {left}"
 
 
+async def test_main_ending_while_a_plain_handler_runs_waits_for_its_thread(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # A thread cannot be cancelled: the loop's end waits for it within the grace (30 s by
+    # default), its lease still renewed, and records its result. Before, asyncio.run() came
+    # back at once, the thread's finish was lost with the process, and the run stayed open
+    # until its lease expired and another instance ran the slot again.
+    assert ns.url is not None
+    schedule, slot = one_slot(lead_s=8)
+    out, log, release = tmp_path / "plain.jsonl", tmp_path / "plain.log", tmp_path / "release"
+    fleet = Fleet(ns.url, tmp_path)
+    ending = _start_ending(ns.url, out, log, schedule, "return", plain=release)
+
+    def events(name: str) -> list[dict[str, object]]:
+        return [r for r in _read(out) if r["event"] == name]
+
+    try:
+        wait_for(lambda: events("start"), "the plain handler's start", 40)
+        [other] = fleet.spawn(1, schedule=schedule, seconds=120, sleep_ms=60_000, grace_ms=500)
+        fleet.wait_ready([other])
+        time.sleep(1.0)  # noqa: ASYNC251 - it adopts the open run meanwhile; nothing to await
+        ending.send_signal(signal.SIGUSR1)  # main() returns now, the thread still working
+        wait_for(
+            lambda: "the event loop is ending while it runs" in log.read_text(),
+            "the loop_ended warning",
+            30,
+        )
+        assert events("ending"), log.read_text()
+        # The stop waits for the thread: asyncio.run() has not come back.
+        assert ending.poll() is None, f"the process exited under its thread\n{log.read_text()}"
+        assert not events("exited"), log.read_text()
+        release.touch()
+        assert ending.wait(60) == 0, log.read_text()
+        backend = ns.make()
+        await backend.start()
+        try:
+            runs = [r for r in await backend.history("tick") if r.slot_ms == slot]
+        finally:
+            await backend.stop()
+        takeovers = [r for r in other.records() if r["event"] == "start"]
+    finally:
+        _stop(ending, fleet)
+    text = log.read_text()
+    [ended], [finished], [exited] = events("ending"), events("finished"), events("exited")
+    assert float(ended["t"]) <= float(finished["t"]) <= float(exited["t"]), text  # type: ignore[arg-type]
+    assert [(r.attempt, r.status, r.instance) for r in runs] == [
+        (1, RunStatus.SUCCEEDED, "ending")
+    ], f"{runs}\n{text}"
+    assert takeovers == [], takeovers
+
+
+def _stop(ending: subprocess.Popen[bytes], fleet: Fleet) -> None:
+    """Kill the application if it still runs; stop the other instances."""
+    if ending.poll() is None:
+        ending.kill()
+        ending.wait(10)
+    fleet.stop_all()
+
+
 def _start_ending(
-    url: str, out: Path, log: Path, schedule: str, end: str
+    url: str, out: Path, log: Path, schedule: str, end: str, plain: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start the application whose main() ends with its scheduler running (loop_end_worker)."""
+    """Start the application whose main() ends with its scheduler running (loop_end_worker);
+    with ``plain``, its handler is a plain function that returns once that file exists."""
     args = ["--url", url, "--out", str(out), "--schedule", schedule, "--end", end]
+    if plain is not None:
+        args += ["--plain", str(plain)]
     with log.open("wb") as handle:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.core.loop_end_worker", *args],

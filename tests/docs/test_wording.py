@@ -14,7 +14,14 @@ from anarchon import Scheduler
 from tests.docs.blocks import ROOT
 
 PAGES = sorted(
-    [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "Makefile", *(ROOT / "docs").rglob("*.md")]
+    [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "Makefile",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "bench").glob("*.md"),  # results.md is written by bench/report.py
+        ROOT / "bench" / "report.py",
+    ]
 )
 TRACKER = re.compile(r"\bissues? *#?\d+|\(#\d+\)", re.I)
 GUIDES = [*sorted((ROOT / "docs" / "migrate").glob("*.md")), ROOT / "docs/guides/django.md"]

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,15 @@ def health_of_host(url: str) -> tuple[int, dict[str, object]]:
     return done.returncode, json.loads(done.stdout)
 
 
+def _records(report: dict[str, object]) -> list[dict[str, Any]]:
+    """The registry records a ``health --json`` report shows (none in a report of no data)."""
+    return report.get("instances", [])  # type: ignore[return-value]
+
+
+def _pids(report: dict[str, object]) -> set[int]:
+    return {r["pid"] for r in _records(report)}
+
+
 def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
     tmp_path: Path, backend_url: str
 ) -> None:
@@ -136,23 +146,27 @@ def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
         survivor = run(procs, tmp_path, backend_url, None)
         killed.wait_for(STARTED, timeout=30)
         survivor.wait_for(STARTED, timeout=30)
-        time.sleep(BEAT_S + 1)  # both recorded
+        deadline = time.monotonic() + 60
+        while _pids(health_of_host(backend_url)[1]) != {killed.proc.pid, survivor.proc.pid}:
+            assert time.monotonic() < deadline, "both not recorded in 60 s"
+            time.sleep(0.5)
         assert health_of_host(backend_url)[0] == 0
         killed.stop(signal.SIGKILL)
         began = time.monotonic()
         readings = []
-        while time.monotonic() - began < 7 * BEAT_S + 3:  # until the record is removed
+        # Until the record, seen gone, is removed; at most 6 heartbeats and one after the kill.
+        while time.monotonic() - began < 7 * BEAT_S + 3:
             readings.append((round(time.monotonic() - began), *health_of_host(backend_url)))
+            gone = [r for _, _, report in readings for r in _records(report) if r["gone"]]
+            if gone and killed.proc.pid not in _pids(readings[-1][2]):
+                break
             time.sleep(2)
         assert all(code == 0 for _, code, _ in readings), readings
-        gone = [
-            r
-            for _, _, report in readings
-            for r in report["instances"]  # type: ignore[attr-defined]
-            if r["gone"]
-        ]
         assert gone and {r["pid"] for r in gone} == {killed.proc.pid}, readings
         survivor.stop(signal.SIGKILL)
-        time.sleep(3 * BEAT_S + 2)  # its record stale, no scheduler left here
-        code, report = health_of_host(backend_url)
+        # Its record goes stale 3 heartbeats after its last: then no scheduler runs here.
+        deadline = time.monotonic() + 3 * BEAT_S + 30
+        while (failed := health_of_host(backend_url))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        code, report = failed
     assert code == 1, report

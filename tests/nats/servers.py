@@ -25,19 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.ports import PortRange
+from tests.ports import PortRange, worker_share
 
 SHARED_URL = "nats://127.0.0.1:4222"
 DEBIAN_BINARY = "/usr/sbin/nats-server"
 CURRENT_BINARY = str(Path(sys.executable).parent / "nats-server")
 BINARIES = {"2.9": DEBIAN_BINARY, "current": CURRENT_BINARY}
 
-# The NATS tests' range (see tests/ports.py), in three parts. A port is probed free, not handed
-# out once: each process starts its search at its own place, so test workers rarely pick the same
-# port at the same moment (a server that loses that race anyway is started again elsewhere).
-SESSION_PORTS = PortRange(range(14200, 14220), once=False, spread=True)
-SINGLE_PORTS = PortRange(range(14220, 14260), once=False, spread=True)
-CLUSTER_PORTS = PortRange(range(14260, 14300), once=False, spread=True)
+# The NATS tests' range (see tests/ports.py), in three parts, each split between pytest's workers:
+# a server a test kills and starts again leaves its client and route ports free meanwhile, and a
+# server of another worker started on them would answer this test's clients (a cluster then
+# reports its own peers offline). Within a worker's share a port is probed free, not handed out
+# once; a server that loses a race anyway is started again elsewhere.
+SESSION_PORTS = PortRange(worker_share(range(14200, 14220)), once=False, spread=True)
+SINGLE_PORTS = PortRange(worker_share(range(14220, 14260)), once=False, spread=True)
+CLUSTER_PORTS = PortRange(worker_share(range(14260, 14300)), once=False, spread=True)
 
 
 def unique_names() -> tuple[str, str]:
@@ -259,6 +261,7 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
     import nats.errors
     import nats.js.errors
 
+    from anarchon.backends.nats._client import close_client
     from anarchon.backends.nats._registry import bucket_streams
 
     nc = await connect(url)
@@ -280,7 +283,7 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
                     continue
                 break
     finally:
-        await nc.close()
+        await close_client(nc)  # within seconds, even if the server stopped reading
 
 
 def hold_shared_account() -> str | None:
@@ -314,6 +317,82 @@ def hold_shared_account() -> str | None:
 def release_shared_account(name: str) -> None:
     """Delete the stream :func:`hold_shared_account` made."""
     asyncio.run(delete_stream(SHARED_URL, name))
+
+
+#: How old a hold stream must be before :func:`sweep_stale_holds` deletes it: a test process
+#: holds its own for the session (``make test`` takes under half an hour, ``make chaos`` about
+#: an hour); one older was left by a process killed before its release.
+STALE_HOLD_S = 2 * 3600
+
+
+def _created_s(stamp: str) -> float | None:
+    """Seconds since the epoch of a stream's ``created`` (RFC 3339, nanoseconds, UTC); None if
+    it does not read as one."""
+    import re
+    from datetime import datetime
+
+    found = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)", stamp)
+    if found is None:
+        return None
+    zone = "+00:00" if found[2] == "Z" else found[2]
+    return datetime.fromisoformat(found[1] + zone).timestamp()
+
+
+async def _stale_holds(nc: Any, max_age_s: float) -> list[str]:
+    """The hold streams (``HOLD_`` names) on ``nc``'s account created over ``max_age_s`` ago,
+    from the JetStream API's stream list, which gives each stream's creation time whatever
+    nats-py's version; never every stream of the account (one is kept: see
+    :func:`hold_shared_account`)."""
+    import json
+
+    streams: list[dict[str, Any]] = []
+    while True:
+        reply = await nc.request(
+            "$JS.API.STREAM.LIST", json.dumps({"offset": len(streams)}).encode(), timeout=10
+        )
+        page = json.loads(reply.data)
+        found = page.get("streams") or []
+        streams += found
+        if not found or len(streams) >= int(page.get("total", 0)):
+            break
+    now = time.time()
+    stale = []
+    for info in streams:
+        name = str(info.get("config", {}).get("name", ""))
+        created = _created_s(str(info.get("created", "")))
+        if name.startswith("HOLD_") and created is not None and now - created > max_age_s:
+            stale.append((created, name))
+    stale.sort()
+    if len(stale) == len(streams):
+        stale.pop()  # the newest stays: the account is never left without a stream
+    return [name for _, name in stale]
+
+
+def sweep_stale_holds(max_age_s: float = STALE_HOLD_S, url: str = SHARED_URL) -> list[str]:
+    """Delete the hold streams of :func:`hold_shared_account` created over ``max_age_s`` ago on
+    the shared server (or ``url``), left by test processes killed before their release (a
+    timeout); returns their names. Other streams are never touched, and a server that does not
+    answer (or any error) ends the sweep quietly: the run goes on without it."""
+
+    async def sweep() -> list[str]:
+        import nats.js.errors
+
+        nc = await connect(url)
+        try:
+            js = nc.jetstream(timeout=10)
+            deleted = []
+            for name in await _stale_holds(nc, max_age_s):
+                with contextlib.suppress(nats.js.errors.NotFoundError):  # another sweep's
+                    await js.delete_stream(name)
+                    deleted.append(name)
+            return deleted
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(sweep(), 15))
+    except Exception:  # NATS down or slow: nothing swept, the run goes on
+        return []
 
 
 async def read_subject(url: str | list[str], stream: str, subject: str) -> list[Any]:

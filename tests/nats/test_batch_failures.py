@@ -80,9 +80,9 @@ def _failing_batch(backend: NatsBackend, slot: int) -> tuple[list[ClaimRequest],
 
 async def _failed(make: Make, monkeypatch: pytest.MonkeyPatch) -> tuple[NatsBackend, Any, Any]:
     """A backend whose claim() of :func:`_failing_batch` (at SLOT) just failed."""
-    from anarchon.backends.nats import _connection
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.5)
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 0.5)
     backend: NatsBackend = await make()
     requests, publishes = _failing_batch(backend, SLOT)
     with pytest.raises(BackendUnavailable):
@@ -107,11 +107,11 @@ async def test_the_retry_of_a_failed_batch_gets_the_answers_it_decided(
 async def test_wins_of_a_failed_batch_the_scheduler_gives_up_on_are_closed_skipped(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from anarchon.backends.nats import _connection, _settle
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_settle, "SETTLE_EVERY_S", 0.1)
-    monkeypatch.setattr(_settle, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.5)
+    monkeypatch.setattr(_timings, "SETTLE_EVERY_S", 0.1)
+    monkeypatch.setattr(_timings, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 0.5)
     backend: NatsBackend = await make()
     scheduler = Scheduler(backend)
     for n in range(10):

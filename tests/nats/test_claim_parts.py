@@ -33,9 +33,9 @@ async def test_a_burst_larger_than_one_claim_call_runs_every_slot_once(
     server_url: str, names: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from anarchon import _claims as core_claims
-    from anarchon.backends.nats import _connection
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 1.0)
     monkeypatch.setattr(core_claims, "CLAIM_PART", 50)  # 50 publishes: 0.625 s
     stream, prefix = names
     backend = NatsBackend(server_url, stream=stream, prefix=prefix)

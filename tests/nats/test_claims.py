@@ -367,9 +367,9 @@ async def test_no_claim_is_sent_later_than_the_margin_after_the_call(
     even for a request that waited behind the in-flight gate while the server answered slowly
     (MANUAL_SETTLE_AFTER_MS relies on it)."""
     from anarchon import BackendUnavailable
-    from anarchon.backends.nats import _connection
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 1.0)
     backend: NatsBackend = await make()
     backend._conn.in_flight = asyncio.Semaphore(1)
     starts: list[float] = []
@@ -398,9 +398,9 @@ async def test_no_scheduled_claim_is_sent_once_its_slot_is_too_late_at_its_turn(
     from its claim() call instead: a claim that waited that long behind earlier ones was
     refused unsent, though its slot was still in time, and the whole batch retried.)"""
     from anarchon import Scheduler
-    from anarchon.backends.nats import _connection
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.3)
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 0.3)
     backend: NatsBackend = await make()
     scheduler = Scheduler(backend)
     for n in range(6):
@@ -445,11 +445,11 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
     import nats.errors
 
     from anarchon import BackendUnavailable, Scheduler
-    from anarchon.backends.nats import _connection, _settle
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_settle, "SETTLE_EVERY_S", 0.1)
-    monkeypatch.setattr(_settle, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 1.0)
+    monkeypatch.setattr(_timings, "SETTLE_EVERY_S", 0.1)
+    monkeypatch.setattr(_timings, "CLAIM_MARGIN_MS", 0)  # settled once max_late_ms is over
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 1.0)
     backend: NatsBackend = await make()
     Scheduler(backend).add("sync", "* * * * *", _noop, jitter_ms=0, max_late_ms=1_000)
     publish = backend._conn.publish
@@ -566,9 +566,9 @@ async def test_a_claim_not_sent_at_its_turn_is_counted_unclaimed_not_skipped(
     ``skipped`` and ``skipped_too_late``: summed, the counters exceeded history."""
     from anarchon import Scheduler
     from anarchon._metrics import skip_class
-    from anarchon.backends.nats import _connection
+    from anarchon.backends.nats import _timings
 
-    monkeypatch.setattr(_connection, "CLAIM_RETRY_S", 0.3)
+    monkeypatch.setattr(_timings, "CLAIM_RETRY_S", 0.3)
     backend: NatsBackend = await make()
     scheduler = Scheduler(backend)
     jobs = [f"j{n}" for n in range(6)]
@@ -615,7 +615,7 @@ async def test_claims_too_late_at_their_turn_are_told_in_one_warning(
     capacity) are each logged at INFO, and counted in one WARNING per TOO_LATE_WARN_S at most.
     (Before, only the INFO lines said it.)"""
     from anarchon import Scheduler
-    from anarchon.backends.nats import _claims
+    from anarchon.backends.nats import _timings
 
     backend: NatsBackend = await make()
     scheduler = Scheduler(backend)
@@ -636,7 +636,7 @@ async def test_claims_too_late_at_their_turn_are_told_in_one_warning(
     assert told[0].getMessage().startswith("10 slot(s) not claimed: their claim's turn came")
     assert "docs/backends/nats.md" in told[0].getMessage()
     assert getattr(told[0], "late_ms", 0) >= 5_000
-    monkeypatch.setattr(_claims, "TOO_LATE_WARN_S", 0.0)  # the next one is due: counts the 3
+    monkeypatch.setattr(_timings, "TOO_LATE_WARN_S", 0.0)  # the next one is due: counts the 3
     await backend.claim([request(job="j0", slot=slot + 60_000)])  # in time: none added
     told = warnings()
     assert len(told) == 2 and getattr(told[1], "slots", None) == 3, told
@@ -646,7 +646,8 @@ async def test_claims_too_late_at_their_turn_are_told_in_one_warning(
 def test_too_late_warns_at_once_then_once_per_period_counting_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from anarchon.backends.nats._claims import TOO_LATE_WARN_S, TooLate
+    from anarchon.backends.nats._claims import TooLate
+    from anarchon.backends.nats._timings import TOO_LATE_WARN_S
 
     caplog.set_level(logging.WARNING, "anarchon")
     too_late = TooLate()

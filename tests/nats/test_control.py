@@ -13,7 +13,7 @@ from typing import Any
 from anarchon import RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats._control import PAUSE_CACHE_S
+from anarchon.backends.nats._timings import PAUSE_CACHE_S
 from anarchon.control import ALL_JOBS, Pause, RunRequest, paused_reason, retry_key
 from tests.nats.servers import connect, read_subject
 

@@ -52,12 +52,12 @@ Make = Callable[..., Awaitable[NatsBackend]]
 def quick_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard looks every half second (it looks every 30 s, and soon after a failure)."""
     try:
-        from anarchon.backends.nats import _guard
-    except ImportError:  # a version without the guard: the test fails on what it checks
+        from anarchon.backends.nats import _timings
+    except ImportError:  # a version without them: the test fails on what it checks
         return
-    monkeypatch.setattr(_guard, "GUARD_EVERY_S", 0.5)
-    monkeypatch.setattr(_guard, "LOOK_GAP_S", 0.2)
-    monkeypatch.setattr(_guard, "TICK_S", 0.1)
+    monkeypatch.setattr(_timings, "GUARD_EVERY_S", 0.5)
+    monkeypatch.setattr(_timings, "LOOK_GAP_S", 0.2)
+    monkeypatch.setattr(_timings, "TICK_S", 0.1)
 
 
 def now_ms() -> int:

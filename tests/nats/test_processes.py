@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import pytest
 
 from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats._control import PAUSE_CACHE_S
-from anarchon.errors import BackendUnavailable
+from anarchon.backends.nats._timings import PAUSE_CACHE_S
+from anarchon.errors import BackendError, BackendUnavailable
 from tests.conformance.procs import Fleet
 from tests.nats.servers import (
     BINARIES,
@@ -292,7 +292,10 @@ async def test_a_cluster_survives_the_loss_of_the_stream_leader(
         reader = NatsBackend(survivors, stream=stream, prefix=prefix)
         await reader.start()
         try:
-            history = await reader.history(JOB, limit=1000)
+            # A read may still time out while the survivors settle on a loaded machine (CI of
+            # 958d644: "reading history of tick failed" past the read's own retries, 12 s after
+            # the kill): what is claimed is that reads work with one server down.
+            history, _ = await answered(lambda: reader.history(JOB, limit=1000), 30)
             assert {r.slot_ms for r in history if r.status == "succeeded"} >= set(result.starts)
             assert await reader.last_run(JOB) == history[0]
             server_now = await reader.server_time_ms()
@@ -374,6 +377,22 @@ def claimed(backend: NatsBackend, slot: int) -> Callable[[], Awaitable[bool]]:
     return claim
 
 
+async def _started_once_peers_are_back(make: Any, within_s: float = 30.0) -> NatsBackend:
+    """A backend of ``make()`` started; a start refused because a peer of the test's cluster is
+    not back in JetStream yet (10005, "peer offline": seen in a CI run) is tried again, for
+    ``within_s`` at most."""
+    deadline = time.monotonic() + within_s
+    while True:
+        backend = make()
+        try:
+            await backend.start()
+            return backend  # type: ignore[no-any-return]
+        except BackendError as exc:
+            if "peer offline" not in str(exc) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(1.0)
+
+
 @pytest.mark.parametrize("version", ["2.9", "current"])
 async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
     version: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -408,8 +427,9 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
             assert (await stream_info(cluster.urls, name))["config"]["num_replicas"] == 1
         # replicas=3: the stream and the buckets that exist become R3; a bucket made later is R3.
         caplog.set_level(logging.INFO, "anarchon.backends.nats")
-        backend = NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
-        await backend.start()
+        backend = await _started_once_peers_are_back(
+            lambda: NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
+        )
         try:
             updated = {
                 getattr(r, "stream", None)

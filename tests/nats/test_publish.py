@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import nats.errors
@@ -190,6 +191,83 @@ async def test_a_sink_whose_handler_fails_leaves_the_connection_working(
         await nc.close()
 
 
+async def test_calls_and_bucket_writes_are_retried_by_the_kits_loop(
+    make: Make,
+    names: tuple[str, str],
+    server_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Connection.retry`` and ``until_answered`` are the kit's retry loop
+    (:func:`anarchon.kit.calls.retrying`, on the backoff from NATS's first and longest waits):
+    a transient failure, logged as a ``nats_retry``, then the server's real answer. A bucket
+    write whose request may have been stored (a timeout) is not made again."""
+    from nats.js.api import KeyValueConfig
+
+    from anarchon.backends.nats._buckets import until_answered
+    from anarchon.backends.nats._registry import bucket_name
+    from anarchon.backends.nats._timings import BUCKET_RETRY_S, RETRY_CAP_S, RETRY_FIRST_S
+    from anarchon.kit import backoff
+
+    made: list[tuple[float, float]] = []
+
+    def spy(first: float, cap: float) -> Iterator[float]:
+        made.append((first, cap))
+        return backoff(first, cap)
+
+    monkeypatch.setattr("anarchon.kit.calls.backoff", spy)
+    backend: NatsBackend = await make()
+    conn = backend._conn
+    ack = await conn.publish(f"{backend.prefix}sync.claims", b"stored", "retried:1", 2.0)
+    failures: list[Exception] = [nats.errors.NoRespondersError()]
+    real_api = conn.api
+
+    async def api(*args: Any) -> dict[str, Any]:
+        if failures:
+            raise failures.pop()
+        return await real_api(*args)
+
+    monkeypatch.setattr(conn, "api", api)
+    with caplog.at_level(logging.DEBUG, logger="anarchon.backends.nats"):
+        stored = await conn.get_retrying({"seq": ack.seq}, "reading it back")
+    assert stored is not None and stored.data == b"stored"
+    assert made and set(made) == {(RETRY_FIRST_S, RETRY_CAP_S)}, made
+    retried = [r.getMessage() for r in caplog.records if getattr(r, "action", "") == "nats_retry"]
+    assert retried == [
+        "NATS: reading it back: NoRespondersError: no responders available for request; "
+        "retrying (attempt 1)"
+    ], retried
+
+    nc = await connect(server_url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(
+            KeyValueConfig(bucket=bucket_name(names[0], "control"), history=1)
+        )
+        made.clear()
+        failures.append(nats.errors.NoRespondersError())
+
+        async def put() -> int:
+            if failures:
+                raise failures.pop()
+            return int(await kv.put("k", b"v"))
+
+        assert await until_answered(put, "storing k", BUCKET_RETRY_S) == 1
+        assert (await kv.get("k")).value == b"v"
+        assert made and set(made) == {(RETRY_FIRST_S, RETRY_CAP_S)}, made
+        sent: list[int] = []
+
+        async def unanswered() -> int:
+            sent.append(1)
+            raise nats.errors.TimeoutError
+
+        with pytest.raises(nats.errors.TimeoutError):
+            await until_answered(unanswered, "storing k", BUCKET_RETRY_S)
+        assert len(sent) == 1
+    finally:
+        await nc.close()
+
+
 async def test_a_first_attempt_made_by_the_caller_counts_in_the_retries(make: Make) -> None:
     """The claim path makes its first publish itself and hands a failure to ``retry`` as
     ``failed``: a transient one is retried at once, a permanent one is raised as translated,
@@ -291,7 +369,7 @@ async def test_a_publish_the_writer_does_not_handle_goes_through_nats_py(make: M
 async def test_unanswered_publishes_share_one_timer(make: Make, server_url: str) -> None:
     """Publishes in flight add their deadline to one heap of the connection's; one timer
     fails those whose deadline passed, each within its wait plus EXPIRY_TICK_S."""
-    from anarchon.backends.nats._wire import EXPIRY_TICK_S
+    from anarchon.backends.nats._timings import EXPIRY_TICK_S
 
     backend: NatsBackend = await make()
     await backend._conn.publish(f"{backend.prefix}sync.claims", b"{}", "sync:0", 2.0)

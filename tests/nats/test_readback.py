@@ -12,8 +12,8 @@ import pytest
 from anarchon import RunStatus
 from anarchon.backend import ClaimOutcome, ClaimStatus
 from anarchon.backends.nats import NatsBackend
-from anarchon.backends.nats import _readback as readback
 from anarchon.backends.nats import _records as records
+from anarchon.backends.nats import _timings as timings
 from tests.nats.servers import connect
 from tests.nats.test_claims import SLOT, Make, _count_reads, request, store_unheard
 
@@ -84,7 +84,7 @@ async def test_our_own_stored_claim_is_recognised_through_the_feed(
 async def test_a_feed_that_stopped_delivering_falls_back_to_reads_by_sequence(
     make: Make, server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(readback, "FEED_RESTART_S", 0.0)
+    monkeypatch.setattr(timings, "FEED_RESTART_S", 0.0)
     winner: NatsBackend = await make()
     loser: NatsBackend = await make()
     await _lose_one(winner, loser, SLOT)
@@ -122,7 +122,7 @@ async def test_the_feed_stops_when_idle_and_on_stop_and_leaves_no_consumer(
         assert len(await _consumers(server_url, stream)) == 1
         await mine._claims._readback.upkeep()
         assert mine._claims._readback.running, "still in use"
-        monkeypatch.setattr(readback, "FEED_IDLE_S", 0.0)
+        monkeypatch.setattr(timings, "FEED_IDLE_S", 0.0)
         await mine._claims._readback.upkeep()
         assert not mine._claims._readback.running
         assert await _consumers(server_url, stream) == []

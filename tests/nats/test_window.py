@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from anarchon import InvalidOption, Scheduler
-from anarchon.backends.nats import NatsBackend, _settle
+from anarchon.backends.nats import NatsBackend, _timings
 from tests.nats.test_stream import raw_config
 
 Make = Callable[..., Any]
@@ -122,7 +122,7 @@ async def test_a_shrunk_window_is_raised_again_by_a_running_instance(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(_settle, "WINDOW_CHECK_S", 0.2)
+    monkeypatch.setattr(_timings, "WINDOW_CHECK_S", 0.2)
     keeper: NatsBackend = await make(duplicate_window_ms=600_000)
     Scheduler(keeper).add("long", "* * * * *", handler, max_late_ms=400_000)
     await make(duplicate_window_ms=200_000, shrink_window=True)
@@ -139,7 +139,7 @@ async def checked(
 ) -> NatsBackend:
     """A started backend, every option at its default, with a job (so its window check runs,
     every 0.2 s here); WARNINGs captured."""
-    monkeypatch.setattr(_settle, "WINDOW_CHECK_S", 0.2)
+    monkeypatch.setattr(_timings, "WINDOW_CHECK_S", 0.2)
     backend: NatsBackend = await make()
     Scheduler(backend).add("job", "* * * * *", handler)
     caplog.set_level(logging.WARNING, logger="anarchon.backends.nats")

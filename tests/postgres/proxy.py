@@ -15,12 +15,14 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
-from tests.ports import PortRange
+from tests.ports import PortRange, worker_share
 
 T = TypeVar("T")
 
-#: The PostgreSQL proxies' range (see tests/ports.py); a port is probed free, not remembered.
-PORTS: Final = PortRange(range(15500, 15600), once=False)
+#: The PostgreSQL proxies' range (see tests/ports.py): this worker's share of it, each port held
+#: until its proxy ends. A cut proxy's port is free for the kernel, and a proxy another worker
+#: opened on it would let this test's client reconnect "through the outage".
+PORTS: Final = PortRange(worker_share(range(15500, 15600)))
 
 
 class TcpProxy:
@@ -46,6 +48,7 @@ class TcpProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+        PORTS.give_back(self.port)
 
     def _do(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)

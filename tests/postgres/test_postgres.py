@@ -140,6 +140,7 @@ async def test_reserved_words_are_quoted_identifiers() -> None:
             "order_pruned",
             "order_requests",
             "order_runs",
+            "order_schema_additions",
             "order_schema_version",
         ]
     finally:
@@ -287,16 +288,16 @@ async def test_the_docs_and_the_prefix_rule_name_every_table(make: Make, schema:
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", schema
     )
     tables = sorted(name.removeprefix("anarchon_") for (name,) in rows)
-    assert len(tables) == 8, tables
+    assert len(tables) == 9, tables
     with pytest.raises(InvalidOption) as refused:
         PostgresBackend(DSN, table_prefix="Bad_")
     assert sorted(re.findall(r"<prefix>(\w+)", str(refused.value))) == tables
-    assert "eight tables" in str(refused.value)
+    assert "nine tables" in str(refused.value)
     page = (ROOT / "docs" / "backends" / "postgres.md").read_text()
     assert sorted(set(re.findall(r"^\| `<prefix>(\w+)` \|", page, re.M))) == tables
-    assert "Eight tables in `schema`" in page
-    assert "on the eight tables" in page
-    assert "history in\neight tables" in (ROOT / "README.md").read_text()
+    assert "Nine tables in `schema`" in page
+    assert "on the nine tables" in page
+    assert "history in\nnine tables" in (ROOT / "README.md").read_text()
 
 
 async def drop_registry_tables(schema: str) -> None:

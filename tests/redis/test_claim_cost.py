@@ -22,7 +22,8 @@ from redis.asyncio import Redis
 from anarchon import Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.backends.redis import RedisBackend
-from anarchon.backends.redis._rows import CLAIMS_PER_CALL, RESTART_MARGIN_MS, claim_arguments
+from anarchon.backends.redis._rows import CLAIMS_PER_CALL, claim_arguments
+from anarchon.backends.redis._timings import RESTART_MARGIN_MS
 from tests.records import claim_request
 from tests.redis.servers import RedisServer
 

@@ -16,9 +16,8 @@ import pytest
 from anarchon import BackendError, BackendUnavailable, InvalidOption, LeaseLost, MissingDependency
 from anarchon.backend import ClaimStatus
 from anarchon.backends.redis import RedisBackend
-from anarchon.backends.redis._connection import CALL_TIMEOUT_S
 from anarchon.backends.redis._errors import translate
-from anarchon.backends.redis._rows import RESTART_MARGIN_MS
+from anarchon.backends.redis._timings import CALL_TIMEOUT_S, RESTART_MARGIN_MS
 from tests.backends.redis import SERVER
 from tests.postgres.proxy import TcpProxy
 from tests.redis.servers import RedisServer, free_port, redis_server

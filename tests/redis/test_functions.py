@@ -192,7 +192,7 @@ async def test_the_library_asks_the_uptime_once_and_every_first_record_knows_the
     """Each job's first record holds known_from = the server's start + the restart margin; the
     library asks INFO for it once, not at each job's first claim (fails if asked per job)."""
     from anarchon.backends.redis._keys import Namespace
-    from anarchon.backends.redis._rows import RESTART_MARGIN_MS
+    from anarchon.backends.redis._timings import RESTART_MARGIN_MS
     from tests.redis.test_faults import server_started_ms
 
     slot = SLOT + 10_000

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from anarchon import Overlap, RunStatus, Trigger
 from anarchon.backend import ClaimRequest, ClaimStatus, TakeoverStatus, Ticket
 from anarchon.backends.redis import RedisBackend
@@ -162,3 +164,75 @@ async def test_a_released_run_holds_no_overlap_and_stays_open_when_the_clock_goe
     after = await _won(backend, "job", SLOT + 1_000, overlap=Overlap.SKIP)
     for _ in range(2):
         assert await _open(backend, ["job"]) == {ticket.run_id, after.run_id}
+
+
+def _sent_keys(backend: RedisBackend) -> list[int]:
+    """Record how many keys each open_runs script call of ``backend`` names."""
+    sent: list[int] = []
+    connection = backend._connection
+    many = connection.script_raw_many
+
+    async def counted(name: str, calls: Any) -> list[Any]:
+        sent.extend(len(keys) for keys, _ in calls)
+        return await many(name, calls)
+
+    connection.script_raw_many = counted  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_later_pass_over_many_jobs_reads_only_the_jobs_with_open_attempts(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pass every minute named each job's two keys: 200 000 keys at 100 000 jobs, about a
+    # quarter of a second of the instance's CPU, though nearly every job has no open run. A
+    # job has its index of open attempts only while it has one: one SCAN of the database
+    # finds those jobs, and only they are read (the first pass since start still reads all).
+    from anarchon.backends.redis import _backend, _timings
+
+    # The shared server holds other tests' keys: scan whatever their number; and scan at each
+    # call (10 s of reuse otherwise).
+    monkeypatch.setattr(_backend, "OPEN_SCAN_KEYS_PER_JOB", 10**9, raising=False)
+    monkeypatch.setattr(_timings, "OPEN_SCAN_FRESH_S", 0.0)
+    backend = await make()
+    live = await _won(backend, "job-3", SLOT)
+    released = await _won(backend, "job-8", SLOT)
+    await backend.release(released, "handed over")
+    finished = await _won(backend, "job-5", SLOT)
+    await backend.finish(finished, RunStatus.SUCCEEDED, None)
+    jobs = [f"job-{n}" for n in range(1_200)]
+    assert await _open(backend, jobs) == {live.run_id, released.run_id}
+    sent = _sent_keys(backend)
+    assert await _open(backend, jobs) == {live.run_id, released.run_id}
+    assert sum(sent) == 4, f"{sum(sent)} keys named: two jobs have open attempts"
+    later = await _won(backend, "job-1100", SLOT)  # opened since: the next pass finds it
+    sent.clear()
+    assert await _open(backend, jobs) == {live.run_id, released.run_id, later.run_id}
+    assert sum(sent) == 6
+    assert await _open(backend, jobs[:999]) == {live.run_id, released.run_id}
+    assert sum(sent) == 6 + 2 * 999, "fewer jobs than OPEN_SCAN_MIN_JOBS: each job's index"
+
+
+async def test_a_database_of_many_other_keys_is_not_scanned(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where the database holds far more keys than the jobs have (other applications'), a SCAN
+    # would visit them all: each job's index is read instead, and one answer serves a pass.
+    from anarchon.backends.redis import _backend
+
+    monkeypatch.setattr(_backend, "OPEN_SCAN_KEYS_PER_JOB", 0)  # any key is too many
+    backend = await make()
+    live = await _won(backend, "job-3", SLOT)
+    jobs = [f"job-{n}" for n in range(1_200)]
+    assert await _open(backend, jobs) == {live.run_id}
+    sent = _sent_keys(backend)
+    sizes: list[int] = []
+    dbsize = backend._connection.dbsize
+
+    async def counted() -> int:
+        sizes.append(await dbsize())
+        return sizes[-1]
+
+    backend._connection.dbsize = counted  # type: ignore[method-assign]
+    for _ in range(2):
+        assert await _open(backend, jobs) == {live.run_id}
+    assert sum(sent) == 2 * 2 * 1_200 and len(sizes) == 1, (sum(sent), sizes)

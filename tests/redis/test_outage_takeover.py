@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from anarchon import RunStatus, Scheduler
+from anarchon import Run, RunStatus, Scheduler
 from anarchon.backends.redis import RedisBackend
 from tests.conformance.procs import Fleet
-from tests.conformance.test_failover import one_slot, wait_for
+from tests.conformance.test_failover import plan_one_slot, wait_for
 from tests.redis.servers import redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -41,13 +41,11 @@ async def test_slots_finished_during_an_outage_are_not_run_again(tmp_path: Path)
         prefix = "outage:"
         fleet = Fleet(f"{server.url}?prefix={prefix}", tmp_path)
         try:
-            schedule, slot = one_slot(50.0)
-            job_of = {}
+            plan, job_of = tmp_path / "plan", {}
             for job in JOBS:
-                workers = fleet.spawn(2, job=job, schedule=schedule, seconds=180, sleep_ms=4_000)
+                workers = fleet.spawn(2, job=job, schedule_from=plan, seconds=180, sleep_ms=4_000)
                 job_of.update({w.pid: job for w in workers})
-            fleet.wait_ready(fleet.workers, timeout=90)
-            assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+            slot = plan_one_slot(fleet, fleet.workers, plan)
             for job in JOBS:
                 wait_for(fleet, lambda r, j=job: _start(r, slot) and job_of[r["pid"]] == j, 60, job)
             await asyncio.sleep(1.0)
@@ -57,17 +55,29 @@ async def test_slots_finished_during_an_outage_are_not_run_again(tmp_path: Path)
                 wait_for(fleet, lambda r, j=job: _end(r, slot) and job_of[r["pid"]] == j, 30, job)
             await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
             server.start()
-            await asyncio.sleep(35)  # past any grace and retry: a takeover would have run by now
+            async with Scheduler(RedisBackend(server.url, prefix=prefix)) as scheduler:
+                # Until no run of the slot is left running: each result has landed (then the
+                # backend refuses any takeover of it), or a takeover's run has ended.
+                runs = await _settled(scheduler, slot, timeout_s=90)
             fleet.stop_all()
             logs = fleet.logs()
             starts = Counter(job_of[r["pid"]] for r in fleet.records("start") if _start(r, slot))
             assert starts == dict.fromkeys(JOBS, 1), f"slots run again: {starts}\n{logs}"
-            async with Scheduler(RedisBackend(server.url, prefix=prefix)) as scheduler:
-                for job in JOBS:
-                    runs = [r for r in await scheduler.history(job) if r.slot_ms == slot]
-                    assert [(r.attempt, r.status) for r in runs] == [(1, RunStatus.SUCCEEDED)]
+            for job in JOBS:
+                assert [(r.attempt, r.status) for r in runs[job]] == [(1, RunStatus.SUCCEEDED)]
         finally:
             fleet.stop_all()
+
+
+async def _settled(scheduler: Scheduler, slot: int, timeout_s: float) -> dict[str, list[Run]]:
+    """Each job's runs of ``slot`` once none is running (and there is one), polled."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = {j: [r for r in await scheduler.history(j) if r.slot_ms == slot] for j in JOBS}
+        if all(r and all(run.status is not RunStatus.RUNNING for run in r) for r in runs.values()):
+            return runs
+        assert time.monotonic() < deadline, f"runs of the slot still running: {runs}"
+        await asyncio.sleep(0.2)
 
 
 def _start(record: dict[str, Any], slot: int) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anarchon import BackendUnavailable, SQLiteBackend
+from anarchon import BackendUnavailable, RunStatus, SQLiteBackend
 from anarchon.backend import ChangeEvent, ClaimNotice, ClaimRequest, ClaimStatus
 from anarchon.backends.sqlite import _connection
 from anarchon.backends.sqlite._changes import Changes
@@ -93,6 +93,90 @@ async def test_claim_notices_are_polled_fast_only_while_expected(tmp_path: Path)
         await asyncio.sleep(1.0)
         fast = sum(1 for t in polls if t > began)
         assert fast >= 8, (slow, fast)
+    finally:
+        await backend.stop()
+
+
+async def _statements(backend: SQLiteBackend, seconds: float) -> list[str]:
+    """The statements ``backend``'s connection runs in the next ``seconds``."""
+    seen: list[str] = []
+    await backend._db.call(lambda c: c.set_trace_callback(seen.append))
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        await backend._db.call(lambda c: c.set_trace_callback(None))
+    return seen
+
+
+async def test_an_idle_poll_reads_one_pragma_and_a_write_is_still_heard_at_once(
+    tmp_path: Path,
+) -> None:
+    """While nothing is committed to the file, a poll asks a second connection's ``PRAGMA
+    data_version`` on the event loop and sends the backend's connection nothing (it read the
+    events and the runs there five times a second); a claim of another process, of this one, a
+    result and a release are heard at the next poll as before."""
+    path = tmp_path / "i.db"
+    listener, other = SQLiteBackend(path), SQLiteBackend(path)
+    await listener.start()
+    await other.start()
+    heard: list[ClaimNotice] = []
+    changes: list[tuple[str, str, bool]] = []
+    try:
+        await listener.subscribe(lambda *change: changes.append(change))
+        assert await listener.subscribe_claims(heard.extend)
+        await asyncio.sleep(0.5)  # the first poll read the tables
+        asked = listener._db.data_version
+        polls: list[int | None] = []
+
+        def counted() -> int | None:
+            polls.append(asked())
+            return polls[-1]
+
+        listener._db.data_version = counted  # type: ignore[method-assign]
+        idle = await _statements(listener, 1.0)
+        assert len(polls) >= 2 and polls[0] is not None, polls
+        assert idle == [], idle
+        began = time.monotonic()
+        [won] = await other.claim([request(instance="other")])
+        assert won.ticket is not None and await heard_within(heard, 1, 2.0)
+        assert time.monotonic() - began < 1.0  # the next poll: 200 ms, on a loaded host more
+        [mine] = await listener.claim([request(SLOT + 1_000, instance="listener")])
+        assert mine.ticket is not None and await heard_within(heard, 2, 2.0)
+        await other.finish(won.ticket, RunStatus.SUCCEEDED, None)
+        await listener.release(mine.ticket, "handed over")
+        deadline = time.monotonic() + 2.0
+        while len(changes) < 2 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        assert changes == [("job", str(SLOT), False), ("job", str(SLOT + 1_000), True)]
+        assert [n.instance for n in heard] == ["other", "listener"]
+    finally:
+        await other.stop()
+        await listener.stop()
+
+
+async def test_a_backlog_past_one_read_is_read_on_without_another_write(tmp_path: Path) -> None:
+    """A read gives at most 5 000 events: one that met the limit leaves the rest to the next
+    poll, though nothing is committed in between (the poll reads only after a commit)."""
+    from anarchon.backends.sqlite._changes import READ_LIMIT
+
+    path = tmp_path / "b.db"
+    backend = SQLiteBackend(path)
+    await backend.start()
+    changes: list[tuple[str, str, bool]] = []
+    try:
+        await backend.subscribe(lambda *change: changes.append(change))
+        count = READ_LIMIT + 7
+        with closing(sqlite3.connect(path, isolation_level=None)) as raw:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.executemany(
+                "INSERT INTO anarchon_events (job, slot_key, released, at) VALUES (?, ?, 0, 0)",
+                [("job", str(n)) for n in range(count)],
+            )
+            raw.execute("COMMIT")
+        deadline = time.monotonic() + 5.0
+        while len(changes) < count and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        assert len(changes) == count and changes[-1] == ("job", str(count - 1), False)
     finally:
         await backend.stop()
 

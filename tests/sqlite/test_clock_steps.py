@@ -57,9 +57,13 @@ def _wait(out: Path, test: Any, timeout_s: float, what: str) -> list[dict[str, A
     raise AssertionError(f"timed out waiting for {what}: {_read(out)[-20:]}")
 
 
-def _fleet_through_a_step(tmp_path: Path, step_s: int, after_s: float) -> dict[str, Any]:
+def _fleet_through_a_step(
+    tmp_path: Path, step_s: int, after_s: float, enough: Any = None
+) -> dict[str, Any]:
     """Start the fleet, let it fire, step every process's wall clock by ``step_s``, watch for
-    ``after_s`` seconds, stop it; the handler starts, the warnings and the history."""
+    ``after_s`` seconds (with ``enough``, a test of the events and the step's monotonic time:
+    until it holds, and one period more), stop it; the handler starts, the warnings and the
+    history."""
     db, out = tmp_path / "steps.db", tmp_path / "events.jsonl"
     clock = FakeClockFile(tmp_path / "faketime")
     env = {**os.environ, **clock.env()}
@@ -88,7 +92,12 @@ def _fleet_through_a_step(tmp_path: Path, step_s: int, after_s: float) -> dict[s
         time.sleep(PERIOD_S)
         clock.set(step_s)
         step_mono = time.monotonic()
-        time.sleep(after_s)
+        if enough is None:
+            time.sleep(after_s)
+        else:
+            with contextlib.suppress(AssertionError):  # the checks say what did not happen
+                _wait(out, lambda ev: enough(ev, step_mono), after_s, "the fleet past the step")
+            time.sleep(PERIOD_S)  # what the last slot set going lands
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -159,7 +168,7 @@ def _check_common(seen: dict[str, Any], step_s: int) -> None:
 def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
     if step_s != 7200:
         in_chaos_only(f"a step of {step_s} s")
-    seen = _fleet_through_a_step(tmp_path, step_s, after_s=30)
+    seen = _fleet_through_a_step(tmp_path, step_s, after_s=30, enough=_past_the_step)
     _check_common(seen, step_s)
     after = [s for s in seen["starts"] if s["mono"] > seen["step_mono"]]
     assert after, "nothing ran after the step"
@@ -170,6 +179,21 @@ def test_a_step_forward_on_every_process(tmp_path: Path, step_s: int) -> None:
     # time: it was reached just before the step.
     late = [s for s in after if s["slot"] is not None and s["wall"] - s["slot"] > 60]
     assert len(late) <= 1, f"slots older than max_late_ms ran: {late[:5]}"
+
+
+def _past_the_step(events: list[dict[str, Any]], step_mono: float) -> bool:
+    """Every instance has logged the step, one has taken it for the fleet, and six slots have
+    started since (the test asks for five in the 30 s after a step forward)."""
+    logged = {
+        (e["inst"], e["action"])
+        for e in events
+        if e["kind"] == "log" and e["mono"] > step_mono and abs(e["step_ms"] or 0) >= 1000
+    }
+    return (
+        {(f"i{n}", "clock_step") for n in range(INSTANCES)} <= logged
+        and any(action == "clock_stepped" for _, action in logged)
+        and sum(e["kind"] == "start" and e["mono"] > step_mono for e in events) >= 6
+    )
 
 
 def test_a_step_back_beyond_max_late_on_every_process(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ async def test_wal_and_schema_version(tmp_path: Path) -> None:
         assert conn.execute("SELECT max(version) FROM anarchon_schema").fetchone()[0] == 6
         conn.execute("INSERT INTO anarchon_schema (version) VALUES (99)")
         conn.commit()
-    with pytest.raises(BackendError, match="schema version 99 is newer"):
+    with pytest.raises(BackendError, match="schema version 99, newer than this anarchon"):
         await SQLiteBackend(tmp_path / "a.db").start()
 
 

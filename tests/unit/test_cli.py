@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.reaping import is_same, kill_if_same, start_time
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,6 +204,7 @@ def test_a_signal_ends_the_demo_cleanly_and_removes_its_folder(
         start_new_session=True,
     )
     children: list[int] = []
+    started: dict[int, int | None] = {}
     try:
         assert proc.stdout is not None and proc.stderr is not None
         first = proc.stdout.readline()
@@ -214,18 +214,19 @@ def test_a_signal_ends_the_demo_cleanly_and_removes_its_folder(
         [folder] = list(temp.glob("anarchon-demo-*"))
         listed = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
         children = [int(pid) for pid in listed.split()]
+        started = {pid: start_time(pid) for pid in children}
         assert len(children) == 2, children
         proc.send_signal(sig)
         proc.wait(timeout=60)
         gone = time.monotonic() + 30
-        while any(Path(f"/proc/{pid}").exists() for pid in children):
+        while any(is_same(pid, started=started[pid]) for pid in children if started[pid]):
             assert time.monotonic() < gone, f"demo instances {children} still run"
             time.sleep(0.2)
         rest, err = proc.stdout.read(), proc.stderr.read()
     finally:
         for pid in children:  # on a failure: the instances this test started, by pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            if started.get(pid) is not None:
+                kill_if_same(pid, started=started[pid])
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
@@ -372,6 +373,9 @@ def test_the_readme_quick_start_runs_under_anarchon_run(tmp_path: Path) -> None:
     # (its lease keeper's connection to the same file logged it a second time).
     assert output.count("SQLite database ") == 1, output
     assert f"SQLite database {tmp_path / 'anarchon.db'} (the default" in output
+    # The first start made the tables: the line the README shows first.
+    assert output.count(" migrated SQLite ") == 1, output
+    assert f"migrated SQLite {tmp_path / 'anarchon.db'} from schema version 0 to " in output
     assert "stopped" in output
 
 
@@ -392,6 +396,12 @@ def test_the_readme_quick_start_shows_its_start_under_python(tmp_path: Path) -> 
     assert output.count("SQLite database ") == 1, output
     assert re.search(
         rf"INFO anarchon\.backends\.sqlite SQLite database {re.escape(str(path))} ", output
+    )
+    assert re.search(
+        rf"INFO anarchon\.backends\.sqlite migrated SQLite {re.escape(str(path))} from schema "
+        r"version 0 to \d+$",
+        output,
+        re.M,
     )
     assert "stopped" in output
 
@@ -484,6 +494,8 @@ def _help(*command: str) -> str:
         "pause",
         "resume",
         "trigger",
+        "requests",
+        "cancel",
         "next",
         "dashboard",
         "demo",
@@ -531,6 +543,8 @@ def test_every_json_output_is_indented_alike(tmp_path: Path) -> None:
         ("pause", "sync"),
         ("resume", "sync"),
         ("trigger", "sync"),
+        ("requests",),
+        ("cancel", "--job", "sync"),
         ("health", "--instance", "w0"),
     ):
         out = cli(*argv, "--json", "--backend", url)
@@ -626,45 +640,72 @@ def test_run_exits_after_sigterm_though_a_handler_left_a_non_daemon_thread(
     assert "succeeded" in out.stdout, out.stdout
 
 
+def _stop_while_starting(tmp_path: Path, scheme: str, *extra: str) -> tuple[int, str, float]:
+    """``anarchon run cronapp:scheduler *extra`` on a ``scheme`` backend that accepts and never
+    answers (tests.ports.silent_server), SIGTERM once its start reached it: the exit code, the
+    output, and how long it took to exit after the signal."""
+    from tests.ports import silent_server
+
+    (tmp_path / "cronapp.py").write_text(APP)
+    with silent_server() as (port, accepted):
+        url = f"redis://127.0.0.1:{port}" if scheme == "redis" else f"{scheme}://127.0.0.1:{port}/x"
+        url += "?timeout_ms=60000" if scheme == "postgresql" else ""
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "anarchon",
+                "run",
+                "cronapp:scheduler",
+                "--backend",
+                url,
+                *extra,
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            # The loop's signal handlers are installed before the start connects.
+            assert accepted.wait(60), "the start never reached the backend"
+            proc.send_signal(signal.SIGTERM)
+            began = time.monotonic()
+            output, _ = proc.communicate(timeout=90)
+            took = time.monotonic() - began
+        finally:
+            proc.kill()  # nothing once it exited
+    return proc.returncode, output, took
+
+
 @pytest.mark.parametrize("scheme", ["postgresql", "redis"])
 def test_a_stop_while_the_backend_does_not_answer_exits_0(tmp_path: Path, scheme: str) -> None:
-    # A listener that accepts and never answers: the start waits on it (up to its timeout, 5 s),
-    # and SIGTERM comes meanwhile. Before: exit 4, "cannot connect", as a failed start.
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted = threading.Event()
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(listener.accept()[0])
-                accepted.set()
-
-    threading.Thread(target=accept, daemon=True).start()
-    (tmp_path / "cronapp.py").write_text(APP)
-    url = f"{scheme}://127.0.0.1:{listener.getsockname()[1]}" + ("/x" if scheme != "redis" else "")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "anarchon", "run", "cronapp:scheduler", "--backend", url],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        # The loop's signal handlers are installed before the start connects.
-        assert accepted.wait(60), "the start never reached the backend"
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()  # nothing once it exited
-        listener.close()
-        for conn in held:
-            conn.close()
-    assert proc.returncode == 0, output
-    assert "stopped before the backend answered: the scheduler never started" in output, output
+    # A listener that accepts and never answers: the start waits on it (up to its timeout: 5 s
+    # on Redis, 60 s asked of PostgreSQL), and SIGTERM comes meanwhile. Before: exit 4,
+    # "cannot connect", as a failed start; then exit 0 once the timeout ran out. Now the start
+    # is cancelled at once (start_cancelled).
+    code, output, took = _stop_while_starting(tmp_path, scheme)
+    assert code == 0, output
+    assert "the start was cancelled and the scheduler never started" in output, output
     assert "WARNING" in output and "Traceback" not in output, output
     assert " started with " not in output, output
+    assert took < 30, (took, output)  # not the 60 s PostgreSQL was given
+
+
+def test_a_stop_that_cancels_the_start_does_not_wait_for_a_last_scrape(tmp_path: Path) -> None:
+    # --metrics-linger serves the final counts until a scrape reads them; a stop that cancelled
+    # the start (the backend not answering) left none to read, yet the command served on for
+    # all of --metrics-linger (60 s here) after the operator's SIGTERM. The rest at defaults.
+    from tests.ports import any_free
+
+    metrics = ["--metrics-port", str(any_free()), "--metrics-host", "127.0.0.1"]
+    code, output, took = _stop_while_starting(tmp_path, "redis", *metrics, "--metrics-linger", "60")
+    assert code == 0, output
+    assert "the start was cancelled and the scheduler never started" in output, output
+    assert "the start was cancelled: no final metrics to serve, not lingering" in output, output
+    assert "serving the final metrics" not in output, output
+    assert took < 30, (took, output)  # not the 60 s of --metrics-linger
 
 
 def test_the_json_of_a_run_gives_its_skip_cause(tmp_path: Path) -> None:

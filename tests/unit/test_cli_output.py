@@ -8,17 +8,19 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from anarchon import Run, RunStatus, SQLiteBackend, Trigger
-from anarchon._cli.cluster import JOB_FLOORS, _job_row
-from anarchon._cli.output import WIDTH, Tagged, say, shown, table
+from anarchon._cli.cluster import JOB_FLOORS, JOB_HEADER, _job_row, _running_line
+from anarchon._cli.output import WIDTH, say, shown, table
+from anarchon._scheduler import default_instance_id
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.control import Pause
 from anarchon.registry import JobDefinition, JobView, record_instance
@@ -83,15 +85,6 @@ def test_a_line_past_100_columns_loses_characters_from_its_widest_cells_first() 
     assert [len(c) for c in floored[1].split()] == [91, 7]
     # Floors that pass 100 columns win over the width.
     assert [len(c) for c in table(["a"], [["x" * 200]], floors=[150])[1].split()] == [150]
-
-
-def test_a_tagged_cell_keeps_its_tags_and_cuts_its_names() -> None:
-    running = Tagged(((LONG_INSTANCE, "#1 3.0s"), ("vm-1-ab12", "#2 250ms")))
-    assert running.text() == f"{LONG_INSTANCE}#1 3.0s,vm-1-ab12#2 250ms"
-    # The longest name is cut first; every name keeps its tag.
-    assert running.text(40) == "anarchon-worke~#1 3.0s,vm-1-ab12#2 250ms"
-    assert running.text(30) == "anarch~#1 3.0s,vm-1-a~#2 250ms"
-    assert Tagged(((ODD_INSTANCE, "#1 1s"),)).text() == "w\\n1\\x1b[2J#1 1s"
 
 
 @dataclass
@@ -224,37 +217,113 @@ def test_jobs_shows_the_running_attempt_and_its_age_with_a_default_instance_id(
     lines = shown_safely(anarchon("jobs", "--backend", seeded.url))
     assert all(len(line) <= WIDTH for line in lines), lines
     [sync] = [line for line in lines if line.startswith("sync")]
-    # docs/operations.md: the attempts running now, `instance#attempt` and how long they ran;
-    # the last run's instance (where) whole too.
-    assert re.search(rf"  succeeded  \S+  {INSTANCE}  \S+ +{INSTANCE}#1 \d+(\.\d)?m?s$", sync), sync
+    # docs/operations.md: the last run's instance (where) whole; the attempts running now,
+    # `#attempt` and how long they ran, each below the table with its instance id whole.
+    assert re.search(rf"  succeeded  \S+  {INSTANCE}  \S+ +#1 \d+(\.\d)?m?s$", sync), sync
+    running = lines[lines.index("running now:") + 1]
+    slot = ISO_UTC.pattern
+    assert re.fullmatch(rf"  sync: #1 on {INSTANCE} for \d+(\.\d)?m?s \(slot {slot}\)", running)
     lines = shown_safely(anarchon("instances", "--backend", seeded.url))
     assert len(lines) == 1 + 2 and any(line.startswith("w\\n1\\x1b[2J ") for line in lines)
 
 
-def test_a_long_instance_id_is_cut_in_jobs_but_not_its_attempt_and_age() -> None:
-    now = 1_796_571_793_000
-    running = Run(
+def _running(instance: str, now: int, attempt: int = 1) -> Run:
+    return Run(
         job="sync",
         slot=datetime.fromtimestamp((now - 3_000) / 1000, UTC),
         run_id="r1",
-        instance=LONG_INSTANCE,
+        instance=instance,
         trigger=Trigger.SCHEDULE,
-        attempt=2,
+        attempt=attempt,
         status=RunStatus.RUNNING,
         started_at=datetime.fromtimestamp((now - 2_500) / 1000, UTC),
     )
+
+
+def test_default_instance_ids_stay_whole_in_jobs_while_an_attempt_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The table cut the last run's instance (`vm-10431-aa~`) to make room for the running
+    # attempt's (`vm-10432-85a2#1 195ms`), and cut that one in turn past 100 columns. Ids as
+    # default_instance_id() makes them on host 'vm' with the largest pid Linux gives.
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(os, "getpid", lambda: 4_194_303)
+    ran, runs = default_instance_id(), default_instance_id()
+    now = 1_796_571_793_000
+    began = _running(ran, now)
+    done = began.started_at + timedelta(milliseconds=4)
+    last = replace(began, status=RunStatus.SUCCEEDED, finished_at=done)
+    report = JobView(
+        name="report",
+        definition=replace(DEFINITION, name="report", expression="0 6 * * *", zone="Europe/Athens"),
+        instances=(ran, runs),
+        next_slot_ms=now + 1000,
+        last_run=last,
+        running=(),
+    )
+    sync = replace(report, name="sync", definition=DEFINITION, running=(_running(runs, now),))
+    lines = table(JOB_HEADER, [_job_row(report, now), _job_row(sync, now)], JOB_FLOORS)
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert all(f"  {ran}  " in line for line in lines[1:]), lines
+    assert lines[2].endswith("  #1 2.5s"), lines
+    slot = "2026-12-06T15:43:10Z"
+    assert _running_line(sync.running[0], now) == f"sync: #1 on {runs} for 2.5s (slot {slot})"
+
+
+def test_a_long_instance_id_is_whole_on_the_running_attempts_line() -> None:
+    now = 1_796_571_793_000
     job = JobView(
         name="a-job-of-a-long-name",
         definition=replace(DEFINITION, zone="America/Argentina/Buenos_Aires"),
         instances=(LONG_INSTANCE,),
         next_slot_ms=now + 1000,
         last_run=None,
-        running=(running,),
+        running=(_running(LONG_INSTANCE, now, attempt=2),),
     )
-    header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
-    lines = table(header, [_job_row(job, now)], JOB_FLOORS)
+    lines = table(JOB_HEADER, [_job_row(job, now)], JOB_FLOORS)
     assert all(len(line) <= WIDTH for line in lines), lines
-    assert lines[1].endswith("~#2 2.5s"), lines
+    assert lines[1].endswith("  #2 2.5s"), lines
+    assert f" on {LONG_INSTANCE} for 2.5s " in _running_line(job.running[0], now)
+
+
+async def _carried(db: Path, definition: JobDefinition) -> str:
+    """A SQLite file where one live instance carries ``definition``; its URL."""
+    backend = SQLiteBackend(db)
+    await backend.start()
+    try:
+        now = await backend.server_time_ms()
+        registry = backend.registry()
+        assert now is not None and registry is not None
+        record = instance_record(INSTANCE, definition, beat=now, interval_ms=60_000)
+        await record_instance(registry, record)
+    finally:
+        await backend.stop()
+    return f"sqlite:///{db}"
+
+
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3})?Z")
+
+
+def test_the_next_slot_jobs_prints_pasted_into_explain_and_pause_names_that_slot(
+    tmp_path: Path,
+) -> None:
+    # `next` was a time of day within a day (`04:00:00`), else month-day and minutes
+    # (`01-01 04:00`), with no date and no zone marker, where history prints ISO with Z: explain
+    # and pause --until could not read it back (and a time without an offset is read in the
+    # job's zone). Now the slot whole, in UTC with its Z. Every option at its default.
+    athens = JobDefinition(name="report", expression="0 6 1 1 *", zone="Europe/Athens")
+    url = asyncio.run(_carried(tmp_path / "anarchon.db", athens))
+    lines = shown_safely(anarchon("jobs", "--backend", url))
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert lines[0].split()[:5] == ["job", "schedule", "next", "last", "run"], lines
+    pasted = ISO_UTC.findall(lines[1])
+    assert len(pasted) == 1, lines
+    shape = json.loads(anarchon("jobs", "--backend", url, "--json").stdout)
+    next_ms = shape["jobs"][0]["next_slot_ms"]
+    fate = json.loads(anarchon("explain", "report", pasted[0], "--backend", url, "--json").stdout)
+    assert (fate["slot_ms"], fate["slot"], fate["is_slot"]) == (next_ms, pasted[0], True), fate
+    out = anarchon("pause", "report", "--until", pasted[0], "--backend", url, "--json")
+    assert json.loads(out.stdout)["until_ms"] == next_ms, out
 
 
 async def _store_pause(db: Path, by: str) -> None:

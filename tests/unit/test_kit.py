@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,19 +29,31 @@ from anarchon import (
     Trigger,
     backend_from_url,
 )
-from anarchon.backend import ChangeEvent, ClaimOutcome, ClaimRequest, LeaseBackend, Ticket
+from anarchon.backend import (
+    ChangeEvent,
+    ClaimOutcome,
+    ClaimRequest,
+    FinishRequest,
+    LeaseBackend,
+    Ticket,
+)
+from anarchon.control import ControlStore, RunRequest
 from anarchon.kit import OUTAGE_ACTIONS, Bound, calls, check_pattern
 from anarchon.kit.calls import bounded_call, retrying
 from anarchon.kit.feed import ChangeFeed
 from anarchon.kit.lease import (
+    MAX_MS,
     RunRow,
     answer_existing,
     first_attempt,
+    prune_ttl,
+    retries_first,
     stored_run,
     ticket_of,
+    ttl_cutoff,
     won_outcome,
 )
-from anarchon.kit.migrations import Step, migrate
+from anarchon.kit.migrations import Additions, Step, migrate
 from anarchon.kit.urls import (
     as_given,
     bool_option,
@@ -342,6 +354,79 @@ async def test_retrying_retries_transient_errors_only() -> None:
         await retrying(down, is_transient=transient, deadline_s=-1)
 
 
+async def test_retrying_with_its_defaults_never_waits_past_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every option at its default (waits from 0.1 s doubling to 5 s, no attempt limit, no
+    first error, no callback, asyncio's sleep): with the jitter pinned (waits 0.1, 0.2, 0.4 s),
+    a deadline of 0.5 s allows attempts at 0, 0.1 and 0.3 s; the next wait would end at 0.7 s,
+    so the third error is raised then, with no attempt squeezed in at the deadline."""
+    import random
+
+    monkeypatch.setattr(random, "random", lambda: 1.0)
+    loop = asyncio.get_running_loop()
+    attempts: list[float] = []
+
+    async def down() -> None:
+        attempts.append(loop.time())
+        raise BackendUnavailable(f"down {len(attempts)}")
+
+    transient = lambda exc: isinstance(exc, BackendUnavailable)  # noqa: E731
+    started = loop.time()
+    with pytest.raises(BackendUnavailable, match="down 3"):
+        await retrying(down, is_transient=transient, deadline_s=0.5)
+    after = [at - started for at in attempts]
+    assert len(after) == 3, after
+    assert 0.09 <= after[1] < 0.25 and 0.29 <= after[2] < 0.5, after
+
+
+async def test_retrying_counts_attempts_and_reports_each_retry() -> None:
+    """``max_attempts`` bounds the attempts, a caller's own first attempt (``failed``) counts as
+    attempt 1, and ``on_retry`` hears each transient error before its wait."""
+    calls_made: list[int] = []
+    retries: list[tuple[str, int]] = []
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    async def down() -> None:
+        calls_made.append(1)
+        raise BackendUnavailable(f"down {len(calls_made)}")
+
+    def heard(exc: Exception, attempt: int) -> None:
+        retries.append((str(exc), attempt))
+
+    transient = lambda exc: isinstance(exc, BackendUnavailable)  # noqa: E731
+    retry_down = functools.partial(
+        retrying, down, is_transient=transient, deadline_s=60, on_retry=heard, sleep=no_sleep
+    )
+    with pytest.raises(BackendUnavailable, match="down 3"):
+        await retry_down(max_attempts=3)
+    assert len(calls_made) == 3
+    assert retries == [("down 1", 1), ("down 2", 2)]
+
+    calls_made.clear()
+    retries.clear()
+    first = BackendUnavailable("first")
+    with pytest.raises(BackendUnavailable, match="down 1"):
+        await retry_down(max_attempts=2, failed=first)
+    assert len(calls_made) == 1  # attempt 2: the first was the caller's
+    assert retries == [("first", 1)]
+
+    async def up() -> str:
+        calls_made.append(1)
+        return "up"
+
+    calls_made.clear()
+    assert await retrying(up, is_transient=transient, deadline_s=60, failed=first) == "up"
+    assert len(calls_made) == 1
+    with pytest.raises(BackendError, match="refused"):  # not transient: raised, no attempt
+        await retrying(up, is_transient=transient, deadline_s=60, failed=BackendError("refused"))
+    assert len(calls_made) == 1
+    with pytest.raises(ValueError, match="max_attempts=0 must be 1 or more"):
+        await retrying(up, is_transient=transient, deadline_s=60, max_attempts=0)
+
+
 def test_split_url_takes_known_options_and_refuses_unknown_ones() -> None:
     known = {
         "size": int_option(Bound(1, 10)),
@@ -531,7 +616,7 @@ STEPS = [
     Step(1, "runs", "CREATE TABLE runs (id INTEGER); CREATE INDEX runs_id ON runs (id)"),
     Step(2, "jobs", "CREATE TABLE jobs (name TEXT)"),
 ]
-VERSION = {
+VERSION: dict[str, Any] = {
     "create_table": "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     "read_version": "SELECT max(version) FROM schema_version",
     "write_version": "INSERT INTO schema_version (version) VALUES (?)",
@@ -549,11 +634,46 @@ def test_migrate_runs_pending_steps_once_and_refuses_newer_stores() -> None:
         }
         assert {"runs", "jobs", "schema_version"} <= tables
         with pytest.raises(
-            BackendError, match=r"toy\.db: database schema version 2 is newer .* upgrade"
+            BackendError, match=r"toy\.db: database schema version 2, newer .* upgrade"
         ):
             migrate(conn, STEPS[:1], **VERSION)
         with pytest.raises(ValueError, match=r"numbered 1, 2, 3 ... in order, not \[2\]"):
             migrate(conn, STEPS[1:], **VERSION)
+
+
+ADDITIONS = Additions(
+    create_table="CREATE TABLE IF NOT EXISTS additions (version INTEGER NOT NULL)",
+    read_version="SELECT max(version) FROM additions",
+    write_version="INSERT INTO additions (version) VALUES (?)",
+)
+
+
+def test_an_additive_step_is_recorded_apart_and_older_code_opens_the_store() -> None:
+    note = Step(3, "note", "ALTER TABLE jobs ADD COLUMN note TEXT", additive=True)
+    more = Step(4, "more", "CREATE TABLE more (x INTEGER)")
+
+    def versions(conn: sqlite3.Connection, table: str) -> list[int]:
+        return [v for (v,) in conn.execute(f"SELECT version FROM {table} ORDER BY 1")]
+
+    with closing(sqlite3.connect(":memory:")) as conn:
+        ran = migrate(conn, [*STEPS, note], **VERSION, additions=ADDITIONS)
+        assert [s.name for s in ran] == ["runs", "jobs", "note"]
+        assert (versions(conn, "schema_version"), versions(conn, "additions")) == ([1, 2], [3])
+        # Code that knows steps 1 and 2 only, with or without the additions table, and this
+        # code again: nothing to run, nothing refused.
+        assert migrate(conn, STEPS, **VERSION) == []
+        assert migrate(conn, STEPS, **VERSION, additions=ADDITIONS) == []
+        assert migrate(conn, [*STEPS, note], **VERSION, additions=ADDITIONS) == []
+        # A later step that is not additive goes to the version table: older code refuses it.
+        ran = migrate(conn, [*STEPS, note, more], **VERSION, additions=ADDITIONS)
+        assert [s.name for s in ran] == ["more"]
+        assert versions(conn, "schema_version") == [1, 2, 4]
+        with pytest.raises(BackendError, match=r"version 4, newer .* understands \(3\)"):
+            migrate(conn, [*STEPS, note], **VERSION, additions=ADDITIONS)
+    with closing(sqlite3.connect(":memory:")) as conn:
+        # Without an additions table an additive step is recorded as any other.
+        assert len(migrate(conn, [*STEPS, note], **VERSION)) == 3
+        assert versions(conn, "schema_version") == [1, 2, 3]
 
 
 class _Half(LeaseBackend):
@@ -666,3 +786,60 @@ def test_a_won_claim_made_from_its_request_is_the_one_made_from_its_record(
     stored["trigger"] = str(req.trigger)
     assert stored_run(stored) == row.to_run()
     assert stored_run({**stored, "fence": float(fence), "started_at": float(now)}) == row.to_run()
+
+
+def _retry(request_id: str) -> RunRequest:
+    return RunRequest(
+        id=request_id,
+        job="job",
+        trigger=Trigger.RETRY,
+        key=f"60000-retry-{request_id}",
+        slot=60_000,
+        due_ms=61_000,
+        requested_by="retry",
+        requested_at_ms=60_500,
+    )
+
+
+async def test_retries_first_stores_the_retries_and_names_each_refusal() -> None:
+    """A backend that cannot store a result and its retry in one step (NATS, Redis on a
+    cluster) stores the retries first, in order: a refused one is answered by its index (its
+    result is then not sent), an item without one is passed over, and an unavailable store
+    fails the whole call."""
+    stored: list[str] = []
+
+    class Store:
+        async def request(self, request: RunRequest) -> bool:
+            if request.id == "refused":
+                raise BackendError("no room for it")
+            if request.id == "down":
+                raise BackendUnavailable("the store is down")
+            stored.append(request.id)
+            return True
+
+    store = cast(ControlStore, Store())
+    ticket = cast(Ticket, object())
+
+    def item(retry: str | None) -> FinishRequest:
+        return FinishRequest(
+            ticket, RunStatus.FAILED, "boom", None if retry is None else _retry(retry)
+        )
+
+    refused = await retries_first(store, [item("a"), item(None), item("refused"), item("b")])
+    assert stored == ["a", "b"]
+    assert list(refused) == [2] and "no room for it" in str(refused[2])
+    assert await retries_first(store, [item(None)]) == {}
+    with pytest.raises(BackendUnavailable, match="the store is down"):
+        await retries_first(store, [item("c"), item("down"), item("d")])
+    assert stored == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("ttl", "kept"),
+    [(None, None), (0, None), (-5, None), (1, 1), (86_400_000, 86_400_000), (2**60, MAX_MS)],
+)
+def test_prune_ttl_is_the_ttl_every_backend_prunes_by(ttl: int | None, kept: int | None) -> None:
+    """No TTL (unset, 0 or negative) prunes nothing by age; a TTL past MAX_MS keeps all, as the
+    PostgreSQL statement, the Redis script and ttl_cutoff (SQLite, memory) all see it."""
+    assert prune_ttl(ttl) == kept
+    assert ttl_cutoff(10**15, ttl) == (None if kept is None else 10**15 - kept)

@@ -237,7 +237,9 @@ async def test_a_renewal_that_hangs_cancels_the_handler_at_the_lease_deadline() 
             cancelled.append(ctx.lease_lost)
             raise
 
-    scheduler = Scheduler(backend, clock=clock)
+    # grace_ms=0: a run still under way when the test is done is cancelled at once; the default
+    # 30 s grace would pass in real time (stop()'s bound when nobody moves the test clock).
+    scheduler = Scheduler(backend, clock=clock, grace_ms=0)
     scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
     async with scheduler:
         await clock.advance(60 * MINUTE + 2_000)
@@ -320,7 +322,9 @@ async def test_a_lease_lost_while_the_process_was_frozen_says_so() -> None:
                 ctx.check_lease()
             reasons.append(str(lost.value))
 
-    scheduler = Scheduler(backend, clock=clock)
+    # grace_ms=0: a run still under way when the test is done is cancelled at once; the default
+    # 30 s grace would pass in real time (stop()'s bound when nobody moves the test clock).
+    scheduler = Scheduler(backend, clock=clock, grace_ms=0)
     scheduler.add("work", "0 * * * *", work, jitter_ms=0, lease_ms=3_000)
     async with scheduler:
         await clock.advance(60 * MINUTE + 200)

@@ -267,6 +267,85 @@ async def test_the_end_of_asyncio_run_with_the_scheduler_running_stops_it_and_ha
     assert bad == [], bad
 
 
+class _OnAction(logging.Handler):
+    """Calls ``then`` when a record with ``action`` is logged."""
+
+    def __init__(self, action: str, then: Any) -> None:
+        super().__init__()
+        self.action, self.then = action, then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "action", None) == self.action:
+            self.then()
+
+
+async def _plain_loop_end(grace_ms: int | None, caplog: pytest.LogCaptureFixture) -> list[Any]:
+    """main() returns while a plain handler's thread works; the thread returns once the
+    scheduler has logged ``loop_ended`` (with ``grace_ms`` given, 5 s later). Returns the
+    job's history, read after asyncio.run() came back."""
+    caplog.set_level(logging.INFO, "anarchon")
+    backend = MemoryBackend()
+    if grace_ms is None:
+        scheduler = Scheduler(backend, instance_id="one")
+    else:
+        scheduler = Scheduler(backend, instance_id="one", grace_ms=grace_ms)
+    release, started = threading.Event(), threading.Event()
+    delay_s = 0.0 if grace_ms is None else 5.0
+
+    def later() -> None:
+        timer = threading.Timer(delay_s, release.set)
+        timer.daemon = True
+        timer.start()
+
+    hook = _OnAction("loop_ended", later)
+    logging.getLogger("anarchon").addHandler(hook)
+
+    def work(ctx: RunContext) -> None:
+        started.set()
+        release.wait(30)
+
+    async def main() -> None:
+        scheduler.add("work", "0 0 1 1 *", work)
+        await scheduler.start()
+        # Its waiter is cancelled with the loop's tasks, not the run.
+        manual = asyncio.ensure_future(scheduler.run_now("work"))
+        await asyncio.to_thread(started.wait, 10)
+        assert not manual.done()
+
+    try:
+        await asyncio.to_thread(asyncio.run, main())
+    finally:
+        logging.getLogger("anarchon").removeHandler(hook)
+        release.set()
+    assert not scheduler.running
+    return await backend.history("work")
+
+
+async def test_the_end_of_asyncio_run_waits_for_a_plain_handlers_thread_and_records_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A thread cannot be cancelled: handing its run over at once would let a backup run the
+    # slot beside it. The loop's end waits for it (up to grace_ms), as a stop does, and records
+    # its result. Before, asyncio.run() came back at once and the run stayed open until its
+    # lease expired. Every option at its default.
+    [run] = await _plain_loop_end(None, caplog)
+    assert run.status is RunStatus.SUCCEEDED and run.attempt == 1, run
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert "loop_ended" in actions and "handed_over" not in actions, actions
+
+
+async def test_the_end_of_asyncio_run_waits_for_a_plain_handlers_thread_no_longer_than_grace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A thread still working after grace_ms is left as a stop leaves it: its lease to expire.
+    began = time.monotonic()
+    [run] = await _plain_loop_end(500, caplog)
+    assert time.monotonic() - began < 4.5  # the thread returns 5 s after the loop's end
+    assert run.status is RunStatus.RUNNING, run
+    actions = [getattr(r, "action", None) for r in caplog.records]
+    assert "left_to_expire" in actions and "handed_over" not in actions, actions
+
+
 def test_run_outside_the_main_thread_says_so_at_once() -> None:
     # Only the main thread can install the signal handlers run() stops on: elsewhere it ran on,
     # deaf to SIGINT and SIGTERM, and nothing could stop it.
@@ -310,3 +389,42 @@ def test_serve_in_a_thread_stops_when_its_event_is_set() -> None:
     held["loop"].call_soon_threadsafe(held["stop"].set)
     thread.join(10)
     assert not thread.is_alive() and not scheduler.running
+
+
+async def test_a_plain_run_cancelled_from_outside_is_recorded_when_its_thread_returns() -> None:
+    # The run's task alone is cancelled from outside (application code cancelling tasks it did
+    # not start), the scheduler running on. Its thread cannot be stopped, so its lease stays
+    # kept while it works; but before, it stayed renewed, the run `running` (and the job's
+    # slots skipped for overlap), until the scheduler stopped. Every option at its default.
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, instance_id="one")
+    release, started = threading.Event(), threading.Event()
+
+    def work(ctx: RunContext) -> None:
+        started.set()
+        release.wait(30)
+
+    scheduler.add("work", "0 0 1 1 *", work)
+    try:
+        async with scheduler:
+            waiting = asyncio.ensure_future(scheduler.run_now("work"))
+            assert await asyncio.to_thread(started.wait, 10)
+            [active] = scheduler._executor.active.values()
+            assert active.task is not None and active.kept
+            active.task.cancel()
+            await until(
+                lambda: active.task is not None and active.task.done(), 10, "the task's end"
+            )
+            [run] = await backend.history("work")
+            assert run.status is RunStatus.RUNNING and active.kept  # the thread still works
+            release.set()
+            for _ in range(100):
+                [run] = await backend.history("work")
+                if run.status is not RunStatus.RUNNING:
+                    break
+                await asyncio.sleep(0.1)
+            assert run.status is RunStatus.SUCCEEDED, run
+            assert scheduler.running and not active.kept  # recorded now, not at the stop
+            waiting.cancel()
+    finally:
+        release.set()

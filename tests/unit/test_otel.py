@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,9 +15,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from anarchon import RunContext, RunStatus, Scheduler, Trigger, otel
-from anarchon.backend import ClaimRequest
+from anarchon import RunContext, RunStatus, Scheduler, SkipCause, Trigger, otel
+from anarchon.backend import TOO_LATE, ClaimRequest, ClaimStatus
 from anarchon.testing import FakeClock, MemoryBackend
+from anarchon.testing._requests import request
 from tests.docs.blocks import block
 from tests.unit.core_helpers import MINUTE, START
 
@@ -301,3 +303,41 @@ def test_the_observability_page_setup_traces_runs() -> None:
     assert out.returncode == 0, out.stderr
     assert '"name": "run report"' in out.stdout and '"name": "claim report"' in out.stdout
     assert '"anarchon.instance": "docs"' in out.stdout
+
+
+async def test_a_slot_span_comes_only_from_the_claim_that_wrote_the_slots_skip_record(
+    spans: InMemorySpanExporter,
+) -> None:
+    # Two instances reach a slot too late: both answers are SKIPPED (the second with the
+    # first's record), one slot span. A run request's skip is no slot, and a skip a broker
+    # answered without storing it (NOT_RECORDED) is no record: no slot span for either.
+    backend = MemoryBackend(clock=FakeClock(SLOT))
+    late = {"skip_reason": f"{TOO_LATE}test", "skip_cause": SkipCause.TOO_LATE}
+    first = request("report", SLOT, instance="a", **late)
+    second = request("report", SLOT, instance="b", **late)
+    manual = request("report", None, instance="a", trigger=Trigger.MANUAL, **late)
+    answers = [*await backend.claim([first]), *await backend.claim([second])]
+    answers += await backend.claim([manual])
+    assert [a.status for a in answers] == [ClaimStatus.SKIPPED] * 3
+    assert answers[1].run.run_id == first.run_id
+    unrecorded = replace(answers[0], run=replace(answers[0].run, skip_cause=SkipCause.NOT_RECORDED))
+    otel.claimed([first, second, manual, first], [*answers, unrecorded], 0, "memory", 0)
+    [span] = named(spans, "slot report")
+    assert span.kind is SpanKind.INTERNAL and span.status.status_code is StatusCode.UNSET
+    assert span.context.trace_id == otel.trace_id("report", str(SLOT))
+    assert span.parent is not None
+    assert span.parent.span_id == otel.attempt_parent("report", str(SLOT), 1).span_id
+    assert attrs(span) == {
+        "anarchon.job": "report",
+        "anarchon.slot": SLOT,
+        "anarchon.slot_iso": "2026-01-01T01:00:00.000+00:00",
+        "anarchon.slot_key": str(SLOT),
+        "anarchon.instance": "a",
+        "anarchon.trigger": "schedule",
+        "anarchon.backend": "memory",
+        "anarchon.outcome": "skipped",
+        "anarchon.skip_cause": "too_late",
+        "anarchon.reason": f"{TOO_LATE}test",
+        "anarchon.run_id": first.run_id,
+    }
+    assert len(named(spans, "claim report")) == 4  # every claim still has its own

@@ -608,3 +608,81 @@ def test_the_server_logs_its_own_actions(caplog: pytest.LogCaptureFixture) -> No
         ("anarchon.http", "http_serving", address),
         ("anarchon.http", "http_stopped", address),
     ]
+
+
+async def test_pending_requests_are_a_gauge_by_job_and_kind_that_no_scrape_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run requests not claimed yet, of every job (one that no instance carries too), by
+    job and kind, as the request poller last read them: in ``metrics()`` and both
+    expositions, a pair seen once kept at 0 when none is pending; a scrape never reads the
+    store (it costs what is pending, not history). Every option at its default but the
+    poll."""
+    from anarchon import steering
+    from anarchon.control import RunRequest
+    from tests.records import waiting_retry
+
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, control_poll_ms=100)
+    scheduler.add("daily", "0 6 * * *", lambda ctx: None)
+    ours = anarchon.prometheus.Exposition(scheduler, CollectorRegistry())
+    theirs = CollectorRegistry()
+    anarchon.prometheus.register(scheduler, theirs)
+    assert scheduler.metrics().requests_pending is None
+    assert "anarchon_requests_pending" not in _scrape(theirs)
+
+    async def pending(count: int) -> None:
+        for _ in range(100):
+            if scheduler.metrics().requests_pending == count:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(scheduler.metrics().pending_requests)
+
+    async with scheduler:
+        control = backend.control()
+        assert control is not None
+        now = int(time.time() * 1000)
+        await control.request(waiting_retry("daily", 1_800_000_000_000, now))
+        for _ in range(2):
+            await steering.trigger(backend, "ghost", by="ops")
+        await pending(3)
+        m = scheduler.metrics()
+        assert m.pending_requests == {("daily", "retry"): 1, ("ghost", "trigger"): 2}
+        assert m["requests_pending"] == 3 and "pending_requests" not in m.as_dict()
+        assert _scrape(theirs)["anarchon_requests_pending"] == {
+            (("anarchon_job", "daily"), ("kind", "retry")): 1.0,
+            (("anarchon_job", "ghost"), ("kind", "trigger")): 2.0,
+        }
+        text = (await asyncio.to_thread(ours._render)).decode()
+        assert 'anarchon_requests_pending{anarchon_job="ghost",kind="trigger"} 2' in text
+        await steering.cancel_requests(backend, await steering.pending_requests(backend))
+        await pending(0)
+        # None pending now: each series seen drops to 0 and stays (before, they vanished, and
+        # a rate() or an alert on them saw no drop), in both expositions.
+        zero = {("daily", "retry"): 0, ("ghost", "trigger"): 0}
+        assert scheduler.metrics().pending_requests == zero
+        assert _scrape(theirs)["anarchon_requests_pending"] == {
+            (("anarchon_job", "daily"), ("kind", "retry")): 0.0,
+            (("anarchon_job", "ghost"), ("kind", "trigger")): 0.0,
+        }
+        lines = (await asyncio.to_thread(ours._render)).decode().splitlines()
+        assert 'anarchon_requests_pending{anarchon_job="ghost",kind="trigger"} 0' in lines
+        assert 'anarchon_requests_pending{anarchon_job="daily",kind="retry"} 0' in lines
+        await steering.trigger(backend, "ghost", by="ops")
+        await pending(1)
+    reads = 0
+    listed = type(control).requests
+
+    async def counted(self: object, jobs: object = None) -> list[RunRequest]:
+        nonlocal reads
+        reads += 1
+        return await listed(control, None)
+
+    monkeypatch.setattr(type(control), "requests", counted)
+    for _ in range(5):
+        assert _scrape(theirs)["anarchon_requests_pending"] == {
+            (("anarchon_job", "daily"), ("kind", "retry")): 0.0,
+            (("anarchon_job", "ghost"), ("kind", "trigger")): 1.0,
+        }
+        ours._render()
+    assert reads == 0

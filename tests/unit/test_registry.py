@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from anarchon import InvalidOption, Run, RunContext, RunStatus, Scheduler
-from anarchon._heartbeat import Heartbeat
+from anarchon._heartbeat import PRUNE_EVERY, PRUNE_GRACE_MS, Heartbeat
 from anarchon.backend import Backend, ClaimOutcome, ClaimRequest, Ticket
 from anarchon.backends.memory import MemoryRegistry
 from anarchon.control import RunRequest
@@ -95,18 +95,28 @@ class FailingRegistry(MemoryRegistry):
         await super().record(instance)
 
 
-async def test_an_outage_is_logged_once_and_the_drift_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def beating(
+    store: RegistryStore, interval_ms: int, instance: str, *jobs: str
+) -> tuple[Heartbeat, FakeClock, Scheduler]:
+    """A heartbeat of ``instance`` on ``store`` on a fake clock, carrying a scheduler's
+    ``jobs`` (each due once a year); the scheduler, to add more."""
     clock = FakeClock()
     scheduler = Scheduler(MemoryBackend(clock=clock), clock=clock)
 
     async def handler(ctx: RunContext) -> None:
         pass
 
-    scheduler.add("sync", "0 0 1 1 *", handler)
+    for name in jobs:
+        scheduler.add(name, "0 0 1 1 *", handler)
+    beat = Heartbeat(store, clock, interval_ms, instance, scheduler._jobs.values, lambda: None)
+    return beat, clock, scheduler
+
+
+async def test_an_outage_is_logged_once_and_the_drift_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     store = FailingRegistry()
-    beat = Heartbeat(store, clock, 1_000, "me", scheduler._jobs.values, lambda: None)
+    beat, clock, _ = beating(store, 1_000, "me", "sync")
     caplog.set_level(logging.INFO, logger="anarchon.scheduler")
     for _ in range(3):
         assert await beat.beat() is None
@@ -184,6 +194,44 @@ def test_a_heartbeat_builds_its_definitions_again_only_when_the_jobs_change() ->
     assert beat.record().jobs is first and [d.name for d in first] == ["a"]
     scheduler.add("b", "* * * * *", handler)
     assert [d.name for d in beat.record().jobs] == ["a", "b"]
+
+
+async def test_record_instance_returns_the_record_as_stored() -> None:
+    """The record as a reader finds it: stamped with its definitions digest and job count (it
+    returned nothing, and the heartbeat put its unstamped record in each view)."""
+    store = MemoryRegistry()
+    jobs = (JobDefinition(name="a", expression="* * * * *", zone="UTC"), definition())
+    mine = record("me", *jobs, beat=2_000)
+    assert mine.definitions is None and mine.job_count is None
+    stored = await record_instance(store, mine)
+    assert stored.definitions == encode_definitions(mine.jobs)[0] and stored.job_count == 2
+    assert stored.jobs is mine.jobs
+    assert stored == replace(mine, definitions=stored.definitions, job_count=2)
+    [read] = await read_instances(store)
+    assert read == stored
+    assert await record_instance(store, stored) == stored  # stamped already: as it is
+
+
+async def test_a_lone_heartbeat_keeps_its_own_definitions_set() -> None:
+    """The heartbeat prunes the sets that no stored record names, its own record included:
+    alone, with its own record in the view unstamped (no digest), it pruned its own set once
+    the set was a minute old, and readers lost its jobs until the set was saved again."""
+    store = MemoryRegistry()
+    beat, clock, _ = beating(store, 5_000, "me", "sync")
+    first = await beat.beat()
+    assert first is not None
+    [mine] = first.instances
+    digest = encode_definitions(mine.jobs)[0]
+    for _ in range(PRUNE_EVERY):  # past the prune's grace, to a beat that prunes
+        await clock.advance(PRUNE_GRACE_MS // PRUNE_EVERY + 1_000)
+        assert await beat.beat() is not None
+    assert await store.has_definitions(digest), "the heartbeat pruned its own set"
+    [read] = await read_instances(store, clock.now_ms())
+    assert [j.name for j in read.jobs] == ["sync"]
+    view = await beat.beat()
+    assert view is not None
+    [mine] = view.instances
+    assert mine.definitions == digest and mine.job_count == 1, "the view has it as stored"
 
 
 async def test_instances_that_decode_to_the_same_definitions_give_the_same_view() -> None:

@@ -17,10 +17,12 @@ from anarchon import RunContext, Scheduler
 from anarchon._heartbeat import definition_of
 from anarchon._rendezvous import Kind, Rendezvous, delay_for_rank, rank, score
 from anarchon.backend import ClaimNotice, ClaimOutcome, ClaimRequest
+from anarchon.backends.memory import MemoryRegistry
 from anarchon.kit.feed import ChangeFeed, decode_notices, encode_notice
 from anarchon.registry import InstanceRecord, JobDefinition, build_view, record_instance
 from anarchon.testing import MemoryBackend
 from tests.records import instance_record
+from tests.unit.test_registry import beating
 
 
 def test_scores_are_fixed_numbers_on_every_host() -> None:
@@ -123,22 +125,32 @@ def test_the_jobs_of_a_definitions_set_are_remembered_once_read() -> None:
     assert rendezvous.carriers("sync") == []
 
 
-def test_a_record_without_a_digest_is_read_once_while_its_jobs_stay_the_same() -> None:
-    # This instance's own record comes into each view as its heartbeat built it: no digest,
-    # the same tuple of definitions beat after beat. Its job names were gathered again at every
-    # beat (100 000 jobs: a pass over them all every 5 s of an idle instance).
+async def test_this_instance_s_own_record_is_ranked_by_its_digest_beat_after_beat() -> None:
+    # The heartbeat puts this instance's own record in each view as stored (its definitions
+    # digest stamped), so the rendezvous reads its job names once per set, by digest, like any
+    # other record's. It put the record in unstamped (no digest), and the names of 100 000 jobs
+    # were gathered again at every beat unless a cache by the tuple's identity caught them.
+    beat, clock, scheduler = beating(MemoryRegistry(), 1_000, "a", "sync", "report")
     rendezvous, _ = _rendezvous()
-    mine = _record("a", 10_000, jobs=("sync", "report"))
-    assert mine.definitions is None
-    rendezvous.see(build_view([mine], now_ms=10_000))
-    [first] = rendezvous._groups
-    rendezvous.see(build_view([dataclasses.replace(mine, heartbeat_ms=11_000)], now_ms=11_000))
-    [again] = rendezvous._groups
-    assert again.jobs is first.jobs, "the names of the same tuple were gathered again"
-    changed = _record("a", 12_000, jobs=("sync",))  # its jobs changed: a new tuple
-    rendezvous.see(build_view([changed], now_ms=12_000))
-    assert rendezvous.carriers("report") == []
-    assert rendezvous.carriers("sync") == ["a"]
+    first = await beat.beat()
+    assert first is not None
+    [mine] = first.instances
+    assert mine.definitions is not None and mine.job_count == 2, "unstamped in the view"
+    rendezvous.see(first)
+    [group] = rendezvous._groups
+    assert rendezvous._job_sets == {mine.definitions: group.jobs}
+    await clock.advance(1_000)
+    again = await beat.beat()
+    assert again is not None and again.instances[0].definitions == mine.definitions
+    rendezvous.see(again)
+    assert rendezvous._groups[0].jobs is group.jobs, "the names were gathered again"
+    assert rendezvous.carriers("report") == ["a"]
+    scheduler.add("new", "0 0 1 1 *", lambda ctx: None)  # another set, another digest
+    await clock.advance(1_000)
+    changed = await beat.beat()
+    assert changed is not None and changed.instances[0].definitions != mine.definitions
+    rendezvous.see(changed)
+    assert rendezvous.carriers("new") == ["a"]
 
 
 def test_it_falls_back_to_random_jitter() -> None:

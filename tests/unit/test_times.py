@@ -8,13 +8,18 @@ from datetime import UTC, datetime
 import pytest
 
 from anarchon._times import (
+    EVERY_ZONE,
     LATEST_MS,
+    NAIVE_RULE,
     PAUSE_HORIZON_MS,
     RANGE_RULE,
+    Reading,
     check_time_ms,
     check_until_ms,
     parse_duration_ms,
+    parse_time,
     parse_time_ms,
+    read_time,
 )
 from anarchon.control import Pause, paused_reason
 from anarchon.errors import InvalidOption
@@ -184,3 +189,68 @@ def test_times_next_to_a_gap_repeated_ones_and_whole_milliseconds_are_read(
     text: str, zone: str, ms: int
 ) -> None:
     assert parse_time_ms(text, zone, what="SLOT") == ms
+
+
+def test_a_time_without_an_offset_is_refused_where_no_jobs_zone_applies() -> None:
+    # Read in UTC before (the default zone): `pause --all --until 2027-01-01T10:00`.
+    with pytest.raises(InvalidOption) as info:
+        parse_time_ms("2027-01-01T10:00", None, what="--until", no_zone=EVERY_ZONE)
+    assert str(info.value) == (
+        f"--until '2027-01-01T10:00' has no offset, and no job's time zone applies ({EVERY_ZONE}):"
+        f" {NAIVE_RULE}; write the offset (2027-01-01T10:00:00Z for UTC, or +02:00 and the "
+        "like) or give epoch milliseconds"
+    )
+    with pytest.raises(InvalidOption, match=r"^SLOT '2027-01-01' has no offset, .* applies: a"):
+        parse_time_ms("2027-01-01", what="SLOT")  # no zone given: none applies
+    # With an offset, as epoch ms or as a duration, no zone is needed.
+    assert parse_time_ms("2026-01-01T02:00+02:00", None, what="--until") == NEW_YEAR
+    assert parse_time_ms(str(NEW_YEAR), None, what="--until") == NEW_YEAR
+    assert parse_time_ms("1h", None, what="--until", now_ms=NOW) == NOW + 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("text", "zone", "first", "second"),
+    [
+        # America/New_York puts its clocks back at 02:00 EDT on 2026-11-01.
+        ("2026-11-01T01:30", "America/New_York", "2026-11-01T01:30:00-04:00", "-05:00"),
+        ("2026-10-25T03:30", "Europe/Athens", "2026-10-25T03:30:00+03:00", "+02:00"),
+        # Lord Howe: half an hour back at 02:00 (+11:00 to +10:30) on 2026-04-05.
+        ("2026-04-05T01:45", "Australia/Lord_Howe", "2026-04-05T01:45:00+11:00", "+10:30"),
+    ],
+)
+def test_a_local_time_the_clocks_show_twice_is_the_first_and_a_note_says_so(
+    text: str, zone: str, first: str, second: str
+) -> None:
+    reading = read_time(text, zone, what="SLOT")
+    assert reading.ms == int(datetime.fromisoformat(first).timestamp() * 1000)
+    assert reading.note == (
+        f"{text!r} occurs twice in {zone} (the clocks are put back there): read as the first, "
+        f"{first}, where a job at that fixed time fires; give {first[:19]}{second} for the second"
+    )
+    assert read_time(first, zone, what="SLOT") == Reading(reading.ms)  # an offset: no note
+    assert read_time(text, "UTC", what="SLOT").note is None  # UTC never repeats a time
+
+
+def test_a_local_time_the_clocks_skip_names_the_rule_it_was_read_by() -> None:
+    with pytest.raises(InvalidOption) as info:
+        parse_time_ms("2027-03-14T02:30:00", "America/New_York", what="SLOT")
+    said = f"does not exist in America/New_York: {NAIVE_RULE}, and the clocks there skip from"
+    assert said in str(info.value), info.value
+
+
+def test_a_time_parsed_once_reads_as_read_time_reads_it_in_any_zone() -> None:
+    """:func:`parse_time` parses the text once; :meth:`Written.read` gives what
+    :func:`read_time` gives, for each zone and clock, and refuses what it refuses."""
+    for text in ("2h", str(NEW_YEAR), "2026-01-01T02:00+02:00", "2026-10-25T03:30"):
+        written = parse_time(text, what="--until", durations=True)
+        for zone in ("UTC", "Europe/Athens", "Pacific/Kiritimati"):
+            wanted = read_time(text, zone, what="--until", now_ms=NOW)
+            assert written.read(zone, now_ms=NOW) == wanted, (text, zone)
+    with pytest.raises(InvalidOption, match="no job's time zone applies"):
+        parse_time("2027-01-01T10:00", what="--until").read(None, no_zone=EVERY_ZONE)
+    with pytest.raises(InvalidOption, match="nor a duration such as 30m"):
+        parse_time("soon", what="--until", durations=True)
+    with pytest.raises(InvalidOption, match="'2h' is not an ISO 8601 time"):
+        parse_time("2h", what="SLOT")  # no durations: not a time
+    with pytest.raises(ValueError, match="is a duration: give now_ms"):
+        parse_time("2h", what="--until", durations=True).read("UTC")

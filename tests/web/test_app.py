@@ -48,7 +48,7 @@ from anarchon.web._data import (
     timeline,
 )
 from tests.ports import any_free
-from tests.records import instance_record
+from tests.records import instance_record, waiting_retry
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "operator-token-123"
@@ -163,6 +163,7 @@ ACTIONS = [
     "/jobs/every-second/pause",
     "/jobs/every-second/resume",
     "/jobs/every-second/trigger",
+    "/jobs/every-second/cancel",
     "/all/pause",
     "/all/resume",
 ]
@@ -322,12 +323,12 @@ async def test_token_sign_in_csrf_and_actions(guarded: Served) -> None:
     asks = {**BEARER, **JSON}
     unknown = await client.call("/jobs/failing/explode", {}, headers=asks, cookies=False)
     assert unknown.json()["error"] == (
-        "unknown action 'explode' for failing: a job takes pause, resume and trigger; /all "
-        "(every job) takes pause and resume"
+        "unknown action 'explode' for failing: a job takes pause, resume, trigger and cancel; "
+        "/all (every job) takes pause and resume"
     ), unknown.body
     every = await client.call("/all/trigger", {}, headers=asks, cookies=False)
     assert every.status == 400 and every.json()["error"].startswith(
-        "unknown action 'trigger' for every job: a job takes pause, resume and trigger"
+        "unknown action 'trigger' for every job: a job takes pause, resume, trigger and cancel"
     ), every.body
 
 
@@ -746,7 +747,9 @@ async def test_steering_a_job_no_live_instance_carries_warns(guarded: Served) ->
     JSON reply's warning, and on the page it sends the browser back to."""
     client = guarded.client
     asks = {**BEARER, **JSON}
-    triggered = await client.call("/jobs/nosuchjob2/trigger", {}, headers=asks, cookies=False)
+    # force=1: no instance in the registry carries it either (refused without: see below).
+    forced = {"force": "1"}
+    triggered = await client.call("/jobs/nosuchjob2/trigger", forced, headers=asks, cookies=False)
     assert triggered.status == 200 and triggered.json()["warning"] == (
         "no live instance carries job 'nosuchjob2': the request waits until one does"
     )
@@ -762,13 +765,87 @@ async def test_steering_a_job_no_live_instance_carries_warns(guarded: Served) ->
     assert everything.json()["warning"] is None
     await client.call("/all/resume", {}, headers=asks, cookies=False)
     page = await client.call(
-        "/jobs/nosuchjob2/trigger", {"next": "/jobs/daily"}, headers=BEARER, cookies=False
+        "/jobs/nosuchjob2/trigger",
+        {"next": "/jobs/daily", **forced},
+        headers=BEARER,
+        cookies=False,
     )
     assert page.status == 303
     location = page.headers["location"]
     assert location.startswith("/jobs/daily?msg="), location
     shown = await client.call(location)  # the browser keeps the cookie the redirect set
     assert "data-warning>no live instance carries job &#39;nosuchjob2&#39;" in shown.body
+
+
+async def test_trigger_refuses_a_job_no_instance_in_the_registry_carries_as_the_command_does(
+    guarded: Served,
+) -> None:
+    """The dashboard's Trigger of a job that no instance in the registry carries only warned
+    (and stored a request that waits for ever), while `anarchon trigger` refuses it (exit 2)
+    unless --force. Now the same rule and words: 409 unless force=1, and such a job's page
+    offers "Trigger anyway". Every option at its default but the token."""
+    from anarchon import steering
+    from anarchon.registry import trigger_refusal
+    from anarchon.testing._requests import request
+
+    client, backend = guarded.client, guarded.backend
+    asks = {**BEARER, **JSON}
+    registry = backend.registry()
+    assert registry is not None
+    words = await trigger_refusal(registry, "dailly")
+    assert words == (
+        "no instance in the registry carries job 'dailly' (did you mean 'daily'?): a request is "
+        "stored only for a job that a live or recently stopped instance defines (else it waits "
+        "until one is deployed)"
+    )
+    refused = await client.call("/jobs/dailly/trigger", {}, headers=asks, cookies=False)
+    assert refused.status == 409, refused.body
+    assert refused.json()["error"] == (
+        f"{words}; 'Trigger anyway' (the form field force=1) stores it anyway"
+    )
+    assert await steering.pending_requests(backend, "dailly") == []
+    forced = await client.call("/jobs/dailly/trigger", {"force": "1"}, headers=asks, cookies=False)
+    assert forced.status == 200 and forced.json()["warning"] == (
+        "no live instance carries job 'dailly': the request waits until one does"
+    )
+    assert len(await steering.pending_requests(backend, "dailly")) == 1
+    carried = await client.call("/jobs/daily/trigger", {}, headers=asks, cookies=False)
+    assert carried.status == 200 and carried.json()["warning"] is None
+    # A job with records that no instance carries: its page offers "Trigger anyway" only.
+    now = int(time.time() * 1000)
+    await backend.claim([request("retired", now - now % 60_000, skip_reason=LATE_WORDS)])
+    await client.call("/")
+    signed = await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
+    assert signed.status == 303
+    page = await client.call("/jobs/retired")
+    assert 'data-action="trigger anyway"' in page.body, page.body[-3000:]
+    assert '<input type="hidden" name="force" value="1">' in page.body
+    assert 'data-action="trigger"' not in page.body
+    retired = await trigger_refusal(registry, "retired")
+    assert retired is not None and retired.replace("'", "&#39;") in page.body  # data-confirm
+    shape = (await client.call("/jobs/retired?format=json")).json()
+    assert shape["trigger_refusal"] == retired
+    daily = await client.call("/jobs/daily")
+    assert 'data-action="trigger"' in daily.body and 'name="force"' not in daily.body
+    assert (await client.call("/jobs/daily?format=json")).json()["trigger_refusal"] is None
+
+
+async def test_a_time_a_page_shows_pasted_back_names_the_same_slot(readonly: Served) -> None:
+    """The pages cut every time to the second while a slot is a time in ms: a slot at .250
+    was shown as :00Z, which pasted into an address (or `explain`) named another instant. Now
+    shown as `explain` prints it, milliseconds when there are some. Every option at its
+    default."""
+    client = readonly.client
+    for slot, shown in (
+        (_utc_ms(2026, 3, 29, 0, 30) + 250, "2026-03-29T00:30:00.250Z"),
+        (_utc_ms(2026, 3, 29, 3, 0), "2026-03-29T03:00:00Z"),
+    ):
+        page = await client.call(f"/jobs/daily/slots/{slot}")
+        assert page.status == 200, page.body[-500:]
+        assert f"<h2>daily · {shown}" in page.body, page.body[-1500:]
+        copied = urllib.parse.quote(shown, safe="")
+        back = (await client.call(f"/jobs/daily/slots/{copied}?format=json")).json()
+        assert (back["slot_ms"], back["slot"]) == (slot, shown), back
 
 
 async def test_resume_all_names_each_job_still_paused_on_its_own(guarded: Served) -> None:
@@ -818,7 +895,7 @@ async def test_an_action_does_not_carry_an_earlier_actions_warning_along(guarded
     warning of a trigger of a job no instance carries came back under every later action."""
     client = guarded.client
     await client.call("/")
-    warned = await client.call("/jobs/nosuchjob3/trigger", {}, headers=BEARER)
+    warned = await client.call("/jobs/nosuchjob3/trigger", {"force": "1"}, headers=BEARER)
     old = warned.headers["location"].partition("?msg=")[2]
     page = await client.call(f"/jobs/daily?range=6h&msg={old}", headers=BEARER)
     assert 'name="next" value="/jobs/daily?range=6h"' in page.body, page.body[-2000:]
@@ -847,7 +924,9 @@ async def test_a_link_cannot_put_a_message_on_the_dashboard(guarded: Served) -> 
         assert 'class="flash"' not in page.body and "data-warning" not in page.body, path
     signed = await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
     assert signed.status == 303
-    done = await client.call("/jobs/nosuchjob4/trigger", {"csrf": client.csrf(), "next": "/"})
+    done = await client.call(
+        "/jobs/nosuchjob4/trigger", {"csrf": client.csrf(), "next": "/", "force": "1"}
+    )
     location = done.headers["location"]
     assert location.startswith("/?msg=") and "nosuchjob4" not in location, location
     mine = await client.call(location)
@@ -1135,16 +1214,18 @@ async def test_the_jobs_page_reads_its_rows_histories_in_one_call() -> None:
 LATE_WORDS = f"{TOO_LATE}w0 reached it late"
 
 
-async def _sqlite_carrying_sync(db: Path) -> tuple[SQLiteBackend, int]:
-    """A started SQLite backend on ``db`` whose registry has ``w0`` carrying ``sync`` (every
-    minute), and its time then."""
+async def _sqlite_carrying_sync(
+    db: Path, job: JobDefinition | None = None
+) -> tuple[SQLiteBackend, int]:
+    """A started SQLite backend on ``db`` whose registry has ``w0`` carrying ``job`` (default
+    ``sync``, every minute, in UTC), and its time then."""
     from anarchon.registry import record_instance
 
     writer = SQLiteBackend(db)
     await writer.start()
     now = await writer.server_time_ms()
     assert now is not None
-    job = JobDefinition(name="sync", expression="* * * * *", zone="UTC")
+    job = job or JobDefinition(name="sync", expression="* * * * *", zone="UTC")
     await record_instance(writer.registry(), instance_record("w0", job, beat=now))
     return writer, now
 
@@ -1195,3 +1276,152 @@ async def test_the_dashboard_and_anarchon_jobs_read_running_from_one_window(tmp_
         (row,) = (await client.call("/?format=json")).json()["jobs"]
         assert row["running"] == [], row["running"]
         assert row["last_run"]["run_id"] == cli_view.last_run.run_id
+
+
+#: How a time without an offset is read, as the answers state the rule.
+NAIVE_WORDS = "a time without an offset (no Z, no +02:00) is read in the time zone of the job"
+
+
+def _utc_ms(year: int, month: int, day: int, hour: int, minute: int) -> int:
+    return int(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
+
+
+async def test_a_slot_address_without_an_offset_is_in_the_jobs_zone_as_in_explain(
+    tmp_path: Path,
+) -> None:
+    # A job at 02:30 in Europe/Athens: `anarchon explain athens 2026-03-29T02:30` read its slot
+    # (00:30Z), the dashboard read 02:30Z (04:30 in Athens: no slot). SQLite, defaults.
+    from anarchon.testing._requests import request
+
+    db = tmp_path / "anarchon.db"
+    athens = JobDefinition(name="athens", expression="30 2 * * *", zone="Europe/Athens")
+    writer, _ = await _sqlite_carrying_sync(db, athens)
+    slot = _utc_ms(2026, 3, 29, 0, 30)
+    for job in ("athens", "gone"):  # gone: a job with records that no live instance carries
+        await writer.claim([request(job, slot, skip_reason=LATE_WORDS)])
+    await writer.stop()
+    async for client in _serve_backend(SQLiteBackend(db)):
+        story = (await client.call("/jobs/athens/slots/2026-03-29T02:30?format=json")).json()
+        assert (story["slot_ms"], story["kind"]) == (slot, "late"), story
+        # Shown with its offset (the page and JSON), a copy reads back as the same slot.
+        assert story["slot_local"] == "2026-03-29T02:30:00+02:00", story
+        copied = urllib.parse.quote(story["slot_local"], safe="")
+        back = (await client.call(f"/jobs/athens/slots/{copied}?format=json")).json()
+        assert back["slot_ms"] == slot, back
+        page = await client.call("/jobs/athens/slots/2026-03-29T02:30")
+        assert "(2026-03-29T02:30:00+02:00 Europe/Athens)" in page.body, page.body[-600:]
+        # A job page's range ends in the job's zone as well.
+        job = (await client.call("/jobs/athens?end=2026-03-29T02:30&range=1h&format=json")).json()
+        assert job["timeline"]["end_ms"] == slot, job["timeline"]
+        # Athens skips 03:00 to 04:00 that day: 400 naming the value, the gap and the rule.
+        gap = await client.call("/jobs/athens/slots/2026-03-29T03:30?format=json")
+        said = gap.json()["error"]
+        assert (
+            gap.status == 400 and "slot '2026-03-29T03:30' does not exist in Europe/Athens" in said
+        )
+        assert NAIVE_WORDS in said and "skip from 03:00 to 04:00 on 2026-03-29" in said, said
+        # Athens has 03:00 to 04:00 twice on 2026-10-25: the first, and the answer says so.
+        twice = (await client.call("/jobs/athens/slots/2026-10-25T03:30?format=json")).json()
+        assert twice["slot_ms"] == _utc_ms(2026, 10, 25, 0, 30), twice
+        assert "occurs twice in Europe/Athens" in twice["summary"], twice
+        assert "give 2026-10-25T03:30:00+02:00 for the second" in twice["summary"], twice
+        # No live instance carries 'gone': its zone is unknown, so a time needs its offset.
+        refused = await client.call("/jobs/gone/slots/2026-03-29T02:30?format=json")
+        said = refused.json()["error"]
+        assert refused.status == 400 and "no live instance carries job 'gone'" in said, said
+        assert "slot '2026-03-29T02:30' has no offset" in said and NAIVE_WORDS in said, said
+        gone = (await client.call("/jobs/gone/slots/2026-03-29T00:30:00Z?format=json")).json()
+        assert gone["slot_ms"] == slot and gone["kind"] == "late", gone
+        gone_page = await client.call("/jobs/gone?end=2026-03-29T02:30&range=1h&format=json")
+        assert gone_page.status == 400, gone_page.body
+
+
+async def test_pending_requests_are_listed_and_cancelled(guarded: Served) -> None:
+    """The requests page and a job's page list the run requests not claimed yet (a trigger of a
+    job nobody carries waits; a retry waits for its backoff); a signed-in operator cancels one
+    with the page's CSRF token (its key recorded skipped, ``cancelled by alice@dashboard``), a
+    script every one of a job with the bearer token; one an instance claimed first is said to
+    be too late, and runs."""
+    from anarchon import steering
+
+    client, backend = guarded.client, guarded.backend
+    control = backend.control()
+    first = await steering.trigger(backend, "ghost", by="carol@ops")
+    second = await steering.trigger(backend, "ghost", by="dave@ops")
+    now = int(time.time() * 1000)
+    retry = waiting_retry("daily", 1_800_000_000_000, now)
+    assert await control.request(retry)
+    listed = (await client.call("/requests?format=json")).json()
+    by_id = {r["id"]: r for r in listed["requests"]}
+    assert set(by_id) == {first.id, second.id, retry.id}, listed
+    assert by_id[first.id]["kind"] == "trigger" and by_id[retry.id]["kind"] == "retry"
+    assert by_id[first.id]["requested_by"] == "carol@ops" and by_id[retry.id]["due_at"]
+    page = await client.call("/requests")
+    assert page.status == 200 and f'data-request="{first.id}"' in page.body
+    assert 'data-kind="retry"' in page.body and "carol@ops" in page.body
+    assert 'data-action="cancel"' not in page.body  # not signed in: no buttons
+    daily = await client.call("/jobs/daily")
+    assert f'data-request="{retry.id}"' in daily.body and f'data-request="{first.id}"' not in (
+        daily.body
+    )
+    assert [r["id"] for r in (await client.call("/jobs/daily?format=json")).json()["requests"]] == [
+        retry.id
+    ]
+    refused = await client.call("/jobs/ghost/cancel", {"csrf": client.csrf(), "request": first.id})
+    assert refused.status == 403 and len(await control.requests()) == 3
+
+    await client.call("/login", {"csrf": client.csrf(), "token": TOKEN, "name": "alice"})
+    page = await client.call("/requests")
+    assert 'data-action="cancel"' in page.body
+    no_csrf = await client.call("/jobs/ghost/cancel", {"request": first.id})
+    assert no_csrf.status == 403 and len(await control.requests()) == 3
+    bad = await client.call("/jobs/ghost/cancel", {"csrf": client.csrf(), "request": "xyz"})
+    assert bad.status == 400 and "request id &#39;xyz&#39; is not 32 lowercase hex" in bad.body
+    cancelled = await client.call(
+        "/jobs/ghost/cancel",
+        {"csrf": client.csrf(), "request": first.id, "next": "/requests"},
+        headers={"Origin": client.base},
+    )
+    assert cancelled.status == 303 and cancelled.headers["location"].startswith("/requests?msg=")
+    shown = await client.call(cancelled.headers["location"])
+    assert f"cancelled the trigger request {first.id[:8]} of ghost" in shown.body
+    assert f'data-request="{first.id}"' not in shown.body
+    [record] = await backend.history("ghost")
+    assert record.run_id == first.id and record.status is RunStatus.SKIPPED
+    assert record.skip_cause is SkipCause.CANCELLED
+    assert record.reason == "cancelled by alice@dashboard"
+
+    # An instance claims the second first: it runs, and the cancellation says so.
+    [won] = await backend.claim(
+        [
+            ClaimRequest(
+                job="ghost",
+                slot=None,
+                run_id=second.id,
+                token="t",
+                instance="w9",
+                trigger=Trigger.MANUAL,
+                lease_ms=30_000,
+                key=second.key,
+            )
+        ]
+    )
+    assert won.ticket is not None
+    asks = {**BEARER, **JSON}
+    late = await client.call("/jobs/ghost/cancel", {}, headers=asks, cookies=False)
+    assert late.status == 200, late.body
+    assert late.json()["done"] == "cancelled 0 pending request(s) of ghost"
+    assert late.json()["warning"] == (
+        f"too late: request {second.id[:8]} was claimed first by w9 (run running)"
+    )
+    every = await client.call("/jobs/daily/cancel", {}, headers=asks, cookies=False)
+    assert every.json()["done"] == "cancelled 1 pending request(s) of daily", every.body
+    assert await control.requests() == []
+    gone = await client.call(
+        "/jobs/ghost/cancel", {"request": first.id}, headers=asks, cookies=False
+    )
+    assert gone.json()["done"] == "nothing cancelled"
+    assert gone.json()["warning"] == (
+        f"request {first.id[:8]} of ghost is no longer pending: claimed or cancelled"
+    )
+    assert "No trigger or retry waits" in (await client.call("/requests")).body

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import Run, backend_from_url
+from anarchon import Run, backend_from_url, steering
 from anarchon.control import Pause
 from anarchon.web._data import fate_of
 from tests.backends.postgres import DSN, drop_schema, fresh_schema
@@ -243,6 +243,47 @@ def test_trigger_click_runs_the_job(installed: None, tmp_path: Path) -> None:
         assert run.requested_by == "alice@dashboard"
         driver.get(found.base + "/jobs/minutely")
         assert driver.find_elements("css selector", 'tr[data-trigger="manual"]')
+
+
+async def _trigger(url: str, job: str) -> str:
+    """Store a trigger of ``job`` (as ``anarchon trigger --force`` does); its id."""
+    backend = backend_from_url(url)
+    await backend.start_reader()
+    try:
+        return (await steering.trigger(backend, job, by="carol@ops")).id
+    finally:
+        await backend.stop()
+
+
+async def _pending(url: str) -> list[str]:
+    backend = backend_from_url(url)
+    await backend.start_reader()
+    try:
+        return [r.id for r in await steering.pending_requests(backend)]
+    finally:
+        await backend.stop()
+
+
+def test_cancel_click_cancels_a_pending_request(installed: None, tmp_path: Path) -> None:
+    """A trigger of a job no instance carries waits on the requests page; Cancel removes it,
+    says so, and leaves its key recorded skipped (cancelled by the operator)."""
+    url = f"sqlite:///{tmp_path / 'cron.db'}"
+    with cluster(url, tmp_path) as found, chromium.browser() as driver:
+        request_id = asyncio.run(_trigger(url, "ghost"))
+        kept = asyncio.run(_trigger(url, "ghost"))
+        sign_in(driver, found.base)
+        driver.get(found.base + "/requests")
+        row = f'tr[data-request="{request_id}"]'
+        assert driver.find_elements("css selector", f'tr[data-request="{kept}"]')
+        stable(lambda: driver.find_element("css selector", f"{row} button[data-action]").click())
+        wait_until(lambda: driver.find_elements("css selector", "p.flash"), "the cancel", 10)
+        flash = driver.find_element("css selector", "p.flash").text
+        assert f"cancelled the trigger request {request_id[:8]} of ghost" in flash, flash
+        assert not driver.find_elements("css selector", row)
+        assert driver.find_elements("css selector", f'tr[data-request="{kept}"]')
+        assert asyncio.run(_pending(url)) == [kept]
+        [record] = history(url, "ghost")
+        assert record.run_id == request_id and record.reason == "cancelled by alice@dashboard"
 
 
 def test_cluster_helper_stops_everything(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import json
 import textwrap
 from typing import Any, Final
 
-from .._models import RunStatus
-from .._readable import iso, ms_of, span
+from .._json import run_json
+from .._models import Run, RunStatus
+from .._readable import iso_exact, ms_of, span
 from .._redact import redact_url
 from ..control import ALL_JOBS, Pause
 from ..registry import (
@@ -22,16 +23,20 @@ from ..registry import (
     read_instances,
 )
 from ..steering import backend_now_ms
-from .common import EXIT_OK, moment, opened, run_json
-from .output import WIDTH, Cell, Tagged, say, shown, table
+from .common import EXIT_OK, opened
+from .output import WIDTH, say, shown, table
 
 INSTANCE_FLOORS: Final = (16, 8, 7, 7, 10, 7, 12)
 """How narrow each column of ``anarchon instances`` may be cut to fit a line in 100 columns
 (id, host, pid, version, heartbeat, offset, jobs)."""
-JOB_FLOORS: Final = (10, 11, 11, 9, 11, 8, 5, 21)
-"""The same for ``anarchon jobs`` (job, schedule, next, last run, when, where, took, running):
-times whole, and room for an attempt running on a default instance id (``vm-10342-50d1#1
-59.9s``); a running cell keeps each ``#attempt`` and duration, only its instance ids are cut."""
+JOB_FLOORS: Final = (8, 10, 20, 9, 5, 21, 5, 8)
+"""The same for ``anarchon jobs`` (job, schedule, next, last run, ago, where, took, running):
+the next slot whole (``2026-12-07T08:00:00Z``: pasted into ``explain`` or ``pause --until``
+it names that slot), a default instance id whole in ``where`` (``vm-10342-50d1``:
+``<host>-<pid>-<4 hex>``), and in ``running`` each attempt and how long it has run
+(``#1 59.9s``); the instance of each running attempt is on a line of its own below the
+table, whole."""
+JOB_HEADER: Final = ("job", "schedule", "next", "last run", "ago", "where", "took", "running")
 
 
 async def read_cluster(
@@ -118,7 +123,7 @@ def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
         **{k: v for k, v in job.definition.to_dict().items() if k != "name"},
         "instances": list(job.instances),
         "next_slot_ms": job.next_slot_ms,
-        "last_run": run_json(job.last_run),
+        "last_run": None if job.last_run is None else run_json(job.last_run),
         "running": [run_json(r, now_ms) for r in job.running],
         "paused": job.paused,
         "pause": pause_json(job.pause),
@@ -129,29 +134,48 @@ def _job_json(job: JobView, now_ms: int) -> dict[str, Any]:
 _RAN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
-def _job_row(job: JobView, now: int) -> list[Cell]:
+def moment(ms: int | None) -> str:
+    """A slot or a pause's moment in UTC with its ``Z``, whole (milliseconds when it has some):
+    a copy pasted into ``explain`` or ``pause --until`` names that moment (a time of day alone
+    named no date and no zone; one to the second was up to 999 ms off); ``-`` for none."""
+    return "-" if ms is None else iso_exact(ms)
+
+
+def _job_row(job: JobView, now: int) -> list[str]:
     zone = job.definition.zone
     schedule = job.definition.expression + ("" if zone == "UTC" else f" {zone}")
     last = job.last_run
     took = last.duration if last is not None and last.status in _RAN else None
-    running = Tagged(
-        tuple((r.instance, f"#{r.attempt} {span(now - ms_of(r.started_at))}") for r in job.running)
-    )
+    running = ",".join(f"#{r.attempt} {_running_for(r, now)}" for r in job.running)
     return [
         job.name + ("*" if job.drift else ""),
         schedule,
-        "paused" if job.paused else moment(job.next_slot_ms, now),
+        "paused" if job.paused else moment(job.next_slot_ms),
         last.status.value if last else "-",
-        moment(ms_of(last.started_at), now) if last else "-",
+        # How long ago the last attempt started: an age has no zone to misread (history and
+        # --json give the instant).
+        span(now - ms_of(last.started_at)) if last else "-",
         last.instance if last else "-",
         "-" if took is None else span(round(took * 1000)),
-        running if job.running else "-",
+        running or "-",
     ]
 
 
+def _running_for(run: Run, now: int) -> str:
+    """How long a running attempt has run."""
+    return span(now - ms_of(run.started_at))
+
+
+def _running_line(run: Run, now: int) -> str:
+    """A running attempt below the table: its job, attempt, whole instance id, how long it has
+    run, and its slot (pasted into ``explain``, it names that slot) or its trigger."""
+    what = f"slot {moment(run.slot_ms)}" if run.slot is not None else run.trigger.value
+    return f"{run.job}: #{run.attempt} on {run.instance} for {_running_for(run, now)} ({what})"
+
+
 def _pause_line(pause: Pause, jobs: list[str]) -> str:
-    who = f"by {pause.by} since {iso(pause.at_ms)}"
-    until = "until resumed" if pause.until_ms is None else f"until {iso(pause.until_ms)}"
+    who = f"by {pause.by} since {moment(pause.at_ms)}"
+    until = "until resumed" if pause.until_ms is None else f"until {moment(pause.until_ms)}"
     what = "every job (the whole cluster)" if pause.job == ALL_JOBS else ", ".join(jobs)
     return f"{what}: {who}, {until}"
 
@@ -170,13 +194,17 @@ async def jobs(args: argparse.Namespace) -> int:
     if not found:
         say(f"no live instance carries a job in {name}")
         return EXIT_OK
-    header = ["job", "schedule", "next", "last run", "when", "where", "took", "running"]
     rows = [_job_row(j, view.now_ms) for j in found]
-    say("\n".join(table(header, rows, JOB_FLOORS)))
+    say("\n".join(table(JOB_HEADER, rows, JOB_FLOORS)))
     pauses: dict[Pause, list[str]] = {}
     for job in found:
         if job.pause is not None:
             pauses.setdefault(job.pause, []).append(job.name)
+    running = [r for job in found for r in job.running]
+    if running:
+        say("\nrunning now:")
+        for run in running:
+            say(_indented(_running_line(run, view.now_ms)))
     if pauses:
         say("\npaused (instances skip their slots; manual triggers still run):")
         for pause, names in pauses.items():
@@ -189,5 +217,14 @@ async def jobs(args: argparse.Namespace) -> int:
 
 
 def _indented(text: str) -> str:
-    """``text`` (shown safely) in lines of :data:`WIDTH` columns, indented under the table."""
-    return textwrap.fill(shown(text), WIDTH, initial_indent="  ", subsequent_indent="    ")
+    """``text`` (shown safely) in lines of :data:`WIDTH` columns, indented under the table;
+    words are not broken, so a name or an instance id stays whole (one longer than a line runs
+    past it)."""
+    return textwrap.fill(
+        shown(text),
+        WIDTH,
+        initial_indent="  ",
+        subsequent_indent="    ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )

@@ -7,13 +7,10 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 from urllib.parse import quote
 
-from .._models import Run
-from .._readable import ms_of
 from .._redact import redact_url
 from .._scheduler import ENV_BACKEND as ENV_BACKEND
 from .._urls import backend_from_url
@@ -40,8 +37,10 @@ class Exit(Exception):
 
 
 def make_backend(url: str | None) -> Backend:
-    """The backend to use: ``--backend``, else ``$ANARCHON_BACKEND``, else the SQLite file."""
-    url = url or os.environ.get(ENV_BACKEND) or None
+    """The backend to use: ``--backend``, else ``$ANARCHON_BACKEND``, else the SQLite file. An
+    empty ``--backend`` is a bad URL (exit 2), not the default: a shell variable left unset."""
+    if url is None:
+        url = os.environ.get(ENV_BACKEND) or None
     if url is None:
         from ..backends.sqlite import SQLiteBackend
 
@@ -169,38 +168,3 @@ async def opened(url: str | None, *, registry: bool) -> AsyncIterator[Backend]:
         yield backend
     finally:
         await backend.stop()
-
-
-def moment(ms: int | None, now_ms: int) -> str:
-    """UTC time of day within a day of now, else month-day and minutes."""
-    if ms is None:
-        return "-"
-    at = datetime.fromtimestamp(ms / 1000, UTC)
-    return at.strftime("%H:%M:%S" if abs(ms - now_ms) < 86_400_000 else "%m-%d %H:%M")
-
-
-def run_json(run: Run | None, now_ms: int | None = None) -> dict[str, Any] | None:
-    """The documented JSON shape of one attempt (``jobs --json``); a running attempt also has
-    ``running_ms`` when ``now_ms`` is given."""
-    if run is None:
-        return None
-    finished = run.finished_at
-    out: dict[str, Any] = {
-        "run_id": run.run_id,
-        "status": run.status.value,
-        "trigger": run.trigger.value,
-        "slot_ms": run.slot_ms,
-        "started_ms": ms_of(run.started_at),
-        "finished_ms": None if finished is None else ms_of(finished),
-        "took_ms": None if run.duration is None else round(run.duration * 1000),
-        "instance": run.instance,
-        "attempt": run.attempt,
-        "fence": run.fence,
-        "error": run.error,
-        "reason": run.reason,
-        "requested_by": run.requested_by,
-        "skip_cause": None if run.skip_cause is None else run.skip_cause.value,
-    }
-    if now_ms is not None and not run.status.finished:
-        out["running_ms"] = now_ms - ms_of(run.started_at)
-    return out

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from .._models import Overlap
+from .._options import check_label
 from .._readable import span
 from .._redact import redact_url
+from .._scheduler import MAX_INSTANCE_ID
 from ..backend import Backend, JobPolicy
-from ..errors import BackendError
+from ..errors import BackendError, ConfigurationError
 from ..health import STALE_HEARTBEATS
 from ..registry import InstanceRecord, JobDefinition, read_instances
 from ..steering import backend_now_ms
@@ -48,6 +50,14 @@ _POLICY_FIELDS: Final = (
 
 async def health(args: argparse.Namespace) -> int:
     """``anarchon health [--backend URL] [--instance ID] [--json]``."""
+    if args.instance is not None:
+        # Checked before the backend is opened, by the rule of Scheduler(instance_id=...): no
+        # instance can have a bad id, so it is a bad command line, not a backend down (4) or
+        # an unhealthy host (1).
+        try:
+            check_label("--instance", args.instance, MAX_INSTANCE_ID)
+        except ConfigurationError as exc:
+            raise Exit(EXIT_USAGE, f"anarchon health: {exc}") from None
     host = socket.gethostname()
     try:
         async with asyncio.timeout(args.timeout):

@@ -15,10 +15,9 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, TextIO
 
-__all__ = ["WIDTH", "Cell", "Tagged", "cut", "say", "shown", "table"]
+__all__ = ["WIDTH", "cut", "say", "shown", "table"]
 
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
@@ -57,37 +56,7 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "~"
 
 
-@dataclass(frozen=True, slots=True)
-class Tagged:
-    """A cell of names, each followed by a tag that is never cut (``w2#1 3.0s``: an instance,
-    its attempt and how long it has run): a cut shortens the names, not the tags."""
-
-    entries: tuple[tuple[str, str], ...]
-    """(name, tag) pairs, shown joined by commas."""
-
-    def text(self, width: int | None = None) -> str:
-        """The cell within ``width`` characters (None: whole); each name is cut by as much as
-        the longest one needs, down to one character and ``~``."""
-        entries = [(shown(name), shown(tag)) for name, tag in self.entries]
-        whole = ",".join(name + tag for name, tag in entries)
-        if width is None or len(whole) <= width:
-            return whole
-        room = max(len(name) for name, _ in entries)
-        while room > 2:
-            room -= 1
-            text = ",".join(cut(name, room) + tag for name, tag in entries)
-            if len(text) <= width:
-                return text
-        return cut(",".join(cut(name, 2) + tag for name, tag in entries), width)
-
-
-Cell = str | Tagged
-"""A table cell: text, or names with tags (:class:`Tagged`)."""
-
-
-def _text(cell: Cell, width: int | None = None) -> str:
-    if isinstance(cell, Tagged):
-        return cell.text(width)
+def _text(cell: str, width: int | None = None) -> str:
     text = shown(cell)
     return text if width is None else cut(text, width)
 
@@ -108,12 +77,12 @@ def _fit(widths: list[int], floors: Sequence[int]) -> list[int]:
 
 
 def table(
-    header: Sequence[str], rows: Sequence[Sequence[Cell]], floors: Sequence[int] | None
+    header: Sequence[str], rows: Sequence[Sequence[str]], floors: Sequence[int] | None
 ) -> list[str]:
     """The lines of a table: a row per item, columns padded to their widest cell, every cell
     shown safely (:func:`shown`). With ``floors``, a line that would pass :data:`WIDTH` columns
-    has its cells cut (``~`` marks a cut; a :class:`Tagged` cell keeps its tags), first in the
-    columns furthest above their floor, none below it; without, nothing is cut."""
+    has its cells cut (``~`` marks a cut), first in the columns furthest above their floor,
+    none below it; without, nothing is cut."""
     whole = [[_text(c) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in whole) for i in range(len(header))]
     if floors is not None:

@@ -12,15 +12,31 @@ from typing import Final
 
 from .. import steering
 from .._job import check_name
-from .._readable import iso
-from .._times import check_until_ms, parse_time_ms
+from .._readable import DAY_MS
+from .._redact import redact_url
+from .._times import (
+    ANY_ZONE,
+    EVERY_ZONE,
+    PAUSE_HORIZON_MS,
+    Written,
+    check_readable,
+    check_until_ms,
+    no_carrier,
+    parse_time,
+)
 from ..backend import Backend
 from ..control import ALL_JOBS, RunRequest
 from ..errors import ConfigurationError
 from ..explain import SlotFate
 from ..explain import explain as explain_slot
-from ..registry import ClusterView, build_view, carrier_warning, read_instances
-from .cluster import pause_json
+from ..registry import (
+    ClusterView,
+    build_view,
+    carrier_warning,
+    read_instances,
+    trigger_refusal,
+)
+from .cluster import moment, pause_json
 from .common import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, Exit, opened
 from .output import say, shown
 
@@ -35,19 +51,21 @@ def _warn(text: str) -> None:
     say(f"anarchon: warning: {text}", file=sys.stderr)
 
 
-async def _carried_or_warn(backend: Backend, job: str, action: str) -> None:
-    if job == ALL_JOBS:
-        return
-    view = await _view(backend, await steering.backend_now_ms(backend))
+def _warn_uncarried(view: ClusterView, job: str, action: str) -> None:
     warning = carrier_warning(view, job, action)
     if warning is not None:
         _warn(warning)
 
 
+async def _carried_or_warn(backend: Backend, job: str, action: str) -> None:
+    if job != ALL_JOBS:
+        _warn_uncarried(await _view(backend, await steering.backend_now_ms(backend)), job, action)
+
+
 async def explain(args: argparse.Namespace) -> int:
     """``anarchon explain JOB SLOT [--json]``."""
-    _check_job(args.job, "explain")
-    _check_time(args.slot, "explain", what="SLOT")
+    check_job(args.job, "explain")
+    written = _check_time(args.slot, "explain", what="SLOT")
     async with opened(args.backend, registry=True) as backend:
         now_ms = await steering.backend_now_ms(backend)
         view = await _view(backend, now_ms)
@@ -59,8 +77,10 @@ async def explain(args: argparse.Namespace) -> int:
                 f"is unknown (live jobs: {', '.join(view.definitions) or 'none'}); "
                 f"'anarchon history {args.job}' shows its records",
             )
-        slot_ms = parse_time_ms(args.slot, definitions[0].zone, what="SLOT")
-        fate = await explain_slot(backend, args.job, slot_ms, view=view, now_ms=now_ms)
+        slot = written.read(definitions[0].zone)
+        fate = await explain_slot(backend, args.job, slot.ms, view=view, now_ms=now_ms)
+    if slot.note is not None:
+        fate = replace(fate, notes=(slot.note, *fate.notes))
     if args.json:
         print(json.dumps(fate.to_dict(), indent=2))
     else:
@@ -71,17 +91,21 @@ async def explain(args: argparse.Namespace) -> int:
 def _shown_fate(fate: SlotFate) -> SlotFate:
     """``fate`` with every text read from the backend shown safely (:func:`.output.shown`), so
     :meth:`~anarchon.explain.SlotFate.describe` keeps an attempt to its row and a newline in
-    an error visible."""
+    an error visible; errors and reasons with every secret in a URL masked, as ``--json``
+    shows them."""
 
     def maybe(text: str | None) -> str | None:
         return None if text is None else shown(text)
+
+    def masked(text: str | None) -> str | None:
+        return None if text is None else shown(redact_url(text))
 
     attempts = tuple(
         replace(
             a,
             instance=shown(a.instance),
-            error=maybe(a.error),
-            reason=maybe(a.reason),
+            error=masked(a.error),
+            reason=masked(a.reason),
             requested_by=maybe(a.requested_by),
         )
         for a in fate.attempts
@@ -90,7 +114,7 @@ def _shown_fate(fate: SlotFate) -> SlotFate:
     return replace(
         fate,
         definition=replace(fate.definition, zone=shown(fate.definition.zone)),
-        reason=maybe(fate.reason),
+        reason=masked(fate.reason),
         attempts=attempts,
         instances=tuple(map(shown, fate.instances)),
         pause=pause,
@@ -99,33 +123,25 @@ def _shown_fate(fate: SlotFate) -> SlotFate:
 
 
 async def pause(args: argparse.Namespace) -> int:
-    """``anarchon pause JOB|--all [--until TIME] [--by WHO]``."""
+    """``anarchon pause JOB|--all [--until TIME] [--by WHO]``: ``--until`` is parsed once,
+    checked before the backend is opened, and read in the job's zone on the backend's clock
+    from the one registry read that also tells whether an instance carries the job."""
     job = _job_or_all(args, "pause")
-    by = _by(args, "pause")
-    if args.until is not None and args.until.strip().startswith("-"):
-        # Checked before the backend is opened: no end before now is a pause's end.
-        raise Exit(
-            EXIT_USAGE,
-            f"anarchon pause: --until {args.until!r} is in the past: a pause ends at a later "
-            "time, a duration counts from now without a sign (30m, 2h, 1d, 1h30m), or leave "
-            "--until out to pause until resumed",
-        )
-    if args.until is not None:
-        _check_time(args.until, "pause", what="--until", durations=True)
+    by = by_of(args, "pause")
+    until = None if args.until is None else _until_of(args.until, job)
     async with opened(args.backend, registry=True) as backend:
-        until_ms = None
-        if args.until is not None:
-            now = await steering.backend_now_ms(backend)
-            until_ms = parse_time_ms(args.until, what="--until", now_ms=now)
-            until_ms = check_until_ms(until_ms, now, what=f"--until {args.until!r}")
+        now = await steering.backend_now_ms(backend)
+        view = None if job == ALL_JOBS else await _view(backend, now)
+        until_ms = None if until is None else _until_ms(until, job, view, now)
         stored = await steering.pause(backend, job, until_ms=until_ms, by=by)
-        await _carried_or_warn(backend, job, "pause")
+    if view is not None:
+        _warn_uncarried(view, job, "pause")
     if args.json:
         print(json.dumps(pause_json(stored), indent=2))
         return EXIT_OK
     what = "every job" if job == ALL_JOBS else f"job {job!r}"
-    until = "until resumed" if stored.until_ms is None else f"until {iso(stored.until_ms)}"
-    say(f"paused {what} on every instance, {until} (by {shown(stored.by)})")
+    end = "until resumed" if stored.until_ms is None else f"until {moment(stored.until_ms)}"
+    say(f"paused {what} on every instance, {end} (by {shown(stored.by)})")
     return EXIT_OK
 
 
@@ -149,13 +165,15 @@ async def resume(args: argparse.Namespace) -> int:
         return EXIT_OK
     what = "the whole cluster" if job == ALL_JOBS else f"job {job!r}"
     if taken is not None and ended is None:
-        say(f"{what} was not paused: its pause by {shown(taken.by)} ended at {iso(taken.until_ms)}")
+        ended_at = moment(taken.until_ms)
+        say(f"{what} was not paused: its pause by {shown(taken.by)} ended at {ended_at}")
     elif ended is None:
         say(f"{what} was not paused")
     elif job == ALL_JOBS:
-        say(f"ended the whole-cluster pause (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
+        since = moment(ended.at_ms)
+        say(f"ended the whole-cluster pause (paused by {shown(ended.by)} since {since})")
     else:
-        say(f"resumed {what} (paused by {shown(ended.by)} since {iso(ended.at_ms)})")
+        say(f"resumed {what} (paused by {shown(ended.by)} since {moment(ended.at_ms)})")
     for other in held:
         scope = "the whole cluster" if other.job == ALL_JOBS else f"job {other.job!r}"
         command = "anarchon resume " + ("--all" if other.job == ALL_JOBS else shown(other.job))
@@ -164,10 +182,14 @@ async def resume(args: argparse.Namespace) -> int:
 
 
 async def trigger(args: argparse.Namespace) -> int:
-    """``anarchon trigger JOB [--by WHO]``: print the request id (the run's id)."""
-    _check_job(args.job, "trigger")
-    by = _by(args, "trigger")
+    """``anarchon trigger JOB [--by WHO] [--force]``: print the request id (the run's id). A
+    job that no instance in the registry carries, live or silent, is refused (exit 2) unless
+    ``--force``: the request would wait until such a job is deployed."""
+    check_job(args.job, "trigger")
+    by = by_of(args, "trigger")
     async with opened(args.backend, registry=True) as backend:
+        if not args.force:
+            await _known_or_refuse(backend, args.job)
         request: RunRequest = await steering.trigger(backend, args.job, by=by)
         await _carried_or_warn(backend, args.job, "trigger")
     if args.json:
@@ -177,7 +199,17 @@ async def trigger(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _by(args: argparse.Namespace, command: str) -> str:
+async def _known_or_refuse(backend: Backend, job: str) -> None:
+    """Exit 2 unless an instance recorded in the registry carries ``job``
+    (:func:`anarchon.registry.trigger_refusal`, the dashboard's rule too)."""
+    store = backend.registry()
+    assert store is not None  # opened(registry=True) checked it
+    refusal = await trigger_refusal(store, job)
+    if refusal is not None:
+        raise Exit(EXIT_USAGE, f"anarchon trigger: {refusal}; --force stores it anyway")
+
+
+def by_of(args: argparse.Namespace, command: str) -> str:
     """``--by`` (or its default) by :func:`anarchon.steering.check_by`'s rule, checked before
     the backend is opened: a bad one is a bad command line (exit 2)."""
     try:
@@ -197,36 +229,91 @@ def _job_or_all(args: argparse.Namespace, command: str) -> str:
     job: str = args.job
     if job == ALL_JOBS:
         raise Exit(EXIT_USAGE, f"anarchon {command}: use --all, not '*', for every job")
-    _check_job(job, command)
+    check_job(job, command)
     return job
 
 
-#: The time zones at the ends of the offsets from UTC: a time read in neither is in no zone.
-_EXTREME_ZONES: Final = ("Etc/GMT+12", "Etc/GMT-14")
+def _until_of(text: str, job: str) -> Written:
+    """``--until`` parsed once, and refused (exit 2, naming the value and the rule) before the
+    backend is opened when it is no time, plainly past or more than 10 years ahead
+    (:func:`_check_until_here`), or, for ``--all``, a time without an offset."""
+    if text.strip().startswith("-"):
+        # No end before now is a pause's end.
+        raise Exit(
+            EXIT_USAGE,
+            f"anarchon pause: --until {text!r} is in the past: a pause ends at a later "
+            "time, a duration counts from now without a sign (30m, 2h, 1d, 1h30m), or leave "
+            "--until out to pause until resumed",
+        )
+    zones = (None,) if job == ALL_JOBS else ANY_ZONE
+    until = _check_time(text, "pause", what="--until", durations=True, zones=zones)
+    _check_until_here(until)
+    return until
 
 
-def _check_time(text: str, command: str, *, what: str, durations: bool = False) -> None:
-    """A time the command could read in no zone (``notatime``, a date the calendar lacks, one
-    out of range whatever the zone) is a bad command line (exit 2, naming the value and the
-    rule), told before the backend is opened: not "no live instance carries the job" (exit 3)
-    nor an unreachable backend (exit 4). The zone of the job and the backend's clock are read
-    later; what only they decide is checked then."""
+def _until_ms(until: Written, job: str, view: ClusterView | None, now_ms: int) -> int:
+    """The pause's end: ``until`` read in the zone of the definition most live instances in
+    ``view`` carry (none for ``--all`` or a job no one carries: a time without an offset is
+    refused then) on the backend's clock ``now_ms``."""
+    definitions = None if view is None else view.definitions.get(job)
+    zone = definitions[0].zone if definitions else None
+    no_zone = EVERY_ZONE if job == ALL_JOBS else no_carrier(job)
+    until_ms = until.read(zone, now_ms=now_ms, no_zone=no_zone).ms
+    return check_until_ms(until_ms, now_ms, what=f"--until {until.text!r}")
+
+
+def _check_time(
+    text: str,
+    command: str,
+    *,
+    what: str,
+    durations: bool = False,
+    zones: tuple[str | None, ...] = ANY_ZONE,
+) -> Written:
+    """``text`` parsed (:func:`~anarchon._times.parse_time`). A time the command could read in
+    no zone (``notatime``, a date the calendar lacks, one out of range whatever the zone) is a
+    bad command line (exit 2, naming the value and the rule), told before the backend is
+    opened: not "no live instance carries the job" (exit 3) nor an unreachable backend (exit
+    4). The zone of the job and the backend's clock are read later; what only they decide is
+    checked then."""
     now_ms = int(time.time() * 1000) if durations else None
-    errors: list[ConfigurationError] = []
-    for zone in ("UTC", *_EXTREME_ZONES):
-        try:
-            parse_time_ms(text, zone, what=what, now_ms=now_ms)
-        except ConfigurationError as exc:
-            errors.append(exc)
-        else:
-            return
-    raise Exit(EXIT_USAGE, f"anarchon {command}: {errors[0]}") from None
+    try:
+        written = parse_time(text, what=what, durations=durations)
+        check_readable(written, what=what, now_ms=now_ms, zones=zones)
+    except ConfigurationError as exc:
+        raise Exit(EXIT_USAGE, f"anarchon {command}: {exc}") from None
+    return written
 
 
-def _check_job(job: str, command: str) -> None:
+def check_job(job: str, command: str) -> None:
     """A bad job name is a bad command line (exit 2, naming the rule), told before the backend
     is opened: not "no live instance carries it" (exit 3) nor "no anarchon data"."""
     try:
         check_name(job)
     except ConfigurationError as exc:
         raise Exit(EXIT_USAGE, f"anarchon {command}: {exc}") from None
+
+
+#: How far apart this host's clock and the backend's may be: a ``--until`` that is past, or
+#: beyond the 10-year horizon, by more than this on this host's clock is a bad command line told
+#: before the backend is opened; one within it is judged on the backend's clock, once read.
+CLOCK_MARGIN_MS: Final = DAY_MS
+
+
+def _check_until_here(until: Written) -> None:
+    """A pause end plainly past or more than 10 years ahead (on this host's clock, give or take
+    :data:`CLOCK_MARGIN_MS`) is a bad command line (exit 2, naming the value and the rule), told
+    before the backend is opened: not an unreachable backend (exit 4)."""
+    now_ms = int(time.time() * 1000)
+    try:
+        # Without an offset the time is the job's zone's, not yet known here (the registry is
+        # read once the backend is open): read in UTC, it is at most 14 h off, inside the margin.
+        until_ms = until.read("UTC", now_ms=now_ms).ms
+    except ConfigurationError:
+        return  # _check_time told it
+    if now_ms - CLOCK_MARGIN_MS < until_ms <= now_ms + PAUSE_HORIZON_MS + CLOCK_MARGIN_MS:
+        return
+    try:
+        check_until_ms(until_ms, now_ms, what=f"--until {until.text!r}", clock="this host's clock")
+    except ConfigurationError as exc:
+        raise Exit(EXIT_USAGE, f"anarchon pause: {exc}") from None

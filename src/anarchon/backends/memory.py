@@ -225,18 +225,6 @@ class MemoryBackend(LeaseBackend):
     def __repr__(self) -> str:
         return f"MemoryBackend(history_size={self._history_size})"
 
-    def registry(self) -> MemoryRegistry:
-        """The registry, in this object (shared by the schedulers that share the object)."""
-        self._registry: MemoryRegistry = getattr(self, "_registry", None) or MemoryRegistry()
-        return self._registry
-
-    def control(self) -> MemoryControl:
-        """Pauses and run requests, in this object; its claims read the same pauses."""
-        return self._rows.control
-
-    def _now(self) -> int:
-        return self._clock.now_ms()
-
     @_serialised
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimOutcome]:
         """See :meth:`anarchon.backend.Backend.claim`."""
@@ -244,25 +232,6 @@ class MemoryBackend(LeaseBackend):
         outcomes = [rules.claim(self._rows, req, now) for req in requests]
         self._feed.dispatch_claims(won_notices(outcomes))
         return outcomes
-
-    @_serialised
-    async def renew(self, ticket: Ticket) -> Ticket:
-        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
-        return rules.renew(self._rows, ticket, self._now())
-
-    @_serialised
-    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
-        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
-        outcome = rules.take_over(self._rows, request, self._now())
-        if outcome.status is TakeoverStatus.EXHAUSTED:
-            self._notify(request.job, request.slot_key, False)
-        return outcome
-
-    @_serialised
-    async def release(self, ticket: Ticket, reason: str) -> None:
-        """See :meth:`anarchon.backend.LeaseBackend.release`."""
-        rules.release(self._rows, ticket, self._now())
-        self._notify(ticket.job, ticket.slot_key, True)
 
     @_serialised
     async def finish(
@@ -302,10 +271,69 @@ class MemoryBackend(LeaseBackend):
         return [row.to_run() for row in reversed(rows[-limit:])] if limit > 0 else []
 
     @_serialised
+    async def slot_records(self, job: str, slot: int) -> SlotRecords:
+        """See :meth:`anarchon.backend.Backend.slot_records` (a pass over the job's records,
+        as :meth:`history` makes)."""
+        rows = self._rows.rows(job)
+        starts = [row.started_at for row in rows] + [r.slot for r in rows if r.slot is not None]
+        return SlotRecords(
+            [row.to_run() for row in rows if row.slot == slot], min(starts, default=None)
+        )
+
+    @_serialised
     async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
         """See :meth:`anarchon.backend.Backend.histories`: every job's under one hold of the
         lock."""
         return {job: self._newest(job, limit) for job in dict.fromkeys(jobs)}
+
+    async def server_time_ms(self) -> int | None:
+        """The clock this backend uses."""
+        return self._now()
+
+    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
+        """Call ``on_claims`` synchronously with the notices of every claim call that won
+        slots (before the call answers); True: this backend announces claims."""
+        self._feed.add_claims(on_claims)
+        return True
+
+    def _notify(self, job: str, slot_key: str, released: bool) -> None:
+        self._feed.dispatch(ChangeEvent(job, slot_key, released))
+
+    def registry(self) -> MemoryRegistry:
+        """The registry, in this object (shared by the schedulers that share the object)."""
+        self._registry: MemoryRegistry = getattr(self, "_registry", None) or MemoryRegistry()
+        return self._registry
+
+    def control(self) -> MemoryControl:
+        """Pauses and run requests, in this object; its claims read the same pauses."""
+        return self._rows.control
+
+    def _now(self) -> int:
+        return self._clock.now_ms()
+
+    @_serialised
+    async def renew(self, ticket: Ticket) -> Ticket:
+        """See :meth:`anarchon.backend.LeaseBackend.renew`."""
+        return rules.renew(self._rows, ticket, self._now())
+
+    @_serialised
+    async def take_over(self, request: TakeoverRequest) -> TakeoverOutcome:
+        """See :meth:`anarchon.backend.LeaseBackend.take_over`."""
+        outcome = rules.take_over(self._rows, request, self._now())
+        if outcome.status is TakeoverStatus.EXHAUSTED:
+            self._notify(request.job, request.slot_key, False)
+        return outcome
+
+    @_serialised
+    async def release(self, ticket: Ticket, reason: str) -> None:
+        """See :meth:`anarchon.backend.LeaseBackend.release`."""
+        rules.release(self._rows, ticket, self._now())
+        self._notify(ticket.job, ticket.slot_key, True)
+
+    @_serialised
+    async def last_slot(self, job: str) -> int | None:
+        """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
+        return self._rows.last_slot(job)
 
     @_serialised
     async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
@@ -318,38 +346,10 @@ class MemoryBackend(LeaseBackend):
             if row.status == RunStatus.RUNNING and row.started_at >= since_ms
         ]
 
-    @_serialised
-    async def slot_records(self, job: str, slot: int) -> SlotRecords:
-        """See :meth:`anarchon.backend.Backend.slot_records` (a pass over the job's records,
-        as :meth:`history` makes)."""
-        rows = self._rows.rows(job)
-        starts = [row.started_at for row in rows] + [r.slot for r in rows if r.slot is not None]
-        return SlotRecords(
-            [row.to_run() for row in rows if row.slot == slot], min(starts, default=None)
-        )
-
-    @_serialised
-    async def last_slot(self, job: str) -> int | None:
-        """See :meth:`anarchon.backend.LeaseBackend.last_slot`."""
-        return self._rows.last_slot(job)
-
-    async def server_time_ms(self) -> int | None:
-        """The clock this backend uses."""
-        return self._now()
-
     async def subscribe(self, on_change: ChangeListener) -> None:
         """Call ``on_change`` synchronously on every release and finish; a listener that raises
         is logged and the others are still called."""
         self._feed.add(on_change)
-
-    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
-        """Call ``on_claims`` synchronously with the notices of every claim call that won
-        slots (before the call answers); True: this backend announces claims."""
-        self._feed.add_claims(on_claims)
-        return True
-
-    def _notify(self, job: str, slot_key: str, released: bool) -> None:
-        self._feed.dispatch(ChangeEvent(job, slot_key, released))
 
     def clone(self) -> MemoryBackend:
         """This backend itself: its operations take a lock, so the scheduler's lease keeper can

@@ -17,7 +17,11 @@ once here:
   timer for all of them, not one made and cancelled per call (:meth:`Deadlines.call` is that
   call without this function's frame around it).
 * :func:`retrying` calls an operation again, on anarchon's backoff, while ``is_transient``
-  says the error is temporary, and gives up at a deadline.
+  says the error is temporary, and gives up at a deadline (or after a number of attempts); a
+  backend logs each retry with ``on_retry`` and translates the error it finally raises.
+* :func:`cancel_and_wait` cancels background tasks and waits for them, cancelling again while
+  one is left (a driver's timeout can swallow a cancellation): what a backend's ``stop()``
+  uses so that it cannot hang.
 """
 
 from __future__ import annotations
@@ -26,14 +30,21 @@ import asyncio
 import functools
 import inspect
 import math
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from .._retry import backoff
+from .._supervisor import cancel_and_wait
 from ..errors import AnarchonError, BackendError, BackendUnavailable
 
-__all__ = ["Deadlines", "Translate", "bounded_call", "consume", "retrying"]
+__all__ = [
+    "Deadlines",
+    "Translate",
+    "bounded_call",
+    "cancel_and_wait",
+    "consume",
+    "retrying",
+]
 
 T = TypeVar("T")
 
@@ -320,23 +331,48 @@ async def retrying(
     deadline_s: float,
     first_s: float = 0.1,
     cap_s: float = 5.0,
+    max_attempts: int | None = None,
+    failed: Exception | None = None,
+    on_retry: Callable[[Exception, int], None] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """Call ``operation`` until it returns, retrying while ``is_transient(error)`` is true.
 
     Waits follow :func:`anarchon.kit.backoff` (exponential from ``first_s`` to ``cap_s``, with
-    jitter). The last error is raised once ``deadline_s`` seconds have passed (on the monotonic
-    clock) or at once for an error that is not transient.
+    jitter). The last error is raised as it is: at once for an error that is not transient;
+    for a transient one when the next wait would end at or past ``deadline_s`` seconds after
+    the call (on the event loop's clock, which its timers keep), so no attempt starts after
+    the deadline, or when ``max_attempts`` attempts have failed (None: no limit).
+
+    ``failed``: the error of a first attempt the caller made itself (a hot path that calls its
+    operation directly, as most calls answer at once): it counts as attempt 1 and is judged
+    as that attempt's, and ``operation`` makes the attempts after it.
+    ``on_retry(error, attempt)``: called before each wait with the transient error of attempt
+    number ``attempt`` (from 1), to log it.
     """
     if deadline_s < 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be 0 or more seconds")
-    give_up_at = time.monotonic() + deadline_s
-    delays = backoff(first=first_s, cap=cap_s)
+    if max_attempts is not None and max_attempts < 1:
+        raise ValueError(f"max_attempts={max_attempts!r} must be 1 or more (or None: no limit)")
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + deadline_s
+    delays: Iterator[float] | None = None  # made at the first failure: most calls answer at once
+    attempt = 0
     while True:
+        attempt += 1
         try:
+            if failed is not None:
+                raise failed
             return await operation()
         except Exception as exc:
-            left = give_up_at - time.monotonic()
-            if not is_transient(exc) or left <= 0:
+            failed = None
+            if not is_transient(exc) or attempt == max_attempts:
                 raise
-            await sleep(min(next(delays), left))
+            if delays is None:
+                delays = backoff(first=first_s, cap=cap_s)
+            delay = next(delays)
+            if loop.time() + delay >= give_up_at:
+                raise
+            if on_retry is not None:
+                on_retry(exc, attempt)
+        await sleep(delay)

@@ -45,14 +45,20 @@ the same):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
 from .._frozen import maker
+from .._members import CAUSE_OVERLAP as _CAUSE_OVERLAP
+from .._members import CAUSE_PAUSED as _CAUSE_PAUSED
+from .._members import CLAIM_SKIPPED as _CLAIM_SKIPPED
+from .._members import LOST as _LOST
+from .._members import OVERLAP_SKIP as _OVERLAP_SKIP
 from .._members import RUNNING as _RUNNING
+from .._members import SKIPPED as _SKIPPED
 from .._members import WON as _WON
-from .._models import Overlap, Run, RunStatus, SkipCause, Trigger, ms_to_datetime
+from .._models import Run, RunStatus, SkipCause, Trigger, ms_to_datetime
 from .._schedule import slot_to_datetime
 from ..backend import (
     HANDED_OVER,
@@ -63,6 +69,7 @@ from ..backend import (
     ClaimOutcome,
     ClaimRequest,
     ClaimStatus,
+    FinishRequest,
     RunIdentity,
     TakeoverOutcome,
     TakeoverRequest,
@@ -70,8 +77,8 @@ from ..backend import (
     Ticket,
     legacy_skip_cause,
 )
-from ..control import Pause, RunRequest, active_pause, paused_reason
-from ..errors import BackendError, LeaseLost
+from ..control import ControlStore, Pause, RunRequest, active_pause, paused_reason
+from ..errors import BackendError, BackendUnavailable, LeaseLost
 
 __all__ = [
     "HANDED_OVER",
@@ -92,16 +99,19 @@ __all__ = [
     "existing_verdict",
     "finish",
     "first_attempt",
+    "handed_over",
     "lease_lost",
     "lost_outcome",
     "next_fence",
     "not_run",
     "peek_answer",
     "peek_takeover",
+    "prune_ttl",
     "pruned_outcome",
     "refused_outcome",
     "release",
     "renew",
+    "retries_first",
     "skip_cause_of",
     "stored_run",
     "take_over",
@@ -130,14 +140,6 @@ _CAUSES: Final = {cause.value: cause for cause in SkipCause}
 _new_run: Final = maker(Run)
 _new_ticket: Final = maker(Ticket)
 _new_outcome: Final = maker(ClaimOutcome)
-# The members a claim reads, as module constants: on Python 3.11 ``Enum.MEMBER`` goes through
-# EnumType's ``__getattr__`` hook (0.15-0.2 us a read), and a burst decides thousands of claims.
-_SKIPPED: Final = RunStatus.SKIPPED
-_OVERLAP_SKIP: Final = Overlap.SKIP
-_LOST: Final = ClaimStatus.LOST
-_SKIPPED_CLAIM: Final = ClaimStatus.SKIPPED
-_PAUSED_CAUSE: Final = SkipCause.PAUSED
-_OVERLAP_CAUSE: Final = SkipCause.OVERLAP
 
 
 @dataclass(slots=True, kw_only=True)
@@ -338,12 +340,19 @@ def unstorable(req: ClaimRequest | TakeoverRequest) -> BackendError | None:
     return None
 
 
-def ttl_cutoff(now: int, history_ttl_ms: int | None) -> int | None:
-    """Records that ended before this may be pruned by age (None: no TTL). A TTL longer than
-    :data:`MAX_MS` keeps everything, as an infinite one would."""
+def prune_ttl(history_ttl_ms: int | None) -> int | None:
+    """The TTL records are pruned by age with: None for none (unset, 0 or negative); one longer
+    than :data:`MAX_MS` is cut to it, which keeps everything, as an infinite one would (and is
+    an exact Lua number on Redis)."""
     if not history_ttl_ms or history_ttl_ms <= 0:
         return None
-    return now - min(history_ttl_ms, MAX_MS)
+    return min(history_ttl_ms, MAX_MS)
+
+
+def ttl_cutoff(now: int, history_ttl_ms: int | None) -> int | None:
+    """Records that ended before this may be pruned by age (None: no TTL; see :func:`prune_ttl`)."""
+    ttl = prune_ttl(history_ttl_ms)
+    return None if ttl is None else now - ttl
 
 
 def next_fence(stored: int | None, now: int) -> int:
@@ -420,12 +429,12 @@ def claim(store: RowStore, req: ClaimRequest, now: int) -> ClaimOutcome:
         pauses = store.pauses(req.job)  # the usual answer: none
         pause = active_pause(pauses, req.job, req.trigger, now) if pauses else None
         if pause is not None:
-            reason, cause = paused_reason(pause), _PAUSED_CAUSE
+            reason, cause = paused_reason(pause), _CAUSE_PAUSED
     if reason is None and req.overlap is _OVERLAP_SKIP:
         holder = store.live_holder(req.job, now)
         if holder is not None:
             reason = f"{OVERLAP}run {holder.run_id} ({_describe(holder)}) still holds its lease"
-            cause = _OVERLAP_CAUSE
+            cause = _CAUSE_OVERLAP
     if reason is not None:
         row = first_attempt(
             req, now, status, reason, slot=req.slot, token=req.token, slot_key=key, skip_cause=cause
@@ -510,8 +519,8 @@ def answer_existing(row: RunRow, req: ClaimRequest, now: int) -> ClaimOutcome:
     verdict = existing_verdict(req, row.status, row.attempt, row.token, row.released)
     if verdict is _LOST:
         return lost_outcome(row.to_run(), row.status, row.lease_expires_at, now)
-    if verdict is _SKIPPED_CLAIM:
-        return _new_outcome(status=_SKIPPED_CLAIM, run=row.to_run(), backend_now_ms=now)
+    if verdict is _CLAIM_SKIPPED:
+        return _new_outcome(status=_CLAIM_SKIPPED, run=row.to_run(), backend_now_ms=now)
     # A retried claim: the caller is still the runner.
     ticket = row.ticket(req.lease_ms, now, req.history_ttl_ms)
     return _new_outcome(status=_WON, run=row.to_run(), ticket=ticket, backend_now_ms=now)
@@ -525,7 +534,7 @@ def existing_verdict(
     whole answer): SKIPPED if attempt 1 was recorded instead of a run, WON if attempt 1 is
     ``req``'s own, still running and not handed over (a retried claim), else LOST."""
     if status in SKIP_STATUSES and attempt == 1:
-        return _SKIPPED_CLAIM
+        return _CLAIM_SKIPPED
     if token == req.token and attempt == 1 and status == _RUNNING and not released:
         return _WON
     # Once attempt 1 has ended (recorded failed when its lease ran out on the last attempt),
@@ -655,6 +664,12 @@ def lease_lost(ticket: Ticket, attempt: int | None, status: str | None) -> Lease
     )
 
 
+def handed_over(ticket: Ticket) -> LeaseLost:
+    """The error for a ``ticket`` whose attempt was released (:data:`HANDED_OVER`): it renews
+    no more, and a backup may take the slot over."""
+    return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was {HANDED_OVER}")
+
+
 def _held_by(store: RowStore, ticket: Ticket) -> RunRow:
     return _holding(store.current(ticket.job, ticket.slot_key), ticket)
 
@@ -691,7 +706,7 @@ def renew(store: RowStore, ticket: Ticket, now: int) -> Ticket:
         raise error
     row = _held_by(store, ticket)
     if row.released:
-        raise LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
+        raise handed_over(ticket)
     row.lease_expires_at = now + ticket.lease_ms
     store.update(row)
     return ticket.renewed(row.lease_expires_at, now)
@@ -748,6 +763,27 @@ def finish(
         run = row.to_run()
     store.prune(ticket.job, ticket.slot_key, ttl_cutoff(now, ticket.history_ttl_ms))
     return run
+
+
+async def retries_first(
+    control: ControlStore, items: Sequence[FinishRequest]
+) -> dict[int, BackendError]:
+    """Store the retries of ``items`` before their results, for a backend that cannot store a
+    result and its retry in one step (a broker; Redis on a cluster): each retry by
+    :meth:`~anarchon.control.ControlStore.request` (once per id), in order. Return the error of
+    each item whose retry the store refused, by index: its result is then not sent. An
+    unavailable store raises, failing the whole call (the core sends it all again)."""
+    refused: dict[int, BackendError] = {}
+    for n, item in enumerate(items):
+        if item.retry is None:
+            continue
+        try:
+            await control.request(item.retry)
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            refused[n] = exc
+    return refused
 
 
 def _describe(row: RunRow) -> str:

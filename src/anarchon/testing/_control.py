@@ -4,7 +4,7 @@ pauses, run requests, missed records, retry keys and ``requested_by``. Part of
 
 from __future__ import annotations
 
-import time
+import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -12,9 +12,18 @@ from typing import Any
 import pytest
 
 from ..backend import Backend, ClaimRequest, ClaimStatus, FinishRequest, SkipCause, Ticket
-from ..control import ALL_JOBS, PAUSED, ControlStore, Pause, RunRequest, retry_key
+from ..control import (
+    ALL_JOBS,
+    PAUSED,
+    ControlStore,
+    Pause,
+    RunRequest,
+    cancelled_reason,
+    retry_key,
+)
 from ..errors import LeaseLost
 from ..kit import Run, RunStatus, Trigger
+from ..steering import backend_now_ms, cancel_requests
 from ._requests import SLOT, lease, request
 
 __all__ = ["ControlContract"]
@@ -22,10 +31,6 @@ __all__ = ["ControlContract"]
 
 def _claim(backend: Backend, job: str = "job", slot: int | None = SLOT, **kw: Any) -> ClaimRequest:
     return request(job, slot, **lease(backend, **kw))
-
-
-async def _now(backend: Backend) -> int:
-    return await backend.server_time_ms() or int(time.time() * 1000)
 
 
 def _store(backend: Backend, required: bool) -> ControlStore:
@@ -68,7 +73,7 @@ class ControlContract:
         """Pauses are stored, replaced and resumed."""
         store = _store(backend, self.control_required)
         assert await store.pauses() == []
-        now = await _now(backend)
+        now = await backend_now_ms(backend)
         first = Pause(job="job", by="alice@ops", at_ms=now)
         await store.pause(first)
         assert await store.pauses() == [first]
@@ -88,7 +93,7 @@ class ControlContract:
     ) -> None:
         """A paused job skips its slots once but runs manual ones."""
         store = _store(backend, self.control_required)
-        await store.pause(Pause(job="job", by="alice@ops", at_ms=await _now(backend)))
+        await store.pause(Pause(job="job", by="alice@ops", at_ms=await backend_now_ms(backend)))
         [paused] = await backend.claim([_claim(backend)])
         assert paused.status is ClaimStatus.SKIPPED
         assert paused.run.status is RunStatus.SKIPPED
@@ -112,7 +117,7 @@ class ControlContract:
     ) -> None:
         """A cluster pause holds every job and a pause ends by itself."""
         store = _store(backend, self.control_required)
-        now = await _now(backend)
+        now = await backend_now_ms(backend)
         await store.pause(Pause(job=ALL_JOBS, by="ops", at_ms=now))
         await store.pause(Pause(job="ended", by="ops", at_ms=now - 2000, until_ms=now - 1000))
         [held] = await backend.claim([_claim(backend, job="any")])
@@ -182,7 +187,7 @@ class ControlContract:
         """Run requests are stored once, listed due first and removed."""
         store = _store(backend, self.control_required)
         assert await store.requests() == []
-        now = await _now(backend)
+        now = await backend_now_ms(backend)
         later = _run_request("job", now + 5000)
         sooner = _run_request("job", now, trigger=Trigger.RETRY, slot=SLOT, retry=2)
         other = _run_request("other", now)
@@ -203,7 +208,7 @@ class ControlContract:
         """A failed result and its retry are stored together: the retry when the result is
         accepted, once however often the result is sent, and none with a refused result."""
         store = _store(backend, self.control_required)
-        now = await _now(backend)
+        now = await backend_now_ms(backend)
         outcomes = await backend.claim([_claim(backend, slot=SLOT + n * 1000) for n in range(3)])
         tickets = [o.ticket for o in outcomes]
         assert all(t is not None for t in tickets), outcomes
@@ -249,3 +254,94 @@ class ControlContract:
         runs = {r.slot_ms: r for r in await backend.history("job")}
         assert (runs[SLOT].status, runs[SLOT + 1000].status) == (RunStatus.FAILED,) * 2
         assert runs[SLOT + 2000].status is RunStatus.RUNNING
+
+    async def _requests_of(self, backend: Backend, now: int) -> tuple[RunRequest, RunRequest]:
+        """A trigger and a retry of ``job``, stored, due now."""
+        store = _store(backend, self.control_required)
+        manual = _run_request("job", now)
+        retry = _run_request(
+            "job", now, trigger=Trigger.RETRY, key=retry_key(str(SLOT), 1), slot=SLOT, retry=1
+        )
+        for stored in (manual, retry):
+            assert await store.request(stored) is True
+        return manual, retry
+
+    @staticmethod
+    def _claim_of(backend: Backend, request: RunRequest, instance: str) -> ClaimRequest:
+        """An instance's claim of ``request``, as the request poller makes it."""
+        claim = _claim(
+            backend, slot=request.slot, key=request.key, trigger=request.trigger, instance=instance
+        )
+        return replace(claim, run_id=request.id, requested_by=request.requested_by)
+
+    async def test_a_cancelled_request_never_runs(self, backend: Backend) -> None:
+        """A cancelled trigger or retry leaves a skip record under its key (cause CANCELLED,
+        reason ``cancelled by <who>``) and is removed: an instance's claim of it afterwards is
+        answered skipped, and nobody runs it."""
+        store = _store(backend, self.control_required)
+        manual, retry = await self._requests_of(backend, await backend_now_ms(backend))
+        done = await cancel_requests(backend, [manual, retry], by="bob@ops")
+        assert [(c.request, c.cancelled) for c in done] == [(manual, True), (retry, True)]
+        for cancelled in done:
+            assert cancelled.run.status is RunStatus.SKIPPED, cancelled
+            assert cancelled.run.skip_cause is SkipCause.CANCELLED, cancelled
+            assert cancelled.run.reason == cancelled_reason("bob@ops")
+        assert await store.requests() == []
+        for late in (manual, retry):
+            [answer] = await backend.claim([self._claim_of(backend, late, "i2")])
+            assert answer.status is ClaimStatus.SKIPPED, (late, answer)
+            assert answer.ticket is None and answer.run.skip_cause is SkipCause.CANCELLED
+        runs = await backend.history("job")
+        assert {(r.status, r.skip_cause, r.reason, r.trigger) for r in runs} == {
+            (RunStatus.SKIPPED, SkipCause.CANCELLED, "cancelled by bob@ops", Trigger.MANUAL),
+            (RunStatus.SKIPPED, SkipCause.CANCELLED, "cancelled by bob@ops", Trigger.RETRY),
+        }
+        # Cancelling again (a request read before the first cancellation removed it) is
+        # answered by the first one's record.
+        [again] = await cancel_requests(backend, [manual], by="carol@ops")
+        assert again.cancelled and again.run.reason == cancelled_reason("bob@ops")
+
+    async def test_a_request_claimed_before_its_cancellation_runs(self, backend: Backend) -> None:
+        """A cancellation that comes after an instance's claim of the request was decided is
+        too late: it answers that run (``cancelled`` False), removes the request, and the run
+        keeps its ticket and finishes."""
+        store = _store(backend, self.control_required)
+        manual, _ = await self._requests_of(backend, await backend_now_ms(backend))
+        [won] = await backend.claim([self._claim_of(backend, manual, "i2")])
+        assert won.status is ClaimStatus.WON and won.ticket is not None
+        [late] = await cancel_requests(backend, [manual], by="bob@ops")
+        assert not late.cancelled
+        assert (late.run.run_id, late.run.instance) == (manual.id, "i2")
+        assert late.run.status is RunStatus.RUNNING
+        assert [r.id for r in await store.requests()] != [manual.id]
+        finished = await backend.finish(won.ticket, RunStatus.SUCCEEDED, None)
+        assert finished.status is RunStatus.SUCCEEDED
+
+    async def test_a_cancellation_racing_claims_leaves_exactly_one_decision(
+        self, backend: Backend
+    ) -> None:
+        """Cancellations sent at the same moment as instances' claims of the same requests:
+        for each request either the instance won and the cancellation says it came too late,
+        or the cancellation was recorded and the instance was answered skipped; never both,
+        never neither."""
+        store = _store(backend, self.control_required)
+        now = await backend_now_ms(backend)
+        requests = [_run_request("job", now) for _ in range(8)]
+        for stored in requests:
+            assert await store.request(stored) is True
+        claims = [self._claim_of(backend, r, "i2") for r in requests]
+        answers, done = await asyncio.gather(
+            backend.claim(claims), cancel_requests(backend, requests, by="bob@ops")
+        )
+        by_id = {c.request.id: c for c in done}
+        assert set(by_id) == {r.id for r in requests}
+        for claim, answer in zip(claims, answers, strict=True):
+            cancellation = by_id[claim.run_id]
+            if answer.status is ClaimStatus.WON:
+                assert not cancellation.cancelled, (answer, cancellation)
+                assert cancellation.run.run_id == claim.run_id
+            else:
+                assert answer.status is ClaimStatus.SKIPPED, answer
+                assert answer.run.skip_cause is SkipCause.CANCELLED, answer
+                assert cancellation.cancelled, cancellation
+        assert await store.requests() == []

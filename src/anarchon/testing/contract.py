@@ -31,6 +31,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ..backend import (
+    BEHIND,
+    HANDED_OVER,
     TOO_LATE,
     Backend,
     ClaimStatus,
@@ -220,7 +222,7 @@ class BackendContract(ControlContract, RegistryContract, NoticesContract):
             (ClaimStatus.SKIPPED, SkipCause.BEHIND),
         ]
         assert [a.run.reason for a in answers] == ["worded 0", "worded 1"]
-        # anarchon's own words (a store that keeps no cause reads them back by these).
+        # anarchon's own words (a record stored without a cause is read back by these).
         words = f"{TOO_LATE}i1 reached the slot 70000 ms after it (max_late_ms=60000)"
         slot = SLOT + 2000
         [first] = await backend.claim(
@@ -233,6 +235,33 @@ class BackendContract(ControlContract, RegistryContract, NoticesContract):
         assert (stored.reason, stored.skip_cause) == (words, SkipCause.TOO_LATE)
         [won] = await backend.claim([request(slot=SLOT + 3000, **kw)])
         assert won.status is ClaimStatus.WON and won.run.skip_cause is None
+
+    async def test_a_skip_record_keeps_its_cause(self, backend: Backend) -> None:
+        """A skip record keeps the cause it was stored with, whatever its reason's words say (a
+        store that read it back from the words would answer None, or the words' cause): in
+        another instance's claim of the slot, in history and in ``slot_records``."""
+        kw = lease(backend)
+        stored = {
+            SLOT: ("worded 0", SkipCause.TOO_LATE),
+            SLOT + 1000: ("worded 1", SkipCause.BEHIND),
+            SLOT + 2000: (f"{BEHIND}words of another cause", SkipCause.TOO_LATE),
+        }
+        await backend.claim(
+            [
+                request(slot=slot, skip_reason=words, skip_cause=cause, **kw)
+                for slot, (words, cause) in stored.items()
+            ]
+        )
+        others = await backend.claim([request(slot=slot, instance="i2", **kw) for slot in stored])
+        assert [(o.status, o.run.reason, o.run.skip_cause) for o in others] == [
+            (ClaimStatus.SKIPPED, words, cause) for words, cause in stored.values()
+        ]
+        history = {r.slot_ms: (r.reason, r.skip_cause) for r in await backend.history("job")}
+        assert history == stored
+        for slot, (words, cause) in stored.items():
+            found = await backend.slot_records("job", slot)
+            if found is not None:  # optional: explain reads the newest records instead
+                assert [(r.reason, r.skip_cause) for r in found.runs] == [(words, cause)]
 
     async def test_slot_records_answer_one_slot_oldest_first(self, backend: Backend) -> None:
         """slot_records, where a backend has it: the slot's attempts and its retries' (never
@@ -506,4 +535,5 @@ class LeaseBackendContract(BackendContract):
         await lease_backend.release(b.ticket, "handed over")
         renewed = await lease_backend.renew_many([a.ticket, b.ticket])
         assert not isinstance(renewed[0], BackendError) and isinstance(renewed[1], LeaseLost)
+        assert f"was {HANDED_OVER}" in str(renewed[1]), "not the lease rules' words (handed_over)"
         assert renewed[0].lease_expires_at_ms is not None

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, quote, urlencode
@@ -30,14 +31,14 @@ from .. import steering
 from .._job import check_name
 from .._models import Trigger
 from .._options import HISTORY_LIMIT
-from .._readable import iso, ms_of
+from .._readable import iso_exact, ms_of
 from .._redact import redact_url
 from .._scheduler import Scheduler
-from .._times import EARLIEST_MS, parse_time_ms
+from .._times import EARLIEST_MS, check_readable, no_carrier, parse_time, parse_time_ms
 from ..backend import Backend
-from ..control import ALL_JOBS
+from ..control import ALL_JOBS, RunRequest
 from ..errors import AnarchonError, BackendError, ConfigurationError, JobNotFound
-from ..registry import SILENT_HEARTBEATS, carrier_warning
+from ..registry import SILENT_HEARTBEATS, carrier_warning, trigger_refusal
 from . import _data
 from ._auth import (
     CSRF_COOKIE,
@@ -117,6 +118,13 @@ class Source:
                 await self.backend.stop()
 
 
+def _iso(ms: int | None) -> str:
+    """A time as the pages show it: UTC with its ``Z``, and its milliseconds when it has some
+    (as ``anarchon explain`` and ``history`` print it), so a time copied from a page into a
+    slot address, ``explain`` or ``pause --until`` names the same instant; ``-`` for None."""
+    return "-" if ms is None else iso_exact(ms)
+
+
 def _templates() -> Environment:
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"),
@@ -125,7 +133,7 @@ def _templates() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        iso=iso,
+        iso=_iso,
         span=_data.span,
         redact=redact_url,
         q=lambda s: quote(str(s), safe=""),
@@ -157,12 +165,13 @@ def _int(value: str | None, name: str, low: int, high: int, default: int) -> int
     return number
 
 
-def _time(value: str | None, name: str, default: int) -> int:
-    """A time parameter: epoch ms or ISO 8601 (UTC without a zone) within the times anarchon
-    handles (InvalidOption, so 400, naming it and the rule otherwise)."""
+def _time(value: str | None, name: str, default: int, job: str, zone: str | None) -> int:
+    """A time parameter about ``job``: epoch ms or ISO 8601 (without an offset: in the job's
+    ``zone``, as on the command line) within the times anarchon handles (InvalidOption, so
+    400, naming it and the rule otherwise)."""
     if value is None or value == "":
         return default
-    return parse_time_ms(value, what=name)
+    return parse_time_ms(value, zone, what=name, no_zone=no_carrier(job))
 
 
 class _BadRequest(Exception):
@@ -308,14 +317,17 @@ class Dashboard:
         if range_name and range_name not in RANGES:
             raise _BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
         now = snapshot.now_ms
+        zone = definitions[0].zone if definitions else None
         if params.get("from") or params.get("to"):
-            end = _time(params.get("to"), "to", now)
-            start = _time(params.get("from"), "from", max(EARLIEST_MS, end - RANGES["24h"]))
+            end = _time(params.get("to"), "to", now, name, zone)
+            start = _time(
+                params.get("from"), "from", max(EARLIEST_MS, end - RANGES["24h"]), name, zone
+            )
             if start >= end:
                 raise _BadRequest(f"from ({start}) must be before to ({end})")
         else:
             span = RANGES[range_name or "24h"]
-            end = _time(params.get("end"), "end", now)
+            end = _time(params.get("end"), "end", now, name, zone)
             start = end - span
             if start < EARLIEST_MS:
                 raise _BadRequest(
@@ -332,6 +344,10 @@ class Dashboard:
                 raise _BadRequest(f"{key}={given!r} must be one of {', '.join(allowed)}")
         table = _filter(runs, params)[:HISTORY_ROWS]
         row = (await _data.job_rows(backend, snapshot, [name]))[0] if definitions else None
+        pending = await steering.pending_requests(backend, name) if snapshot.has_control else []
+        refusal = None
+        if snapshot.has_control and not snapshot.view.carriers(name):
+            refusal = await _refusal(backend, name)  # its page offers "Trigger anyway"
         if _wants_json(request):
             return JSONResponse(
                 {
@@ -342,6 +358,8 @@ class Dashboard:
                     "timeline": None if line is None else _timeline_dict(line),
                     "runs_read": len(runs),
                     "runs": [_data.run_dict(r) for r in table],
+                    "requests": [steering.request_dict(r) for r in pending],
+                    "trigger_refusal": refusal,
                 }
             )
         response = await self._render(
@@ -353,6 +371,8 @@ class Dashboard:
             snapshot=snapshot,
             pause=snapshot.pause_of(name),
             line=line,
+            pending=pending,
+            refusal=refusal,
             range_name=range_name or ("" if params.get("from") else "24h"),
             start=start,
             end=end,
@@ -368,10 +388,17 @@ class Dashboard:
         """The explanation of one slot (a fragment for the panel, a page, or JSON)."""
         name = request.path_params["name"]
         check_name(name)
-        slot_ms = parse_time_ms(request.path_params["slot"], what="slot")
+        text = request.path_params["slot"]
+        written = parse_time(text, what="slot")  # parsed once
+        check_readable(written, what="slot")  # 400 before the backend is read
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
-        story = await explain(backend, snapshot, name, slot_ms)
+        definitions = snapshot.view.definitions.get(name)
+        # As `anarchon explain` reads its SLOT: without an offset, in the job's zone.
+        slot = written.read(definitions[0].zone if definitions else None, no_zone=no_carrier(name))
+        story = await explain(backend, snapshot, name, slot.ms)
+        if slot.note is not None:
+            story = replace(story, summary=f"{story.summary} Note: {slot.note}")
         if _wants_json(request):
             return JSONResponse(story.to_dict())
         return await self._render(request, "slot.html", story=story, name=name)
@@ -398,6 +425,18 @@ class Dashboard:
                 }
             )
         return await self._render(request, "instances.html", snapshot=snapshot, rows=rows)
+
+    async def requests(self, request: Request) -> Response:
+        """The run requests (triggers, retries) not claimed yet, due first; operators cancel
+        them here (each one, or every one of a job)."""
+        backend = await self.source.get()
+        snapshot = await _data.read_snapshot(backend, self.views)
+        found = await steering.pending_requests(backend) if snapshot.has_control else []
+        if _wants_json(request):
+            return JSONResponse(
+                {"now_ms": snapshot.now_ms, "requests": [steering.request_dict(r) for r in found]}
+            )
+        return await self._render(request, "requests.html", snapshot=snapshot, pending=found)
 
     async def login(self, request: Request) -> Response:
         """Sign in with the operator token (GET: the form; POST: check it, set the cookie)."""
@@ -456,7 +495,8 @@ class Dashboard:
     # -- actions ----------------------------------------------------------------------------
 
     async def action(self, request: Request) -> Response:
-        """Pause, resume or trigger a job (or pause and resume all): operators only, with the
+        """Pause, resume or trigger a job, or cancel its pending run requests (one: the form's
+        ``request`` id; else every one); or pause and resume all. Operators only, with the
         page's CSRF token (or the token as a bearer, for scripts)."""
         what = request.path_params["action"]
         job = request.path_params.get("name", ALL_JOBS)
@@ -464,7 +504,7 @@ class Dashboard:
             return _forbidden(request, "read-only dashboard: no operator token is configured")
         operator = await self.guard.operator(request)
         if operator is None:
-            return _forbidden(request, "sign in as an operator to pause, resume or trigger")
+            return _forbidden(request, "sign in as an operator to pause, resume, trigger or cancel")
         form = await _form(request)
         if not self.guard.bearer(request) and not csrf_ok(request, _str(form.get("csrf"))):
             return _forbidden(request, "CSRF token missing or wrong: reload the page")
@@ -487,12 +527,14 @@ class Dashboard:
         elif what == "resume":
             done = await _resumed(backend, job)
         elif what == "trigger" and job != ALL_JOBS:
-            request_ = await steering.trigger(backend, job, by=by)
+            request_ = await _trigger(request, backend, job, form, by)
             done = f"asked the cluster to run {job} now (request {request_.id[:8]})"
+        elif what == "cancel" and job != ALL_JOBS:
+            done, warning = await _cancelled(backend, job, _str(form.get("request")) or None, by)
         else:
             raise _BadRequest(
-                f"unknown action {what!r} for {_what(job)}: a job takes pause, resume and "
-                "trigger; /all (every job) takes pause and resume"
+                f"unknown action {what!r} for {_what(job)}: a job takes pause, resume, trigger "
+                "and cancel; /all (every job) takes pause and resume"
             )
         logger.info("dashboard: %s by %s from %s", done, by, _client(request))
         if warning is not None:
@@ -520,6 +562,42 @@ class Dashboard:
                 CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base + "/"
             )
         return response
+
+
+#: How the refusal of a Trigger names its force: the job page's button, and the form field.
+FORCE_TEXT: Final = "'Trigger anyway' (the form field force=1)"
+
+
+def _forced(form: Mapping[str, str]) -> bool:
+    """The Trigger form asks to store the request even for a job no instance carries."""
+    return form.get("force", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+class _Refused(Exception):
+    """An action the cluster's state refuses (409): a Trigger of a job no instance carries."""
+
+
+async def _trigger(
+    request: Request, backend: Backend, job: str, form: Mapping[str, str], by: str
+) -> RunRequest:
+    """Store a request to run ``job`` once, unless :func:`~anarchon.registry.trigger_refusal`
+    refuses it and the form does not force it: :class:`_Refused` (409) then, in the words of
+    ``anarchon trigger`` (exit 2 there), naming this page's force."""
+    refusal = None if _forced(form) else await _refusal(backend, job)
+    if refusal is not None:
+        message = f"{refusal}; {FORCE_TEXT} stores it anyway"
+        logger.warning(
+            "dashboard: refused trigger by %s from %s: %s", by, _client(request), message
+        )
+        raise _Refused(message)
+    return await steering.trigger(backend, job, by=by)
+
+
+async def _refusal(backend: Backend, job: str) -> str | None:
+    """Why a Trigger of ``job`` is refused (:func:`~anarchon.registry.trigger_refusal`);
+    None when it is not, or the backend keeps no registry to tell."""
+    store = backend.registry()
+    return None if store is None else await trigger_refusal(store, job)
 
 
 #: The query parameter that carries an action's sealed message to the page it returns to.
@@ -568,6 +646,36 @@ async def _resumed(backend: Backend, job: str) -> str:
     done = "ended the whole-cluster pause" if ended else "the whole cluster was not paused"
     own = [p.job for p in held if p.job != ALL_JOBS]
     return done + (f"; still paused on their own: {', '.join(own)}" if own else "")
+
+
+async def _cancelled(
+    backend: Backend, job: str, request_id: str | None, by: str
+) -> tuple[str, str | None]:
+    """Cancel the pending run request ``request_id`` of ``job`` (None: every one of the job);
+    say what was cancelled, and warn about each that an instance had claimed first (it runs)."""
+    if request_id is not None:
+        steering.check_request_id(request_id)
+    pending = await steering.pending_requests(backend, job)
+    chosen = [r for r in pending if request_id is None or r.id == request_id]
+    if request_id is not None and not chosen:
+        gone = f"request {request_id[:8]} of {job} is no longer pending: claimed or cancelled"
+        return "nothing cancelled", gone
+    outcome = await steering.cancel_requests(backend, chosen, by=by)
+    late = [c for c in outcome if not c.cancelled]
+    if request_id is None:
+        done = f"cancelled {len(outcome) - len(late)} pending request(s) of {job}"
+    elif late:
+        done = f"could not cancel request {request_id[:8]} of {job}"
+    else:
+        done = f"cancelled the {chosen[0].kind} request {request_id[:8]} of {job}"
+    warning = None
+    if late:
+        warning = "too late: " + "; ".join(
+            f"request {c.request.id[:8]} was claimed first by {c.run.instance} "
+            f"(run {c.run.status.value})"
+            for c in late
+        )
+    return done, warning
 
 
 def _what(job: str) -> str:
@@ -686,6 +794,8 @@ def build_app(
             return response
         except _BadRequest as exc:
             return await board._error(request, 400, str(exc))  # names the value and the rule
+        except _Refused as exc:
+            return await board._error(request, 409, str(exc))
         except ConfigurationError as exc:
             return await board._failure(request, exc, 400)
         except JobNotFound as exc:
@@ -710,6 +820,7 @@ def build_app(
         routes=[
             route("/", board.jobs),
             route("/instances", board.instances),
+            route("/requests", board.requests),
             route("/jobs/{name}", board.job),
             route("/jobs/{name}/slots/{slot}", board.slot),
             route("/jobs/{name}/{action}", board.action, ["POST"]),

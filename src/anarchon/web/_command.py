@@ -3,7 +3,8 @@
     anarchon dashboard --backend URL [--host 127.0.0.1] [--port 8080] [--token-file F]
 
 Exit codes follow the other commands (README, "Command line"): 0 once stopped by SIGTERM (as
-``anarchon run``), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read,
+``anarchon run``; one that comes while it still imports or checks the backend too: it then
+never serves), 130 by Ctrl-C (SIGINT), 2 for a bad option, a token file that cannot be read,
 an address it cannot listen on (a port taken) or a missing ``web`` extra, 3 when the backend
 holds no anarchon data, as the other commands find
 it (no SQLite file or PostgreSQL tables of anarchon's, no NATS stream; on Redis, where only a
@@ -19,11 +20,13 @@ import argparse
 import asyncio
 import ipaddress
 import signal
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
+from .._early import EarlySignals
 from .._redact import redact_url
 from ..errors import MissingDependency
 
@@ -87,6 +90,19 @@ def _read_token(path: Path) -> str:
     return token
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the dashboard could not listen on ``host:port`` (an address not of this host, a port
+    taken), tried as uvicorn will bind it; None if it can. Told before the backend is opened."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc}"
+    return None
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -96,25 +112,44 @@ def _loopback(host: str) -> bool:
         return False
 
 
-async def _require_data(url: str | None) -> None:
+async def _require_data(url: str | None, early: EarlySignals) -> None:
     """Exit (:class:`anarchon._cli.common.Exit`) as the other commands do where ``url`` holds
-    no anarchon data; creates nothing (``start_reader``)."""
+    no anarchon data; creates nothing (``start_reader``). SIGINT or SIGTERM (``early``)
+    cancels the check at once (up to :data:`CHECK_TIMEOUT_S` on a backend that does not
+    answer)."""
     from .._cli.common import no_data, opened, storage_checked
 
-    async with asyncio.timeout(CHECK_TIMEOUT_S), opened(url, registry=False) as backend:
-        store = backend.registry()
-        if not storage_checked(backend) and store is not None and not await store.exists():
-            raise no_data(backend, ": no scheduler recorded itself")
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    assert task is not None
+
+    def wake() -> None:  # in the signal handler: the loop runs on this thread, between steps
+        loop.call_soon_threadsafe(task.cancel)
+
+    early.on_signal(wake)
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_S), opened(url, registry=False) as backend:
+            store = backend.registry()
+            if not storage_checked(backend) and store is not None and not await store.exists():
+                raise no_data(backend, ": no scheduler recorded itself")
+    finally:
+        early.on_signal(_nothing)  # the loop ends here: a later signal must not call into it
 
 
-def _check_data(url: str | None) -> int | None:
+def _nothing() -> None:
+    pass
+
+
+def _check_data(url: str | None, early: EarlySignals) -> int | None:
     """The exit code when ``url`` holds no anarchon data; None to serve (a backend that does
-    not answer now is warned about: an outage passes, the pages say 503 meanwhile)."""
+    not answer now is warned about: an outage passes, the pages say 503 meanwhile), or when
+    a signal cancelled the check (the caller sees it in ``early``)."""
     from .._cli.common import EXIT_BACKEND, Exit
     from ..errors import BackendError
 
     try:
-        asyncio.run(_require_data(url))
+        asyncio.run(_require_data(url, early))
+    except asyncio.CancelledError:
+        return None  # SIGINT or SIGTERM: told by the caller
     except Exit as exc:
         if exc.code != EXIT_BACKEND:
             return _fail(exc.code, str(exc))
@@ -134,8 +169,33 @@ def _check_data(url: str | None) -> int | None:
     return None
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
-    """Serve the dashboard until SIGINT/SIGTERM; return the exit code (0 after SIGTERM)."""
+def run_dashboard(args: argparse.Namespace, early: EarlySignals | None = None) -> int:
+    """Serve the dashboard until SIGINT/SIGTERM; return the exit code (0 after SIGTERM).
+
+    ``early``: SIGINT and SIGTERM caught since the process began (:mod:`anarchon._early`). One
+    that comes before the dashboard serves (its imports take seconds on a loaded host) ends the
+    command there as it would have ended the serving: exit 0 after SIGTERM, 130 after SIGINT
+    (``KeyboardInterrupt``). Both signals have their default actions back on return."""
+    early = early or EarlySignals()
+    try:
+        return _run_dashboard(args, early)
+    finally:
+        early.restore()
+
+
+def _stopped(early: EarlySignals) -> int | None:
+    """EXIT_OK when SIGTERM came before the dashboard served; KeyboardInterrupt for SIGINT;
+    None when neither came."""
+    if not early.caught:
+        return None
+    name = early.caught[0]
+    print(f"anarchon dashboard: {name} before it served: not serving", file=sys.stderr)
+    if name == "SIGINT":
+        raise KeyboardInterrupt
+    return EXIT_OK
+
+
+def _run_dashboard(args: argparse.Namespace, early: EarlySignals) -> int:
     try:
         import uvicorn
     except ImportError:
@@ -145,15 +205,24 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from .._cli.common import make_backend
     from . import dashboard
 
+    stopped = _stopped(early)
+    if stopped is not None:
+        return stopped
     token = None
     if args.token_file is not None:
         try:
             token = _read_token(args.token_file)
         except ValueError as exc:
             return _fail(EXIT_USAGE, str(exc))
-    code = _check_data(args.backend)
+    cannot = _cannot_listen(args.host, args.port)
+    if cannot is not None:  # before the backend is opened: a bad option, told at once
+        return _fail(EXIT_USAGE, f"{cannot}: pick another --port or --host")
+    code = _check_data(args.backend, early)
     if code is not None:
         return code
+    stopped = _stopped(early)
+    if stopped is not None:
+        return stopped
     backend = make_backend(args.backend)
     where = redact_url(repr(backend))
     if not _loopback(args.host):
@@ -174,7 +243,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
     )
     server = uvicorn.Server(config)
     try:
-        _serve_until_stopped(server)
+        if not _serve_until_stopped(server, early):
+            return _stopped(early) or EXIT_OK
     except SystemExit as exc:
         if server.started:
             raise
@@ -188,8 +258,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _serve_until_stopped(server: uvicorn.Server) -> None:
-    """Run the uvicorn ``server`` until SIGINT or SIGTERM, and return after a SIGTERM.
+def _serve_until_stopped(server: uvicorn.Server, early: EarlySignals) -> bool:
+    """Run the uvicorn ``server`` until SIGINT or SIGTERM, and return True after a SIGTERM;
+    False, without serving, when a signal caught by ``early`` came first.
 
     uvicorn stops gracefully on either, then raises the signal it caught again once its own
     handlers are gone. SIGINT then ends the command as a Ctrl-C (exit 130, main()'s
@@ -202,8 +273,17 @@ def _serve_until_stopped(server: uvicorn.Server) -> None:
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    # These handlers take over from early's: SIGINT raises KeyboardInterrupt again, as uvicorn
+    # expects of the handler it saves and calls once it has stopped.
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
+        if early.caught:  # came before these handlers were in place
+            return False
         server.run()
+        return True
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

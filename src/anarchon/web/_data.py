@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .. import _readable as readable
+from .._json import run_json
 from .._models import CatchUp, Run, RunStatus, SkipCause
-from .._readable import DAY_MS, ms_of
-from .._redact import redact_url
+from .._readable import DAY_MS
 from .._schedule import CronSchedule
 from ..backend import Backend, JobPolicy
 from ..control import ALL_JOBS, Pause, active_pause
@@ -31,6 +31,7 @@ from ..registry import (
     read_instances,
     split_live,
 )
+from ..steering import backend_now_ms
 
 __all__ = [
     "FATES",
@@ -139,8 +140,7 @@ class ViewCache:
 
 async def read_snapshot(backend: Backend, cache: ViewCache | None = None) -> Snapshot:
     """Read the registry (through ``cache`` if given) and the pauses of a started backend."""
-    server = await backend.server_time_ms()
-    now = server if server is not None else int(time.time() * 1000)
+    now = await backend_now_ms(backend)
     store = backend.registry()
     if store is None:
         view = fast_view([], now)
@@ -578,23 +578,6 @@ def span(ms: float | None) -> str:
 
 
 def run_dict(run: Run) -> dict[str, Any]:
-    """A run as the JSON endpoints give it."""
-    finished = run.finished_at
-    return {
-        "job": run.job,
-        "slot_ms": run.slot_ms,
-        "run_id": run.run_id,
-        "instance": run.instance,
-        "trigger": run.trigger.value,
-        "attempt": run.attempt,
-        "status": run.status.value,
-        "fate": fate_of(run),
-        "started_ms": ms_of(run.started_at),
-        "finished_ms": None if finished is None else ms_of(finished),
-        "took_ms": None if run.duration is None else round(run.duration * 1000),
-        "fence": run.fence,
-        "error": None if run.error is None else redact_url(run.error),
-        "reason": None if run.reason is None else redact_url(run.reason),
-        "requested_by": run.requested_by,
-        "skip_cause": None if run.skip_cause is None else run.skip_cause.value,
-    }
+    """A run as the JSON endpoints give it: :func:`anarchon._json.run_json` (as ``anarchon
+    history --json``) and its ``fate`` (a key of :data:`FATES`)."""
+    return {**run_json(run), "fate": fate_of(run)}

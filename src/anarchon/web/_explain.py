@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._models import Run, RunStatus
-from .._readable import iso
+from .._readable import iso_exact, iso_local
 from .._redact import redact_url
 from .._schedule import CronSchedule
 from ..backend import Backend
@@ -44,12 +44,20 @@ class SlotStory:
     carriers: tuple[str, ...] = ()
     definition: JobDefinition | None = None
 
+    @property
+    def local(self) -> str | None:
+        """The slot in the job's zone with its offset (``2026-03-29T04:30:00+03:00``), as
+        `anarchon explain` shows it and a slot address reads it back; None when the zone is
+        UTC or unknown."""
+        return None if self.definition is None else iso_local(self.slot_ms, self.definition.zone)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape of ``/jobs/<name>/slots/<ms>?format=json``."""
         return {
             "job": self.job,
             "slot_ms": self.slot_ms,
-            "slot": iso(self.slot_ms),
+            "slot": iso_exact(self.slot_ms),
+            "slot_local": self.local,
             "kind": self.kind,
             "summary": redact_url(self.summary),
             "attempts": [run_dict(r) for r in self.attempts],
@@ -138,7 +146,7 @@ async def explain(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) 
 async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms: int) -> SlotStory:
     """The slot's records alone, for a job no live instance carries: with no definition (the
     registry holds none when no instance carries the job), no schedule tells slots apart."""
-    when = iso(slot_ms)
+    when = iso_exact(slot_ms)
     runs = await backend.history(job, EXPLAIN_RUNS)
     if not runs:
         raise unknown_job(job)
@@ -155,7 +163,7 @@ async def _from_history(backend: Backend, snapshot: Snapshot, job: str, slot_ms:
     if len(runs) >= EXPLAIN_RUNS and oldest is not None and slot_ms < oldest:
         text = (
             f"{job} at {when} is older than the {EXPLAIN_RUNS} newest records read "
-            f"(oldest slot read: {iso(oldest)})."
+            f"(oldest slot read: {iso_exact(oldest)})."
         )
         return SlotStory(job, slot_ms, "unread", text)
     text = (

@@ -31,16 +31,18 @@ from ...backend import (
     Ticket,
 )
 from ...control import RunRequest
-from ...errors import BackendError, BackendUnavailable
+from ...errors import BackendError
 from ...kit import Run, RunStatus, Trigger, check_keywords, check_name, redact_url
 from ...kit.feed import ChangeFeed, decode_notices, encode_notice
+from ...kit.lease import retries_first
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
+from . import _timings as timings
 from ._buckets import Buckets
 from ._claims import ClaimPath
 from ._client import import_nats
-from ._connection import Connection, cancel_unfinished
+from ._connection import Connection, cancel_unfinished, within
 from ._control import NatsControl
 from ._guard import Guard
 from ._histories import read_histories
@@ -265,19 +267,34 @@ class NatsBackend(Backend):
             raise
 
     async def stop(self) -> None:
-        """Close the connection this backend opened; never one you passed in."""
+        """Close the connection this backend opened; never one you passed in.
+
+        Bounded, whatever the server does (it may have stopped answering, or reading): the
+        background work is cancelled, the claims' and pauses' subscriptions are ended within
+        :data:`._timings.LET_GO_S` and the connection is closed within seconds (its socket
+        dropped if the server reads nothing more); a step past its bound is logged and left."""
         upkeep, self._upkeep = self._upkeep, None
         await cancel_unfinished(upkeep)
         guarding, self._guarding = self._guarding, None
         await cancel_unfinished(guarding)
+        try:
+            await within(
+                self._let_go(), timings.LET_GO_S, f"{self!r}: ending its claims and pauses"
+            )
+        finally:
+            await self._feed.stop()
+            await self._conn.close()
+
+    async def _let_go(self) -> None:
+        """The part of :meth:`stop` that still talks to the server: the claims (the wins kept
+        from failed batches closed, the claims feed ended), the pause watch, the claim notices'
+        subscription."""
         await self._claims.close()
         await self._control.close()
         claimed, self._claimed = self._claimed, None
         if claimed is not None:  # on a connection you passed in, it outlives this backend
             with contextlib.suppress(Exception):
                 await claimed.unsubscribe()
-        await self._feed.stop()
-        await self._conn.close()
 
     def check_job(self, policy: JobPolicy) -> None:
         """Require ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS < `` the duplicate window.
@@ -316,29 +333,6 @@ class NatsBackend(Backend):
         except Exception as exc:  # the connection is down: the claims themselves were acked
             self._feed.logger.debug("claim notices not sent: %s", exc)
 
-    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
-        """Call ``on_claims`` with the notices every instance publishes on
-        ``_anarchon.<stream>.claimed`` (``_anarchon.<stream>.<prefix>claimed`` under a prefix
-        other than ``cron.``) after its claims are acked (core NATS; the client
-        subscribes again by itself after a reconnect). Each message is handed over as nats-py's
-        parser reads it (:func:`._wire.subscribe_raw`): listeners must not block."""
-        self._feed.add_claims(on_claims)
-        if self._claimed is None:
-            nc, _ = self._conn.require()
-            feed = self._feed
-
-            claims = self._claims
-
-            def heard(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-                notices = decode_notices(data, feed.logger)
-                claims.hear(notices)
-                feed.dispatch_claims(notices)
-
-            self._claimed = await subscribe_raw(nc, self._claimed_subject, heard)
-            with contextlib.suppress(Exception):  # the subscription reaches the server first
-                await nc.flush(timeout=2)
-        return True
-
     async def finish(
         self, ticket: Ticket, status: str, error: str | None, retry: RunRequest | None = None
     ) -> Run:
@@ -369,16 +363,7 @@ class NatsBackend(Backend):
         call fails and the core sends both again). A result refused after its retry was stored
         (the slot already has another run's result, which only a second claim of one slot key
         can cause) leaves that retry; a retry stored twice is claimed once."""
-        refused: dict[int, BackendError] = {}
-        for n, item in enumerate(items):
-            if item.retry is None:
-                continue
-            try:
-                await self._control.request(item.retry)
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                refused[n] = exc
+        refused = await retries_first(self._control, items)
         sent = [
             FinishRequest(item.ticket, item.status, item.error)
             for n, item in enumerate(items)
@@ -398,22 +383,6 @@ class NatsBackend(Backend):
             subjects.JOB.format(prefix=self.prefix, job=job), f"reading history of {job}"
         )
         return records.merge(messages, self.prefix, job)[:limit]
-
-    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
-        """See :meth:`anarchon.backend.Backend.histories`: the jobs' subjects read with one
-        consumer when that reads few messages more than a consumer per job would (the stream's
-        info tells); else a consumer per job that holds messages (see ``_histories``)."""
-        self._conn.require()
-        names = list(dict.fromkeys(jobs))
-        for job in names:
-            check_name(job)
-        if limit <= 0 or not names:
-            return {job: [] for job in names}
-
-        async def each(asked: Sequence[str]) -> dict[str, list[Run]]:
-            return await Backend.histories(self, asked, limit)
-
-        return await read_histories(self._conn, self.stream, self.prefix, names, limit, each)
 
     async def last_run(self, job: str) -> Run | None:
         """The newest claim of ``job`` with its result, in a few reads by subject."""
@@ -443,6 +412,52 @@ class NatsBackend(Backend):
             after = found.seq + 1
         runs = await self.history(job, limit=1)
         return runs[0] if runs else None
+
+    async def histories(self, jobs: Sequence[str], limit: int = 100) -> dict[str, list[Run]]:
+        """See :meth:`anarchon.backend.Backend.histories`: the jobs' subjects read with one
+        consumer when that reads few messages more than a consumer per job would (the stream's
+        info tells); else a consumer per job that holds messages (see ``_histories``)."""
+        self._conn.require()
+        names = list(dict.fromkeys(jobs))
+        for job in names:
+            check_name(job)
+        if limit <= 0 or not names:
+            return {job: [] for job in names}
+
+        async def each(asked: Sequence[str]) -> dict[str, list[Run]]:
+            return await Backend.histories(self, asked, limit)
+
+        return await read_histories(self._conn, self.stream, self.prefix, names, limit, each)
+
+    async def server_time_ms(self) -> int | None:
+        """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),
+        else the timestamp JetStream stamps on a probe message (deleted right after)."""
+        return await self._conn.server_time_ms(subjects.CLOCK.format(prefix=self.prefix))
+
+    # -- NATS only: the duplicate window ----------------------------------------------------
+
+    @staticmethod
+    def need_ms(policy: JobPolicy) -> int:
+        """How long the stream must remember a slot's claim for this job: ``jitter_ms +
+        max_late_ms`` plus :data:`._timings.CLAIM_MARGIN_MS` for claim retries past
+        ``max_late_ms``."""
+        return Window.need_ms(policy)
+
+    @property
+    def window_ms(self) -> int:
+        """The duplicate window jobs are checked against: the stream's own once started, this
+        instance's ``duplicate_window_ms`` (the least it will keep on the stream) before."""
+        return self._window.ms
+
+    async def check_window(self) -> int | None:
+        """Read the stream's duplicate window now (the backend does it every minute) and return
+        it (None: the stream is gone).
+
+        If it fell below what this instance keeps, ``duplicate_window_ms`` or, for a job added
+        after start() against a longer window, that job's need (another instance shrank it with
+        ``shrink_window=True``), raise it back and log a warning naming the job.
+        """
+        return await self._window.check()
 
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """The slot of each job's newest claim of a scheduled or catch-up slot (a claim, or a
@@ -487,40 +502,34 @@ class NatsBackend(Backend):
         slots = await asyncio.gather(*(one(job) for job in claimed))
         return {**dict.fromkeys(jobs), **dict(zip(claimed, slots, strict=True))}
 
-    def control(self) -> NatsControl:
-        """Pauses and run requests, in a key-value bucket beside the stream (see ``_control``:
-        the claim reads pauses before it publishes, not atomically with it)."""
-        return self._control
+    async def subscribe_claims(self, on_claims: ClaimListener) -> bool:
+        """Call ``on_claims`` with the notices every instance publishes on
+        ``_anarchon.<stream>.claimed`` (``_anarchon.<stream>.<prefix>claimed`` under a prefix
+        other than ``cron.``) after its claims are acked (core NATS; the client
+        subscribes again by itself after a reconnect). Each message is handed over as nats-py's
+        parser reads it (:func:`._wire.subscribe_raw`): listeners must not block."""
+        self._feed.add_claims(on_claims)
+        if self._claimed is None:
+            nc, _ = self._conn.require()
+            feed = self._feed
+
+            claims = self._claims
+
+            def heard(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+                notices = decode_notices(data, feed.logger)
+                claims.hear(notices)
+                feed.dispatch_claims(notices)
+
+            self._claimed = await subscribe_raw(nc, self._claimed_subject, heard)
+            with contextlib.suppress(Exception):  # the subscription reaches the server first
+                await nc.flush(timeout=2)
+        return True
 
     def registry(self) -> NatsRegistry:
         """The registry, in a key-value bucket beside the stream (see ``_registry``)."""
         return NatsRegistry(self)
 
-    async def server_time_ms(self) -> int | None:
-        """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),
-        else the timestamp JetStream stamps on a probe message (deleted right after)."""
-        return await self._conn.server_time_ms(subjects.CLOCK.format(prefix=self.prefix))
-
-    # -- NATS only: the duplicate window ----------------------------------------------------
-
-    @staticmethod
-    def need_ms(policy: JobPolicy) -> int:
-        """How long the stream must remember a slot's claim for this job: ``jitter_ms +
-        max_late_ms`` plus :data:`CLAIM_MARGIN_MS` for claim retries past ``max_late_ms``."""
-        return Window.need_ms(policy)
-
-    @property
-    def window_ms(self) -> int:
-        """The duplicate window jobs are checked against: the stream's own once started, this
-        instance's ``duplicate_window_ms`` (the least it will keep on the stream) before."""
-        return self._window.ms
-
-    async def check_window(self) -> int | None:
-        """Read the stream's duplicate window now (the backend does it every minute) and return
-        it (None: the stream is gone).
-
-        If it fell below what this instance keeps, ``duplicate_window_ms`` or, for a job added
-        after start() against a longer window, that job's need (another instance shrank it with
-        ``shrink_window=True``), raise it back and log a warning naming the job.
-        """
-        return await self._window.check()
+    def control(self) -> NatsControl:
+        """Pauses and run requests, in a key-value bucket beside the stream (see ``_control``:
+        the claim reads pauses before it publishes, not atomically with it)."""
+        return self._control

@@ -9,15 +9,15 @@ bucket just created, a leader being elected. What losing each kind of bucket cos
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError
-from ...kit import backoff
+from ...kit.calls import retrying
 from . import _errors as errors
-from ._connection import REQUEST_TIMEOUT_S, RETRY_CAP_S, RETRY_FIRST_S, Connection
+from . import _timings as timings
+from ._connection import Connection, retry_logger
 from ._errors import JetStreamError
 from ._reads import read_through_consumer
 from ._records import Stored
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("anarchon.backends.nats")
 
 T = TypeVar("T")
-
-# A key-value bucket's write or lookup is made again for up to this long while nobody answers
-# it (until_answered): a bucket just created, an election. Under the buckets' call timeout.
-BUCKET_RETRY_S: Final = 3.0
 
 
 #: What each kind of key-value bucket beside the stream holds (``_registry.BUCKET_KINDS``),
@@ -61,36 +57,20 @@ def bucket_loss(bucket: str) -> str:
 
 async def until_answered(call: Callable[[], Awaitable[T]], doing: str, within_s: float) -> T:
     """``call()`` (a key-value bucket's write or lookup), made again for up to ``within_s``
-    while JetStream's answer is that nobody took it (:func:`._errors.is_transient` and not
-    :func:`._errors.maybe_sent`): no responders for a bucket just created (its stream's
-    interest not yet known to the server this client talks to, in a cluster), a leader being
-    elected. Nothing was stored then, so a retry cannot write twice; a timeout is never
-    retried here. The last failure is raised as it is: the caller's bounded call translates
-    it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await call()
-        except Exception as exc:
-            delay = next(delays)
-            if (
-                not errors.is_transient(exc)
-                or errors.maybe_sent(exc)
-                or loop.time() + delay >= deadline
-            ):
-                raise
-            logger.debug(
-                "NATS: %s: %s; retrying (attempt %d)",
-                doing,
-                errors.describe(exc),
-                attempt,
-                extra={"action": "nats_retry"},
-            )
-        await asyncio.sleep(delay)
+    while JetStream's answer is that nobody took it (:func:`._errors.is_unanswered`): no
+    responders for a bucket just created (its stream's interest not yet known to the server
+    this client talks to, in a cluster), a leader being elected. Nothing was stored then, so a
+    retry cannot write twice; a timeout is never retried here. The loop is the kit's
+    (:func:`anarchon.kit.calls.retrying`). The last failure is raised as it is: the caller's
+    bounded call translates it."""
+    return await retrying(
+        call,
+        is_transient=errors.is_unanswered,
+        deadline_s=within_s,
+        first_s=timings.RETRY_FIRST_S,
+        cap_s=timings.RETRY_CAP_S,
+        on_retry=retry_logger(doing),
+    )
 
 
 class Buckets:
@@ -153,7 +133,7 @@ class Buckets:
         from nats.js.errors import APIError, BucketNotFoundError
 
         _, js = self._connection.require()
-        within = BUCKET_RETRY_S
+        within = timings.BUCKET_RETRY_S
 
         try:
             kv: KeyValue = await bounded(
@@ -209,6 +189,6 @@ class Buckets:
             f"KV_{bucket}",
             f"{prefix}{start}>",
             last_per_subject=True,
-            fetch_wait_s=REQUEST_TIMEOUT_S,
+            fetch_wait_s=timings.REQUEST_TIMEOUT_S,
         )
         return [(message.subject[len(prefix) :], message) for message in found]

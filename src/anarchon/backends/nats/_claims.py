@@ -38,16 +38,16 @@ from ...errors import BackendError, BackendUnavailable
 from ...kit import Action, RunStatus, log_fields, maker
 from ...kit.feed import won_notices
 from ...kit.lease import ticket_of
-from . import _connection
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
+from . import _timings as timings
 from ._connection import MAX_IN_FLIGHT, Connection, in_flight
 from ._readback import ReadBack
 from ._records import Claim
 from ._results import CLOCK, Results
 from ._settle import MAX_UNSURE, Kept, Settler, Unsure
-from ._window import SKIP_SAFETY_MS, Window
+from ._window import Window
 from ._wire import Ack
 
 if TYPE_CHECKING:
@@ -66,16 +66,12 @@ logger = logging.getLogger("anarchon.backends.nats")
 BATCHES_AT_ONCE: Final = 1
 # A batch announces its wins as they are decided (so that the other instances' backup claims
 # of the same slots, a rank delay later, hear of them before they publish), a chunk at a time:
-# this many, or what it holds once a win comes NOTICE_HOLD_S after the first one held.
+# this many, or what it holds once a win comes NOTICE_HOLD_S (._timings) after the first one held.
 NOTICE_CHUNK: Final = 64
-NOTICE_HOLD_S: Final = 0.02
 # Slots another instance was heard winning (claim notices), remembered by claim id: a claim
 # that reaches the gate after such a notice is not published (it could only lose). About 20 s
 # of a fleet that wins 5 000 slots a second; the oldest go first.
 MAX_HEARD: Final = 100_000
-# Claims not sent because their turn at the gate came after max_late_ms (the cluster is beyond
-# its capacity) are logged per slot at INFO, and counted in one WARNING this often at most.
-TOO_LATE_WARN_S: Final = 10.0
 
 # Every claim's answer: built by a maker (see anarchon._frozen), with the members it reads as
 # constants (on Python 3.11 ``ClaimStatus.WON`` goes through EnumType's ``__getattr__``).
@@ -104,7 +100,7 @@ class _Notices:
         now = asyncio.get_running_loop().time()
         if len(pending) == 1:
             self._since = now
-        if len(pending) >= NOTICE_CHUNK or now - self._since >= NOTICE_HOLD_S:
+        if len(pending) >= NOTICE_CHUNK or now - self._since >= timings.NOTICE_HOLD_S:
             await self.flush()
 
     async def flush(self) -> None:
@@ -116,8 +112,8 @@ class _Notices:
 class TooLate:
     """Counts the claims not sent because their turn at the in-flight gate came more than
     ``max_late_ms`` after their slot, and tells them in one WARNING ``claims_too_late`` per
-    :data:`TOO_LATE_WARN_S` at most (the first at once; each later one counts those since the
-    one before). Each slot is also logged at INFO, as any skip, by the scheduler."""
+    :data:`._timings.TOO_LATE_WARN_S` at most (the first at once; each later one counts those since
+    the one before). Each slot is also logged at INFO, as any skip, by the scheduler."""
 
     __slots__ = ("_count", "_warned", "_worst_ms")
 
@@ -132,10 +128,10 @@ class TooLate:
         self._worst_ms = max(self._worst_ms, late_ms)
 
     def warn(self, now: float) -> None:
-        """Log the WARNING if claims were counted and the last one is :data:`TOO_LATE_WARN_S`
-        old or more; ``now``: event-loop time (s)."""
+        """Log the WARNING if claims were counted and the last one is
+        :data:`._timings.TOO_LATE_WARN_S` old or more; ``now``: event-loop time (s)."""
         warned = self._warned
-        if not self._count or (warned is not None and now - warned < TOO_LATE_WARN_S):
+        if not self._count or (warned is not None and now - warned < timings.TOO_LATE_WARN_S):
             return
         count, worst = self._count, self._worst_ms
         self._count = self._worst_ms = 0
@@ -150,7 +146,7 @@ class TooLate:
             count,
             since,
             worst,
-            TOO_LATE_WARN_S,
+            timings.TOO_LATE_WARN_S,
             extra=log_fields(Action.CLAIMS_TOO_LATE, slots=count, late_ms=worst),
         )
 
@@ -382,7 +378,7 @@ class ClaimPath:
                 return _new_outcome(status=_LOST, run=records.heard_run(req, holder, now))
         if slot is not None:  # _own_slot(req)
             # Never publish a claim whose id JetStream may have forgotten: it would be stored.
-            margin = SKIP_SAFETY_MS if req.skip_reason is not None else 0
+            margin = timings.SKIP_SAFETY_MS if req.skip_reason is not None else 0
             safe_ms = self._safe_until_ms(slot, margin)
             if req.skip_reason is not None and now >= safe_ms:
                 return self._unrecorded_skip(req, now)
@@ -398,14 +394,13 @@ class ClaimPath:
                     f"the slot (max_late_ms={max_late}), behind earlier claims on a slow server; "
                     "not recorded"
                 )
-                run = records.unrecorded(req, now, reason, SkipCause.NOT_RECORDED)
-                return _new_outcome(status=ClaimStatus.SKIPPED, run=run)
+                return _not_recorded(req, now, reason)
             # Every publish of the claim starts within CLAIM_RETRY_S of its turn at the gate,
             # which came while the slot was at most max_late_ms old (CLAIM_MARGIN_MS).
-            deadline = min(at + _connection.CLAIM_RETRY_S, at + (safe_ms - now) / 1000)
+            deadline = min(at + timings.CLAIM_RETRY_S, at + (safe_ms - now) / 1000)
         else:
             # A manual run or a retry: within CLAIM_RETRY_S of the call (MANUAL_SETTLE_AFTER_MS).
-            deadline = called + _connection.CLAIM_RETRY_S
+            deadline = called + timings.CLAIM_RETRY_S
         if at >= deadline:
             # Waited behind earlier claims on a slow server: the core retries, if in time.
             raise BackendUnavailable(
@@ -592,8 +587,7 @@ class ClaimPath:
             f"duplicate window ({self._window.ms} ms), where a "
             "record could no longer be told apart from the slot's claim"
         )
-        run = records.unrecorded(req, now, reason, SkipCause.NOT_RECORDED)
-        return _new_outcome(status=ClaimStatus.SKIPPED, run=run)
+        return _not_recorded(req, now, reason)
 
     async def close(self) -> None:
         """Refuse claims from now on, close the wins kept from failed batches (nobody runs
@@ -609,7 +603,7 @@ async def _answered(batch: asyncio.Future[Any], failed: list[BackendUnavailable]
     or not) up to a request's timeout for those in flight to be answered; then cancel it."""
     failed.append(BackendUnavailable("NATS: claim not sent: its scheduler is stopping"))
     loop = asyncio.get_running_loop()
-    until = loop.time() + _connection.REQUEST_TIMEOUT_S + 0.5
+    until = loop.time() + timings.REQUEST_TIMEOUT_S + 0.5
     while not batch.done() and loop.time() < until:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({batch}, timeout=until - loop.time())
@@ -642,3 +636,10 @@ def _lost(req: ClaimRequest, reason: str) -> ClaimOutcome:
     """Lost, with no stored claim to show (trimmed, or unreadable)."""
     run = records.unrecorded(req, CLOCK.now_ms(), reason, None)
     return _new_outcome(status=_LOST, run=run)
+
+
+def _not_recorded(req: ClaimRequest, now: int, reason: str) -> ClaimOutcome:
+    """Skipped, and nothing stored: the claim was not sent (its turn came too late, or its
+    skip record could no longer be told apart from the slot's claim)."""
+    run = records.unrecorded(req, now, reason, SkipCause.NOT_RECORDED)
+    return _new_outcome(status=ClaimStatus.SKIPPED, run=run)

@@ -10,12 +10,14 @@ the one :class:`._connection.Connection` uses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import MissingDependency
 from . import _errors as errors
+from . import _timings as timings
 from ._options import servers_shown
 from ._wire import OPENED
 
@@ -24,14 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("anarchon.backends.nats")
 
-# Connecting: a few quick tries per server so start() fails within seconds; once connected the
-# client reconnects forever, every half second, and pings every 10 s so a dead TCP connection
-# is noticed in about 30 s instead of nats-py's default of several minutes.
-CONNECT_TIMEOUT_S: Final = 2.0
-CONNECT_ATTEMPTS: Final = 2
-RECONNECT_WAIT_S: Final = 0.5
-PING_INTERVAL_S: Final = 10
-MAX_OUTSTANDING_PINGS: Final = 3
 # Bytes each read of the socket asks for, on the connections this backend opens. asyncio asks
 # for 256 KiB, above glibc's mmap threshold, so every read mapped a fresh buffer, faulted it in
 # and unmapped it again: about 12 us a read here, where an ack or a claim of the feed is a few
@@ -66,6 +60,66 @@ def set_read_size(nc: NATS) -> None:
     transport = getattr(writer, "transport", None)
     if transport is not None and isinstance(getattr(transport, "max_size", None), int):
         transport.max_size = READ_SIZE
+
+
+def abort_socket(nc: NATS) -> None:
+    """Drop the client's connection at once, the bytes it has not sent yet with it (asyncio's
+    ``abort``; the TLS layer's and the plain socket's), so that a close waiting for them to be
+    sent ends."""
+    transport = getattr(nc, "_transport", None)
+    for name in ("_io_writer", "_bare_io_writer"):
+        layer = getattr(getattr(transport, name, None), "transport", None)
+        if layer is not None:
+            with contextlib.suppress(Exception):
+                layer.abort()
+
+
+#: The closes still running after :func:`close_client` gave up on them: the event loop holds its
+#: tasks weakly.
+_ABANDONED: set[asyncio.Future[None]] = set()
+
+
+async def close_client(nc: NATS) -> None:
+    """Close a client this backend opened (nats-py's ``close()``) within
+    :data:`._timings.CLOSE_WAIT_S` and :data:`._timings.CLOSE_ABORT_S`, never longer.
+
+    nats-py's close writes what is pending, closes the socket and waits until asyncio has
+    sent every byte of it: a server that stopped reading (a paused process, a peer gone
+    without a word) keeps that wait, and the application's shutdown, for ever. Past
+    :data:`._timings.CLOSE_WAIT_S` the socket is dropped with what it holds
+    (:func:`abort_socket`); a close still running :data:`._timings.CLOSE_ABORT_S` after that is
+    cancelled and left, logged."""
+    closing = asyncio.ensure_future(nc.close())
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=timings.CLOSE_WAIT_S)
+        if not done:
+            abort_socket(nc)
+            done, _ = await asyncio.wait({closing}, timeout=timings.CLOSE_ABORT_S)
+            logger.warning(
+                "NATS: the connection did not close within %.0f s (the server reads nothing "
+                "more): dropped with what it had not sent%s",
+                timings.CLOSE_WAIT_S,
+                "" if done else f"; its close still ran {timings.CLOSE_ABORT_S:.0f} s later, left",
+                extra={"action": "backend_unavailable"},
+            )
+    except BaseException:  # cancelled: drop the connection rather than leave it closing
+        abort_socket(nc)
+        raise
+    finally:
+        if not closing.done():
+            closing.cancel()
+            _ABANDONED.add(closing)
+            closing.add_done_callback(_ABANDONED.discard)
+        closing.add_done_callback(_closed)
+
+
+def _closed(closing: asyncio.Future[None]) -> None:
+    """The outcome of a close (:func:`close_client`), consumed: an error is only logged."""
+    if closing.cancelled():
+        return
+    exc = closing.exception()
+    if exc is not None:
+        logger.debug("NATS: closing the connection: %s", errors.describe(exc))
 
 
 def server_at_least(nc: NATS, major: int, minor: int) -> bool:
@@ -160,11 +214,11 @@ class Opener:
             connect(
                 servers=self.servers,
                 name="anarchon",
-                connect_timeout=CONNECT_TIMEOUT_S,
-                reconnect_time_wait=RECONNECT_WAIT_S,
-                max_reconnect_attempts=CONNECT_ATTEMPTS,
-                ping_interval=PING_INTERVAL_S,
-                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                connect_timeout=timings.CONNECT_TIMEOUT_S,
+                reconnect_time_wait=timings.RECONNECT_WAIT_S,
+                max_reconnect_attempts=timings.CONNECT_ATTEMPTS,
+                ping_interval=timings.PING_INTERVAL_S,
+                max_outstanding_pings=timings.MAX_OUTSTANDING_PINGS,
                 # No reconnect buffer: a claim published while disconnected fails at once
                 # (retried, fail closed) instead of being sent whenever the connection is back,
                 # possibly after its slot left the duplicate window (CLAIM_MARGIN_MS).
@@ -178,7 +232,11 @@ class Opener:
         fatal = asyncio.ensure_future(self._connect_fatal.wait())
         # nats-py can hang after a TLS verification failure (it never gives up on closing the
         # half-open connection): stop at once on such an error, and bound the whole attempt.
-        limit = (CONNECT_TIMEOUT_S + RECONNECT_WAIT_S) * (CONNECT_ATTEMPTS + 1) * len(self.servers)
+        limit = (
+            (timings.CONNECT_TIMEOUT_S + timings.RECONNECT_WAIT_S)
+            * (timings.CONNECT_ATTEMPTS + 1)
+            * len(self.servers)
+        )
         try:
             await asyncio.wait({attempt, fatal}, timeout=limit, return_when="FIRST_COMPLETED")
             if not attempt.done():
@@ -198,6 +256,12 @@ class Opener:
                     "TLS files are right"
                 ),
             ) from None
+        except BaseException:  # cancelled (a stop during the start): leave nothing connecting
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise
         finally:
             fatal.cancel()
             self._connecting = False
@@ -238,7 +302,7 @@ class Opener:
         self._down = True
         logger.warning(
             "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
-            RECONNECT_WAIT_S,
+            timings.RECONNECT_WAIT_S,
             extra={"action": "backend_unavailable"},
         )
 

@@ -4,10 +4,10 @@ into anarchon's errors.
 Everything that talks to nats-py goes through :class:`Connection`: JetStream API requests (the
 server's own JSON), publishes with a message id, reads of one stored message, reads of many
 through a short-lived consumer (:mod:`._reads`), preparing the stream, and the server's clock.
-The rest of the package decides what to ask; this module decides how long to wait, when to retry
-and what a failure means. Opening the client and hearing of its outages is :mod:`._client`; the
-key-value buckets are :mod:`._buckets`; how a publish and its ack travel, past nats-py's own
-publish and subscription paths, is in :mod:`._wire`.
+The rest of the package decides what to ask; this module decides how long to wait (the durations
+are in :mod:`._timings`), when to retry and what a failure means. Opening the client and hearing
+of its outages is :mod:`._client`; the key-value buckets are :mod:`._buckets`; how a publish and
+its ack travel, past nats-py's own publish and subscription paths, is in :mod:`._wire`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError, BackendUnavailable
-from ...kit import backoff
-from ...kit.calls import bounded_call
+from ...kit.calls import bounded_call, cancel_and_wait, consume, retrying
 from . import _errors as errors
 from . import _records as records
 from . import _stream as stream_setup
 from . import _subjects as subjects
-from ._client import Opener, server_at_least, where
+from . import _timings as timings
+from ._client import Opener, close_client, server_at_least, where
 from ._errors import InFlight, JetStreamError
 from ._options import scrub
 from ._reads import read_through_consumer
@@ -45,15 +45,6 @@ T = TypeVar("T")
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
-# One request (publish, get, API call) waits this long for its answer; a failover takes a few
-# seconds of "no responders", so a call is retried (a claim with the same id and token) for up
-# to CLAIM_RETRY_S, with short pauses (an in-flight duplicate is settled in tens of ms).
-REQUEST_TIMEOUT_S: Final = 2.0
-CLAIM_RETRY_S: Final = 8.0
-START_RETRY_S: Final = 10.0
-RETRY_FIRST_S: Final = 0.025
-RETRY_CAP_S: Final = 0.5
-MAX_ATTEMPTS: Final = 12
 # Claims of one batch in flight at once: enough to fill the pipe, bounded so a batch of
 # thousands does not overflow nats-py's reconnect buffer.
 MAX_IN_FLIGHT: Final = 256
@@ -62,10 +53,43 @@ MAX_IN_FLIGHT: Final = 256
 async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` if it is still under way and wait for it to end, its outcome (an error
     included) consumed: the stop and close paths' background work (a listing, a feed's start,
-    the upkeep)."""
-    if task is not None:
-        task.cancel()  # nothing, if it has ended
-        await asyncio.gather(task, return_exceptions=True)
+    the upkeep, the guard).
+
+    Cancelled again while it runs on, for at most a few seconds
+    (:func:`anarchon.kit.calls.cancel_and_wait`): nats-py's request waits for its answer in
+    ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation that comes in the
+    event-loop turn its answer is read (it returns the answer instead), and a loop whose one
+    cancellation was swallowed runs on for ever (a stop() that waited for it never returned).
+    A task that outlives that bound is left behind, logged."""
+    if task is None:
+        return
+    await cancel_and_wait([task])
+    if task.done():
+        consume(task)
+
+
+async def within(aw: Awaitable[None], limit_s: float, doing: str) -> None:
+    """Await ``aw``, a step of a stop, for at most ``limit_s``; past it the step is cancelled
+    (:func:`cancel_unfinished`) and the stop goes on, logged. Its error is raised.
+
+    A stop must end whatever the server does: an unsubscribe waits for room in nats-py's
+    queue of writes, which a server that stopped reading never makes."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limit_s)
+    except BaseException:  # the stop itself was cancelled: so is its step
+        task.cancel()
+        raise
+    if not done:
+        logger.warning(
+            "NATS: %s did not finish within %.0f s; stopping without it",
+            doing,
+            limit_s,
+            extra={"action": "backend_unavailable"},
+        )
+        await cancel_unfinished(task)
+        return
+    task.result()
 
 
 async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
@@ -79,6 +103,24 @@ async def bounded(aw: Awaitable[T], doing: str, timeout_s: float) -> T:
         timeout_s=timeout_s,
         translate=lambda exc: errors.translate(exc, doing),
     )
+
+
+def retry_logger(
+    doing: str, fields: dict[str, Any] | None = None
+) -> Callable[[Exception, int], None]:
+    """The ``on_retry`` of a NATS call retried by :func:`anarchon.kit.calls.retrying`: a debug
+    line per retry (``nats_retry``, with ``fields``), naming what failed and the attempt."""
+
+    def log(exc: Exception, attempt: int) -> None:
+        logger.debug(
+            "NATS: %s: %s; retrying (attempt %d)",
+            doing,
+            errors.describe(exc),
+            attempt,
+            extra={**(fields or {}), "action": "nats_retry"},
+        )
+
+    return log
 
 
 async def in_flight(
@@ -185,7 +227,7 @@ class Connection:
         """Connect (unless given a client) and get the JetStream context."""
         nc = self.given if self.given is not None else await self._opener.connect()
         self.nc = nc
-        self.js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+        self.js = nc.jetstream(timeout=timings.REQUEST_TIMEOUT_S)
         self.in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         return nc
 
@@ -195,9 +237,11 @@ class Connection:
         acks, self._acks = self._acks, None
         self._writer = None
         if acks is not None:  # on a connection you passed in, the subscription is ended here
-            await acks.close()
+            await within(
+                acks.close(), timings.ACKS_CLOSE_S, "ending the subscription to publish acks"
+            )
         if nc is not None and nc is not self.given and not nc.is_closed:
-            await nc.close()
+            await close_client(nc)
 
     # -- the stream -------------------------------------------------------------------------
 
@@ -236,10 +280,10 @@ class Connection:
 
     async def _preparing(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, made again while the server elects a leader (for up to
-        :data:`START_RETRY_S`); a failure translated, JetStream not enabled explained."""
+        :data:`._timings.START_RETRY_S`); a failure translated, JetStream not enabled explained."""
         nc, _ = self.require()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_RETRY_S
+        deadline = loop.time() + timings.START_RETRY_S
         while True:
             try:
                 return await call()
@@ -310,14 +354,15 @@ class Connection:
     def first_wait(deadline: float, now: float) -> float:
         """How long the first attempt of a call retried until ``deadline`` waits (as
         :meth:`retry` waits), at event-loop time ``now``."""
-        return max(0.25, min(REQUEST_TIMEOUT_S, deadline - now))
+        return max(0.25, min(timings.REQUEST_TIMEOUT_S, deadline - now))
 
     def retry_deadline(self) -> float:
-        """Event-loop time until which a call started now is retried (:data:`CLAIM_RETRY_S`)."""
-        return asyncio.get_running_loop().time() + CLAIM_RETRY_S
+        """Event-loop time until which a call started now is retried
+        (:data:`._timings.CLAIM_RETRY_S`)."""
+        return asyncio.get_running_loop().time() + timings.CLAIM_RETRY_S
 
     async def api(
-        self, subject: str, body: dict[str, Any] | None, wait_s: float = REQUEST_TIMEOUT_S
+        self, subject: str, body: dict[str, Any] | None, wait_s: float = timings.REQUEST_TIMEOUT_S
     ) -> dict[str, Any]:
         """One JetStream API request with the server's own JSON; errors as JetStreamError."""
         nc, _ = self.require()
@@ -347,36 +392,25 @@ class Connection:
         """Run ``call(wait_s)`` until it succeeds, retrying transient failures until
         ``deadline`` (event-loop time) or MAX_ATTEMPTS; then raise BackendUnavailable.
 
-        ``failed``: the error of a first attempt the caller already made itself (with
-        :meth:`first_wait`), which counts as attempt 1."""
+        The loop is the kit's (:func:`anarchon.kit.calls.retrying`); this names NATS's part:
+        the transient test, each attempt's wait (:meth:`first_wait`), the log of each retry
+        and the translation of the last failure. ``failed``: the error of a first attempt the
+        caller already made itself (with :meth:`first_wait`), which counts as attempt 1."""
         loop = asyncio.get_running_loop()
-        delays = None  # made at the first failure: most calls succeed at once
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                if failed is not None:
-                    raise failed
-                return await call(max(0.25, min(REQUEST_TIMEOUT_S, deadline - loop.time())))
-            except Exception as exc:
-                failed = None
-                if not errors.is_transient(exc):
-                    self.note_failure(exc)
-                    raise errors.translate(exc, doing) from exc
-                if delays is None:
-                    delays = backoff(RETRY_FIRST_S, RETRY_CAP_S)
-                delay = next(delays)
-                if attempt >= MAX_ATTEMPTS or loop.time() + delay >= deadline:
-                    self.note_failure(exc)
-                    raise errors.translate(exc, doing) from exc
-                logger.debug(
-                    "NATS: %s: %s; retrying (attempt %d)",
-                    doing,
-                    errors.describe(exc),
-                    attempt,
-                    extra={**(fields or {}), "action": "nats_retry"},
-                )
-            await asyncio.sleep(delay)
+        try:
+            return await retrying(
+                lambda: call(self.first_wait(deadline, loop.time())),
+                is_transient=errors.is_transient,
+                deadline_s=max(0.0, deadline - loop.time()),
+                first_s=timings.RETRY_FIRST_S,
+                cap_s=timings.RETRY_CAP_S,
+                max_attempts=timings.MAX_ATTEMPTS,
+                failed=failed,
+                on_retry=retry_logger(doing, fields),
+            )
+        except Exception as exc:
+            self.note_failure(exc)
+            raise errors.translate(exc, doing) from exc
 
     async def publish(self, subject: str, payload: bytes, msg_id: str | None, wait_s: float) -> Ack:
         """Publish once, with ``msg_id`` as the de-duplication id; InFlight for a duplicate ack
@@ -443,18 +477,19 @@ class Connection:
         )
 
     async def get_retrying(self, request: dict[str, Any], doing: str) -> Stored | None:
-        """:meth:`get`, retried for up to :data:`CLAIM_RETRY_S`."""
+        """:meth:`get`, retried for up to :data:`._timings.CLAIM_RETRY_S`."""
         return await self.retry(lambda t: self.get(request, t), doing, self.retry_deadline())
 
     async def read_all(self, filter_subject: str, doing: str) -> list[Stored]:
-        """Every message on ``filter_subject``, retried for up to :data:`CLAIM_RETRY_S`."""
+        """Every message on ``filter_subject``, retried for up to
+        :data:`._timings.CLAIM_RETRY_S`."""
         return await self.retry(
             lambda t: read_through_consumer(
                 self,
                 self.stream,
                 filter_subject,
                 last_per_subject=False,
-                fetch_wait_s=REQUEST_TIMEOUT_S,
+                fetch_wait_s=timings.REQUEST_TIMEOUT_S,
             ),
             doing,
             self.retry_deadline(),
@@ -466,7 +501,7 @@ class Connection:
         """The stream leader's clock: the ``ts`` of a stream info answer (nats-server 2.10+),
         else the timestamp JetStream stamps on a probe message (deleted right after)."""
         self.require()
-        deadline = asyncio.get_running_loop().time() + REQUEST_TIMEOUT_S * 2
+        deadline = asyncio.get_running_loop().time() + timings.REQUEST_TIMEOUT_S * 2
         try:
             if self._stream_has_ts is not False:
                 info = await self.retry(

@@ -19,16 +19,16 @@ What is atomic here and what is not:
 * removing a request purges its key's subject: one step, and it leaves no tombstone behind;
 * listing requests lists the keys, then reads each (each not read before: a stored request
   never changes): a snapshot, not one step;
-* **the claim's pause check is not atomic with the claim.** JetStream's de-duplication decides
-  the claim, and it cannot read the bucket. Before it publishes a claim, an instance lists the
-  bucket's pause keys (from the bucket's stream info: one request for any number of jobs) and
-  reads the job's and ``*``'s pauses among them (the list and each pause remembered for at most
-  :data:`PAUSE_CACHE_S`; a write through this backend object updates them at once, and a write
-  anywhere else as soon as the watch on the bucket's pause subjects hears it, while that watch
-  lets claims go on without waiting for the list to be read again: see ``_pause_keys``) and,
-  if one holds on its own clock, publishes a skip record instead. A pause stored while another
-  instance's claim is already past that check (or within that instance's cache time) does not
-  stop that claim: a pause takes effect within about a second, not at an instant.
+* **the claim's pause check is not atomic with the claim.** JetStream's de-duplication decides the
+  claim, and it cannot read the bucket. Before it publishes a claim, an instance lists the bucket's
+  pause keys (from the bucket's stream info: one request for any number of jobs) and reads the job's
+  and ``*``'s pauses among them (the list and each pause remembered for at most
+  :data:`._timings.PAUSE_CACHE_S`; a write through this backend object updates them at once, and a
+  write anywhere else as soon as the watch on the bucket's pause subjects hears it, while that watch
+  lets claims go on without waiting for the list to be read again: see ``_pause_keys``) and, if one
+  holds on its own clock, publishes a skip record instead. A pause stored while another instance's
+  claim is already past that check (or within that instance's cache time) does not stop that claim:
+  a pause takes effect within about a second, not at an instant.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Trigger
 
-from ._buckets import BUCKET_RETRY_S, until_answered
+from . import _timings as timings
+from ._buckets import until_answered
 from ._connection import bounded, cancel_unfinished
-from ._registry import CALL_TIMEOUT_S, bucket_name, token
+from ._registry import bucket_name, token
 from ._wire import subscribe_sink
 
 if TYPE_CHECKING:
@@ -56,18 +57,14 @@ if TYPE_CHECKING:
 
     from ._backend import NatsBackend
 
-__all__ = ["PAUSE_CACHE_S", "NatsControl"]
+__all__ = ["NatsControl"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
-PAUSE_CACHE_S: Final = 1.0
-"""How long an instance's claims trust a pause (or its absence) they read."""
 #: A compare-and-set resume is tried this many times while others replace the pause.
 RESUME_TRIES: Final = 5
 #: At most this many pause reads are in flight at once (a batch of claims of many jobs).
 READS_AT_ONCE: Final = 64
-#: A bucket the claims cannot read is warned about at most this often.
-UNREADABLE_WARN_S: Final = 60.0
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -118,7 +115,7 @@ class NatsControl:
         After a failure the bucket is looked up again on the next call (it may have been
         deleted, or re-created)."""
         try:
-            return await bounded(aw, doing, CALL_TIMEOUT_S)
+            return await bounded(aw, doing, timings.CALL_TIMEOUT_S)
         except BackendError as exc:
             self._kv = None
             self._backend._conn.note_failure(exc)  # the bucket may be gone: the guard looks
@@ -152,7 +149,7 @@ class NatsControl:
 
     def _remember(self, job: str, pause: Pause | None) -> None:
         self._cache[self._pause_key(job)] = (
-            asyncio.get_running_loop().time() + PAUSE_CACHE_S,
+            asyncio.get_running_loop().time() + timings.PAUSE_CACHE_S,
             pause,
         )
 
@@ -165,7 +162,7 @@ class NatsControl:
         key = self._pause_key(pause.job)
         value = pause.to_json().encode()
         await self._bounded(
-            until_answered(lambda: kv.put(key, value), "storing a pause", BUCKET_RETRY_S),
+            until_answered(lambda: kv.put(key, value), "storing a pause", timings.BUCKET_RETRY_S),
             "storing a pause",
         )
         self._remember(pause.job, pause)
@@ -225,11 +222,11 @@ class NatsControl:
 
     async def holding(self, jobs: Collection[str], now_ms: int) -> dict[str, Pause]:
         """The pause that holds each of ``jobs`` at ``now_ms`` (this instance's clock), for the
-        jobs one holds: the job's own, else the whole cluster's. Each is read from the bucket
-        at most every :data:`PAUSE_CACHE_S`. Only the pauses the bucket lists (its stream info:
-        one request for any number of jobs, at most every :data:`PAUSE_CACHE_S`) are read. A
-        permanent failure to read (a user not allowed to read the bucket) is logged and answers
-        no pause; a transient one raises BackendUnavailable."""
+        jobs one holds: the job's own, else the whole cluster's. Each is read from the bucket at
+        most every :data:`._timings.PAUSE_CACHE_S`. Only the pauses the bucket lists (its stream
+        info: one request for any number of jobs, at most every :data:`._timings.PAUSE_CACHE_S`) are
+        read. A permanent failure to read (a user not allowed to read the bucket) is logged and
+        answers no pause; a transient one raises BackendUnavailable."""
         try:
             listed = await self._pause_keys()
             if not listed:  # no pause stored: nothing to look up (every claim asks)
@@ -274,12 +271,12 @@ class NatsControl:
         delete marker read as no pause); none while the bucket does not exist.
 
         The listing is kept current by a watch: a subscription to the bucket's pause subjects
-        (``$KV.<bucket>.<prefix>.p.>``), which hears every pause stored or removed, by any
-        instance, as it is stored. While the watch runs on the connection the listing was read
-        on (no reconnect since), a claim does not wait for a listing: one older than
-        :data:`PAUSE_CACHE_S` is read again in the background. Without the watch (before the
-        first claim, after a reconnect, or where the server refuses the subscription) the
-        claim reads the listing first, at most every :data:`PAUSE_CACHE_S`, as it always did.
+        (``$KV.<bucket>.<prefix>.p.>``), which hears every pause stored or removed, by any instance,
+        as it is stored. While the watch runs on the connection the listing was read on (no
+        reconnect since), a claim does not wait for a listing: one older than
+        :data:`._timings.PAUSE_CACHE_S` is read again in the background. Without the watch (before
+        the first claim, after a reconnect, or where the server refuses the subscription) the claim
+        reads the listing first, at most every :data:`._timings.PAUSE_CACHE_S`, as it always did.
         """
         loop = asyncio.get_running_loop()
         listed = self._listed
@@ -321,7 +318,7 @@ class NatsControl:
                 nc, f"$KV.{self.bucket}.{self._space}.p.>", self._heard_pause
             )
             # The server answers a subscription it refuses before this flush's answer.
-            await nc.flush(timeout=round(CALL_TIMEOUT_S))
+            await nc.flush(timeout=round(timings.CALL_TIMEOUT_S))
             refused = nc.last_error
             if refused is not before and "permissions violation" in str(refused).lower():
                 self._watch_refused = True
@@ -336,7 +333,7 @@ class NatsControl:
 
     def _heard_pause(self, msg: Any) -> None:
         """A pause stored or removed (in nats-py's read loop): its key is listed from now on,
-        and what the message says is the key's pause for :data:`PAUSE_CACHE_S` (the server
+        and what the message says is the key's pause for :data:`._timings.PAUSE_CACHE_S` (the server
         may hand the message to the watch before the bucket's stream has stored it: a read
         of the key or a listing at that moment still answers the state before). A read begun
         before the message does not replace it (see :meth:`_load`)."""
@@ -352,7 +349,7 @@ class NatsControl:
             logger.debug("%s", exc)
             self._cache.pop(key, None)  # read it from the bucket (which names the problem)
             return
-        self._cache[key] = (asyncio.get_running_loop().time() + PAUSE_CACHE_S, pause)
+        self._cache[key] = (asyncio.get_running_loop().time() + timings.PAUSE_CACHE_S, pause)
 
     def _list_soon(self) -> None:
         """Read the listing again in the background (one read at a time)."""
@@ -370,7 +367,7 @@ class NatsControl:
 
     async def _list(self) -> set[str]:
         """Read the bucket's pause keys (one request), with the keys the watch hears meanwhile;
-        they are trusted for :data:`PAUSE_CACHE_S`, and longer while the watch runs."""
+        they are trusted for :data:`._timings.PAUSE_CACHE_S`, and longer while the watch runs."""
         loop = asyncio.get_running_loop()
         nc = self._backend._conn.nc
         reconnects = nc.stats["reconnects"] if nc is not None else -1
@@ -379,7 +376,7 @@ class NatsControl:
         kv = await self._open(create=False)
         keys = set() if kv is None else set(await self._keys(kv, "p"))
         keys |= self._heard_keys  # heard during the read, or before the stream stored them
-        self._listed = (loop.time() + PAUSE_CACHE_S, keys)
+        self._listed = (loop.time() + timings.PAUSE_CACHE_S, keys)
         self._listed_reconnects = reconnects
         return keys
 
@@ -401,7 +398,7 @@ class NatsControl:
         loop = asyncio.get_running_loop()
         if loop.time() < self._quiet_until:
             return
-        self._quiet_until = loop.time() + UNREADABLE_WARN_S
+        self._quiet_until = loop.time() + timings.UNREADABLE_WARN_S
         logger.warning(
             "pauses not checked: cannot read key-value bucket %s (%s); claims go on as if "
             "nothing were paused",
@@ -472,7 +469,9 @@ class NatsControl:
         key, value = self._request_key(request.id), request.to_json().encode()
         doing = f"storing run request {request.id}"
         return await self._bounded(
-            _unless_changed(until_answered(lambda: kv.create(key, value), doing, BUCKET_RETRY_S)),
+            _unless_changed(
+                until_answered(lambda: kv.create(key, value), doing, timings.BUCKET_RETRY_S)
+            ),
             doing,
         )
 

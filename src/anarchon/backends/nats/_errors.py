@@ -100,6 +100,13 @@ def maybe_sent(exc: BaseException) -> bool:
     return is_transient(exc)
 
 
+def is_unanswered(exc: BaseException) -> bool:
+    """True if a request that failed with ``exc`` was taken by nobody, so nothing was stored and
+    it may be made again without writing twice: transient (:func:`is_transient`) and not
+    :func:`maybe_sent` (no responders, a leader being elected; never a timeout)."""
+    return is_transient(exc) and not maybe_sent(exc)
+
+
 def is_closed(exc: BaseException) -> bool:
     """True if the connection is closed for good (stopped, or out of reconnect attempts)."""
     import nats.errors

@@ -1,13 +1,13 @@
 """Keeping the stream and the key-value buckets while the backend runs.
 
-A stream or bucket can be lost under running instances: deleted (``nats stream rm``), or gone
-with the store of a server that restarted without it. ``start()`` creates what is missing, but a
-running instance would never start again, so its claims would fail (closed) and its heartbeats
-vanish for good. The :class:`Guard` of each started backend (never a reader's: the ``anarchon``
-commands create nothing) looks every :data:`GUARD_EVERY_S`, and soon after a call failed for
-good or the client reconnected (at most every :data:`LOOK_GAP_S`), whether the stream and each
-bucket this backend has used still exist (one stream info request each), and creates what is
-missing again with the settings ``start()`` gives it (:func:`._stream.recreate`,
+A stream or bucket can be lost under running instances: deleted (``nats stream rm``), or gone with
+the store of a server that restarted without it. ``start()`` creates what is missing, but a running
+instance would never start again, so its claims would fail (closed) and its heartbeats vanish for
+good. The :class:`Guard` of each started backend (never a reader's: the ``anarchon`` commands create
+nothing) looks every :data:`._timings.GUARD_EVERY_S`, and soon after a call failed for good or the
+client reconnected (at most every :data:`._timings.LOOK_GAP_S`), whether the stream and each bucket
+this backend has used still exist (one stream info request each), and creates what is missing again
+with the settings ``start()`` gives it (:func:`._stream.recreate`,
 :meth:`._buckets.Buckets.open_bucket`), each with a WARNING naming it.
 
 **Buckets** (registry, definitions, control) are created again at once (``bucket_recreated``).
@@ -43,24 +43,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any
 
 from . import _stream as stream_setup
+from . import _timings as timings
 from ._buckets import Buckets
 from ._connection import Connection, bounded
-from ._registry import CALL_TIMEOUT_S
 from ._window import Window
 
 logger = logging.getLogger("anarchon.backends.nats")
-
-#: A running backend looks whether its stream and buckets exist this often (s): one stream info
-#: request each, per instance. Looks come sooner after a failed call or a reconnect.
-GUARD_EVERY_S: Final = 30.0
-#: Looks never come closer together than this (s), and while the stream is missing they come
-#: this often, to make it again as soon as its window has passed.
-LOOK_GAP_S: Final = 2.0
-#: How often the guard checks whether a call failed or the client reconnected (no request).
-TICK_S: Final = 0.5
 
 
 class Guard:
@@ -94,12 +85,12 @@ class Guard:
         marks = (conn.failures, conn.reconnects())
         last = loop.time()
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(timings.TICK_S)
             now = loop.time()
-            if now - last < LOOK_GAP_S:
+            if now - last < timings.LOOK_GAP_S:
                 continue
             seen = (conn.failures, conn.reconnects())
-            if seen == marks and not self.stream_missing and now - last < GUARD_EVERY_S:
+            if seen == marks and not self.stream_missing and now - last < timings.GUARD_EVERY_S:
                 continue
             marks, last = seen, now
             try:
@@ -180,12 +171,12 @@ class Guard:
     def _found(self, info: dict[str, Any], missing_s: float) -> None:
         """The stream exists again, made by someone else while this instance waited: at INFO
         when a running instance's guard may have made it (they find a loss within about
-        :data:`GUARD_EVERY_S` of each other; twice that is allowed), else at WARNING: an
+        :data:`._timings.GUARD_EVERY_S` of each other; twice that is allowed), else at WARNING: an
         instance that started, or an operator, made it before one window had passed."""
         self._missing_since = None
         self._window.learn(info)
         stream = self._connection.stream
-        if missing_s >= self._wait_s - 2 * GUARD_EVERY_S:
+        if missing_s >= self._wait_s - 2 * timings.GUARD_EVERY_S:
             logger.info(
                 "stream %s exists again (made by another instance), %.0f s after this instance "
                 "found it missing",
@@ -207,4 +198,4 @@ class Guard:
 
 async def _bounded(aw: Awaitable[Any], doing: str) -> Any:
     """A bucket call within the registry's call timeout, translated."""
-    return await bounded(aw, doing, CALL_TIMEOUT_S)
+    return await bounded(aw, doing, timings.CALL_TIMEOUT_S)

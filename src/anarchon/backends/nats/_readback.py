@@ -10,11 +10,12 @@ duplicate ack is settled from what arrived. That is still the stored message, re
 stream, and the tokens are compared as before; only the request is gone.
 
 The feed is an optimisation and never the only source: a sequence it has not delivered within
-:data:`FEED_WAIT_S` (one before the feed began, a feed that lost messages on a reconnect or was
-deleted, a claim already trimmed), or within :data:`FEED_WAIT_MAX_S` while the feed delivers
-but lags behind, is read by sequence as before, and a feed that delivered nothing for
-:data:`FEED_WAIT_S` is started again. It stops after :data:`FEED_IDLE_S` without a duplicate
-ack, so a healthy fleet whose rank delays keep the losers from claiming pays nothing for it.
+:data:`._timings.FEED_WAIT_S` (one before the feed began, a feed that lost messages on a reconnect
+or was deleted, a claim already trimmed), or within :data:`._timings.FEED_WAIT_MAX_S` while the feed
+delivers but lags behind, is read by sequence as before, and a feed that delivered nothing for
+:data:`._timings.FEED_WAIT_S` is started again. It stops after :data:`._timings.FEED_IDLE_S` without
+a duplicate ack, so a healthy fleet whose rank delays keep the losers from claiming pays nothing for
+it.
 """
 
 from __future__ import annotations
@@ -28,21 +29,13 @@ from typing import Any, Final
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
+from . import _timings as timings
 from ._connection import MAX_IN_FLIGHT, Connection, cancel_unfinished
 from ._records import Stored
 from ._wire import RawSubscription, subscribe_raw
 
 logger = logging.getLogger("anarchon.backends.nats")
 
-#: How long a read waits for the feed to deliver the sequence it asks for, before reading it by
-#: sequence. A claim is delivered as soon as it is stored, before the duplicate acks that point
-#: at it, unless the feed lags behind a burst of thousands.
-FEED_WAIT_S: Final = 0.5
-#: A feed that delivered something in each FEED_WAIT_S (behind, not stalled) is waited for up
-#: to this long in all.
-FEED_WAIT_MAX_S: Final = 2.0
-#: The feed stops after this long without a duplicate ack.
-FEED_IDLE_S: Final = 60.0
 #: Delivered claims kept for a read at most (a read takes its claim out); the oldest go first.
 #: This instance's own wins (:meth:`ReadBack.mine`) are not kept: nobody reads them back. A
 #: read follows its claim's delivery by the claims in flight, or by a whole batch when this
@@ -52,16 +45,9 @@ FEED_KEEP: Final = 16_384
 #: Own wins noted for the feed to pass over at most; past that, the noted ones the feed has
 #: passed (never delivered) are forgotten.
 OWN_KEEP: Final = 65_536
-#: A stalled feed is started again at most this often.
-FEED_RESTART_S: Final = 5.0
 #: The feed starts this many sequences before the duplicate ack that starts it: the other claims
 #: of the same batch in flight were stored around it.
 FEED_BEFORE: Final = MAX_IN_FLIGHT
-#: The server sends an idle heartbeat this often (ns) when it has nothing to deliver; with flow
-#: control (the server paces the feed to what this client has read) it is required.
-HEARTBEAT_NS: Final = 5_000_000_000
-#: The server deletes the consumer this long (ns) after this instance stopped listening to it.
-INACTIVE_NS: Final = 30_000_000_000
 
 
 class ReadBack:
@@ -133,12 +119,12 @@ class ReadBack:
         waited = 0.0
         while True:
             mark = self._last
-            done, _ = await asyncio.wait({waiter}, timeout=FEED_WAIT_S)
+            done, _ = await asyncio.wait({waiter}, timeout=timings.FEED_WAIT_S)
             if done:
                 return waiter.result()
-            waited += FEED_WAIT_S
+            waited += timings.FEED_WAIT_S
             # A feed that delivers, only behind (a burst of thousands), is waited for a while.
-            if self._last == mark or waited >= FEED_WAIT_MAX_S or self._sub is None:
+            if self._last == mark or waited >= timings.FEED_WAIT_MAX_S or self._sub is None:
                 break
         waiter.cancel()
         stalled = self._last == mark
@@ -159,7 +145,7 @@ class ReadBack:
         if self._starting is not None and not self._starting.done():
             return
         loop = asyncio.get_running_loop()
-        if loop.time() - self._started < FEED_RESTART_S:
+        if loop.time() - self._started < timings.FEED_RESTART_S:
             return
         if again or self._sub is None:
             self._started = loop.time()
@@ -198,8 +184,8 @@ class ReadBack:
             "replay_policy": "instant",
             "filter_subject": subjects.ALL_CLAIMS.format(prefix=self._prefix),
             "flow_control": True,
-            "idle_heartbeat": HEARTBEAT_NS,
-            "inactive_threshold": INACTIVE_NS,
+            "idle_heartbeat": timings.HEARTBEAT_NS,
+            "inactive_threshold": timings.INACTIVE_NS,
             "mem_storage": True,
         }
         try:
@@ -254,12 +240,15 @@ class ReadBack:
                 waiter.set_result(None)
 
     async def upkeep(self) -> None:
-        """Stop the feed after :data:`FEED_IDLE_S` without a read."""
-        if self._sub is not None and asyncio.get_running_loop().time() - self._used > FEED_IDLE_S:
+        """Stop the feed after :data:`._timings.FEED_IDLE_S` without a read."""
+        if (
+            self._sub is not None
+            and asyncio.get_running_loop().time() - self._used > timings.FEED_IDLE_S
+        ):
             logger.debug(
                 "claims feed of stream %s stopped: no duplicate ack for %.0f s",
                 self._connection.stream,
-                FEED_IDLE_S,
+                timings.FEED_IDLE_S,
                 extra={"action": "claims_feed", "state": "stopped"},
             )
             await self.stop()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from . import _errors as errors
 from . import _records as records
+from . import _timings as timings
 from ._records import Stored
 
 if TYPE_CHECKING:
@@ -23,8 +24,6 @@ logger = logging.getLogger("anarchon.backends.nats")
 
 #: Messages each fetch of the consumer asks for.
 FETCH_BATCH: Final = 500
-#: A consumer left behind (its reader gone before it deleted it) expires after this long (s).
-CONSUMER_INACTIVE_S: Final = 30.0
 
 
 async def read_through_consumer(
@@ -47,7 +46,7 @@ async def read_through_consumer(
         ack_policy=AckPolicy.NONE,
         deliver_policy=(DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL),
         filter_subject=filter_subject,
-        inactive_threshold=CONSUMER_INACTIVE_S,
+        inactive_threshold=timings.CONSUMER_INACTIVE_S,
         mem_storage=True,
     )
     info = await js.add_consumer(stream, config=config)

@@ -57,7 +57,8 @@ from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.registry import InstanceRecord
 
 from . import _errors as errors
-from ._buckets import BUCKET_RETRY_S, until_answered
+from . import _timings as timings
+from ._buckets import until_answered
 
 if TYPE_CHECKING:
     from nats.js.errors import KeyNotFoundError
@@ -68,12 +69,6 @@ if TYPE_CHECKING:
 __all__ = ["BUCKET_KINDS", "NatsRegistry", "bucket_name", "bucket_streams", "token"]
 
 T = TypeVar("T")
-CALL_TIMEOUT_S: Final = 5.0
-# Saving or reading a whole definitions set (several chunks) may take this long (s).
-SET_TIMEOUT_S: Final = 60.0
-#: remove_silent looks for silent records in the last read of the registry (instances()) when it
-#: is at most this old (s), instead of reading it again: see NatsRegistry.remove_silent.
-SNAPSHOT_MAX_S: Final = 60.0
 # A chunk leaves this much of the server's maximum payload to the message's headers.
 CHUNK_MARGIN: Final = 4096
 BUCKET_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -119,7 +114,9 @@ class NatsRegistry:
     def _key(self, instance_id: str) -> str:
         return f"{self._space}.{token(instance_id)}"
 
-    async def _bounded(self, aw: Awaitable[T], doing: str, limit_s: float = CALL_TIMEOUT_S) -> T:
+    async def _bounded(
+        self, aw: Awaitable[T], doing: str, limit_s: float = timings.CALL_TIMEOUT_S
+    ) -> T:
         try:
             async with asyncio.timeout(limit_s):
                 return await aw
@@ -156,7 +153,9 @@ class NatsRegistry:
         assert kv is not None
         key, value = self._key(instance.id), instance.to_json().encode()
         await self._bounded(
-            until_answered(lambda: kv.put(key, value), "recording an instance", BUCKET_RETRY_S),
+            until_answered(
+                lambda: kv.put(key, value), "recording an instance", timings.BUCKET_RETRY_S
+            ),
             "recording an instance",
         )
 
@@ -219,19 +218,19 @@ class NatsRegistry:
         a compare-and-set delete of each silent record, as last read.
 
         The records are those of the last :meth:`instances` read when it is at most
-        :data:`SNAPSHOT_MAX_S` old (the heartbeat reads the registry at every beat, just after
-        this), else read now: a read is a consumer made, read and deleted on the server, and
+        :data:`._timings.SNAPSHOT_MAX_S` old (the heartbeat reads the registry at every beat, just
+        after this), else read now: a read is a consumer made, read and deleted on the server, and
         reading twice a beat doubled the registry's share of a fleet's load on NATS. The
         compare-and-set on the revision read keeps it exact for the records read (one refreshed
-        since is never deleted); a record first written after that read is looked at after the
-        next one."""
+        since is never deleted); a record first written after that read is looked at after the next
+        one."""
 
         if await self._open(create=False) is None:
             return []
         snapshot, self._snapshot = self._snapshot, None
         if (
             snapshot is not None
-            and asyncio.get_running_loop().time() - snapshot[0] <= SNAPSHOT_MAX_S
+            and asyncio.get_running_loop().time() - snapshot[0] <= timings.SNAPSHOT_MAX_S
         ):
             entries = snapshot[1]
         else:
@@ -291,7 +290,7 @@ class NatsRegistry:
                 await until_answered(
                     partial(kv.put, self._set_key(digest, str(n)), chunk),
                     "saving a definitions set",
-                    BUCKET_RETRY_S,
+                    timings.BUCKET_RETRY_S,
                 )
             manifest = json.dumps({"chunks": len(chunks), "size": len(data), "saved_ms": saved_ms})
             while True:
@@ -299,7 +298,7 @@ class NatsRegistry:
                     await until_answered(
                         lambda: kv.create(self._set_key(digest, "m"), manifest.encode()),
                         "saving a definitions set",
-                        BUCKET_RETRY_S,
+                        timings.BUCKET_RETRY_S,
                     )
                     return
                 except (KeyWrongLastSequenceError, KeyNotFoundError):
@@ -308,7 +307,7 @@ class NatsRegistry:
                     if await self._manifest(kv, digest) is not None:
                         return
 
-        await self._bounded(save(), "saving a definitions set", SET_TIMEOUT_S)
+        await self._bounded(save(), "saving a definitions set", timings.SET_TIMEOUT_S)
 
     async def _touch(self, kv: KeyValue, digest: str, saved_ms: int) -> bool:
         """Move the saved time in the set's manifest (a compare-and-set update of the revision
@@ -329,7 +328,7 @@ class NatsRegistry:
                 await until_answered(
                     partial(kv.update, self._set_key(digest, "m"), body, last=revision),
                     "touching a definitions set",
-                    BUCKET_RETRY_S,
+                    timings.BUCKET_RETRY_S,
                 )
             except KeyWrongLastSequenceError:
                 continue
@@ -368,7 +367,7 @@ class NatsRegistry:
             data = b"".join(parts)
             return data if len(data) == manifest.get("size") else None
 
-        return await self._bounded(read(), "reading a definitions set", SET_TIMEOUT_S)
+        return await self._bounded(read(), "reading a definitions set", timings.SET_TIMEOUT_S)
 
     async def has_definitions(self, digest: str) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.has_definitions`."""
@@ -417,7 +416,7 @@ class NatsRegistry:
                 gone.append(digest)
             return gone
 
-        return await self._bounded(prune(), "pruning definitions sets", SET_TIMEOUT_S)
+        return await self._bounded(prune(), "pruning definitions sets", timings.SET_TIMEOUT_S)
 
     async def _purge_to_marker(self, bucket: str, keys: str, marker: int) -> None:
         """Remove the messages of ``keys`` (a key or a filter) in ``bucket`` stored up to the

@@ -21,25 +21,17 @@ from ...errors import BackendUnavailable
 from ...kit import Action, RunStatus, log_fields
 from . import _records as records
 from . import _subjects as subjects
+from . import _timings as timings
 from ._connection import MAX_IN_FLIGHT, Connection, in_flight
 from ._readback import ReadBack
 from ._results import CLOCK, RESULTS_IN_FLIGHT, Results
-from ._window import CLAIM_MARGIN_MS, SKIP_SAFETY_MS, Window
+from ._window import Window
 
 logger = logging.getLogger("anarchon.backends.nats")
 
-# How often a running backend reads the stream's duplicate window (another instance may have
-# grown it, or shrunk it with shrink_window=True).
-WINDOW_CHECK_S: Final = 60.0
-# Claims whose publish may have been stored unanswered and that the scheduler gave up on are
-# settled this often (see Settler.settle); a manual run's claim once the core's 10 s
-# deadline for it is surely over; at most MAX_UNSURE are remembered.
-SETTLE_EVERY_S: Final = 5.0
-MANUAL_SETTLE_AFTER_MS: Final = 60_000
+# Claims whose publish may have been stored unanswered and that the scheduler gave up on (see
+# Settler.settle): at most this many are remembered.
 MAX_UNSURE: Final = 100_000
-# At stop(), wins kept from a failed batch (never handed to the scheduler) are closed as
-# skipped within this long, MAX_IN_FLIGHT at once (not behind the results still queued).
-CLOSE_SETTLE_S: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +103,8 @@ class Settler:
         max_late_ms + CLAIM_MARGIN_MS (a manual run: a minute after the first failure)."""
         slot = _own_slot(req)
         if slot is None:
-            return now >= since_ms + MANUAL_SETTLE_AFTER_MS
-        return now > slot + self._window.max_late_ms(req.job) + CLAIM_MARGIN_MS
+            return now >= since_ms + timings.MANUAL_SETTLE_AFTER_MS
+        return now > slot + self._window.max_late_ms(req.job) + timings.CLAIM_MARGIN_MS
 
     async def upkeep(self) -> None:
         """While started: every WINDOW_CHECK_S read the stream's window and raise it again if it
@@ -120,12 +112,12 @@ class Settler:
         ``shrink_window=True``); every SETTLE_EVERY_S settle the claims the scheduler gave up
         on whose publish may have been stored."""
         loop = asyncio.get_running_loop()
-        next_check = loop.time() + WINDOW_CHECK_S
+        next_check = loop.time() + timings.WINDOW_CHECK_S
         while True:
-            await asyncio.sleep(max(0.05, min(SETTLE_EVERY_S, next_check - loop.time())))
+            await asyncio.sleep(max(0.05, min(timings.SETTLE_EVERY_S, next_check - loop.time())))
             try:
                 if loop.time() >= next_check:
-                    next_check = loop.time() + WINDOW_CHECK_S
+                    next_check = loop.time() + timings.WINDOW_CHECK_S
                     await self._window.check()
                 if self._unsure or self._kept:
                     await self.settle()
@@ -197,7 +189,7 @@ class Settler:
         now = CLOCK.now_ms()
         slot = _own_slot(req)
         if slot is not None:
-            safe_ms = self._window.safe_until_ms(slot, SKIP_SAFETY_MS)
+            safe_ms = self._window.safe_until_ms(slot, timings.SKIP_SAFETY_MS)
             if now >= safe_ms:
                 logger.info(
                     "claim %s not settled: the slot is too close to the end of the duplicate "
@@ -250,7 +242,7 @@ class Settler:
 
     async def close(self) -> None:
         """Close the wins kept from failed batches (nobody runs them now, see
-        :meth:`._claims.ClaimPath.claim`) within :data:`CLOSE_SETTLE_S`."""
+        :meth:`._claims.ClaimPath.claim`) within :data:`._timings.CLOSE_SETTLE_S`."""
         self._kept.clear()
         won = [(t, e.ticket) for t, e in self._unsure.items() if e.ticket is not None]
         if won and self._connection.started:
@@ -266,13 +258,13 @@ class Settler:
                 )
 
             try:
-                await asyncio.wait_for(close_all(), CLOSE_SETTLE_S)
+                await asyncio.wait_for(close_all(), timings.CLOSE_SETTLE_S)
             except TimeoutError:
                 logger.warning(
                     "%d won claims of failed batches not closed at stop within %.0f s; if not, "
                     "history shows them running",
                     len(won),
-                    CLOSE_SETTLE_S,
+                    timings.CLOSE_SETTLE_S,
                     extra={"action": "settle_failed"},
                 )
 

@@ -9,29 +9,17 @@ window the stream really has, which other instances may have grown further.
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Any
 
 from ...backend import JobPolicy
 from ...errors import InvalidOption
 from . import _errors as errors
 from . import _stream as stream_setup
-from ._connection import CLAIM_RETRY_S, REQUEST_TIMEOUT_S, Connection
+from . import _timings as timings
+from ._connection import Connection
 from ._errors import JetStreamError
 
 logger = logging.getLogger("anarchon.backends.nats")
-
-# How late past max_late_ms a claim can reach the stream. The core sends a scheduled claim only
-# while the slot is at most max_late_ms old (it checks at the slot and again after every pause
-# of its retry loop), the claim path publishes it only if its turn at the in-flight gate comes
-# while the slot is at most max_late_ms old, and every publish attempt of the claim starts
-# within CLAIM_RETRY_S of that turn (a manual run's, of the call); the last attempt's message
-# is on the wire before its request times out (REQUEST_TIMEOUT_S). anarchon's own connection
-# does not buffer publishes while it reconnects, so nothing is sent later. So a claim is
-# stored (if at all) at most max_late_ms + CLAIM_MARGIN_MS after its slot, by the claiming
-# instance's clock.
-CLAIM_MARGIN_MS: Final = int((CLAIM_RETRY_S + REQUEST_TIMEOUT_S) * 1000)
-# A skip record is published only while its slot's claim id is surely still remembered.
-SKIP_SAFETY_MS: Final = 30_000
 
 
 class Window:
@@ -50,7 +38,7 @@ class Window:
     @staticmethod
     def need_ms(policy: JobPolicy) -> int:
         """How long the stream must remember a slot's claim for this job."""
-        return policy.jitter_ms + policy.max_late_ms + CLAIM_MARGIN_MS
+        return policy.jitter_ms + policy.max_late_ms + timings.CLAIM_MARGIN_MS
 
     @property
     def ms(self) -> int:
@@ -74,9 +62,10 @@ class Window:
         """Require ``jitter_ms + max_late_ms + CLAIM_MARGIN_MS <`` the window, and remember it."""
         need = self.need_ms(policy)
         if need >= self.ms:
+            margin = timings.CLAIM_MARGIN_MS
             raise InvalidOption(
-                f"job {policy.name!r}: jitter_ms + max_late_ms + {CLAIM_MARGIN_MS} ms of claim "
-                f"retries = {policy.jitter_ms} + {policy.max_late_ms} + {CLAIM_MARGIN_MS} = "
+                f"job {policy.name!r}: jitter_ms + max_late_ms + {margin} ms of claim "
+                f"retries = {policy.jitter_ms} + {policy.max_late_ms} + {margin} = "
                 f"{need} must be less than {self._text()}: outside that window "
                 "JetStream no longer recognises a repeated claim and a very late instance could "
                 f"run the slot again. Lower max_late_ms or jitter_ms, or {self._fix(need)}"

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
+from . import _timings as timings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -212,9 +213,6 @@ async def subscribe_raw(nc: NATS, subject: str, handle: RawHandler) -> RawSubscr
     return RawSubscription(sub, dispatch)
 
 
-#: How late an unanswered publish may be failed after its wait: the acks' one timer wakes at most
-#: this often (see Acks).
-EXPIRY_TICK_S: Final = 0.05
 _UNSAFE: Final = re.compile(r"[ \t\r\n]")
 
 
@@ -305,11 +303,11 @@ class Writer:
 class Acks:
     """Publish acks of one connection, received by one subscription (``<inbox>.<n>``).
 
-    Each publish waits on a plain future. Its time limit is not a timer of its own (a timer
-    handle pushed into the event loop's heap, cancelled once the ack came): every publish adds
-    ``(deadline, n)`` to a heap of this connection's, and one timer, at the earliest deadline
-    plus :data:`EXPIRY_TICK_S`, fails those whose deadline passed. A publish is failed between
-    its wait and :data:`EXPIRY_TICK_S` after it."""
+    Each publish waits on a plain future. Its time limit is not a timer of its own (a timer handle
+    pushed into the event loop's heap, cancelled once the ack came): every publish adds ``(deadline,
+    n)`` to a heap of this connection's, and one timer, at the earliest deadline plus
+    :data:`._timings.EXPIRY_TICK_S`, fails those whose deadline passed. A publish is failed between
+    its wait and :data:`._timings.EXPIRY_TICK_S` after it."""
 
     def __init__(self, nc: NATS, writer: Writer) -> None:
         self.nc = nc
@@ -375,7 +373,7 @@ class Acks:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self._loop.call_at(at + EXPIRY_TICK_S, self._expire)
+        self._timer = self._loop.call_at(at + timings.EXPIRY_TICK_S, self._expire)
 
     def _expire(self) -> None:
         """Fail every publish whose deadline passed; wake again for the next one."""

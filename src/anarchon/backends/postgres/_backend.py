@@ -165,7 +165,7 @@ class PostgresBackend(contract.LeaseBackend):
     async def start(self) -> None:
         """Open the pool (if the backend owns it) and migrate the tables. Idempotent."""
         warm = self._warm if self._claims else None
-        await self._db.open(lambda conn: migrate(conn, self._queries), warm)
+        await self._db.open(lambda conn: migrate(conn, self._queries, self._where), warm)
 
     async def start_reader(self) -> None:
         """Open the pool and check that the tables are there; create or change nothing."""
@@ -372,17 +372,6 @@ class PostgresBackend(contract.LeaseBackend):
         found = await self._db.read(self._queries["history"], {"job": job, "limit": limit})
         return rows.runs(found)
 
-    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
-        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one statement per
-        :data:`LAST_SLOTS_BATCH` jobs, through the index of running attempts."""
-        names = list(dict.fromkeys(jobs))
-        found: list[Run] = []
-        for at in range(0, len(names), LAST_SLOTS_BATCH):
-            batch = names[at : at + LAST_SLOTS_BATCH]
-            params = {"jobs": batch, "since": since_ms}
-            found += rows.runs(await self._db.read(self._queries["open_runs"], params))
-        return found
-
     async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
         """See :meth:`anarchon.backend.Backend.slot_records`: one statement of index lookups,
         whatever the size of the job's history."""
@@ -405,6 +394,35 @@ class PostgresBackend(contract.LeaseBackend):
         """The database clock, ``clock_timestamp()``, in epoch ms."""
         [row] = await self._db.read(self._queries["now"])
         return int(row["now"])
+
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Hear the claim notices the claim statement sends (``pg_notify``, at commit) on the
+        LISTEN connection that wakes backups; False when notifications are off."""
+        if not self.notifications:
+            return False
+        self._feed.add_claims(on_claims)
+        await self._listen()
+        return True
+
+    async def _listen(self) -> None:
+        """Start the LISTEN connection once; the first subscriber waits for it (bounded)."""
+        if self._listener is None:
+            self._listener = Listener(
+                self._db.connect_listener, self._queries.names.channel, self._where
+            )
+            self._feed.start(
+                self._listener.next_changes, delays=_listen_backoff, errors=(BackendError,)
+            )
+            await self._feed.wait_live(LISTEN_WAIT_S)
+
+    def registry(self) -> PostgresRegistry:
+        """The registry, in a table of its own beside the backend's (see ``_registry``)."""
+        return PostgresRegistry(self)
+
+    def control(self) -> PostgresControl:
+        """Pauses and run requests, in tables beside the runs (see ``_control``); the claim
+        reads the pauses in its own statement."""
+        return PostgresControl(self)
 
     async def renew_many(
         self, tickets: Sequence[contract.Ticket]
@@ -482,6 +500,17 @@ class PostgresBackend(contract.LeaseBackend):
                 found[row["job"]] = None if row["slot"] is None else int(row["slot"])
         return found
 
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one statement per
+        :data:`LAST_SLOTS_BATCH` jobs, through the index of running attempts."""
+        names = list(dict.fromkeys(jobs))
+        found: list[Run] = []
+        for at in range(0, len(names), LAST_SLOTS_BATCH):
+            batch = names[at : at + LAST_SLOTS_BATCH]
+            params = {"jobs": batch, "since": since_ms}
+            found += rows.runs(await self._db.read(self._queries["open_runs"], params))
+        return found
+
     async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """LISTEN for releases and results on a dedicated connection (unless notifications are
         off); reconnects with backoff. Missed notifications only delay a backup until the
@@ -491,35 +520,6 @@ class PostgresBackend(contract.LeaseBackend):
             return
         self._feed.add(on_change)
         await self._listen()
-
-    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
-        """Hear the claim notices the claim statement sends (``pg_notify``, at commit) on the
-        LISTEN connection that wakes backups; False when notifications are off."""
-        if not self.notifications:
-            return False
-        self._feed.add_claims(on_claims)
-        await self._listen()
-        return True
-
-    async def _listen(self) -> None:
-        """Start the LISTEN connection once; the first subscriber waits for it (bounded)."""
-        if self._listener is None:
-            self._listener = Listener(
-                self._db.connect_listener, self._queries.names.channel, self._where
-            )
-            self._feed.start(
-                self._listener.next_changes, delays=_listen_backoff, errors=(BackendError,)
-            )
-            await self._feed.wait_live(LISTEN_WAIT_S)
-
-    def registry(self) -> PostgresRegistry:
-        """The registry, in a table of its own beside the backend's (see ``_registry``)."""
-        return PostgresRegistry(self)
-
-    def control(self) -> PostgresControl:
-        """Pauses and run requests, in tables beside the runs (see ``_control``); the claim
-        reads the pauses in its own statement."""
-        return PostgresControl(self)
 
     def clone(self) -> PostgresBackend | None:
         """A new, unstarted backend on the same database, schema and prefix with a small pool

@@ -215,7 +215,7 @@ class Connections(Statements):
                 with quiet_while_opening(pool.name):
                     try:
                         await pool.open(wait=True, timeout=timeout_s)
-                    except Exception:
+                    except BaseException:  # also cancelled: a stop during the start
                         await pool.close()
                         raise
             except Exception as exc:

@@ -184,9 +184,9 @@ def check_table_prefix(prefix: object) -> str:
         prefix,
         _PREFIX_RULE,
         "must be at most 40 characters of lower-case letters, digits and '_', not starting "
-        "with a digit (it begins the names of the eight tables: <prefix>runs, <prefix>jobs, "
+        "with a digit (it begins the names of the nine tables: <prefix>runs, <prefix>jobs, "
         "<prefix>pruned, <prefix>pauses, <prefix>requests, <prefix>registry, "
-        "<prefix>definitions, <prefix>schema_version)",
+        "<prefix>definitions, <prefix>schema_version, <prefix>schema_additions)",
     )
 
 

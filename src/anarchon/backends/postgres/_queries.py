@@ -37,7 +37,7 @@ PARTS: Final = (
     "claim_columns",
 )
 # Statements (and keep_notice, a PL/pgSQL fragment) substituted into claim_function's body as
-# {fn_<name>}; then the function itself, a part of migration_4. Neither is sent on its own.
+# {fn_<name>}; then the function itself, a part of migration_5. Neither is sent on its own.
 IN_FUNCTION: Final = (
     "keep_notice",
     "claim_recorded",
@@ -63,6 +63,12 @@ _FUNCTION_ONLY: Final = (
     "plain_notices_chunked",
     "claim_function",
 )
+# The statements of the additive migrations' table: the version table's, on {additions}.
+_ADDITIONS: Final = {
+    "create_additions_table": "create_version_table",
+    "schema_additions": "schema_version",
+    "set_schema_addition": "set_schema_version",
+}
 _MAX_CHANNEL: Final = 63
 # A named parameter, or a percent sign written twice (queries.sql's conventions).
 _PLACEHOLDER: Final = re.compile(rb"%\((\w+)\)s|%%")
@@ -100,6 +106,7 @@ class Names:
         return {
             "schema": sql.Identifier(self.schema),
             "versions": table("schema_version"),
+            "additions": table("schema_additions"),
             "jobs": table("jobs"),
             "runs": table("runs"),
             "pruned": table("pruned"),
@@ -152,6 +159,9 @@ class Queries:
             for name, text in RAW.items()
             if name not in PARTS and name not in _FUNCTION_ONLY
         }
+        for name, versions in _ADDITIONS.items():
+            text = RAW[versions].replace("{versions}", "{additions}")
+            self._rendered[name] = self.compose(text).as_bytes(None)
         self._positional = {text: positional(text) for text in self._rendered.values()}
 
     def __getitem__(self, name: str) -> bytes:

@@ -18,7 +18,6 @@ from anarchon.backend import (
     ClaimOutcome,
     ClaimRequest,
     FinishRequest,
-    SkipCause,
     SlotRecords,
     TakeoverOutcome,
     TakeoverRequest,
@@ -29,13 +28,14 @@ from anarchon.errors import BackendUnavailable, LeaseLost
 from anarchon.kit import Overlap, Run, RunStatus
 from anarchon.kit.feed import encode_notice
 from anarchon.kit.lease import (
-    MAX_MS,
     PRUNE_BATCH,
     RunRow,
     already_recorded,
     answer_existing,
+    handed_over,
     lease_lost,
     peek_answer,
+    prune_ttl,
     pruned_outcome,
     takeover_answer,
 )
@@ -61,17 +61,10 @@ __all__ = [
     "won_any",
 ]
 
-# What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field, but for
-# its skip cause: the tables keep none (yet), so a record read gets the one its reason's words
-# say (kit.lease.skip_cause_of, the compatibility path), and a claim's answer the one decided.
-_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow) if f.name != "skip_cause")
-# The skip cause of a skip record the claim statement just made, by its verdict ("skip": the
-# request's own).
-_FRESH_CAUSES: Final = {
-    "paused": SkipCause.PAUSED,
-    "overlap": SkipCause.OVERLAP,
-    "overlap_batch": SkipCause.OVERLAP,
-}
+# What ``run_columns`` in queries.sql selects: the lease rules' RunRow, field by field. A skip
+# record stored without a cause (NULL: before schema version 5, or by an older instance) reads
+# the one its reason's words say (kit.lease.skip_cause_of, the compatibility path).
+_RUN_COLUMNS: Final = tuple(f.name for f in fields(RunRow))
 # A retry's fields (RunRequest.to_dict) and the finish statement's parameters that carry them.
 _RETRY_FIELDS: Final = tuple(f.name for f in fields(RunRequest))
 _RETRY_PARAMS: Final = {
@@ -96,6 +89,7 @@ _CLAIM_FIELDS: Final = (
     "skip_status",
     "pausable",
     "requested_by",
+    "skip_cause",
 )
 
 
@@ -116,6 +110,8 @@ def _claim_values(r: ClaimRequest) -> tuple[Any, ...]:
         # Whether a pause may hold the request (the statement looks the pause up itself).
         r.skip_reason is None and r.trigger in PAUSED_TRIGGERS,
         r.requested_by,
+        # The cause stored with skip_reason (SkipCause's text); None for none.
+        None if r.skip_cause is None else r.skip_cause.value,
     )
 
 
@@ -198,14 +194,12 @@ def finish_params(item: FinishRequest, keep: int, channel: str, *, later: bool) 
     slots), and whether its notification is kept for ``send_notices`` (``later``) or sent at
     commit."""
     ticket, status, error, retry = item
-    ttl = ticket.history_ttl_ms
     return {
         **ticket_params(ticket),
         **retry_params(retry),
         "status": str(RunStatus(status)),
         "error": error,
-        # None for no TTL; one longer than any stored time keeps everything.
-        "ttl_ms": min(ttl, MAX_MS) if ttl and ttl > 0 else None,
+        "ttl_ms": prune_ttl(ticket.history_ttl_ms),
         "keep": keep,
         "batch": PRUNE_BATCH,
         "channel": channel,
@@ -265,10 +259,6 @@ def claim_outcome(req: ClaimRequest, row: dict[str, Any]) -> ClaimOutcome:
     if stored is None:
         # Only if the job lock was bypassed; the transaction is rolled back, the core retries.
         raise BackendUnavailable(f"claim of {req.job} {req.slot_key} raced; retry it")
-    if verdict == "skip":
-        stored.skip_cause = req.skip_cause
-    elif verdict in _FRESH_CAUSES:
-        stored.skip_cause = _FRESH_CAUSES[verdict]
     return answer_existing(stored, req, now)
 
 
@@ -293,7 +283,7 @@ def renewed(ticket: Ticket, row: dict[str, Any]) -> Ticket | LeaseLost:
     if expires is not None:
         return ticket.renewed(int(expires), int(now))
     if ours and status == RunStatus.RUNNING and released:
-        return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was handed over")
+        return handed_over(ticket)
     return lease_lost(ticket, attempt, status)
 
 

@@ -1,6 +1,6 @@
 -- Every statement the PostgreSQL backend runs.
 --
--- {schema}, {versions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
+-- {schema}, {versions}, {additions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
 -- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().
 -- claim_function, sent without parameters, writes RAISE's % as it is.)
@@ -29,7 +29,7 @@
 -- The columns of a run record, in RunRow's order (rows.py decodes them by name).
 x.job, x.slot_key, x.slot, x.attempt, x.run_id, x.token, x.instance, x.trigger, x.status,
 x.fence, x.started_at, x.finished_at, x.lease_expires_at, x.released, x.error, x.reason,
-x.requested_by
+x.requested_by, x.skip_cause
 
 -- name: current_attempt
 -- The highest attempt of %(job)s's %(slot_key)s, found by the primary key.
@@ -96,7 +96,7 @@ o_slot AS slot, o_attempt AS attempt, o_run_id AS run_id, o_token AS token,
 o_instance AS instance, o_trigger AS trigger, o_status AS status, o_fence AS fence,
 o_started_at AS started_at, o_finished_at AS finished_at,
 o_lease_expires_at AS lease_expires_at, o_released AS released, o_error AS error,
-o_reason AS reason, o_requested_by AS requested_by
+o_reason AS reason, o_requested_by AS requested_by, o_skip_cause AS skip_cause
 
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
@@ -123,6 +123,11 @@ SELECT coalesce(max(version), 0) FROM {versions};
 -- name: set_schema_version
 INSERT INTO {versions} (version, applied_at)
 VALUES (%(version)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint);
+
+-- The versions of additive migrations (_migrations.ADDITIVE) are kept apart, in {additions}:
+-- instances before schema version 5 check {versions} alone, so they still start on tables that
+-- only gained additions. {additions} has the same columns, and its statements are the three
+-- above on it (create_additions_table, schema_additions, set_schema_addition: _queries.py).
 
 -- name: migration_1
 CREATE TABLE {jobs} (
@@ -198,7 +203,9 @@ CREATE INDEX {requests_due} ON {requests} (job, due_ms, requested_at_ms, id);
 -- all recorded without locking anything, and queues the others on advisory locks of their jobs
 -- before it locks their rows, so an instance that lost the race to a slot answers from the
 -- winner's record without a write of its own. Instances of schema version 3 still running
--- beside it lock the same rows and run the same statement: they stay correct.
+-- beside it lock the same rows and run the same statement: they stay correct. (Until schema
+-- version 5 this step also made the function, with the arguments of that version: now
+-- migration_5 makes it, which always follows.)
 CREATE TYPE {claim_answer} AS (
     o_ord bigint, o_verdict text, o_now bigint, o_job text, o_slot_key text, o_slot bigint,
     o_attempt integer, o_run_id text, o_token text, o_instance text, o_trigger text,
@@ -206,6 +213,21 @@ CREATE TYPE {claim_answer} AS (
     o_lease_expires_at bigint, o_released boolean, o_error text, o_reason text,
     o_requested_by text
 );
+
+-- name: migration_5
+-- The typed skip cause (anarchon.SkipCause) of each record made instead of a run, written by
+-- the claim function: NULL for a run, and for skip records written before or by an instance of
+-- an older anarchon, which are read by their reason's words (anarchon.backend.legacy_skip_cause).
+-- Additive (recorded in {additions}, see _migrations.py): older instances name the columns they
+-- read and write, and call the claim function with its first fifteen arguments: the new one
+-- takes the causes as a sixteenth, which defaults to none, and answers them in a last attribute
+-- of {claim_answer}, which their statements do not select.
+ALTER TABLE {runs} ADD COLUMN skip_cause text;
+DROP FUNCTION IF EXISTS {claim_fn}(
+    text[], text[], bigint[], text[], text[], text[], text[], bigint[], boolean[], text[],
+    text[], boolean[], text[], text, boolean
+);
+ALTER TYPE {claim_answer} ADD ATTRIBUTE o_skip_cause text;
 {claim_function};
 
 -- name: now
@@ -262,10 +284,10 @@ req AS (
         %(job)s::text[], %(slot_key)s::text[], %(slot)s::bigint[], %(run_id)s::text[],
         %(token)s::text[], %(instance)s::text[], %(trigger)s::text[], %(lease_ms)s::bigint[],
         %(overlap_skip)s::boolean[], %(skip_reason)s::text[], %(skip_status)s::text[],
-        %(pausable)s::boolean[], %(requested_by)s::text[]
+        %(pausable)s::boolean[], %(requested_by)s::text[], %(skip_cause)s::text[]
     ) WITH ORDINALITY AS r (job, slot_key, slot, run_id, token, instance, trigger, lease_ms,
                             overlap_skip, skip_reason, skip_status, pausable, requested_by,
-                            ord)
+                            skip_cause, ord)
 ),
 looked AS (
     SELECT r.*, clock.now, j.fence AS job_fence, h.run_id AS holder_run_id,
@@ -366,14 +388,17 @@ numbered AS (
 inserted AS (
     INSERT INTO {runs} AS x (job, slot_key, attempt, slot, run_id, token, instance, trigger,
                              status, fence, started_at, finished_at, lease_expires_at, released,
-                             error, reason, requested_by)
+                             error, reason, requested_by, skip_cause)
     SELECT n.job, n.slot_key, 1, n.slot, n.run_id, n.token, n.instance, n.trigger,
            CASE n.verdict WHEN 'won' THEN 'running' WHEN 'skip' THEN n.skip_status
                           ELSE 'skipped' END,
            coalesce(n.new_fence, 0), n.now,
            CASE WHEN n.verdict = 'won' THEN NULL ELSE n.now END,
            CASE WHEN n.verdict = 'won' THEN n.now + n.lease_ms END,
-           false, NULL, n.new_reason, n.requested_by
+           false, NULL, n.new_reason, n.requested_by,
+           -- The skip cause (SkipCause's values): the request's for a skip it asked for.
+           CASE n.verdict WHEN 'won' THEN NULL WHEN 'skip' THEN n.skip_cause
+                          WHEN 'paused' THEN 'paused' ELSE 'overlap' END
     FROM numbered n
     WHERE n.verdict IN ('won', 'skip', 'paused', 'overlap', 'overlap_batch')
     ORDER BY n.ord
@@ -431,7 +456,7 @@ found AS MATERIALIZED (
 )
 SELECT f.ord, 'existing'::text, f.now, f.job, f.slot_key, f.slot, f.attempt, f.run_id, f.token,
        f.instance, f.trigger, f.status, f.fence, f.started_at, f.finished_at,
-       f.lease_expires_at, f.released, f.error, f.reason, f.requested_by
+       f.lease_expires_at, f.released, f.error, f.reason, f.requested_by, f.skip_cause
 FROM found f
 WHERE NOT EXISTS (SELECT 1 FROM found m WHERE m.job IS NULL)
 ORDER BY f.ord;
@@ -577,7 +602,7 @@ inserted AS (
 -- The winners' records as inserted (run_columns' order), in the order of the requests.
 SELECT w.ord, 'won'::text, w.now, w.job, w.slot_key, w.slot, 1, w.run_id, w.token, w.instance,
        w.trigger, 'running'::text, w.fence, w.now, NULL::bigint, w.now + w.lease_ms, false,
-       NULL::text, NULL::text, w.requested_by
+       NULL::text, NULL::text, w.requested_by, NULL::text
 FROM won w
 CROSS JOIN every
 WHERE every.yes
@@ -616,8 +641,9 @@ ELSE
 END IF;
 
 -- name: claim_function
--- The claim (PostgresBackend.claim), made by migration_4: one call decides a batch (the
--- arguments are claim_decide's parameters, an array per field) and answers claim_decide's rows.
+-- The claim (PostgresBackend.claim), made by migration_5 (by migration_4 before): one call
+-- decides a batch (the arguments are claim_decide's parameters, an array per field, the
+-- requests' skip causes last) and answers claim_decide's rows.
 --  1. Plans: a batch of over 100 requests is planned for its size (plan_cache_mode =
 --     force_custom_plan: a generic plan estimates unnest() of an array at 10 rows, and for
 --     10 000 requests chose nested loops that took 11.4 s against 0.5 s) with JIT off (the
@@ -672,7 +698,7 @@ CREATE FUNCTION {claim_fn}(
     a_job text[], a_slot_key text[], a_slot bigint[], a_run_id text[], a_token text[],
     a_instance text[], a_trigger text[], a_lease_ms bigint[], a_overlap_skip boolean[],
     a_skip_reason text[], a_skip_status text[], a_pausable boolean[], a_requested_by text[],
-    a_channel text, a_later boolean
+    a_channel text, a_later boolean, a_skip_cause text[] DEFAULT NULL
 ) RETURNS SETOF {claim_answer} LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     a_out {claim_answer};
@@ -760,12 +786,12 @@ SELECT {claim_columns}
 FROM jsonb_to_record(%(batch)s::jsonb) AS a (
     job text[], slot_key text[], slot bigint[], run_id text[], token text[], instance text[],
     trigger text[], lease_ms bigint[], overlap_skip boolean[], skip_reason text[],
-    skip_status text[], pausable boolean[], requested_by text[]
+    skip_status text[], pausable boolean[], requested_by text[], skip_cause text[]
 )
 CROSS JOIN LATERAL {claim_fn}(
     a.job, a.slot_key, a.slot, a.run_id, a.token, a.instance, a.trigger, a.lease_ms,
     a.overlap_skip, a.skip_reason, a.skip_status, a.pausable, a.requested_by,
-    %(channel)s::text, %(later)s::boolean
+    %(channel)s::text, %(later)s::boolean, a.skip_cause
 );
 
 -- name: claim_one
@@ -779,7 +805,8 @@ FROM {claim_fn}(
     ARRAY[%(run_id)s::text], ARRAY[%(token)s::text], ARRAY[%(instance)s::text],
     ARRAY[%(trigger)s::text], ARRAY[%(lease_ms)s::bigint], ARRAY[%(overlap_skip)s::boolean],
     ARRAY[%(skip_reason)s::text], ARRAY[%(skip_status)s::text], ARRAY[%(pausable)s::boolean],
-    ARRAY[%(requested_by)s::text], %(channel)s::text, %(later)s::boolean
+    ARRAY[%(requested_by)s::text], %(channel)s::text, %(later)s::boolean,
+    ARRAY[%(skip_cause)s::text]
 );
 
 -- name: send_notices

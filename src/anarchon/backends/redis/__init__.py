@@ -18,7 +18,8 @@ Where things are (the same files as every backend package):
   pipelines and the pub/sub listener; ``_errors.py``: the translation of redis-py's errors;
 * ``_options.py``: option checks and ``from_url`` parsing; ``_rows.py``: script arguments and
   answers as runs, tickets and outcomes;
-* ``_keys.py``: every key and channel; ``*.lua``: the scripts, loaded by ``_scripts.py``.
+* ``_keys.py``: every key and channel; ``*.lua``: the scripts, loaded by ``_scripts.py``;
+* ``_timings.py``: every timeout and wait, with why it is that long.
 """
 
 from __future__ import annotations

@@ -4,16 +4,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ... import backend as contract
-from ...errors import BackendError, BackendUnavailable
+from ...errors import BackendError
 from ...kit import Run, RunStatus, backoff
 from ...kit.feed import ChangeFeed, decode_notices, won_notices
-from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, unstorable
+from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, retries_first, unstorable
 from . import _rows as rows
-from ._connection import SUBSCRIBE_WAIT_S, Connection, Notifications, renewal_timeout
+from . import _timings as timings
+from ._connection import Connection, Notifications, renewal_timeout
 from ._control import RedisControl
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._options import (
@@ -58,6 +60,19 @@ OPEN_RUNS_PART: Final = 500
 """Jobs of one call of the open_runs script in :meth:`RedisBackend.open_runs` on one server
 (under a millisecond of the server's time: claims wait no longer); half as many in a call that
 reads their newest attempts too (the first read since start)."""
+
+OPEN_SCAN_MIN_JOBS: Final = 1_000
+"""A call of :meth:`RedisBackend.open_runs` that asks again for at least this many jobs, on one
+server, reads only those whose index of open attempts exists (found by one SCAN of the
+database, :data:`OPEN_SCAN_KEYS_PER_JOB`), not every job's index: the pass every minute of
+an instance of 100 000 jobs sent 200 000 keys, about 0.25 s of its CPU."""
+OPEN_SCAN_KEYS_PER_JOB: Final = 20
+"""... while the database holds at most this many keys per job this backend has asked for (a
+job has at most five): past it, a SCAN would visit more keys, mostly other applications', than
+reading each job's index costs."""
+OPEN_SCAN_COUNT: Final = 2_000
+"""Keys a SCAN call visits (well under a millisecond of the server's time: claims wait no
+longer)."""
 
 
 class RedisBackend(contract.LeaseBackend):
@@ -110,6 +125,9 @@ class RedisBackend(contract.LeaseBackend):
         self._test_clock_offset_ms = 0
         # The jobs whose newest attempts open_runs() has read since start() (see there).
         self._open_read: set[str] = set()
+        # The jobs found with an index of open attempts by the last SCAN (None: SCAN was not
+        # worth it), and when (monotonic s): see _jobs_with_open_attempts.
+        self._open_scan: tuple[float, frozenset[str] | None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> RedisBackend:
@@ -135,6 +153,7 @@ class RedisBackend(contract.LeaseBackend):
         Raises :class:`~anarchon.errors.BackendUnavailable` if Redis cannot be reached.
         """
         self._open_read.clear()
+        self._open_scan = None
         if not self._connection.opened:
             await self._connection.open()
 
@@ -260,7 +279,7 @@ class RedisBackend(contract.LeaseBackend):
         if not items:
             return []
         on_cluster = self._on_cluster()
-        refused = await self._retries_ahead(items) if on_cluster else {}
+        refused = await retries_first(self.control(), items) if on_cluster else {}
         requests_key = [] if on_cluster else [self._keys.control.requests]
         # One result announces itself from its script; a batch, by one message after it.
         alone = self._keys.channel if len(items) == 1 else None
@@ -303,25 +322,6 @@ class RedisBackend(contract.LeaseBackend):
             self._connection.announce(self._keys.channel, rows.change_messages(finished))
         return out
 
-    async def _retries_ahead(
-        self, items: Sequence[contract.FinishRequest]
-    ) -> dict[int, BackendError]:
-        """On a cluster: store the retries of ``items`` before their results (``HSETNX``); the
-        error of each item whose retry the store refused, by index (its result is then not
-        sent). An unavailable store fails the whole call."""
-        control = self.control()
-        out: dict[int, BackendError] = {}
-        for n, item in enumerate(items):
-            if item.retry is None:
-                continue
-            try:
-                await control.request(item.retry)
-            except BackendUnavailable:
-                raise
-            except BackendError as exc:
-                out[n] = exc
-        return out
-
     async def history(self, job: str, limit: int = 100) -> list[Run]:
         """See :meth:`anarchon.backend.Backend.history`; O(log n + limit)."""
         keys = self._keys.job(job).all()
@@ -340,44 +340,46 @@ class RedisBackend(contract.LeaseBackend):
         answers = await self._connection.script_raw_many("history", calls)
         return {job: rows.runs(answer) for job, answer in zip(names, answers, strict=True)}
 
-    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
-        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's index of its open
-        attempts (``:leases``, kept by the scripts: running, live, expired or released), read by
-        the open_runs script, :data:`OPEN_RUNS_PART` jobs a call on one server (a job a call on
-        a cluster), all in one pipeline. A job with no open attempt costs Redis the read of an
-        empty key and the client nothing (every instance asks every minute: the safety net).
+    async def server_time_ms(self) -> int | None:
+        """Redis's clock (``TIME``), the one every lease is measured on."""
+        now = await self._connection.time_ms()
+        return None if now is None else now + self._test_clock_offset_ms
 
-        The first time since :meth:`start` a job is asked for, its
-        :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest attempts are read as well, by the
-        same script in the same pipeline (100 000 jobs: 400 calls, not 100 000 history calls):
-        an attempt released by an earlier version of anarchon (before the index kept released
-        attempts) is found there, when an instance of this version starts."""
-        names = list(dict.fromkeys(jobs))
-        if not names:
-            return []
-        unread = [job for job in names if job not in self._open_read]
-        read = [job for job in names if job in self._open_read] if unread else names
-        on_cluster = self._on_cluster()
-        calls: list[Call] = []
-        # A job read before: its index. Read for the first time: its newest attempts as well,
-        # in the same call (half as many jobs a call: each costs the server two reads).
-        for part, newest in ((read, None), (unread, contract.OPEN_RUNS_LOOKBACK)):
-            per_call = 1 if on_cluster else OPEN_RUNS_PART // (1 if newest is None else 2)
-            for at in range(0, len(part), per_call):
-                keys: list[str] = []
-                for job in part[at : at + per_call]:
-                    job_keys = self._keys.job(job)
-                    keys += (job_keys.leases, job_keys.runs)
-                    if newest is not None:
-                        keys.append(job_keys.order)
-                args = [str(since_ms)] if newest is None else [str(since_ms), str(newest)]
-                calls.append((keys, args))
-        found: dict[tuple[str, str], Run] = {}
-        for answer in await self._connection.script_raw_many("open_runs", calls):
-            for run in contract.still_open(rows.open_runs(answer), since_ms):
-                found[run.job, run.run_id] = run
-        self._open_read.update(unread)
-        return list(found.values())
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Call ``on_claims`` with the notices :meth:`claim` publishes on ``<prefix>_claims``
+        (see ``_keys``), on a subscription of its own. False (and one
+        ``claim_notices_refused`` warning) if Redis refuses the subscription (an ACL): the
+        scheduler then claims every slot, as without notices."""
+        if self._claims_refused:
+            return False
+        self._claims_feed.add_claims(on_claims)
+        if self._claims_feed.running:
+            return True
+        client = self._connection.client()
+        logger = self._claims_feed.logger
+        stream = Notifications(
+            client,
+            self._connection.where,
+            self._keys.claims_channel,
+            lambda data: decode_notices(text(data), logger),
+        )
+        try:
+            await stream.subscribe()
+        except BackendError as exc:
+            if not _refused(exc):
+                raise
+            self._claims_refused = True
+            logger.warning(
+                "Redis refused the claim notices' channel %s (%s); every instance claims every "
+                "slot (grant the user the channel to rank claims)",
+                self._keys.claims_channel,
+                exc,
+                extra={"action": "claim_notices_refused"},
+            )
+            await self._claims_feed.stop()
+            return False
+        self._claims_feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
+        return True
 
     def registry(self) -> RedisRegistry:
         """The registry, in three keys of its own under the prefix (see ``_registry``)."""
@@ -390,11 +392,6 @@ class RedisBackend(contract.LeaseBackend):
 
     def _on_cluster(self) -> bool:
         return self._connection.on_cluster
-
-    async def server_time_ms(self) -> int | None:
-        """Redis's clock (``TIME``), the one every lease is measured on."""
-        now = await self._connection.time_ms()
-        return None if now is None else now + self._test_clock_offset_ms
 
     # -- LeaseBackend -----------------------------------------------------------------------
 
@@ -457,6 +454,70 @@ class RedisBackend(contract.LeaseBackend):
         values = await self._connection.hget_ints(metas, "last_slot")
         return dict(zip(names, values, strict=True))
 
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: each job's index of its open
+        attempts (``:leases``, kept by the scripts: running, live, expired or released), read by
+        the open_runs script, :data:`OPEN_RUNS_PART` jobs a call on one server (a job a call on
+        a cluster), all in one pipeline. A job with no open attempt costs Redis the read of an
+        empty key and the client nothing (every instance asks every minute: the safety net).
+
+        The first time since :meth:`start` a job is asked for, its
+        :data:`~anarchon.backend.OPEN_RUNS_LOOKBACK` newest attempts are read as well, by the
+        same script in the same pipeline (100 000 jobs: 400 calls, not 100 000 history calls):
+        an attempt released by an earlier version of anarchon (before the index kept released
+        attempts) is found there, when an instance of this version starts.
+
+        Asked again for at least :data:`OPEN_SCAN_MIN_JOBS` jobs on one server, it reads only the
+        jobs whose index exists (a job has it only while it has an open attempt), found by SCAN
+        (:meth:`_jobs_with_open_attempts`), unless the database holds many more keys than the
+        jobs have."""
+        names = list(dict.fromkeys(jobs))
+        if not names:
+            return []
+        unread = [job for job in names if job not in self._open_read]
+        read = [job for job in names if job in self._open_read] if unread else names
+        on_cluster = self._on_cluster()
+        if len(read) >= OPEN_SCAN_MIN_JOBS and not on_cluster:
+            holding = await self._jobs_with_open_attempts()
+            if holding is not None:
+                read = [job for job in read if job in holding]
+        calls: list[Call] = []
+        # A job read before: its index. Read for the first time: its newest attempts as well,
+        # in the same call (half as many jobs a call: each costs the server two reads).
+        for part, newest in ((read, None), (unread, contract.OPEN_RUNS_LOOKBACK)):
+            per_call = 1 if on_cluster else OPEN_RUNS_PART // (1 if newest is None else 2)
+            for at in range(0, len(part), per_call):
+                keys: list[str] = []
+                for job in part[at : at + per_call]:
+                    job_keys = self._keys.job(job)
+                    keys += (job_keys.leases, job_keys.runs)
+                    if newest is not None:
+                        keys.append(job_keys.order)
+                args = [str(since_ms)] if newest is None else [str(since_ms), str(newest)]
+                calls.append((keys, args))
+        found: dict[tuple[str, str], Run] = {}
+        for answer in await self._connection.script_raw_many("open_runs", calls):
+            for run in contract.still_open(rows.open_runs(answer), since_ms):
+                found[run.job, run.run_id] = run
+        self._open_read.update(unread)
+        return list(found.values())
+
+    async def _jobs_with_open_attempts(self) -> frozenset[str] | None:
+        """The jobs under this prefix that have an index of open attempts (a ``:leases``
+        key), by one SCAN of the database that serves for :data:`._timings.OPEN_SCAN_FRESH_S`; None
+        when the database holds more than :data:`OPEN_SCAN_KEYS_PER_JOB` keys per job asked
+        for (then every job's index is read)."""
+        now = time.monotonic()
+        if self._open_scan is not None and now - self._open_scan[0] < timings.OPEN_SCAN_FRESH_S:
+            return self._open_scan[1]
+        found: frozenset[str] | None = None
+        limit = OPEN_SCAN_KEYS_PER_JOB * len(self._open_read)
+        if await self._connection.dbsize() <= limit:
+            keys = await self._connection.scan_keys(self._keys.leases_pattern, OPEN_SCAN_COUNT)
+            found = frozenset(filter(None, map(self._keys.job_of_leases, keys)))
+        self._open_scan = (now, found)
+        return found
+
     async def subscribe(self, on_change: Callable[[str, str, bool], None]) -> None:
         """Call ``on_change(job, slot_key, released)`` on every release (True) and finish
         (False) under this prefix.
@@ -471,43 +532,7 @@ class RedisBackend(contract.LeaseBackend):
         if not self._feed.running:
             stream = Notifications(client, self._connection.where, self._keys.channel)
             self._feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
-            await self._feed.wait_live(SUBSCRIBE_WAIT_S)
-
-    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
-        """Call ``on_claims`` with the notices :meth:`claim` publishes on ``<prefix>_claims``
-        (see ``_keys``), on a subscription of its own. False (and one
-        ``claim_notices_refused`` warning) if Redis refuses the subscription (an ACL): the
-        scheduler then claims every slot, as without notices."""
-        if self._claims_refused:
-            return False
-        self._claims_feed.add_claims(on_claims)
-        if self._claims_feed.running:
-            return True
-        client = self._connection.client()
-        logger = self._claims_feed.logger
-        stream = Notifications(
-            client,
-            self._connection.where,
-            self._keys.claims_channel,
-            lambda data: decode_notices(text(data), logger),
-        )
-        try:
-            await stream.subscribe()
-        except BackendError as exc:
-            if not _refused(exc):
-                raise
-            self._claims_refused = True
-            logger.warning(
-                "Redis refused the claim notices' channel %s (%s); every instance claims every "
-                "slot (grant the user the channel to rank claims)",
-                self._keys.claims_channel,
-                exc,
-                extra={"action": "claim_notices_refused"},
-            )
-            await self._claims_feed.stop()
-            return False
-        self._claims_feed.start(stream.next_changes, delays=backoff, errors=(BackendError,))
-        return True
+            await self._feed.wait_live(timings.SUBSCRIBE_WAIT_S)
 
     def clone(self) -> RedisBackend | None:
         """A new, unstarted backend on the same Redis and prefix with a client of its own, for

@@ -16,12 +16,13 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError, BackendUnavailable, InvalidOption
 from ...kit import redact_url
 from ...kit.calls import Deadlines, bounded_call
+from . import _timings as timings
 from ._errors import is_driver_error, is_unreachable, translate, translator
 from ._rows import text
 from ._scripts import Args, Call, ScriptRunner
@@ -34,32 +35,25 @@ if TYPE_CHECKING:
 
     Client = Redis | RedisCluster
 
-__all__ = ["CALL_TIMEOUT_S", "SUBSCRIBE_WAIT_S", "Connection", "Notifications", "bounded"]
+__all__ = ["Connection", "Notifications", "bounded"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger("anarchon.backends.redis")
 
-# Every call to Redis is abandoned after this long (BackendUnavailable), so a hung server
-# cannot hang the scheduler; a renewal gets at most a third of its lease (see renewal_timeout).
-CALL_TIMEOUT_S: Final = 5.0
 # redis-py's own retries on a lost connection, before the core's backoff takes over.
 DRIVER_RETRIES: Final = 2
-# subscribe() waits this long for the first subscription before returning anyway.
-SUBSCRIBE_WAIT_S: Final = 2.0
-# A quiet subscription pings this often, so a dead connection is noticed and re-made.
-PUBSUB_PING_S: Final = 10.0
 # hget_many() reads this many keys per script call (a call holds the server about 1 ms).
 HGET_SCRIPT_KEYS: Final = 2_000
 # A script's answer (JSON the script wrote) decoded by the JSON scanner itself: json.loads
 # adds two regular-expression matches and three calls around it (about a third of its cost
 # on a claim's answer), checks our own scripts' output does not need.
 _scan: Final[Callable[[str, int], tuple[Any, int]]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-# close() lets announcements still being published finish for this long, then cancels them.
-ANNOUNCE_WAIT_S: Final = 0.5
 
 
-async def bounded(aw: Awaitable[T], where: str, timeout_s: float | None = CALL_TIMEOUT_S) -> T:
+async def bounded(
+    aw: Awaitable[T], where: str, timeout_s: float | None = timings.CALL_TIMEOUT_S
+) -> T:
     """Await a call to Redis with :func:`anarchon.kit.calls.bounded_call`: driver errors
     translated, abandoned after ``timeout_s``.
 
@@ -79,7 +73,7 @@ async def bounded(aw: Awaitable[T], where: str, timeout_s: float | None = CALL_T
 def renewal_timeout(lease_ms: int) -> float:
     """How long a renewal may take: a renewal that hangs longer than a third of the lease is
     better retried."""
-    return min(CALL_TIMEOUT_S, max(0.5, lease_ms / 3000))
+    return min(timings.CALL_TIMEOUT_S, max(0.5, lease_ms / 3000))
 
 
 def _policies(config: Any) -> set[str]:
@@ -112,12 +106,13 @@ def _from_url(url: str) -> Callable[[], Redis]:
     """The client of a backend made from ``url``.
 
     Without a ``socket_timeout`` in the URL, redis-py is given none (its default is 5 s): every
-    call is bounded by :func:`bounded` already (:data:`CALL_TIMEOUT_S`, a third of the lease
-    for a renewal), which cancels a call that takes too long, and redis-py closes a connection
-    whose command was cancelled mid-way, as it does one that timed out. redis-py's own timeout
-    wraps every command's write in ``asyncio.wait_for``, a task of its own on Python 3.11:
-    about 30 us of CPU per command, a tenth of a claim's. Connecting stays bounded by
-    ``socket_connect_timeout`` (:data:`CALL_TIMEOUT_S` unless the URL says otherwise).
+    call is bounded by :func:`bounded` already (:data:`~._timings.CALL_TIMEOUT_S`, a third of
+    the lease for a renewal), which cancels a call that takes too long, and redis-py closes a
+    connection whose command was cancelled mid-way, as it does one that timed out. redis-py's
+    own timeout wraps every command's write in ``asyncio.wait_for``, a task of its own on
+    Python 3.11: about 30 us of CPU per command, a tenth of a claim's. Connecting stays
+    bounded by ``socket_connect_timeout`` (:data:`~._timings.CALL_TIMEOUT_S` unless the URL
+    says otherwise).
     """
 
     def connect() -> Redis:
@@ -132,7 +127,7 @@ def _from_url(url: str) -> Callable[[], Redis]:
             retry=Retry(_jitter_backoff(base=0.05, cap=0.5), DRIVER_RETRIES),
             retry_on_error=[ConnectionError, TimeoutError],
             socket_timeout=None,
-            socket_connect_timeout=CALL_TIMEOUT_S,
+            socket_connect_timeout=timings.CALL_TIMEOUT_S,
         )
 
     return connect
@@ -243,16 +238,20 @@ class Connection:
         scripts = ScriptRunner(client)
         try:
             await bounded(self._prepare(client, scripts), self.where)
+            await self._check_eviction(client)
         except (BackendError, TypeError) as exc:
             if self._given is None:
                 await client.aclose()
             if isinstance(exc, TypeError):  # an unknown query option reached redis-py
                 raise InvalidOption(f"Redis URL {self.where!r}: {exc}") from exc
             raise type(exc)(f"cannot start the Redis backend: {exc}") from exc
+        except BaseException:  # cancelled (a stop during the start): close what was made
+            if self._given is None:
+                await client.aclose()
+            raise
         self._client, self._scripts = client, scripts
         self._cluster = isinstance(client, RedisCluster)
         self._inline = _cancellable(client)
-        await self._check_eviction(client)
 
     @staticmethod
     async def _prepare(client: Client, scripts: ScriptRunner) -> None:
@@ -278,7 +277,7 @@ class Connection:
         if this connection made it."""
         announcing, self._announcing = self._announcing, set()
         if announcing:
-            _, late = await asyncio.wait(announcing, timeout=ANNOUNCE_WAIT_S)
+            _, late = await asyncio.wait(announcing, timeout=timings.ANNOUNCE_WAIT_S)
             for task in late:
                 task.cancel()
         client, self._client, scripts, self._scripts = self._client, None, self._scripts, None
@@ -312,7 +311,7 @@ class Connection:
 
     # -- calls ------------------------------------------------------------------------------
 
-    async def call(self, aw: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+    async def call(self, aw: Awaitable[T], timeout_s: float = timings.CALL_TIMEOUT_S) -> T:
         """:func:`bounded`, logging once when Redis stops answering and once when it answers
         again. An error reply (OOM, READONLY ...) is an answer: it is raised like any failure
         but is no outage, so refused writes between successful reads do not flap the log."""
@@ -370,7 +369,7 @@ class Connection:
         name: str,
         calls: Sequence[Call],
         *,
-        timeout_s: float = CALL_TIMEOUT_S,
+        timeout_s: float = timings.CALL_TIMEOUT_S,
         transient_raise: bool = False,
     ) -> list[Any | BackendError]:
         """Run one script per call in one pipeline: each item its decoded JSON answer, or the
@@ -458,6 +457,23 @@ class Connection:
 
         return await self.call(scripted())
 
+    async def dbsize(self) -> int:
+        """How many keys the client's database holds (``DBSIZE``, O(1)); one server only."""
+        return int(await self.call(self.client().dbsize()))
+
+    async def scan_keys(self, pattern: str, count: int) -> set[str]:
+        """Every key of the client's database that matches ``pattern`` (``SCAN ... MATCH``,
+        about ``count`` keys visited a call, each call bounded on its own); one server only.
+        A key present for the whole scan is found; one made or removed meanwhile may not be."""
+        client = cast("Redis", self.client())  # on a cluster, each node has its own keys
+        found: set[str] = set()
+        cursor = 0
+        while True:
+            cursor, keys = await self.call(client.scan(cursor, match=pattern, count=count))
+            found.update(text(key) for key in keys)
+            if not int(cursor):
+                return found
+
     async def time_ms(self) -> int | None:
         """The server's clock (``TIME``) in ms, None if it answers something else."""
         answer = await self.call(self.client().time())
@@ -497,7 +513,7 @@ class Notifications:
 
     async def next_changes(self) -> Sequence[ChangeEvent | ClaimNotice]:
         """Subscribe if not subscribed (no events then), else wait for the next message (at
-        most :data:`PUBSUB_PING_S`, then ping). Raises :class:`BackendError` when Redis
+        most :data:`._timings.PUBSUB_PING_S`, then ping). Raises :class:`BackendError` when Redis
         fails, after closing the subscription."""
         try:
             if self._pubsub is None:
@@ -511,7 +527,7 @@ class Notifications:
 
     async def _next(self, pubsub: PubSub) -> Sequence[ChangeEvent | ClaimNotice]:
         try:
-            message = await pubsub.get_message(timeout=PUBSUB_PING_S)
+            message = await pubsub.get_message(timeout=timings.PUBSUB_PING_S)
             if message is None:  # quiet for a while: make sure the connection still works
                 await bounded(pubsub.ping(), self._where)
                 return []

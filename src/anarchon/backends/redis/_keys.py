@@ -144,3 +144,18 @@ class Namespace:
     def pattern(self) -> str:
         """A SCAN MATCH pattern for every key of this prefix and no other prefix."""
         return f"{self.prefix}{{*"
+
+    @property
+    def leases_pattern(self) -> str:
+        """A SCAN MATCH pattern for every job's index of open attempts (``:leases``) under this
+        prefix: a job has that key only while it has an open attempt."""
+        return f"{self.prefix}{{*}}:leases"
+
+    def job_of_leases(self, key: str) -> str | None:
+        """The job whose ``:leases`` key ``key`` is (as :attr:`leases_pattern` finds it), or
+        None if it is no such key of this prefix."""
+        head, tail = f"{self.prefix}{{", "}:leases"
+        if not key.startswith(head) or not key.endswith(tail):
+            return None
+        job = key[len(head) : -len(tail)]
+        return job if job and "}" not in job else None

@@ -29,25 +29,25 @@ from ...control import PAUSED_TRIGGERS
 from ...errors import LeaseLost
 from ...kit import Action, Run, RunStatus, log_fields
 from ...kit.lease import (
-    HANDED_OVER,
-    MAX_MS,
     RunRow,
     answer_existing,
     existing_verdict,
+    handed_over,
     lease_lost,
     lost_outcome,
     not_run,
+    prune_ttl,
     skip_cause_of,
     stored_run,
     takeover_answer,
     won_outcome,
 )
+from . import _timings as timings
 
 __all__ = [
     "ANNOUNCED_PER_MESSAGE",
     "CLAIMS_PER_CALL",
     "PRUNE_SCAN",
-    "RESTART_MARGIN_MS",
     "ClaimAnswer",
     "arguments",
     "change_messages",
@@ -68,9 +68,6 @@ __all__ = [
 
 logger = logging.getLogger("anarchon.backends.redis")
 
-# Slots within this long after a Redis (re)start may have been claimed on the server that was
-# there before (the uptime has 1 s resolution, instance clocks may be a little ahead).
-RESTART_MARGIN_MS: Final = 2_000
 # Pruning looks at most at this many history entries per result, so a finish stays a short
 # script (it prunes at most PRUNE_BATCH slots, as every backend does).
 PRUNE_SCAN: Final = 1_000
@@ -136,7 +133,7 @@ def claim_arguments(
     slot = req.slot
     decide = (
         f'{{"job":{job},"slot_key":{key},"lease_ms":{req.lease_ms:d},'
-        f'"overlap":{_quote(req.overlap)},"restart_margin_ms":{RESTART_MARGIN_MS:d}'
+        f'"overlap":{_quote(req.overlap)},"restart_margin_ms":{timings.RESTART_MARGIN_MS:d}'
     )
     known = (
         f'{{"job":{job},"slot_key":{key},"attempt":1,"run_id":{_quote(req.run_id)},'
@@ -172,14 +169,6 @@ def takeover_fields(req: TakeoverRequest) -> dict[str, Any]:
 def held_fields(ticket: Ticket) -> dict[str, Any]:
     """What renew, release and finish check an attempt is still held by: slot, token, fence."""
     return {"slot_key": ticket.slot_key, "token": ticket.token, "fence": ticket.fence}
-
-
-def prune_ttl(history_ttl_ms: int | None) -> int | None:
-    """The TTL a script prunes by: None for none; one longer than any stored time keeps
-    everything (and stays an exact Lua number)."""
-    if not history_ttl_ms or history_ttl_ms <= 0:
-        return None
-    return min(history_ttl_ms, MAX_MS)
 
 
 def run_row(data: dict[str, Any]) -> RunRow:
@@ -222,7 +211,7 @@ def lost(ticket: Ticket, answer: dict[str, Any]) -> LeaseLost | None:
     if refusal is None:
         return None
     if refusal == "released":
-        return LeaseLost(f"run {ticket.run_id} of job {ticket.job!r} was {HANDED_OVER}")
+        return handed_over(ticket)
     if refusal == "nobody":
         return lease_lost(ticket, None, None)
     return lease_lost(ticket, answer["attempt"], answer["status"])

@@ -2,7 +2,8 @@
 scripts called by their SHA1.
 
 Each script is ``_common.lua`` followed by its own file (``hget_ints.lua`` and
-``open_runs.lua`` stand alone): its helpers, and ``main()``, its work, which ``begin()``
+``open_runs.lua`` stand alone; ``_records.lua``, reading stored records by id, goes before
+``history.lua`` and ``open_runs.lua``): its helpers, and ``main()``, its work, which ``begin()``
 prepares (the call's keys, arguments and clock). :class:`ScriptRunner` loads them at start as the
 function library :data:`LIBRARY` (FUNCTION LOAD; Redis runs a library's text once, so an FCALL
 runs only ``begin`` and ``main``, where an EVALSHA runs the whole text, defining every helper
@@ -43,6 +44,8 @@ __all__ = ["LIBRARY", "SCRIPTS", "Args", "Call", "Script", "ScriptRunner", "pack
 NAMES: Final = ("claim", "renew", "release", "take_over", "finish", "history")
 # Scripts that stand alone: _common.lua decodes ARGV[1] as JSON and names one job's keys.
 PLAIN_NAMES: Final = ("hget_ints", "open_runs")
+# Scripts that read stored records by id: _records.lua goes before their own file.
+READS_RECORDS: Final = frozenset({"history", "open_runs"})
 
 # A script's arguments: one JSON string (ARGV[1]), or several strings (ARGV[1], ARGV[2] ...).
 Args = str | Sequence[str]
@@ -90,14 +93,19 @@ _REGISTER: Final = (
 def _build() -> tuple[dict[str, Script], str]:
     """The scripts, and the function library holding them all (Redis >= 7), named after its
     code so that two versions of anarchon on one server keep a library each."""
-    common = _read("_common.lua")
+    common, records = _read("_common.lua"), _read("_records.lua")
+
+    def own(name: str) -> str:
+        source = f"-- {name}.lua\n{_read(f'{name}.lua')}"
+        return f"{records}\n{source}" if name in READS_RECORDS else source
+
     sources, blocks = {}, {}
     for name in NAMES:
-        body = f"{common}\n-- {name}.lua\n{_read(f'{name}.lua')}"
+        body = f"{common}\n{own(name)}"
         sources[name] = _EVAL.format(body=body)
         blocks[name] = _FUNCTION.format(body=body)
     for name in PLAIN_NAMES:
-        sources[name] = body = _read(f"{name}.lua")
+        sources[name] = body = own(name)
         blocks[name] = _PLAIN_FUNCTION.format(body=body)
     lib = hashlib.sha1("".join(sources.values()).encode()).hexdigest()[:16]
     library = [f"#!lua name=anarchon_{lib}\n"]

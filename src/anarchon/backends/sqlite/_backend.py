@@ -157,22 +157,6 @@ class SQLiteBackend(contract.LeaseBackend):
         """See :meth:`anarchon.backend.Backend.history`."""
         return await self._db.call(lambda conn: newest_runs(conn, job, limit))
 
-    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
-        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one query per 400 jobs, through
-        the index of running attempts."""
-        names = list(dict.fromkeys(jobs))
-
-        def read(conn: sqlite3.Connection) -> list[Run]:
-            found: list[Run] = []
-            for start in range(0, len(names), 400):
-                chunk = names[start : start + 400]
-                query = Q["open_runs"].replace("?jobs", ", ".join("?" * len(chunk)))
-                rows = conn.execute(query, [*chunk, since_ms]).fetchall()
-                found += [r.to_run() for r in map(row_of, rows) if r is not None]
-            return found
-
-        return await self._db.call(read)
-
     async def slot_records(self, job: str, slot: int) -> contract.SlotRecords:
         """See :meth:`anarchon.backend.Backend.slot_records`: three index lookups, whatever the
         size of the job's history."""
@@ -210,6 +194,37 @@ class SQLiteBackend(contract.LeaseBackend):
             return self._db.clock.now()
 
         return await self._db.call(read)
+
+    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
+        """Report the claims won from now on (the first attempts recorded in ``anarchon_runs``),
+        polled with the events: every :data:`~._options.EVENTS_POLL_MS`, and every
+        :data:`~._options.CLAIMED_POLL_MS` inside the windows given to :meth:`expect_claims`."""
+        self._feed.add_claims(on_claims)
+        await self._changes.follow_claims()
+        self._poll()
+        return True
+
+    def expect_claims(self, start_ms: int, end_ms: int) -> None:
+        """See :meth:`anarchon.backend.Backend.expect_claims`: claim notices are polled every
+        :data:`~._options.CLAIMED_POLL_MS` in this window, not every
+        :data:`~._options.EVENTS_POLL_MS`."""
+        self._changes.expect(start_ms, end_ms)
+
+    def _poll(self) -> None:
+        """Start the one poller of events and claim notices (once)."""
+        if not self._feed.running:
+            self._feed.start(
+                self._changes.next, retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
+            )
+
+    def registry(self) -> SQLiteRegistry:
+        """The registry, in a table of its own in this file (see ``_registry``)."""
+        return SQLiteRegistry(self)
+
+    def control(self) -> SQLiteControl:
+        """Pauses and run requests, in tables of their own in this file (see ``_control``);
+        claims read the pauses in their own transaction."""
+        return SQLiteControl(self)
 
     async def renew_many(
         self, tickets: Sequence[contract.Ticket]
@@ -286,6 +301,22 @@ class SQLiteBackend(contract.LeaseBackend):
 
         return await self._db.call(read)
 
+    async def open_runs(self, jobs: Sequence[str], since_ms: int) -> list[Run]:
+        """See :meth:`anarchon.backend.LeaseBackend.open_runs`: one query per 400 jobs, through
+        the index of running attempts."""
+        names = list(dict.fromkeys(jobs))
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            found: list[Run] = []
+            for start in range(0, len(names), 400):
+                chunk = names[start : start + 400]
+                query = Q["open_runs"].replace("?jobs", ", ".join("?" * len(chunk)))
+                rows = conn.execute(query, [*chunk, since_ms]).fetchall()
+                found += [r.to_run() for r in map(row_of, rows) if r is not None]
+            return found
+
+        return await self._db.call(read)
+
     async def subscribe(self, on_change: contract.ChangeListener) -> None:
         """Poll the events table every :data:`~._options.EVENTS_POLL_MS` and report new
         releases and results to ``on_change``; events written before this call are not
@@ -293,37 +324,6 @@ class SQLiteBackend(contract.LeaseBackend):
         self._feed.add(on_change)
         await self._changes.follow_events()
         self._poll()
-
-    async def subscribe_claims(self, on_claims: contract.ClaimListener) -> bool:
-        """Report the claims won from now on (the first attempts recorded in ``anarchon_runs``),
-        polled with the events: every :data:`~._options.EVENTS_POLL_MS`, and every
-        :data:`~._options.CLAIMED_POLL_MS` inside the windows given to :meth:`expect_claims`."""
-        self._feed.add_claims(on_claims)
-        await self._changes.follow_claims()
-        self._poll()
-        return True
-
-    def expect_claims(self, start_ms: int, end_ms: int) -> None:
-        """See :meth:`anarchon.backend.Backend.expect_claims`: claim notices are polled every
-        :data:`~._options.CLAIMED_POLL_MS` in this window, not every
-        :data:`~._options.EVENTS_POLL_MS`."""
-        self._changes.expect(start_ms, end_ms)
-
-    def _poll(self) -> None:
-        """Start the one poller of events and claim notices (once)."""
-        if not self._feed.running:
-            self._feed.start(
-                self._changes.next, retry_s=EVENTS_POLL_MS / 1000, errors=(BackendError,)
-            )
-
-    def registry(self) -> SQLiteRegistry:
-        """The registry, in a table of its own in this file (see ``_registry``)."""
-        return SQLiteRegistry(self)
-
-    def control(self) -> SQLiteControl:
-        """Pauses and run requests, in tables of their own in this file (see ``_control``);
-        claims read the pauses in their own transaction."""
-        return SQLiteControl(self)
 
     def clone(self) -> SQLiteBackend:
         """A new, unstarted backend on the same file with the same options and a connection of

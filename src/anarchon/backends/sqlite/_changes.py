@@ -7,6 +7,13 @@ a notice, so a claim costs no second insert). It reads every :data:`~._options.E
 and every :data:`~._options.CLAIMED_POLL_MS` inside the windows in which the scheduler waits
 to hear whether another instance won a slot (:meth:`Changes.expect`, a backup's rank delay):
 polling fast all the time would cost an idle process about 1 % of a core.
+
+A poll reads the tables only when something was committed to the file since its last read:
+it first asks :meth:`~._connection.Connection.data_version` (a second connection's ``PRAGMA
+data_version``, which moves on any connection's commit, this backend's own included), on the
+event loop, and goes no further while it stands still. An idle poll then costs a pragma and
+no trip to the connection's thread (the trip, not the three queries, was most of a poll's
+cost); a write is read at the next poll, so no notice comes later than before.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import asyncio
 import heapq
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ...backend import ChangeEvent, ClaimNotice
 from ._options import CLAIMED_POLL_MS, EVENTS_POLL_MS
@@ -30,6 +37,8 @@ __all__ = ["Changes"]
 
 # The statuses of a won first attempt (a skipped or missed slot was not won).
 _WON = ("running", "succeeded", "failed")
+# The LIMIT of the events_since and runs_since queries: a read that meets it leaves more to read.
+READ_LIMIT: Final = 5_000
 
 
 def _wall_ms() -> int:
@@ -43,6 +52,9 @@ class Changes:
         self._db = db
         self._event_seq: int | None = None
         self._run_rowid: int | None = None
+        # data_version() before the last read of the tables: while it answers the same, nothing
+        # was committed since (None: read them at the next poll).
+        self._version: int | None = None
         # (start, end) of the windows not yet begun, wall-clock ms; the end of those begun.
         self._windows: list[tuple[int, int]] = []
         self._fast_until = 0
@@ -55,6 +67,7 @@ class Changes:
             self._event_seq = await self._db.call(
                 lambda c: int(c.execute(Q["last_event"]).fetchone()[0])
             )
+            self._version = None
 
     async def follow_claims(self) -> None:
         """Report the claims won from now on (the first call sets the cursor)."""
@@ -62,10 +75,12 @@ class Changes:
             self._run_rowid = await self._db.call(
                 lambda c: int(c.execute(Q["last_run_rowid"]).fetchone()[0])
             )
+            self._version = None
 
     def forget(self) -> None:
         """Drop the cursors and windows (the backend stopped)."""
         self._event_seq = self._run_rowid = None
+        self._version = None
         self._windows.clear()
         self._fast_until = 0
 
@@ -81,8 +96,15 @@ class Changes:
     async def next(self) -> Sequence[ChangeEvent | ClaimNotice]:
         """Wait for the next poll, then read what is new (a stream for the change feed)."""
         await self._wait()
+        # Before the read: a commit between the two moves it again, and is read next time.
+        version = self._db.data_version()
+        if version is not None and version == self._version:
+            return ()  # nothing committed since the last read
         seq, rowid = self._event_seq, self._run_rowid
         events, runs, newest = await self._db.call(lambda c: _read(c, seq, rowid))
+        # A read that met its limit leaves more to read, though nothing new is committed.
+        full = len(events) >= READ_LIMIT or len(runs) >= READ_LIMIT
+        self._version = None if full else version
         found: list[ChangeEvent | ClaimNotice] = []
         if events:
             self._event_seq = int(events[-1][0])

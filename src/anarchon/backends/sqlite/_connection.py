@@ -3,17 +3,20 @@
 Every call runs on the backend's own thread (sqlite3 blocks) and its errors are translated in
 one place (:mod:`._errors`). A write is one transaction that reads the clock first, taking a
 step of the wall clock there (:class:`._clock.AnchoredClock`), and is rolled back whatever
-fails, COMMIT included.
+fails, COMMIT included. One call runs on the caller's thread instead:
+:meth:`Connection.data_version`, the change feed's idle check, one pragma on a second
+connection that never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,10 +26,12 @@ from ...kit.migrations import migrate
 from ._clock import AnchoredClock
 from ._errors import DATA_ERRORS, is_busy, translate
 from ._options import EVENTS_KEEP_MS, EVENTS_PRUNE_EVERY_MS, lock_waits
-from ._queries import STEPS, Q
+from ._queries import ADDITIONS, STEPS, Q
 from ._rows import SQLiteRows
 
 __all__ = ["Connection"]
+
+logger = logging.getLogger("anarchon.backends.sqlite")
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -41,6 +46,8 @@ class Connection:
         self.history_size = history_size
         self.clock = AnchoredClock()
         self._conn: sqlite3.Connection | None = None
+        # A second connection, only for data_version() (on the event loop's thread).
+        self._watch: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._events_pruned_at = 0
         self._busy_pragma = f"PRAGMA busy_timeout={busy_timeout_ms}"
@@ -51,24 +58,50 @@ class Connection:
         return self._conn is not None
 
     async def open(self) -> None:
-        """Open the file on a new thread: WAL, busy timeout, migrations, the clock's anchor."""
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="anarchon-sqlite")
-        loop = asyncio.get_running_loop()
+        """Open the file on a new thread: WAL, busy timeout, migrations, the clock's anchor.
+
+        Cancelled meanwhile (a stop during the start), it returns at once and the opening is
+        undone on that thread once it ends (it may wait for a lock up to the busy timeout):
+        the connections it made are closed and the thread ends, as after a failed open."""
+        self._thread = thread = ThreadPoolExecutor(1, thread_name_prefix="anarchon-sqlite")
+        opening = thread.submit(self._open)
         try:
-            self._conn = await loop.run_in_executor(self._thread, self._open)
+            conn, watch = await asyncio.wrap_future(opening)
         except (sqlite3.Error, BackendError) as exc:
-            self._thread.shutdown(wait=False)
+            thread.shutdown(wait=False)
             self._thread = None
             if isinstance(exc, BackendError):
                 raise
             raise BackendError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        except BaseException:
+            # Cancelled: the call may already run on the thread (it cannot be stopped). The
+            # close is queued behind it on the same thread, so it closes what it opened.
+            self._thread = None
+            thread.submit(self._undo_open, opening)
+            thread.shutdown(wait=False)
+            raise
+        self._conn, self._watch = conn, watch
+
+    @staticmethod
+    def _undo_open(opening: Future[tuple[sqlite3.Connection, sqlite3.Connection | None]]) -> None:
+        """On the connection's thread, after ``opening`` (an :meth:`_open` whose caller was
+        cancelled) ended: close the connections it made."""
+        if opening.cancelled() or opening.exception() is not None:
+            return  # never ran, or closed its connection itself
+        conn, watch = opening.result()
+        if watch is not None:
+            watch.close()
+        conn.close()
 
     async def close(self) -> None:
         """Close the file and end the thread."""
         conn, thread = self._conn, self._thread
         self._conn = self._thread = None
+        watch, self._watch = self._watch, None
         if conn is not None and thread is not None:
             await asyncio.get_running_loop().run_in_executor(thread, conn.close)
+            if watch is not None:
+                await asyncio.get_running_loop().run_in_executor(thread, watch.close)
             thread.shutdown(wait=True)
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -84,6 +117,21 @@ class Connection:
             if translated is None:
                 raise
             raise translated from exc
+
+    def data_version(self) -> int | None:
+        """``PRAGMA data_version`` of a second connection to the file, which moves whenever any
+        connection commits (this backend's own, its lease keeper's, another process's): the
+        change feed reads its tables only when it moved. Asked on the caller's thread (the
+        event loop's), unlike every other call: in WAL mode it is a look at the file's shared
+        memory (and page 1 after a commit), and with no busy timeout it never waits for a lock.
+        None when it cannot answer at once (busy, closed): then read the tables."""
+        watch = self._watch
+        if watch is None:
+            return None
+        try:
+            return int(watch.execute(Q["data_version"]).fetchone()[0])
+        except sqlite3.Error:
+            return None
 
     def write(self, conn: sqlite3.Connection, fn: Callable[[SQLiteRows, int], T]) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction. Whatever fails, COMMIT included,
@@ -179,7 +227,10 @@ class Connection:
         finally:
             conn.execute(self._busy_pragma)
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self) -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
+        """The connection, migrated, and the second one for :meth:`data_version` (None when it
+        cannot be opened)."""
+        watch = None
         if self.path.parent and not self.path.parent.exists():
             raise BackendError(f"SQLite database directory {self.path.parent} does not exist")
         conn = sqlite3.connect(
@@ -190,20 +241,29 @@ class Connection:
             # FULL: a claim the backend confirmed survives a power cut, not only a crash.
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(self._busy_pragma)
-            with self._transaction(conn):
-                migrate(
-                    conn,
-                    STEPS,
-                    create_table=Q["create_schema_table"],
-                    read_version=Q["schema_version"],
-                    write_version=Q["set_schema_version"],
-                    where=f"SQLite {self.path}",
-                )
+            migrate(
+                conn,
+                STEPS,
+                create_table=Q["create_schema_table"],
+                read_version=Q["schema_version"],
+                write_version=Q["set_schema_version"],
+                where=f"SQLite {self.path}",
+                additions=ADDITIONS,
+                # BEGIN IMMEDIATE: processes opening a new file at once wait for the first.
+                transaction=lambda: self._transaction(conn),
+                logger=logger,
+            )
             self.write(conn, lambda rows, now: None)  # read or set the clock's anchor
+            # WAL is set in the file: the second connection opens in it. Its errors leave the
+            # change feed reading its tables every poll, as without it.
+            with contextlib.suppress(sqlite3.Error):
+                watch = sqlite3.connect(
+                    self.path, timeout=0, isolation_level=None, check_same_thread=False
+                )
         except BaseException:
             conn.close()
             raise
-        return conn
+        return conn, watch
 
     def _enable_wal(self, conn: sqlite3.Connection) -> None:
         # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is

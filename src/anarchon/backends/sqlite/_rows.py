@@ -99,11 +99,10 @@ class SQLiteRows:
         self.conn.execute(Q["add_event"], (job, slot_key, int(released), now))
 
 
-# The columns the row queries answer, in this order: the lease rules' RunRow, field by field,
-# but for its skip cause: the table keeps none (yet), so a record read gets the one its reason's
-# words say (kit.lease.skip_cause_of, the compatibility path); a claim's answer, made by the
-# lease rules, has the one decided.
-_COLUMNS: Final = tuple(field.name for field in fields(RunRow) if field.name != "skip_cause")
+# The columns the row queries answer, in this order: the lease rules' RunRow, field by field.
+# A skip record stored without a cause (NULL: before schema 7, or by an older anarchon) reads
+# the one its reason's words say (kit.lease.skip_cause_of, the compatibility path).
+_COLUMNS: Final = tuple(field.name for field in fields(RunRow))
 
 
 def pause_of(values: tuple[Any, ...]) -> Pause:
@@ -133,7 +132,8 @@ def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
     if values is None:
         return None
     (job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-     finished_at, lease_expires_at, released, error, reason, requested_by) = values  # fmt: skip
+     finished_at, lease_expires_at, released, error, reason, requested_by,
+     skip_cause) = values  # fmt: skip
     return RunRow(
         job=job,
         slot_key=slot_key,
@@ -152,6 +152,7 @@ def row_of(values: tuple[Any, ...] | None) -> RunRow | None:
         error=error,
         reason=reason,
         requested_by=requested_by,
+        skip_cause=skip_cause,
     )
 
 
@@ -175,4 +176,6 @@ def _params(row: RunRow) -> dict[str, Any]:
         "error": row.error,
         "reason": row.reason,
         "requested_by": row.requested_by,
+        # Its text: a SkipCause as the lease rules decided it, or as read back.
+        "skip_cause": None if row.skip_cause is None else str(row.skip_cause),
     }

@@ -94,6 +94,13 @@ CREATE TABLE IF NOT EXISTS anarchon_claimed (
 );
 CREATE INDEX IF NOT EXISTS anarchon_claimed_at ON anarchon_claimed (at);
 
+-- name: migration_7
+-- The typed skip cause (anarchon.SkipCause) of each record made instead of a run: NULL for a
+-- run, and for skip records written before (or by an older anarchon), which are read by their
+-- reason's words (anarchon.backend.legacy_skip_cause). Additive (recorded in
+-- anarchon_schema_additions): older anarchons name their columns and ignore this one.
+ALTER TABLE anarchon_runs ADD COLUMN skip_cause TEXT;
+
 -- name: clock_anchor
 SELECT boot_id, wall_ms, boot_ms FROM anarchon_clock WHERE id = 1;
 
@@ -142,16 +149,28 @@ SELECT max(version) FROM anarchon_schema;
 -- name: set_schema_version
 INSERT INTO anarchon_schema (version) VALUES (?);
 
+-- The versions of additive migrations (kit.migrations.Additions): anarchons before schema 7
+-- read anarchon_schema alone, so they still open a file that only gained additions.
+
+-- name: create_additions_table
+CREATE TABLE IF NOT EXISTS anarchon_schema_additions (version INTEGER NOT NULL);
+
+-- name: schema_additions
+SELECT max(version) FROM anarchon_schema_additions;
+
+-- name: set_schema_addition
+INSERT INTO anarchon_schema_additions (version) VALUES (?);
+
 -- name: current
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason, requested_by
+       finished_at, lease_expires_at, released, error, reason, requested_by, skip_cause
 FROM anarchon_runs WHERE job = ? AND slot_key = ? ORDER BY attempt DESC LIMIT 1;
 
 -- name: live_holder
 -- The first recorded attempt of the job that runs under a live lease (the one an overlap
 -- reason names, on every backend).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason, requested_by
+       finished_at, lease_expires_at, released, error, reason, requested_by, skip_cause
 FROM anarchon_runs
 WHERE job = ? AND status = 'running' AND released = 0 AND lease_expires_at > ?
 ORDER BY rowid
@@ -160,9 +179,10 @@ LIMIT 1;
 -- name: insert
 INSERT INTO anarchon_runs (job, slot_key, slot, attempt, run_id, token, instance, trigger, status,
                            fence, started_at, finished_at, lease_expires_at, released, error,
-                           reason, requested_by)
+                           reason, requested_by, skip_cause)
 VALUES (:job, :slot_key, :slot, :attempt, :run_id, :token, :instance, :trigger, :status, :fence,
-        :started_at, :finished_at, :lease_expires_at, :released, :error, :reason, :requested_by);
+        :started_at, :finished_at, :lease_expires_at, :released, :error, :reason, :requested_by,
+        :skip_cause);
 
 -- name: update
 UPDATE anarchon_runs
@@ -182,14 +202,14 @@ SELECT pruned_through FROM anarchon_jobs WHERE job = ?;
 
 -- name: history
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason, requested_by
+       finished_at, lease_expires_at, released, error, reason, requested_by, skip_cause
 FROM anarchon_runs WHERE job = ? ORDER BY started_at DESC, rowid DESC LIMIT ?;
 
 -- name: open_runs
 -- The attempts of some jobs still running that started since a time (LeaseBackend.open_runs),
 -- through the partial index on running attempts (anarchon_runs_running).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason, requested_by
+       finished_at, lease_expires_at, released, error, reason, requested_by, skip_cause
 FROM anarchon_runs INDEXED BY anarchon_runs_running
 WHERE job IN (?jobs) AND status = 'running' AND started_at >= ?;
 
@@ -199,7 +219,7 @@ WHERE job IN (?jobs) AND status = 'running' AND started_at >= ?;
 -- read the job's runs in anarchon_runs_by_start's order to skip the sort, every one of them
 -- (260 ms for a job with 1 000 000 runs, against 0.1 ms).
 SELECT job, slot_key, slot, attempt, run_id, token, instance, trigger, status, fence, started_at,
-       finished_at, lease_expires_at, released, error, reason, requested_by
+       finished_at, lease_expires_at, released, error, reason, requested_by, skip_cause
 FROM anarchon_runs INDEXED BY anarchon_runs_slot
 WHERE job = ? AND slot = ? ORDER BY started_at, rowid;
 
@@ -235,6 +255,11 @@ INSERT INTO anarchon_events (job, slot_key, released, at) VALUES (?, ?, ?, ?);
 
 -- name: last_event
 SELECT coalesce(max(seq), 0) FROM anarchon_events;
+
+-- name: data_version
+-- Moves when another connection (of any process) commits to the file: the poller reads the
+-- events and the runs only when it or the connection's own total_changes moved.
+PRAGMA data_version;
 
 -- name: events_since
 SELECT seq, job, slot_key, released FROM anarchon_events WHERE seq > ? ORDER BY seq LIMIT 5000;
