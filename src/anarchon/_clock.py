@@ -204,7 +204,7 @@ class BackendClock:
         failure is logged, not raised: the estimate stays this host's clock until
         :meth:`watch` measures."""
         try:
-            await self.measure()
+            await self._measure()
         except Exception as exc:
             logger.warning(
                 "could not read the %s backend's clock as the scheduler started (%s: %s); "
@@ -216,14 +216,20 @@ class BackendClock:
             )
 
     async def measure(self) -> None:
-        """Read the backend's clock between two local readings; warn if the offset is large."""
+        """Read the backend's clock between two local readings; warn if the offset is large.
+        A backend out of reach is not logged here (the calls that need it log their outage):
+        the estimate stays as it was until the next measurement."""
+        try:
+            await self._measure()
+        except BackendUnavailable:
+            return
+
+    async def _measure(self) -> None:
+        """:meth:`measure`, raising what reading the backend's clock raised."""
         clock = self._clock
         before, before_mono = clock.now_ms(), clock.monotonic_ms()
         self._tried_at = before_mono
-        try:
-            server = await self._backend.server_time_ms()
-        except BackendUnavailable:
-            return
+        server = await self._backend.server_time_ms()
         after, after_mono = clock.now_ms(), clock.monotonic_ms()
         if server is None:
             return

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from anarchon import RunContext, RunStatus, Scheduler
-from anarchon._clock import SystemClock
+from anarchon._clock import SKEW_CHECK_S, SystemClock
 from anarchon._timer import LEAD_MS
 from anarchon.backend import ClaimRequest
+from anarchon.errors import BackendUnavailable
 from anarchon.testing import FakeClock, MemoryBackend
 from tests.unit.core_helpers import (
     MINUTE,
@@ -219,6 +220,32 @@ async def test_a_clock_step_before_any_measurement_does_not_claim_slots_early() 
     early = [(slot - at, slot) for at, slot in claims if at < slot - 50]
     assert len(claims) >= 15, claims
     assert not early, f"claimed ahead of the backend's clock (ms early, slot): {early[:5]}"
+
+
+async def test_a_backend_clock_out_of_reach_at_start_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The backend does not answer the clock read as the scheduler starts: the start goes on by
+    # this host's clock and says so, once (the reads every minute after it stay quiet).
+    clock = FakeClock(START)
+
+    class Unreachable(Recording):
+        async def server_time_ms(self) -> int | None:
+            raise BackendUnavailable("connection refused")
+
+    backend = on_another_host(Unreachable(BackendClock(clock)))
+    scheduler = Scheduler(backend, clock=clock)
+    scheduler.add("tick", "*/10 * * * * *", lambda ctx: None)
+    caplog.set_level(logging.WARNING, "anarchon")
+    async with scheduler:
+        for _ in range(5):
+            await clock.advance(int(SKEW_CHECK_S * 1000))
+        claims = backend.named("claim")
+    unread = [r for r in caplog.records if "could not read" in r.getMessage()]
+    assert len(unread) == 1, [r.getMessage() for r in caplog.records]
+    assert getattr(unread[0], "action", None) == "clock_skew"
+    assert "BackendUnavailable: connection refused" in unread[0].getMessage()
+    assert claims, "the scheduler did not run on this host's clock"
 
 
 async def test_a_slot_claimed_at_its_time_is_built_before_it_and_sent_at_it(
