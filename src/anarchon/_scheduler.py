@@ -897,6 +897,8 @@ class Scheduler(Operations):
 
     def _task_done(self, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
+        if isinstance(task, asyncio.Task) and task.cancelling():
+            return  # cancelled on stop: cancel_and_wait logs an error it ended by instead
         if not task.cancelled() and task.exception() is not None:
             logger.error(
                 "internal task failed",

@@ -65,7 +65,12 @@ async def supervised(
 
 async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
     """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
-    swallows a cancellation (some drivers' timeouts do) must not make stop() hang."""
+    swallows a cancellation (some drivers' timeouts do) must not make stop() hang. A task still
+    running after ``limit_s`` is left behind, logged.
+
+    The outcome of every task that ended is consumed: an error one ended with (instead of its
+    cancellation, or before it) is logged with its traceback, never raised, and asyncio does
+    not report it again ("Task exception was never retrieved")."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
     pending = {t for t in tasks if not t.done()}
@@ -73,6 +78,9 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float =
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=0.25)
+    for task in tasks:
+        if task.done():
+            _log_failure(task)
     if pending:
         names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
         logger.warning(
@@ -81,3 +89,16 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float =
             names,
             extra=log_fields(Action.STOP),
         )
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of ``task``, ended: log the error it ended with, if any."""
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    logger.warning(
+        "task %s ended by %s when stopped; going on without it",
+        task.get_name() if isinstance(task, asyncio.Task) else repr(task),
+        type(exc).__name__,
+        exc_info=exc,
+        extra=log_fields(Action.STOP),
+    )

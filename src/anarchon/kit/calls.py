@@ -21,7 +21,8 @@ once here:
   backend logs each retry with ``on_retry`` and translates the error it finally raises.
 * :func:`cancel_and_wait` cancels background tasks and waits for them, cancelling again while
   one is left (a driver's timeout can swallow a cancellation): what a backend's ``stop()``
-  uses so that it cannot hang.
+  uses so that it cannot hang. Their outcomes are consumed: an error a task ended with is
+  logged, never raised nor left for asyncio's "exception was never retrieved".
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError, BackendUnavailable
-from ...kit.calls import bounded_call, cancel_and_wait, consume, retrying
+from ...kit.calls import bounded_call, cancel_and_wait, retrying
 from . import _errors as errors
 from . import _records as records
 from . import _stream as stream_setup
@@ -51,9 +51,9 @@ MAX_IN_FLIGHT: Final = 256
 
 
 async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
-    """Cancel ``task`` if it is still under way and wait for it to end, its outcome (an error
-    included) consumed: the stop and close paths' background work (a listing, a feed's start,
-    the upkeep, the guard).
+    """Cancel ``task`` if it is still under way and wait for it to end, its outcome consumed (an
+    error logged, not raised): the stop and close paths' background work (a listing, a feed's
+    start, the upkeep, the guard).
 
     Cancelled again while it runs on, for at most a few seconds
     (:func:`anarchon.kit.calls.cancel_and_wait`): nats-py's request waits for its answer in
@@ -64,8 +64,6 @@ async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     if task is None:
         return
     await cancel_and_wait([task])
-    if task.done():
-        consume(task)
 
 
 async def within(aw: Awaitable[None], limit_s: float, doing: str) -> None:

@@ -1,0 +1,78 @@
+"""``cancel_and_wait`` (``anarchon.kit.calls``, the scheduler's and every backend's stops) consumes
+what the tasks it cancels end with: an error raised instead of the cancellation is logged once,
+never raised, and asyncio has nothing left to report as "never retrieved"."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import pytest
+
+from anarchon import MemoryBackend, Scheduler
+from anarchon.kit.calls import cancel_and_wait
+
+
+async def _fails_when_cancelled() -> None:
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        raise RuntimeError("cleanup failed") from None
+
+
+def _never_retrieved(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_an_error_raised_on_cancellation_is_logged_not_raised_nor_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    task = asyncio.ensure_future(_fails_when_cancelled())
+    await asyncio.sleep(0)  # the task waits in its sleep
+    await cancel_and_wait([task])  # the defaults
+    assert task.done()
+    del task
+    gc.collect()  # asyncio reports an unretrieved exception when the task is collected
+    await asyncio.sleep(0)
+    assert _never_retrieved(caplog) == []
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
+    assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    assert getattr(logged[0], "action", None) == "stop"
+    assert "RuntimeError" in logged[0].getMessage()
+
+
+async def test_a_task_that_had_failed_before_is_consumed_and_a_cancelled_one_is_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+
+    async def fails() -> None:
+        raise ValueError("broken")
+
+    failed = asyncio.ensure_future(fails())
+    quiet = asyncio.ensure_future(asyncio.sleep(3600))
+    await asyncio.sleep(0)
+    await cancel_and_wait([failed, quiet], limit_s=5.0)
+    assert quiet.cancelled()
+    del failed, quiet
+    gc.collect()
+    await asyncio.sleep(0)
+    assert _never_retrieved(caplog) == []
+    logged = [r for r in caplog.records if r.exc_info]
+    assert [r.exc_info[0] for r in logged if r.exc_info] == [ValueError]
+
+
+async def test_a_schedulers_task_failing_on_its_stop_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A short task of the scheduler (a claim's, a hook's) cancelled by the stop: its error is
+    # logged by cancel_and_wait, not a second time as an internal error.
+    caplog.set_level(logging.WARNING)
+    scheduler = Scheduler(MemoryBackend(), instance_id="one")
+    async with scheduler:
+        scheduler._spawn(_fails_when_cancelled())
+        await asyncio.sleep(0)
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
+    assert [getattr(r, "action", None) for r in logged] == ["stop"]
