@@ -22,6 +22,7 @@ from . import _early, errors  # noqa: F401
 from ._context import RunContext
 from ._metrics import Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
+from ._observation import Observation
 from ._schedule import CronSchedule
 from ._scheduler import Scheduler
 from ._urls import backend_from_url
@@ -46,6 +47,7 @@ __all__ = [
     "MemoryBackend",
     "Metrics",
     "NatsBackend",
+    "Observation",
     "Overlap",
     "PostgresBackend",
     "RedisBackend",

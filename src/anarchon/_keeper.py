@@ -367,6 +367,12 @@ class KeeperThread:
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the keeper's thread runs (started, not ended)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     async def start(self) -> bool:
         """Start the thread; True if it keeps leases (its backend started)."""
         self._thread = threading.Thread(target=self._main, name="anarchon-keeper", daemon=True)

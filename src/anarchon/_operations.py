@@ -8,6 +8,7 @@ Queries (history, last run), manual runs, steering (pause, resume and trigger:
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -17,10 +18,13 @@ from ._claims import Claims
 from ._clock import BackendClock, Clock
 from ._heartbeat import Heartbeat, read_cluster
 from ._job import Job, check_name
+from ._keeper import KeeperThread
+from ._loops import Loops
 from ._metrics import Counters, JobRow, Metrics, NextSlots, job_rows, jobs_now
 from ._models import Run, Trigger
+from ._observation import Observation
 from ._options import HISTORY_LIMIT, check_int
-from ._runner import RunExecutor
+from ._runner import ActiveRun, RunExecutor
 from ._threads import HandlerThreads
 from ._watchdog import LoopWatchdog
 from ._watcher import BackupWatcher
@@ -87,6 +91,9 @@ class Operations:
     _watcher: BackupWatcher | None
     _heartbeat: Heartbeat | None
     _watchdog: LoopWatchdog | None
+    _keeper_thread: KeeperThread | None
+    _loops: Loops
+    _loop: asyncio.AbstractEventLoop | None
     _started_ms: int | None
     _next_slots: NextSlots
 
@@ -270,6 +277,44 @@ class Operations:
             requests_pending=None if pending is None else sum(pending.values()),
             pending_requests={} if pending is None else dict(pending),
         )
+
+    def observe(self, *, jobs: bool = False) -> Observation:
+        """What this scheduler shows of itself now (:class:`~anarchon.Observation`): its life
+        state as :attr:`running` sees it, its loops, what blocks its event loop, its leases and
+        heartbeat, and its :meth:`metrics` without the per-job figures; with ``jobs``, each
+        job's figures too (a walk of every job). Safe from any thread: health probes and
+        metrics scrapes read it while the event loop may be blocked."""
+        watchdog = self._watchdog
+        host = self._keeper_thread
+        beat = self._heartbeat
+        loops = {t.get_name().removeprefix("anarchon "): not t.done() for t in self._loops.tasks}
+        if host is not None:
+            loops["keeper thread"] = host.alive
+        age = None
+        if beat is not None and beat.last_beat_ms is not None:
+            age = max(0, self._clock.monotonic_ms() - beat.last_beat_ms)
+        rows = tuple(self._job_rows()) if jobs else ()
+        return Observation(
+            state=self._state.value,
+            loops=loops,
+            blocked_by=watchdog.blocker if watchdog is not None else None,
+            leases_held=sum(1 for a in self._active() if a.ticket.lease_expires_at_ms is not None),
+            heartbeat_age_ms=age,
+            shared_with=None if beat is None else beat.shared_with,
+            event_loop=self._loop,
+            metrics=self._snapshot({}),
+            jobs=rows,
+        )
+
+    def _active(self) -> list[ActiveRun]:
+        """The runs of this instance now, copied (from any thread: the dict may change while
+        it is copied)."""
+        for _ in range(3):
+            try:
+                return list(self._executor.active.values())
+            except RuntimeError:
+                continue
+        return []
 
     def metrics(self) -> Metrics:
         """Counters since start (claims won and lost, runs by status, skips, takeovers, slots not

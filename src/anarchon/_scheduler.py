@@ -811,9 +811,10 @@ class Scheduler(Operations):
     ) -> None:
         await self.stop()
 
-    def run(self) -> None:
-        """Run until SIGINT or SIGTERM, then stop gracefully (a second signal ends the grace
-        period at once: see :meth:`serve`). Blocks.
+    def run(self, stop_event: asyncio.Event | None = None) -> None:
+        """Run until SIGINT or SIGTERM (or ``stop_event`` is set: ``anarchon run`` sets it for
+        a signal that came before the event loop's own handlers were installed), then stop
+        gracefully (a second signal ends the grace period at once: see :meth:`serve`). Blocks.
 
         Like ``asyncio.run(scheduler.serve())``, except that the process is not held at exit by
         a task that ignores cancellation (a handler that catches ``CancelledError`` and goes
@@ -826,11 +827,6 @@ class Scheduler(Operations):
         with an :class:`asyncio.Event` set through ``loop.call_soon_threadsafe``), and if the
         scheduler was started before (it is left as it is).
         """
-        self._run_until(None)
-
-    def _run_until(self, stop_event: asyncio.Event | None) -> None:
-        """:meth:`run`, also stopping when ``stop_event`` is set (``anarchon run``: a signal
-        that came before the loop's own handlers were installed)."""
         self._check_startable()
         _process.run(
             lambda: self.serve(stop_event),

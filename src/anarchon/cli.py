@@ -283,7 +283,7 @@ def _run(options: RunOptions, early: EarlySignals | None = None) -> int:
         )
     )
     try:
-        scheduler._run_until(stop)
+        scheduler.run(stop)
         if server is not None and options.metrics_linger:
             if stop.while_starting:
                 # Nothing ran, so there are no final counts to wait for a scrape of: the

@@ -29,6 +29,7 @@ from ._watchdog import BLOCK_WARN_MS
 from .errors import InvalidOption
 
 if TYPE_CHECKING:
+    from ._observation import Observation
     from ._scheduler import Scheduler
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Health", "healthz"]
@@ -155,24 +156,27 @@ def snapshot(
     latency_ms: float | None = None,
     error: str | None = None,
     unanswered_s: float | None = None,
+    seen: Observation | None = None,
 ) -> Health:
     """What can be seen without the event loop (any thread), with the backend's check if
-    made; ``unanswered_s``: the loop did not answer a probe within that long."""
+    made; ``unanswered_s``: the loop did not answer a probe within that long. ``seen``: the
+    scheduler as just observed (default: observed now)."""
     problems: list[str] = []
     warnings: list[str] = []
-    state = scheduler._state.value
+    seen = seen or scheduler.observe()
+    m = seen.metrics
+    state = seen.state
     running = state == "running"
     if not running:
         problems.append(f"the scheduler is {state}, not running")
-    loops = _loops(scheduler) if running else {}
+    loops = dict(seen.loops) if running else {}
     dead = sorted(name for name, alive in loops.items() if not alive)
     if dead:
         problems.append(f"loop(s) not running: {', '.join(dead)}")
-    watchdog = scheduler._watchdog
     lag = blocked = None
     blocker = None
-    if watchdog is not None and running:
-        lag, blocked, blocker = watchdog.lag_ms, watchdog.blocked_ms, watchdog.blocker
+    if m.loop_lag_ms is not None and m.loop_blocked_ms is not None and running:
+        lag, blocked, blocker = m.loop_lag_ms, m.loop_blocked_ms, seen.blocked_by
         if blocked >= BLOCK_WARN_MS:
             problems.append(f"the event loop has been blocked for {blocked} ms by {_by(blocker)}")
         elif lag >= BLOCK_WARN_MS:
@@ -185,8 +189,8 @@ def snapshot(
         problems.append(f"the {scheduler.backend.name} backend cannot be reached: {error}")
     elif latency_ms is not None and latency_ms > SLOW_BACKEND_MS:
         warnings.append(f"the {scheduler.backend.name} backend took {latency_ms:g} ms to answer")
-    offset = scheduler._backend_clock.offset_ms
-    budget = _budget(scheduler)
+    offset = m.clock_offset_ms
+    budget = m.clock_skew_budget_ms
     if offset is not None and budget is not None and abs(offset) > budget:
         problems.append(
             f"this host's clock is {offset:+d} ms off the backend's, past the skew budget of "
@@ -194,21 +198,19 @@ def snapshot(
         )
     elif offset is not None and abs(offset) > max(min(5_000, (budget or 50_000) // 10), 250):
         warnings.append(f"this host's clock is {offset:+d} ms off the backend's")
-    age = _heartbeat_age(scheduler)
+    age = seen.heartbeat_age_ms
     if age is not None and age > STALE_HEARTBEATS * scheduler.heartbeat_ms and running:
         warnings.append(
             f"this instance last recorded itself in the registry {age} ms ago "
             f"(heartbeat_ms={scheduler.heartbeat_ms})"
         )
-    beat = scheduler._heartbeat
-    shared = None if beat is None else beat.shared_with
+    shared = seen.shared_with
     if shared is not None and running:
         problems.append(
             f"instance id {scheduler.instance_id!r} is used by another process too ({shared}): "
             "they mix the ownership of their runs; give each process its own instance_id"
         )
     live = running and not dead and not any("event loop" in p for p in problems)
-    active = _active(scheduler)
     return Health(
         healthy=not problems,
         live=live,
@@ -226,18 +228,19 @@ def snapshot(
         blocked_by=blocker,
         clock_offset_ms=offset,
         clock_budget_ms=budget,
-        leases_held=sum(1 for a in active if a.ticket.lease_expires_at_ms is not None),
-        running=len(active),
+        leases_held=seen.leases_held,
+        running=m.running,
         heartbeat_age_ms=age,
     )
 
 
 def _ask_loop(scheduler: Scheduler, timeout_s: float) -> Health:
-    loop = scheduler._loop
+    seen = scheduler.observe()
+    loop = seen.event_loop
     if loop is None or loop.is_closed() or not scheduler.running:
-        return snapshot(scheduler)
+        return snapshot(scheduler, seen=seen)
     if _loop_thread(loop) == threading.get_ident():
-        return snapshot(scheduler)  # waiting here would block the loop it waits for
+        return snapshot(scheduler, seen=seen)  # waiting here would block the loop it waits for
     future = asyncio.run_coroutine_threadsafe(check(scheduler, timeout_s), loop)
     try:
         return future.result(timeout_s * 2)  # the loop's answer includes the backend's wait
@@ -252,39 +255,3 @@ def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
 
 def _by(blocker: str | None) -> str:
     return blocker or "code not yet named (the watchdog names it after 1 s)"
-
-
-def _loops(scheduler: Scheduler) -> dict[str, bool]:
-    loops: dict[str, bool] = {}
-    for task in list(scheduler._loops.tasks):  # the heartbeat's among them
-        loops[task.get_name().removeprefix("anarchon ")] = not task.done()
-    host = scheduler._keeper_thread
-    if host is not None:
-        thread = host._thread
-        loops["keeper thread"] = thread is not None and thread.is_alive()
-    return loops
-
-
-def _budget(scheduler: Scheduler) -> int | None:
-    budgets = [
-        b
-        for job in list(scheduler._jobs.values())
-        if (b := scheduler.backend.skew_budget_ms(job.policy)) is not None
-    ]
-    return min(budgets) if budgets else None
-
-
-def _heartbeat_age(scheduler: Scheduler) -> int | None:
-    beat = scheduler._heartbeat
-    if beat is None or beat.last_beat_ms is None:
-        return None
-    return max(0, scheduler._clock.monotonic_ms() - beat.last_beat_ms)
-
-
-def _active(scheduler: Scheduler) -> list[Any]:
-    for _ in range(3):  # read from another thread: the dict may change while copied
-        try:
-            return list(scheduler._executor.active.values())
-        except RuntimeError:
-            continue
-    return []

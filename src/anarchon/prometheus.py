@@ -495,11 +495,11 @@ _PENDING_HELP: Final = (
 )
 
 
-def _scrape(scheduler: Scheduler) -> tuple[Metrics, list[JobRow]]:
+def _scrape(scheduler: Scheduler) -> tuple[Metrics, Sequence[JobRow]]:
     """What one scrape reads: the instance's snapshot (without per-job figures) and each
     job's row."""
-    rows = scheduler._job_rows()
-    return scheduler._snapshot({}), rows
+    seen = scheduler.observe(jobs=True)
+    return seen.metrics, seen.jobs
 
 
 # -- the text exposition, written here -----------------------------------------------------------
