@@ -4,6 +4,7 @@ and no crash on a terminal that cannot encode a character."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -18,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from anarchon import Run, RunStatus, SQLiteBackend, Trigger
+from anarchon._cli import cluster
 from anarchon._cli.cluster import JOB_FLOORS, JOB_HEADER, _job_row, _running_line
 from anarchon._cli.output import WIDTH, say, shown, table
 from anarchon._scheduler import default_instance_id
 from anarchon.backend import ClaimRequest, ClaimStatus
 from anarchon.control import Pause
-from anarchon.registry import JobDefinition, JobView, record_instance
+from anarchon.registry import ClusterView, JobDefinition, JobView, record_instance
 from tests.records import instance_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,6 +286,40 @@ def test_a_long_instance_id_is_whole_on_the_running_attempts_line() -> None:
     assert all(len(line) <= WIDTH for line in lines), lines
     assert lines[1].endswith("  #2 2.5s"), lines
     assert f" on {LONG_INSTANCE} for 2.5s " in _running_line(job.running[0], now)
+
+
+def test_a_pod_name_in_where_is_never_cut(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Kubernetes pod's instance id (31 characters) in `where`, on a line already full (a long
+    # job name, zone and running attempt): the table may cut it, so it is printed whole below,
+    # as a running attempt's instance is.
+    pod = "payments-worker-7d9f8b6c5-x2x9q"
+    now = 1_796_571_793_000
+    began = _running(pod, now)
+    last = replace(
+        began, job="a-job-of-a-long-name", status=RunStatus.SUCCEEDED, finished_at=began.started_at
+    )
+    job = JobView(
+        name="a-job-of-a-long-name",
+        definition=replace(DEFINITION, zone="America/Argentina/Buenos_Aires"),
+        instances=(pod, LONG_INSTANCE),
+        next_slot_ms=now + 1000,
+        last_run=last,
+        running=(_running(LONG_INSTANCE, now, attempt=2),),
+    )
+    view = ClusterView(now_ms=now, instances=(), definitions={}, drift=())
+
+    async def read(url: str | None, *, with_jobs: bool) -> tuple[str, ClusterView, list[JobView]]:
+        return "SQLiteBackend('x.db')", view, [job]
+
+    monkeypatch.setattr(cluster, "read_cluster", read)
+    assert asyncio.run(cluster.jobs(argparse.Namespace(backend=None, json=False))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert any(pod in line for line in lines), "the pod's instance id is cut everywhere"
+    slot = "2026-12-06T15:43:10Z"
+    assert f"  a-job-of-a-long-name: #1 succeeded on {pod} (slot {slot})" in lines, lines
 
 
 async def _carried(db: Path, definition: JobDefinition) -> str:

@@ -24,7 +24,7 @@ from ..registry import (
 )
 from ..steering import backend_now_ms
 from .common import EXIT_OK, opened
-from .output import WIDTH, say, shown, table
+from .output import WIDTH, column_widths, say, shown, table
 
 INSTANCE_FLOORS: Final = (16, 8, 7, 7, 10, 7, 12)
 """How narrow each column of ``anarchon instances`` may be cut to fit a line in 100 columns
@@ -35,7 +35,8 @@ the next slot whole (``2026-12-07T08:00:00Z``: pasted into ``explain`` or ``paus
 it names that slot), a default instance id whole in ``where`` (``vm-10342-50d1``:
 ``<host>-<pid>-<4 hex>``), and in ``running`` each attempt and how long it has run
 (``#1 59.9s``); the instance of each running attempt is on a line of its own below the
-table, whole."""
+table, whole, and so is that of a last run whose longer id (a Kubernetes pod's) ``where``
+cut."""
 JOB_HEADER: Final = ("job", "schedule", "next", "last run", "ago", "where", "took", "running")
 
 
@@ -169,8 +170,29 @@ def _running_for(run: Run, now: int) -> str:
 def _running_line(run: Run, now: int) -> str:
     """A running attempt below the table: its job, attempt, whole instance id, how long it has
     run, and its slot (pasted into ``explain``, it names that slot) or its trigger."""
-    what = f"slot {moment(run.slot_ms)}" if run.slot is not None else run.trigger.value
-    return f"{run.job}: #{run.attempt} on {run.instance} for {_running_for(run, now)} ({what})"
+    return f"{run.job}: #{run.attempt} on {run.instance} for {_running_for(run, now)} ({_of(run)})"
+
+
+def _last_run_line(run: Run) -> str:
+    """A last run whose instance id the table cut, below it: its job, attempt, status, whole
+    instance id, and its slot or its trigger."""
+    return f"{run.job}: #{run.attempt} {run.status.value} on {run.instance} ({_of(run)})"
+
+
+def _of(run: Run) -> str:
+    """The slot of a run (pasted into ``explain``, it names that slot), or its trigger."""
+    return f"slot {moment(run.slot_ms)}" if run.slot is not None else run.trigger.value
+
+
+def _cut_last_runs(found: list[JobView], rows: list[list[str]]) -> list[Run]:
+    """The last runs whose instance id (``where``) the table cuts to fit its line."""
+    where = JOB_HEADER.index("where")
+    width = column_widths(JOB_HEADER, rows, JOB_FLOORS)[where]
+    return [
+        job.last_run
+        for job, row in zip(found, rows, strict=True)
+        if job.last_run is not None and len(shown(row[where])) > width
+    ]
 
 
 def _pause_line(pause: Pause, jobs: list[str]) -> str:
@@ -200,6 +222,11 @@ async def jobs(args: argparse.Namespace) -> int:
     for job in found:
         if job.pause is not None:
             pauses.setdefault(job.pause, []).append(job.name)
+    cut_runs = _cut_last_runs(found, rows)
+    if cut_runs:
+        say("\nlast runs, their instance ids whole (cut above):")
+        for run in cut_runs:
+            say(_indented(_last_run_line(run)))
     running = [r for job in found for r in job.running]
     if running:
         say("\nrunning now:")

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final, TextIO
 
-__all__ = ["WIDTH", "cut", "say", "shown", "table"]
+__all__ = ["WIDTH", "column_widths", "cut", "say", "shown", "table"]
 
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
@@ -56,9 +56,13 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "~"
 
 
-def _text(cell: str, width: int | None = None) -> str:
-    text = shown(cell)
-    return text if width is None else cut(text, width)
+def column_widths(
+    header: Sequence[str], rows: Sequence[Sequence[str]], floors: Sequence[int] | None
+) -> list[int]:
+    """The width :func:`table` gives each column: its widest cell (shown safely), narrowed as
+    ``floors`` allow to fit :data:`WIDTH` (a cell wider than its column is cut)."""
+    widths = [max(len(shown(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return widths if floors is None else _fit(widths, floors)
 
 
 def _fit(widths: list[int], floors: Sequence[int]) -> list[int]:
@@ -83,12 +87,6 @@ def table(
     shown safely (:func:`shown`). With ``floors``, a line that would pass :data:`WIDTH` columns
     has its cells cut (``~`` marks a cut), first in the columns furthest above their floor,
     none below it; without, nothing is cut."""
-    whole = [[_text(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in whole) for i in range(len(header))]
-    if floors is not None:
-        fitted = _fit(widths, floors)
-        if fitted != widths:
-            cells = [list(header), *rows]
-            whole = [[_text(c, w) for c, w in zip(r, fitted, strict=True)] for r in cells]
-            widths = fitted
+    widths = column_widths(header, rows, floors)
+    whole = [[cut(shown(c), w) for c, w in zip(r, widths, strict=True)] for r in [header, *rows]]
     return [_GAP.join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in whole]
