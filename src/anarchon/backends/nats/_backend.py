@@ -286,8 +286,8 @@ class NatsBackend(Backend):
             await self._conn.close()
 
     async def _let_go(self) -> None:
-        """The part of :meth:`stop` that still talks to the server: the claims (the wins kept
-        from failed batches closed, the claims feed ended), the pause watch, the claim notices'
+        """The part of :meth:`stop` that still talks to the server: the claims (the claims
+        nobody runs settled, the claims feed ended), the pause watch, the claim notices'
         subscription."""
         await self._claims.close()
         await self._control.close()

@@ -424,15 +424,25 @@ class ClaimPath:
         deadline = passed
         subject = f"{self._prefix}{req.job}.claims"  # subjects.CLAIMS
         payload = records.encode_claim(req, slot_key)
-        outcome = await self._publish_claim(req, subject, payload, msg_id, deadline, at, now)
-        if outcome is not None:
-            return outcome
-        # The id is another prefix's claim (a stream shared by two prefixes): every instance of
-        # this prefix that reads it so races again under the prefix's own id (see _subjects).
-        own_id = subjects.OWN_CLAIM_ID.format(prefix=self._prefix, job=req.job, slot_key=slot_key)
-        outcome = await self._publish_claim(
-            req, subject, payload, own_id, deadline, loop.time(), now
-        )
+        try:
+            outcome = await self._publish_claim(req, subject, payload, msg_id, deadline, at, now)
+            if outcome is not None:
+                return outcome
+            # The id is another prefix's claim (a stream shared by two prefixes): every instance
+            # of this prefix that reads it so races again under the prefix's own id (see
+            # _subjects).
+            own_id = subjects.OWN_CLAIM_ID.format(
+                prefix=self._prefix, job=req.job, slot_key=slot_key
+            )
+            outcome = await self._publish_claim(
+                req, subject, payload, own_id, deadline, loop.time(), now
+            )
+        except asyncio.CancelledError:
+            # The call was cancelled (the scheduler stopping gave up on it) with a publish out
+            # and unanswered: it may be stored, and nobody runs it. Settled at stop (see
+            # :meth:`close`), rather than left ``running`` in history for good.
+            self.settler.remember(req)
+            raise
         if outcome is None:
             return _lost(req, f"lost: the claim id {own_id} is held by another subject's message")
         return outcome
@@ -590,9 +600,10 @@ class ClaimPath:
         return _not_recorded(req, now, reason)
 
     async def close(self) -> None:
-        """Refuse claims from now on, close the wins kept from failed batches (nobody runs
-        them now, see :meth:`claim`; :meth:`._settle.Settler.close`), and stop the claims feed
-        (see :mod:`._readback`)."""
+        """Refuse claims from now on, settle the claims nobody runs now (the wins kept from
+        failed batches, see :meth:`claim`, and the claims whose publish may have been stored
+        unanswered, a cancelled call's among them; :meth:`._settle.Settler.close`), and stop
+        the claims feed (see :mod:`._readback`)."""
         self._closing = True
         await self.settler.close()
         await self._readback.close()

@@ -3,14 +3,16 @@
 A publish that went out unanswered may have been stored; when the scheduler gives up on such a
 claim, it is settled in the background (:meth:`Settler.settle`). So is a win kept from a claim
 batch that failed (see :meth:`._claims.ClaimPath.claim`) that the scheduler never asks for
-again, and, at stop, every such win at once (:meth:`Settler.close`). The claim path remembers
-both in the maps it shares with the :class:`Settler` it owns; the settler also runs the
-backend's periodic upkeep (:meth:`Settler.upkeep`).
+again. At stop, all of them are settled at once, due or not (:meth:`Settler.close`), with the
+claims of a call the stopping scheduler cancelled while their publish was out. The claim path
+remembers them in the maps it shares with the :class:`Settler` it owns; the settler also runs
+the backend's periodic upkeep (:meth:`Settler.upkeep`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, replace
@@ -174,15 +176,17 @@ class Settler:
                 )
             self._unsure.pop(token, None)
 
-    async def _settle_one(self, entry: Unsure) -> None:
+    async def _settle_one(self, entry: Unsure, until: str = "until the slot was too late") -> None:
+        """Settle one claim (see :meth:`settle`); ``until``: when this instance gave up on it,
+        as its reason says."""
         req = entry.request
         msg_id = subjects.CLAIM_ID.format(job=req.job, slot_key=req.slot_key)
         if entry.ticket is not None:
-            await self._close_won(entry.ticket, "until the slot was too late")
+            await self._close_won(entry.ticket, until)
             return
         reason = (
             f"not run: {req.instance} could not confirm its claim while NATS was unavailable, "
-            "until the slot was too late"
+            f"{until}"
         )
         loop = asyncio.get_running_loop()
         deadline = self._connection.retry_deadline()
@@ -241,32 +245,46 @@ class Settler:
         )
 
     async def close(self) -> None:
-        """Close the wins kept from failed batches (nobody runs them now, see
-        :meth:`._claims.ClaimPath.claim`) within :data:`._timings.CLOSE_SETTLE_S`."""
+        """Settle at once, within :data:`._timings.CLOSE_SETTLE_S`, every claim nobody runs
+        now that this instance stops, due or not: the wins kept from failed batches (see
+        :meth:`._claims.ClaimPath.claim`), and the claims whose publish may have been stored
+        unanswered, among them those of a claim call the stopping scheduler cancelled while
+        its publish was out. Each as :meth:`settle` does, its reason ending ``before it
+        stopped``; one not settled in time is logged (WARNING ``settle_failed``)."""
         self._kept.clear()
-        won = [(t, e.ticket) for t, e in self._unsure.items() if e.ticket is not None]
-        if won and self._connection.started:
-            for token, _ in won:
-                del self._unsure[token]
+        entries = list(self._unsure.values())
+        self._unsure.clear()
+        if not entries or not self._connection.started:
+            return
+        answers: dict[int, Exception | None] = {}
 
-            async def close_all() -> None:
-                await in_flight(
-                    asyncio.Semaphore(MAX_IN_FLIGHT),
-                    MAX_IN_FLIGHT,
-                    [ticket for _, ticket in won],
-                    lambda ticket: self._close_won(ticket, "before it stopped"),
-                )
+        async def close_all() -> None:
+            await in_flight(
+                asyncio.Semaphore(MAX_IN_FLIGHT),
+                MAX_IN_FLIGHT,
+                entries,
+                lambda entry: self._settle_one(entry, "before it stopped"),
+                answers,
+            )
 
-            try:
-                await asyncio.wait_for(close_all(), timings.CLOSE_SETTLE_S)
-            except TimeoutError:
-                logger.warning(
-                    "%d won claims of failed batches not closed at stop within %.0f s; if not, "
-                    "history shows them running",
-                    len(won),
-                    timings.CLOSE_SETTLE_S,
-                    extra={"action": "settle_failed"},
-                )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(close_all(), timings.CLOSE_SETTLE_S)
+        failed = [
+            entries[n]
+            for n in range(len(entries))
+            if n not in answers or isinstance(answers[n], Exception)
+        ]
+        if failed:
+            first = failed[0].request
+            logger.warning(
+                "%d claims nobody runs (won in a failed batch, or unconfirmed) not settled at "
+                "stop within %.0f s (%s:%s among them); if stored, history shows them running",
+                len(failed),
+                timings.CLOSE_SETTLE_S,
+                first.job,
+                first.slot_key,
+                extra={"job": first.job, "action": "settle_failed"},
+            )
 
     async def _close_won(self, ticket: Ticket, until: str) -> None:
         """Close a claim won in a batch that failed, never handed to the scheduler: nobody

@@ -103,9 +103,10 @@ WINDOW_CHECK_S: Final = 60.0
 #: deadline for it is surely over (MANUAL_SETTLE_AFTER_MS).
 SETTLE_EVERY_S: Final = 5.0
 MANUAL_SETTLE_AFTER_MS: Final = 60_000
-#: At stop(), wins kept from a failed batch (never handed to the scheduler) are closed as
-#: skipped within this long, ._connection.MAX_IN_FLIGHT at once (not behind the results still
-#: queued).
+#: At stop(), the claims nobody runs now (wins kept from a failed batch, never handed to the
+#: scheduler; claims whose publish may have been stored unanswered, a cancelled call's among
+#: them) are settled within this long, ._connection.MAX_IN_FLIGHT at once (not behind the
+#: results still queued).
 CLOSE_SETTLE_S: Final = 5.0
 
 # -- pauses (._control) ------------------------------------------------------------------------
@@ -134,8 +135,8 @@ TICK_S: Final = 0.5
 
 # -- stopping (NatsBackend.stop, ._connection, ._client) ---------------------------------------
 
-#: How long :meth:`NatsBackend.stop` lets the claims and the pauses end (the wins kept from
-#: failed batches closed, within :data:`CLOSE_SETTLE_S`) before it closes the connection.
+#: How long :meth:`NatsBackend.stop` lets the claims and the pauses end (the claims nobody runs
+#: settled, within :data:`CLOSE_SETTLE_S`) before it closes the connection.
 LET_GO_S: Final = 15.0
 #: Ending the acks' subscription (one UNSUB written) waits at most this long.
 ACKS_CLOSE_S: Final = 2.0
