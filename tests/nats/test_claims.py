@@ -489,6 +489,45 @@ async def test_a_claim_the_scheduler_gave_up_on_is_settled_not_left_running(
     assert await backend.last_run("sync") == run
 
 
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "never-stored"])
+async def test_a_claim_cancelled_unanswered_is_settled_when_the_backend_stops(
+    make: Make, stored: bool
+) -> None:
+    """The claim call is cancelled (the scheduler stopping gave up on it) while its publish is
+    out and unanswered. Before, the claim was forgotten: stored, it showed ``running`` for good.
+    Now the backend's stop settles it at once: a stored claim is closed ``skipped``, and a slot
+    whose claim never arrived gets a skip record, both saying why, ``before it stopped``."""
+    backend: NatsBackend = await make()
+    publish = backend._conn.publish
+    out = asyncio.Event()
+
+    async def never_answered(*args: Any) -> Any:
+        if stored:
+            await publish(*args)  # stored; its answer never heard
+        out.set()
+        await asyncio.Event().wait()
+
+    backend._conn.publish = never_answered  # type: ignore[method-assign,assignment]
+    mine = request()
+    call = asyncio.ensure_future(backend.claim([mine]))
+    async with asyncio.timeout(10):
+        await out.wait()
+    backend._conn.publish = publish  # type: ignore[method-assign]
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await backend.stop()
+    runs = await (await make()).history("sync")
+    assert len(runs) == 1, runs
+    [run] = runs
+    assert run.status is RunStatus.SKIPPED, run
+    assert run.run_id == mine.run_id and run.instance == "i1"
+    assert run.reason == (
+        "not run: i1 could not confirm its claim while NATS was unavailable, before it stopped"
+    )
+    assert (run.fence is not None) is stored, "a closed claim keeps its fence"
+
+
 async def test_a_result_of_another_run_for_the_slot_is_refused(make: Make) -> None:
     """Only a duplicate ack can refuse a result: the slot already has another run's result."""
     from anarchon import LeaseLost
