@@ -320,6 +320,40 @@ async def test_own_client_is_closed_and_a_given_client_is_not(own_server: RedisS
     await client.aclose()
 
 
+async def test_a_call_in_flight_when_the_backend_stops_leaves_no_connection_open(
+    own_server: RedisServer,
+) -> None:
+    """A call still waiting for its answer when stop() closes the client (a run_now() reading
+    history as its scheduler stops): its connection is closed under it and redis-py retries it
+    on a new one, which the call then gave back to the closed pool, open. Only the garbage
+    collector closed it, with a ResourceWarning in whatever test it ran in. stop() now waits
+    for such calls (at most their limit) and closes what they give back."""
+    import os
+    import signal
+
+    def connections() -> int:
+        listed = own_server.cli("CLIENT", "LIST").splitlines()
+        return sum(1 for line in listed if "cmd=client" not in line)
+
+    backend = RedisBackend(own_server.url, prefix=PREFIX)  # every option at its default
+    await backend.start()
+    pool = backend._connection.client().connection_pool  # type: ignore[union-attr]
+    assert own_server.proc is not None
+    pid = own_server.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # the call's answer waits until SIGCONT
+    try:
+        reading = asyncio.ensure_future(backend.history("job"))
+        await asyncio.sleep(0.3)
+        assert not reading.done()
+        asyncio.get_running_loop().call_later(0.5, os.kill, pid, signal.SIGCONT)
+        await backend.stop()
+        assert await reading == []  # answered after its retry, on a new connection
+        assert connections() == 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await pool.disconnect()  # what the old code left open, closed before the GC finds it
+
+
 def test_url_options() -> None:
     backend = RedisBackend.from_url("redis://127.0.0.1:6379/2?prefix=app%3A&history_size=7")
     assert backend.prefix == "app:" and backend.history_size == 7

@@ -146,6 +146,25 @@ def _jitter_backoff(base: float, cap: float) -> AbstractBackoff:
     return JitterBackoff()
 
 
+async def _close_after_calls(pool: Any) -> None:
+    """Close the connections that calls still in flight when ``pool`` was closed give back.
+
+    Such a call (a ``run_now()`` reading history as its scheduler stops) has its connection
+    closed under it; redis-py tries it again on a new connection, which the call then gives
+    back to the pool open, and nothing but the garbage collector would close it (a
+    ResourceWarning). Each call ends within its limit: wait for them (at most
+    :data:`~._timings.CLOSE_CALLS_WAIT_S`), then close the pool's connections again."""
+    in_use = getattr(pool, "_in_use_connections", None)  # redis-py's ConnectionPool, 5 to 8
+    if not in_use:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timings.CLOSE_CALLS_WAIT_S
+    # No event to wait on: redis-py's pool has none for a connection given back.
+    while in_use and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    await pool.disconnect()
+
+
 class Connection:
     """One backend's client (made from a URL, or given), its scripts, and every call made on it.
 
@@ -274,7 +293,8 @@ class Connection:
 
     async def close(self) -> None:
         """Let announcements on their way finish (briefly), forget the client, and close it
-        if this connection made it."""
+        if this connection made it, with the connections that calls still in flight give back
+        (see :func:`_close_after_calls`)."""
         announcing, self._announcing = self._announcing, set()
         if announcing:
             _, late = await asyncio.wait(announcing, timeout=timings.ANNOUNCE_WAIT_S)
@@ -290,6 +310,7 @@ class Connection:
             if isinstance(client, Redis):
                 # A client built on a pool (a copy of a given client) leaves that pool open.
                 await client.connection_pool.disconnect()
+                await _close_after_calls(client.connection_pool)
 
     def client(self) -> Client:
         """The open client; :class:`BackendError` before :meth:`open`."""

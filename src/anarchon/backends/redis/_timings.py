@@ -13,6 +13,9 @@ from typing import Final
 #: cannot hang the scheduler; a renewal gets at most a third of its lease (see
 #: ._connection.renewal_timeout).
 CALL_TIMEOUT_S: Final = 5.0
+#: close() waits this long at most for calls still waiting for their answers (each ends within
+#: CALL_TIMEOUT_S) to give their connections back, to close those too.
+CLOSE_CALLS_WAIT_S: Final = CALL_TIMEOUT_S
 #: subscribe() waits this long for the first subscription before returning anyway.
 SUBSCRIBE_WAIT_S: Final = 2.0
 #: A quiet subscription pings this often, so a dead connection is noticed and re-made.
