@@ -395,8 +395,14 @@ def sweep_stale_holds(max_age_s: float = STALE_HOLD_S, url: str = SHARED_URL) ->
         return []
 
 
-async def read_subject(url: str | list[str], stream: str, subject: str) -> list[Any]:
-    """Every message on ``subject`` (nats-py ``RawStreamMsg``), oldest first."""
+async def read_subject(
+    url: str | list[str], stream: str, subject: str, within_s: float = 30.0
+) -> list[Any]:
+    """Every message on ``subject`` (nats-py ``RawStreamMsg``), oldest first. A read that gets
+    no answer (nats-py's 5 s) or no responder is made again until ``within_s``: on a cluster
+    that just lost a server the stream's new leader can take longer than one read to answer
+    on a loaded host, and what a test reads back is the stream's content, not that speed."""
+    import nats.errors
     import nats.js.errors
 
     nc = await connect(url)
@@ -404,11 +410,17 @@ async def read_subject(url: str | list[str], stream: str, subject: str) -> list[
         js = nc.jetstream()
         out: list[Any] = []
         seq = 1
+        deadline = time.monotonic() + within_s
         while True:
             try:
                 msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
             except nats.js.errors.NotFoundError:
                 return out
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                continue
             out.append(msg)
             seq = msg.seq + 1
     finally:
