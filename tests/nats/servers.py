@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,27 @@ async def delete_stream(url: str | list[str], stream: str) -> None:
                 break
     finally:
         await close_client(nc)  # within seconds, even if the server stopped reading
+
+
+async def started_backend(make: Callable[[], Any], within_s: float = 30.0) -> Any:
+    """A backend of ``make()`` started; a start refused because a peer of the test's cluster is
+    not back in JetStream yet (10005, "peer offline": seen in a CI run), or unanswered past its
+    own retries (BackendUnavailable: a server of the cluster was just killed and the survivors
+    are electing leaders), is tried again, for ``within_s`` at most."""
+    from anarchon.errors import BackendError, BackendUnavailable
+
+    deadline = time.monotonic() + within_s
+    while True:
+        backend = make()
+        try:
+            await backend.start()
+            return backend
+        except BackendError as exc:
+            await backend.stop()
+            transient = isinstance(exc, BackendUnavailable) or "peer offline" in str(exc)
+            if not transient or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(1.0)
 
 
 def hold_shared_account() -> str | None:

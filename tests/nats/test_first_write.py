@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from anarchon.backends.nats import NatsBackend
 from anarchon.control import Pause, RunRequest
 from anarchon.kit import Trigger
 from anarchon.registry import InstanceRecord
-from tests.nats.servers import BINARIES, Cluster, delete_stream, unique_names
+from tests.nats.servers import BINARIES, Cluster, delete_stream, started_backend, unique_names
 
 #: Fresh streams, each with three buckets' first writes (the probe's rate: a few in a hundred).
 STREAMS = 40
@@ -56,20 +57,6 @@ async def _stored(backend: NatsBackend, rid: str) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _started(backend: NatsBackend) -> None:
-    """``backend`` started; a start whose stream's creation went unanswered on a busy machine
-    (BackendUnavailable, after its own retries) is made again, for 30 s at most."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            await backend.start()
-            return
-        except BackendUnavailable:
-            if time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.5)
-
-
 @pytest.mark.parametrize("version", ["2.9", "current"])
 async def test_the_first_write_to_a_new_bucket_on_a_cluster_is_not_lost(
     version: str, tmp_path: Path
@@ -81,8 +68,11 @@ async def test_the_first_write_to_a_new_bucket_on_a_cluster_is_not_lost(
         for n in range(STREAMS):
             stream, prefix = unique_names()
             urls = cluster.urls[n % 3 :] + cluster.urls[: n % 3]  # each node first in turn
-            backend = NatsBackend(urls, stream=stream, prefix=prefix)  # every option default
-            await _started(backend)
+            # Every option at its default. A start whose stream's creation went unanswered on a
+            # busy machine (BackendUnavailable) is made again.
+            backend: NatsBackend = await started_backend(
+                functools.partial(NatsBackend, urls, stream=stream, prefix=prefix)
+            )
             now = int(time.time() * 1000)
             record = InstanceRecord(id="i", host="h", pid=1, version="x", started_ms=now,
                                     heartbeat_ms=now, interval_ms=1000,

@@ -22,7 +22,7 @@ import pytest
 
 from anarchon.backends.nats import NatsBackend
 from anarchon.backends.nats._timings import PAUSE_CACHE_S
-from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.errors import BackendUnavailable
 from tests.conformance.procs import Fleet
 from tests.nats.servers import (
     BINARIES,
@@ -34,6 +34,7 @@ from tests.nats.servers import (
     read_subject,
     session_server,
     single_server,
+    started_backend,
     unique_names,
 )
 from tests.records import claim_request, instance_record
@@ -325,9 +326,7 @@ async def test_a_cluster_survives_the_loss_of_the_stream_leader(
         claims = await claims_per_slot(survivors, stream, prefix)
         assert set(claims.values()) == {1}, "more than one claim stored for a slot"
         # History and the clock still work with one of three servers down.
-        reader = await _started_once_peers_are_back(
-            lambda: NatsBackend(survivors, stream=stream, prefix=prefix)
-        )
+        reader = await started_backend(lambda: NatsBackend(survivors, stream=stream, prefix=prefix))
         try:
             # A read may still time out while the survivors settle on a loaded machine (CI of
             # 958d644: "reading history of tick failed" past the read's own retries, 12 s after
@@ -420,25 +419,6 @@ def claimed(backend: NatsBackend, slot: int) -> Callable[[], Awaitable[bool]]:
     return claim
 
 
-async def _started_once_peers_are_back(make: Any, within_s: float = 30.0) -> NatsBackend:
-    """A backend of ``make()`` started; a start refused because a peer of the test's cluster is
-    not back in JetStream yet (10005, "peer offline": seen in a CI run), or unanswered past its
-    own retries (BackendUnavailable: a server of the cluster was just killed and the survivors
-    are electing leaders), is tried again, for ``within_s`` at most."""
-    deadline = time.monotonic() + within_s
-    while True:
-        backend = make()
-        try:
-            await backend.start()
-            return backend  # type: ignore[no-any-return]
-        except BackendError as exc:
-            await backend.stop()
-            transient = isinstance(exc, BackendUnavailable) or "peer offline" in str(exc)
-            if not transient or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(1.0)
-
-
 @pytest.mark.parametrize("version", ["2.9", "current"])
 async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
     version: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -473,7 +453,7 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
             assert (await stream_info(cluster.urls, name))["config"]["num_replicas"] == 1
         # replicas=3: the stream and the buckets that exist become R3; a bucket made later is R3.
         caplog.set_level(logging.INFO, "anarchon.backends.nats")
-        backend = await _started_once_peers_are_back(
+        backend = await started_backend(
             lambda: NatsBackend(cluster.urls, stream=stream, prefix=prefix, replicas=3)
         )
         try:
