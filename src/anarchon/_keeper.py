@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._batch import isolate
 from ._clock import Clock, sleep_or_wake
-from ._supervisor import cancel_and_wait, supervised
+from ._supervisor import cancel_and_wait, consume, supervised
 from .backend import LEASE_LOST, Backend, LeaseBackend, Ticket
 from .errors import LeaseLost
 from .logs import Action, log_fields
@@ -279,7 +279,7 @@ class LeaseKeeper:
             expiry.cancel()
         if not call.done():
             call.cancel()
-            call.add_done_callback(_consume)
+            call.add_done_callback(consume)
             why = RENEWAL_HUNG
             if first_deadline <= sent and late_ms >= FROZEN_MIN_MS:
                 # The deadline had passed before the call was sent: it did not hang.
@@ -324,11 +324,6 @@ class LeaseKeeper:
         self._live.discard(active)
         active.kept = False
         self._on_lost(active, reason)
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _local_expiry(local_sent_ms: int, ticket: Ticket) -> int:

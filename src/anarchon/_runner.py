@@ -35,6 +35,7 @@ from ._models import Run, RunStatus, ms_to_datetime
 from ._results import ResultRecorder
 from ._retry import backoff
 from ._retrying import Failures, retry_number
+from ._supervisor import consume
 from ._threads import HandlerThreads, NoThreadFree
 from .backend import HANDED_OVER, LEASE_LOST, Backend, LeaseBackend, Ticket
 from .errors import BackendError, LeaseLost
@@ -495,7 +496,7 @@ class RunExecutor:
             return RunStatus.FAILED, f"not started: {exc} (max_workers)", None
         active.thread = call
         waiting = asyncio.wrap_future(call)
-        waiting.add_done_callback(_consume)  # a thread abandoned (lease lost) may still fail
+        waiting.add_done_callback(consume)  # a thread abandoned (lease lost) may still fail
         try:
             return await self._wait_thread(active, waiting)
         except asyncio.CancelledError:
@@ -692,7 +693,7 @@ class RunExecutor:
             # Never cancelled from here (that would cancel a call not begun): left to settle.
             waits = [asyncio.wrap_future(call) for call in calls]
             for wait in waits:
-                wait.add_done_callback(_consume)
+                wait.add_done_callback(consume)
             await _all_or_sleep(waits, self.clock.sleep(left_s), left_s)
         for active in working:
             call = active.thread
@@ -881,11 +882,6 @@ def _kind(value: object) -> str:
     else:
         return f"an awaitable {type(value).__qualname__}"
     return f"{kind} {getattr(value, '__qualname__', '?')!r}"
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _describe_base(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Final
 from ._retry import backoff
 from .logs import Action, log_fields
 
-__all__ = ["cancel_and_wait", "supervised"]
+__all__ = ["cancel_and_wait", "consume", "supervised"]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -61,6 +61,13 @@ async def supervised(
         if time.monotonic() - began > MAX_PAUSE_S:
             pauses = backoff(FIRST_PAUSE_S, MAX_PAUSE_S)
         await wait(next(pauses))
+
+
+def consume(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of an abandoned task as seen (a done callback): nobody awaits it, and
+    asyncio does not report its error as "never retrieved". Logs nothing."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from .._retry import backoff
-from .._supervisor import cancel_and_wait
+from .._supervisor import cancel_and_wait, consume
 from ..errors import AnarchonError, BackendError, BackendUnavailable
 
 __all__ = [
@@ -52,12 +52,6 @@ T = TypeVar("T")
 Translate = Callable[[BaseException], BackendError | None]
 """Turn a driver's exception into :class:`~anarchon.errors.BackendUnavailable` (transient) or
 another :class:`~anarchon.errors.BackendError`; None when it is not the driver's (re-raised)."""
-
-
-def consume(task: asyncio.Future[Any]) -> None:
-    """Mark the outcome of an abandoned task as seen (a done callback): nobody awaits it."""
-    if not task.cancelled():
-        task.exception()
 
 
 async def bounded_call(
