@@ -16,6 +16,7 @@ from .logs import Action, log_fields
 __all__ = ["cancel_and_wait", "consume", "supervised"]
 
 logger = logging.getLogger("anarchon.scheduler")
+_SCHEDULER_LOGGER: Final = logger  # cancel_and_wait's default (its parameter shadows the name)
 
 FIRST_PAUSE_S: Final = 1.0
 MAX_PAUSE_S: Final = 60.0
@@ -70,14 +71,23 @@ def consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float = 5.0) -> None:
+async def cancel_and_wait(
+    tasks: Sequence[asyncio.Future[Any]],
+    limit_s: float = 5.0,
+    *,
+    logger: logging.Logger | None = None,
+) -> None:
     """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
     swallows a cancellation (some drivers' timeouts do) must not make stop() hang. A task still
     running after ``limit_s`` is left behind, logged.
 
     The outcome of every task that ended is consumed: an error one ended with (instead of its
     cancellation, or before it) is logged with its traceback, never raised, and asyncio does
-    not report it again ("Task exception was never retrieved")."""
+    not report it again ("Task exception was never retrieved").
+
+    ``logger``: where both are logged (action ``stop``), the caller's own (a backend passes
+    its ``anarchon.backends.<name>``); default ``anarchon.scheduler``."""
+    log = _SCHEDULER_LOGGER if logger is None else logger
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
     pending = {t for t in tasks if not t.done()}
@@ -87,10 +97,10 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float =
         _, pending = await asyncio.wait(pending, timeout=0.25)
     for task in tasks:
         if task.done():
-            _log_failure(task)
+            _log_failure(task, log)
     if pending:
         names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
-        logger.warning(
+        log.warning(
             "%d task(s) did not stop when cancelled (%s); left behind",
             len(pending),
             names,
@@ -98,11 +108,12 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]], limit_s: float =
         )
 
 
-def _log_failure(task: asyncio.Future[Any]) -> None:
-    """Retrieve the outcome of ``task``, ended: log the error it ended with, if any."""
+def _log_failure(task: asyncio.Future[Any], log: logging.Logger) -> None:
+    """Retrieve the outcome of ``task``, ended: log the error it ended with, if any, on
+    ``log``."""
     if task.cancelled() or (exc := task.exception()) is None:
         return
-    logger.warning(
+    log.warning(
         "task %s ended by %s when stopped; going on without it",
         task.get_name() if isinstance(task, asyncio.Task) else repr(task),
         type(exc).__name__,

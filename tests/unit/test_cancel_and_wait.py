@@ -76,3 +76,47 @@ async def test_a_schedulers_task_failing_on_its_stop_is_logged_once(
         await asyncio.sleep(0)
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
     assert [getattr(r, "action", None) for r in logged] == ["stop"]
+
+
+async def test_a_backends_call_logs_on_the_backends_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A backend's stop calls it through anarchon.kit.calls with its own logger (NATS:
+    # cancel_unfinished); before, its tasks' errors were logged on anarchon.scheduler.
+    from anarchon.backends.nats._connection import cancel_unfinished
+
+    caplog.set_level(logging.WARNING)
+    task = asyncio.ensure_future(_fails_when_cancelled())
+    await asyncio.sleep(0)
+    await cancel_unfinished(task)
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
+    assert [(r.name, getattr(r, "action", None)) for r in logged] == [
+        ("anarchon.backends.nats", "stop")
+    ]
+
+
+async def test_a_task_left_behind_is_logged_on_the_callers_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallowed, as some drivers' timeouts do
+
+    task = asyncio.ensure_future(stubborn())
+    await asyncio.sleep(0)
+    mine = logging.getLogger("tests.cancel_and_wait")
+    try:
+        await cancel_and_wait([task], limit_s=0.3, logger=mine)
+    finally:
+        release.set()  # a failure here must not leave a task that outlives the test
+        await task
+    left = [r for r in caplog.records if "did not stop" in r.getMessage()]
+    assert [(r.name, getattr(r, "action", None)) for r in left] == [
+        ("tests.cancel_and_wait", "stop")
+    ]

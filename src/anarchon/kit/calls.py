@@ -22,7 +22,8 @@ once here:
 * :func:`cancel_and_wait` cancels background tasks and waits for them, cancelling again while
   one is left (a driver's timeout can swallow a cancellation): what a backend's ``stop()``
   uses so that it cannot hang. Their outcomes are consumed: an error a task ended with is
-  logged, never raised nor left for asyncio's "exception was never retrieved".
+  logged (on the ``logger`` the backend passes), never raised nor left for asyncio's "exception
+  was never retrieved".
 """
 
 from __future__ import annotations

@@ -60,10 +60,10 @@ async def cancel_unfinished(task: asyncio.Future[Any] | None) -> None:
     ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation that comes in the
     event-loop turn its answer is read (it returns the answer instead), and a loop whose one
     cancellation was swallowed runs on for ever (a stop() that waited for it never returned).
-    A task that outlives that bound is left behind, logged."""
+    A task that outlives that bound is left behind, logged (on this backend's logger)."""
     if task is None:
         return
-    await cancel_and_wait([task])
+    await cancel_and_wait([task], logger=logger)
 
 
 async def within(aw: Awaitable[None], limit_s: float, doing: str) -> None:
