@@ -22,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError, BackendUnavailable
+from ...kit import Action, log_fields
 from ...kit.calls import bounded_call, cancel_and_wait, retrying
 from . import _errors as errors
 from . import _records as records
@@ -83,7 +84,7 @@ async def within(aw: Awaitable[None], limit_s: float, doing: str) -> None:
             "NATS: %s did not finish within %.0f s; stopping without it",
             doing,
             limit_s,
-            extra={"action": "backend_unavailable"},
+            extra=log_fields(Action.BACKEND_UNAVAILABLE),
         )
         await cancel_unfinished(task)
         return
