@@ -7,10 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
 
 from ._metrics import JobRow, Metrics
 
-__all__ = ["JobRow", "Observation"]
+__all__ = ["JobRow", "Observation", "ObservedState"]
+
+ObservedState: TypeAlias = Literal["new", "running", "stopping", "stopped"]
+"""Where a scheduler is in its life as :meth:`Scheduler.observe <anarchon.Scheduler.observe>`
+reads it (:attr:`Observation.state`): :attr:`Scheduler.state <anarchon.Scheduler.state>`
+without ``"starting"``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,7 +25,7 @@ class Observation:
     read it (from any thread: the HTTP server's ``/healthz`` and ``/metrics`` read it while the
     event loop may be blocked). Times are milliseconds; None where not measured."""
 
-    state: str
+    state: ObservedState
     """``"new"``, ``"running"``, ``"stopping"`` or ``"stopped"``. Unlike
     :attr:`Scheduler.state <anarchon.Scheduler.state>`, a start is ``"running"`` from the moment
     its services run (while it catches up missed slots too), as :attr:`Scheduler.running

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from typing import Literal, assert_type
 
 import pytest
 
@@ -26,6 +27,8 @@ async def test_observe_with_the_defaults_before_during_and_after_a_run() -> None
     scheduler.add("tock", "0 * * * * *", _work)
     before = scheduler.observe()
     assert isinstance(before, Observation)
+    # Typed: mypy --strict checks the names where observe() builds it, and a reader's match.
+    assert_type(before.state, Literal["new", "running", "stopping", "stopped"])
     assert (before.state, dict(before.loops), before.event_loop) == ("new", {}, None)
     assert before.jobs == () and before.metrics.jobs == 2 and before.metrics.by_job == {}
     with pytest.raises(dataclasses.FrozenInstanceError):
