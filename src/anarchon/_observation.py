@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from ._metrics import JobRow, Metrics
+from ._metrics import JobMetrics, JobRow, Metrics, jobs_now
 
-__all__ = ["JobRow", "Observation", "ObservedState"]
+__all__ = ["Observation", "ObservedState"]
 
 ObservedState: TypeAlias = Literal["new", "running", "stopping", "stopped"]
 """Where a scheduler is in its life as :meth:`Scheduler.observe <anarchon.Scheduler.observe>`
@@ -47,6 +47,13 @@ class Observation:
     metrics: Metrics
     """The instance's counters and gauges (:meth:`Scheduler.metrics
     <anarchon.Scheduler.metrics>`) without the per-job figures (``by_job`` empty)."""
-    jobs: tuple[JobRow, ...] = ()
-    """Each registered job's figures as a scrape reads them, when asked (``observe(jobs=True)``:
-    it costs a walk of every job); else empty."""
+    _rows: tuple[JobRow, ...] = field(default=(), repr=False)
+    # Each job's figures as the Prometheus scrape reads them (raw: no JobMetrics made), when
+    # observed with jobs=True; :attr:`jobs` makes them public.
+
+    @property
+    def jobs(self) -> dict[str, JobMetrics]:
+        """Each registered job's figures by job name, as :attr:`Metrics.by_job
+        <anarchon.Metrics.by_job>` gives them, when asked (``observe(jobs=True)``: it costs a
+        walk of every job); else empty. Made on each read."""
+        return jobs_now(self._rows)

@@ -303,7 +303,7 @@ class Operations:
             shared_with=None if beat is None else beat.shared_with,
             event_loop=self._loop,
             metrics=self._snapshot({}),
-            jobs=rows,
+            _rows=rows,
         )
 
     def _active(self) -> list[ActiveRun]:

@@ -499,7 +499,8 @@ def _scrape(scheduler: Scheduler) -> tuple[Metrics, Sequence[JobRow]]:
     """What one scrape reads: the instance's snapshot (without per-job figures) and each
     job's row."""
     seen = scheduler.observe(jobs=True)
-    return seen.metrics, seen.jobs
+    # The raw rows: a JobMetrics made per job would cost 82 ms a scrape of 10 000 jobs, not 10.
+    return seen.metrics, seen._rows
 
 
 # -- the text exposition, written here -----------------------------------------------------------

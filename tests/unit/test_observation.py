@@ -12,6 +12,7 @@ from typing import Literal, assert_type
 import pytest
 
 from anarchon import MemoryBackend, Observation, RunContext, Scheduler
+from anarchon.prometheus import JobMetrics
 from tests.unit.test_start_cancel import _Stuck
 
 LOOPS = {"watcher", "adopt", "timer", "clock", "requests", "heartbeat"}
@@ -30,7 +31,7 @@ async def test_observe_with_the_defaults_before_during_and_after_a_run() -> None
     # Typed: mypy --strict checks the names where observe() builds it, and a reader's match.
     assert_type(before.state, Literal["new", "running", "stopping", "stopped"])
     assert (before.state, dict(before.loops), before.event_loop) == ("new", {}, None)
-    assert before.jobs == () and before.metrics.jobs == 2 and before.metrics.by_job == {}
+    assert before.jobs == {} and before.metrics.jobs == 2 and before.metrics.by_job == {}
     with pytest.raises(dataclasses.FrozenInstanceError):
         before.state = "running"  # type: ignore[misc]
     async with scheduler:
@@ -38,15 +39,19 @@ async def test_observe_with_the_defaults_before_during_and_after_a_run() -> None
         assert seen.state == "running"
         assert seen.event_loop is asyncio.get_running_loop()
         assert set(seen.loops) >= LOOPS and all(seen.loops.values()), seen.loops
-        assert seen.jobs == () and seen.blocked_by is None and seen.shared_with is None
+        assert seen.jobs == {} and seen.blocked_by is None and seen.shared_with is None
         assert seen.leases_held == 0 and seen.metrics.running == 0
-        assert [row.name for row in scheduler.observe(jobs=True).jobs] == ["tick", "tock"]
+        # Each job's public figures by name, as metrics().by_job gives them.
+        jobs = scheduler.observe(jobs=True).jobs
+        assert list(jobs) == ["tick", "tock"] and list(scheduler.metrics().by_job) == list(jobs)
+        assert isinstance(jobs["tick"], JobMetrics) and jobs["tick"].running == 0
+        assert jobs["tick"].interval_ms == 1000 and jobs["tock"].interval_ms == 60_000
         # From another thread, as /healthz and /metrics read it: it does not wait for the loop.
         elsewhere: list[Observation] = []
         reader = threading.Thread(target=lambda: elsewhere.append(scheduler.observe(jobs=True)))
         reader.start()
         reader.join(10)
-        assert [row.name for row in elsewhere[0].jobs] == ["tick", "tock"]
+        assert list(elsewhere[0].jobs) == ["tick", "tock"]
     assert scheduler.observe().state == "stopped"
 
 
