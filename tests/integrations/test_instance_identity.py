@@ -2,7 +2,8 @@
 default, on SQLite and Redis: two processes given one ``instance_id`` are found and reported
 (logs, ``anarchon instances``, ``anarchon health``), while a process restarted under the id of
 one just killed is not; and ``anarchon health`` on a host where a sibling was killed with
-SIGKILL reports the survivors' health, not the dead record's."""
+SIGKILL reports the survivors' health, not the dead record's (on Redis with a 2 s heartbeat:
+the test waits out 9 heartbeats)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ import os
 
 from anarchon import RunContext, Scheduler
 
-scheduler = Scheduler(os.environ["APP_BACKEND"], instance_id=os.environ.get("APP_ID") or None)
+beat = os.environ.get("APP_HEARTBEAT_MS")
+scheduler = Scheduler(
+    os.environ["APP_BACKEND"],
+    instance_id=os.environ.get("APP_ID") or None,
+    **({"heartbeat_ms": int(beat)} if beat else {}),
+)
 
 
 @scheduler.job("tick", "* * * * * *")
@@ -39,6 +45,7 @@ async def tick(ctx: RunContext) -> None:
 
 SHARED = re.compile(r"ERROR .*instance id 'pod-1' is used by two processes")
 BEAT_S = 5  # the default heartbeat_ms
+SHORT_BEAT_S = 2  # the sibling test's on Redis (its SQLite copy keeps the default)
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -57,10 +64,14 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     client.close()
 
 
-def run(procs: Procs, tmp: Path, url: str, instance_id: str | None) -> Proc:
+def run(procs: Procs, tmp: Path, url: str, instance_id: str | None, beat_s: int = BEAT_S) -> Proc:
+    """An ``anarchon run`` of :data:`APP` on ``url``; every option at its default but a
+    ``beat_s`` other than :data:`BEAT_S`."""
     (tmp / "app.py").write_text(APP)
     path = os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p)
     env = {"APP_BACKEND": url, "APP_ID": instance_id or "", "PYTHONPATH": path}
+    if beat_s != BEAT_S:
+        env["APP_HEARTBEAT_MS"] = str(beat_s * 1000)
     return procs.start([sys.executable, "-m", "anarchon", "run", "app:scheduler"], env)
 
 
@@ -140,10 +151,12 @@ def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
 ) -> None:
     """Two schedulers on this host (workers of one pod); one is killed with SIGKILL. Its record
     stays until the survivor's heartbeat removes it (6 heartbeats), stale from 3: the host's
-    health stays the survivor's all along, and fails once no scheduler runs here."""
+    health stays the survivor's all along, and fails once no scheduler runs here. The default
+    heartbeat on SQLite; on Redis 2 s (:data:`SHORT_BEAT_S`), 30 s less of waiting."""
+    beat_s = BEAT_S if backend_url.startswith("sqlite") else SHORT_BEAT_S
     with processes(tmp_path) as procs:
-        killed = run(procs, tmp_path, backend_url, None)
-        survivor = run(procs, tmp_path, backend_url, None)
+        killed = run(procs, tmp_path, backend_url, None, beat_s)
+        survivor = run(procs, tmp_path, backend_url, None, beat_s)
         killed.wait_for(STARTED, timeout=30)
         survivor.wait_for(STARTED, timeout=30)
         deadline = time.monotonic() + 60
@@ -155,7 +168,7 @@ def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
         began = time.monotonic()
         readings = []
         # Until the record, seen gone, is removed; at most 6 heartbeats and one after the kill.
-        while time.monotonic() - began < 7 * BEAT_S + 3:
+        while time.monotonic() - began < 7 * beat_s + 3:
             readings.append((round(time.monotonic() - began), *health_of_host(backend_url)))
             gone = [r for _, _, report in readings for r in _records(report) if r["gone"]]
             if gone and killed.proc.pid not in _pids(readings[-1][2]):
@@ -165,7 +178,7 @@ def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
         assert gone and {r["pid"] for r in gone} == {killed.proc.pid}, readings
         survivor.stop(signal.SIGKILL)
         # Its record goes stale 3 heartbeats after its last: then no scheduler runs here.
-        deadline = time.monotonic() + 3 * BEAT_S + 30
+        deadline = time.monotonic() + 3 * beat_s + 30
         while (failed := health_of_host(backend_url))[0] == 0 and time.monotonic() < deadline:
             time.sleep(1)
         code, report = failed
