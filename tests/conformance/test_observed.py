@@ -10,13 +10,15 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anarchon import Backend, RunContext, RunStatus, Scheduler, Trigger, steering
+from anarchon import Backend, Run, RunContext, RunStatus, Scheduler, Trigger, steering
 from anarchon._metrics import RUN_STATUSES, SLOT_OUTCOMES, skip_class
 from tests.conformance.procs import Fleet, Worker, busy_then_paused
 from tests.conformance.test_scheduling import until
@@ -93,6 +95,25 @@ def _wait_for_start(fleet: Fleet, workers: list[Worker], timeout: float = 30) ->
     raise AssertionError(f"no run started\n{fleet.logs()}")
 
 
+async def _history_until(backend: Backend, done: Callable[[list[Run]], bool], cap_s: float) -> None:
+    """Read ``tick``'s history until ``done`` holds of it, for at most ``cap_s`` (the fixed
+    wait this poll replaced; past it the test goes on as it did, its assertions deciding)."""
+    deadline = time.monotonic() + cap_s
+    while True:
+        if done(await backend.history("tick", limit=1_000)) or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.2)
+
+
+def _stop_settled(lease: bool, history: list[Run]) -> bool:
+    """Whether the run a stop handed over is over: on a lease backend, the other instance's
+    attempt 2 of its slot has ended; on a broker, the stopped run is recorded failed."""
+    if not lease:
+        return any((r.error or "").startswith("stopped") for r in history)
+    handed = {r.slot_ms for r in history if (r.attempt, r.reason) == (1, "handed over")}
+    return any(r.slot_ms in handed and r.attempt == 2 and r.status.finished for r in history)
+
+
 @pytest.mark.slow
 async def test_over_real_instances_the_counters_add_up_to_history(
     harness: Harness, fleet: Fleet, backend: Backend
@@ -105,15 +126,15 @@ async def test_over_real_instances_the_counters_add_up_to_history(
     # slots_paused equal history.
     workers = await busy_then_paused(fleet, backend, "tick", 4, seconds=90, grace_ms=300)
     _wait_for_start(fleet, workers)
-    await steering.trigger(backend, "tick", by="test")  # while that run holds its lease
-    await asyncio.sleep(3)
+    request = await steering.trigger(backend, "tick", by="test")  # while that run holds its lease
+    await _history_until(backend, lambda runs: any(r.run_id == request.id for r in runs), 3)
     # The next instance to start a run, either: each slot's claim ranks them anew, and one of
     # two was seen to run nothing for 30 s while the other won every free slot.
     busy = _wait_for_start(fleet, workers)
     await asyncio.sleep(0.2)
     busy.kill(signal.SIGTERM)  # in its handler: past the grace, handed over
     busy.wait(30)
-    await asyncio.sleep(6)
+    await _history_until(backend, partial(_stop_settled, harness.lease), 6)
     fleet.stop_all()
     history = await backend.history("tick", limit=1_000)
     exits = fleet.records("exit")
