@@ -71,6 +71,10 @@ LONGEST_FIRST = (
     "tests/conformance/test_lost_runs.py::",
     "tests/conformance/test_skewed_start.py::",
     "tests/sqlite/test_clock_steps.py::",
+    # Shared modules of the last directory: whole, at the end of the order, one of them kept a
+    # worker busy for a minute after the others had run out of tests.
+    "tests/web/test_browser.py::",
+    "tests/web/test_refresh.py::",
 )
 
 # Modules whose tests share something costly set up once per worker (a module fixture: a build of
