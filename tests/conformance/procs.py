@@ -168,7 +168,8 @@ async def busy_then_paused(
     """Two workers (options at their defaults but ``options``) running the worker's
     every-second ``job``, whose handler takes 2.5 s (on a lease backend the slots meanwhile are
     skipped for overlap), for ``busy_s``; then a pause of 3.5 s stored through ``backend`` (a
-    started backend on the fleet's namespace) and waited out (each slot skipped, paused)."""
+    started backend on the fleet's namespace) and waited out (each slot skipped, paused): until
+    a slot after it has a record, for at most 6 s."""
     import asyncio
 
     from anarchon import steering
@@ -177,8 +178,14 @@ async def busy_then_paused(
     fleet.wait_ready(workers)
     await asyncio.sleep(busy_s)
     now = await steering.backend_now_ms(backend)
-    await steering.pause(backend, job, until_ms=now + 3_500, by="test")
-    await asyncio.sleep(6)
+    until_ms = now + 3_500
+    await steering.pause(backend, job, until_ms=until_ms, by="test")
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        runs = await backend.history(job, limit=20)
+        if any(r.slot_ms is not None and r.slot_ms > until_ms for r in runs):
+            break
+        await asyncio.sleep(0.2)
     return workers
 
 
