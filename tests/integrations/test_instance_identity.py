@@ -1,9 +1,9 @@
-"""Who is who in the registry, with real ``anarchon run`` processes and every option at its
-default, on SQLite and Redis: two processes given one ``instance_id`` are found and reported
+"""Who is who in the registry, with real ``anarchon run`` processes on SQLite, every option at
+its default, and on Redis, every option at its default but a 2 s heartbeat (the tests wait out
+heartbeats, up to 9 of them): two processes given one ``instance_id`` are found and reported
 (logs, ``anarchon instances``, ``anarchon health``), while a process restarted under the id of
 one just killed is not; and ``anarchon health`` on a host where a sibling was killed with
-SIGKILL reports the survivors' health, not the dead record's (on Redis with a 2 s heartbeat:
-the test waits out 9 heartbeats)."""
+SIGKILL reports the survivors' health, not the dead record's."""
 
 from __future__ import annotations
 
@@ -45,7 +45,12 @@ async def tick(ctx: RunContext) -> None:
 
 SHARED = re.compile(r"ERROR .*instance id 'pod-1' is used by two processes")
 BEAT_S = 5  # the default heartbeat_ms
-SHORT_BEAT_S = 2  # the sibling test's on Redis (its SQLite copy keeps the default)
+SHORT_BEAT_S = 2  # on Redis (SQLite keeps the default)
+
+
+def beat_of(url: str) -> int:
+    """The heartbeat (s) the tests give the instances on ``url``: see the module's docstring."""
+    return BEAT_S if url.startswith("sqlite") else SHORT_BEAT_S
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -85,15 +90,16 @@ def anarchon(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_two_processes_with_one_instance_id_are_reported(tmp_path: Path, backend_url: str) -> None:
+    beat_s = beat_of(backend_url)
     with processes(tmp_path) as procs:
-        first = run(procs, tmp_path, backend_url, "pod-1")
+        first = run(procs, tmp_path, backend_url, "pod-1", beat_s)
         first.wait_for(STARTED, timeout=30)
-        second = run(procs, tmp_path, backend_url, "pod-1")
+        second = run(procs, tmp_path, backend_url, "pod-1", beat_s)
         second.wait_for(STARTED, timeout=30)
         # Each finds the other's write at its next beat after the other wrote (within 2).
-        first.wait_for(SHARED, timeout=4 * BEAT_S)
-        second.wait_for(SHARED, timeout=4 * BEAT_S)
-        time.sleep(BEAT_S + 1)  # both records written since carry what they found
+        first.wait_for(SHARED, timeout=4 * beat_s)
+        second.wait_for(SHARED, timeout=4 * beat_s)
+        time.sleep(beat_s + 1)  # both records written since carry what they found
         health = anarchon(backend_url, "health", "--instance", "pod-1", "--json")
         listed = anarchon(backend_url, "instances")
         listed_json = anarchon(backend_url, "instances", "--json")
@@ -117,14 +123,15 @@ def test_two_processes_with_one_instance_id_are_reported(tmp_path: Path, backend
 def test_a_restart_under_the_id_of_a_process_just_killed_is_not_reported(
     tmp_path: Path, backend_url: str
 ) -> None:
+    beat_s = beat_of(backend_url)
     with processes(tmp_path) as procs:
-        killed = run(procs, tmp_path, backend_url, "pod-1")
+        killed = run(procs, tmp_path, backend_url, "pod-1", beat_s)
         killed.wait_for(STARTED, timeout=30)
         time.sleep(1)
         killed.stop(signal.SIGKILL)  # its record stays, fresh, under the id
-        restarted = run(procs, tmp_path, backend_url, "pod-1")
+        restarted = run(procs, tmp_path, backend_url, "pod-1", beat_s)
         restarted.wait_for(STARTED, timeout=30)
-        time.sleep(3 * BEAT_S)
+        time.sleep(3 * beat_s)
         health = anarchon(backend_url, "health", "--instance", "pod-1")
         code, _ = restarted.stop(signal.SIGTERM)
     assert code == 0, restarted.text()
@@ -151,9 +158,8 @@ def test_health_of_a_host_whose_sibling_was_killed_is_the_survivors(
 ) -> None:
     """Two schedulers on this host (workers of one pod); one is killed with SIGKILL. Its record
     stays until the survivor's heartbeat removes it (6 heartbeats), stale from 3: the host's
-    health stays the survivor's all along, and fails once no scheduler runs here. The default
-    heartbeat on SQLite; on Redis 2 s (:data:`SHORT_BEAT_S`), 30 s less of waiting."""
-    beat_s = BEAT_S if backend_url.startswith("sqlite") else SHORT_BEAT_S
+    health stays the survivor's all along, and fails once no scheduler runs here."""
+    beat_s = beat_of(backend_url)
     with processes(tmp_path) as procs:
         killed = run(procs, tmp_path, backend_url, None, beat_s)
         survivor = run(procs, tmp_path, backend_url, None, beat_s)
