@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ...errors import BackendError
+from ...kit import Action, log_fields
 from ...kit.calls import retrying
 from . import _errors as errors
 from . import _timings as timings
@@ -173,7 +174,7 @@ class Buckets:
                 bucket,
                 self._connection.replicas,
                 bucket_loss(bucket),
-                extra={"action": "bucket_recreated", "stream": f"KV_{bucket}"},
+                extra=log_fields(Action.BUCKET_RECREATED, stream=f"KV_{bucket}"),
             )
         self.seen.add(bucket)
         return made

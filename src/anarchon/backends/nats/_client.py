@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import MissingDependency
+from ...kit import Action, log_fields
 from . import _errors as errors
 from . import _timings as timings
 from ._options import servers_shown
@@ -100,7 +101,7 @@ async def close_client(nc: NATS) -> None:
                 "more): dropped with what it had not sent%s",
                 timings.CLOSE_WAIT_S,
                 "" if done else f"; its close still ran {timings.CLOSE_ABORT_S:.0f} s later, left",
-                extra={"action": "backend_unavailable"},
+                extra=log_fields(Action.BACKEND_UNAVAILABLE),
             )
     except BaseException:  # cancelled: drop the connection rather than leave it closing
         abort_socket(nc)
@@ -292,9 +293,9 @@ class Opener:
         lost = isinstance(exc, OSError | nats.errors.StaleConnectionError)
         text = self.scrub(errors.describe(exc))
         if self._connecting or self._down or lost:
-            logger.debug("NATS: %s", text, extra={"action": "nats_error"})
+            logger.debug("NATS: %s", text, extra=log_fields(Action.NATS_ERROR))
         else:
-            logger.warning("NATS: %s", text, extra={"action": "nats_error"})
+            logger.warning("NATS: %s", text, extra=log_fields(Action.NATS_ERROR))
 
     async def _on_disconnected(self) -> None:
         if self._down or self._connecting or self._current() is None:
@@ -303,7 +304,7 @@ class Opener:
         logger.warning(
             "disconnected from NATS; reconnecting every %.1f s (claims fail closed meanwhile)",
             timings.RECONNECT_WAIT_S,
-            extra={"action": "backend_unavailable"},
+            extra=log_fields(Action.BACKEND_UNAVAILABLE),
         )
 
     async def _on_reconnected(self) -> None:
@@ -312,4 +313,4 @@ class Opener:
         if nc is not None:
             set_read_size(nc)  # a new socket
         url = where(nc) if nc is not None else "?"
-        logger.warning("reconnected to NATS at %s", url, extra={"action": "backend_recovered"})
+        logger.warning("reconnected to NATS at %s", url, extra=log_fields(Action.BACKEND_RECOVERED))

@@ -116,7 +116,7 @@ def retry_logger(
             doing,
             errors.describe(exc),
             attempt,
-            extra={**(fields or {}), "action": "nats_retry"},
+            extra={**(fields or {}), **log_fields(Action.NATS_RETRY)},
         )
 
     return log

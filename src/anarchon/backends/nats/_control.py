@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from anarchon.control import ALL_JOBS, Pause, RunRequest, active_pause
 from anarchon.errors import BackendError, BackendUnavailable
-from anarchon.kit import Trigger
+from anarchon.kit import Action, Trigger, log_fields
 
 from . import _timings as timings
 from ._buckets import until_answered
@@ -404,7 +404,7 @@ class NatsControl:
             "nothing were paused",
             self.bucket,
             exc,
-            extra={"action": "nats_error"},
+            extra=log_fields(Action.NATS_ERROR),
         )
 
     async def _read_cached(self, names: Sequence[str]) -> dict[str, Pause | None]:

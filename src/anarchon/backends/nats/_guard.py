@@ -45,6 +45,7 @@ from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
+from ...kit import Action, log_fields
 from . import _stream as stream_setup
 from . import _timings as timings
 from ._buckets import Buckets
@@ -102,7 +103,7 @@ class Guard:
                     "NATS: looking for stream %s and its buckets failed: %s",
                     conn.stream,
                     conn.scrub(str(exc) or type(exc).__name__),
-                    extra={"action": "upkeep_failed", "stream": conn.stream},
+                    extra=log_fields(Action.UPKEEP_FAILED, stream=conn.stream),
                 )
 
     async def look(self) -> None:
@@ -137,7 +138,7 @@ class Guard:
                 "has passed, so that no slot the lost stream recorded can be claimed again",
                 conn.stream,
                 self._wait_s,
-                extra={"action": "stream_missing", "stream": conn.stream},
+                extra=log_fields(Action.STREAM_MISSING, stream=conn.stream),
             )
             return
         missing_s = now - self._missing_since
@@ -165,7 +166,7 @@ class Guard:
             wanted.history_size,
             stream_setup.replicas(info),
             missing_s,
-            extra={"action": "stream_recreated", "stream": conn.stream},
+            extra=log_fields(Action.STREAM_RECREATED, stream=conn.stream),
         )
 
     def _found(self, info: dict[str, Any], missing_s: float) -> None:
@@ -182,7 +183,7 @@ class Guard:
                 "found it missing",
                 stream,
                 missing_s,
-                extra={"action": "stream_found", "stream": stream},
+                extra=log_fields(Action.STREAM_FOUND, stream=stream),
             )
             return
         logger.warning(
@@ -192,7 +193,7 @@ class Guard:
             stream,
             missing_s,
             self._wait_s,
-            extra={"action": "stream_found", "stream": stream},
+            extra=log_fields(Action.STREAM_FOUND, stream=stream),
         )
 
 

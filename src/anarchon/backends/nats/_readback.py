@@ -26,6 +26,7 @@ import logging
 import math
 from typing import Any, Final
 
+from ...kit import Action, log_fields
 from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
@@ -135,7 +136,7 @@ class ReadBack:
             waited,
             "stalled" if stalled else "behind",
             self._last,
-            extra={"action": "claims_feed", "state": "stalled" if stalled else "behind"},
+            extra=log_fields(Action.CLAIMS_FEED, state="stalled" if stalled else "behind"),
         )
         if stalled:
             self._start_soon(seq, again=True)
@@ -159,7 +160,7 @@ class ReadBack:
                 "no claims feed on stream %s (duplicate acks are read by sequence): %s",
                 self._connection.stream,
                 errors.describe(exc),
-                extra={"action": "claims_feed", "state": "failed"},
+                extra=log_fields(Action.CLAIMS_FEED, state="failed"),
             )
 
     async def _subscribe(self, first: int) -> None:
@@ -249,7 +250,7 @@ class ReadBack:
                 "claims feed of stream %s stopped: no duplicate ack for %.0f s",
                 self._connection.stream,
                 timings.FEED_IDLE_S,
-                extra={"action": "claims_feed", "state": "stopped"},
+                extra=log_fields(Action.CLAIMS_FEED, state="stopped"),
             )
             await self.stop()
             self._started = -math.inf  # the next duplicate ack starts it again at once

@@ -132,7 +132,7 @@ class Settler:
                     "NATS upkeep of stream %s failed: %s",
                     stream,
                     self._connection.scrub(str(exc) or type(exc).__name__),
-                    extra={"action": "upkeep_failed", "stream": stream},
+                    extra=log_fields(Action.UPKEEP_FAILED, stream=stream),
                 )
 
     async def settle(self) -> None:
@@ -172,7 +172,7 @@ class Settler:
                     entry.request.job,
                     entry.request.slot_key,
                     answer,
-                    extra={"job": entry.request.job, "action": "settle_failed"},
+                    extra=log_fields(Action.SETTLE_FAILED, entry.request.job),
                 )
             self._unsure.pop(token, None)
 
@@ -283,7 +283,7 @@ class Settler:
                 timings.CLOSE_SETTLE_S,
                 first.job,
                 first.slot_key,
-                extra={"job": first.job, "action": "settle_failed"},
+                extra=log_fields(Action.SETTLE_FAILED, first.job),
             )
 
     async def _close_won(self, ticket: Ticket, until: str) -> None:

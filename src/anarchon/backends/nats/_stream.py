@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...errors import BackendError
+from ...kit import Action, log_fields
 from . import _errors as errors
 from . import _subjects as subjects
 from ._errors import JetStreamError
@@ -106,7 +107,7 @@ async def ensure(api: Api, wanted: Wanted) -> dict[str, Any]:
         "updated stream %s: %s",
         wanted.stream,
         "; ".join(changes),
-        extra={"action": "stream_updated", "stream": wanted.stream},
+        extra=log_fields(Action.STREAM_UPDATED, stream=wanted.stream),
     )
     return updated
 
@@ -135,7 +136,7 @@ def evolve(config: dict[str, Any], wanted: Wanted) -> tuple[list[str], dict[str,
             wanted.stream,
             have_ms,
             want,
-            extra={"action": "stream_window_kept", "stream": wanted.stream},
+            extra=log_fields(Action.STREAM_WINDOW_KEPT, stream=wanted.stream),
         )
     limit = _limit(config, list(new.get("subjects") or []), wanted)
     if limit is not None:
@@ -165,7 +166,7 @@ def _limit(config: dict[str, Any], stream_subjects: list[str], wanted: Wanted) -
         mine,
         "unlimited" if current <= 0 else current,
         wanted.history_size,
-        extra={"action": "stream_limit_kept", "stream": wanted.stream},
+        extra=log_fields(Action.STREAM_LIMIT_KEPT, stream=wanted.stream),
     )
     return None
 
@@ -260,7 +261,7 @@ async def _create(api: Api, wanted: Wanted) -> tuple[dict[str, Any], bool]:
         wanted.duplicate_window_ms,
         wanted.history_size,
         config["num_replicas"],
-        extra={"action": "stream_created", "stream": wanted.stream},
+        extra=log_fields(Action.STREAM_CREATED, stream=wanted.stream),
     )
     if floor is not None and "created" in info:
         skew_ms = floor // FENCE_FLOOR_PER_MS - parse_time_ms(str(info["created"]))
@@ -272,7 +273,7 @@ async def _create(api: Api, wanted: Wanted) -> tuple[dict[str, Any], bool]:
                 wanted.stream,
                 floor,
                 skew_ms,
-                extra={"action": "stream_floor_skew", "stream": wanted.stream},
+                extra=log_fields(Action.STREAM_FLOOR_SKEW, stream=wanted.stream),
             )
     if floor is None or (info.get("config") or {}).get("first_seq") != floor:
         logger.warning(
@@ -281,7 +282,7 @@ async def _create(api: Api, wanted: Wanted) -> tuple[dict[str, Any], bool]:
             "that name before it; handlers that guard writes with ctx.fence must reset their "
             "stored fences",
             wanted.stream,
-            extra={"action": "stream_fence_restart", "stream": wanted.stream},
+            extra=log_fields(Action.STREAM_FENCE_RESTART, stream=wanted.stream),
         )
     return info, True
 
@@ -329,7 +330,7 @@ async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], wa
                 "bucket's pauses: claims fail closed)"
                 if want > 1
                 else "",
-                extra={"action": "bucket_update_failed", "stream": name},
+                extra=log_fields(Action.BUCKET_UPDATE_FAILED, stream=name),
             )
             continue
         logger.info(
@@ -338,7 +339,7 @@ async def align_buckets(api: Api, stream: str, bucket_streams: Sequence[str], wa
             replicas(info),
             want,
             stream,
-            extra={"action": "bucket_updated", "stream": name},
+            extra=log_fields(Action.BUCKET_UPDATED, stream=name),
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...backend import JobPolicy
 from ...errors import InvalidOption
+from ...kit import Action, log_fields
 from . import _errors as errors
 from . import _stream as stream_setup
 from . import _timings as timings
@@ -138,7 +139,7 @@ class Window:
                 self._connection.scrub(errors.describe(exc)),
                 f"{max_age} ms" if max_age else "unlimited",
                 target,
-                extra={"action": "window_raise_failed", "stream": self._stream, "job": job},
+                extra=log_fields(Action.WINDOW_RAISE_FAILED, job, stream=self._stream),
             )
             return window
         now = stream_setup.window_ms(raised)
@@ -159,6 +160,6 @@ class Window:
             need,
             now,
             age_text,
-            extra={"action": "window_raised", "stream": self._stream, "job": job},
+            extra=log_fields(Action.WINDOW_RAISED, job, stream=self._stream),
         )
         return now

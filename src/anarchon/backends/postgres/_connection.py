@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.kit import Action, log_fields
 from anarchon.kit.calls import bounded_call
 
 from ._errors import first_line, translate
@@ -85,7 +86,7 @@ def check_libpq() -> None:
             "%s: a call past timeout_ms is cancelled from a thread, without a time limit; "
             "'anarchon[postgres]' installs psycopg's binary package, with libpq 17",
             exc,
-            extra={"action": "libpq_old"},
+            extra=log_fields(Action.LIBPQ_OLD),
         )
 
 
@@ -311,7 +312,7 @@ class Connections(Statements):
                 logger.warning(
                     "%s; calls fail until it answers again",
                     first_line(error),
-                    extra={"action": "backend_unavailable"},
+                    extra=log_fields(Action.BACKEND_UNAVAILABLE),
                 )
             if error is exc:
                 raise
@@ -319,7 +320,9 @@ class Connections(Statements):
         if self._down:
             self._down = False
             logger.warning(
-                "PostgreSQL %s answers again", self.where, extra={"action": "backend_recovered"}
+                "PostgreSQL %s answers again",
+                self.where,
+                extra=log_fields(Action.BACKEND_RECOVERED),
             )
         return result
 

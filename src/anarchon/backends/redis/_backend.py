@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ... import backend as contract
 from ...errors import BackendError
-from ...kit import Run, RunStatus, backoff
+from ...kit import Action, Run, RunStatus, backoff, log_fields
 from ...kit.feed import ChangeFeed, decode_notices, won_notices
 from ...kit.lease import PRUNE_BATCH, check_ticket, refused_outcome, retries_first, unstorable
 from . import _rows as rows
@@ -374,7 +374,7 @@ class RedisBackend(contract.LeaseBackend):
                 "slot (grant the user the channel to rank claims)",
                 self._keys.claims_channel,
                 exc,
-                extra={"action": "claim_notices_refused"},
+                extra=log_fields(Action.CLAIM_NOTICES_REFUSED),
             )
             await self._claims_feed.stop()
             return False

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError, BackendUnavailable, InvalidOption
-from ...kit import redact_url
+from ...kit import Action, log_fields, redact_url
 from ...kit.calls import Deadlines, bounded_call
 from . import _timings as timings
 from ._errors import is_driver_error, is_unreachable, translate, translator
@@ -288,7 +288,7 @@ class Connection:
                 "Redis maxmemory-policy is %s: under memory pressure Redis may evict anarchon's "
                 "records and a slot could run twice; use noeviction or a volatile-* policy",
                 policy,
-                extra={"action": "eviction_policy"},
+                extra=log_fields(Action.EVICTION_POLICY),
             )
 
     async def close(self) -> None:
@@ -359,13 +359,15 @@ class Connection:
                 "Redis %s is unavailable (%s); calls fail until it answers again",
                 self.where,
                 exc,
-                extra={"action": "backend_unavailable"},
+                extra=log_fields(Action.BACKEND_UNAVAILABLE),
             )
 
     def _answered(self) -> None:
         if self._down:
             self._down = False
-            logger.info("Redis %s answers again", self.where, extra={"action": "backend_recovered"})
+            logger.info(
+                "Redis %s answers again", self.where, extra=log_fields(Action.BACKEND_RECOVERED)
+            )
 
     async def script(self, name: str, keys: Sequence[str], args: str) -> Any:
         """Run one script and return its raw answer."""
@@ -435,7 +437,7 @@ class Connection:
                     "announcement on %s not published: %s",
                     channel,
                     exc,
-                    extra={"action": "notify"},
+                    extra=log_fields(Action.NOTIFY),
                 )
 
         task = asyncio.ensure_future(publish())
@@ -571,7 +573,9 @@ class Notifications:
             for job, slot_key, released in items:
                 events.append(ChangeEvent(str(job), str(slot_key), bool(released)))
         except (ValueError, TypeError, IndexError, KeyError):
-            logger.warning("ignoring a malformed notification %r", data, extra={"action": "notify"})
+            logger.warning(
+                "ignoring a malformed notification %r", data, extra=log_fields(Action.NOTIFY)
+            )
             return []
         return events
 

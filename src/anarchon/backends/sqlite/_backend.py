@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ... import backend as contract
 from ...errors import BackendError, LeaseLost
-from ...kit import Run
+from ...kit import Action, Run, log_fields
 from ...kit import lease as rules
 from ...kit.feed import ChangeFeed
 from ._changes import Changes
@@ -102,7 +102,7 @@ class SQLiteBackend(contract.LeaseBackend):
             f"slots must use this file: set {ENV_PATH} or pass a path)"
             if self._options.default_path
             else "",
-            extra={"action": "sqlite_path", "path": str(self.path)},
+            extra=log_fields(Action.SQLITE_PATH, path=str(self.path)),
         )
 
     async def start_reader(self) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from ...kit import Action, log_fields
 from ._queries import Q
 
 __all__ = ["STEP_FROM_MS", "AnchoredClock"]
@@ -130,7 +131,7 @@ class AnchoredClock:
                     "the host clock stepped %+d ms; the SQLite backend takes the step and moves "
                     "every live lease by it",
                     step,
-                    extra={"action": "clock_stepped", "step_ms": step},
+                    extra=log_fields(Action.CLOCK_STEPPED, step_ms=step),
                 )
                 shift_deadlines(conn, step)
         if moved:
