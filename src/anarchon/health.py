@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from ._observation import ObservedState
 from ._redact import redact_url
 from ._watchdog import BLOCK_WARN_MS
 from .errors import InvalidOption
@@ -60,7 +61,7 @@ class Health:
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     instance: str
-    state: str
+    state: ObservedState
     """``new``, ``running``, ``stopping`` or ``stopped``."""
     backend: str
     backend_reachable: bool | None = None

@@ -9,7 +9,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+import typing
+from typing import Any, Literal, assert_type
 
 import pytest
 
@@ -54,6 +55,11 @@ async def test_a_running_scheduler_is_healthy_and_says_why() -> None:
 async def test_a_scheduler_not_started_or_stopped_is_not_live() -> None:
     scheduler = noop_scheduler()
     health = await scheduler.health()
+    # Typed as Observation.state is: mypy --strict checks a reader's comparisons and match.
+    assert_type(health.state, Literal["new", "running", "stopping", "stopped"])
+    assert (
+        typing.get_type_hints(Health)["state"] == Literal["new", "running", "stopping", "stopped"]
+    )
     assert not health.healthy and not health.live and health.state == "new"
     assert health.problems == ("the scheduler is new, not running",)
     async with scheduler:
