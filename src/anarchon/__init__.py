@@ -20,7 +20,7 @@ from __future__ import annotations
 # which take seconds on a loaded host (see its docstring).
 from . import _early, errors  # noqa: F401
 from ._context import RunContext
-from ._metrics import Metrics
+from ._metrics import JobMetrics, Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
 from ._observation import Observation
 from ._schedule import CronSchedule
@@ -43,6 +43,7 @@ __all__ = [
     "CatchUp",
     "CronSchedule",
     "Health",
+    "JobMetrics",
     "LeaseBackend",
     "MemoryBackend",
     "Metrics",

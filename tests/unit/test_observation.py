@@ -11,8 +11,8 @@ from typing import Literal, assert_type
 
 import pytest
 
-from anarchon import MemoryBackend, Observation, RunContext, Scheduler
-from anarchon.prometheus import JobMetrics
+import anarchon.prometheus
+from anarchon import JobMetrics, MemoryBackend, Observation, RunContext, Scheduler
 from tests.unit.test_start_cancel import _Stuck
 
 LOOPS = {"watcher", "adopt", "timer", "clock", "requests", "heartbeat"}
@@ -44,7 +44,9 @@ async def test_observe_with_the_defaults_before_during_and_after_a_run() -> None
         # Each job's public figures by name, as metrics().by_job gives them.
         jobs = scheduler.observe(jobs=True).jobs
         assert list(jobs) == ["tick", "tock"] and list(scheduler.metrics().by_job) == list(jobs)
+        # The type is exported from anarchon, the same class as anarchon.prometheus.JobMetrics.
         assert isinstance(jobs["tick"], JobMetrics) and jobs["tick"].running == 0
+        assert anarchon.prometheus.JobMetrics is JobMetrics
         assert jobs["tick"].interval_ms == 1000 and jobs["tock"].interval_ms == 60_000
         # From another thread, as /healthz and /metrics read it: it does not wait for the loop.
         elsewhere: list[Observation] = []
