@@ -75,6 +75,44 @@ def abort_socket(nc: NATS) -> None:
                 layer.abort()
 
 
+class ReconnectWatch:
+    """Drops the old connection of a client whose reconnect waits for it to close for ever.
+
+    nats-py's reconnect first closes the lost connection and waits, unbounded, until asyncio has
+    sent every byte it holds: a server that reads nothing (a paused process) but whose kernel
+    still acknowledges keeps that wait, and the client never tries another server. :meth:`check`,
+    called every :data:`._timings.TICK_S` by the guard, remembers the connection a reconnect
+    started with; still reconnecting :data:`._timings.CLOSE_WAIT_S` later on that same
+    connection (nats-py makes a new one per attempt, so an attempt is never dropped), it drops
+    it (:func:`abort_socket`), once, with a WARNING. Reads attributes only: no request.
+    """
+
+    def __init__(self) -> None:
+        self._transport: object | None = None
+        self._since = 0.0
+        self._dropped: object | None = None
+
+    def check(self, nc: NATS | None, now: float) -> None:
+        """Look at ``nc`` at loop time ``now``: drop its old connection if it is stuck."""
+        transport = getattr(nc, "_transport", None)
+        if nc is None or transport is None or not nc.is_reconnecting:
+            self._transport = None
+            return
+        if transport is not self._transport:
+            self._transport, self._since = transport, now
+            return
+        if transport is self._dropped or now - self._since < timings.CLOSE_WAIT_S:
+            return
+        self._dropped = transport
+        abort_socket(nc)
+        logger.warning(
+            "NATS: the old connection did not close within %.0f s (the server reads nothing); "
+            "dropped so the client can reconnect",
+            timings.CLOSE_WAIT_S,
+            extra=log_fields(Action.BACKEND_UNAVAILABLE),
+        )
+
+
 #: The closes still running after :func:`close_client` gave up on them: the event loop holds its
 #: tasks weakly.
 _ABANDONED: set[asyncio.Future[None]] = set()

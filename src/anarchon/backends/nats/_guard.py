@@ -49,6 +49,7 @@ from ...kit import Action, log_fields
 from . import _stream as stream_setup
 from . import _timings as timings
 from ._buckets import Buckets
+from ._client import ReconnectWatch
 from ._connection import Connection, bounded
 from ._window import Window
 
@@ -73,6 +74,7 @@ class Guard:
         # it then waits before making it again (the duplicate window, in s).
         self._missing_since: float | None = None
         self._wait_s = 0.0
+        self._reconnect_watch = ReconnectWatch()
 
     @property
     def stream_missing(self) -> bool:
@@ -80,7 +82,9 @@ class Guard:
         return self._missing_since is not None
 
     async def run(self) -> None:
-        """Look now and then, and after failures and reconnects, until cancelled."""
+        """Look now and then, and after failures and reconnects, until cancelled; on each tick,
+        drop the old connection of a reconnect stuck closing it (:class:`._client.ReconnectWatch`).
+        """
         conn = self._connection
         loop = asyncio.get_running_loop()
         marks = (conn.failures, conn.reconnects())
@@ -88,6 +92,8 @@ class Guard:
         while True:
             await asyncio.sleep(timings.TICK_S)
             now = loop.time()
+            if conn.nc is not conn.given:  # a client the caller passed in is left as it is
+                self._reconnect_watch.check(conn.nc, now)
             if now - last < timings.LOOK_GAP_S:
                 continue
             seen = (conn.failures, conn.reconnects())

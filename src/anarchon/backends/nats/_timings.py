@@ -142,6 +142,8 @@ LET_GO_S: Final = 15.0
 ACKS_CLOSE_S: Final = 2.0
 #: nats-py's close() waits for the bytes already written to reach the server, for ever if it
 #: stopped reading them (paused, or a dead peer that never answers): after CLOSE_WAIT_S the
-#: socket is dropped with what it still holds, and the close is given CLOSE_ABORT_S more.
+#: socket is dropped with what it still holds, and the close is given CLOSE_ABORT_S more. A
+#: reconnect that waits as long for the lost connection to close has it dropped too
+#: (._client.ReconnectWatch), so that the client tries the other servers.
 CLOSE_WAIT_S: Final = 5.0
 CLOSE_ABORT_S: Final = 2.0
