@@ -485,13 +485,20 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
             assert (await answered(claimed(backend, 1_800_000_000_000), within_s=5))[0]
             leader = info["cluster"]["leader"]
             cluster.node(leader).kill()
-            # The bucket's other servers elect a leader; meanwhile reads fail closed.
-            try:
-                pauses, took = await answered(backend.control().pauses, within_s=30)
-            except BackendUnavailable as exc:
-                survivors = [n.url for n in cluster.nodes if n.running]
-                state = await raw_info(survivors, control)
-                raise AssertionError(f"{control} after {leader} was killed: {state}") from exc
+
+            async def read_after_kill(
+                call: Callable[[], Awaitable[T]], stream: str
+            ) -> tuple[T, float]:
+                """``call()`` answered within 30 s while ``stream``'s survivors elect a leader
+                (meanwhile reads fail closed); past that, the stream's state in the failure."""
+                try:
+                    return await answered(call, within_s=30)
+                except BackendUnavailable as exc:
+                    survivors = [n.url for n in cluster.nodes if n.running]
+                    state = await raw_info(survivors, stream)
+                    raise AssertionError(f"{stream} after {leader} was killed: {state}") from exc
+
+            pauses, took = await read_after_kill(backend.control().pauses, control)
             assert pauses == []
             # Every claim from then on reads the pauses again (at most PAUSE_CACHE_S old). A claim
             # may still meet the registry's or the stream's election (the same server led them):
@@ -501,12 +508,7 @@ async def test_the_buckets_follow_the_stream_replicas_and_survive_a_server(
                 await asyncio.sleep(PAUSE_CACHE_S)
             # The registry bucket may have lost its leader with the same server (its election
             # under a loaded CI host was seen to take past one 5 s read): as the control bucket.
-            try:
-                instances, _ = await answered(backend.registry().instances, within_s=30)
-            except BackendUnavailable as exc:
-                survivors = [n.url for n in cluster.nodes if n.running]
-                state = await raw_info(survivors, registry)
-                raise AssertionError(f"{registry} after {leader} was killed: {state}") from exc
+            instances, _ = await read_after_kill(backend.registry().instances, registry)
             assert [r.id for r in instances] == ["i"]
             print(
                 f"nats-server {version}: control bucket's leader {leader} killed; the bucket "
