@@ -75,6 +75,16 @@ class _Series:
     """The figure, from the row or the snapshot."""
 
 
+def _counter(name: str, help: str, read: Callable[[Any], float]) -> _Series:
+    """A counter family (``name`` without ``_total``) and how to read its figure."""
+    return _Series("counter", name, help, read)
+
+
+def _gauge(name: str, help: str, read: Callable[[Any], float]) -> _Series:
+    """A gauge family and how to read its figure."""
+    return _Series("gauge", name, help, read)
+
+
 def _seconds(ms: int | float | None) -> float:
     """Milliseconds as seconds; NaN (Prometheus's "no value") for None."""
     return math.nan if ms is None else ms / 1000
@@ -85,8 +95,10 @@ def _count(n: int | None) -> float:
     return math.nan if n is None else float(n)
 
 
-def _at(n: int) -> Callable[[JobRow], float]:
-    return lambda row: row.figures[n]
+def _job_count(key: str) -> Callable[[JobRow], float]:
+    """A job's counter ``key`` (a key of ``_COUNTER_AT``), from its row's figures."""
+    at = _COUNTER_AT[key]
+    return lambda row: row.figures[at]
 
 
 def _last_success(row: JobRow) -> float:
@@ -97,59 +109,50 @@ def _last_success(row: JobRow) -> float:
 # Per job, after the slots and runs by outcome, in this order (the histograms, when per job,
 # come between the counters and the gauges).
 _JOB_COUNTERS: Final[tuple[_Series, ...]] = (
-    _Series(
-        "counter",
+    _counter(
         "anarchon_takeovers",
         "Runs of dead instances this instance took over.",
-        _at(_COUNTER_AT["taken_over"]),
+        _job_count("taken_over"),
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_handovers",
         "Runs this instance released on stop for a backup.",
-        _at(_COUNTER_AT["handed_over"]),
+        _job_count("handed_over"),
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_leases_lost",
         "Runs of this instance whose lease was lost.",
-        _at(_COUNTER_AT["lease_lost"]),
+        _job_count("lease_lost"),
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_results_refused",
         "Results the backend refused because the lease had moved on.",
-        _at(_COUNTER_AT["result_refused"]),
+        _job_count("result_refused"),
     ),
 )
 _JOB_GAUGES: Final[tuple[_Series, ...]] = (
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_running_runs",
         "Runs in progress on this instance.",
         lambda row: float(row.running),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_job_last_success_timestamp_seconds",
         "When this instance last recorded a success of the job (0: never).",
         _last_success,
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_job_seconds_since_last_success",
         "Seconds since this instance last recorded a success of the job, or since it started "
         "if it has recorded none (take the min over instances).",
         lambda row: _seconds(row.since_success_ms),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_job_next_slot_timestamp_seconds",
         "The job's next slot.",
         lambda row: _seconds(row.next_slot_ms),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_job_interval_seconds",
         "The gap between the job's next slot and the one after it.",
         lambda row: _seconds(row.interval_ms),
@@ -185,100 +188,76 @@ _HISTOGRAMS: Final = (
 )
 # Of the instance, after the claims, backend errors and claim latency, in this order.
 _INSTANCE_SERIES: Final[tuple[_Series, ...]] = (
-    _Series(
-        "counter",
+    _counter(
         "anarchon_slots_without_thread",
         "Slots of plain handlers not claimed because every handler thread was busy.",
         lambda m: m.no_thread,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_slots_deferred_early",
         "Slots due by this host's clock but early by the backend's, put back to wait.",
         lambda m: m.early_slots_deferred,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_threads_timed_out",
         "Plain handlers whose thread was still running at their timeout.",
         lambda m: m.timed_out_threads,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_cancellations_ignored",
         "Async handlers that ignored their cancellation on stop.",
         lambda m: m.cancel_ignored,
     ),
-    _Series(
-        "counter",
-        "anarchon_clock_steps",
-        "Wall-clock steps the timer saw.",
-        lambda m: m.clock_steps,
-    ),
-    _Series(
-        "counter",
+    _counter("anarchon_clock_steps", "Wall-clock steps the timer saw.", lambda m: m.clock_steps),
+    _counter(
         "anarchon_clock_skew_warnings",
         "Warnings that this host's clock is off the backend's.",
         lambda m: m.clock_skew_warnings,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_retries_scheduled",
         "Retries stored after a handler failed (the job's retries).",
         lambda m: m.retries_scheduled,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_requests_run",
         "Run requests (triggers, retries) this instance won and ran.",
         lambda m: m.requests_run,
     ),
-    _Series(
-        "counter",
+    _counter(
         "anarchon_failure_hook_errors",
         "Calls of a job's on_failure hook that raised.",
         lambda m: m.failure_hook_errors,
     ),
-    _Series("gauge", "anarchon_jobs", "Jobs this instance carries.", lambda m: float(m.jobs)),
-    _Series(
-        "gauge",
-        "anarchon_watched_runs",
-        "Runs of other instances watched.",
-        lambda m: float(m.watched),
-    ),
-    _Series(
-        "gauge",
+    _gauge("anarchon_jobs", "Jobs this instance carries.", lambda m: float(m.jobs)),
+    _gauge("anarchon_watched_runs", "Runs of other instances watched.", lambda m: float(m.watched)),
+    _gauge(
         "anarchon_handler_threads_busy",
         "Handler threads running a plain handler.",
         lambda m: float(m.handler_threads_busy),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_instances_seen",
         "Live instances in the backend's registry at this instance's last heartbeat.",
         lambda m: _count(m.instances_seen),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_clock_offset_seconds",
         "The backend's clock minus this host's, as last measured.",
         lambda m: _seconds(m.clock_offset_ms),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_clock_skew_budget_seconds",
         "How far this clock may drift from the backend's before a slot could run twice (the "
         "tightest of the jobs; +Inf: unbounded).",
         lambda m: math.inf if m.clock_skew_budget_ms is None else m.clock_skew_budget_ms / 1000,
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_event_loop_lag_seconds",
         "The event loop's lag, last measured.",
         lambda m: _seconds(m.loop_lag_ms),
     ),
-    _Series(
-        "gauge",
+    _gauge(
         "anarchon_scheduler_start_time_seconds",
         "When the scheduler started (0: not yet).",
         lambda m: (m.started_ms or 0) / 1000,
