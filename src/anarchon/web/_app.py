@@ -147,7 +147,6 @@ def _templates() -> Environment:
         RANGES=RANGES,
         FILTERS=FILTERS,
         PAUSE_FOR=PAUSE_FOR,
-        ALL_JOBS=ALL_JOBS,
         SILENT_HEARTBEATS=SILENT_HEARTBEATS,
     )
     return env
