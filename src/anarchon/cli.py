@@ -200,6 +200,20 @@ def _load_scheduler(target: str) -> Scheduler:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsOptions:
+    """The metrics server of ``anarchon run --metrics-port``."""
+
+    port: int
+    """``--metrics-port``: serve Prometheus metrics on this port."""
+    host: str = "0.0.0.0"
+    """``--metrics-host``: the address the metrics server listens on."""
+    job_histograms: bool = False
+    """``--metrics-job-histograms``: histograms per job instead of the instance's."""
+    linger: int = 0
+    """``--metrics-linger``: seconds to serve on after the scheduler stopped (0: none)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     """What ``anarchon run`` was asked to do: which Scheduler to run, with which backend, and
     its metrics server. :meth:`of` reads them from the command line; the defaults are the
@@ -209,26 +223,21 @@ class RunOptions:
     """``module:attribute`` of a Scheduler, or of a function that makes one."""
     backend_url: str | None = None
     """``--backend``: the URL a ``Scheduler()`` made without a backend uses."""
-    metrics_port: int | None = None
-    """``--metrics-port``: serve Prometheus metrics on this port (None: no server)."""
-    metrics_host: str = "0.0.0.0"
-    """``--metrics-host``: the address the metrics server listens on."""
-    metrics_job_histograms: bool = False
-    """``--metrics-job-histograms``: histograms per job instead of the instance's."""
-    metrics_linger: int = 0
-    """``--metrics-linger``: seconds to serve on after the scheduler stopped (0: none)."""
+    metrics: MetricsOptions | None = None
+    """The metrics server (None without ``--metrics-port``: no server)."""
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> RunOptions:
         """The options of a parsed ``anarchon run`` command line."""
-        return cls(
-            target=args.target,
-            backend_url=args.backend,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-            metrics_job_histograms=args.metrics_job_histograms,
-            metrics_linger=args.metrics_linger,
-        )
+        metrics = None
+        if args.metrics_port is not None:
+            metrics = MetricsOptions(
+                port=args.metrics_port,
+                host=args.metrics_host,
+                job_histograms=args.metrics_job_histograms,
+                linger=args.metrics_linger,
+            )
+        return cls(target=args.target, backend_url=args.backend, metrics=metrics)
 
 
 def _run(options: RunOptions, early: EarlySignals | None = None) -> int:
@@ -272,19 +281,11 @@ def _run(options: RunOptions, early: EarlySignals | None = None) -> int:
         )
         return EXIT_OK
     stop.scheduler = scheduler
-    server = (
-        None
-        if options.metrics_port is None
-        else _serve(
-            scheduler,
-            options.metrics_port,
-            options.metrics_host,
-            options.metrics_job_histograms,
-        )
-    )
+    metrics = options.metrics
+    server = None if metrics is None else _serve(scheduler, metrics)
     try:
         scheduler.run(stop)
-        if server is not None and options.metrics_linger:
+        if server is not None and metrics is not None and metrics.linger:
             if stop.while_starting:
                 # Nothing ran, so there are no final counts to wait for a scrape of: the
                 # operator's stop is not held back by up to --metrics-linger seconds.
@@ -293,7 +294,7 @@ def _run(options: RunOptions, early: EarlySignals | None = None) -> int:
                     extra=log_fields(Action.HTTP_LINGER, scraped=False),
                 )
             else:
-                _linger(server, options.metrics_linger)
+                _linger(server, metrics.linger)
     except BackendError as exc:
         if not stop.is_set():
             raise
@@ -334,12 +335,13 @@ class _Stop(asyncio.Event):
         super().set()
 
 
-def _serve(scheduler: Scheduler, port: int, host: str, job_histograms: bool) -> HttpServer:
+def _serve(scheduler: Scheduler, metrics: MetricsOptions) -> HttpServer:
     """Start the metrics server of ``anarchon run --metrics-port`` (see :mod:`._http`)."""
     routes: dict[str, RouteFactory] = {
         **ROUTES,
-        "/metrics": partial(metrics_route, job_histograms=job_histograms),
+        "/metrics": partial(metrics_route, job_histograms=metrics.job_histograms),
     }
+    port, host = metrics.port, metrics.host
     server = HttpServer(scheduler, port, host, routes)
     try:
         server.start()
