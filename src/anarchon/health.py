@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ._observation import ObservedState
 from ._redact import redact_url
@@ -32,6 +32,7 @@ from .errors import InvalidOption
 if TYPE_CHECKING:
     from ._observation import Observation
     from ._scheduler import Scheduler
+    from .backend import Backend
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Health", "healthz"]
 
@@ -133,35 +134,44 @@ async def check(scheduler: Scheduler, timeout_s: float) -> Health:
         raise InvalidOption(
             f"timeout_s={timeout_s!r} must be a number of seconds above 0, at most {MAX_TIMEOUT_S}"
         )
+    probe = await _probe(scheduler.backend, timeout_s) if scheduler.running else _NOT_ASKED
+    return snapshot(scheduler, probe)
+
+
+class _Probe(NamedTuple):
+    """The backend's check (its clock asked): reached or not, in how many ms, and why not."""
+
     reachable: bool | None = None
-    latency: float | None = None
+    latency_ms: float | None = None
     error: str | None = None
-    if scheduler.running:
-        began = time.perf_counter()
-        try:
-            await asyncio.wait_for(scheduler.backend.server_time_ms(), timeout_s)
-        except TimeoutError:
-            reachable, error = False, f"no answer within {timeout_s:g} s"
-        except Exception as exc:
-            reachable, error = False, redact_url(f"{type(exc).__name__}: {exc}")
-        else:
-            reachable = True
-        latency = round((time.perf_counter() - began) * 1000, 1)
-    return snapshot(scheduler, reachable=reachable, latency_ms=latency, error=error)
+
+
+_NOT_ASKED: Final = _Probe()
+
+
+async def _probe(backend: Backend, timeout_s: float) -> _Probe:
+    """Ask ``backend`` its clock, waiting at most ``timeout_s``."""
+    began = time.perf_counter()
+    reachable, error = True, None
+    try:
+        await asyncio.wait_for(backend.server_time_ms(), timeout_s)
+    except TimeoutError:
+        reachable, error = False, f"no answer within {timeout_s:g} s"
+    except Exception as exc:
+        reachable, error = False, redact_url(f"{type(exc).__name__}: {exc}")
+    return _Probe(reachable, round((time.perf_counter() - began) * 1000, 1), error)
 
 
 def snapshot(
     scheduler: Scheduler,
+    probe: _Probe = _NOT_ASKED,
     *,
-    reachable: bool | None = None,
-    latency_ms: float | None = None,
-    error: str | None = None,
     unanswered_s: float | None = None,
     seen: Observation | None = None,
 ) -> Health:
-    """What can be seen without the event loop (any thread), with the backend's check if
-    made; ``unanswered_s``: the loop did not answer a probe within that long. ``seen``: the
-    scheduler as just observed (default: observed now)."""
+    """What can be seen without the event loop (any thread), with the backend's check
+    (``probe``) if made; ``unanswered_s``: the loop did not answer a probe within that long.
+    ``seen``: the scheduler as just observed (default: observed now)."""
     problems: list[str] = []
     warnings: list[str] = []
     seen = seen or scheduler.observe()
@@ -186,6 +196,7 @@ def snapshot(
         problems.append(
             f"the event loop did not answer within {unanswered_s:g} s (blocked by {_by(blocker)})"
         )
+    reachable, latency_ms, error = probe
     if reachable is False:
         problems.append(f"the {scheduler.backend.name} backend cannot be reached: {error}")
     elif latency_ms is not None and latency_ms > SLOW_BACKEND_MS:
