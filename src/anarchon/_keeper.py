@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._batch import isolate
 from ._clock import Clock, sleep_or_wake
-from ._supervisor import cancel_and_wait, consume, supervised
+from ._supervisor import cancel_and_wait, consume, supervised, wait_unless
 from .backend import LEASE_LOST, Backend, LeaseBackend, Ticket
 from .errors import LeaseLost
 from .logs import Action, log_fields
@@ -272,12 +272,8 @@ class LeaseKeeper:
         # local deadline: at the first deadline of the batch the call is given up and the
         # overdue leases are lost (their handlers told and cancelled), the others retried.
         first_deadline = min(a.deadline for a in due)
-        expiry = asyncio.ensure_future(self._clock.sleep(max(0, first_deadline - sent) / 1000))
-        try:
-            await asyncio.wait({call, expiry}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            expiry.cancel()
-        if not call.done():
+        expiry = self._clock.sleep(max(0, first_deadline - sent) / 1000)
+        if not await wait_unless(call, expiry):
             call.cancel()
             call.add_done_callback(consume)
             why = RENEWAL_HUNG

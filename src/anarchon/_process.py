@@ -12,7 +12,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
-from ._supervisor import cancel_and_wait
+from ._supervisor import cancel_and_wait, wait_unless
 from .errors import SchedulerStateError
 from .logs import Action, log_fields
 
@@ -197,11 +197,9 @@ async def _start_unless_stopped(
     start undid what it had begun: nothing left claiming, registered or open). The start's
     own error is raised."""
     starting = asyncio.ensure_future(start())
-    signalled = asyncio.ensure_future(stopped.wait())
     try:
-        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        await wait_unless(starting, stopped.wait())
     finally:
-        signalled.cancel()
         if not starting.done():
             starting.cancel()
             # Its clean-up runs now (bounded: see Scheduler.stop's steps). A cancellation of

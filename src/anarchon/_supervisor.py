@@ -13,7 +13,7 @@ from typing import Any, Final
 from ._retry import backoff
 from .logs import Action, log_fields
 
-__all__ = ["cancel_and_wait", "consume", "supervised"]
+__all__ = ["cancel_and_wait", "consume", "supervised", "wait_unless"]
 
 logger = logging.getLogger("anarchon.scheduler")
 _SCHEDULER_LOGGER: Final = logger  # cancel_and_wait's default (its parameter shadows the name)
@@ -69,6 +69,18 @@ def consume(task: asyncio.Future[Any]) -> None:
     asyncio does not report its error as "never retrieved". Logs nothing."""
     if not task.cancelled():
         task.exception()
+
+
+async def wait_unless(task: asyncio.Future[Any], other: Awaitable[Any]) -> bool:
+    """Wait for ``task`` unless ``other`` (run as a task of its own) ends first; ``other`` is
+    cancelled either way, ``task`` never: the caller decides what becomes of it when it is still
+    running. True if ``task`` is done."""
+    rival = asyncio.ensure_future(other)
+    try:
+        await asyncio.wait({task, rival}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        rival.cancel()
+    return task.done()
 
 
 async def cancel_and_wait(
