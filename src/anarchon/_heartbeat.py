@@ -35,6 +35,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Final
 
 from ._clock import Clock
@@ -196,16 +197,12 @@ class Heartbeat:
         self._version_seen: int | None = None
         self._defined: tuple[JobDefinition, ...] = ()
         self._offset = clock_offset_ms
-        self._started_ms = self.backend_now_ms()
-        self._host = socket.gethostname()
-        self._pid = os.getpid()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._failing = False
         self._warned: set[tuple[str, frozenset[str]]] = set()
         self._saved: dict[str, float] = {}  # the set this instance saved: see record_instance
         self._beats = 0
-        self._token = uuid.uuid4().hex[:16]
         self._wrote = False  # whether a record of this heartbeat is in the store
         self._alone = 0  # beats in a row that found no other process under this id
         self.shared_with: str | None = None
@@ -213,6 +210,22 @@ class Heartbeat:
         one is found (see the module's docstring); None otherwise."""
         self.last_beat_ms: int | None = None
         """When this instance last recorded itself (monotonic ms)."""
+        from . import __version__  # the package imports this module while it loads
+
+        started_ms = self.backend_now_ms()
+        self._first = InstanceRecord(
+            id=instance_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            started_ms=started_ms,
+            heartbeat_ms=started_ms,
+            interval_ms=interval_ms,
+            clock_offset_ms=None,
+            token=uuid.uuid4().hex[:16],
+        )
+        """What this instance records as it starts, before any beat: :meth:`record` is it with
+        the fields that move replaced."""
 
     def backend_now_ms(self) -> int:
         """Now on the backend's clock, as this instance last measured its offset."""
@@ -220,19 +233,11 @@ class Heartbeat:
 
     def record(self) -> InstanceRecord:
         """This instance as it records itself now."""
-        from . import __version__  # the package imports this module while it loads
-
-        return InstanceRecord(
-            id=self._id,
-            host=self._host,
-            pid=self._pid,
-            version=__version__,
-            started_ms=self._started_ms,
+        return replace(
+            self._first,
             heartbeat_ms=self.backend_now_ms(),
-            interval_ms=self.interval_ms,
             clock_offset_ms=self._offset(),
             jobs=self._definitions(),
-            token=self._token,
             shared_with=self.shared_with,
         )
 
@@ -359,7 +364,7 @@ class Heartbeat:
             if self._wrote
             and found is not None
             and found.token is not None
-            and found.token != self._token
+            and found.token != self._first.token
             else None
         )
         if other is None:
@@ -380,8 +385,8 @@ class Heartbeat:
                 "mix the ownership of their runs: give each process its own instance_id (or "
                 "leave it unset: <host>-<pid>-<random>)",
                 self._id,
-                self._host,
-                self._pid,
+                self._first.host,
+                self._first.pid,
                 process,
                 extra={
                     "action": Action.INSTANCE_ID_SHARED,
