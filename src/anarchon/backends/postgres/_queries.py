@@ -112,6 +112,8 @@ class Names:
             "pruned": table("pruned"),
             "pauses": table("pauses"),
             "requests": table("requests"),
+            "registry": table("registry"),
+            "definitions": table("definitions"),
             "requests_due": sql.Identifier(self.prefix + "requests_due"),
             # The name PostgreSQL gave migration 1's check of the status column.
             "runs_status_check": sql.Identifier(self.prefix + "runs_status_check"),
@@ -123,6 +125,8 @@ class Names:
             "claim_answer": table("claim_answer"),
             # Prefix of the claim function's advisory lock keys (one per job).
             "claim_lock": sql.Literal(f"anarchon claims {self.schema}.{self.prefix} "),
+            # Key of the advisory lock under which the registry's tables are created.
+            "registry_lock": sql.Literal(f"anarchon registry {self.schema}.{self.prefix}"),
             # The database clock in epoch ms, written once: clock_timestamp() plus a test-only
             # offset (the session setting anarchon.test_clock_offset_ms, never set in
             # production, where it reads NULL and adds 0).

@@ -14,65 +14,13 @@ read or delete of a table that is not there yet answers empty.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from anarchon.registry import InstanceRecord
 
 if TYPE_CHECKING:
     from ._backend import PostgresBackend
     from ._connection import Rows
-
-# Every statement, {table} being the registry's or the definitions' table. Writes answer a row
-# (RETURNING) as every statement sent through the backend's select and transaction does.
-STATEMENTS: Final = {
-    "create_registry": (
-        "registry",
-        "CREATE TABLE IF NOT EXISTS {table} (instance text PRIMARY KEY, "
-        "heartbeat_ms bigint NOT NULL, record text NOT NULL)",
-    ),
-    "record": (
-        "registry",
-        "INSERT INTO {table} (instance, heartbeat_ms, record) "
-        "VALUES (%(instance)s, %(heartbeat_ms)s, %(record)s) "
-        "ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, "
-        "record = excluded.record RETURNING instance",
-    ),
-    "instances": ("registry", "SELECT record FROM {table}"),
-    "remove": ("registry", "DELETE FROM {table} WHERE instance = %(instance)s RETURNING instance"),
-    "remove_silent": (
-        "registry",
-        "DELETE FROM {table} WHERE heartbeat_ms < %(cutoff_ms)s RETURNING instance",
-    ),
-    "create_definitions": (
-        "definitions",
-        "CREATE TABLE IF NOT EXISTS {table} (digest text PRIMARY KEY, "
-        "saved_ms bigint NOT NULL, data bytea NOT NULL)",
-    ),
-    "save_definitions": (
-        "definitions",
-        "INSERT INTO {table} AS t (digest, saved_ms, data) "
-        "VALUES (%(digest)s, %(saved_ms)s, %(data)s) "
-        "ON CONFLICT (digest) DO UPDATE SET saved_ms = greatest(t.saved_ms, excluded.saved_ms) "
-        "RETURNING digest",
-    ),
-    "definitions": ("definitions", "SELECT data FROM {table} WHERE digest = %(digest)s"),
-    "has_definitions": ("definitions", "SELECT 1 AS found FROM {table} WHERE digest = %(digest)s"),
-    "touch_definitions": (
-        "definitions",
-        "UPDATE {table} SET saved_ms = greatest(saved_ms, %(saved_ms)s) "
-        "WHERE digest = %(digest)s RETURNING digest",
-    ),
-    "prune_definitions": (
-        "definitions",
-        "DELETE FROM {table} WHERE saved_ms < %(cutoff_ms)s AND NOT (digest = ANY(%(keep)s)) "
-        "RETURNING digest",
-    ),
-    "exists": (
-        "registry",
-        "SELECT to_regclass(format('%%I.%%I', %(schema)s::text, %(table)s::text)) IS NOT NULL "
-        "AS found",
-    ),
-}
 
 __all__ = ["PostgresRegistry"]
 
@@ -81,37 +29,24 @@ class PostgresRegistry:
     """A :class:`~anarchon.registry.RegistryStore` in one table next to the backend's."""
 
     def __init__(self, backend: PostgresBackend) -> None:
-        from psycopg import sql
-
         self._backend = backend
         self._created: set[str] = set()  # the tables this instance created (or found)
-        self._statements = {
-            name: sql.SQL(text)
-            .format(table=sql.Identifier(backend.schema, backend.table_prefix + kind))
-            .as_bytes(None)
-            for name, (kind, text) in STATEMENTS.items()
-        }
-        # One lock per namespace: CREATE TABLE IF NOT EXISTS is not safe against itself.
-        self._create_lock = (
-            sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({key}, 0)) AS locked")
-            .format(key=sql.Literal(f"anarchon registry {backend.schema}.{backend.table_prefix}"))
-            .as_bytes(None)
-        )
 
     async def _run(self, name: str, params: dict[str, Any] | None = None) -> Rows:
-        """The rows of one statement, alone; none when its table is not there."""
-        return await self._backend._db.read_if_there(self._statements[name], params)
+        """The rows of the statement ``name`` of ``queries.sql``, alone; none when its table is
+        not there."""
+        return await self._backend._db.read_if_there(self._backend._queries[name], params)
 
-    async def _write(self, name: str, params: dict[str, Any]) -> None:
-        """One write; the first one into its table also creates the table (its ``create_``
-        statement, under the advisory lock), in one transaction."""
-        table = STATEMENTS[name][0]
+    async def _write(self, table: str, name: str, params: dict[str, Any]) -> None:
+        """One write into ``table`` (``registry`` or ``definitions``); the first one also
+        creates the table (its ``create_`` statement, under the advisory lock), in one
+        transaction."""
         if table in self._created:
             await self._run(name, params)
             return
-        db = self._backend._db
-        before = [(self._create_lock, None), (self._statements[f"create_{table}"], None)]
-        query = self._statements[name]
+        db, queries = self._backend._db, self._backend._queries
+        before = [(queries["registry_lock"], None), (queries[f"create_{table}"], None)]
+        query = queries[name]
         await db.call(lambda conn: db.transaction(conn, before, query, params))
         self._created.add(table)
 
@@ -122,32 +57,34 @@ class PostgresRegistry:
             "heartbeat_ms": instance.heartbeat_ms,
             "record": instance.to_json(),
         }
-        await self._write("record", params)
+        await self._write("registry", "registry_record", params)
 
     async def instances(self) -> list[InstanceRecord]:
         """See :meth:`anarchon.registry.RegistryStore.instances`."""
-        found = (InstanceRecord.from_json(row["record"]) for row in await self._run("instances"))
+        found = (
+            InstanceRecord.from_json(row["record"]) for row in await self._run("registry_instances")
+        )
         return [record for record in found if record is not None]
 
     async def exists(self) -> bool:
         """See :meth:`anarchon.registry.RegistryStore.exists`."""
         params = {"schema": self._backend.schema, "table": self._backend.table_prefix + "registry"}
-        [row] = await self._run("exists", params)
+        [row] = await self._run("registry_exists", params)
         return bool(row["found"])
 
     async def remove(self, instance_id: str) -> None:
         """See :meth:`anarchon.registry.RegistryStore.remove`."""
-        await self._run("remove", {"instance": instance_id})
+        await self._run("registry_remove", {"instance": instance_id})
 
     async def remove_silent(self, cutoff_ms: int) -> list[str]:
         """See :meth:`anarchon.registry.RegistryStore.remove_silent`."""
-        removed = await self._run("remove_silent", {"cutoff_ms": cutoff_ms})
+        removed = await self._run("registry_remove_silent", {"cutoff_ms": cutoff_ms})
         return [row["instance"] for row in removed]
 
     async def save_definitions(self, digest: str, data: bytes, saved_ms: int) -> None:
         """See :meth:`anarchon.registry.RegistryStore.save_definitions`."""
         params = {"digest": digest, "saved_ms": saved_ms, "data": data}
-        await self._write("save_definitions", params)
+        await self._write("definitions", "save_definitions", params)
 
     async def definitions(self, digest: str) -> bytes | None:
         """See :meth:`anarchon.registry.RegistryStore.definitions`."""

@@ -1,9 +1,10 @@
 -- Every statement the PostgreSQL backend runs.
 --
--- {schema}, {versions}, {additions}, {jobs}, {pruned}, {runs}, {pauses}, {requests} and index names are identifiers, substituted with
+-- {schema}, {versions}, {additions}, {jobs}, {pruned}, {runs}, {pauses}, {requests}, {registry},
+-- {definitions} and index names are identifiers, substituted with
 -- psycopg.sql.Identifier after the schema and table prefix were validated; every value is a
--- %(name)s parameter. (So a literal percent sign would be written %%; none is needed: mod().
--- claim_function, sent without parameters, writes RAISE's % as it is.)
+-- %(name)s parameter. (So a literal percent sign is written %%, as registry_exists does; the
+-- others need none: mod(). claim_function, sent without parameters, writes RAISE's % as it is.)
 -- Parts: run_columns, current_attempt, held_by_ticket, kept_notices, claim_notices and
 -- claim_columns are not statements but pieces of the statements below, substituted where those
 -- write {run_columns} ... (see _queries.py).
@@ -1150,3 +1151,61 @@ ORDER BY due_ms, requested_at_ms, id;
 -- name: request_done
 DELETE FROM {requests} WHERE id = %(id)s
 RETURNING id;
+
+-- The registry (anarchon.registry, _registry.py): {registry} (one record per instance) and
+-- {definitions} (one definitions set per digest), tables of their own made on the first write
+-- (the create_ statements, under registry_lock), never by a read. Each statement is sent alone
+-- in autocommit; writes answer a row (RETURNING) as every statement sent through the backend's
+-- select and transaction does.
+
+-- name: registry_lock
+-- One lock per namespace: CREATE TABLE IF NOT EXISTS is not safe against itself.
+SELECT pg_advisory_xact_lock(hashtextextended({registry_lock}, 0)) AS locked;
+
+-- name: create_registry
+CREATE TABLE IF NOT EXISTS {registry} (instance text PRIMARY KEY,
+                                       heartbeat_ms bigint NOT NULL, record text NOT NULL);
+
+-- name: registry_record
+INSERT INTO {registry} (instance, heartbeat_ms, record)
+VALUES (%(instance)s, %(heartbeat_ms)s, %(record)s)
+ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms,
+                                     record = excluded.record
+RETURNING instance;
+
+-- name: registry_instances
+SELECT record FROM {registry};
+
+-- name: registry_exists
+SELECT to_regclass(format('%%I.%%I', %(schema)s::text, %(table)s::text)) IS NOT NULL AS found;
+
+-- name: registry_remove
+DELETE FROM {registry} WHERE instance = %(instance)s RETURNING instance;
+
+-- name: registry_remove_silent
+DELETE FROM {registry} WHERE heartbeat_ms < %(cutoff_ms)s RETURNING instance;
+
+-- name: create_definitions
+CREATE TABLE IF NOT EXISTS {definitions} (digest text PRIMARY KEY,
+                                          saved_ms bigint NOT NULL, data bytea NOT NULL);
+
+-- name: save_definitions
+INSERT INTO {definitions} AS t (digest, saved_ms, data)
+VALUES (%(digest)s, %(saved_ms)s, %(data)s)
+ON CONFLICT (digest) DO UPDATE SET saved_ms = greatest(t.saved_ms, excluded.saved_ms)
+RETURNING digest;
+
+-- name: definitions
+SELECT data FROM {definitions} WHERE digest = %(digest)s;
+
+-- name: has_definitions
+SELECT 1 AS found FROM {definitions} WHERE digest = %(digest)s;
+
+-- name: touch_definitions
+UPDATE {definitions} SET saved_ms = greatest(saved_ms, %(saved_ms)s)
+WHERE digest = %(digest)s
+RETURNING digest;
+
+-- name: prune_definitions
+DELETE FROM {definitions} WHERE saved_ms < %(cutoff_ms)s AND NOT (digest = ANY(%(keep)s))
+RETURNING digest;
