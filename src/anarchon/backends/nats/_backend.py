@@ -6,8 +6,9 @@ Each method is a thin call into the package: :mod:`._claims` (the claim path),
 (every NATS call, bounded and translated; the client opened by :mod:`._client`),
 :mod:`._buckets` (the key-value buckets), :mod:`._wire` (publishes and subscriptions on
 nats-py's internals, for speed), :mod:`._stream` (creating or evolving the stream),
-:mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where) and
-:mod:`._options` (option checks and the URL form).
+:mod:`._records` (payloads and runs), :mod:`._subjects` (what is stored where),
+:mod:`._context` (the connection, window and prefix the parts share) and :mod:`._options`
+(option checks and the URL form).
 
 This is a broker: no leases, so no backup runners, overlap protection, catch-up or hand-over
 (``capabilities`` is empty and the core rejects those options when a job is added).
@@ -43,6 +44,7 @@ from ._buckets import Buckets
 from ._claims import ClaimPath
 from ._client import import_nats
 from ._connection import Connection, cancel_unfinished, within
+from ._context import Context
 from ._control import NatsControl
 from ._guard import Guard
 from ._histories import read_histories
@@ -185,15 +187,12 @@ class NatsBackend(Backend):
             replicas=self.replicas,
             shrink_window=self.shrink_window,
         )
-        self._guard = Guard(self._conn, self._buckets, self._window, self._wanted)
+        self._context = Context(self._conn, self._window, self.prefix)
+        self._guard = Guard(self._context, self._buckets, self._wanted)
         self._guarding: asyncio.Future[None] | None = None
         self._control = NatsControl(self)
         self._claims = ClaimPath(
-            self._conn,
-            self._window,
-            prefix=self.prefix,
-            history_size=self.history_size,
-            control=self._control,
+            self._context, history_size=self.history_size, control=self._control
         )
         self._claims.announce = self._announce
         self._upkeep: asyncio.Future[None] | None = None

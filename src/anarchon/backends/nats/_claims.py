@@ -42,12 +42,12 @@ from . import _errors as errors
 from . import _records as records
 from . import _subjects as subjects
 from . import _timings as timings
-from ._connection import MAX_IN_FLIGHT, Connection, in_flight
+from ._connection import MAX_IN_FLIGHT, in_flight
+from ._context import Context
 from ._readback import ReadBack
 from ._records import Claim
 from ._results import CLOCK, Results
 from ._settle import MAX_UNSURE, Kept, Settler, Unsure
-from ._window import Window
 from ._wire import Ack
 
 if TYPE_CHECKING:
@@ -156,18 +156,13 @@ class ClaimPath:
     :class:`~._settle.Settler` of claims nobody will run."""
 
     def __init__(
-        self,
-        connection: Connection,
-        window: Window,
-        *,
-        prefix: str,
-        history_size: int,
-        control: NatsControl | None = None,
+        self, context: Context, *, history_size: int, control: NatsControl | None = None
     ) -> None:
+        connection, prefix = context.connection, context.prefix
         self._connection = connection
-        self._control = control
-        self._window = window
+        self._window = context.window
         self._prefix = prefix
+        self._control = control
         self._history_size = history_size
         # Claims (by token) whose publish may have been stored without our hearing of it: a
         # duplicate ack for one of them may be our own claim, and one the scheduler gives up on
@@ -179,13 +174,7 @@ class ClaimPath:
         self.results = Results(connection, prefix=prefix)
         """Publishes the results of runs (see :mod:`._results`)."""
         self.settler = Settler(
-            connection,
-            window,
-            self.results,
-            self._readback,
-            prefix=prefix,
-            unsure=self._unsure,
-            kept=self._kept,
+            context, self.results, self._readback, unsure=self._unsure, kept=self._kept
         )
         """Settles the claims nobody will run, and runs the upkeep (see :mod:`._settle`)."""
         # Claim id -> the instance heard winning it (see hear).

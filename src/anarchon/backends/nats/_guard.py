@@ -50,8 +50,8 @@ from . import _stream as stream_setup
 from . import _timings as timings
 from ._buckets import Buckets
 from ._client import ReconnectWatch
-from ._connection import Connection, bounded
-from ._window import Window
+from ._connection import bounded
+from ._context import Context
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -59,16 +59,10 @@ logger = logging.getLogger("anarchon.backends.nats")
 class Guard:
     """Notices a lost stream or bucket under a running backend and creates it again."""
 
-    def __init__(
-        self,
-        connection: Connection,
-        buckets: Buckets,
-        window: Window,
-        wanted: stream_setup.Wanted,
-    ) -> None:
-        self._connection = connection
+    def __init__(self, context: Context, buckets: Buckets, wanted: stream_setup.Wanted) -> None:
+        self._connection = context.connection
+        self._window = context.window
         self._buckets = buckets
-        self._window = window
         self._wanted = wanted
         # Loop time when this instance found the stream missing (None: it exists), and how long
         # it then waits before making it again (the duplicate window, in s).

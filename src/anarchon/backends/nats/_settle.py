@@ -24,10 +24,10 @@ from ...kit import Action, RunStatus, log_fields
 from . import _records as records
 from . import _subjects as subjects
 from . import _timings as timings
-from ._connection import MAX_IN_FLIGHT, Connection, in_flight
+from ._connection import MAX_IN_FLIGHT, in_flight
+from ._context import Context
 from ._readback import ReadBack
 from ._results import CLOCK, RESULTS_IN_FLIGHT, Results
-from ._window import Window
 
 logger = logging.getLogger("anarchon.backends.nats")
 
@@ -65,20 +65,18 @@ class Settler:
 
     def __init__(
         self,
-        connection: Connection,
-        window: Window,
+        context: Context,
         results: Results,
         readback: ReadBack,
         *,
-        prefix: str,
         unsure: dict[str, Unsure],
         kept: dict[str, Kept],
     ) -> None:
-        self._connection = connection
-        self._window = window
+        self._connection = context.connection
+        self._window = context.window
+        self._prefix = context.prefix
         self._results = results
         self._readback = readback
-        self._prefix = prefix
         self._unsure = unsure
         self._kept = kept
 
