@@ -5,6 +5,7 @@ told, within a bound, even when they swallow their cancellation."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -91,7 +92,8 @@ async def cancel_and_wait(
 ) -> None:
     """Cancel ``tasks`` and wait for them, cancelling again while any is left: a library that
     swallows a cancellation (some drivers' timeouts do) must not make stop() hang. A task still
-    running after ``limit_s`` is left behind, logged.
+    running after ``limit_s`` is left behind, logged, and what it ends with later is consumed
+    as below.
 
     The outcome of every task that ended is consumed: an error one ended with (instead of its
     cancellation, or before it) is logged with its traceback, never raised, and asyncio does
@@ -111,6 +113,8 @@ async def cancel_and_wait(
         if task.done():
             _log_failure(task, log)
     if pending:
+        for task in pending:  # what it ends with later is consumed as the others' was
+            task.add_done_callback(functools.partial(_log_failure, log=log))
         names = ", ".join(sorted(t.get_name() for t in pending if isinstance(t, asyncio.Task)))
         log.warning(
             "%d task(s) did not stop when cancelled (%s); left behind",

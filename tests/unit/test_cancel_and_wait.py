@@ -120,3 +120,36 @@ async def test_a_task_left_behind_is_logged_on_the_callers_logger(
     assert [(r.name, getattr(r, "action", None)) for r in left] == [
         ("tests.cancel_and_wait", "stop")
     ]
+
+
+async def test_an_error_a_task_left_behind_ends_with_later_is_logged_not_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A task that swallowed the cancellations until limit_s and fails afterwards: its error was
+    # reported by asyncio as "never retrieved" (at garbage collection), not logged as stop's.
+    caplog.set_level(logging.WARNING)
+    release = asyncio.Event()
+
+    async def stubborn_then_fails() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+        raise RuntimeError("failed after it was left behind")
+
+    task = asyncio.ensure_future(stubborn_then_fails())
+    await asyncio.sleep(0)
+    await cancel_and_wait([task], limit_s=0.3)
+    assert not task.done()
+    release.set()
+    await asyncio.wait({task})
+    await asyncio.sleep(0)  # its done callbacks run
+    del task
+    gc.collect()
+    await asyncio.sleep(0)
+    assert _never_retrieved(caplog) == []
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
+    assert [(r.name, getattr(r, "action", None)) for r in logged] == [
+        ("anarchon.scheduler", "stop")
+    ]
