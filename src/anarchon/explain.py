@@ -1,18 +1,8 @@
 """Every slot's fate: why a job did or did not run at a given time (``anarchon explain``).
 
 :func:`explain` reads a job's records and definition from the backend and answers, for any
-moment, one :class:`Fate`:
-
-* ``not-a-slot``: the job's schedule has no slot then (with the nearest slot before and after);
-* ``future``: the slot is to come (when, which live instances carry the job, a pause that holds);
-* ``running``: an attempt runs now;
-* ``ran``: it ran, ``succeeded`` or ``failed`` in the end; every attempt is listed (backup
-  takeovers, hand-overs, retries of the slot with trigger ``retry``) with its instance, fence,
-  duration and result or error;
-* ``skipped``: recorded without running (overlap, too late, behind, paused by …);
-* ``missed``: recorded after the fact because no instance carried the job then (the gap);
-* ``no-record``: in the past and nothing recorded: either history was pruned (the slot is older
-  than the oldest record) or nobody claimed it.
+moment, one :class:`Fate` (each member says what it means): ``not-a-slot``, ``future``,
+``running``, ``ran``, ``skipped``, ``missed`` or ``no-record``.
 
 It looks the slot's records up by slot (:meth:`~anarchon.backend.Backend.slot_records`: SQLite,
 PostgreSQL and memory), so a job with a million records costs no more than one with ten. On a
@@ -62,12 +52,22 @@ class Fate(StrEnum):
     """What became of one slot (see the module docstring)."""
 
     NOT_A_SLOT = "not-a-slot"
+    """The job's schedule has no slot then (the answer names the nearest slot before and after)."""
     FUTURE = "future"
+    """The slot is to come (when, which live instances carry the job, a pause that holds)."""
     RUNNING = "running"
+    """An attempt runs now."""
     RAN = "ran"
+    """It ran, ``succeeded`` or ``failed`` in the end; every attempt is listed (backup takeovers,
+    hand-overs, retries of the slot with trigger ``retry``) with its instance, fence, duration and
+    result or error."""
     SKIPPED = "skipped"
+    """Recorded without running (overlap, too late, behind, paused by …)."""
     MISSED = "missed"
+    """Recorded after the fact because no instance carried the job then (the gap)."""
     NO_RECORD = "no-record"
+    """In the past and nothing recorded: either history was pruned (the slot is older than the
+    oldest record) or nobody claimed it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

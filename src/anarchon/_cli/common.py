@@ -18,10 +18,17 @@ from ..backend import Backend
 from ..errors import BackendError, BackendUnavailable
 
 EXIT_OK: Final = 0
+"""The command did what it was asked."""
 EXIT_FAILED: Final = 1
+"""The command ran and its answer is a failure: ``health`` found a problem, ``cancel`` could not
+cancel every request, the demo saw a slot run twice or not at all, or anarchon failed otherwise."""
 EXIT_USAGE: Final = 2
+"""The call was wrong: a bad option or value, a configuration that cannot work, a missing extra."""
 EXIT_NO_DATA: Final = 3
+"""Nothing to answer from: no anarchon data at the backend, no pending request of that id, no
+live instance that carries the job."""
 EXIT_BACKEND: Final = 4
+"""The backend could not be reached or failed the call (:class:`~anarchon.errors.BackendError`)."""
 EXIT_INTERRUPTED: Final = 130
 """Ctrl-C (SIGINT) ended the command: 128 + the signal's number, as a shell reports it."""
 EXIT_PIPE_CLOSED: Final = 141
