@@ -42,7 +42,7 @@ from ._clock import Clock
 from ._job import Job
 from ._options import Bound
 from .errors import AnarchonError
-from .logs import Action
+from .logs import Action, log_fields
 from .registry import (
     SILENT_HEARTBEATS,
     ClusterView,
@@ -332,7 +332,7 @@ class Heartbeat:
                     self._id,
                     self.interval_ms,
                     exc,
-                    extra={"action": Action.REGISTRY_UNAVAILABLE},
+                    extra=log_fields(Action.REGISTRY_UNAVAILABLE),
                 )
             return None
         self.last_beat_ms = self._clock.monotonic_ms()
@@ -341,14 +341,14 @@ class Heartbeat:
             logger.info(
                 "instance %s records itself in the registry again",
                 self._id,
-                extra={"action": Action.REGISTRY_RECOVERED},
+                extra=log_fields(Action.REGISTRY_RECOVERED),
             )
         for gone in removed:
             logger.info(
                 "removed instance %s from the registry: silent for over %d of its heartbeats",
                 gone,
                 SILENT_HEARTBEATS,
-                extra={"action": Action.INSTANCE_REMOVED, "instance": gone},
+                extra=log_fields(Action.INSTANCE_REMOVED, instance=gone),
             )
         self._warn_drift(view)
         self.instances_seen = len(view.instances)
@@ -373,7 +373,7 @@ class Heartbeat:
                 logger.info(
                     "instance %s: no other process records itself under this id any more",
                     self._id,
-                    extra={"action": Action.INSTANCE_ID_SHARED_ENDED, "instance": self._id},
+                    extra=log_fields(Action.INSTANCE_ID_SHARED_ENDED, instance=self._id),
                 )
                 self.shared_with = None
             return
@@ -388,12 +388,12 @@ class Heartbeat:
                 self._first.host,
                 self._first.pid,
                 process,
-                extra={
-                    "action": Action.INSTANCE_ID_SHARED,
-                    "instance": self._id,
-                    "other_host": other.host,
-                    "other_pid": other.pid,
-                },
+                extra=log_fields(
+                    Action.INSTANCE_ID_SHARED,
+                    instance=self._id,
+                    other_host=other.host,
+                    other_pid=other.pid,
+                ),
             )
         self.shared_with = process
 
@@ -407,9 +407,9 @@ class Heartbeat:
                 "%s; until every instance carries one definition, each instance fires the slots "
                 "of its own (both schedules run)",
                 drift.describe(),
-                extra={
-                    "action": Action.DEFINITION_DRIFT,
-                    "job": drift.job,
-                    "instances": [list(ids) for _, ids in drift.variants],
-                },
+                extra=log_fields(
+                    Action.DEFINITION_DRIFT,
+                    drift.job,
+                    instances=[list(ids) for _, ids in drift.variants],
+                ),
             )

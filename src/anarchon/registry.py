@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from .control import ALL_JOBS
-from .logs import Action
+from .logs import Action, log_fields
 
 if TYPE_CHECKING:
     from ._models import Run
@@ -415,7 +415,7 @@ async def read_instances(store: RegistryStore, now_ms: int | None = None) -> lis
                     digest[:16],
                     record.carried,
                     RECHECK_S,
-                    extra={"action": Action.DEFINITIONS_MISSING, "instance": record.id},
+                    extra=log_fields(Action.DEFINITIONS_MISSING, instance=record.id),
                 )
             out.append(record)
             continue

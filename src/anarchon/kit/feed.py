@@ -29,7 +29,7 @@ from ..backend import (
     ClaimNotice,
     ClaimOutcome,
 )
-from ..logs import Action
+from ..logs import Action, log_fields
 from .calls import consume
 
 __all__ = ["ChangeFeed", "NextChanges", "decode_notices", "encode_notice", "won_notices"]
@@ -84,7 +84,7 @@ def decode_notices(data: str | bytes, logger: logging.Logger) -> list[ClaimNotic
             "dropping a malformed claim notice %.200r: %s",
             data,
             exc,
-            extra={"action": Action.CLAIM_NOTICE_MALFORMED},
+            extra=log_fields(Action.CLAIM_NOTICE_MALFORMED),
         )
         return []
     return notices
@@ -144,7 +144,7 @@ class ChangeFeed:
                 self.logger.exception(
                     "a claim listener failed on %d notice(s); the others were still told",
                     len(notices),
-                    extra={"action": Action.LISTENER_FAILED, "job": notices[0].job},
+                    extra=log_fields(Action.LISTENER_FAILED, notices[0].job),
                 )
 
     def add(self, listener: ChangeListener) -> None:
@@ -162,7 +162,7 @@ class ChangeFeed:
                     "a change listener failed on %s/%s; the others were still told",
                     event.job,
                     event.slot_key,
-                    extra={"action": Action.LISTENER_FAILED, "job": event.job},
+                    extra=log_fields(Action.LISTENER_FAILED, event.job),
                 )
 
     def start(
@@ -226,7 +226,7 @@ class ChangeFeed:
             self.logger.warning(
                 "change notifications lost: %s; backups check at lease expiry until they resume",
                 error,
-                extra={"action": Action.NOTIFICATIONS_LOST},
+                extra=log_fields(Action.NOTIFICATIONS_LOST),
             )
 
     def resumed(self) -> None:
@@ -235,7 +235,7 @@ class ChangeFeed:
         if self._lost:
             self._lost = False
             self.logger.info(
-                "change notifications resumed", extra={"action": Action.NOTIFICATIONS_RESUMED}
+                "change notifications resumed", extra=log_fields(Action.NOTIFICATIONS_RESUMED)
             )
 
     async def _run(
