@@ -20,11 +20,12 @@ from __future__ import annotations
 # which take seconds on a loaded host (see its docstring).
 from . import _early, errors  # noqa: F401
 from ._context import RunContext
-from ._metrics import JobMetrics, Metrics
+from ._job import Handler, JobKwargs, Timezone
+from ._metrics import Histogram, JobMetrics, Metrics
 from ._models import CatchUp, Overlap, Run, RunStatus, SkipCause, Trigger
-from ._observation import Observation
+from ._observation import Observation, ObservedState
 from ._schedule import CronSchedule
-from ._scheduler import Scheduler
+from ._scheduler import LifeCycle, Scheduler
 from ._urls import backend_from_url
 from .backend import Backend, Capability, LeaseBackend
 from .backends.memory import MemoryBackend
@@ -42,13 +43,18 @@ __all__ = [
     "Capability",
     "CatchUp",
     "CronSchedule",
+    "Handler",
     "Health",
+    "Histogram",
+    "JobKwargs",
     "JobMetrics",
     "LeaseBackend",
+    "LifeCycle",
     "MemoryBackend",
     "Metrics",
     "NatsBackend",
     "Observation",
+    "ObservedState",
     "Overlap",
     "PostgresBackend",
     "RedisBackend",
@@ -58,6 +64,7 @@ __all__ = [
     "SQLiteBackend",
     "Scheduler",
     "SkipCause",
+    "Timezone",
     "Trigger",
     "__version__",
     "backend_from_url",

@@ -25,6 +25,8 @@ __all__ = ["Handler", "Job", "JobOptions", "OnFailure", "RetryPolicy", "Timezone
 # RunContext and Run are imported at run time: Scheduler.add's and Scheduler.job's signatures
 # name them through these aliases, and typing.get_type_hints resolves them.
 Handler: TypeAlias = Callable[[RunContext], Awaitable[Any]] | Callable[[RunContext], Any]
+"""A job's handler (:meth:`Scheduler.add <anarchon.Scheduler.add>`): a function of the run's
+:class:`~anarchon.RunContext`, a coroutine function or a plain one (run in a worker thread)."""
 
 NAME_RULE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 DEFAULT_JITTER_MS: Final = 2_000

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ._scheduler import Scheduler
     from .backend import Backend
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Health", "healthz"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Health", "ObservedState", "healthz"]
 
 #: How long :meth:`Scheduler.health` waits for the backend, and :func:`healthz` for the loop (s).
 DEFAULT_TIMEOUT_S: Final = 2.0

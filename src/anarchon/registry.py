@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, runtime_checkable
 
 from .control import ALL_JOBS
 from .logs import Action, log_fields
@@ -54,6 +54,7 @@ __all__ = [
     "InstanceRecord",
     "JobDefinition",
     "JobView",
+    "OptionValue",
     "RegistryStore",
     "build_view",
     "carrier_warning",
@@ -77,8 +78,8 @@ RECORD_VERSION: Final = 2
 #: The versions this one reads: 1 kept the definitions inline, 2 names them by digest.
 READABLE_VERSIONS: Final = (1, 2)
 
-OptionValue = str | int | bool | None
-"""The value of one resolved job option."""
+OptionValue: TypeAlias = str | int | bool | None
+"""The value of one resolved job option (:attr:`JobDefinition.options`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

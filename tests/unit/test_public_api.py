@@ -102,3 +102,54 @@ def test_scheduler_add_documents_every_option() -> None:
         assert f"- ``{option}`` (" in doc, option
     for param in ("name", "schedule", "handler", "options"):
         assert f":param {param}:" in doc, param
+
+
+def test_the_types_the_api_hands_out_are_exported() -> None:
+    # Observation.state and Health.state were typed by a private alias, Scheduler.state by
+    # another, Metrics' histograms were importable from anarchon.prometheus only, and the
+    # backends' control and registry from private modules (tests/unit/test_public_types.py).
+    import typing
+
+    import anarchon.backends.nats
+    import anarchon.backends.postgres
+    import anarchon.backends.redis
+    import anarchon.backends.sqlite
+    import anarchon.health
+    import anarchon.integrations.django
+    import anarchon.prometheus
+    import anarchon.registry
+
+    hints = typing.get_type_hints
+    assert hints(anarchon.Observation)["state"] is anarchon.ObservedState
+    assert (
+        hints(anarchon.Health)["state"] is anarchon.health.ObservedState is anarchon.ObservedState
+    )
+    assert hints(vars(anarchon.Scheduler)["state"].fget)["return"] is anarchon.LifeCycle
+    assert (
+        hints(anarchon.Metrics)["fire_lag"] is anarchon.Histogram is anarchon.prometheus.Histogram
+    )
+    assert hints(anarchon.Scheduler.add)["handler"] is anarchon.Handler
+    assert hints(anarchon.JobKwargs)["timezone"] is anarchon.Timezone
+    options = hints(anarchon.registry.JobDefinition)["options"]
+    assert typing.get_args(options)[1] is anarchon.registry.OptionValue
+    for module in (
+        anarchon.backends.nats,
+        anarchon.backends.postgres,
+        anarchon.backends.redis,
+        anarchon.backends.sqlite,
+    ):
+        [backend] = [getattr(module, n) for n in module.__all__ if n.endswith("Backend")]
+        for store in ("control", "registry"):
+            member = getattr(backend, store)
+            returned = hints(member.fget if isinstance(member, property) else member)["return"]
+            assert (
+                returned.__name__ in module.__all__
+                and getattr(module, returned.__name__) is returned
+            )
+    assert hints(anarchon.NatsBackend.__init__)["access_options"].__args__[0] is (
+        anarchon.backends.nats.AccessKwargs
+    )
+    assert (
+        hints(anarchon.integrations.django.registered_jobs)["return"]
+        == list[anarchon.integrations.django.JobSpec]
+    )

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "Guard", "SignInLimit", "TokenCheck"]
 
-TokenCheck: TypeAlias = "Callable[[Request], Awaitable[str | None] | str | None]"
+# Request quoted alone (starlette is imported when the dashboard is built): the alias is a type
+# at run time, so typing.get_type_hints(dashboard) reads ``str | TokenCheck | None``.
+TokenCheck: TypeAlias = Callable[["Request"], Awaitable[str | None] | str | None]
 """The host app's check: given the request, the operator's name, or None to refuse."""
 
 CSRF_COOKIE: Final = "anarchon_csrf"

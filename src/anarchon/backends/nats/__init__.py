@@ -15,5 +15,8 @@ long, in ``_timings.py``. nats-py is imported only when the backend is construct
 from __future__ import annotations
 
 from ._backend import NatsBackend
+from ._control import NatsControl
+from ._options import AccessKwargs
+from ._registry import NatsRegistry
 
-__all__ = ["NatsBackend"]
+__all__ = ["AccessKwargs", "NatsBackend", "NatsControl", "NatsRegistry"]

@@ -24,5 +24,7 @@ anarchon works without them (``pip install 'anarchon[postgres]'``).
 from __future__ import annotations
 
 from ._backend import PostgresBackend
+from ._control import PostgresControl
+from ._registry import PostgresRegistry
 
-__all__ = ["PostgresBackend"]
+__all__ = ["PostgresBackend", "PostgresControl", "PostgresRegistry"]

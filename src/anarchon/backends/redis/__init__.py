@@ -25,5 +25,7 @@ Where things are (the same files as every backend package):
 from __future__ import annotations
 
 from ._backend import RedisBackend
+from ._control import RedisControl
+from ._registry import RedisRegistry
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "RedisControl", "RedisRegistry"]

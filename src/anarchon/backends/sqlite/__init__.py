@@ -32,5 +32,7 @@ connection, its thread and transactions in ``_connection.py``; the clock and its
 from __future__ import annotations
 
 from ._backend import SQLiteBackend
+from ._control import SQLiteControl
+from ._registry import SQLiteRegistry
 
-__all__ = ["SQLiteBackend"]
+__all__ = ["SQLiteBackend", "SQLiteControl", "SQLiteRegistry"]

@@ -66,7 +66,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "pip install 'anarchon[django]'"
     ) from exc
 
-__all__ = ["ImproperlyConfigured", "backend_url", "build_scheduler", "job", "registered_jobs"]
+__all__ = [
+    "ImproperlyConfigured",
+    "JobSpec",
+    "backend_url",
+    "build_scheduler",
+    "job",
+    "registered_jobs",
+]
 
 H = TypeVar("H", bound=Callable[[RunContext], Any])
 
