@@ -2,7 +2,7 @@
 certificates made for the test, ``pg_hba.conf`` refusing connections without TLS and asking for
 a client certificate signed by the CA (and one role's password). The backend migrates and claims
 with ``sslmode=verify-full``; without the client certificate, the CA, TLS itself or the right
-password, ``start()`` fails within ``timeout_ms``, saying why (never showing the password).
+password, ``start()`` fails at once, saying why and what to change (never showing the password).
 libpq does the TLS (not Python's ``ssl``), so Python 3.13's strict certificate checks do not
 apply here."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 
-from anarchon import BackendUnavailable, backend_from_url
+from anarchon import BackendError, BackendUnavailable, backend_from_url
 from anarchon.backend import ClaimStatus
 from anarchon.backends.postgres import PostgresBackend
 from tests.chaos.servers import PrivatePostgres
@@ -101,25 +102,29 @@ async def test_claims_over_tls_with_verify_full(tls_postgres: TlsPostgres) -> No
 
 
 @pytest.mark.parametrize(
-    ("sslmode", "left_out", "why"),
+    ("sslmode", "left_out", "why", "change"),
     [
         # pg_hba.conf asks for a client certificate; nothing to check the server's by; pg_hba.conf
         # refuses connections without TLS.
-        ("verify-full", "sslcert", "requires a valid client certificate"),
-        ("verify-full", "sslrootcert", 'root certificate file "'),
-        ("disable", "", "pg_hba.conf rejects connection"),
+        ("verify-full", "sslcert", "requires a valid client certificate", "give sslcert"),
+        ("verify-full", "sslrootcert", 'root certificate file "', "give sslrootcert"),
+        ("disable", "", "pg_hba.conf rejects connection", "add a pg_hba.conf entry"),
     ],
 )
 async def test_a_refused_tls_connection_fails_start_saying_why(
-    tls_postgres: TlsPostgres, sslmode: str, left_out: str, why: str
+    tls_postgres: TlsPostgres, sslmode: str, left_out: str, why: str, change: str
 ) -> None:
     files = {k: v for k, v in tls_postgres.every_file().items() if k != left_out}
     if left_out == "sslcert":
         del files["sslkey"]
     backend = backend_from_url(tls_postgres.url(files, sslmode))
-    with pytest.raises(BackendUnavailable, match="cannot connect to PostgreSQL") as failed:
+    began = time.monotonic()
+    with pytest.raises(BackendError, match="refused the connection: ") as failed:
         await asyncio.wait_for(backend.start(), 15)
-    assert why in str(failed.value)
+    # Refused for good: at once, not after timeout_ms (5 s) as for a server that is down.
+    assert time.monotonic() - began < 2.5
+    assert not isinstance(failed.value, BackendUnavailable)
+    assert why in str(failed.value) and change in str(failed.value)
     assert f"127.0.0.1:{tls_postgres.port}" in str(failed.value)
     await backend.stop()
 
@@ -136,9 +141,15 @@ async def test_a_password_refused_fails_start_saying_so_and_is_never_shown(
     finally:
         await right.stop()
     wrong = backend_from_url(tls_postgres.url(files, user=f"{USER}:Wr0ng-pw"))
-    with pytest.raises(BackendUnavailable, match="cannot connect to PostgreSQL") as failed:
+    began = time.monotonic()
+    with pytest.raises(BackendError, match="refused the connection: ") as failed:
         await asyncio.wait_for(wrong.start(), 15)
-    assert f'password authentication failed for user "{USER}"' in str(failed.value)
+    assert time.monotonic() - began < 2.5, "refused for good: at once, not after timeout_ms"
+    assert not isinstance(failed.value, BackendUnavailable)
+    assert str(failed.value).endswith(
+        f'FATAL: password authentication failed for user "{USER}"; fix the password '
+        "(DSN, PGPASSWORD or ~/.pgpass)"
+    ), str(failed.value)
     for shown in (str(failed.value), repr(right), repr(wrong), caplog.text):
         assert PASSWORD not in shown and "Wr0ng-pw" not in shown
     await wrong.stop()

@@ -98,6 +98,8 @@ async def require_postgres_data(backend: Backend) -> None:
         return  # a pool or connection passed in: nothing to check without starting
     import psycopg
 
+    from ..backends.postgres._errors import refusal
+
     name = f"{backend.schema}.{backend.table_prefix}schema_version"  # type: ignore[attr-defined]
     try:
         async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=5) as conn:
@@ -105,7 +107,10 @@ async def require_postgres_data(backend: Backend) -> None:
             row = await cursor.fetchone()
     except psycopg.Error as exc:
         # A BackendError, as Redis and NATS raise when they cannot connect: exit 4, and
-        # `health --json` still prints its JSON.
+        # `health --json` still prints its JSON. Refused for good: the backend's own words.
+        refused = refusal(exc)
+        if refused is not None:
+            raise BackendError(f"{where(backend)} refused the connection: {refused}") from None
         raise BackendUnavailable(f"cannot reach {where(backend)}: {exc}") from None
     if not (row and row[0]):
         raise no_data(backend)

@@ -4,23 +4,36 @@ psycopg_pool logs each failed connection attempt and raises only its own timeout
 start that found no connection in time could say only that. The pool's connections are made by
 :class:`PoolConnection`, which notes each attempt's outcome in the :class:`ConnectAttempts` the
 backend passes among the pool's connection arguments (``kwargs``): a pool timeout then says why
-(a refused password, a role not permitted to log in, ``pg_hba.conf``, TLS, a server down).
+(a refused password, a role not permitted to log in, ``pg_hba.conf``, TLS, a server down). An
+attempt the server refused for good (:func:`._errors.refusal`) is noted apart, so that a start
+ends at once instead of waiting out ``timeout_ms`` for a connection that cannot come.
 Imported only when the backend opens its own pool (it needs psycopg).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import AsyncConnection
 
-from ._errors import first_line
+from ._errors import first_line, refusal
 
-__all__ = ["ATTEMPTS_ARG", "ConnectAttempts", "PoolConnection", "quiet_while_opening"]
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+__all__ = [
+    "ATTEMPTS_ARG",
+    "ConnectAttempts",
+    "PoolConnection",
+    "open_unless_refused",
+    "quiet_while_opening",
+]
 
 #: The pool's connection argument that carries the :class:`ConnectAttempts` (never sent to libpq).
 ATTEMPTS_ARG: Final = "anarchon_attempts"
@@ -29,11 +42,15 @@ ATTEMPTS_ARG: Final = "anarchon_attempts"
 class ConnectAttempts:
     """The outcome of a pool's last connection attempt."""
 
-    __slots__ = ("failure",)
+    __slots__ = ("failure", "refusal", "refused")
 
     def __init__(self) -> None:
         #: The first line of the last attempt's error; None once an attempt succeeded.
         self.failure: str | None = None
+        #: The server's words and what to change when the last attempt was refused for good.
+        self.refusal: str | None = None
+        #: Set while :attr:`refusal` is: a start waits for it or the pool, whichever is first.
+        self.refused = asyncio.Event()
 
 
 class PoolConnection(AsyncConnection[Any]):
@@ -49,10 +66,37 @@ class PoolConnection(AsyncConnection[Any]):
         except Exception as exc:
             if attempts is not None:
                 attempts.failure = first_line(exc)
+                attempts.refusal = refusal(exc)
+                if attempts.refusal is not None:
+                    attempts.refused.set()
             raise
         if attempts is not None:
-            attempts.failure = None
+            attempts.failure = attempts.refusal = None
+            attempts.refused.clear()
         return conn
+
+
+async def open_unless_refused(
+    pool: AsyncConnectionPool[Any], attempts: ConnectAttempts, timeout_s: float
+) -> bool:
+    """Open ``pool`` and wait up to ``timeout_s`` for its first connection, as
+    ``pool.open(wait=True)``, unless an attempt is refused for good first: False then (the wait
+    is given up, the pool is the caller's to close). True once open; the pool's error if not."""
+    opening = asyncio.ensure_future(pool.open(wait=True, timeout=timeout_s))
+    refused = asyncio.ensure_future(attempts.refused.wait())
+    try:
+        await asyncio.wait((opening, refused), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        refused.cancel()
+        if not opening.done():
+            opening.cancel()
+            # Cancelled, or ended meanwhile: its outcome is the refusal's to report.
+            with contextlib.suppress(BaseException):
+                await opening
+    if opening.cancelled():
+        return False
+    opening.result()
+    return True
 
 
 class _QuietOpening(logging.Filter):

@@ -195,7 +195,13 @@ class Connections(Statements):
     async def _open_pool(self) -> None:
         from psycopg_pool import AsyncConnectionPool
 
-        from ._attempts import ATTEMPTS_ARG, ConnectAttempts, PoolConnection, quiet_while_opening
+        from ._attempts import (
+            ATTEMPTS_ARG,
+            ConnectAttempts,
+            PoolConnection,
+            open_unless_refused,
+            quiet_while_opening,
+        )
 
         timeout_s = self.options.timeout_ms / 1000
         if self._given is None:
@@ -215,10 +221,18 @@ class Connections(Statements):
             try:
                 with quiet_while_opening(pool.name):
                     try:
-                        await pool.open(wait=True, timeout=timeout_s)
+                        opened = await open_unless_refused(pool, attempts, timeout_s)
                     except BaseException:  # also cancelled: a stop during the start
                         await pool.close()
                         raise
+                    if not opened:  # refused for good: no retry would connect
+                        refused = attempts.refusal
+                        await pool.close()
+                        raise BackendError(
+                            f"PostgreSQL {self.where} refused the connection: {refused}"
+                        )
+            except BackendError:
+                raise
             except Exception as exc:
                 why = attempts.failure or translate(exc, self.where) or exc
                 raise BackendUnavailable(

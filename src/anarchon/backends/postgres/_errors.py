@@ -5,6 +5,11 @@ Transient (retried by the scheduler with backoff): the server cannot be reached 
 that cannot hand out a connection in time, an operation past its timeout, a standby that
 refuses writes during a failover, a deadlock or serialisation failure. Anything else, such as
 a missing privilege or a table changed by hand, is permanent.
+
+A connection the server refuses for a reason no retry fixes (a role or database that does not
+exist, a password refused, ``pg_hba.conf``, a role that may not log in, TLS the DSN asks for and
+the server has not, a client certificate missing or a CA file not found) is named by
+:func:`refusal`: a start that meets one fails at once instead of waiting out ``timeout_ms``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Final
 
 from anarchon.errors import BackendError, BackendUnavailable
 
-__all__ = ["first_line", "is_transient", "translate"]
+__all__ = ["first_line", "is_transient", "refusal", "translate"]
 
 # SQLSTATEs that mean "try again later" although psycopg does not raise OperationalError.
 _TRANSIENT_SQLSTATES: Final = frozenset(
@@ -29,6 +34,62 @@ _TRANSIENT_SQLSTATES: Final = frozenset(
         "57014",  # query_canceled
     }
 )
+
+
+# Words of the server's (or libpq's) refusal of a connection that no retry fixes, each with what
+# to change. The server's messages are in English unless its lc_messages says otherwise: one in
+# another language is not recognised and is retried until timeout_ms, as any failed attempt.
+_REFUSALS: Final = (
+    ('role "', "does not exist", "create the role or fix the user name in the DSN"),
+    ('database "', "does not exist", "create the database or fix its name in the DSN"),
+    ("password authentication failed", "", "fix the password (DSN, PGPASSWORD or ~/.pgpass)"),
+    ("no password supplied", "", "give the password (DSN, PGPASSWORD or ~/.pgpass)"),
+    ("pg_hba.conf", "", "add a pg_hba.conf entry for this host, user and database, or fix the DSN"),
+    ("is not permitted to log in", "", "give the role LOGIN (ALTER ROLE ... LOGIN)"),
+    ("permission denied for database", "", "GRANT CONNECT ON DATABASE to the role"),
+    ("authentication failed for user", "", "fix the user or the credentials in the DSN"),
+    (
+        "requires a valid client certificate",
+        "",
+        "give sslcert and sslkey in the DSN: a client certificate the server's CA signed",
+    ),
+    (
+        'root certificate file "',
+        "does not exist",
+        "give sslrootcert in the DSN: the CA that signed the server's certificate",
+    ),
+    (
+        "server does not support SSL",
+        "",
+        "turn TLS on in the server, or an sslmode in the DSN that does not require it",
+    ),
+)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """For a connection attempt the server refused for good (see :data:`_REFUSALS`): the
+    server's words and what to change; None for anything else (retried as before: a server
+    down, starting up or out of connection slots)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
+        return None
+    for line in str(exc).splitlines():
+        for first, then, change in _REFUSALS:
+            at = line.find(first)
+            if at >= 0 and then in line[at:]:
+                return f"{_server_words(line)}; {change}"
+    return None
+
+
+def _server_words(line: str) -> str:
+    """The refusal in libpq's line ``connection failed: connection to server at ... failed:
+    FATAL:  ...``: from ``FATAL:`` on (else after the last ``failed:``), spaces made single."""
+    at = line.find("FATAL:")
+    if at < 0:
+        after = line.rfind("failed: ")
+        at = after + len("failed: ") if after >= 0 else 0
+    return " ".join(line[at:].split())
 
 
 def is_transient(exc: BaseException) -> bool:
