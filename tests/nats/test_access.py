@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from anarchon import BackendError, BackendUnavailable, InvalidOption, backend_from_url
+from anarchon import (
+    BackendError,
+    BackendUnavailable,
+    InvalidOption,
+    Scheduler,
+    backend_from_url,
+)
 from anarchon.backend import ClaimStatus
 from anarchon.backends.nats import NatsBackend
 from tests.nats.conftest import VERSIONS
@@ -236,3 +242,66 @@ async def test_a_creds_file_on_an_operator_mode_server(
     assert len(seeds) == 2
     for seed in seeds:
         assert seed not in caplog.text
+
+
+REFUSED_ADVICE = (
+    "Error: 'Authorization Violation'. The server refused the credentials: give the user and "
+    "password, the token or the .creds file its authorization accepts (in the URL or "
+    "NatsBackend's options)"
+)
+
+
+def _refused_urls(server: NatsServer) -> list[tuple[str, str]]:
+    """URLs whose credentials ``server`` (user admin, PASSWORD) refuses, each as shown."""
+    host = f"127.0.0.1:{server.port}"
+    return [
+        (f"nats://{host}", f"nats://{host}"),
+        (f"nats://admin:{PASSWORD}x@{host}", f"nats://admin:***@{host}"),
+    ]
+
+
+async def test_refused_credentials_fail_at_once_saying_what_to_change(
+    conf_server: Callable[[str], NatsServer],
+) -> None:
+    """A server that refuses the credentials (none, or a wrong password) fails the start at
+    once, every option at its default: the server's words and what to change, not the advice
+    for a server that is down ("Check that nats-server runs there, with JetStream enabled ...",
+    before)."""
+    server = conf_server(f'authorization {{\n  user: admin\n  password: "{PASSWORD}"\n}}')
+    for url, shown in _refused_urls(server):
+        for how in ("start", "async with"):
+            scheduler = Scheduler(backend_from_url(url))
+            began = time.monotonic()
+            with pytest.raises(BackendError) as failed:
+                if how == "start":
+                    await scheduler.start()
+                else:
+                    async with scheduler:
+                        pass
+            assert time.monotonic() - began < 2.5, "refused for good: at once"
+            assert not isinstance(failed.value, BackendUnavailable)
+            assert str(failed.value) == f"cannot connect to NATS at {shown}: {REFUSED_ADVICE}"
+
+
+def test_the_cli_says_what_to_change_for_refused_credentials(
+    conf_server: Callable[[str], NatsServer], tmp_path: Path
+) -> None:
+    server = conf_server(f'authorization {{\n  user: admin\n  password: "{PASSWORD}"\n}}')
+    (tmp_path / "app.py").write_text(
+        "from anarchon import Scheduler\n"
+        "scheduler = Scheduler()\n"
+        "scheduler.add('tick', '* * * * *', lambda ctx: None)\n"
+    )
+    for url, shown in _refused_urls(server):
+        for args in (["jobs"], ["run", "app:scheduler"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "anarchon", *args, "--backend", url],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 4, done.stderr
+            said = f"anarchon: cannot connect to NATS at {shown}: {REFUSED_ADVICE}\n"
+            assert done.stderr == said
+            _no_secret(done.stdout, done.stderr)

@@ -290,9 +290,7 @@ class Opener:
                 cause,
                 self.scrub(
                     f"cannot connect to NATS at {servers_shown(self._shown)}: "
-                    f"{errors.describe(cause)}. Check that nats-server runs there, with "
-                    "JetStream enabled (nats-server -js), and that the URL, credentials and "
-                    "TLS files are right"
+                    f"{errors.describe(cause)}. {errors.connect_advice(cause)}"
                 ),
             ) from None
         except BaseException:  # cancelled (a stop during the start): leave nothing connecting

@@ -152,6 +152,23 @@ def connect_error(exc: BaseException, message: str) -> BackendError:
     return (BackendUnavailable if is_unreachable(exc) else BackendError)(message)
 
 
+def connect_advice(exc: BaseException) -> str:
+    """What to change when a connection attempt failed with ``exc``: the credentials when the
+    server refused them, else everything a connection needs."""
+    import nats.errors
+
+    refused = nats.errors.AuthorizationError | nats.errors.InvalidUserCredentialsError
+    if isinstance(exc, refused) or "authorization violation" in str(exc).lower():
+        return (
+            "The server refused the credentials: give the user and password, the token or the "
+            ".creds file its authorization accepts (in the URL or NatsBackend's options)"
+        )
+    return (
+        "Check that nats-server runs there, with JetStream enabled (nats-server -js), and "
+        "that the URL, credentials and TLS files are right"
+    )
+
+
 def describe(exc: BaseException) -> str:
     """A short text for an exception from nats-py (whose ``str()`` is often empty)."""
     import nats.js.errors

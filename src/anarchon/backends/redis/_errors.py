@@ -80,6 +80,11 @@ def translate(exc: BaseException, where: str) -> BackendError:
         return BackendError(text + " (check the URL's credentials and the user's ACL)")
     if is_transient(exc):
         return BackendUnavailable(text)
+    if isinstance(exc, rx.ResponseError) and "DB index is out of range" in str(exc):
+        return BackendError(
+            text + " (the database number, the URL's path, must be below the server's "
+            "'databases' setting, 16 unless changed)"
+        )
     return BackendError(text)
 
 
