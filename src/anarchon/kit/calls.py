@@ -24,6 +24,9 @@ once here:
   uses so that it cannot hang. Their outcomes are consumed: an error a task ended with is
   logged (on the ``logger`` the backend passes), never raised nor left for asyncio's "exception
   was never retrieved".
+* :func:`wait_unless` waits for a task unless something else ends first (a stop, a refusal, a
+  deadline), and leaves the task to the caller: what to do with a call still running is the
+  caller's choice (cancel and consume it, cancel and wait for its clean-up).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from .._retry import backoff
-from .._supervisor import cancel_and_wait, consume
+from .._supervisor import cancel_and_wait, consume, wait_unless
 from ..errors import AnarchonError, BackendError, BackendUnavailable
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "cancel_and_wait",
     "consume",
     "retrying",
+    "wait_unless",
 ]
 
 T = TypeVar("T")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import AsyncConnection
 
+from ...kit.calls import wait_unless
 from ._errors import first_line, refusal
 
 if TYPE_CHECKING:
@@ -83,11 +84,9 @@ async def open_unless_refused(
     ``pool.open(wait=True)``, unless an attempt is refused for good first: False then (the wait
     is given up, the pool is the caller's to close). True once open; the pool's error if not."""
     opening = asyncio.ensure_future(pool.open(wait=True, timeout=timeout_s))
-    refused = asyncio.ensure_future(attempts.refused.wait())
     try:
-        await asyncio.wait((opening, refused), return_when=asyncio.FIRST_COMPLETED)
+        await wait_unless(opening, attempts.refused.wait())
     finally:
-        refused.cancel()
         if not opening.done():
             opening.cancel()
             # Cancelled, or ended meanwhile: its outcome is the refusal's to report.
