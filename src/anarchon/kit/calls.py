@@ -24,6 +24,8 @@ once here:
   uses so that it cannot hang. Their outcomes are consumed: an error a task ended with is
   logged (on the ``logger`` the backend passes), never raised nor left for asyncio's "exception
   was never retrieved".
+* :class:`Outage` logs a backend's outage once when its calls start failing and once when it
+  answers again, with the same actions and levels on every backend.
 * :func:`wait_unless` waits for a task unless something else ends first (a stop, a refusal, a
   deadline), and leaves the task to the caller: what to do with a call still running is the
   caller's choice (cancel and consume it, cancel and wait for its clean-up).
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
@@ -41,9 +44,11 @@ from typing import Any, NoReturn, TypeVar
 from .._retry import backoff
 from .._supervisor import cancel_and_wait, consume, wait_unless
 from ..errors import AnarchonError, BackendError, BackendUnavailable
+from ..logs import Action, log_fields
 
 __all__ = [
     "Deadlines",
+    "Outage",
     "Translate",
     "bounded_call",
     "cancel_and_wait",
@@ -168,6 +173,47 @@ class _Limit:
         if not self.fired:
             self.fired = True
             self.task.cancel()
+
+
+class Outage:
+    """A backend's outage, logged once when its calls stop being answered
+    (``backend_unavailable``, WARNING) and once when one is answered again
+    (``backend_recovered``, WARNING), however many calls fail in between.
+
+    :param logger: the backend's logger (``anarchon.backends.<name>``).
+    :param where: how the recovery names the backend (``Redis 10.0.0.5:6379/0``).
+
+    :attr:`down` is a plain attribute, so a call's path pays one attribute read when all is
+    well: ``if outage.down: outage.answered()``."""
+
+    __slots__ = ("_logger", "_where", "down")
+
+    def __init__(self, logger: logging.Logger, where: str) -> None:
+        self._logger = logger
+        self._where = where
+        self.down = False
+        """True from the first unanswered call until a call is answered."""
+
+    def failed(self, error: BaseException) -> None:
+        """A call went unanswered with ``error`` (whose first line names the backend, as
+        :func:`bounded_call`'s and every backend's translated errors do): logged if this
+        starts an outage."""
+        if not self.down:
+            self.down = True
+            text = str(error).strip() or type(error).__name__
+            self._logger.warning(
+                "%s; calls fail until it answers again",
+                text.splitlines()[0],
+                extra=log_fields(Action.BACKEND_UNAVAILABLE),
+            )
+
+    def answered(self) -> None:
+        """A call was answered: logged if this ends an outage."""
+        if self.down:
+            self.down = False
+            self._logger.warning(
+                "%s answers again", self._where, extra=log_fields(Action.BACKEND_RECOVERED)
+            )
 
 
 class Deadlines:

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit import Action, log_fields
-from anarchon.kit.calls import bounded_call
+from anarchon.kit.calls import Outage, bounded_call
 
-from ._errors import first_line, translate
+from ._errors import translate
 from ._statements import Rows, Statement, Statements, atomic
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class Connections(Statements):
         self._attempts: ConnectAttempts | None = None
         self._conn_lock = asyncio.Lock()
         self._open = False
-        self._down = False
+        self._outage = Outage(logger, f"PostgreSQL {where}")
         self._checking: asyncio.Task[None] | None = None
         # Statements a call's work left to run on its connection after its answer (see defer),
         # and the tasks running them, each holding its connection until it is done.
@@ -321,23 +321,12 @@ class Connections(Statements):
             result = await self._bounded(work)
         except BackendUnavailable as exc:
             error = self._with_pool_failure(exc)
-            if not self._down:
-                self._down = True
-                logger.warning(
-                    "%s; calls fail until it answers again",
-                    first_line(error),
-                    extra=log_fields(Action.BACKEND_UNAVAILABLE),
-                )
+            self._outage.failed(error)
             if error is exc:
                 raise
             raise error from exc
-        if self._down:
-            self._down = False
-            logger.warning(
-                "PostgreSQL %s answers again",
-                self.where,
-                extra=log_fields(Action.BACKEND_RECOVERED),
-            )
+        if self._outage.down:
+            self._outage.answered()
         return result
 
     def _with_pool_failure(self, exc: BackendUnavailable) -> BackendUnavailable:
