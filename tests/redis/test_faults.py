@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,6 +353,72 @@ async def test_a_call_in_flight_when_the_backend_stops_leaves_no_connection_open
     finally:
         os.kill(pid, signal.SIGCONT)
         await pool.disconnect()  # what the old code left open, closed before the GC finds it
+
+
+async def test_close_returns_at_once_when_no_call_is_in_flight() -> None:
+    """stop() waits for calls in flight only: after calls that answered, failed or were
+    cancelled, none is in flight and it returns at once (every option at its default)."""
+    backend = RedisBackend(SERVER, prefix=f"fault:{uuid.uuid4().hex[:8]}:")
+    await backend.start()
+    connection = backend._connection
+    assert await backend.history("job") == []
+    cancelled = asyncio.ensure_future(backend.history("job"))
+    await asyncio.sleep(0)
+    assert connection._in_flight == 1  # waiting for its answer
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    with pytest.raises(BackendError):
+        await connection.call(connection.client().execute_command("NO-SUCH-COMMAND"))
+    assert connection._in_flight == 0
+    began = time.monotonic()
+    await backend.stop()
+    assert time.monotonic() - began < 0.5
+    assert connection._idle is None
+
+
+@pytest.mark.parametrize("query", ["", "?socket_timeout=10"], ids=["inline", "task"])
+async def test_close_waits_for_a_call_in_flight_at_most_its_limit(
+    own_server: RedisServer, monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    """stop() waits for a call in flight until it answers, and for CLOSE_CALLS_WAIT_S at most
+    (a private server stopped by SIGSTOP holds the answer): a call in the caller's task (every
+    option at its default) and one in a task of its own (a socket_timeout)."""
+    import os
+    import signal
+
+    from anarchon.backends.redis import _timings
+
+    assert own_server.proc is not None
+    pid = own_server.proc.pid
+    loop = asyncio.get_running_loop()
+
+    async def stop_while_reading(answer_after_s: float) -> tuple[float, asyncio.Future[Any]]:
+        backend = RedisBackend(own_server.url + query, prefix=PREFIX)
+        await backend.start()
+        assert backend._connection._inline == (not query)
+        pools.append(backend._connection.client().connection_pool)  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        reading = asyncio.ensure_future(backend.history("job"))
+        await asyncio.sleep(0.2)
+        loop.call_later(answer_after_s, os.kill, pid, signal.SIGCONT)
+        began = time.monotonic()
+        await backend.stop()
+        return time.monotonic() - began, reading
+
+    pools: list[Any] = []
+    try:
+        waited, reading = await stop_while_reading(0.6)
+        assert reading.done() and 0.5 < waited < 2.0  # close() waited until it answered
+        assert reading.result() == []
+        monkeypatch.setattr(_timings, "CLOSE_CALLS_WAIT_S", 0.3)
+        waited, reading = await stop_while_reading(1.5)
+        assert not reading.done() and 0.25 < waited < 1.0  # no longer than its limit
+        assert await reading == []  # its connection, given back open, is closed below
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for pool in pools:
+            await pool.disconnect()
 
 
 def test_url_options() -> None:

@@ -146,25 +146,6 @@ def _jitter_backoff(base: float, cap: float) -> AbstractBackoff:
     return JitterBackoff()
 
 
-async def _close_after_calls(pool: Any) -> None:
-    """Close the connections that calls still in flight when ``pool`` was closed give back.
-
-    Such a call (a ``run_now()`` reading history as its scheduler stops) has its connection
-    closed under it; redis-py tries it again on a new connection, which the call then gives
-    back to the pool open, and nothing but the garbage collector would close it (a
-    ResourceWarning). Each call ends within its limit: wait for them (at most
-    :data:`~._timings.CLOSE_CALLS_WAIT_S`), then close the pool's connections again."""
-    in_use = getattr(pool, "_in_use_connections", None)  # redis-py's ConnectionPool, 5 to 8
-    if not in_use:
-        return
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timings.CLOSE_CALLS_WAIT_S
-    # No event to wait on: redis-py's pool has none for a connection given back.
-    while in_use and loop.time() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
-    await pool.disconnect()
-
-
 class Connection:
     """One backend's client (made from a URL, or given), its scripts, and every call made on it.
 
@@ -194,6 +175,9 @@ class Connection:
         self._deadlines = Deadlines()
         self._down = False
         self._announcing: set[asyncio.Future[None]] = set()
+        # The calls in flight (see _close_after_calls), and what close() waits on for them.
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
 
     @classmethod
     def to_url(cls, url: str) -> Connection:
@@ -294,7 +278,7 @@ class Connection:
     async def close(self) -> None:
         """Let announcements on their way finish (briefly), forget the client, and close it
         if this connection made it, with the connections that calls still in flight give back
-        (see :func:`_close_after_calls`)."""
+        (see :meth:`_close_after_calls`)."""
         announcing, self._announcing = self._announcing, set()
         if announcing:
             _, late = await asyncio.wait(announcing, timeout=timings.ANNOUNCE_WAIT_S)
@@ -310,7 +294,42 @@ class Connection:
             if isinstance(client, Redis):
                 # A client built on a pool (a copy of a given client) leaves that pool open.
                 await client.connection_pool.disconnect()
-                await _close_after_calls(client.connection_pool)
+                await self._close_after_calls(client.connection_pool)
+
+    async def _close_after_calls(self, pool: Any) -> None:
+        """Close the connections that calls still in flight when ``pool`` was closed give back.
+
+        Such a call (a ``run_now()`` reading history as its scheduler stops) has its connection
+        closed under it; redis-py tries it again on a new connection, which the call then gives
+        back to the pool open, and nothing but the garbage collector would close it (a
+        ResourceWarning). Each call ends within its limit: wait for them (at most
+        :data:`~._timings.CLOSE_CALLS_WAIT_S`), then close the pool's connections again.
+
+        The calls in flight are this connection's own count: every call that takes a
+        connection of the pool goes through :meth:`call` (scripts, pipelines, the scripts
+        loaded again, every command) or is an announcement (:meth:`announce`), in flight until
+        it returns. Not counted: a call of a client that gives each call a task of its own
+        (``bounded_call`` without ``inline``) whose caller gave up on it (cancelled, or past
+        its limit) while redis-py swallowed the task's cancellation; a subscription's
+        connection (:class:`Notifications`), which the backend's stop() closes before this,
+        and which redis-py closes before giving it back to the pool; the calls of
+        :meth:`open`, made before there is a client to close."""
+        if not self._in_flight:
+            return
+        idle = self._idle = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timings.CLOSE_CALLS_WAIT_S):
+                    await idle.wait()
+        finally:
+            self._idle = None
+        await pool.disconnect()
+
+    def _call_ended(self) -> None:
+        """One call in flight less: wake a close() waiting for the last one."""
+        self._in_flight -= 1
+        if self._idle is not None and not self._in_flight:
+            self._idle.set()
 
     def client(self) -> Client:
         """The open client; :class:`BackendError` before :meth:`open`."""
@@ -335,7 +354,11 @@ class Connection:
     async def call(self, aw: Awaitable[T], timeout_s: float = timings.CALL_TIMEOUT_S) -> T:
         """:func:`bounded`, logging once when Redis stops answering and once when it answers
         again. An error reply (OOM, READONLY ...) is an answer: it is raised like any failure
-        but is no outage, so refused writes between successful reads do not flap the log."""
+        but is no outage, so refused writes between successful reads do not flap the log.
+        The call is in flight (see :meth:`_close_after_calls`) until it ends."""
+        # In flight while this call waits: two integer operations on every claim (not a call
+        # of _call_ended()).
+        self._in_flight += 1
         try:
             if self._inline:
                 # bounded_call(inline=True, deadlines=...) without its frame: every claim.
@@ -349,6 +372,10 @@ class Connection:
             if exc.__cause__ is None or is_unreachable(exc.__cause__):
                 self._unavailable(exc)
             raise
+        finally:
+            self._in_flight -= 1
+            if self._idle is not None and not self._in_flight:
+                self._idle.set()
         self._answered()
         return result
 
@@ -429,6 +456,7 @@ class Connection:
         client = self.client()
 
         async def publish() -> None:
+            self._in_flight += 1
             try:
                 for message in messages:
                     await bounded(client.publish(channel, message), self.where)
@@ -439,6 +467,8 @@ class Connection:
                     exc,
                     extra=log_fields(Action.NOTIFY),
                 )
+            finally:
+                self._call_ended()
 
         task = asyncio.ensure_future(publish())
         self._announcing.add(task)
