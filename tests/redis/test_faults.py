@@ -421,6 +421,43 @@ async def test_close_waits_for_a_call_in_flight_at_most_its_limit(
             await pool.disconnect()
 
 
+async def test_a_call_whose_caller_gave_up_stays_in_flight_until_its_task_ends() -> None:
+    """A call in a task of its own (a client with a socket_timeout) whose limit passed, while
+    the driver swallowed the cancellation (as redis-py may on Python 3.11), still holds its
+    connection: close() waits for its task, then closes the pool's connections again."""
+    from anarchon.backends.redis._connection import Connection
+
+    class Pool:
+        disconnected = 0
+
+        async def disconnect(self) -> None:
+            self.disconnected += 1
+
+    answer = asyncio.Event()
+
+    async def stubborn() -> str:
+        while True:
+            try:
+                await answer.wait()
+                return "late"
+            except asyncio.CancelledError:
+                continue
+
+    connection = Connection("test", lambda: None)  # type: ignore[arg-type, return-value]
+    try:
+        with pytest.raises(BackendUnavailable, match="no answer"):
+            await connection.call(stubborn(), timeout_s=0.05)
+        assert connection._in_flight == 1
+        asyncio.get_running_loop().call_later(0.2, answer.set)
+        pool = Pool()
+        began = time.monotonic()
+        await connection._close_after_calls(pool)
+        assert 0.1 < time.monotonic() - began < 1.0
+        assert connection._in_flight == 0 and pool.disconnected == 1
+    finally:
+        answer.set()  # the stubborn task ends, whatever failed
+
+
 def test_url_options() -> None:
     backend = RedisBackend.from_url("redis://127.0.0.1:6379/2?prefix=app%3A&history_size=7")
     assert backend.prefix == "app:" and backend.history_size == 7

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ...backend import ChangeEvent, ClaimNotice
@@ -144,6 +145,14 @@ def _jitter_backoff(base: float, cap: float) -> AbstractBackoff:
             return min(cap, random.random() * base * float(2**failures))
 
     return JitterBackoff()
+
+
+def _close_unstarted(counted: Coroutine[Any, Any, Any], aw: Awaitable[Any]) -> None:
+    """Close ``aw`` if ``counted`` (the coroutine that awaits it, given to
+    :func:`bounded_call`) never began: its task was cancelled first, so it never will, and
+    bounded_call closes ``counted`` alone (``aw`` would be "never awaited")."""
+    if inspect.getcoroutinestate(counted) == inspect.CORO_CREATED and inspect.iscoroutine(aw):
+        aw.close()
 
 
 class Connection:
@@ -308,12 +317,11 @@ class Connection:
         The calls in flight are this connection's own count: every call that takes a
         connection of the pool goes through :meth:`call` (scripts, pipelines, the scripts
         loaded again, every command) or is an announcement (:meth:`announce`), in flight until
-        it returns. Not counted: a call of a client that gives each call a task of its own
-        (``bounded_call`` without ``inline``) whose caller gave up on it (cancelled, or past
-        its limit) while redis-py swallowed the task's cancellation; a subscription's
-        connection (:class:`Notifications`), which the backend's stop() closes before this,
-        and which redis-py closes before giving it back to the pool; the calls of
-        :meth:`open`, made before there is a client to close."""
+        it returns, and a call in a task of its own until that task ends (see
+        :meth:`_in_task`). Not counted: a subscription's connection (:class:`Notifications`),
+        which the backend's stop() closes before this, and which redis-py closes before giving
+        it back to the pool; the calls of :meth:`open`, made before there is a client to
+        close."""
         if not self._in_flight:
             return
         idle = self._idle = asyncio.Event()
@@ -364,9 +372,7 @@ class Connection:
                 # bounded_call(inline=True, deadlines=...) without its frame: every claim.
                 result = await self._deadlines.call(aw, self._named, timeout_s, self._translate)
             else:
-                result = await bounded_call(
-                    aw, where=self._named, timeout_s=timeout_s, translate=self._translate
-                )
+                result = await self._counted(aw, timeout_s)
         except BackendUnavailable as exc:
             # No cause: bounded's own timeout; else the driver's exception.
             if exc.__cause__ is None or is_unreachable(exc.__cause__):
@@ -378,6 +384,28 @@ class Connection:
                 self._idle.set()
         self._answered()
         return result
+
+    async def _counted(self, aw: Awaitable[T], timeout_s: float) -> T:
+        """:func:`bounded_call` of ``aw`` (in a task of its own), in flight until that task
+        ends (see :meth:`_in_task`)."""
+        counted = self._in_task(aw)
+        try:
+            return await bounded_call(
+                counted, where=self._named, timeout_s=timeout_s, translate=self._translate
+            )
+        except BaseException:
+            _close_unstarted(counted, aw)
+            raise
+
+    async def _in_task(self, aw: Awaitable[T]) -> T:
+        """Await ``aw`` in the task of a :func:`bounded_call`, in flight (see
+        :meth:`_close_after_calls`) until it ends: that task may go on after its caller gave
+        up on it (cancelled, or past its limit) if redis-py swallows its cancellation."""
+        self._in_flight += 1
+        try:
+            return await aw
+        finally:
+            self._call_ended()
 
     def _unavailable(self, exc: BackendUnavailable) -> None:
         if not self._down:
@@ -459,7 +487,7 @@ class Connection:
             self._in_flight += 1
             try:
                 for message in messages:
-                    await bounded(client.publish(channel, message), self.where)
+                    await self._counted(client.publish(channel, message), timings.CALL_TIMEOUT_S)
             except BackendError as exc:
                 logger.debug(
                     "announcement on %s not published: %s",
