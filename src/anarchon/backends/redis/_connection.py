@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from ...backend import ChangeEvent, ClaimNotice
 from ...errors import BackendError, BackendUnavailable, InvalidOption
 from ...kit import Action, log_fields, redact_url
-from ...kit.calls import Deadlines, bounded_call
+from ...kit.calls import Deadlines, Outage, bounded_call
 from . import _timings as timings
 from ._errors import is_driver_error, is_unreachable, translate, translator
 from ._rows import text
@@ -182,7 +182,7 @@ class Connection:
         self._inline = False
         # The limits of the calls made inline, kept by one timer (see Deadlines).
         self._deadlines = Deadlines()
-        self._down = False
+        self._outage = Outage(logger, f"Redis {where}")
         self._announcing: set[asyncio.Future[None]] = set()
         # The calls in flight (see _close_after_calls), and what close() waits on for them.
         self._in_flight = 0
@@ -376,13 +376,14 @@ class Connection:
         except BackendUnavailable as exc:
             # No cause: bounded's own timeout; else the driver's exception.
             if exc.__cause__ is None or is_unreachable(exc.__cause__):
-                self._unavailable(exc)
+                self._outage.failed(exc)
             raise
         finally:
             self._in_flight -= 1
             if self._idle is not None and not self._in_flight:
                 self._idle.set()
-        self._answered()
+        if self._outage.down:
+            self._outage.answered()
         return result
 
     async def _counted(self, aw: Awaitable[T], timeout_s: float) -> T:
@@ -406,23 +407,6 @@ class Connection:
             return await aw
         finally:
             self._call_ended()
-
-    def _unavailable(self, exc: BackendUnavailable) -> None:
-        if not self._down:
-            self._down = True
-            logger.warning(
-                "Redis %s is unavailable (%s); calls fail until it answers again",
-                self.where,
-                exc,
-                extra=log_fields(Action.BACKEND_UNAVAILABLE),
-            )
-
-    def _answered(self) -> None:
-        if self._down:
-            self._down = False
-            logger.info(
-                "Redis %s answers again", self.where, extra=log_fields(Action.BACKEND_RECOVERED)
-            )
 
     async def script(self, name: str, keys: Sequence[str], args: str) -> Any:
         """Run one script and return its raw answer."""
