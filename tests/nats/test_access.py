@@ -20,7 +20,6 @@ from anarchon import (
     BackendError,
     BackendUnavailable,
     InvalidOption,
-    Scheduler,
     backend_from_url,
 )
 from anarchon.backend import ClaimStatus
@@ -29,6 +28,7 @@ from tests.nats.conftest import VERSIONS
 from tests.nats.servers import BINARIES, NatsServer, configured_server, connect, unique_names
 from tests.nats.test_claims import SLOT, request
 from tests.pki import make_pki
+from tests.refusals import COMMANDS, HOW, refused_cli, refused_start
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "S3cret-pw"
@@ -269,39 +269,19 @@ async def test_refused_credentials_fail_at_once_saying_what_to_change(
     before)."""
     server = conf_server(f'authorization {{\n  user: admin\n  password: "{PASSWORD}"\n}}')
     for url, shown in _refused_urls(server):
-        for how in ("start", "async with"):
-            scheduler = Scheduler(backend_from_url(url))
-            began = time.monotonic()
-            with pytest.raises(BackendError) as failed:
-                if how == "start":
-                    await scheduler.start()
-                else:
-                    async with scheduler:
-                        pass
-            assert time.monotonic() - began < 2.5, "refused for good: at once"
-            assert not isinstance(failed.value, BackendUnavailable)
-            assert str(failed.value) == f"cannot connect to NATS at {shown}: {REFUSED_ADVICE}"
+        for how in HOW:
+            error, took = await refused_start(url, how)
+            assert took < 2.5, "refused for good: at once"
+            assert str(error) == f"cannot connect to NATS at {shown}: {REFUSED_ADVICE}"
 
 
 def test_the_cli_says_what_to_change_for_refused_credentials(
     conf_server: Callable[[str], NatsServer], tmp_path: Path
 ) -> None:
     server = conf_server(f'authorization {{\n  user: admin\n  password: "{PASSWORD}"\n}}')
-    (tmp_path / "app.py").write_text(
-        "from anarchon import Scheduler\n"
-        "scheduler = Scheduler()\n"
-        "scheduler.add('tick', '* * * * *', lambda ctx: None)\n"
-    )
     for url, shown in _refused_urls(server):
-        for args in (["jobs"], ["run", "app:scheduler"]):
-            done = subprocess.run(
-                [sys.executable, "-m", "anarchon", *args, "--backend", url],
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert done.returncode == 4, done.stderr
+        for args in COMMANDS:
+            done, _ = refused_cli(url, args, tmp_path)
             said = f"anarchon: cannot connect to NATS at {shown}: {REFUSED_ADVICE}\n"
             assert done.stderr == said
             _no_secret(done.stdout, done.stderr)

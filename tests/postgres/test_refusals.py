@@ -8,10 +8,6 @@ that is down."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +16,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from anarchon import BackendError, BackendUnavailable, Scheduler, backend_from_url
 from tests.backends.postgres import DSN
+from tests.refusals import COMMANDS, HOW, refused_cli, refused_start
 
 # timeout_ms's default is 5000: a refusal must end the start well before it.
 FAST_S = 2.5
@@ -81,51 +77,24 @@ def _where(url: str) -> str:
 
 @pytest.mark.usefixtures("nologin_role")
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("how", ["start", "async with"])
+@pytest.mark.parametrize("how", HOW)
 async def test_a_refused_start_fails_at_once_with_what_to_change(case: str, how: str) -> None:
     _skip_unless_refused(case)
     url, said = CASES[case]
-    scheduler = Scheduler(backend_from_url(url))
-    began = time.monotonic()
-    with pytest.raises(BackendError) as failed:
-        if how == "start":
-            await scheduler.start()
-        else:
-            async with scheduler:
-                pass
-    took = time.monotonic() - began
-    assert not isinstance(failed.value, BackendUnavailable), "refused for good, not down"
-    assert str(failed.value) == _where(url) + said
+    error, took = await refused_start(url, how)
+    assert str(error) == _where(url) + said
     assert took < FAST_S, f"{took:.2f} s: waited for a connection that cannot come"
-
-
-APP = (
-    "from anarchon import Scheduler\n"
-    "scheduler = Scheduler()\n"
-    "scheduler.add('tick', '* * * * *', lambda ctx: None)\n"
-)
 
 
 @pytest.mark.usefixtures("nologin_role")
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("command", ["run", "jobs"])
-def test_the_cli_says_the_refusal_in_one_line(case: str, command: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", COMMANDS)
+def test_the_cli_says_the_refusal_in_one_line(
+    case: str, args: tuple[str, ...], tmp_path: Path
+) -> None:
     _skip_unless_refused(case)
     url, said = CASES[case]
-    (tmp_path / "app.py").write_text(APP)
-    args = ["run", "app:scheduler"] if command == "run" else ["jobs"]
-    began = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "anarchon", *args, "--backend", url],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "ANARCHON_BACKEND": ""},
-        timeout=60,
-        check=False,
-    )
-    took = time.monotonic() - began
-    assert out.returncode == 4, (out.returncode, out.stderr)
+    out, took = refused_cli(url, args, tmp_path)
     assert out.stderr.count("\n") == 1, out.stderr
     assert "refused the connection: " in out.stderr and said in out.stderr, out.stderr
     # The interpreter's start and imports come on top of the start's own time.
