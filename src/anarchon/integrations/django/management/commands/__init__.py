@@ -1,0 +1,1 @@
+"""``python manage.py anarchon``: the anarchon command with Django's settings."""
