@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import pkgutil
 import sys
 import types
 import typing
@@ -30,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anarchon
+from tests.public_modules import module_names
 
 # Dunder methods whose types a user meets (the rest are the data model's, typed by typeshed).
 DUNDERS = frozenset({"__init__", "__call__", "__enter__", "__aenter__", "__iter__", "__aiter__"})
@@ -42,15 +41,6 @@ EXEMPT = {
 CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 # Forms that name themselves (typing's special forms, not classes).
 FORMS = (typing.Any, typing.NoReturn, typing.Never, typing.Self, typing.LiteralString)
-
-
-def module_names() -> list[str]:
-    """``anarchon`` and every module of it whose path has no private part."""
-    found = ["anarchon"]
-    for info in pkgutil.walk_packages(anarchon.__path__, "anarchon."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            found.append(info.name)
-    return found
 
 
 def public_modules() -> list[types.ModuleType]:
