@@ -53,6 +53,7 @@ __all__ = [
     "bounded_call",
     "cancel_and_wait",
     "consume",
+    "first_line",
     "retrying",
     "wait_unless",
 ]
@@ -175,6 +176,13 @@ class _Limit:
             self.task.cancel()
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none (what a
+    one-line log record or error says of it)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
 class Outage:
     """A backend's outage, logged once when its calls stop being answered
     (``backend_unavailable``, WARNING) and once when one is answered again
@@ -200,10 +208,9 @@ class Outage:
         starts an outage."""
         if not self.down:
             self.down = True
-            text = str(error).strip() or type(error).__name__
             self._logger.warning(
                 "%s; calls fail until it answers again",
-                text.splitlines()[0],
+                first_line(error),
                 extra=log_fields(Action.BACKEND_UNAVAILABLE),
             )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from anarchon.errors import BackendError, BackendUnavailable
+from anarchon.kit.calls import first_line
 
 __all__ = ["first_line", "is_transient", "refusal", "translate"]
 
@@ -128,9 +129,3 @@ def translate(exc: BaseException, where: str) -> BackendError | None:
     if isinstance(exc, TimeoutError | OSError):
         return BackendUnavailable(f"PostgreSQL {where}: {exc or type(exc).__name__}")
     return None
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's message, or its type's name when it has none."""
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
