@@ -21,6 +21,15 @@ async def _fails_when_cancelled() -> None:
         raise RuntimeError("cleanup failed") from None
 
 
+async def _ignores_cancellation_until(release: asyncio.Event) -> None:
+    """Swallows every cancellation (as some drivers' timeouts do) until ``release`` is set."""
+    while not release.is_set():
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            continue
+
+
 def _never_retrieved(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
 
@@ -100,15 +109,7 @@ async def test_a_task_left_behind_is_logged_on_the_callers_logger(
 ) -> None:
     caplog.set_level(logging.WARNING)
     release = asyncio.Event()
-
-    async def stubborn() -> None:
-        while not release.is_set():
-            try:
-                await release.wait()
-            except asyncio.CancelledError:
-                continue  # swallowed, as some drivers' timeouts do
-
-    task = asyncio.ensure_future(stubborn())
+    task = asyncio.ensure_future(_ignores_cancellation_until(release))
     await asyncio.sleep(0)
     mine = logging.getLogger("tests.cancel_and_wait")
     try:
@@ -131,19 +132,17 @@ async def test_an_error_a_task_left_behind_ends_with_later_is_logged_not_left_un
     release = asyncio.Event()
 
     async def stubborn_then_fails() -> None:
-        while not release.is_set():
-            try:
-                await release.wait()
-            except asyncio.CancelledError:
-                continue
+        await _ignores_cancellation_until(release)
         raise RuntimeError("failed after it was left behind")
 
     task = asyncio.ensure_future(stubborn_then_fails())
     await asyncio.sleep(0)
-    await cancel_and_wait([task], limit_s=0.3)
-    assert not task.done()
-    release.set()
-    await asyncio.wait({task})
+    try:
+        await cancel_and_wait([task], limit_s=0.3)
+        assert not task.done()
+    finally:
+        release.set()  # a failure here must not leave a task that outlives the test
+        await asyncio.wait({task})
     await asyncio.sleep(0)  # its done callbacks run
     del task
     gc.collect()
