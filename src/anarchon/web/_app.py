@@ -1,45 +1,40 @@
-"""The dashboard's Starlette application: pages, the explanation panel and the actions."""
+"""The dashboard's Starlette application: its routes (the jobs, job, slot, instances and requests
+pages, sign-in and sign-out, and the operators' actions) and :func:`build_app`.
+
+A route reads the cluster with ``_data`` (from the backend ``_source`` starts), renders it with
+``_render``, changes it with ``_actions``, and reads its request and refuses with ``_replies``.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import urlencode
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import (
-    HTMLResponse,
-    JSONResponse,
-    PlainTextResponse,
-    RedirectResponse,
-    Response,
-)
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import steering
 from .._job import check_name
-from .._models import Trigger
 from .._options import HISTORY_LIMIT
-from .._readable import iso_exact, ms_of
 from .._redact import redact_url
 from .._scheduler import Scheduler
-from .._times import EARLIEST_MS, check_readable, no_carrier, parse_time, parse_time_ms
+from .._times import EARLIEST_MS, check_readable, no_carrier, parse_time
 from ..backend import Backend
-from ..control import ALL_JOBS, RunRequest
+from ..control import ALL_JOBS
 from ..errors import AnarchonError, BackendError, ConfigurationError, JobNotFound
-from ..registry import SILENT_HEARTBEATS, carrier_warning, trigger_refusal
-from . import _data
+from ..registry import carrier_warning
+from . import _actions, _data
+from ._actions import MESSAGE, without_messages
 from ._auth import (
     CSRF_COOKIE,
     SESSION_COOKIE,
@@ -51,130 +46,34 @@ from ._auth import (
     new_csrf,
 )
 from ._explain import explain, unknown_job
+from ._render import FILTERS, RANGES, filter_runs, row_dict, templates, timeline_dict
+from ._replies import (
+    BadRequest,
+    add_timing,
+    client_of,
+    forbidden,
+    http_error,
+    int_param,
+    json_error,
+    read_form,
+    server_error,
+    str_or_none,
+    time_param,
+    wants_json,
+)
+from ._source import Source
 
 __all__ = ["build_app"]
 
 logger = logging.getLogger("anarchon.web")
 HERE: Final = Path(__file__).resolve().parent
+#: The request header (``1``) of the pages' own fetches (a refresh, the slot panel): the content
+#: without the page around it.
 PARTIAL_HEADER: Final = "x-anarchon-partial"
-#: Timeline ranges offered, by name: span in ms.
-RANGES: Final = {
-    "1h": 3_600_000,
-    "6h": 6 * 3_600_000,
-    "24h": 86_400_000,
-    "7d": 7 * 86_400_000,
-    "30d": 30 * 86_400_000,
-    "365d": 365 * 86_400_000,
-}
-#: "Pause for" choices on the forms, in minutes (0: until resumed).
-PAUSE_FOR: Final = (0, 15, 60, 240, 1440)
+#: Runs a job page's history table shows at most (of those its filters keep).
 HISTORY_ROWS: Final = 200
-#: The history filters a job page takes, with the values each allows (``instance`` takes any).
-FILTERS: Final = {
-    "status": ("succeeded", "failed", "running", "skipped", "missed", "paused", "late"),
-    "trigger": tuple(t.value for t in Trigger),
-}
+#: Jobs a page of the jobs page shows unless ``per`` says otherwise.
 JOBS_PER_PAGE: Final = 50
-
-
-class Source:
-    """The backend the dashboard reads: a scheduler's (started by it), or one of its own,
-    started on the first request with ``start_reader`` and stopped by :meth:`close`."""
-
-    def __init__(self, target: Scheduler | Backend) -> None:
-        if isinstance(target, Scheduler):
-            self.scheduler: Scheduler | None = target
-            self.backend = target.backend
-        elif isinstance(target, Backend):
-            self.scheduler = None
-            self.backend = target
-        else:
-            raise TypeError(f"dashboard({target!r}): pass an anarchon Scheduler or Backend")
-        self._started = False
-        self._lock = asyncio.Lock()
-
-    @property
-    def label(self) -> str:
-        """The backend, as pages name it (no secret)."""
-        return redact_url(repr(self.backend))
-
-    async def get(self) -> Backend:
-        """The started backend."""
-        if self.scheduler is not None:
-            if not self.scheduler.running:
-                raise AnarchonError("the scheduler is not running: start it before the dashboard")
-            return self.backend
-        async with self._lock:
-            if not self._started:
-                await self.backend.start_reader()
-                self._started = True
-        return self.backend
-
-    async def close(self) -> None:
-        """Stop the backend if the dashboard started it."""
-        async with self._lock:
-            if self._started:
-                self._started = False
-                await self.backend.stop()
-
-
-def _iso(ms: int | None) -> str:
-    """A time as the pages show it: UTC with its ``Z``, and its milliseconds when it has some
-    (as ``anarchon explain`` and ``history`` print it), so a time copied from a page into a
-    slot address, ``explain`` or ``pause --until`` names the same instant; ``-`` for None."""
-    return "-" if ms is None else iso_exact(ms)
-
-
-def _templates() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(HERE / "templates"),
-        autoescape=select_autoescape(["html"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(
-        iso=_iso,
-        span=_data.span,
-        redact=redact_url,
-        q=lambda s: quote(str(s), safe=""),
-        words=_data.schedule_in_words,
-        fate=_data.fate_of,
-        ms=lambda d: None if d is None else ms_of(d),
-        lastline=lambda s: (s or "").strip().splitlines()[-1] if (s or "").strip() else "",
-    )
-    env.globals.update(
-        FATES=_data.FATES,
-        RANGES=RANGES,
-        FILTERS=FILTERS,
-        PAUSE_FOR=PAUSE_FOR,
-        SILENT_HEARTBEATS=SILENT_HEARTBEATS,
-    )
-    return env
-
-
-def _int(value: str | None, name: str, low: int, high: int, default: int) -> int:
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = low - 1
-    if not low <= number <= high:
-        raise _BadRequest(f"{name}={value!r} must be a whole number from {low} to {high}")
-    return number
-
-
-def _time(value: str | None, name: str, default: int, job: str, zone: str | None) -> int:
-    """A time parameter about ``job``: epoch ms or ISO 8601 (without an offset: in the job's
-    ``zone``, as on the command line) within the times anarchon handles (InvalidOption, so
-    400, naming it and the rule otherwise)."""
-    if value is None or value == "":
-        return default
-    return parse_time_ms(value, zone, what=name, no_zone=no_carrier(job))
-
-
-class _BadRequest(Exception):
-    pass
 
 
 class Dashboard:
@@ -199,16 +98,19 @@ class Dashboard:
         if not 0 <= registry_ttl_ms <= 60_000:
             raise ValueError(f"registry_ttl_ms={registry_ttl_ms!r} must be from 0 to 60000")
         self.views = _data.ViewCache(registry_ttl_ms)
-        self.env = _templates()
+        self.env = templates()
 
     # -- helpers ----------------------------------------------------------------------------
 
     def _base(self, request: Request) -> str:
+        """The path the dashboard is mounted at (``""`` at the root), without its last ``/``."""
         return str(request.scope.get("root_path", "")).rstrip("/")
 
     async def _render(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> HTMLResponse:
+        """The page ``template`` with ``context`` and what every page shows (the operator, the
+        CSRF token, an action's message), and the headers every page sends."""
         started = time.perf_counter()
         csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
         operator = await self.guard.operator(request)
@@ -230,7 +132,7 @@ class Dashboard:
             refresh_ms=self.refresh_ms,
             flash=flash,
             warn=warn,
-            here=_without_messages(request.url.path, request.url.query),
+            here=without_messages(request.url.path, request.url.query),
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -249,13 +151,14 @@ class Dashboard:
         return response
 
     async def _failure(self, request: Request, exc: Exception, status: int) -> Response:
+        """The error reply naming ``exc`` (its type and message, any URL's secret redacted)."""
         return await self._error(request, status, redact_url(f"{type(exc).__name__}: {exc}"))
 
     async def _error(self, request: Request, status: int, message: str) -> Response:
         """An error reply: ``{"ok": false, "error": message}`` for a JSON client
-        (:func:`_wants_json`), else the error page."""
-        if _wants_json(request):
-            return _json_error(status, message)
+        (:func:`~._replies.wants_json`), else the error page."""
+        if wants_json(request):
+            return json_error(status, message)
         return await self._render(request, "error.html", status=status, message=message)
 
     # -- pages ------------------------------------------------------------------------------
@@ -265,22 +168,22 @@ class Dashboard:
         started = time.perf_counter()
         params = request.query_params
         query = params.get("q", "")[:200]
-        per = _int(params.get("per"), "per", 10, 500, JOBS_PER_PAGE)
+        per = int_param(params.get("per"), "per", 10, 500, JOBS_PER_PAGE)
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         names = _data.select_jobs(snapshot, query)
         pages = max(1, math.ceil(len(names) / per))
-        page = min(_int(params.get("page"), "page", 1, 1_000_000, 1), pages)
+        page = min(int_param(params.get("page"), "page", 1, 1_000_000, 1), pages)
         shown = names[(page - 1) * per : page * per]
         rows = await _data.job_rows(backend, snapshot, shown)
-        if _wants_json(request):
+        if wants_json(request):
             return JSONResponse(
                 {
                     "now_ms": snapshot.now_ms,
                     "total": len(names),
                     "page": page,
                     "pages": pages,
-                    "jobs": [_row_dict(r) for r in rows],
+                    "jobs": [row_dict(r) for r in rows],
                 }
             )
         response = await self._render(
@@ -296,7 +199,7 @@ class Dashboard:
             query=query,
             page_link=lambda n: "?" + urlencode({"q": query, "page": n, "per": per}),
         )
-        _timing(response, started)
+        add_timing(response, started)
         return response
 
     async def job(self, request: Request) -> Response:
@@ -308,28 +211,28 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         definitions = snapshot.view.definitions.get(name)
-        limit = _int(params.get("runs"), "runs", 100, HISTORY_LIMIT.high, 10_000)
+        limit = int_param(params.get("runs"), "runs", 100, HISTORY_LIMIT.high, 10_000)
         runs = await backend.history(name, limit)
         if not definitions and not runs:
             raise unknown_job(name)
         range_name = params.get("range", "")
         if range_name and range_name not in RANGES:
-            raise _BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
+            raise BadRequest(f"range={range_name!r} must be one of {', '.join(RANGES)}")
         now = snapshot.now_ms
         zone = definitions[0].zone if definitions else None
         if params.get("from") or params.get("to"):
-            end = _time(params.get("to"), "to", now, name, zone)
-            start = _time(
+            end = time_param(params.get("to"), "to", now, name, zone)
+            start = time_param(
                 params.get("from"), "from", max(EARLIEST_MS, end - RANGES["24h"]), name, zone
             )
             if start >= end:
-                raise _BadRequest(f"from ({start}) must be before to ({end})")
+                raise BadRequest(f"from ({start}) must be before to ({end})")
         else:
             span = RANGES[range_name or "24h"]
-            end = _time(params.get("end"), "end", now, name, zone)
+            end = time_param(params.get("end"), "end", now, name, zone)
             start = end - span
             if start < EARLIEST_MS:
-                raise _BadRequest(
+                raise BadRequest(
                     f"end={params.get('end')!r} must be at least {span}: the range starts "
                     "1970-01-01 or later"
                 )
@@ -340,21 +243,21 @@ class Dashboard:
         for key, allowed in FILTERS.items():
             given = params.get(key, "")
             if given and given not in allowed:
-                raise _BadRequest(f"{key}={given!r} must be one of {', '.join(allowed)}")
-        table = _filter(runs, params)[:HISTORY_ROWS]
+                raise BadRequest(f"{key}={given!r} must be one of {', '.join(allowed)}")
+        table = filter_runs(runs, params)[:HISTORY_ROWS]
         row = (await _data.job_rows(backend, snapshot, [name]))[0] if definitions else None
         pending = await steering.pending_requests(backend, name) if snapshot.has_control else []
         refusal = None
         if snapshot.has_control and not snapshot.view.carriers(name):
-            refusal = await _refusal(backend, name)  # its page offers "Trigger anyway"
-        if _wants_json(request):
+            refusal = await _actions.refusal_of(backend, name)  # its page offers "Trigger anyway"
+        if wants_json(request):
             return JSONResponse(
                 {
                     "now_ms": now,
                     "job": name,
                     "definition": None if definition is None else definition.to_dict(),
-                    "row": None if row is None else _row_dict(row),
-                    "timeline": None if line is None else _timeline_dict(line),
+                    "row": None if row is None else row_dict(row),
+                    "timeline": None if line is None else timeline_dict(line),
                     "runs_read": len(runs),
                     "runs": [_data.run_dict(r) for r in table],
                     "requests": [steering.request_dict(r) for r in pending],
@@ -380,7 +283,7 @@ class Dashboard:
             instances=sorted({r.instance for r in runs}),
             filters={k: params.get(k, "") for k in ("status", "trigger", "instance")},
         )
-        _timing(response, started)
+        add_timing(response, started)
         return response
 
     async def slot(self, request: Request) -> Response:
@@ -398,7 +301,7 @@ class Dashboard:
         story = await explain(backend, snapshot, name, slot.ms)
         if slot.note is not None:
             story = replace(story, summary=f"{story.summary} Note: {slot.note}")
-        if _wants_json(request):
+        if wants_json(request):
             return JSONResponse(story.to_dict())
         return await self._render(request, "slot.html", story=story, name=name)
 
@@ -407,7 +310,7 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         rows = [(i, _data.clock_threshold_ms(backend, i.jobs)) for i in snapshot.view.instances]
-        if _wants_json(request):
+        if wants_json(request):
             now = snapshot.now_ms
             return JSONResponse(
                 {
@@ -431,7 +334,7 @@ class Dashboard:
         backend = await self.source.get()
         snapshot = await _data.read_snapshot(backend, self.views)
         found = await steering.pending_requests(backend) if snapshot.has_control else []
-        if _wants_json(request):
+        if wants_json(request):
             return JSONResponse(
                 {"now_ms": snapshot.now_ms, "requests": [steering.request_dict(r) for r in found]}
             )
@@ -445,10 +348,10 @@ class Dashboard:
             )
         if request.method == "GET":
             return await self._render(request, "login.html", failed=False)
-        form = await _form(request)
-        if not csrf_ok(request, _str(form.get("csrf"))):
-            return _forbidden(request, "CSRF token missing or wrong: reload the page")
-        client = _client(request)
+        form = await read_form(request)
+        if not csrf_ok(request, str_or_none(form.get("csrf"))):
+            return forbidden(request, "CSRF token missing or wrong: reload the page")
+        client = client_of(request)
         wait = self.sign_ins.wait_s(client)
         if wait:
             # Checked before the token: a locked-out address learns nothing, right or wrong.
@@ -460,12 +363,12 @@ class Dashboard:
             response = await self._error(request, 429, message)
             response.headers["retry-after"] = str(wait)
             return response
-        if not self.guard.check_token(_str(form.get("token")) or ""):
+        if not self.guard.check_token(str_or_none(form.get("token")) or ""):
             self.sign_ins.failed(client)
             logger.warning("dashboard: wrong operator token from %s", client)
             return await self._render(request, "login.html", status=403, failed=True)
-        name = clean_name(_str(form.get("name")) or "operator")
-        logger.info("dashboard: %s signed in from %s", name, _client(request))
+        name = clean_name(str_or_none(form.get("name")) or "operator")
+        logger.info("dashboard: %s signed in from %s", name, client_of(request))
         base = self._base(request)
         response = RedirectResponse(base + "/", status_code=303)
         response.set_cookie(
@@ -480,12 +383,12 @@ class Dashboard:
     async def logout(self, request: Request) -> Response:
         """Sign out: the session is revoked (a copy of its cookie no longer acts) and the
         browser forgets it."""
-        form = await _form(request)
-        if not csrf_ok(request, _str(form.get("csrf"))):
-            return _forbidden(request, "CSRF token missing or wrong: reload the page")
+        form = await read_form(request)
+        if not csrf_ok(request, str_or_none(form.get("csrf"))):
+            return forbidden(request, "CSRF token missing or wrong: reload the page")
         name = self.guard.revoke(request.cookies.get(SESSION_COOKIE))
         if name is not None:
-            logger.info("dashboard: %s signed out from %s", name, _client(request))
+            logger.info("dashboard: %s signed out from %s", name, client_of(request))
         base = self._base(request)
         response = RedirectResponse(base + "/", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path=base + "/")
@@ -500,13 +403,13 @@ class Dashboard:
         what = request.path_params["action"]
         job = request.path_params.get("name", ALL_JOBS)
         if not self.guard.writable:
-            return _forbidden(request, "read-only dashboard: no operator token is configured")
+            return forbidden(request, "read-only dashboard: no operator token is configured")
         operator = await self.guard.operator(request)
         if operator is None:
-            return _forbidden(request, "sign in as an operator to pause, resume, trigger or cancel")
-        form = await _form(request)
-        if not self.guard.bearer(request) and not csrf_ok(request, _str(form.get("csrf"))):
-            return _forbidden(request, "CSRF token missing or wrong: reload the page")
+            return forbidden(request, "sign in as an operator to pause, resume, trigger or cancel")
+        form = await read_form(request)
+        if not self.guard.bearer(request) and not csrf_ok(request, str_or_none(form.get("csrf"))):
+            return forbidden(request, "CSRF token missing or wrong: reload the page")
         if job != ALL_JOBS:
             check_name(job)
         by = f"{operator}@dashboard"
@@ -517,30 +420,28 @@ class Dashboard:
             snapshot = await _data.read_snapshot(backend, self.views)
             warning = carrier_warning(snapshot.view, job, what)
         if what == "pause":
-            minutes = _int(_str(form.get("for_minutes")), "for_minutes", 0, 525_600, 0)
-            until = None
-            if minutes:
-                until = await steering.backend_now_ms(backend) + minutes * 60_000
-            await steering.pause(backend, job, until_ms=until, by=by)
-            done = f"paused {_what(job)}" + (f" for {minutes} min" if minutes else "")
+            minutes = int_param(str_or_none(form.get("for_minutes")), "for_minutes", 0, 525_600, 0)
+            done = await _actions.paused(backend, job, minutes, by)
         elif what == "resume":
-            done = await _resumed(backend, job)
+            done = await _actions.resumed(backend, job)
         elif what == "trigger" and job != ALL_JOBS:
-            request_ = await _trigger(request, backend, job, form, by)
+            request_ = await _actions.triggered(request, backend, job, form, by)
             done = f"asked the cluster to run {job} now (request {request_.id[:8]})"
         elif what == "cancel" and job != ALL_JOBS:
-            done, warning = await _cancelled(backend, job, _str(form.get("request")) or None, by)
-        else:
-            raise _BadRequest(
-                f"unknown action {what!r} for {_what(job)}: a job takes pause, resume, trigger "
-                "and cancel; /all (every job) takes pause and resume"
+            done, warning = await _actions.cancelled(
+                backend, job, str_or_none(form.get("request")) or None, by
             )
-        logger.info("dashboard: %s by %s from %s", done, by, _client(request))
+        else:
+            raise BadRequest(
+                f"unknown action {what!r} for {_actions.job_words(job)}: a job takes pause, "
+                "resume, trigger and cancel; /all (every job) takes pause and resume"
+            )
+        logger.info("dashboard: %s by %s from %s", done, by, client_of(request))
         if warning is not None:
             logger.warning("dashboard: %s (%s by %s)", warning, what, by)
-        if _wants_json(request):
+        if wants_json(request):
             return JSONResponse({"ok": True, "done": done, "by": by, "warning": warning})
-        return self._back(request, _str(form.get("next")) or "", done, warning)
+        return self._back(request, str_or_none(form.get("next")) or "", done, warning)
 
     def _back(self, request: Request, back: str, done: str, warning: str | None) -> Response:
         """The redirect to the page an action came from (``back``, kept on the dashboard), with
@@ -549,7 +450,7 @@ class Dashboard:
         if not back.startswith(base + "/") or back.startswith("//"):
             back = base + "/"
         path, _, query = back.partition("?")
-        back = _without_messages(path, query)
+        back = without_messages(path, query)
         joiner = "&" if "?" in back else "?"
         # The message travels sealed for this browser (its CSRF cookie): a link that names a
         # message ("?flash=Cluster compromised") shows nothing.
@@ -561,217 +462,6 @@ class Dashboard:
                 CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=base + "/"
             )
         return response
-
-
-#: How the refusal of a Trigger names its force: the job page's button, and the form field.
-FORCE_TEXT: Final = "'Trigger anyway' (the form field force=1)"
-
-
-def _forced(form: Mapping[str, str]) -> bool:
-    """The Trigger form asks to store the request even for a job no instance carries."""
-    return form.get("force", "").strip().lower() in ("1", "true", "on", "yes")
-
-
-class _Refused(Exception):
-    """An action the cluster's state refuses (409): a Trigger of a job no instance carries."""
-
-
-async def _trigger(
-    request: Request, backend: Backend, job: str, form: Mapping[str, str], by: str
-) -> RunRequest:
-    """Store a request to run ``job`` once, unless :func:`~anarchon.registry.trigger_refusal`
-    refuses it and the form does not force it: :class:`_Refused` (409) then, in the words of
-    ``anarchon trigger`` (exit 2 there), naming this page's force."""
-    refusal = None if _forced(form) else await _refusal(backend, job)
-    if refusal is not None:
-        message = f"{refusal}; {FORCE_TEXT} stores it anyway"
-        logger.warning(
-            "dashboard: refused trigger by %s from %s: %s", by, _client(request), message
-        )
-        raise _Refused(message)
-    return await steering.trigger(backend, job, by=by)
-
-
-async def _refusal(backend: Backend, job: str) -> str | None:
-    """Why a Trigger of ``job`` is refused (:func:`~anarchon.registry.trigger_refusal`);
-    None when it is not, or the backend keeps no registry to tell."""
-    store = backend.registry()
-    return None if store is None else await trigger_refusal(store, job)
-
-
-#: The query parameter that carries an action's sealed message to the page it returns to.
-MESSAGE: Final = "msg"
-#: Dropped from a page's address when an action returns to it: the sealed message, and the
-#: plain ``flash`` and ``warn`` of earlier versions.
-MESSAGES: Final = (MESSAGE, "flash", "warn")
-
-
-def _without_messages(path: str, query: str) -> str:
-    """``path?query`` without an earlier action's message: a form returns to the page it was
-    on, and the page's address kept the last action's message, so a warning (``no live
-    instance carries job 'x'``) came back under every later action's message."""
-    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in MESSAGES]
-    return path + (f"?{urlencode(kept)}" if kept else "")
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """The POSTed form (``application/x-www-form-urlencoded``, the only kind the pages send),
-    parsed without python-multipart; at most 64 KiB."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > 65_536:
-            raise _BadRequest("form too large: at most 64 KiB")
-    kind = request.headers.get("content-type", "").split(";")[0].strip()
-    if body and kind != "application/x-www-form-urlencoded":
-        raise _BadRequest(f"content-type {kind!r}: send application/x-www-form-urlencoded")
-    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return dict(pairs)
-
-
-async def _resumed(backend: Backend, job: str) -> str:
-    """Resume ``job`` (or the whole cluster) and say so; after the whole-cluster pause ends,
-    each job paused on its own (still paused) is named."""
-    ended = await steering.resume(backend, job)
-    held = await steering.pauses(backend)
-    if job != ALL_JOBS:
-        done = f"resumed {job}" if ended else f"{job} was not paused on its own"
-        cluster = next((p for p in held if p.job == ALL_JOBS), None)
-        if cluster is None:
-            return done if ended else f"{job} was not paused"
-        # As 'anarchon resume JOB' notes: the job's slots stay skipped until the whole-cluster
-        # pause ends too; saying only "resumed" would read as if it ran again.
-        return f"{done}; it is still paused with every job by {cluster.by} ('Resume all' ends it)"
-    done = "ended the whole-cluster pause" if ended else "the whole cluster was not paused"
-    own = [p.job for p in held if p.job != ALL_JOBS]
-    return done + (f"; still paused on their own: {', '.join(own)}" if own else "")
-
-
-async def _cancelled(
-    backend: Backend, job: str, request_id: str | None, by: str
-) -> tuple[str, str | None]:
-    """Cancel the pending run request ``request_id`` of ``job`` (None: every one of the job);
-    say what was cancelled, and warn about each that an instance had claimed first (it runs)."""
-    if request_id is not None:
-        steering.check_request_id(request_id)
-    pending = await steering.pending_requests(backend, job)
-    chosen = [r for r in pending if request_id is None or r.id == request_id]
-    if request_id is not None and not chosen:
-        gone = f"request {request_id[:8]} of {job} is no longer pending: claimed or cancelled"
-        return "nothing cancelled", gone
-    outcome = await steering.cancel_requests(backend, chosen, by=by)
-    late = [c for c in outcome if not c.cancelled]
-    if request_id is None:
-        done = f"cancelled {len(outcome) - len(late)} pending request(s) of {job}"
-    elif late:
-        done = f"could not cancel request {request_id[:8]} of {job}"
-    else:
-        done = f"cancelled the {chosen[0].kind} request {request_id[:8]} of {job}"
-    warning = None
-    if late:
-        warning = "too late: " + "; ".join(
-            f"request {c.request.id[:8]} was claimed first by {c.run.instance} "
-            f"(run {c.run.status.value})"
-            for c in late
-        )
-    return done, warning
-
-
-def _what(job: str) -> str:
-    return "every job" if job == ALL_JOBS else job
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _client(request: Request) -> str:
-    return request.client.host if request.client else "?"
-
-
-def _wants_json(request: Request) -> bool:
-    """A JSON client: it asks ``?format=json`` or accepts ``application/json``. Every reply
-    to it is JSON, errors included."""
-    return request.query_params.get("format") == "json" or "application/json" in (
-        request.headers.get("accept", "")
-    )
-
-
-def _json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    """The JSON shape of every error reply: ``{"ok": false, "error": message}``."""
-    return JSONResponse({"ok": False, "error": message}, status_code=status, headers=headers)
-
-
-def _forbidden(request: Request, message: str) -> Response:
-    logger.warning(
-        "dashboard: refused %s %s from %s: %s",
-        request.method,
-        request.url.path,
-        _client(request),
-        message,
-    )
-    if _wants_json(request):
-        return _json_error(403, message)
-    return HTMLResponse(f"<!doctype html><title>403</title><p>403: {message}</p>", status_code=403)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own errors (no such page, a method not allowed), JSON for a JSON client."""
-    assert isinstance(exc, HTTPException)
-    if _wants_json(request):
-        return _json_error(exc.status_code, exc.detail, exc.headers)
-    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    """An unexpected error (logged with its traceback by the server): no detail in the reply,
-    JSON for a JSON client."""
-    if _wants_json(request):
-        return _json_error(500, "Internal Server Error")
-    return PlainTextResponse("Internal Server Error", status_code=500)
-
-
-def _timing(response: Response, started: float) -> None:
-    response.headers["server-timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
-
-
-def _filter(runs: list[Any], params: Any) -> list[Any]:
-    status, trigger, instance = (params.get(k) for k in ("status", "trigger", "instance"))
-    return [
-        r
-        for r in runs
-        if (not status or _data.fate_of(r) == status or r.status.value == status)
-        and (not trigger or r.trigger.value == trigger)
-        and (not instance or r.instance == instance)
-    ]
-
-
-def _row_dict(row: _data.JobRow) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "expression": row.definition.expression,
-        "zone": row.definition.zone,
-        "words": row.words,
-        "instances": list(row.instances),
-        "next_slot_ms": row.next_slot_ms,
-        "last_run": None if row.last_run is None else _data.run_dict(row.last_run),
-        "running": [_data.run_dict(r) for r in row.running],
-        "paused": None if row.pause is None else row.pause.to_dict(),
-        "drift": None if row.drift is None else row.drift.describe(),
-        "strip": [{"slot_ms": c.slot_ms, "fate": c.fate} for c in row.strip],
-    }
-
-
-def _timeline_dict(line: _data.Timeline) -> dict[str, Any]:
-    return {
-        "start_ms": line.start_ms,
-        "end_ms": line.end_ms,
-        "slots": line.slots,
-        "counts": line.counts,
-        "capped": line.capped,
-        "walked_from_ms": line.walked_from_ms,
-        "read_from_ms": line.read_from_ms,
-    }
 
 
 def build_app(
@@ -788,12 +478,13 @@ def build_app(
     )
 
     async def guarded(request: Request, handler: Any) -> Response:
+        """``handler``'s reply, or the error reply its exception stands for."""
         try:
             response: Response = await handler(request)
             return response
-        except _BadRequest as exc:
+        except BadRequest as exc:
             return await board._error(request, 400, str(exc))  # names the value and the rule
-        except _Refused as exc:
+        except _actions.Refused as exc:
             return await board._error(request, 409, str(exc))
         except ConfigurationError as exc:
             return await board._failure(request, exc, 400)
@@ -805,6 +496,8 @@ def build_app(
             return await board._failure(request, exc, 409)
 
     def route(path: str, handler: Any, methods: list[str] | None = None) -> Route:
+        """A route to ``handler``, :func:`guarded`; GET unless ``methods`` says otherwise."""
+
         async def endpoint(request: Request) -> Response:
             return await guarded(request, handler)
 
@@ -812,6 +505,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
+        """At shutdown, stop the backend if the dashboard started it."""
         yield
         await board.source.close()
 
@@ -829,7 +523,7 @@ def build_app(
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error, 500: _server_error},
+        exception_handlers={HTTPException: http_error, 500: server_error},
     )
     app.state.dashboard = board
     return app
