@@ -186,7 +186,7 @@ async def _phantom(backend: Any, scheduler: Any, stopping: asyncio.Event) -> Non
     store = backend.registry()
     jobs = tuple(definition_of(j) for j in scheduler._jobs.values())
     while not stopping.is_set():
-        now = round(time.time() * 1000) + (scheduler._backend_clock.offset_ms or 0)
+        now = round(time.time() * 1000) + (scheduler._services.backend_clock.offset_ms or 0)
         record = InstanceRecord(
             id=GHOST,
             host="bench",

@@ -19,14 +19,22 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._metrics import Counters
 from .backend import Backend
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, InvalidOption
 from .logs import Action, log_fields
 
 if TYPE_CHECKING:
     from ._job import Job
     from ._timer import Due
 
-__all__ = ["CLOCK_METHODS", "BackendClock", "BackendTime", "Clock", "SystemClock", "sleep_or_wake"]
+__all__ = [
+    "CLOCK_METHODS",
+    "BackendClock",
+    "BackendTime",
+    "Clock",
+    "SystemClock",
+    "check_clock",
+    "sleep_or_wake",
+]
 
 logger = logging.getLogger("anarchon.scheduler")
 
@@ -69,6 +77,21 @@ class Clock(Protocol):
         """Wait until :meth:`now_ms` should read ``wall_ms``, computed as a duration from now;
         ``precise`` asks not to overshoot. A wall step during the wait is not followed: callers
         that wait long re-check the wall clock in short steps."""
+
+
+def check_clock(clock: object) -> Clock | None:
+    """The ``clock`` option of a Scheduler, checked: None, or an object with every method of
+    :data:`CLOCK_METHODS`."""
+    if clock is None:
+        return None
+    missing = [name for name in CLOCK_METHODS if not callable(getattr(clock, name, None))]
+    if missing:
+        raise InvalidOption(
+            f"clock={clock!r} lacks {', '.join(missing)}: a clock provides now_ms() (wall "
+            "clock, epoch ms), monotonic_ms(), async sleep(seconds) and async "
+            "sleep_until(wall_ms, precise=False), as anarchon.testing.FakeClock does"
+        )
+    return clock  # type: ignore[return-value]
 
 
 class SystemClock:

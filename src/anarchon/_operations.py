@@ -8,26 +8,20 @@ Queries (history, last run), manual runs, steering (pause, resume and trigger:
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from . import steering
-from ._claims import Claims
-from ._clock import BackendClock, Clock
-from ._heartbeat import Heartbeat, read_cluster
+from ._clock import Clock
+from ._heartbeat import read_cluster
 from ._job import Job, check_name
-from ._keeper import KeeperThread
-from ._loops import Loops
 from ._metrics import Counters, JobRow, Metrics, NextSlots, job_rows, jobs_now
 from ._models import Run, Trigger
 from ._observation import Observation
 from ._options import HISTORY_LIMIT, check_int
-from ._runner import ActiveRun, RunExecutor
-from ._threads import HandlerThreads
-from ._watchdog import LoopWatchdog
-from ._watcher import BackupWatcher
+from ._runner import ActiveRun
+from ._services import Services
 from .backend import Backend, ClaimStatus
 from .control import ALL_JOBS, Pause, RunRequest
 from .errors import (
@@ -83,17 +77,8 @@ class Operations:
     _state: State
     _jobs: dict[str, Job]
     _clock: Clock
-    _backend_clock: BackendClock
     _counters: Counters
-    _claims: Claims
-    _executor: RunExecutor
-    _threads: HandlerThreads
-    _watcher: BackupWatcher | None
-    _heartbeat: Heartbeat | None
-    _watchdog: LoopWatchdog | None
-    _keeper_thread: KeeperThread | None
-    _loops: Loops
-    _loop: asyncio.AbstractEventLoop | None
+    _services: Services
     _started_ms: int | None
     _next_slots: NextSlots
 
@@ -149,17 +134,18 @@ class Operations:
         """
         self._require_started("run_now")
         job = self._require_job(name)
+        claims = self._services.claims
         reserved = False
         if not job.is_async:
-            reserved = await self._claims.reserve_thread(MANUAL_CLAIM_TIMEOUT_S)
+            reserved = await claims.reserve_thread(MANUAL_CLAIM_TIMEOUT_S)
             if not reserved:
                 raise SchedulerStateError(
                     f"job {name!r} has a plain handler and every handler thread is busy "
                     f"(max_workers={self.max_workers}); try again later or raise max_workers"
                 )
-        request = self._claims.request(job, None, Trigger.MANUAL)
+        request = claims.request(job, None, Trigger.MANUAL)
         try:
-            claimed = await self._claims.claim([request], deadline_s=MANUAL_CLAIM_TIMEOUT_S)
+            claimed = await claims.claim([request], deadline_s=MANUAL_CLAIM_TIMEOUT_S)
             if not claimed:
                 raise BackendUnavailable(
                     f"could not claim a manual run of {name!r}: {self.backend.name} is unavailable"
@@ -170,11 +156,13 @@ class Operations:
             if outcome.status is not ClaimStatus.WON:
                 return outcome.run
             assert outcome.ticket is not None
-            active = self._executor.start(job, outcome.ticket, reserved=reserved, sent_ms=sent)
+            active = self._services.executor.start(
+                job, outcome.ticket, reserved=reserved, sent_ms=sent
+            )
             reserved = False
         finally:
             if reserved:
-                self._threads.unreserve()
+                self._services.threads.unreserve()
         run = await active.result
         if run is not None:
             return run
@@ -237,14 +225,14 @@ class Operations:
         """Read the backend's registry: every live instance, the jobs each carries, and the jobs
         whose definitions differ between instances (:mod:`anarchon.registry`)."""
         self._require_started("cluster")
-        beat = self._heartbeat
+        beat = self._services.heartbeat
         if beat is None:
             raise UnsupportedFeature(f"the {self.backend.name} backend keeps no registry")
         return await read_cluster(beat.store, beat.backend_now_ms())
 
     def _job_rows(self) -> list[JobRow]:
         """Each registered job's figures as a scrape reads them (any thread)."""
-        running = [a.job.name for a in list(self._executor.active.values())]
+        running = [a.job.name for a in list(self._services.executor.active.values())]
         return job_rows(
             self._counters,
             list(self._jobs.values()),
@@ -258,19 +246,20 @@ class Operations:
         """:meth:`metrics` with ``by_job`` as given (any thread: a scrape calls it)."""
         jobs = list(self._jobs.values())
         budgets = [b for j in jobs if (b := self.backend.skew_budget_ms(j.policy)) is not None]
-        watchdog = self._watchdog
+        services = self._services
+        watchdog, beat, watcher = services.watchdog, services.heartbeat, services.watcher
         pending = self._counters.pending_requests
         return Metrics.of(
             self._counters,
             by_job=by_job,
-            instances_seen=self._heartbeat.instances_seen if self._heartbeat else None,
+            instances_seen=beat.instances_seen if beat else None,
             clock_skew_budget_ms=min(budgets) if budgets else None,
             started_ms=self._started_ms,
             jobs=len(jobs),
-            running=len(self._executor.active),
-            watched=len(self._watcher) if self._watcher is not None else 0,
-            handler_threads_busy=len(self._threads.busy()),
-            clock_offset_ms=self._backend_clock.offset_ms,
+            running=len(services.executor.active),
+            watched=len(watcher) if watcher is not None else 0,
+            handler_threads_busy=len(services.threads.busy()),
+            clock_offset_ms=services.backend_clock.offset_ms,
             loop_lag_ms=watchdog.lag_ms if watchdog is not None else None,
             loop_lag_max_ms=watchdog.max_lag_ms if watchdog is not None else None,
             loop_blocked_ms=watchdog.blocked_ms if watchdog is not None else None,
@@ -284,10 +273,9 @@ class Operations:
         heartbeat, and its :meth:`metrics` without the per-job figures; with ``jobs``, each
         job's figures too (a walk of every job). Safe from any thread: health probes and
         metrics scrapes read it while the event loop may be blocked."""
-        watchdog = self._watchdog
-        host = self._keeper_thread
-        beat = self._heartbeat
-        loops = {t.get_name().removeprefix("anarchon "): not t.done() for t in self._loops.tasks}
+        services = self._services
+        watchdog, host, beat = services.watchdog, services.keeper_thread, services.heartbeat
+        loops = {t.get_name().removeprefix("anarchon "): not t.done() for t in services.loops.tasks}
         if host is not None:
             loops["keeper thread"] = host.alive
         age = None
@@ -301,7 +289,7 @@ class Operations:
             leases_held=sum(1 for a in self._active() if a.ticket.lease_expires_at_ms is not None),
             heartbeat_age_ms=age,
             shared_with=None if beat is None else beat.shared_with,
-            event_loop=self._loop,
+            event_loop=services.loop,
             metrics=self._snapshot({}),
             _rows=rows,
         )
@@ -311,7 +299,7 @@ class Operations:
         it is copied)."""
         for _ in range(3):
             try:
-                return list(self._executor.active.values())
+                return list(self._services.executor.active.values())
             except RuntimeError:
                 continue
         return []

@@ -14,13 +14,16 @@ does not run; :mod:`._requests` runs the cluster's run requests (triggers, retri
 :mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics, health)
 is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
 (:meth:`Scheduler.run`'s event loop, :meth:`Scheduler.serve`'s signal handlers) is
-:mod:`._process`.
+:mod:`._process`. The parts above are built from the scheduler's options, linked, started and
+called back by :mod:`._services`; :class:`Scheduler` keeps the jobs, the options' checks, the
+life-cycle state and the stop.
 
 Life cycle, declared once in :meth:`Scheduler.start` with an :class:`contextlib.AsyncExitStack`
 (APScheduler 4's ``AsyncScheduler.__aenter__`` is the model): each service registers its own
-clean-up as it starts, so :meth:`Scheduler.stop` undoes them in reverse order. The long-lived
-loops run in one :class:`asyncio.TaskGroup`, held by a task of its own (:mod:`._loops`: start
-and stop may run in different tasks), entered before the first loop and left after the last:
+clean-up as it starts (:class:`~._services.Services`), so :meth:`Scheduler.stop` undoes them in
+reverse order. The long-lived loops run in one :class:`asyncio.TaskGroup`, held by a task of its
+own (:mod:`._loops`: start and stop may run in different tasks), entered before the first loop
+and left after the last:
 
 1. stop firing (the timer) and measuring the clock; stop backup takeovers (the watcher), letting
    a takeover in flight settle;
@@ -38,44 +41,26 @@ import asyncio
 import logging
 import os
 import socket
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AsyncExitStack
-from types import FrameType, TracebackType
-from typing import Any, Final, Literal, TypeAlias, TypeVar, Unpack
+from types import TracebackType
+from typing import Final, Literal, TypeAlias, TypeVar, Unpack
 
 from . import _process, otel
-from ._backlog import Backlogs
-from ._catchup import CatchingUp
-from ._claims import Claims
-from ._clock import CLOCK_METHODS, BackendClock, Clock, SystemClock
-from ._firing import Firing
-from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT, Heartbeat
+from ._clock import Clock, SystemClock, check_clock
+from ._heartbeat import DEFAULT_HEARTBEAT_MS, HEARTBEAT
 from ._job import Handler, Job, JobKwargs, Resolved, build_job, job_options
-from ._keeper import KeeperThread, LeaseKeeper, Mailbox, start_keeper
-from ._loops import Loops
 from ._metrics import Counters, NextSlots
-from ._missed import MissedSlots
-from ._models import Run
 from ._operations import ENDED, Operations
 from ._operations import State as _State
 from ._options import Bound, check_int, check_label
-from ._rendezvous import Rendezvous
-from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS, RequestPoller
-from ._retrying import Failures
-from ._runner import ActiveRun, RunExecutor
-from ._supervisor import cancel_and_wait
-from ._threads import HandlerThreads
-from ._urls import backend_from_url
-from ._watchdog import LoopWatchdog, describe_blocker
-from ._watcher import ADOPT_EVERY_MS, BackupWatcher
-from .backend import Backend, ClaimNotice, LeaseBackend, Ticket
+from ._requests import CONTROL_POLL, DEFAULT_CONTROL_POLL_MS
+from ._services import Services
+from ._urls import backend_from_url, default_backend
+from .backend import Backend
 from .errors import DuplicateJob, InvalidOption, JobNotFound, SchedulerStateError
-from .logs import Action, bind_instance, log_fields
-
-ENV_BACKEND: Final = "ANARCHON_BACKEND"
-"""The environment variable naming the default backend's URL."""
+from .logs import Action, log_fields
 
 __all__ = ["Scheduler"]
 
@@ -97,8 +82,6 @@ GRACE: Final = Bound(0, 24 * 3600 * 1000, ms=True)
 DEFAULT_MAX_WORKERS: Final = 32
 MAX_WORKERS: Final = Bound(1, 1024)
 MAX_INSTANCE_ID: Final = 256
-# On stop, claims and takeovers already sent get this long to come back (s).
-SETTLE_S: Final = 5.0
 
 
 def default_instance_id() -> str:
@@ -108,32 +91,10 @@ def default_instance_id() -> str:
 
 
 def _check_instance_id(value: object) -> str | None:
+    """The ``instance_id`` option, checked (None: the default, computed at start)."""
     if value is None:
         return None
     return check_label("instance_id", value, MAX_INSTANCE_ID)
-
-
-def _default_backend() -> tuple[Backend, str | None]:
-    """The backend of a scheduler given none: ``$ANARCHON_BACKEND``'s URL, else SQLite."""
-    url = os.environ.get(ENV_BACKEND)
-    if url:
-        return backend_from_url(url), url
-    from .backends.sqlite import SQLiteBackend
-
-    return SQLiteBackend(), None
-
-
-def _check_clock(clock: object) -> Clock | None:
-    if clock is None:
-        return None
-    missing = [name for name in CLOCK_METHODS if not callable(getattr(clock, name, None))]
-    if missing:
-        raise InvalidOption(
-            f"clock={clock!r} lacks {', '.join(missing)}: a clock provides now_ms() (wall "
-            "clock, epoch ms), monotonic_ms(), async sleep(seconds) and async "
-            "sleep_until(wall_ms, precise=False), as anarchon.testing.FakeClock does"
-        )
-    return clock  # type: ignore[return-value]
 
 
 class Scheduler(Operations):
@@ -184,15 +145,14 @@ class Scheduler(Operations):
         self.control_poll_ms = check_int(
             "control_poll_ms", control_poll_ms, CONTROL_POLL, "Scheduler"
         )
-        self._heartbeat: Heartbeat | None = None
         self._started_ms: int | None = None
         explicit_id = _check_instance_id(instance_id)
-        given_clock = _check_clock(clock)
+        given_clock = check_clock(clock)
         #: The URL the backend was made from: the one given, or ``$ANARCHON_BACKEND``'s when
         #: the scheduler was given no backend; None otherwise.
         self.backend_url: str | None = None
         if backend is None:
-            backend, self.backend_url = _default_backend()
+            backend, self.backend_url = default_backend()
         elif isinstance(backend, str):
             self.backend_url = backend
             backend = backend_from_url(backend)
@@ -208,73 +168,20 @@ class Scheduler(Operations):
         self._state = _State.NEW
         self._counters = Counters()
         self._next_slots: NextSlots = {}  # the metrics' next slots, per schedule
-        self._backend_clock = BackendClock(backend, self._clock, self._jobs, self._counters)
-        self._threads = HandlerThreads(max_workers)
-        self._rendezvous = Rendezvous("", self._clock.monotonic_ms)
-        self._executor = RunExecutor(backend, self._clock, self._threads, self._counters, grace_ms)
-        self._watcher: BackupWatcher | None = None
-        if isinstance(backend, LeaseBackend):
-            self._watcher = BackupWatcher(
-                backend,
-                self._clock,
-                "",
-                self._jobs.get,
-                self._on_taken,
-                self._counters,
-                self._threads,
-            )
-        self._claims = Claims(
+        self._services = Services(
             backend,
             self._clock,
-            self._backend_clock.time,
             self._jobs,
-            self._executor,
-            self._watcher,
-            self._threads,
             self._counters,
-            lambda: self.running,
-            self._spawn,
+            max_workers=max_workers,
+            grace_ms=grace_ms,
+            heartbeat_ms=self.heartbeat_ms,
+            control_poll_ms=self.control_poll_ms,
+            running=lambda: self.running,
+            jobs_version=lambda: self._jobs_version,
+            stop_began=lambda: self._stop_began,
+            stop=lambda: self.stop(),
         )
-        self._catching_up = CatchingUp(
-            backend,
-            self._clock,
-            self._claims,
-            self._threads,
-            lambda: self.running,
-            self._spawn,
-            MissedSlots(backend, self._claims, self._counters, self._clock),
-        )
-        # A backlog (the process was frozen) is decided as catch-up decides missed slots.
-        backlogs = Backlogs(
-            backend,
-            self._clock,
-            self._claims,
-            self._threads,
-            self._catching_up.backlog,
-            lambda: self._watchdog,
-            self._spawn,
-        )
-        self._firing = Firing(
-            self._jobs,
-            lambda: self.running,
-            self._rendezvous,
-            self._clock,
-            self._backend_clock,
-            backend,
-            self._claims,
-            self._threads,
-            self._counters,
-            self._spawn,
-            backlogs,
-        )
-        self._failures = Failures(backend.control(), self._backend_clock.time, self._counters)
-        self._executor.failures = self._failures
-        if self._watcher is not None:
-            self._watcher.on_exhausted = self._on_exhausted
-            follow = self._watcher.follow
-            self._executor.results.on_refused = lambda ticket: follow(ticket.job, ticket.slot_key)
-        self._tasks: set[asyncio.Future[Any]] = set()
-        self._loops = Loops(self._clock.sleep)  # the long-lived loops' task group
         self._stack: AsyncExitStack | None = None
         self._base: AsyncExitStack | None = None
         self._lingering: asyncio.Future[None] | None = None
@@ -283,11 +190,6 @@ class Scheduler(Operations):
         self._stop_waiters = 0  # stop() calls awaiting it
         self._stop_reported = False  # its failure was raised to a caller, or logged
         self._stop_began = 0
-        self._keeper_thread: KeeperThread | None = None
-        self._watchdog: LoopWatchdog | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._main_mailbox: Mailbox | None = None
-        self._loop_ended = False  # the event loop ended under the running scheduler (_guard)
 
     @property
     def instance_id(self) -> str:
@@ -382,23 +284,9 @@ class Scheduler(Operations):
         job = build_job(name, schedule, handler, chosen, self.backend, self._resolved)
         self._jobs[name] = job
         self._jobs_version += 1
-        self._firing.added(name)
+        self._services.firing.added(name)
         if self._state is _State.RUNNING:
-            # On the backend's clock, as at start: a clock behind does not fire slots from
-            # before the job was added, a clock ahead does not pass over the slots between.
-            now = self._backend_clock.time.now_ms()
-            self._firing.schedule_next(job, now)
-            self._carry([job], now)
-
-    def _carry(self, jobs: list[Job], now: int) -> None:
-        """What beginning to carry ``jobs`` (on start, on ``add()`` while running) sets going
-        beside their timers, all from ``now``, the backend's clock (estimated) when this
-        instance began carrying them: catching up their missed slots (up to ``now``; the timer
-        fires those after it), and on a lease backend watching their runs still open from
-        before (``BackupWatcher.adopt``)."""
-        self._spawn(self._catching_up.start(jobs, now))
-        if self._watcher is not None:
-            self._spawn(self._watcher.adopt(jobs, now))
+            self._services.carry_added(job)
 
     def remove(self, name: str) -> None:
         """Unregister a job; its running attempt, if any, finishes normally."""
@@ -428,6 +316,7 @@ class Scheduler(Operations):
             starting.set_result(None)
 
     async def _start(self) -> None:
+        """:meth:`start`'s work: the backend, then the services (undone if one fails)."""
         # The default id is fixed now, in the process that runs the scheduler: workers forked
         # from one parent (gunicorn --preload) each get their own, with their pid. A start tried
         # again in the same process (the backend was out of reach) keeps the id it had, so the
@@ -469,231 +358,15 @@ class Scheduler(Operations):
             )
 
     async def _start_services(self, base: AsyncExitStack, stack: AsyncExitStack) -> None:
-        """Start every service in order; each registers its clean-up on ``base`` (the backend,
-        the handler threads, the lease keeper) or ``stack`` (the rest), undone in reverse order
-        by :meth:`stop`: ``stack`` first, then ``base``."""
-        backend = self.backend
-        self._claims.instance = self._backend_clock.instance = self.instance_id
-        bind_instance(self.instance_id)
-        base.push_async_callback(backend.stop)
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._main_mailbox = Mailbox.here()
-        base.callback(self._abandon_threads)
-        # The loops' task group, left once every loop has stopped (see _loops). Entering waits for
-        # its owner task: done before running, so no start is seen running for that wait.
-        await base.enter_async_context(self._loops)
+        """Start every service in order (:class:`._services.Services`); each registers its
+        clean-up on ``base`` (the backend, the handler threads, the loops' group, the lease
+        keeper) or ``stack`` (the rest), undone in reverse order by :meth:`stop`: ``stack``
+        first, then ``base``. The scheduler runs from the moment the loops' group is entered."""
+        await self._services.prepare(base, self.instance_id)
         self._state = _State.RUNNING
         self._started_ms = self._clock.now_ms()
         self._stop_began = 0
-        self._backend_clock.time.assume_local()
-        await self._start_keeper(base, loop)
-        # Runs drain (grace, then hand-over) while the keeper still renews their leases.
-        stack.push_async_callback(self._drain)
-        stack.push_async_callback(self._settle_claims)
-        if self._watcher is not None:
-            assert isinstance(backend, LeaseBackend)
-            watcher = self._watcher
-            watcher.instance = self.instance_id
-            mailbox = self._main_mailbox
-
-            def poke(job: str, slot_key: str, released: bool = True) -> None:
-                # From the backend's listener, possibly on another thread: one wake-up of the
-                # loop per batch of notifications (see Mailbox). A result is not posted while
-                # nothing is watched (every result of a burst this instance alone runs is
-                # notified); a hand-over always is (the watcher checks it if it carries the job).
-                if released or watcher.watching():
-                    mailbox.post(watcher.poke, job, slot_key, released)
-
-            await backend.subscribe(poke)
-            stack.push_async_callback(self._stop_watcher, self._loops.start("watcher", watcher.run))
-            adopting = self._loops.start("adopt", self._adopt_again)
-            stack.push_async_callback(cancel_and_wait, [adopting])
-        await self._subscribe_claims()
-        stack.callback(self._rendezvous.forget)
-        # The jobs are carried from now by the backend's clock, measured first: the timer
-        # fires the slots after it, catch-up (and its rules) decides on those before. On this
-        # host's clock, an instance behind would claim, late, slots due before it (or the
-        # fleet) started, and one ahead would pass over the slots up to its own time.
-        await self._backend_clock.measure_at_start()
-        now = self._backend_clock.time.now_ms()
-        self._firing.schedule_all(list(self._jobs.values()), now)
-        timer = self._loops.start("timer", self._firing.timer.run)
-        skew = self._loops.start("clock", self._backend_clock.watch)
-        stack.push_async_callback(cancel_and_wait, [timer, skew])
-        self._carry(list(self._jobs.values()), now)
-        control = backend.control()
-        if control is not None:  # triggers and retries: see _requests
-            poller = RequestPoller(
-                control,
-                self._clock,
-                self._backend_clock.time,
-                lambda: self._jobs,
-                self._claims,
-                self._threads,
-                self._counters,
-                self.control_poll_ms,
-            )
-            polling = self._loops.start("requests", poller.run)
-            stack.push_async_callback(self._stop_poller, poller, polling)
-        store = backend.registry()
-        if store is not None:  # the registry: see _heartbeat
-            jobs, offset = self._jobs.values, lambda: self._backend_clock.offset_ms
-            beat = Heartbeat(
-                store,
-                self._clock,
-                self.heartbeat_ms,
-                self.instance_id,
-                jobs,
-                offset,
-                lambda: self._jobs_version,
-            )
-            beat.on_view = self._rendezvous.see
-            self._heartbeat = beat
-            beat.start(self._loops.start)
-            stack.push_async_callback(beat.stop)
-        # Last, so a stop ends it first (it then does nothing), unless the stop is its own.
-        guard = loop.create_task(self._guard(), name=f"anarchon guard of {self.instance_id}")
-        stack.push_async_callback(self._end_guard, guard)
-
-    async def _guard(self) -> None:
-        """Wait, doing nothing, until cancelled. Cancelled while the scheduler runs (no stop
-        begun), the event loop is ending under it: ``asyncio.run()`` returned or raised with the
-        scheduler still running, and cancels every task left, handlers' and the scheduler's
-        own. Then stop now, the grace cut short (the handlers are cancelled already): their
-        runs are handed over, this instance leaves the registry and the backend is closed,
-        instead of leases and the instance's record left to expire. A plain handler's thread,
-        which no cancellation stops, is waited for within the grace, its lease renewed and its
-        result recorded (as a stop does). ``asyncio.run()`` waits for this task, so for the
-        stop."""
-        try:
-            await asyncio.get_running_loop().create_future()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self._state is not _State.RUNNING or task is None:
-                raise  # stop() ends it
-            task.uncancel()
-            self._loop_ended = True  # the stop must not cancel this task: asyncio.run() awaits it
-            logger.warning(
-                "scheduler %s: the event loop is ending while it runs (asyncio.run() returned "
-                "or raised before 'await scheduler.stop()'), cancelling its handlers: stopping "
-                "now, their runs handed over (plain handlers' threads still working are waited "
-                "for up to grace_ms). Stop the scheduler before the loop ends: 'async with "
-                "scheduler:' or 'await scheduler.stop()'",
-                self.instance_id,
-                extra=log_fields(Action.LOOP_ENDED),
-            )
-            self._executor.hurry()
-            await self.stop()
-
-    async def _end_guard(self, guard: asyncio.Task[None]) -> None:
-        if not self._loop_ended:
-            await cancel_and_wait([guard])
-
-    async def _subscribe_claims(self) -> None:
-        """Hear the claims other instances win (rank delays: see :mod:`._rendezvous`)."""
-        rendezvous = self._rendezvous
-        rendezvous.instance = self.instance_id
-        mailbox = self._main_mailbox
-        assert mailbox is not None
-
-        mine = self.instance_id
-
-        def on_claims(notices: Sequence[ClaimNotice]) -> None:
-            # From the backend's listener, possibly on another thread: handled on the loop.
-            # This instance's own wins are dropped here (the rendezvous would drop them too),
-            # so a burst's notices do not stay alive, queued, while its runs are handed out.
-            others = [notice for notice in notices if notice.instance != mine]
-            if others:
-                mailbox.post(self._on_claims, others)
-
-        rendezvous.notices = await self.backend.subscribe_claims(on_claims)
-
-    def _on_claims(self, notices: Sequence[ClaimNotice]) -> None:
-        """Other instances won slots this one waits on: watch those runs as a backup would
-        (the claims themselves are dropped when the slots come due, see :mod:`._firing`)."""
-        if not self.running:
-            return
-        now: int | None = None
-        for notice in self._rendezvous.hear(notices):
-            if self._watcher is None or notice.lease_expires_at_ms is None:
-                continue
-            if notice.job in self._jobs:
-                now = self._backend_clock.time.now_ms() if now is None else now
-                self._watcher.watch(notice.job, notice.slot_key, notice.lease_expires_at_ms, now)
-
-    async def _start_keeper(self, stack: AsyncExitStack, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the lease keeper (:func:`._keeper.start_keeper`): on the system clock, on a
-        thread of the scheduler's own that also hosts the loop watchdog."""
-        if type(self._clock) is SystemClock:
-            self._watchdog = LoopWatchdog(
-                loop, threading.get_ident(), self._clock.monotonic_ms, self._describe_blocker
-            )
-        keeper, self._keeper_thread = await start_keeper(
-            stack, self.backend, self._clock, self._watchdog, self._make_keeper, self._loops.start
-        )
-        self._executor.keeper = keeper
-        self._executor.closed = False
-
-    def _make_keeper(self, backend: LeaseBackend) -> LeaseKeeper:
-        return LeaseKeeper(backend, self._clock, self._on_lease_lost)
-
-    def _on_lease_lost(self, active: ActiveRun, reason: str) -> None:
-        """From the keeper (maybe on its thread): flag the handler's context at once, then tell
-        the executor on the event loop."""
-        active.ctx._flag_lost(reason)
-        if self._main_mailbox is not None:
-            self._main_mailbox.post(self._executor.lose, active, reason)
-            if self._watcher is not None:  # watch the slot: its newer attempt, or this one's end
-                ticket = active.ticket
-                self._main_mailbox.post(self._watcher.follow, ticket.job, ticket.slot_key)
-
-    async def _stop_poller(self, poller: RequestPoller, task: asyncio.Future[None]) -> None:
-        await poller.stop(task, SETTLE_S)
-        await cancel_and_wait([task])
-
-    def _on_exhausted(self, job: Job, run: Run) -> None:
-        """A backup's takeover recorded ``run`` failed on its last attempt: the slot finally
-        failed here."""
-        self._spawn(self._failures.finally_failed(job, run))
-
-    async def _adopt_again(self) -> None:
-        """Every :data:`~._watcher.ADOPT_EVERY_MS`, watch the carried jobs' open runs not
-        watched yet (those this instance runs aside): a run whose lease ended is taken over
-        even when no instance watched it (its runner lost its lease unseen)."""
-        assert self._watcher is not None
-        while True:
-            await self._clock.sleep(ADOPT_EVERY_MS / 1000)
-            if self.running and self._jobs:
-                now = self._backend_clock.time.now_ms()
-                jobs = list(self._jobs.values())
-                await self._watcher.adopt(jobs, now, skip=self._executor.active, quiet=True)
-
-    async def _stop_watcher(self, task: asyncio.Future[None]) -> None:
-        await cancel_and_wait([task])
-        if self._watcher is not None:
-            await self._watcher.close(SETTLE_S)
-
-    async def _settle_claims(self) -> None:
-        """Let claims already sent come back (bounded): a won slot is then run or handed over."""
-        await self._claims.settle(SETTLE_S)
-        await cancel_and_wait(list(self._tasks))
-
-    async def _drain(self) -> None:
-        await self._executor.drain(self._stop_began + self.grace_ms)
-
-    def _abandon_threads(self) -> None:
-        busy = self._threads.busy()
-        if busy:
-            logger.warning(
-                "abandoning %d handler thread(s) still running after grace_ms=%d: %s. A thread "
-                "cannot be stopped; these are daemon threads and end with the process",
-                len(busy),
-                self.grace_ms,
-                "; ".join(busy),
-                extra=log_fields(Action.THREADS_ABANDONED, threads=len(busy)),
-            )
-        self._threads.close()
+        await self._services.start(base, stack)
 
     async def stop(self) -> None:
         """Stop claiming, let running handlers finish up to ``grace_ms``, hand over the rest.
@@ -716,7 +389,7 @@ class Scheduler(Operations):
             await asyncio.shield(self._starting)
         if self._state is _State.NEW:
             self._state = _State.STOPPED
-            self._threads.close()
+            self._services.threads.close()
             return
         stopping = self._stopping
         if stopping is None:
@@ -729,7 +402,7 @@ class Scheduler(Operations):
             )
             stopping.add_done_callback(self._stop_ended)
             self._stopping = stopping
-        if stopping.done() or self._executor.running(asyncio.current_task()) is not None:
+        if stopping.done() or self._services.executor.running(asyncio.current_task()) is not None:
             return
         self._stop_waiters += 1
         try:
@@ -751,6 +424,7 @@ class Scheduler(Operations):
         logger.info("scheduler %s stopped", self.instance_id, extra=log_fields(Action.STOPPED))
 
     def _stop_ended(self, task: asyncio.Task[None]) -> None:
+        """The stop's task ended: log its failure if no call is left to raise it in."""
         if not self._stop_waiters:
             self._report_stop_failure()
 
@@ -778,7 +452,7 @@ class Scheduler(Operations):
             if stack is not None:
                 await stack.aclose()
         finally:
-            stubborn = self._executor.stubborn()
+            stubborn = self._services.executor.stubborn()
             task = asyncio.current_task()
             cut_short = task is not None and task.cancelling() > 0
             if base is not None and stubborn and not cut_short:
@@ -788,18 +462,21 @@ class Scheduler(Operations):
                 # the stop itself is cancelled (the loop ends: asyncio.run()'s end, a third
                 # signal): a task begun then would be left pending; the process leaves them.
                 self._lingering = asyncio.ensure_future(self._linger(stubborn, base))
-                self._lingering.add_done_callback(self._task_done)
+                self._lingering.add_done_callback(self._services.task_done)
             elif base is not None:
                 await base.aclose()
             self._state = _State.STOPPED
 
     async def _linger(self, tasks: list[asyncio.Task[None]], base: AsyncExitStack) -> None:
+        """After the stop, wait for the handlers that ignore their cancellation, then undo
+        ``base`` (the lease keeper, the backend)."""
         try:
             await asyncio.wait(tasks)
         finally:
             await base.aclose()
 
     async def __aenter__(self) -> Scheduler:
+        """``async with scheduler``: :meth:`start` it."""
         await self.start()
         return self
 
@@ -809,6 +486,7 @@ class Scheduler(Operations):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Leaving ``async with scheduler``: :meth:`stop` it."""
         await self.stop()
 
     def run(self, stop_event: asyncio.Event | None = None) -> None:
@@ -832,7 +510,7 @@ class Scheduler(Operations):
             lambda: self.serve(stop_event),
             lambda: self._stopping,
             lambda: self._lingering,
-            self._executor.stubborn,
+            self._services.executor.stubborn,
         )
 
     async def serve(self, stop_event: asyncio.Event | None = None) -> None:
@@ -850,7 +528,7 @@ class Scheduler(Operations):
         leaving it as it is (neither stopped nor its signal handlers taken).
         """
         self._check_startable()
-        await _process.serve(self.start, self.stop, stop_event, self._executor.hurry)
+        await _process.serve(self.start, self.stop, stop_event, self._services.executor.hurry)
 
     @property
     def running(self) -> bool:
@@ -868,36 +546,3 @@ class Scheduler(Operations):
         if self._starting is not None and self._state in (_State.NEW, _State.RUNNING):
             return "starting"
         return _LIFE_CYCLE[self._state]
-
-    # -- takeovers --------------------------------------------------------------------------
-
-    def _on_taken(self, job: Job, ticket: Ticket, reserved: bool, sent: int) -> None:
-        # Also while stopping: the run is then drained with the others, or handed over at once
-        # if the grace period is over, instead of being left to expire.
-        self._executor.start(job, ticket, reserved=reserved, sent_ms=sent)
-
-    # -- the loop watchdog ------------------------------------------------------------------
-
-    def _describe_blocker(self, frame: FrameType | None) -> tuple[str, str | None]:
-        """On the watchdog's thread: what blocks the loop (see :func:`describe_blocker`)."""
-        loop = self._loop
-        active = self._executor.running(asyncio.current_task(loop) if loop else None)
-        return describe_blocker(frame, list(self._jobs.values()), active)
-
-    # -- tasks ------------------------------------------------------------------------------
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.discard(task)
-        if isinstance(task, asyncio.Task) and task.cancelling():
-            return  # cancelled on stop: cancel_and_wait logs an error it ended by instead
-        if not task.cancelled() and task.exception() is not None:
-            logger.error(
-                "internal task failed",
-                exc_info=task.exception(),
-                extra=log_fields(Action.INTERNAL_ERROR),
-            )

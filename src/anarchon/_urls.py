@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ from .errors import AnarchonError, InvalidOption
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["ENTRY_POINT_GROUP", "backend_from_url"]
+__all__ = ["ENTRY_POINT_GROUP", "ENV_BACKEND", "backend_from_url", "default_backend"]
 
 ENTRY_POINT_GROUP: Final = "anarchon.backends"
 """Packages register backends for :func:`backend_from_url` in this entry-point group: the name
@@ -33,6 +34,21 @@ SCHEMES: Final = {
 }
 """The built-in schemes, each to its backend class written as an entry point's value
 (``module:attribute``), the form a package registers an outside scheme in."""
+
+
+ENV_BACKEND: Final = "ANARCHON_BACKEND"
+"""The environment variable naming the default backend's URL."""
+
+
+def default_backend() -> tuple[Backend, str | None]:
+    """The backend of a scheduler given none, and its URL: ``$ANARCHON_BACKEND``'s, else
+    SQLite (no URL)."""
+    url = os.environ.get(ENV_BACKEND)
+    if url:
+        return backend_from_url(url), url
+    from .backends.sqlite import SQLiteBackend
+
+    return SQLiteBackend(), None
 
 
 def backend_from_url(url: str) -> Backend:

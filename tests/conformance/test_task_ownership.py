@@ -19,7 +19,7 @@ async def test_stop_leaves_no_task_pending(ns: Namespace) -> None:
     scheduler = Scheduler(ns.make(), instance_id="owner")
     scheduler.add("work", "* * * * * *", work)
     await asyncio.ensure_future(scheduler.start())
-    loops = list(scheduler._loops.tasks)
+    loops = list(scheduler._services.loops.tasks)
     assert loops and not any(task.done() for task in loops)
     await asyncio.wait_for(ran.wait(), 10)  # a slot ran
     await asyncio.ensure_future(scheduler.stop())

@@ -52,13 +52,13 @@ async def test_a_burst_is_built_its_lead_before_the_slot_and_claimed_at_it(
     backend = Recording(clock)
     scheduler = _burst(backend, clock)
     built: list[int] = []
-    build = scheduler._claims.request
+    build = scheduler._services.claims.request
 
     def request(*args: Any, **kwargs: Any) -> ClaimRequest:
         built.append(clock.now_ms())
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(scheduler._claims, "request", request)
+    monkeypatch.setattr(scheduler._services.claims, "request", request)
     assert LEAD >= 3 * LEAD_MS
     async with scheduler:
         await clock.advance(60 * MINUTE - looked_ms, step_ms=MINUTE)
@@ -69,7 +69,7 @@ async def test_a_burst_is_built_its_lead_before_the_slot_and_claimed_at_it(
         assert sum(len(requests) for _, _, requests in claims) == JOBS
         assert scheduler.metrics()["runs_succeeded"] == JOBS
         # The counts behind the lead follow the heap: only the next instant's are left.
-        assert scheduler._firing.timer._instants == {SLOT + 60 * MINUTE: JOBS}
+        assert scheduler._services.firing.timer._instants == {SLOT + 60 * MINUTE: JOBS}
 
 
 class _Behind(BackendClock):

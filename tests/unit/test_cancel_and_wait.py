@@ -81,7 +81,7 @@ async def test_a_schedulers_task_failing_on_its_stop_is_logged_once(
     caplog.set_level(logging.WARNING)
     scheduler = Scheduler(MemoryBackend(), instance_id="one")
     async with scheduler:
-        scheduler._spawn(_fails_when_cancelled())
+        scheduler._services.spawn(_fails_when_cancelled())
         await asyncio.sleep(0)
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
     assert [getattr(r, "action", None) for r in logged] == ["stop"]

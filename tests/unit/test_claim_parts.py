@@ -304,7 +304,7 @@ async def test_three_instances_begin_a_burst_with_different_parts() -> None:
     for _ in range(45):
         await clock.advance(100)
         await asyncio.sleep(0.02)
-    assert all(s._rendezvous.share("j0") is not None for s in schedulers)
+    assert all(s._services.rendezvous.share("j0") is not None for s in schedulers)
     await clock.advance(2_500, step_ms=100)
     runs = [s.metrics().runs_succeeded for s in schedulers]
     for scheduler in schedulers:

@@ -258,14 +258,14 @@ async def test_a_slot_claimed_at_its_time_is_built_before_it_and_sent_at_it(
     scheduler = Scheduler(backend, clock=clock, instance_id="i0")
     scheduler.add("tick", "* * * * * *", lambda ctx: None, jitter_ms=0, catch_up="none")
     built: list[tuple[int, int | None]] = []
-    build = scheduler._claims.request
+    build = scheduler._services.claims.request
 
     def request(*args: Any, **kwargs: Any) -> ClaimRequest:
         made = build(*args, **kwargs)
         built.append((clock.now_ms(), made.slot))
         return made
 
-    monkeypatch.setattr(scheduler._claims, "request", request)
+    monkeypatch.setattr(scheduler._services.claims, "request", request)
     async with scheduler:
         await clock.advance(3_100, step_ms=1)
     claims = [(at, r.slot) for _, at, reqs in backend.named("claim") for r in reqs]

@@ -113,7 +113,7 @@ async def test_a_clock_off_past_the_skew_budget_is_unhealthy() -> None:
 async def test_a_loop_that_ended_is_named() -> None:
     scheduler = noop_scheduler()
     async with scheduler:
-        [timer] = [t for t in scheduler._loops.tasks if t.get_name() == "anarchon timer"]
+        [timer] = [t for t in scheduler._services.loops.tasks if t.get_name() == "anarchon timer"]
         timer.cancel()
         await asyncio.sleep(0)
         await asyncio.sleep(0)

@@ -409,7 +409,7 @@ async def test_a_plain_run_cancelled_from_outside_is_recorded_when_its_thread_re
         async with scheduler:
             waiting = asyncio.ensure_future(scheduler.run_now("work"))
             assert await asyncio.to_thread(started.wait, 10)
-            [active] = scheduler._executor.active.values()
+            [active] = scheduler._services.executor.active.values()
             assert active.task is not None and active.kept
             active.task.cancel()
             await until(

@@ -21,7 +21,8 @@ LOOPS = {"watcher", "adopt", "timer", "clock", "requests", "heartbeat"}
 
 def _loops(scheduler: Scheduler) -> dict[str, bool]:
     """Each loop's name and whether it still runs."""
-    return {t.get_name().removeprefix("anarchon "): not t.done() for t in scheduler._loops.tasks}
+    tasks = scheduler._services.loops.tasks
+    return {t.get_name().removeprefix("anarchon "): not t.done() for t in tasks}
 
 
 def _failed(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -38,7 +39,7 @@ async def test_start_and_stop_in_different_tasks_end_every_loop_and_their_group(
     scheduler.add("work", "* * * * * *", work)
     await asyncio.ensure_future(scheduler.start())
     assert set(_loops(scheduler)) == LOOPS and all(_loops(scheduler).values())
-    owner = scheduler._loops._owner
+    owner = scheduler._services.loops._owner
     assert owner is not None and not owner.done()
     await asyncio.sleep(1.2)  # a slot runs
     await asyncio.ensure_future(scheduler.stop())
@@ -143,7 +144,7 @@ def test_a_keyboard_interrupt_in_one_loop_leaves_the_event_loop_and_the_keeper_r
         raise KeyboardInterrupt
 
     scheduler = Scheduler(backend, clock=clock, instance_id="one")
-    scheduler._adopt_again = interrupting  # type: ignore[method-assign]
+    scheduler._services._adopt_again = interrupting  # type: ignore[method-assign]
     scheduler.add("work", "0 * * * *", work, jitter_ms=0)
     loop = asyncio.new_event_loop()
     try:

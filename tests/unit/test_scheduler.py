@@ -201,7 +201,7 @@ async def test_ten_thousand_jobs_keep_one_timer(clock: FakeClock) -> None:
             scheduler.add(f"job{n}", f"{n % 60} {n % 24} * * *", handler)
         async with scheduler:
             await clock.advance(1_000)
-            assert len(scheduler._firing.timer) == jobs
+            assert len(scheduler._services.firing.timer) == jobs
             return len(asyncio.all_tasks())
 
     assert await tasks_while_idle(10_000) == await tasks_while_idle(1), "tasks grow with jobs"
@@ -266,7 +266,7 @@ async def test_clock_skew_under_the_floor_does_not_walk_the_jobs(
     caplog.set_level(logging.WARNING, "anarchon")
     async with scheduler:
         await clock.advance(100)
-        assert scheduler._backend_clock.offset_ms == offset
+        assert scheduler._services.backend_clock.offset_ms == offset
     skew = [r for r in caplog.records if getattr(r, "action", None) == "clock_skew"]
     assert bool(skew) is warned and bool(asked) is warned
 

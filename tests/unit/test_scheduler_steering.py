@@ -422,7 +422,7 @@ def test_every_new_option_defaults_to_off(clock: FakeClock) -> None:
     assert job.retry.backoff_ms == DEFAULT_RETRY_BACKOFF_MS == 1_000
     assert job.retry.backoff_max_ms == DEFAULT_RETRY_BACKOFF_MAX_MS == 300_000
     assert job.options.on_failure is None
-    assert scheduler._catching_up._missed is not None  # missed slots are recorded
+    assert scheduler._services.catching_up._missed is not None  # missed slots are recorded
     metrics = scheduler.metrics()
     for name in (
         "slots_missed",

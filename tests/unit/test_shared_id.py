@@ -23,7 +23,8 @@ async def test_health_reports_an_id_used_twice_until_the_other_stops(
     second = Scheduler(url, instance_id="pod-1", heartbeat_ms=100)
     async with first, second:
         for _ in range(100):
-            if all(s._heartbeat and s._heartbeat.shared_with for s in (first, second)):
+            beats = [s._services.heartbeat for s in (first, second)]
+            if all(beat and beat.shared_with for beat in beats):
                 break
             await asyncio.sleep(0.05)
         health = await first.health()
@@ -31,7 +32,7 @@ async def test_health_reports_an_id_used_twice_until_the_other_stops(
         assert any("used by another process too" in p for p in health.problems), health
         await second.stop()
         for _ in range(SILENT_HEARTBEATS * 10):
-            if first._heartbeat and first._heartbeat.shared_with is None:
+            if first._services.heartbeat and first._services.heartbeat.shared_with is None:
                 break
             await asyncio.sleep(0.05)
         assert (await first.health()).healthy

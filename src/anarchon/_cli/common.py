@@ -12,7 +12,7 @@ from typing import Final
 from urllib.parse import quote
 
 from .._redact import redact_url
-from .._scheduler import ENV_BACKEND as ENV_BACKEND
+from .._urls import ENV_BACKEND as ENV_BACKEND
 from .._urls import backend_from_url
 from ..backend import Backend
 from ..errors import BackendError, BackendUnavailable
