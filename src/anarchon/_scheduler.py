@@ -168,6 +168,7 @@ class Scheduler(Operations):
         self._state = _State.NEW
         self._counters = Counters()
         self._next_slots: NextSlots = {}  # the metrics' next slots, per schedule
+        # The parts a slot goes through, their start in order and their clean-ups.
         self._services = Services(
             backend,
             self._clock,
@@ -367,6 +368,8 @@ class Scheduler(Operations):
         self._started_ms = self._clock.now_ms()
         self._stop_began = 0
         await self._services.start(base, stack)
+
+    # -- the stop ---------------------------------------------------------------------------
 
     async def stop(self) -> None:
         """Stop claiming, let running handlers finish up to ``grace_ms``, hand over the rest.
