@@ -16,12 +16,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ._active import ActiveRun
 from ._claims import CLAIM_PART, Claims
 from ._clock import Clock
 from ._job import Job
 from ._missed import MissedSlots
 from ._models import CatchUp, Trigger
-from ._runner import ActiveRun
 from ._schedule import CronSchedule
 from ._threads import HandlerThreads
 from .backend import Backend, ClaimOutcome, LeaseBackend

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from . import otel
+from ._active import ActiveRun
 from ._batch import MAX_BATCH, isolate
 from ._clock import BackendTime, Clock
 from ._collector import Pause, pause
@@ -22,7 +23,7 @@ from ._members import SCHEDULE, WON
 from ._metrics import Counters, refused, unrecorded
 from ._models import RunStatus, SkipCause, Trigger
 from ._retry import backoff
-from ._runner import ActiveRun, RunExecutor
+from ._runner import RunExecutor
 from ._threads import HandlerThreads
 from ._watcher import BackupWatcher
 from .backend import Backend, ClaimOutcome, ClaimRequest, ClaimStatus, slot_key_of

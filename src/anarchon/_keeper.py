@@ -33,7 +33,7 @@ from .errors import LeaseLost
 from .logs import Action, log_fields
 
 if TYPE_CHECKING:
-    from ._runner import ActiveRun
+    from ._active import ActiveRun
     from ._watchdog import LoopWatchdog
 
 __all__ = ["KeeperThread", "LeaseKeeper", "Mailbox", "start_keeper"]

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from . import steering
+from ._active import ActiveRun
 from ._clock import Clock
 from ._heartbeat import read_cluster
 from ._job import Job, check_name
@@ -20,7 +21,6 @@ from ._metrics import Counters, JobRow, Metrics, NextSlots, job_rows, jobs_now
 from ._models import Run, Trigger
 from ._observation import Observation
 from ._options import HISTORY_LIMIT, check_int
-from ._runner import ActiveRun
 from ._services import Services
 from .backend import Backend, ClaimStatus
 from .control import ALL_JOBS, Pause, RunRequest

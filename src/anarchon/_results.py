@@ -35,7 +35,7 @@ from .errors import BackendError, BackendUnavailable, LeaseLost
 from .logs import Action, log_fields
 
 if TYPE_CHECKING:
-    from ._runner import ActiveRun
+    from ._active import ActiveRun
 
 __all__ = ["ResultRecorder", "masked"]
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from .logs import Action, log_fields
 
 if TYPE_CHECKING:
+    from ._active import ActiveRun
     from ._job import Job
-    from ._runner import ActiveRun
 
 __all__ = ["BLOCK_WARN_MS", "Block", "LoopWatchdog", "describe_blocker"]
 

@@ -51,7 +51,7 @@ from .logs import slot_iso
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer, TracerProvider
 
-    from ._runner import ActiveRun
+    from ._active import ActiveRun
 
 __all__ = ["TRACER_NAME", "attempt_parent", "configure", "enabled", "trace_id"]
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from anarchon import RunContext, Trigger
+from anarchon._active import ActiveRun, new_active
 from anarchon._context import new_context
-from anarchon._runner import ActiveRun, new_active
 
 
 def _slots(obj: Any) -> dict[str, Any]:

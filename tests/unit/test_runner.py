@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from anarchon import MemoryBackend, RunContext
+from anarchon._active import ActiveRun
 from anarchon._job import Handler, build_job, job_options
 from anarchon._metrics import Counters
-from anarchon._runner import ActiveRun, RunExecutor
+from anarchon._runner import RunExecutor
 from anarchon._threads import HandlerThreads
 from anarchon.backend import ClaimStatus, Ticket
 from anarchon.testing import FakeClock
