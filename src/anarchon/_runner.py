@@ -40,7 +40,7 @@ from .logs import Action
 if TYPE_CHECKING:
     from ._keeper import LeaseKeeper
 
-__all__ = ["ActiveRun", "RunExecutor"]
+__all__ = ["RunExecutor"]
 
 logger = logging.getLogger("anarchon.scheduler")
 

@@ -2,17 +2,18 @@
 
 A slot's life, module by module: the timer (:mod:`._timer`) hands it, due after its rank delay
 (:mod:`._rendezvous`), to :mod:`._firing`, which has :mod:`._clock` (``BackendClock``) judge it
-early or too late on the backend's clock, sets a thread aside for a plain handler's claim and
-puts the job's next slot on the timer; :mod:`._claims` builds the request, claims it
-(fail-closed retries) and acts on the outcome; :mod:`._runner` runs what was won while
-:mod:`._keeper` renews the lease, and :mod:`._results` records the result (batched, held while a
-burst starts, retried); :mod:`._watcher` takes over runs of instances that died;
-:mod:`._catchup` claims slots missed while no instance ran and :mod:`._missed` records those it
-does not run; :mod:`._requests` runs the cluster's run requests (triggers, retries) and
-:mod:`._retrying` stores retries and calls ``on_failure`` hooks; pauses are the backend's
-(:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log fields in
-:mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics, health)
-is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
+early or too late on the backend's clock, sets a thread aside for a plain handler's claim and puts
+the job's next slot on the timer; :mod:`._claims` builds the request, claims it (fail-closed
+retries) and acts on the outcome; :mod:`._runner` runs what was won (:mod:`._handler` calls the
+handler; the run in progress is :mod:`._active`'s ``ActiveRun``) while :mod:`._keeper` renews the
+lease, and :mod:`._results` records the result (batched, held while a burst starts, retried); on
+stop :mod:`._drain` lets runs finish within the grace and hands over the rest; :mod:`._watcher`
+takes over runs of instances that died; :mod:`._catchup` claims slots missed while no instance ran
+and :mod:`._missed` records those it does not run; :mod:`._requests` runs the cluster's run
+requests (triggers, retries) and :mod:`._retrying` stores retries and calls ``on_failure`` hooks;
+pauses are the backend's (:mod:`anarchon.steering`). The counters are in :mod:`._metrics`, the log
+fields in :mod:`.logs`. What operators call (history, run_now, pause, trigger, cluster, metrics,
+health) is :mod:`._operations`, a mixin of :class:`Scheduler`; the process around it
 (:meth:`Scheduler.run`'s event loop, :meth:`Scheduler.serve`'s signal handlers) is
 :mod:`._process`. The parts above are built from the scheduler's options, linked, started and
 called back by :mod:`._services`; :class:`Scheduler` keeps the jobs, the options' checks, the
@@ -29,7 +30,7 @@ and left after the last:
    a takeover in flight settle;
 2. let claims in flight settle (bounded), so a won slot is run or handed over;
 3. let handlers run up to ``grace_ms`` while the lease keeper still renews their leases; cancel
-   what is left and hand it over (release);
+   what is left and hand it over (release, :mod:`._drain`);
 4. stop the lease keeper (and its thread and connection), leave the loops' group (empty by
    then), abandon handler threads still running (daemon threads: the process can exit), stop
    the backend.

@@ -37,6 +37,7 @@ from contextlib import AsyncExitStack
 from types import FrameType
 from typing import Any, Final
 
+from ._active import ActiveRun
 from ._backlog import Backlogs
 from ._catchup import CatchingUp
 from ._claims import Claims
@@ -52,7 +53,7 @@ from ._models import Run
 from ._rendezvous import Rendezvous
 from ._requests import RequestPoller
 from ._retrying import Failures
-from ._runner import ActiveRun, RunExecutor
+from ._runner import RunExecutor
 from ._supervisor import cancel_and_wait
 from ._threads import HandlerThreads
 from ._watchdog import LoopWatchdog, describe_blocker
