@@ -33,7 +33,7 @@ from ...backend import (
 )
 from ...control import RunRequest
 from ...errors import BackendError
-from ...kit import Run, RunStatus, Trigger, check_keywords, check_name, redact_url
+from ...kit import Run, RunStatus, check_keywords, check_name, redact_url
 from ...kit.feed import ChangeFeed, decode_notices, encode_notice
 from ...kit.lease import retries_first
 from . import _records as records
@@ -64,6 +64,7 @@ from ._options import (
     split_credentials,
     url_secrets,
 )
+from ._records import NOTICES_PER_MESSAGE, notices_message
 from ._registry import NatsRegistry, bucket_streams
 from ._subjects import check_prefix, check_stream
 from ._window import Window
@@ -82,23 +83,6 @@ __all__ = ["NatsBackend"]
 LAST_RUN_SCAN: Final = 32
 # last_slots() reads at most this many jobs' newest claims at once.
 LAST_SLOTS_AT_ONCE: Final = 32
-
-
-#: Claim notices per core NATS message (far under the default 1 MB payload limit).
-NOTICES_PER_MESSAGE: Final = 500
-
-
-def _notices(notices: Sequence[ClaimNotice]) -> str:
-    """Several claim notices as one message: a JSON list of them (:func:`encode_notice`)."""
-    return f"[{','.join(encode_notice(n) for n in notices)}]"
-
-
-def _slot_of(claim: records.Claim) -> int | None:
-    """The slot of a scheduled or catch-up slot's claim (or skip record); None for a manual
-    run's or a retry's."""
-    if claim.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP):
-        return None
-    return claim.slot if claim.slot_key == str(claim.slot) else None
 
 
 class NatsBackend(Backend):
@@ -327,7 +311,7 @@ class NatsBackend(Backend):
         try:
             for at in range(0, len(notices), NOTICES_PER_MESSAGE):
                 chunk = notices[at : at + NOTICES_PER_MESSAGE]
-                body = encode_notice(chunk[0]) if len(chunk) == 1 else _notices(chunk)
+                body = encode_notice(chunk[0]) if len(chunk) == 1 else notices_message(chunk)
                 await self._conn.send(subject, body.encode())
         except Exception as exc:  # the connection is down: the claims themselves were acked
             self._feed.logger.debug("claim notices not sent: %s", exc)
@@ -433,31 +417,6 @@ class NatsBackend(Backend):
         else the timestamp JetStream stamps on a probe message (deleted right after)."""
         return await self._conn.server_time_ms(subjects.CLOCK.format(prefix=self.prefix))
 
-    # -- NATS only: the duplicate window ----------------------------------------------------
-
-    @staticmethod
-    def need_ms(policy: JobPolicy) -> int:
-        """How long the stream must remember a slot's claim for this job: ``jitter_ms +
-        max_late_ms`` plus :data:`._timings.CLAIM_MARGIN_MS` for claim retries past
-        ``max_late_ms``."""
-        return Window.need_ms(policy)
-
-    @property
-    def window_ms(self) -> int:
-        """The duplicate window jobs are checked against: the stream's own once started, this
-        instance's ``duplicate_window_ms`` (the least it will keep on the stream) before."""
-        return self._window.ms
-
-    async def check_window(self) -> int | None:
-        """Read the stream's duplicate window now (the backend does it every minute) and return
-        it (None: the stream is gone).
-
-        If it fell below what this instance keeps, ``duplicate_window_ms`` or, for a job added
-        after start() against a longer window, that job's need (another instance shrank it with
-        ``shrink_window=True``), raise it back and log a warning naming the job.
-        """
-        return await self._window.check()
-
     async def last_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """The slot of each job's newest claim of a scheduled or catch-up slot (a claim, or a
         skip record); None when the job has none.
@@ -490,12 +449,12 @@ class NatsBackend(Backend):
                 claim = records.decode_claim(newest) if newest is not None else None
                 if claim is None:
                     return None
-                slot = _slot_of(claim)
+                slot = records.slot_of(claim)
                 if slot is not None:
                     return slot
                 # A manual run or a retry: the newest slot is that of an earlier claim.
                 stored = await self._conn.read_all(claims, f"reading the claims of {job}")
-            found = (_slot_of(c) for c in map(records.decode_claim, stored) if c is not None)
+            found = (records.slot_of(c) for c in map(records.decode_claim, stored) if c is not None)
             return max((s for s in found if s is not None), default=None)
 
         slots = await asyncio.gather(*(one(job) for job in claimed))
@@ -532,3 +491,28 @@ class NatsBackend(Backend):
         """Pauses and run requests, in a key-value bucket beside the stream (see ``_control``:
         the claim reads pauses before it publishes, not atomically with it)."""
         return self._control
+
+    # -- NATS only: the duplicate window ----------------------------------------------------
+
+    @staticmethod
+    def need_ms(policy: JobPolicy) -> int:
+        """How long the stream must remember a slot's claim for this job: ``jitter_ms +
+        max_late_ms`` plus :data:`._timings.CLAIM_MARGIN_MS` for claim retries past
+        ``max_late_ms``."""
+        return Window.need_ms(policy)
+
+    @property
+    def window_ms(self) -> int:
+        """The duplicate window jobs are checked against: the stream's own once started, this
+        instance's ``duplicate_window_ms`` (the least it will keep on the stream) before."""
+        return self._window.ms
+
+    async def check_window(self) -> int | None:
+        """Read the stream's duplicate window now (the backend does it every minute) and return
+        it (None: the stream is gone).
+
+        If it fell below what this instance keeps, ``duplicate_window_ms`` or, for a job added
+        after start() against a longer window, that job's need (another instance shrank it with
+        ``shrink_window=True``), raise it back and log a warning naming the job.
+        """
+        return await self._window.check()

@@ -1,4 +1,5 @@
-"""What the NATS backend stores in a message, and how stored messages become runs.
+"""What the NATS backend stores in a message, and how stored messages become runs (and the
+claim notices it sends on core NATS).
 
 A claim's payload carries the claim request (job, slot, slot key, run id, token, instance,
 trigger, and ``requested_by`` when set; plus ``status``, ``skipped`` or ``missed``, ``reason``
@@ -13,19 +14,22 @@ the stream leader (the backend's clock).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Final
 
-from ...backend import ClaimRequest, RunIdentity, SkipCause, Ticket
+from ...backend import ClaimNotice, ClaimRequest, RunIdentity, SkipCause, Ticket
 from ...kit import Run, RunStatus, Trigger, maker, ms_to_datetime
+from ...kit.feed import encode_notice
 from ...kit.lease import SKIP_STATUSES, skip_cause_of, ticket_of
 from . import _subjects as subjects
 
 VERSION: Final = 1
 _scan: Final[Callable[[str, int], tuple[Any, int]]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+#: Claim notices per core NATS message (far under the default 1 MB payload limit).
+NOTICES_PER_MESSAGE: Final = 500
 #: The fields that name a run, the same in a claim request, a claim, a ticket and both payloads.
 IDENTITY: Final = tuple(f.name for f in fields(RunIdentity))
 
@@ -212,6 +216,14 @@ def decode_claim(msg: Stored) -> Claim | None:
         return None
 
 
+def slot_of(claim: Claim) -> int | None:
+    """The slot of a scheduled or catch-up slot's claim (or skip record); None for a manual
+    run's or a retry's."""
+    if claim.trigger not in (Trigger.SCHEDULE, Trigger.CATCH_UP):
+        return None
+    return claim.slot if claim.slot_key == str(claim.slot) else None
+
+
 def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
     """The claim a request would store, for answers built without reading it back."""
     return Claim(
@@ -223,6 +235,11 @@ def claim_of_request(req: ClaimRequest, seq: int, time_ms: int) -> Claim:
         requested_by=req.requested_by,
         skip_cause=skip_cause_of(req.skip_cause, req.skip_reason),
     )
+
+
+def notices_message(notices: Sequence[ClaimNotice]) -> str:
+    """Several claim notices as one message: a JSON list of them (:func:`encode_notice`)."""
+    return f"[{','.join(encode_notice(n) for n in notices)}]"
 
 
 def encode_result(
