@@ -17,6 +17,7 @@ from . import _rows as rows
 from . import _timings as timings
 from ._connection import Connection, Notifications, renewal_timeout
 from ._control import RedisControl
+from ._errors import is_permission_refused
 from ._keys import DEFAULT_PREFIX, Namespace
 from ._options import (
     DEFAULT_URL,
@@ -39,21 +40,6 @@ else:
     Redis = RedisCluster = Any
 
 __all__ = ["RedisBackend"]
-
-
-def _refused(error: BaseException) -> bool:
-    """True if ``error`` is Redis refusing a permission (an ACL), not an outage."""
-    import redis.exceptions as rx
-
-    cause = error.__cause__
-    return isinstance(cause, rx.NoPermissionError) or "NOPERM" in str(error)
-
-
-def _pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
-    """The pauses a claim script on a cluster is given: its job's and every job's."""
-    if held is None:
-        return None
-    return {name: held[name] for name in (job, "*") if name in held}
 
 
 OPEN_RUNS_PART: Final = 500
@@ -144,6 +130,9 @@ class RedisBackend(contract.LeaseBackend):
 
     def _args(self, **values: Any) -> str:
         return rows.arguments(values, self._test_clock_offset_ms)
+
+    def _on_cluster(self) -> bool:
+        return self._connection.on_cluster
 
     # -- Backend ----------------------------------------------------------------------------
 
@@ -247,7 +236,7 @@ class RedisBackend(contract.LeaseBackend):
                 keys += self._keys.job(req.job)
                 args += rows.claim_arguments(
                     req,
-                    _pauses_of(held, req.job),
+                    rows.pauses_of(held, req.job),
                     claims_channel=alone,
                     clock_offset_ms=self._test_clock_offset_ms,
                 )
@@ -366,7 +355,7 @@ class RedisBackend(contract.LeaseBackend):
         try:
             await stream.subscribe()
         except BackendError as exc:
-            if not _refused(exc):
+            if not is_permission_refused(exc):
                 raise
             self._claims_refused = True
             logger.warning(
@@ -389,9 +378,6 @@ class RedisBackend(contract.LeaseBackend):
         """Pauses and run requests, in two hashes under the prefix (see ``_control``); the
         claim script reads the same pauses."""
         return RedisControl(self)
-
-    def _on_cluster(self) -> bool:
-        return self._connection.on_cluster
 
     # -- LeaseBackend -----------------------------------------------------------------------
 

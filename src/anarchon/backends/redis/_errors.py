@@ -16,7 +16,14 @@ from ...errors import BackendError, BackendUnavailable
 if TYPE_CHECKING:
     from ...kit.calls import Translate
 
-__all__ = ["is_driver_error", "is_transient", "is_unreachable", "translate", "translator"]
+__all__ = [
+    "is_driver_error",
+    "is_permission_refused",
+    "is_transient",
+    "is_unreachable",
+    "translate",
+    "translator",
+]
 
 # Error replies (by their first word) that say "not now" rather than "never".
 TRANSIENT_REPLIES: Final = (
@@ -35,6 +42,14 @@ def is_driver_error(exc: BaseException) -> bool:
     import redis.exceptions as rx
 
     return isinstance(exc, rx.RedisError | rx.RedisClusterException | OSError | TimeoutError)
+
+
+def is_permission_refused(error: BaseException) -> bool:
+    """True if ``error`` is Redis refusing a permission (an ACL), not an outage."""
+    import redis.exceptions as rx
+
+    cause = error.__cause__
+    return isinstance(cause, rx.NoPermissionError) or "NOPERM" in str(error)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -57,6 +57,7 @@ __all__ = [
     "lost",
     "notice_messages",
     "open_runs",
+    "pauses_of",
     "prune_ttl",
     "run_row",
     "runs",
@@ -105,6 +106,13 @@ def arguments(values: dict[str, Any], clock_offset_ms: int = 0) -> str:
     test-only clock offset."""
     values = {**values, "clock_offset_ms": clock_offset_ms or None}
     return json.dumps({k: v for k, v in values.items() if v is not None})
+
+
+def pauses_of(held: dict[str, str] | None, job: str) -> dict[str, str] | None:
+    """The pauses a claim script on a cluster is given: its job's and every job's."""
+    if held is None:
+        return None
+    return {name: held[name] for name in (job, "*") if name in held}
 
 
 def claim_arguments(
