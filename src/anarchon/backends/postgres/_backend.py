@@ -25,6 +25,7 @@ from anarchon.kit.lease import check_ticket, refused_outcome, unstorable
 from . import _rows as rows
 from ._connection import describe_server
 from ._control import PostgresControl
+from ._errors import NOT_READ_COMMITTED
 from ._listener import Listener
 from ._migrations import check_readable, migrate
 from ._options import DEFAULT_DSN, DEFAULT_PREFIX, DEFAULT_SCHEMA, check_options, split_url
@@ -51,8 +52,6 @@ POLL_MS: Final = 500
 # Results recorded in one transaction, and in one call (one round trip, well inside timeout_ms).
 FINISH_GROUP: Final = 50
 FINISH_CALL: Final = 250
-# The claim function's refusal to run outside READ COMMITTED (queries.sql, claim_function).
-NOT_READ_COMMITTED: Final = "AN001"
 # How long the first subscribe() waits for the first LISTEN before going on without it.
 LISTEN_WAIT_S: Final = 2.0
 # Jobs whose last slots one statement looks up (a start with 100 000 jobs: ten statements).
@@ -217,50 +216,6 @@ class PostgresBackend(contract.LeaseBackend):
                 outcomes[n] = outcome
         return [o for o in outcomes if o is not None]
 
-    async def _warm(self, conn: AsyncConnection[Any]) -> None:
-        """Plan the claim on a new connection of the backend's pool before a claim uses it.
-
-        A session compiles the claim function and plans each of its statements the first time
-        it runs them, and psycopg prepares the claim's statement once per connection: the first
-        claim a connection wins took 8.3 ms for 17 requests where the next took 1.7 ms (one
-        client, fresh slots, 12 new connections, medians). The pool hands its connections out
-        in turn, so at one instant the winner was often on a connection that had never won a
-        claim. Here every path of the function runs once, on made-up jobs, in a transaction
-        rolled back: one request won (a new job), a batch won, a batch that claim_decide
-        decides (a request with a skip reason). Nothing is committed, no log is flushed, and the
-        plans and prepared statements stay with the session."""
-        q = self._queries
-        channel, later = q.names.channel, self._notices is not None
-        name = f"anarchon-warm-up-{uuid.uuid4().hex}"
-
-        def req(job: int, slot: int, skip: str | None = None) -> contract.ClaimRequest:
-            return contract.ClaimRequest(
-                job=f"{name}-{job}",
-                slot=slot,
-                run_id=f"{name}-{job}-{slot}",
-                token=name,
-                instance=name,
-                trigger=Trigger.SCHEDULE,
-                lease_ms=1,
-                skip_reason=skip,
-            )
-
-        one = rows.claim_one_params(req(1, 0), channel, later=later)
-        won = rows.claim_batch_params([req(2, 0), req(3, 0)], channel, later=later)
-        decided = rows.claim_batch_params([req(2, 1), req(3, 1, "warm-up")], channel, later=later)
-        async with conn.transaction(force_rollback=True):
-            await conn.execute(q["read_committed"], prepare=False)
-            limit = min(WARM_UP_LIMIT_MS, self.timeout_ms // 2)
-            await conn.execute(q["warm_up_limit"], {"ms": str(limit)}, prepare=False)
-            for query, params in ((q["claim_one"], one), (q["claim"], won), (q["claim"], decided)):
-                await self._db.statement(conn, query, params)
-        # psycopg forgets what it prepared once a transaction is rolled back (a rollback may undo
-        # what a statement refers to): the batch's statement is prepared again by a claim of no
-        # request, which runs the function's statements on no rows and writes nothing.
-        await self._db.statement(
-            conn, q["claim"], rows.claim_batch_params([], channel, later=later)
-        )
-
     async def _claim_alone(self, req: contract.ClaimRequest) -> contract.ClaimOutcome:
         try:
             [outcome] = await self._db.call(functools.partial(self._claim, [req]))
@@ -320,6 +275,50 @@ class PostgresBackend(contract.LeaseBackend):
             else:
                 self._db.defer(conn, later)
         return found
+
+    async def _warm(self, conn: AsyncConnection[Any]) -> None:
+        """Plan the claim on a new connection of the backend's pool before a claim uses it.
+
+        A session compiles the claim function and plans each of its statements the first time
+        it runs them, and psycopg prepares the claim's statement once per connection: the first
+        claim a connection wins took 8.3 ms for 17 requests where the next took 1.7 ms (one
+        client, fresh slots, 12 new connections, medians). The pool hands its connections out
+        in turn, so at one instant the winner was often on a connection that had never won a
+        claim. Here every path of the function runs once, on made-up jobs, in a transaction
+        rolled back: one request won (a new job), a batch won, a batch that claim_decide
+        decides (a request with a skip reason). Nothing is committed, no log is flushed, and the
+        plans and prepared statements stay with the session."""
+        q = self._queries
+        channel, later = q.names.channel, self._notices is not None
+        name = f"anarchon-warm-up-{uuid.uuid4().hex}"
+
+        def req(job: int, slot: int, skip: str | None = None) -> contract.ClaimRequest:
+            return contract.ClaimRequest(
+                job=f"{name}-{job}",
+                slot=slot,
+                run_id=f"{name}-{job}-{slot}",
+                token=name,
+                instance=name,
+                trigger=Trigger.SCHEDULE,
+                lease_ms=1,
+                skip_reason=skip,
+            )
+
+        one = rows.claim_one_params(req(1, 0), channel, later=later)
+        won = rows.claim_batch_params([req(2, 0), req(3, 0)], channel, later=later)
+        decided = rows.claim_batch_params([req(2, 1), req(3, 1, "warm-up")], channel, later=later)
+        async with conn.transaction(force_rollback=True):
+            await conn.execute(q["read_committed"], prepare=False)
+            limit = min(WARM_UP_LIMIT_MS, self.timeout_ms // 2)
+            await conn.execute(q["warm_up_limit"], {"ms": str(limit)}, prepare=False)
+            for query, params in ((q["claim_one"], one), (q["claim"], won), (q["claim"], decided)):
+                await self._db.statement(conn, query, params)
+        # psycopg forgets what it prepared once a transaction is rolled back (a rollback may undo
+        # what a statement refers to): the batch's statement is prepared again by a claim of no
+        # request, which runs the function's statements on no rows and writes nothing.
+        await self._db.statement(
+            conn, q["claim"], rows.claim_batch_params([], channel, later=later)
+        )
 
     async def finish_many(
         self, items: Sequence[contract.FinishRequest]

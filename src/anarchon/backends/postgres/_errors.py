@@ -19,7 +19,10 @@ from typing import Final
 from anarchon.errors import BackendError, BackendUnavailable
 from anarchon.kit.calls import first_line
 
-__all__ = ["first_line", "is_transient", "refusal", "translate"]
+__all__ = ["NOT_READ_COMMITTED", "first_line", "is_transient", "refusal", "translate"]
+
+# The claim function's refusal to run outside READ COMMITTED (queries.sql, claim_function).
+NOT_READ_COMMITTED: Final = "AN001"
 
 # SQLSTATEs that mean "try again later" although psycopg does not raise OperationalError.
 _TRANSIENT_SQLSTATES: Final = frozenset(
