@@ -30,7 +30,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from ...backend import ClaimNotice, ClaimOutcome, ClaimRequest, ClaimStatus, SkipCause
 from ...control import PAUSED_TRIGGERS, paused_reason
@@ -79,6 +79,9 @@ _new_outcome: Final = maker(ClaimOutcome)
 _WON: Final = ClaimStatus.WON
 _LOST: Final = ClaimStatus.LOST
 _RUNNING: Final = RunStatus.RUNNING
+# What a claim publishes: its subject, payload and message id (a plain tuple: every claim makes
+# one, and each publish takes it apart).
+Message: TypeAlias = tuple[str, bytes, str]
 
 
 class _Notices:
@@ -414,7 +417,7 @@ class ClaimPath:
         subject = f"{self._prefix}{req.job}.claims"  # subjects.CLAIMS
         payload = records.encode_claim(req, slot_key)
         try:
-            outcome = await self._publish_claim(req, subject, payload, msg_id, deadline, at, now)
+            outcome = await self._publish_claim(req, (subject, payload, msg_id), deadline, at, now)
             if outcome is not None:
                 return outcome
             # The id is another prefix's claim (a stream shared by two prefixes): every instance
@@ -424,7 +427,7 @@ class ClaimPath:
                 prefix=self._prefix, job=req.job, slot_key=slot_key
             )
             outcome = await self._publish_claim(
-                req, subject, payload, own_id, deadline, loop.time(), now
+                req, (subject, payload, own_id), deadline, loop.time(), now
             )
         except asyncio.CancelledError:
             # The call was cancelled (the scheduler stopping gave up on it) with a publish out
@@ -437,17 +440,11 @@ class ClaimPath:
         return outcome
 
     async def _publish_claim(
-        self,
-        req: ClaimRequest,
-        subject: str,
-        payload: bytes,
-        msg_id: str,
-        deadline: float,
-        at: float,
-        now: int,
+        self, req: ClaimRequest, message: Message, deadline: float, at: float, now: int
     ) -> ClaimOutcome | None:
-        """Publish the claim under ``msg_id`` and tell who won; None if the id is held by a
+        """Publish the claim's ``message`` and tell who won; None if its id is held by a
         message on another subject (another prefix's claim on a shared stream)."""
+        subject, payload, msg_id = message
         unsure: list[BaseException] = []  # attempts that may have been stored unanswered
         connection = self._connection
         try:
@@ -458,7 +455,7 @@ class ClaimPath:
         except Exception as exc:
             if errors.maybe_sent(exc):
                 unsure.append(exc)
-            ack = await self._publish_retrying(req, subject, payload, msg_id, deadline, exc, unsure)
+            ack = await self._publish_retrying(req, message, deadline, exc, unsure)
         if not ack.duplicate:
             # The first message with this id: ours, decided by the ack alone (the seed reads
             # back only on a duplicate). Start time is the local clock's until finish() reads
@@ -485,17 +482,16 @@ class ClaimPath:
     async def _publish_retrying(
         self,
         req: ClaimRequest,
-        subject: str,
-        payload: bytes,
-        msg_id: str,
+        message: Message,
         deadline: float,
         failed: Exception,
         unsure: list[BaseException],
     ) -> Ack:
-        """The claim's publish after its first attempt failed with ``failed``: retried (the
-        same id and payload) while transient, until ``deadline``. Each attempt that may have
-        been stored unanswered is added to ``unsure``; if none succeeds and any may have been
-        stored, the claim is remembered to be settled (:meth:`settle`)."""
+        """The claim's publish after its first attempt failed with ``failed``: ``message``
+        retried while transient, until ``deadline``. Each attempt that may have been stored
+        unanswered is added to ``unsure``; if none succeeds and any may have been stored, the
+        claim is remembered to be settled (:meth:`settle`)."""
+        subject, payload, msg_id = message
 
         async def publish(wait_s: float) -> Ack:
             try:
