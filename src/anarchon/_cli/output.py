@@ -17,7 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Final, TextIO
 
-__all__ = ["WIDTH", "column_widths", "cut", "say", "shown", "table"]
+from .._redact import redact_url
+
+__all__ = ["WIDTH", "column_widths", "cut", "one_line", "say", "shown", "table"]
 
 WIDTH: Final = 100
 """Every table line fits in this many columns."""
@@ -42,6 +44,13 @@ def shown(text: str) -> str:
     """``text`` on one line with nothing a terminal obeys: every control character (newline
     and tab too) written as a visible escape such as ``\\n`` or ``\\x1b``."""
     return _ANY_UNSAFE.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """An error's text as one line for stderr: its lines joined, a secret in a URL masked, and
+    what a terminal would obey escaped (:func:`shown`)."""
+    joined = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return shown(redact_url(joined))
 
 
 def say(text: str = "", *, file: TextIO | None = None) -> None:
