@@ -8,14 +8,17 @@ that is down."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from anarchon.backends.postgres._attempts import ConnectAttempts, open_unless_refused
 from tests.backends.postgres import DSN
 from tests.refusals import COMMANDS, HOW, refused_cli, refused_start
 
@@ -134,3 +137,33 @@ def test_which_connection_failures_are_refusals(message: str, change: str | None
     else:
         assert found is not None and change in found, found
         assert found.startswith(" ".join(message.split())), found
+
+
+async def test_a_cancellation_while_a_refused_opening_ends_is_not_absorbed() -> None:
+    """A start cancelled while it gives up the opening of a refused pool, the opening still
+    ending (psycopg_pool closing what it had begun), is cancelled. Before, the cancellation was
+    absorbed with the opening's outcome and the start went on as refused."""
+    attempts = ConnectAttempts()
+    ending, release = asyncio.Event(), asyncio.Event()
+
+    class SlowToCancelPool:
+        """A pool refused as it opens, whose opening takes a while to end once cancelled."""
+
+        async def open(self, **options: Any) -> None:
+            try:
+                attempts.refused.set()
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                ending.set()
+                await release.wait()
+                raise
+
+    call = asyncio.ensure_future(open_unless_refused(cast(Any, SlowToCancelPool()), attempts, 60))
+    try:
+        await asyncio.wait_for(ending.wait(), 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, 10)
+    finally:
+        release.set()
+        await asyncio.sleep(0)

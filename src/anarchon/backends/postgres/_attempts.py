@@ -13,7 +13,6 @@ Imported only when the backend opens its own pool (it needs psycopg).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import AsyncConnection
 
-from ...kit.calls import wait_unless
+from ...kit.calls import consume, wait_unless
 from ._errors import first_line, refusal
 
 if TYPE_CHECKING:
@@ -89,9 +88,11 @@ async def open_unless_refused(
     finally:
         if not opening.done():
             opening.cancel()
-            # Cancelled, or ended meanwhile: its outcome is the refusal's to report.
-            with contextlib.suppress(BaseException):
-                await opening
+            # Cancelled, or ended meanwhile: its outcome is the refusal's to report (consumed
+            # here if this call is cancelled while it ends: asyncio.wait does not absorb a
+            # cancellation of this call, which then propagates with the opening still ending).
+            opening.add_done_callback(consume)
+            await asyncio.wait([opening])
     if opening.cancelled():
         return False
     opening.result()
