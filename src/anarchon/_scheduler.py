@@ -26,12 +26,15 @@ reverse order. The long-lived loops run in one :class:`asyncio.TaskGroup`, held 
 own (:mod:`._loops`: start and stop may run in different tasks), entered before the first loop
 and left after the last:
 
-1. stop firing (the timer) and measuring the clock; stop backup takeovers (the watcher), letting
+1. leave the registry (the heartbeat ends and removes this instance's record, bounded) and stop
+   reading run requests (a poll in flight may finish, bounded, so a request won is run or handed
+   over);
+2. stop firing (the timer) and measuring the clock; stop backup takeovers (the watcher), letting
    a takeover in flight settle;
-2. let claims in flight settle (bounded), so a won slot is run or handed over;
-3. let handlers run up to ``grace_ms`` while the lease keeper still renews their leases; cancel
+3. let claims in flight settle (bounded), so a won slot is run or handed over;
+4. let handlers run up to ``grace_ms`` while the lease keeper still renews their leases; cancel
    what is left and hand it over (release, :mod:`._drain`);
-4. stop the lease keeper (and its thread and connection), leave the loops' group (empty by
+5. stop the lease keeper (and its thread and connection), leave the loops' group (empty by
    then), abandon handler threads still running (daemon threads: the process can exit), stop
    the backend.
 """
