@@ -3,8 +3,8 @@ their definitions differ (:class:`ClusterView`, :class:`Drift`), each job with i
 its recent runs (:class:`JobView`), and the words the commands and the dashboard say when an
 action names a job that nobody carries (:func:`carrier_warning`, :func:`trigger_refusal`).
 
-Built from the records of :mod:`anarchon.registry`, which re-exports every name here: import
-them from there.
+Built from the records of :mod:`anarchon._records`. :mod:`anarchon.registry` re-exports every
+name here: import them from there.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from .control import ALL_JOBS
-from .registry import (
+from ._records import (
     _CACHE_SIZE,
     InstanceRecord,
     JobDefinition,
@@ -24,6 +23,7 @@ from .registry import (
     is_live,
     read_instances,
 )
+from .control import ALL_JOBS
 
 if TYPE_CHECKING:
     from ._models import Run

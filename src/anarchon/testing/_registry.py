@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from .. import registry
+from .. import _records
 from ..backend import Backend
 from ..registry import (
     InstanceRecord,
@@ -60,8 +60,8 @@ def _record(instance_id: str, heartbeat_ms: int, jobs: tuple[JobDefinition, ...]
 
 def _forget() -> None:
     """Forget every set this process encoded or decoded, so the next read asks the store."""
-    registry._decodings.clear()
-    registry._encodings.clear()
+    _records._decodings.clear()
+    _records._encodings.clear()
 
 
 class RegistryContract:
