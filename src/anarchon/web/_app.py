@@ -88,6 +88,9 @@ class Dashboard:
         refresh_ms: int,
         registry_ttl_ms: int,
     ) -> None:
+        """The dashboard of ``target``, ``token`` as :func:`anarchon.web.dashboard` takes it.
+        ValueError for a ``refresh_ms`` outside 0 to 3 600 000 or a ``registry_ttl_ms`` outside
+        0 to 60 000; :class:`Guard` raises for a bad ``token``."""
         self.source = Source(target)
         self.guard = Guard(token)
         self.sign_ins = SignInLimit()
@@ -499,6 +502,7 @@ def build_app(
         """A route to ``handler``, :func:`guarded`; GET unless ``methods`` says otherwise."""
 
         async def endpoint(request: Request) -> Response:
+            """``handler``'s reply to ``request``, or its error's (:func:`guarded`)."""
             return await guarded(request, handler)
 
         return Route(path, endpoint, methods=methods or ["GET"])

@@ -47,6 +47,9 @@ class Guard:
     """Decides who the operator of a request is, and checks CSRF tokens."""
 
     def __init__(self, token: str | TokenCheck | None) -> None:
+        """Check requests against ``token``: None (read-only), the operator token (8 characters
+        or more; sessions and messages are sealed under keys drawn from it) or the host app's
+        check. TypeError for anything else, ValueError for a shorter token."""
         if token is not None and not isinstance(token, str) and not callable(token):
             raise TypeError(
                 f"token={token!r} must be None (read-only), a string or a callable taking the "
@@ -93,6 +96,8 @@ class Guard:
         return self._sealed_session(f"{name}|{secrets.token_hex(8)}|{ends}")
 
     def _sealed_session(self, body: str) -> str:
+        """The session cookie of ``body`` (``name|id|end``): ``body`` and its MAC under the
+        token."""
         mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
         return f"{body}|{mac}"
 
@@ -147,6 +152,8 @@ class Guard:
         return str(flash), str(warn)
 
     def _message_mac(self, csrf: str, body: bytes) -> str:
+        """The MAC (32 hex digits) of a sealed message's ``body`` for the browser whose CSRF
+        cookie is ``csrf``."""
         signed = csrf.encode() + b"\0" + body
         return hmac.new(self._message_key, signed, hashlib.sha256).hexdigest()[:32]
 
@@ -186,6 +193,8 @@ class SignInLimit:
         addresses: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Allow ``failures`` failed sign-ins per address within ``window_s`` seconds of
+        ``clock``, remembering ``addresses`` addresses at most."""
         self.failures = failures
         self.window_s = window_s
         self.addresses = addresses
@@ -209,6 +218,8 @@ class SignInLimit:
             self._seen.popitem(last=False)
 
     def _recent(self, address: str) -> deque[float]:
+        """The times (``clock``) ``address`` failed within the window, oldest first; older
+        failures are dropped, and an address with none left is forgotten."""
         times = self._seen.get(address, deque())
         while times and times[0] <= self.clock() - self.window_s:
             times.popleft()

@@ -42,6 +42,7 @@ CHECK_TIMEOUT_S: Final = 15.0
 
 
 def _port(text: str) -> int:
+    """``--port``'s value as a number from 1 to 65535 (argparse's error otherwise)."""
     try:
         value = int(text)
     except ValueError:
@@ -73,11 +74,14 @@ def add_parser(sub: Any, env_backend: str) -> None:
 
 
 def _fail(code: int, message: str) -> int:
+    """Print ``message`` as the command's error on stderr; return ``code``."""
     print(f"anarchon dashboard: {message}", file=sys.stderr)
     return code
 
 
 def _read_token(path: Path) -> str:
+    """The operator token the file at ``path`` holds, stripped; ValueError if the file cannot
+    be read or the token has fewer than 8 characters."""
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -104,6 +108,8 @@ def _cannot_listen(host: str, port: int) -> str | None:
 
 
 def _loopback(host: str) -> bool:
+    """True if ``host`` is ``localhost`` or a loopback address (reachable from this host
+    only)."""
     if host == "localhost":
         return True
     try:
@@ -123,6 +129,7 @@ async def _require_data(url: str | None, early: EarlySignals) -> None:
     assert task is not None
 
     def wake() -> None:  # in the signal handler: the loop runs on this thread, between steps
+        """Cancel the check (``early`` calls it on SIGINT or SIGTERM)."""
         loop.call_soon_threadsafe(task.cancel)
 
     early.on_signal(wake)
@@ -136,7 +143,7 @@ async def _require_data(url: str | None, early: EarlySignals) -> None:
 
 
 def _nothing() -> None:
-    pass
+    """Do nothing: ``early``'s callback once the check is over."""
 
 
 def _check_data(url: str | None, early: EarlySignals) -> int | None:
@@ -196,6 +203,9 @@ def _stopped(early: EarlySignals) -> int | None:
 
 
 def _run_dashboard(args: argparse.Namespace, early: EarlySignals) -> int:
+    """:func:`run_dashboard`'s work: check the ``web`` extra (MissingDependency), the token
+    file and the address (exit 2), then the backend's data (:func:`_check_data`), and serve;
+    a signal that comes before it serves ends it (:func:`_stopped`). Returns the exit code."""
     try:
         import uvicorn
     except ImportError:
@@ -271,6 +281,7 @@ def _serve_until_stopped(server: uvicorn.Server, early: EarlySignals) -> bool:
     """
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        """SIGTERM's handler: ask the server to stop."""
         server.should_exit = True
 
     # These handlers take over from early's: SIGINT raises KeyboardInterrupt again, as uvicorn

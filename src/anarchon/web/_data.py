@@ -121,6 +121,7 @@ class ViewCache:
     cached."""
 
     def __init__(self, ttl_ms: int) -> None:
+        """Keep a view ``ttl_ms`` (0: read the registry at every call)."""
         self.ttl_ms = ttl_ms
         self._kept: tuple[float, ClusterView] | None = None
         self._lock = asyncio.Lock()
@@ -211,6 +212,8 @@ _STEP: Final = re.compile(r"^\*/(\d{1,2})$")
 
 
 def _every(field_: str, unit: str) -> str | None:
+    """``every <unit>`` for the cron field ``*``, ``every N <unit>s`` for ``*/N``; None for
+    any other field."""
     if field_ == "*":
         return f"every {unit}"
     step = _STEP.match(field_)
@@ -239,6 +242,8 @@ def schedule_in_words(expression: str) -> str | None:
 
 
 def _words5(parts: Sequence[str]) -> str | None:
+    """:func:`schedule_in_words` of the five fields ``parts`` (minute, hour, day, month,
+    weekday); None when they are not one of the common shapes."""
     minute, hour, day, month, weekday = parts
     if [hour, day, month, weekday] == ["*"] * 4:
         if _NUM.match(minute):
@@ -306,6 +311,8 @@ class JobRow:
 
 
 def _schedule(definition: JobDefinition) -> CronSchedule | None:
+    """The schedule of ``definition``; None when this version cannot read its expression or
+    zone."""
     try:
         return CronSchedule(definition.expression, definition.zone)
     except (ValueError, LookupError):  # a definition this version cannot read
@@ -350,6 +357,7 @@ def strip_of(
 
 
 def _matches(name: str, query: str) -> bool:
+    """True if ``query`` (lower case) occurs in ``name``, whatever its case."""
     return query in name.lower()
 
 
@@ -521,6 +529,9 @@ def _walk_back(schedule: CronSchedule, start_ms: int, end_ms: int) -> list[int]:
 
 
 def _buckets(cells: Sequence[Cell], start_ms: int, end_ms: int, known_from: int) -> list[Bucket]:
+    """``[start_ms, end_ms)`` cut into at most :data:`BUCKETS` stretches of one width (the last
+    may be shorter), each counting its ``cells`` by fate, and one ``unread`` more when it starts
+    before ``known_from`` (where the history read begins)."""
     width = max(1, -(-(end_ms - start_ms) // BUCKETS))
     buckets = [
         Bucket(start_ms + i * width, min(end_ms, start_ms + (i + 1) * width), {})
@@ -550,6 +561,8 @@ def clock_threshold_ms(backend: Backend, jobs: Iterable[JobDefinition]) -> int:
 
 
 def _policy(job: JobDefinition) -> JobPolicy | None:
+    """The :class:`~anarchon.backend.JobPolicy` of ``job``'s recorded options; None when they
+    do not make one (an option this version cannot read)."""
     from .._models import Overlap
 
     o = job.options

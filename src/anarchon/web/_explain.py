@@ -86,6 +86,8 @@ def unknown_job(job: str) -> JobNotFound:
 
 
 def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
+    """The :attr:`SlotStory.kind` and the sentence of ``job``'s slot at ``when``, told from
+    its records alone: ``attempts``, oldest first (the last tells how it ended)."""
     last = attempts[-1]
     kind = fate_of(last)
     where = f"on {last.instance}"
@@ -104,6 +106,8 @@ def _summary(job: str, when: str, attempts: list[Run]) -> tuple[str, str]:
 
 
 def _kind(fate: SlotFate) -> str:
+    """The :attr:`SlotStory.kind` of ``fate``: its outcome for a slot that ran, the fate of
+    its skip (:func:`skip_fate`) for one skipped, else the fate's own name."""
     if fate.fate is Fate.RAN:
         return fate.outcome.value if fate.outcome is not None else "succeeded"
     if fate.fate is Fate.SKIPPED:

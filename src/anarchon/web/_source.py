@@ -20,6 +20,8 @@ class Source:
     started on the first request with ``start_reader`` and stopped by :meth:`close`."""
 
     def __init__(self, target: Scheduler | Backend) -> None:
+        """Read ``target``: a scheduler (its backend) or a backend; TypeError for anything
+        else."""
         if isinstance(target, Scheduler):
             self.scheduler: Scheduler | None = target
             self.backend = target.backend
