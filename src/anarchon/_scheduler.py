@@ -185,6 +185,8 @@ class Scheduler(Operations):
             running=lambda: self.running,
             jobs_version=lambda: self._jobs_version,
             stop_began=lambda: self._stop_began,
+            # Not self.stop: looked up at the call, so a stop replaced on the instance after
+            # __init__ (a mock, a wrapper) is the one the guard calls.
             stop=lambda: self.stop(),
         )
         self._stack: AsyncExitStack | None = None
