@@ -142,16 +142,29 @@ class Run:
     """
 
     job: str
+    """The job's name."""
     slot: datetime | None
     """The scheduled time (aware, UTC); None for a manual run."""
     run_id: str
+    """The run's id: the same for every attempt at one slot (or one manual run)."""
     instance: str
+    """The id of the instance that made this attempt (or recorded the skip)."""
     trigger: Trigger
+    """Why the run started: its slot came (``schedule``), a catch-up, a manual run or a
+    retry."""
     attempt: int
+    """1 for the first attempt; each takeover by a backup adds one."""
     status: RunStatus
+    """Where the attempt stands: running, ended (``succeeded``, ``failed``), or recorded
+    without running (``skipped``, ``missed``)."""
     started_at: datetime
+    """When the attempt started (aware, UTC)."""
     finished_at: datetime | None = None
+    """When it ended (aware, UTC); None while running."""
     error: str | None = None
+    """Why a ``failed`` attempt failed: its exception's type and message
+    (``ValueError: ...``) or what ended it (``timed out after timeout_ms=...``), secrets
+    masked; None otherwise."""
     fence: int | None = None
     """The fencing token this attempt ran under; it only rises per job."""
     reason: str | None = None

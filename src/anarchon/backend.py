@@ -141,13 +141,23 @@ attempts are the newest, but for a job with ``overlap="allow"`` and more running
 
 
 class Capability(StrEnum):
-    """A lease feature a backend may have. Brokers have none of them."""
+    """A lease feature a backend may have (its :attr:`Backend.capabilities`); the value is how
+    a refusal names it. Brokers have none of them; :class:`LeaseBackend` has all."""
 
     BACKUP = "leases and backup runners (lease_ms, max_attempts > 1)"
+    """Renewable leases (:meth:`LeaseBackend.renew`) and takeover
+    (:meth:`LeaseBackend.take_over`): a backup runs the slot when its runner's lease expires."""
     OVERLAP = "overlap protection (overlap='skip')"
+    """:meth:`Backend.claim` records a slot ``skipped`` while another run of the job holds a
+    live lease."""
     CATCH_UP = "catch-up (catch_up='latest' or 'all')"
+    """:meth:`LeaseBackend.last_slots` tells each job's newest slot, so a starting instance
+    claims the slots missed since."""
     HANDOVER = "hand-over on graceful stop (handover=True)"
+    """:meth:`LeaseBackend.release` hands a running attempt to a backup at once."""
     HISTORY_TTL = "history trimmed by age (history_ttl_ms)"
+    """Pruning by age: a result drops the slots that ended more than the ticket's
+    ``history_ttl_ms`` ago."""
 
 
 def legacy_skip_cause(reason: str | None) -> SkipCause | None:
