@@ -105,7 +105,7 @@ class RunExecutor(HandlerCalls, Drain):
             self._monotonic_ms,
             retry_number(ticket.slot_key),
         )
-        active = new_active(job, ticket, ctx, reserved, self)
+        active = new_active(job, ticket, ctx, reserved=reserved, executor=self)
         if ticket.lease_expires_at_ms is not None:
             sent = sent_ms if sent_ms is not None else self.clock.monotonic_ms()
             active.set_deadline(sent + _lease_left(ticket))

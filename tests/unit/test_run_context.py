@@ -61,7 +61,7 @@ def test_new_context_with_the_constructors_defaults() -> None:
 def test_new_active_sets_every_slot_as_the_constructor_does() -> None:
     ctx = new_context("report", None, "c" * 32, 1, 5, Trigger.SCHEDULE, "host-1", _clock, 0)
     job, ticket, executor = object(), object(), object()
-    built = new_active(job, ticket, ctx, True, executor)  # type: ignore[arg-type]
+    built = new_active(job, ticket, ctx, reserved=True, executor=executor)  # type: ignore[arg-type]
     made = ActiveRun(job=job, ticket=ticket, ctx=ctx, reserved=True, executor=executor)  # type: ignore[arg-type]
     assert type(built) is ActiveRun
     assert _slots(built) == _slots(made)

@@ -3,7 +3,7 @@
 
 A backend (in this repository or outside it) imports the contract from :mod:`anarchon.backend`,
 the errors from :mod:`anarchon.errors`, and its plumbing from here: name checks, option checks,
-backoff, time conversion, URL redaction, fast makers of frozen records (:func:`maker`), the
+backoff, time conversion, URL redaction, fast makers of slotted records (:func:`maker`), the
 outage log actions and the one builder of a log record's fields (:func:`log_fields`, with
 :class:`Action`: a record about a slot gets ``slot_iso`` beside ``slot``) here, and in
 submodules:
