@@ -208,15 +208,28 @@ class JobPolicy:
     """
 
     name: str
+    """The job's name."""
     jitter_ms: int
+    """How long after a slot an instance may wait before claiming it, in ms (the rank delays fall
+    within it)."""
     max_late_ms: int
+    """An instance that reaches a slot more than this many ms after it does not run it."""
     lease_ms: int
+    """Length of a run's lease in ms, renewed every third of it; 0 on a broker."""
     max_attempts: int
+    """Attempts per slot, counting takeovers; 1 on a broker."""
     overlap: Overlap
+    """What a slot does while the job's previous run still holds its lease."""
     catch_up: CatchUp
+    """Which slots missed while no instance ran an instance runs when it starts (and which of a
+    backlog)."""
     catch_up_window_ms: int
+    """Only slots this recent (in ms) are caught up."""
     handover: bool
+    """Whether a graceful stop releases an unfinished run's lease, so a backup runs it again at
+    once."""
     history_ttl_ms: int | None
+    """Slots whose latest attempt ended more than this many ms ago are pruned; None on a broker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,15 +237,24 @@ class ClaimRequest:
     """An instance's attempt to become the runner of one slot (or of a manual run)."""
 
     job: str
+    """The job's name."""
     slot: int | None
     """Epoch ms of the slot; None for a manual run."""
     run_id: str
+    """The run id of the record this claim makes, if it makes one (the attempt it wins, or the skip
+    it records)."""
     token: str
+    """A random token made for this claim; a won claim's ticket holds it, and a claim sent again
+    with it is answered as the first was."""
     instance: str
+    """The id of the claiming instance."""
     trigger: Trigger
+    """Why the run would start: its slot came, a catch-up, a manual run or a retry."""
     lease_ms: int = 0
     """Length of the lease to take; 0 on a broker."""
     overlap: Overlap = Overlap.ALLOW
+    """The job's overlap: with ``skip``, a lease backend records the slot ``skipped`` while another
+    run of the job holds a live lease."""
     history_ttl_ms: int | None = None
     """Records of this job older than this may be pruned (lease backends)."""
     skip_reason: str | None = None
@@ -283,12 +305,19 @@ class RunIdentity:
     token. A :class:`Ticket` starts with them; a backend's own record of a claim may too."""
 
     job: str
+    """The job's name."""
     slot: int | None
+    """Epoch ms of the slot; None for a manual run."""
     slot_key: str
+    """The slot key: with :attr:`job`, it names the run."""
     run_id: str
+    """The run id of the claimed attempt."""
     token: str
+    """The claim's token: only its holder may renew, release or finish the attempt."""
     instance: str
+    """The id of the instance that claimed."""
     trigger: Trigger
+    """Why the run started: its slot came, a catch-up, a manual run or a retry."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,14 +325,20 @@ class Ticket(RunIdentity):
     """What the winner of a claim or takeover holds: proof of ownership of one attempt."""
 
     attempt: int
+    """The attempt's number: 1 for the claim, one more for each takeover."""
     fence: int | None
+    """The attempt's fence, handed to the handler as ``ctx.fence``; it only rises per job."""
     started_at_ms: int
+    """When the attempt started (backend clock, epoch ms)."""
     lease_ms: int = 0
+    """Length of the lease in ms, renewed every third of it; 0 on a broker."""
     lease_expires_at_ms: int | None = None
     """Backend clock; None on a broker."""
     backend_now_ms: int | None = None
     """The backend's clock when it answered, to relate its expiry to the local clock."""
     history_ttl_ms: int | None = None
+    """The claim's ``history_ttl_ms``: when the result is stored, slots that ended longer ago than
+    this are pruned; None: none by age."""
 
     def renewed(self, expires_at_ms: int, backend_now_ms: int) -> Ticket:
         """Return this ticket with a new lease expiry."""
@@ -316,8 +351,12 @@ class FinishRequest(NamedTuple):
     and, for a ``failed`` run that has retries left, the ``retry`` to store with it."""
 
     ticket: Ticket
+    """The ticket of the attempt that ended."""
     status: RunStatus
+    """``succeeded`` or ``failed``."""
     error: str | None
+    """Why a ``failed`` run failed (stored as :attr:`Run.error <anarchon.Run.error>`); None for
+    ``succeeded``."""
     retry: RunRequest | None = None
     """The run request of the failed run's retry (:attr:`~anarchon.Trigger.RETRY`), stored in
     the same atomic step as the result (see :meth:`Backend.finish`); None: no retry. Only ever
@@ -331,8 +370,11 @@ class ChangeEvent:
     ended (False: backups stop watching)."""
 
     job: str
+    """The job's name."""
     slot_key: str
+    """The slot key of the run whose attempt changed."""
     released: bool
+    """True: the attempt was released and a backup should take it over now; False: it ended."""
 
 
 ChangeListener = Callable[[str, str, bool], None]
@@ -347,9 +389,10 @@ class ClaimNotice:
     (a call that could only lose) and, on a lease backend, watches the run as a backup."""
 
     job: str
+    """The job's name."""
     slot_key: str
     """:attr:`ClaimRequest.key` of the won claim: the slot in epoch ms as text for a scheduled
-    slot (``slot_key_of``), a run id or retry key for the others."""
+    slot (``slot_key_of``), ``manual-<id>`` or a retry key for the others."""
     instance: str
     """The winner's instance id."""
     lease_expires_at_ms: int | None
@@ -367,6 +410,7 @@ class ClaimOutcome:
     """A backend's answer to one :class:`ClaimRequest`."""
 
     status: ClaimStatus
+    """Whether the claim won, lost, or ended with the slot recorded ``skipped``."""
     run: Run
     """The record as stored: ours when won, the holder's when lost, the skip record if skipped."""
     ticket: Ticket | None = None
@@ -374,6 +418,8 @@ class ClaimOutcome:
     lease_expires_at_ms: int | None = None
     """When lost to a running attempt on a lease backend: that attempt's lease expiry."""
     backend_now_ms: int | None = None
+    """The backend's clock when it answered (epoch ms), to relate :attr:`lease_expires_at_ms` to the
+    local clock."""
     error: BackendError | None = None
     """Set when the backend could not decide this request (a value it cannot store, such as a
     ``lease_ms`` out of range): the status is LOST, nothing was recorded, the caller does not
@@ -385,14 +431,23 @@ class TakeoverRequest:
     """A backup's request to take over ``(job, slot_key)`` if its lease has expired."""
 
     job: str
+    """The job's name."""
     slot_key: str
+    """The slot key of the run to take over."""
     run_id: str
     """The new attempt's run id."""
     token: str
+    """A random token for the new attempt; the same request sent again after it won is answered
+    TAKEN again."""
     instance: str
+    """The id of the instance taking over."""
     lease_ms: int
+    """Length of the new attempt's lease in ms."""
     max_attempts: int
+    """The job's attempts per slot: a lease that expires on the last one ends the run ``failed``
+    (EXHAUSTED)."""
     history_ttl_ms: int | None = None
+    """The job's ``history_ttl_ms``, carried into the new attempt's ticket."""
 
 
 class TakeoverStatus(StrEnum):
@@ -413,11 +468,18 @@ class TakeoverOutcome:
     """A backend's answer to a :class:`TakeoverRequest`."""
 
     status: TakeoverStatus
+    """Whether the caller took the run over, its lease is still held, the run ended, or its attempts
+    ran out."""
     run: Run | None = None
     """The current attempt after the call (the new one when taken)."""
     ticket: Ticket | None = None
+    """The caller's ticket for the new attempt when TAKEN; None otherwise."""
     lease_expires_at_ms: int | None = None
+    """When TAKEN or HELD: when the current attempt's lease ends unless renewed (backend clock,
+    epoch ms)."""
     backend_now_ms: int | None = None
+    """The backend's clock when it answered (epoch ms), to relate :attr:`lease_expires_at_ms` to the
+    local clock."""
 
 
 class SlotRecords(NamedTuple):

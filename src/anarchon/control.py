@@ -117,6 +117,7 @@ class Pause(_Stored):
     """One job (or :data:`ALL_JOBS`) paused by someone, until resumed or ``until_ms``."""
 
     job: str
+    """The paused job's name, or :data:`ALL_JOBS` for a whole-cluster pause."""
     by: str
     """Who paused it (``user@host`` by default)."""
     at_ms: int
@@ -181,6 +182,7 @@ class RunRequest(_Stored):
     id: str
     """Unique; it is the run id of the run it starts (32 hex digits)."""
     job: str
+    """The job's name."""
     trigger: Trigger
     """:attr:`~anarchon.Trigger.MANUAL` or :attr:`~anarchon.Trigger.RETRY`."""
     key: str
@@ -191,7 +193,10 @@ class RunRequest(_Stored):
     due_ms: int
     """Not run before this (backend clock): the retry's backoff; a trigger's is its request."""
     requested_by: str
+    """Who asked: a trigger's ``by`` (``user@host`` by default), or
+    ``retry <n> of <m> after run <id>`` for a retry."""
     requested_at_ms: int
+    """When it was asked (backend clock, epoch ms)."""
     retry: int = 0
     """The retry's number (1 for the first retry); 0 for a manual run."""
 

@@ -75,7 +75,9 @@ class Attempt:
     """One recorded attempt at the slot: a claim, a backup's takeover, a retry or a skip."""
 
     run_id: str
+    """The attempt's run id."""
     instance: str
+    """The id of the instance that made the attempt (or recorded the skip)."""
     trigger: Trigger
     """``schedule``, ``catch-up`` or ``retry`` (a retry of a failed run)."""
     retry: int
@@ -83,13 +85,22 @@ class Attempt:
     attempt: int
     """The attempt number within its run (a backup's takeover is ``attempt + 1``)."""
     fence: int | None
+    """The fence it ran under; None for a record that holds none (a skip)."""
     status: RunStatus
+    """Where it stands: ``running``, ``succeeded``, ``failed``, or recorded without running
+    (``skipped``, ``missed``)."""
     started_ms: int
+    """When it started, or was recorded if it did not run (epoch ms)."""
     finished_ms: int | None
+    """When it ended (epoch ms); None while running."""
     error: str | None
+    """Why a ``failed`` attempt failed (its record's :attr:`~anarchon.Run.error`); None
+    otherwise."""
     reason: str | None
     """Why it was skipped or superseded (``lease lost``, ``overlap …``, ``paused by …``)."""
     requested_by: str | None
+    """Who asked for the run (a trigger's ``by``; ``retry <n> of <m> after run <id>`` for a retry);
+    None if not recorded."""
     record: Run = field(repr=False, compare=False)
     """The record this attempt was read from, as :meth:`~anarchon.backend.Backend.history`
     returned it."""
@@ -137,9 +148,11 @@ class SlotFate:
     """The fate of one slot of one job, as :func:`explain` found it. Immutable."""
 
     job: str
+    """The job's name."""
     slot_ms: int
     """The moment asked about (epoch ms, UTC)."""
     fate: Fate
+    """What became of the slot."""
     definition: JobDefinition
     """The definition the slot was judged by (the one most live instances carry, or the one
     given)."""

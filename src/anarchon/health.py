@@ -60,16 +60,23 @@ class Health:
     live: bool
     """Running, every loop alive, the event loop not blocked."""
     problems: tuple[str, ...] = ()
+    """Why it is not healthy, one sentence each; empty when healthy."""
     warnings: tuple[str, ...] = ()
+    """What deserves a look without making it unhealthy (a slow backend, a clock off the backend's,
+    a stale heartbeat), one sentence each."""
     instance: str
+    """The scheduler's instance id."""
     state: ObservedState
     """``new``, ``running``, ``stopping`` or ``stopped``."""
     backend: str
+    """The backend's name (``sqlite``, ``postgres``, ``redis``, ``nats``, ``memory``)."""
     backend_reachable: bool | None = None
     """None when not checked (:func:`healthz` while the event loop does not answer)."""
     backend_latency_ms: float | None = None
     """How long the backend took to tell its clock."""
     backend_error: str | None = None
+    """Why the backend could not be reached (its exception, secrets masked, or
+    ``no answer within <n> s``); None when it answered or was not asked."""
     loops: Mapping[str, bool] = field(default_factory=dict)
     """Each of the scheduler's loops and threads: alive or not."""
     loop_lag_ms: int | None = None

@@ -203,6 +203,7 @@ class Cancellation:
     """What became of one run request :func:`cancel_requests` was asked to cancel."""
 
     request: RunRequest
+    """The run request asked to be cancelled."""
     run: Run
     """The record of the request's key as the backend answered the cancellation: its own skip
     record (or an earlier cancellation's), or the run an instance had claimed first."""

@@ -147,22 +147,44 @@ class RunRow:
     """One attempt as a lease backend stores it."""
 
     job: str
+    """The job's name."""
     slot_key: str
+    """The slot key: with :attr:`job`, it names the run; every attempt of the run has it."""
     slot: int | None
+    """Epoch ms of the slot; None for a manual run."""
     attempt: int
+    """The attempt's number: 1 for the claim, one more for each takeover."""
     run_id: str
+    """The attempt's run id."""
     token: str
+    """The token of the claim or takeover that made the record; only its holder may renew, release
+    or finish the attempt."""
     instance: str
+    """The id of the instance that made the attempt (or recorded the skip)."""
     trigger: str
+    """A :class:`~anarchon.Trigger` or its stored text."""
     status: str
+    """A :class:`~anarchon.RunStatus` or its stored text."""
     fence: int
+    """The attempt's fence; 0 for a record that holds none (a skip), read as None by
+    :meth:`to_run`."""
     started_at: int
+    """When the attempt started, or the skip was recorded (backend clock, epoch ms)."""
     finished_at: int | None = None
+    """When it ended (backend clock, epoch ms); None while running."""
     lease_expires_at: int | None = None
+    """When the lease ends unless renewed (backend clock, epoch ms); None for a record without a
+    lease."""
     released: bool = False
+    """True once its holder released it (:meth:`~anarchon.backend.LeaseBackend.release`): a backup
+    may take it over at once."""
     error: str | None = None
+    """Why a ``failed`` attempt failed (:attr:`Run.error <anarchon.Run.error>`); None otherwise."""
     reason: str | None = None
+    """Why it was skipped or superseded, in words for people
+    (:attr:`Run.reason <anarchon.Run.reason>`); None otherwise."""
     requested_by: str | None = None
+    """Who asked for the run (:attr:`Run.requested_by <anarchon.Run.requested_by>`), if recorded."""
     skip_cause: str | None = None
     """A :class:`~anarchon.SkipCause` or its stored text; None: none stored (see
     :func:`skip_cause_of`)."""

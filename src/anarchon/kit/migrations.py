@@ -56,8 +56,11 @@ class Step:
     """One migration: the schema version it brings the store to, a name, its SQL."""
 
     version: int
+    """The schema version the step brings the store to: steps are numbered 1, 2, 3 ... in order."""
     name: str
+    """The step's name: the named query ``migration_<n>`` for :func:`numbered_steps`."""
     sql: str
+    """The step's statements, separated by ``;``."""
     additive: bool = False
     """Whether older code can ignore what the step makes (a nullable column it never names, a
     table it never reads): then :func:`run` records it in the additions' table, which older
@@ -76,8 +79,11 @@ class Additions:
     takes a version as its one parameter."""
 
     create_table: str
+    """Creates the additions' table if it is missing."""
     read_version: str
+    """Answers one row whose first column is the highest version recorded (NULL or 0 for none)."""
     write_version: str
+    """Records a version, given as its one parameter."""
 
 
 @dataclass(frozen=True, slots=True)

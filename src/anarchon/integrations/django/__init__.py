@@ -109,9 +109,14 @@ class JobSpec:
     """A job declared with :func:`job`, added to the scheduler by :func:`build_scheduler`."""
 
     name: str
+    """The job's name."""
     schedule: str
+    """The job's schedule, a cron expression as :meth:`anarchon.Scheduler.add` takes it."""
     handler: Callable[[RunContext], Any]
+    """The decorated function: the job's handler."""
     options: Mapping[str, Any]
+    """The other keyword arguments given to :func:`job`, passed on to
+    :meth:`anarchon.Scheduler.add`."""
 
 
 _REGISTRY: list[JobSpec] = []
