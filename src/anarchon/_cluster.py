@@ -40,7 +40,10 @@ class Drift:
     """
 
     job: str
+    """The job's name."""
     variants: tuple[tuple[JobDefinition, tuple[str, ...]], ...]
+    """Each definition of the job with the ids of the live instances carrying it, most carried
+    first."""
 
     def describe(self) -> str:
         """One line naming every definition (with the options that differ) and its
@@ -77,6 +80,7 @@ class ClusterView:
     definitions: Mapping[str, tuple[JobDefinition, ...]]
     """Each job name to its distinct definitions (one unless it drifts), most carried first."""
     drift: tuple[Drift, ...]
+    """The jobs that live instances define differently, by job name."""
     silent: tuple[InstanceRecord, ...] = ()
     """Records still in the registry that are not live (silent for more than
     :data:`~anarchon.registry.SILENT_HEARTBEATS` of their heartbeats: a process killed, a host
@@ -236,6 +240,7 @@ class JobView:
     """
 
     name: str
+    """The job's name."""
     definition: JobDefinition
     """The definition most instances carry (see :attr:`drift` for the others)."""
     instances: tuple[str, ...]
@@ -247,6 +252,7 @@ class JobView:
     running: tuple[Run, ...]
     """Attempts running now, newest first."""
     drift: Drift | None = None
+    """How the instances' definitions differ, when they do; None when they agree."""
     paused: bool | None = None
     """True while a pause holds the job (its own or the whole cluster's), False if none does;
     None when the backend keeps no pauses (its ``control()`` is None)."""

@@ -44,13 +44,19 @@ class RunContext:
     """
 
     job: str
+    """The job's name."""
     slot: datetime | None
     """The scheduled time (aware, UTC); None for a manual run."""
     run_id: str
+    """The run id of this attempt (a backup's takeover runs under a new one)."""
     attempt: int
+    """1 for the first attempt; each takeover by a backup adds one."""
     fence: int | None
+    """The fence this attempt runs under; it only rises per job."""
     trigger: Trigger
+    """Why the run started: its slot came (``schedule``), a catch-up, a manual run or a retry."""
     instance: str
+    """The id of the instance running it."""
     monotonic_ms: InitVar[Callable[[], int] | None] = None
     """The monotonic clock (ms) the lease's local deadline is measured on."""
     retry: int = 0

@@ -55,8 +55,12 @@ class Bound:
     """An inclusive integer range; ``ms`` marks a duration in milliseconds (for messages)."""
 
     low: int
+    """The smallest value allowed."""
     high: int
+    """The largest value allowed."""
     ms: bool = False
+    """Whether the value is a duration in milliseconds: messages then give the range in readable
+    units too."""
 
     def __str__(self) -> str:
         text = f"an integer from {self.low} to {self.high}"

@@ -45,9 +45,13 @@ class JobDefinition:
     """
 
     name: str
+    """The job's name."""
     expression: str
+    """The job's cron expression, as given."""
     zone: str
+    """The IANA name of the time zone the schedule is read in."""
     options: Mapping[str, OptionValue] = field(default_factory=dict)
+    """The job's resolved options by name, defaults filled in."""
     _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -96,10 +100,15 @@ class InstanceRecord:
     """One running scheduler as it last recorded itself."""
 
     id: str
+    """The instance's id (``instance_id``)."""
     host: str
+    """The host name it runs on."""
     pid: int
+    """Its process id on that host."""
     version: str
+    """The anarchon version it runs."""
     started_ms: int
+    """When it started, on the backend's clock as it measured it (epoch ms)."""
     heartbeat_ms: int
     """When it last recorded itself (backend clock, epoch ms)."""
     interval_ms: int
