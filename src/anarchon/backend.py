@@ -244,8 +244,8 @@ class ClaimRequest:
     """The run id of the record this claim makes, if it makes one (the attempt it wins, or the skip
     it records)."""
     token: str
-    """A random token made for this claim; a won claim's ticket holds it, and a claim sent again
-    with it is answered as the first was."""
+    """A random token made for this claim; a won claim's ticket holds it, and the claim sent
+    again with it is answered WON again while attempt 1 still runs (claims are idempotent)."""
     instance: str
     """The id of the claiming instance."""
     trigger: Trigger
