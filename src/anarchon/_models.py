@@ -146,7 +146,8 @@ class Run:
     slot: datetime | None
     """The scheduled time (aware, UTC); None for a manual run."""
     run_id: str
-    """The run's id: the same for every attempt at one slot (or one manual run)."""
+    """This attempt's run id, made by whoever claimed it (a backup's takeover makes its own);
+    a manual run's or a retry's is its run request's id."""
     instance: str
     """The id of the instance that made this attempt (or recorded the skip)."""
     trigger: Trigger
