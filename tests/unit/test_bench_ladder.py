@@ -184,7 +184,9 @@ async def test_record_steps_that_fail_leave_the_other_steps_figures(
     assert "UndefinedTable" in answer["record_error"]
     for r in answer["rounds"]:
         assert r["record_pk"]["ops"] == r["record_runs"]["ops"] == 0
-        assert r["claim"]["ops"] > 0 and r["primitive"]["ops"] > 0
+    # The other steps ran: over both rounds (one 0.2 s step of a loaded machine may do none).
+    for step in ("claim", "primitive"):
+        assert sum(r[step]["ops"] for r in answer["rounds"]) > 0, step
     found = claim_rate.figures([answer])
     assert list(found["steps"]) == ["primitive", "same_work", "claim"]
     assert found["record_error"] == answer["record_error"]
