@@ -47,12 +47,31 @@ WAIT_S = 60.0
 """Every wait polls until its condition holds, failing after this long."""
 PAUSE_BOUND_MS = 2_000
 """No slot scheduled this long after ``anarchon pause`` returned starts: 1 s + 1 s of margin."""
+PAUSE_HELD_MS = PAUSE_BOUND_MS + 3_200
+"""How long after ``anarchon pause`` returned the tests resume: :func:`check_paused` then finds
+at least two whole slots from :data:`PAUSE_BOUND_MS` to a second before the resume, whatever
+millisecond the pause returned at (5 s in the worst case), with 200 ms to spare."""
+PAUSE_HELD_MAX_MS = PAUSE_HELD_MS + 5_000
+"""How long :func:`resume_time` waits, at most, for what the test also needs before it resumes
+(the assertions that follow then say what is missing)."""
 TRIGGER_BOUND_S = 10.0
 """A triggered run starts this soon after ``anarchon trigger`` returned (about 1 s expected)."""
-KILLED_S = 6.0
-"""How long every instance stays killed in the missed-slots test: with the new instances' start,
-a gap of about 9 slots of ``beat`` (every second), its older ones claimed at once, its newer
-max_late_ms + 5 s after the start."""
+KILLED_S = 3.0
+"""How long every instance stays killed in the missed-slots test: with the new instances' start
+(about 3 s), a gap of about 6 slots of ``beat`` (every second), its older ones claimed at once,
+its newer max_late_ms + 5 s after the start."""
+SETTLED_S = 2.0
+"""A slot of ``flaky`` or ``doomed`` is checked once its last record (flaky: its retry's start;
+doomed: its ``on_failure`` call) is this old: a second retry or ``on_failure`` call, from another
+instance's poll of the retry request (every second, the default ``control_poll_ms``), would have
+come by then, and the checks read the records again after two ``history`` commands."""
+SETTLED_MAX_MS = 5_000
+"""...or once the slot is this old, whatever it lacks: the checks then say what."""
+NEVER_TWICE_S = 3.0
+"""How long a test watches, after a triggered run was claimed, for a run that must not start (a
+second start of it, or a cancelled trigger's): every instance has polled its requests three
+times since (every second, the default ``control_poll_ms``), and each poll claims every due
+request of the job at once."""
 MISSED_PREFIX = "missed: no instance carried the job from "
 
 
@@ -196,6 +215,18 @@ def paused_records(runs: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
     ]
 
 
+def resume_time(returned: int, enough: Callable[[int], bool] | None = None) -> int:
+    """Wait until :data:`PAUSE_HELD_MS` after ``returned`` (when ``anarchon pause`` returned),
+    and, if given, until ``enough(now)``, for at most :data:`PAUSE_HELD_MAX_MS`; returns the
+    moment (ms) the test resumes from."""
+    time.sleep(max(0, returned + PAUSE_HELD_MS - now_ms()) / 1000)
+    while enough is not None and not enough(now := now_ms()):
+        if now >= returned + PAUSE_HELD_MAX_MS:
+            break
+        time.sleep(0.05)
+    return now_ms()
+
+
 def check_paused(
     fleet: Instances, jobs: list[str], by: str, returned: int, resumed: int
 ) -> dict[str, int]:
@@ -243,8 +274,11 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     assert said == "paused job 'tick' on every instance, until resumed (by alice@ops)"
     [job] = [j for j in as_json(url, "jobs")["jobs"] if j["name"] == "tick"]
     assert job["paused"] is True and job["pause"]["by"] == "alice@ops", job
-    time.sleep(6)
-    resumed = now_ms()
+
+    def other_ran(now: int) -> bool:
+        return len([s for s in steer.slots("other") if returned + PAUSE_BOUND_MS <= s < now]) >= 3
+
+    resumed = resume_time(returned, other_ran)
     assert "resumed job 'tick'" in anarchon(url, "resume", "tick").stdout
     latest = check_paused(steer, ["tick"], "alice@ops", returned, resumed)
     ran = sorted(s for s in steer.slots("other") if returned + PAUSE_BOUND_MS <= s < resumed)
@@ -258,8 +292,7 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     returned = now_ms()
     by = f"{getpass.getuser()}@{socket.gethostname()}"
     assert said == f"paused every job on every instance, until resumed (by {by})", said
-    time.sleep(5)
-    resumed = now_ms()
+    resumed = resume_time(returned)
     assert "ended the whole-cluster pause" in anarchon(url, "resume", "--all").stdout
     latest = check_paused(steer, ["tick", "other"], f"{by} (all jobs)", returned, resumed)
 
@@ -291,9 +324,8 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     else:
         raise AssertionError("three triggers in a row were skipped for overlap")
     [start] = _manual(steer, request_id)
+    seen = time.monotonic()
     took = start["t"] - asked
-    time.sleep(3)  # every instance has polled its requests a few times since
-    assert len(started := _manual(steer, request_id)) == 1, started
     assert start["trigger"] == "manual" and start["slot"] is None and start["retry"] == 0
     assert start["instance"] in instance_ids, (start, instance_ids)
     assert took < TRIGGER_BOUND_S, took
@@ -305,6 +337,13 @@ def test_pause_resume_and_trigger_on_three_instances(harness: Harness, steer: In
     assert run["trigger"] == "manual", run
     assert run["requested_by"] == "carol@ops" and run["status"] == "succeeded", run
     assert run["instance"] == start["instance"] and run["slot_ms"] is None
+    watched_since(seen)
+    assert len(started := _manual(steer, request_id)) == 1, started
+
+
+def watched_since(seen: float) -> None:
+    """Sleep out what is left of :data:`NEVER_TWICE_S` since ``seen`` (``time.monotonic()``)."""
+    time.sleep(max(0.0, seen + NEVER_TWICE_S - time.monotonic()))
 
 
 def _manual(fleet: Instances, request_id: str) -> list[dict[str, Any]]:
@@ -321,6 +360,25 @@ def _trigger_fate(fleet: Instances, request_id: str) -> str | None:
     return "skipped" if recorded and recorded[0]["status"] == "skipped" else None
 
 
+def _settled_until(fleet: Instances) -> int:
+    """A slot (ms) before which every first run of ``flaky`` and ``doomed`` has settled: its
+    last record written :data:`SETTLED_S` ago, or the slot older than :data:`SETTLED_MAX_MS`."""
+    now = time.time()
+    last = {("flaky", r["slot"]): r["t"] for r in fleet.records(job="flaky") if r["retry"] == 1}
+    last |= {("doomed", r["slot"]): r["t"] for r in fleet.records("on_failure")}
+    firsts: list[tuple[int, str]] = sorted(
+        (r["slot"], job)
+        for job in ("flaky", "doomed")
+        for r in fleet.records(job=job)
+        if r["retry"] == 0
+    )
+    for slot, job in firsts:
+        written = last.get((job, slot), now)
+        if written > now - SETTLED_S and slot > now * 1000 - SETTLED_MAX_MS:
+            return slot
+    return firsts[-1][0] + 1 if firsts else 0
+
+
 def _settled(fleet: Instances, job: str, until: int) -> list[int]:
     """The slots of ``job`` whose first run started and are older than ``until``."""
     return sorted(
@@ -335,14 +393,12 @@ def test_retries_and_missed_slots_on_three_instances(harness: Harness, retry: In
 
     # 3. Retries: flaky fails its first run and succeeds on its retry; doomed fails both, and
     # on_failure is called once per slot across the fleet.
-    def enough() -> bool:
-        settled = now_ms() - 5_000
-        return len(_settled(retry, "flaky", settled)) >= 3 and (
-            len(_settled(retry, "doomed", settled)) >= 3
-        )
+    def enough() -> int | None:
+        settled = _settled_until(retry)
+        three = all(len(_settled(retry, job, settled)) >= 3 for job in ("flaky", "doomed"))
+        return settled if three else None
 
-    wait_for(enough, "three slots of flaky and doomed to settle")
-    settled = now_ms() - 5_000
+    settled = wait_for(enough, "three slots of flaky and doomed to settle")
     flaky = history(url, "flaky")
     for slot in _settled(retry, "flaky", settled):
         starts = [r for r in retry.records(job="flaky") if r["slot"] == slot]
@@ -457,9 +513,10 @@ def test_a_cancelled_trigger_never_runs_on_three_instances(
         return any(r["run_id"] == kept for r in history(url, "tick"))
 
     wait_for(decided, "the kept trigger to be claimed", timeout=TRIGGER_BOUND_S + 20)
-    time.sleep(3)  # every instance has polled its requests a few times since
-    assert not _manual(steer, cancelled), steer.logs()
+    seen = time.monotonic()
     [record] = [r for r in history(url, "tick") if r["run_id"] == cancelled]
     assert (record["status"], record["reason"]) == ("skipped", "cancelled by ops"), record
     assert record["skip_cause"] == "cancelled", record
+    watched_since(seen)
+    assert not _manual(steer, cancelled), steer.logs()
     assert as_json(url, "requests")["requests"] == []
