@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from anarchon import RunStatus
+from anarchon.backend import LEASE_LOST
+from tests.conformance import procs
 from tests.conformance.procs import Fleet, Worker
 from tests.conformance.test_failover import history_of, plan_one_slot, runner_of, wait_for
 from tests.harness import Harness, Namespace, in_chaos_only
@@ -28,6 +30,11 @@ STOPPED_S = LEASE_S + 5
 
 def start_of(slot: int, attempt: int) -> Any:
     return lambda r: r["event"] == "start" and r["slot"] == slot and r["attempt"] == attempt
+
+
+def logged(worker: Worker, text: str, timeout: float, what: str) -> None:
+    """Wait until ``worker``'s log holds ``text``."""
+    procs.wait_for(lambda: text in worker.log.read_text(), what, timeout, every_s=0.05)
 
 
 def stopped_until(fleet: Fleet, worker: Worker, predicate: Any, timeout: float, what: str) -> Any:
@@ -61,7 +68,9 @@ async def test_the_runner_of_a_lost_attempt_takes_over_the_next(
     stale = runner_of(fleet, first)
     second = stopped_until(fleet, stale, start_of(slot, 2), LEASE_S + 30, "attempt 2's start")
     assert second["pid"] != stale.pid
-    await asyncio.sleep(5)  # the resumed instance learns its attempt was taken over
+    # The resumed instance learns its attempt was taken over (its keeper's renewal, at once on
+    # resuming, is refused: it logs lease_lost and follows the slot from then on).
+    logged(stale, f"attempt 1: {LEASE_LOST}", 30, "the resumed runner to see its lease lost")
     other = runner_of(fleet, second)
     third = stopped_until(fleet, other, start_of(slot, 3), STOPPED_S + 30, "attempt 3's start")
     assert third["pid"] == stale.pid and third["fence"] > second["fence"]
