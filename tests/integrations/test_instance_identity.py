@@ -89,6 +89,18 @@ def anarchon(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def reported_shared(url: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``anarchon health --instance pod-1 --json`` once it reports the id used by two processes:
+    each process wrote what it found in the record at the beat it found it (a beat reads, then
+    writes), so the record carries it from the first write after both were found on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = anarchon(url, "health", "--instance", "pod-1", "--json")
+        if "used by two processes" in health.stdout or time.monotonic() >= deadline:
+            return health
+        time.sleep(0.2)
+
+
 def test_two_processes_with_one_instance_id_are_reported(tmp_path: Path, backend_url: str) -> None:
     beat_s = beat_of(backend_url)
     with processes(tmp_path) as procs:
@@ -99,10 +111,13 @@ def test_two_processes_with_one_instance_id_are_reported(tmp_path: Path, backend
         # Each finds the other's write at its next beat after the other wrote (within 2).
         first.wait_for(SHARED, timeout=4 * beat_s)
         second.wait_for(SHARED, timeout=4 * beat_s)
-        time.sleep(beat_s + 1)  # both records written since carry what they found
-        health = anarchon(backend_url, "health", "--instance", "pod-1", "--json")
+        found = time.monotonic()
+        health = reported_shared(backend_url, timeout=2 * beat_s + 2)
         listed = anarchon(backend_url, "instances")
         listed_json = anarchon(backend_url, "instances", "--json")
+        # Each beats again before it stops: a second report of the same process would be
+        # logged then (counted below).
+        time.sleep(max(0.0, found + beat_s + 1 - time.monotonic()))
         for proc in (first, second):
             code, _ = proc.stop(signal.SIGTERM)
             assert code == 0, proc.text()
