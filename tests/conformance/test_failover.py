@@ -67,19 +67,15 @@ def runner_of(fleet: Fleet, record: dict[str, Any]) -> Worker:
     return next(w for w in fleet.workers if w.pid == record["pid"])
 
 
-#: How far ahead start_three plans its slot: three workers' start (importing anarchon, opening
-#: the backend) took more than 6 s in a CI run whose first minutes start the longest
-#: multi-process tests together.
-START_THREE_LEAD_S = 10.0
-
-
 def start_three(fleet: Fleet, sleep_ms: int, **options: Any) -> tuple[int, dict[str, Any]]:
-    schedule, slot = one_slot(START_THREE_LEAD_S)
+    """Three workers of one job whose single slot is planned once all three are loaded
+    (:func:`plan_one_slot`: their imports, which took over 10 s on a slow host, do not eat into
+    the lead); the slot and its first start."""
+    plan = fleet.tmp / "plan"
     workers = fleet.spawn(
-        3, schedule=schedule, seconds=60, sleep_ms=sleep_ms, jitter_ms=0, **options
+        3, schedule_from=plan, seconds=60, sleep_ms=sleep_ms, jitter_ms=0, **options
     )
-    fleet.wait_ready(workers)
-    assert time.time() * 1000 < slot, "workers started too slowly for the planned slot"
+    slot = plan_one_slot(fleet, workers, plan)
     first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "a start")
     return slot, first
 
@@ -133,10 +129,11 @@ async def test_an_instance_started_after_the_run_began_takes_it_over(
 ) -> None:
     # A restart or a rolling deploy: no instance lost the slot's claim (the runner was alone),
     # so only one that starts later can take the run over, by watching it from its start.
-    schedule, slot = one_slot()
+    plan = fleet.tmp / "plan"
     options: dict[str, Any] = {"seconds": 60, "sleep_ms": 10_000, "jitter_ms": 0}
-    [runner] = fleet.spawn(1, schedule=schedule, lease_ms=LEASE_MS, **options)
-    fleet.wait_ready([runner])
+    [runner] = fleet.spawn(1, schedule_from=plan, lease_ms=LEASE_MS, **options)
+    slot = plan_one_slot(fleet, [runner], plan)
+    schedule = plan.read_text()
     first = wait_for(fleet, lambda r: r["event"] == "start" and r["slot"] == slot, 30, "a start")
     [later] = fleet.spawn(1, schedule=schedule, lease_ms=LEASE_MS, **options)
     fleet.wait_ready([later])
