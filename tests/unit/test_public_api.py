@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import anarchon
 import anarchon.backend
@@ -153,3 +154,43 @@ def test_the_types_the_api_hands_out_are_exported() -> None:
         hints(anarchon.integrations.django.registered_jobs)["return"]
         == list[anarchon.integrations.django.JobSpec]
     )
+
+
+NETWORK = ("anarchon.backends.nats", "anarchon.backends.postgres", "anarchon.backends.redis")
+LOADED = f"print(sorted(m for m in sys.modules if m.startswith({NETWORK!r})))"
+
+
+def _python(code: str) -> list[str]:
+    """What a fresh interpreter running ``code`` printed, line by line."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_network_backends_are_imported_when_first_named(tmp_path: Path) -> None:
+    # Importing the package loads no network backend; naming one imports it: the same class
+    # as its module's, in dir() before and after.
+    assert _python(
+        "import sys, anarchon\n"
+        f"{LOADED}\n"
+        "print([n for n in dir(anarchon) if n.endswith('Backend')])\n"
+        "from anarchon import NatsBackend\n"
+        "import anarchon.backends.nats as nats\n"
+        "print(NatsBackend is nats.NatsBackend is anarchon.NatsBackend)\n"
+        "print(anarchon.RedisBackend.__module__, anarchon.PostgresBackend.__name__)"
+    ) == [
+        "[]",
+        "['Backend', 'LeaseBackend', 'MemoryBackend', 'NatsBackend', 'PostgresBackend', "
+        "'RedisBackend', 'SQLiteBackend']",
+        "True",
+        "anarchon.backends.redis._backend PostgresBackend",
+    ]
+    # Nor does a command on SQLite (it checks for PostgreSQL tables only on PostgreSQL).
+    db = tmp_path / "none.db"
+    assert _python(
+        "import runpy, sys\n"
+        f"sys.argv = ['anarchon', 'jobs', '--backend', {str(db)!r}]\n"
+        "try:\n    runpy.run_module('anarchon', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        f"{LOADED}"
+    )[-1:] == ["[]"]

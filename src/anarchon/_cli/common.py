@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -120,13 +121,14 @@ async def require_storage(backend: Backend) -> bool:
     """Before starting ``backend``: exit with EXIT_NO_DATA where its storage is missing (a
     SQLite file, PostgreSQL tables); True if the storage was checked here, False where only a
     read can tell (Redis, NATS)."""
-    from ..backends.postgres import PostgresBackend
     from ..backends.sqlite import SQLiteBackend
 
     if isinstance(backend, SQLiteBackend):
         require_sqlite_data(backend.path)
         return True
-    if isinstance(backend, PostgresBackend):
+    # A PostgresBackend exists only once its module is loaded: not loaded, none to check.
+    postgres = sys.modules.get("anarchon.backends.postgres")
+    if postgres is not None and isinstance(backend, postgres.PostgresBackend):
         await require_postgres_data(backend)
         return True
     return False
