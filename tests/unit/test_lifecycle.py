@@ -387,7 +387,8 @@ def test_serve_in_a_thread_stops_when_its_event_is_set() -> None:
     thread.start()
     assert ready.wait(10)
     held["loop"].call_soon_threadsafe(held["stop"].set)
-    thread.join(10)
+    # Within milliseconds alone; one loaded CI run saw more than 10 s (not explained yet).
+    thread.join(30)
     assert not thread.is_alive() and not scheduler.running
 
 
