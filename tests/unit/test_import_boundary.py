@@ -26,9 +26,23 @@ PUBLIC = (
 ALLOWED: set[tuple[str, str]] = set()
 
 
-def _module_name(path: Path) -> str:
-    parts = ("anarchon", "backends", *path.relative_to(BACKENDS).with_suffix("").parts)
+def dotted_name(path: Path, root: Path, prefix: str) -> str:
+    """The module name of ``path``, a file under ``root``, which is the package ``prefix``."""
+    parts = (*prefix.split("."), *path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_from(node: ast.ImportFrom, path: Path, module: str) -> str:
+    """The absolute name ``from ... import`` names in ``module`` (the file ``path``)."""
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _module_name(path: Path) -> str:
+    return dotted_name(path, BACKENDS, "anarchon.backends")
 
 
 def _own_package(path: Path) -> str:
@@ -42,17 +56,12 @@ def _own_package(path: Path) -> str:
 def _imports(path: Path) -> set[str]:
     """What a module imports from anarchon, as absolute names."""
     module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "anarchon")
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                source = node.module or ""
+            source = imported_from(node, path, module)
             if source.split(".")[0] != "anarchon":
                 continue
             if source in ("anarchon", "anarchon.backends"):

@@ -14,12 +14,13 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.unit.test_import_boundary import dotted_name, imported_from
+
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "anarchon"
 
 
 def _module_name(path: Path) -> str:
-    parts = ("anarchon", *path.relative_to(PACKAGE).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return dotted_name(path, PACKAGE, "anarchon")
 
 
 def _module_level(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -34,16 +35,12 @@ def _module_level(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The anarchon modules ``path`` imports at module level, as absolute names."""
     module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
             continue
-        source = node.module or ""
-        if node.level:
-            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            source = ".".join([*base, *([node.module] if node.module else [])])
+        source = imported_from(node, path, module)
         for alias in node.names:  # `from . import errors` imports the module anarchon.errors
             name = f"{source}.{alias.name}"
             found.add(name if name in modules else source)
