@@ -40,13 +40,19 @@ def test_errors_subclass_the_builtins_they_are() -> None:
         assert issubclass(getattr(anarchon.errors, name), anarchon.AnarchonError)
 
 
+def _python(code: str) -> list[str]:
+    """What a fresh interpreter running ``code`` printed, line by line."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_importing_anarchon_imports_no_driver() -> None:
     code = (
         "import sys, anarchon, anarchon.cli; "
         "print(sorted(m for m in ('redis', 'nats', 'psycopg', 'psycopg_pool') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert _python(code) == ["[]"]
 
 
 def public_callables() -> list[tuple[str, object]]:
@@ -158,13 +164,6 @@ def test_the_types_the_api_hands_out_are_exported() -> None:
 
 NETWORK = ("anarchon.backends.nats", "anarchon.backends.postgres", "anarchon.backends.redis")
 LOADED = f"print(sorted(m for m in sys.modules if m.startswith({NETWORK!r})))"
-
-
-def _python(code: str) -> list[str]:
-    """What a fresh interpreter running ``code`` printed, line by line."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
 
 
 def test_the_network_backends_are_imported_when_first_named(tmp_path: Path) -> None:
