@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from anarchon.backends.postgres._attempts import ConnectAttempts, open_unless_refused
-from tests.backends.postgres import DSN
+from tests.backends.postgres import DSN, url_of
 from tests.refusals import COMMANDS, HOW, refused_cli, refused_start
 
 # timeout_ms's default is 5000: a refusal must end the start well before it.
@@ -103,7 +103,7 @@ def test_the_cli_says_the_refusal_in_one_line(
     # by far more than a loaded machine adds to the interpreter's start and imports (1.2 s
     # alone, 4.5-8 s with both cores busy). The start's own test keeps the default timeout_ms
     # (test_a_refused_start_fails_at_once_with_what_to_change).
-    patient = f"{url}{'&' if '?' in url else '?'}timeout_ms={CLI_TIMEOUT_MS}"
+    patient = url_of("public", url, timeout_ms=str(CLI_TIMEOUT_MS))  # public: the default
     out, took = refused_cli(patient, args, tmp_path)
     assert out.stderr.count("\n") == 1, out.stderr
     assert "refused the connection: " in out.stderr and said in out.stderr, out.stderr
